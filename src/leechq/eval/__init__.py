@@ -1,0 +1,1 @@
+"""Layer 6: quality evaluation (perplexity, KL divergence, task loaders)."""

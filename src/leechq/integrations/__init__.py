@@ -1,0 +1,1 @@
+"""Layer 7: adapters to host frameworks (transformers); import-guarded."""

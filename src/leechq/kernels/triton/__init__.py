@@ -1,0 +1,1 @@
+"""Triton kernels; only modules under this package may import triton."""

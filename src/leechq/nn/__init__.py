@@ -1,0 +1,1 @@
+"""Layer 4: torch modules (the quantized linear and module replacement)."""

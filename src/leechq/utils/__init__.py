@@ -1,0 +1,1 @@
+"""Small helpers importable from every layer (no torch, triton or transformers at import)."""
