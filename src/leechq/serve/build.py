@@ -1,0 +1,264 @@
+"""Assembling a serving :class:`~leechq.serve.model.Transformer` from the sources we meet.
+
+* :func:`from_hf_model`: a transformers ``*ForCausalLM`` (dense, or with leechq modules in place of its
+  linears, as ``leechq.load`` returns it). Its modules are reused, not copied: dense q/k/v and gate/up
+  are concatenated by rows into one ``nn.Linear`` each; quantized groups go through :func:`fuse_group`.
+* :func:`from_state_dict`: an HF-named dense state dict and its config (the fp16 arm).
+* :func:`random_dense`: random dense weights of a given shape (the fp16 arm of the benchmark).
+
+Fusing by rows is exact: the rows of the fused output are the rows of the members (layouts-kernels-recipe
+§3.5), so a fused projection computes the same numbers as its members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leechq.errors import InvalidInput, UnsupportedArchitecture
+from leechq.serve.model import Block, ModelArgs, Transformer
+
+
+class ConcatLinear(nn.Module):
+    """Members applied to the same input, outputs concatenated: [..., d_in] → [..., Σ d_out].
+
+    The stand-in fusion for modules without a fused kernel of their own.
+    """
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m(x) for m in self.members], dim=-1)
+
+
+class TiedHead(nn.Module):
+    """The output head that reuses the embedding matrix [vocab, dim]: [..., dim] → [..., vocab]."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embedding.weight)
+
+
+def dense_linear(
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> nn.Linear:
+    """One ``nn.Linear`` whose rows are the rows of ``weights`` (each [d_out_i, d_in]) in order."""
+    d_in = weights[0].shape[1]
+    if any(w.shape[1] != d_in for w in weights):
+        raise InvalidInput(f"fused rows need one d_in, got {[list(w.shape) for w in weights]}")
+    has_bias = any(b is not None for b in biases)
+    out = sum(w.shape[0] for w in weights)
+    lin = nn.Linear(d_in, out, bias=has_bias, device="meta")
+    lin.weight = nn.Parameter(torch.cat([w.to(device, dtype) for w in weights]), requires_grad=False)
+    if has_bias:
+        parts = [
+            (b if b is not None else torch.zeros(w.shape[0])).to(device, dtype)
+            for w, b in zip(weights, biases, strict=True)
+        ]
+        lin.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
+    return lin
+
+
+def _is_dense(m: nn.Module) -> bool:
+    return type(m) is nn.Linear
+
+
+def fuse_group(members: Sequence[nn.Module], dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """One module for projections that read the same input (q|k|v, gate|up, or a single one).
+
+    Dense members become one ``nn.Linear``. Quantized members use leechq's fused group when the ``nn``
+    layer provides one (one activation rotation and one segmented launch per group), else a
+    :class:`ConcatLinear`.
+    """
+    if all(_is_dense(m) for m in members):
+        return dense_linear(
+            [m.weight for m in members], [m.bias for m in members], dtype, device  # type: ignore[misc]
+        )
+    members = [m.to(device) for m in members]
+    try:  # the nn layer's fused group, when it exists
+        from leechq.nn import fuse_linears  # type: ignore[attr-defined]
+    except ImportError:
+        fuse_linears = None
+    if fuse_linears is not None:
+        return fuse_linears(list(members))
+    return members[0] if len(members) == 1 else ConcatLinear(members)
+
+
+def _get(module: Any, path: str) -> Any:
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _copy_norm(dst: nn.Module, src: nn.Module, dtype: torch.dtype, device: torch.device | str) -> None:
+    dst.weight = nn.Parameter(src.weight.detach().to(device, dtype), requires_grad=False)
+
+
+def from_hf_model(
+    hf_model: nn.Module,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Transformer:
+    """Build the serving model from a transformers causal LM (its modules are reused).
+
+    Args:
+        hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``MistralForCausalLM``,
+            dense or with leechq modules in place of its linears, embedding or head.
+        dtype: activation dtype (default: the embedding's dtype, or float16 for a quantized embedding).
+        device: target device (default: where the embedding lives).
+
+    Returns:
+        The :class:`Transformer`, in eval mode.
+    """
+    args = ModelArgs.from_hf_config(hf_model.config)
+    embed = _get(hf_model, "model.embed_tokens")
+    ref = getattr(embed, "weight", None)
+    dtype = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float16)
+    device = device or (ref.device if ref is not None else "cpu")
+    if isinstance(embed, nn.Embedding):
+        new_embed: nn.Module = nn.Embedding.from_pretrained(embed.weight.detach().to(device, dtype))
+    else:
+        new_embed = embed.to(device)
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    head = head if head is not None else _get(hf_model, "lm_head")
+    if _is_dense(head) and isinstance(embed, nn.Embedding) and head.weight is embed.weight:
+        new_head: nn.Module = TiedHead(new_embed)  # type: ignore[arg-type]
+    elif _is_dense(head):
+        new_head = dense_linear([head.weight], [head.bias], dtype, device)
+    else:
+        new_head = head.to(device)
+    blocks = []
+    for layer in _get(hf_model, "model.layers"):
+        att, mlp = layer.self_attn, layer.mlp
+        blk = Block(
+            args,
+            wqkv=fuse_group([att.q_proj, att.k_proj, att.v_proj], dtype, device),
+            wo=fuse_group([att.o_proj], dtype, device),
+            w13=fuse_group([mlp.gate_proj, mlp.up_proj], dtype, device),
+            w2=fuse_group([mlp.down_proj], dtype, device),
+        )
+        _copy_norm(blk.attn_norm, layer.input_layernorm, dtype, device)
+        _copy_norm(blk.mlp_norm, layer.post_attention_layernorm, dtype, device)
+        if args.qk_norm:
+            _copy_norm(blk.q_norm, att.q_norm, dtype, device)  # type: ignore[arg-type]
+            _copy_norm(blk.k_norm, att.k_norm, dtype, device)  # type: ignore[arg-type]
+        blocks.append(blk)
+    model = Transformer(args, new_embed, blocks, new_head)
+    _copy_norm(model.norm, _get(hf_model, "model.norm"), dtype, device)
+    return model.to(device).eval()
+
+
+def from_state_dict(
+    config: Any,
+    state_dict: Mapping[str, torch.Tensor],
+    dtype: torch.dtype = torch.float16,
+    device: torch.device | str = "cpu",
+) -> Transformer:
+    """Build the dense serving model from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``…).
+
+    Raises:
+        InvalidInput: a required tensor is missing (the message names it).
+    """
+    args = config if isinstance(config, ModelArgs) else ModelArgs.from_hf_config(config)
+
+    def get(name: str, required: bool = True) -> torch.Tensor | None:
+        if name not in state_dict:
+            if required:
+                raise InvalidInput(f"state dict lacks {name!r}")
+            return None
+        return state_dict[name]
+
+    def lin(prefix: str, names: Sequence[str]) -> nn.Linear:
+        ws = [get(f"{prefix}.{n}.weight") for n in names]
+        bs = [get(f"{prefix}.{n}.bias", required=False) for n in names]
+        return dense_linear(ws, bs, dtype, device)  # type: ignore[arg-type]
+
+    embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight").to(device, dtype))  # type: ignore[union-attr]
+    blocks = []
+    for i in range(args.n_layers):
+        p = f"model.layers.{i}"
+        blk = Block(
+            args,
+            wqkv=lin(f"{p}.self_attn", ["q_proj", "k_proj", "v_proj"]),
+            wo=lin(f"{p}.self_attn", ["o_proj"]),
+            w13=lin(f"{p}.mlp", ["gate_proj", "up_proj"]),
+            w2=lin(f"{p}.mlp", ["down_proj"]),
+        )
+        for mod, name in [(blk.attn_norm, "input_layernorm"), (blk.mlp_norm, "post_attention_layernorm")]:
+            mod.weight = nn.Parameter(get(f"{p}.{name}.weight").to(device, dtype), requires_grad=False)  # type: ignore[union-attr]
+        if args.qk_norm:
+            for mod, name in [(blk.q_norm, "q_norm"), (blk.k_norm, "k_norm")]:
+                w = get(f"{p}.self_attn.{name}.weight").to(device, dtype)  # type: ignore[union-attr]
+                mod.weight = nn.Parameter(w, requires_grad=False)  # type: ignore[union-attr]
+        blocks.append(blk)
+    head_w = get("lm_head.weight", required=not args.tie_word_embeddings)
+    head: nn.Module = TiedHead(embed) if head_w is None else dense_linear([head_w], [None], dtype, device)
+    model = Transformer(args, embed, blocks, head)
+    model.norm.weight = nn.Parameter(get("model.norm.weight").to(device, dtype), requires_grad=False)  # type: ignore[union-attr]
+    return model.to(device).eval()
+
+
+def _random_linear(
+    d_in: int, d_out: int, bias: bool, dtype: torch.dtype, device: Any, g: torch.Generator
+) -> nn.Linear:
+    lin = nn.Linear(d_in, d_out, bias=bias, device="meta")
+    w = torch.randn(d_out, d_in, generator=g, device=device, dtype=dtype).mul_(d_in**-0.5)
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    if bias:
+        b = torch.randn(d_out, generator=g, device=device, dtype=dtype).mul_(0.02)
+        lin.bias = nn.Parameter(b, requires_grad=False)
+    return lin
+
+
+def random_dense(
+    args: ModelArgs, dtype: torch.dtype = torch.float16, device: torch.device | str = "cpu", seed: int = 0
+) -> Transformer:
+    """A dense model of ``args``' shape with random weights (entries N(0, 1/d_in)), built on ``device``.
+
+    Used as the fp16 arm of the benchmark: same loop, same graphs as the quantized arm.
+    """
+    if args.arch not in ("llama", "mistral", "qwen2", "qwen3"):
+        raise UnsupportedArchitecture(args.arch)
+    g = torch.Generator(device=device).manual_seed(seed)
+    a = args
+    embed = nn.Embedding(a.vocab_size, a.dim, device="meta")
+    embed.weight = nn.Parameter(
+        torch.randn(a.vocab_size, a.dim, generator=g, device=device, dtype=dtype), requires_grad=False
+    )
+    blocks = [
+        Block(
+            a,
+            wqkv=_random_linear(a.dim, a.q_size + 2 * a.kv_size, a.attention_bias, dtype, device, g),
+            wo=_random_linear(a.q_size, a.dim, a.o_bias, dtype, device, g),
+            w13=_random_linear(a.dim, 2 * a.intermediate_size, a.mlp_bias, dtype, device, g),
+            w2=_random_linear(a.intermediate_size, a.dim, a.mlp_bias, dtype, device, g),
+        )
+        for _ in range(a.n_layers)
+    ]
+    head: nn.Module = (
+        TiedHead(embed)
+        if a.tie_word_embeddings
+        else _random_linear(a.dim, a.vocab_size, False, dtype, device, g)
+    )
+    return _finish(Transformer(a, embed, blocks, head), dtype, device)
+
+
+def _finish(model: Transformer, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    """Norm weights to ``dtype`` on ``device``; eval mode."""
+    for mod in model.modules():
+        if mod.__class__.__name__ == "RMSNorm":
+            mod.weight = nn.Parameter(mod.weight.detach().to(device, dtype), requires_grad=False)
+    model.inv_freq = model.inv_freq.to(device)
+    return model.eval()

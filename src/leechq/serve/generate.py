@@ -1,0 +1,441 @@
+"""The decode loop: prefill, then one token per step from a static cache, optionally graph-captured.
+
+Implements issue 6's serving loop (architecture.md §2.4, the gpt-fast shape). :class:`Engine` owns a
+:class:`~leechq.serve.model.Transformer`, its per-batch sessions (KV cache and the small state buffers of
+the step) and the captured graphs. One call of :meth:`Engine.generate_ids`:
+
+1. left-pads the prompts into one batch and checks they fit the cache (prompt + new tokens ≤ slots);
+2. makes sure the session and (on CUDA) the graph for this sampling structure exist *before* seeding, so
+   capture never consumes random numbers of a seeded run;
+3. prefills every prompt position in one eager forward and picks the first token;
+4. replays the decode step: forward one position, pick tokens, mark finished rows, write the token into
+   the history and the next input, advance the slot — all on the device, no host synchronisation; the
+   host only checks for "every row finished" every ``check_every`` steps (or every step when streaming).
+
+:func:`generate` is the tokenizer-level API used by the CLI (``leechq run``): strings in, strings out,
+optional streaming of text deltas.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from leechq.errors import InvalidInput
+from leechq.serve.cache import KVCache, round_slots
+from leechq.serve.graphs import CapturedStep, graph_pool
+from leechq.serve.model import EAGER, Pieces, Transformer
+from leechq.serve.sampling import SamplerState, SamplingConfig, select_tokens
+
+MAX_STOP_IDS = 8
+"""Stop ids a generation can carry (the device buffer is fixed so graphs survive a change)."""
+
+TokenCallback = Callable[[int, int], None]
+"""``callback(row, token_id)``, called for each new token of each unfinished row."""
+
+TextCallback = Callable[[int, str], None]
+"""``callback(row, text)``, called with the new text of a row as soon as it decodes cleanly."""
+
+
+@dataclass
+class GenerationOutput:
+    """What a generation produced.
+
+    Attributes:
+        tokens: new token ids per row, through the first stop id (included).
+        prompt_lengths: prompt length per row.
+        prefill_s: seconds spent in the prefill (forward of all prompt positions + first token).
+        decode_s: seconds spent in the decode steps.
+        steps: decode steps run (every row got ``steps + 1`` tokens, the first from the prefill).
+        batch: rows.
+        texts: decoded text per row (filled by :func:`generate`).
+    """
+
+    tokens: list[list[int]]
+    prompt_lengths: list[int]
+    prefill_s: float
+    decode_s: float
+    steps: int
+    batch: int
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Decode throughput over the batch: tokens per second produced by the decode steps."""
+        return self.batch * self.steps / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+class _Session:
+    """The static buffers of one batch size: KV cache, step inputs/outputs, sampler values, graphs."""
+
+    def __init__(self, model: Transformer, batch: int, seq_len: int, dtype: torch.dtype) -> None:
+        dev = model.device
+        self.cache = KVCache(model.args, batch, seq_len, dtype, dev)
+        self.batch, self.seq_len = batch, seq_len
+        self.tokens = torch.zeros(batch, 1, dtype=torch.int64, device=dev)
+        self.slot = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.pad = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.history = torch.zeros(batch, seq_len, dtype=torch.int64, device=dev)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.fill = torch.zeros(1, dtype=torch.int64, device=dev)  # token written for finished rows
+        self.stop = torch.full((MAX_STOP_IDS,), -1, dtype=torch.int64, device=dev)
+        self.seen = torch.zeros(batch, model.args.vocab_size, dtype=torch.bool, device=dev)
+        self.sampler = SamplerState(dev)
+        self.graphs: dict[tuple[Any, ...], CapturedStep] = {}
+
+    def snapshot(self) -> Callable[[], None]:
+        """A function that restores the small state buffers to their current values."""
+        saved = [(t, t.clone()) for t in (self.tokens, self.slot, self.done, self.seen, self.history)]
+
+        def restore() -> None:
+            for t, v in saved:
+                t.copy_(v)
+
+        return restore
+
+
+class Engine:
+    """A serving model plus its caches and captured decode steps.
+
+    Args:
+        model: the :class:`Transformer`.
+        graphs: capture the decode step in a CUDA graph (default: on CUDA devices).
+        compile: ``torch.compile`` the pure-tensor pieces of the decode step (default: on CUDA devices).
+        check_every: decode steps between host checks for "every row finished".
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        graphs: bool | None = None,
+        compile: bool | None = None,
+        check_every: int = 16,
+    ) -> None:
+        self.model = model
+        on_cuda = model.device.type == "cuda"
+        self.use_graphs = on_cuda if graphs is None else graphs
+        if self.use_graphs and not on_cuda:
+            raise InvalidInput("CUDA graphs were requested but the model is not on a CUDA device")
+        use_compile = on_cuda if compile is None else compile
+        self.fns: Pieces = Pieces.compiled() if use_compile else EAGER
+        self.check_every = max(1, check_every)
+        self.dtype = self._activation_dtype()
+        self._sessions: dict[int, _Session] = {}
+        self._pool = graph_pool() if self.use_graphs else None
+
+    def _activation_dtype(self) -> torch.dtype:
+        probe = self.model.embed(torch.zeros(1, 1, dtype=torch.int64, device=self.model.device))
+        return probe.dtype
+
+    # -- sessions and steps ------------------------------------------------------------------------
+
+    def session(self, batch: int, seq_len: int) -> _Session:
+        """The session for ``batch`` rows with at least ``seq_len`` slots (reallocated when too small)."""
+        sess = self._sessions.get(batch)
+        if sess is None or sess.seq_len < seq_len:
+            self._sessions.pop(batch, None)
+            sess = _Session(self.model, batch, seq_len, self.dtype)
+            self._sessions[batch] = sess
+        return sess
+
+    def release(self) -> None:
+        """Drop every session (caches and graphs)."""
+        self._sessions.clear()
+
+    def cache_bytes(self) -> int:
+        """Bytes held by the KV caches of all sessions."""
+        return sum(s.cache.nbytes for s in self._sessions.values())
+
+    def _make_step(self, sess: _Session, key: tuple[bool, ...]) -> Callable[[], None]:
+        model, fns = self.model, self.fns
+        use_penalty = key[-1]
+
+        def step() -> None:
+            logits = model(sess.tokens, sess.slot, sess.pad, sess.cache.k, sess.cache.v, True, fns)
+            nxt = select_tokens(logits[:, -1], sess.sampler, key, sess.seen if use_penalty else None)
+            nxt = torch.where(sess.done, sess.fill, nxt)
+            torch.logical_or(sess.done, (nxt[:, None] == sess.stop[None, :]).any(-1), out=sess.done)
+            sess.history.index_copy_(1, sess.slot + 1, nxt[:, None])
+            sess.tokens.copy_(nxt[:, None])
+            if use_penalty:
+                sess.seen.scatter_(1, nxt[:, None], True)
+            sess.slot.add_(1)
+
+        return step
+
+    def _runner(self, sess: _Session, key: tuple[bool, ...]) -> Callable[[], None]:
+        step = self._make_step(sess, key)
+        if not self.use_graphs:
+            return step
+        if key not in sess.graphs:
+            sess.slot.zero_()  # warm-up writes slots 0 and 1, which the prefill rewrites
+            sess.graphs[key] = CapturedStep(step, sess.snapshot(), pool=self._pool)
+        return sess.graphs[key]
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        stop_ids: Sequence[int] = (),
+        pad_id: int = 0,
+        stream: TokenCallback | None = None,
+        seq_len: int | None = None,
+    ) -> GenerationOutput:
+        """Generate from token-id prompts.
+
+        Args:
+            prompts: B prompts, each a non-empty sequence of token ids.
+            max_new_tokens: tokens to generate per row (≥ 1), fewer if every row hits a stop id.
+            sampling: how to pick tokens (default: greedy).
+            stop_ids: token ids that finish a row (at most :data:`MAX_STOP_IDS`).
+            pad_id: id used for left padding and for the positions after a row finished.
+            stream: called with ``(row, token_id)`` for each new token of each unfinished row.
+            seq_len: KV-cache slots (default: prompt + new tokens, rounded up to 64).
+
+        Returns:
+            :class:`GenerationOutput`.
+
+        Raises:
+            InvalidInput: empty or out-of-vocabulary prompts, ``max_new_tokens < 1``, too many stop
+                ids, or a prompt plus ``max_new_tokens`` that exceeds the cache / the model's positions.
+        """
+        sampling = sampling or SamplingConfig()
+        key = sampling.key()
+        batch, lengths, width = self._check_prompts(prompts, max_new_tokens, stop_ids)
+        need = width + max_new_tokens
+        slots = seq_len if seq_len is not None else round_slots(need)
+        if need > slots:
+            raise InvalidInput(
+                f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) needs "
+                f"{need} cache slots but the KV cache has {slots}; shorten the prompt, lower "
+                "max_new_tokens or raise seq_len"
+            )
+        limit = self.model.args.max_position_embeddings
+        if need > limit:
+            raise InvalidInput(
+                f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) = {need} "
+                f"positions exceeds the model's max_position_embeddings ({limit})"
+            )
+        slots = min(slots, limit)
+        sess = self.session(batch, slots)
+        run_step = self._runner(sess, key)  # captured before seeding: capture draws random numbers
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        sess.sampler.load(sampling)
+        sess.fill.fill_(pad_id)
+        sess.stop.fill_(-1)
+        if stop_ids:
+            sess.stop[: len(stop_ids)] = torch.tensor(list(stop_ids), dtype=torch.int64)
+
+        t0 = time.perf_counter()
+        first = self._prefill(sess, prompts, lengths, width, pad_id, key)
+        host_done = [False] * batch
+        if stream is not None:
+            self._emit(stream, first.tolist(), host_done, stop_ids)
+        self._sync()
+        t1 = time.perf_counter()
+        steps = 0
+        for i in range(1, max_new_tokens):
+            run_step()
+            steps += 1
+            if stream is not None:
+                toks = sess.history[:, width + i].tolist()  # one sync per step while streaming
+                self._emit(stream, toks, host_done, stop_ids)
+                if all(host_done):
+                    break
+            elif stop_ids and i % self.check_every == 0 and bool(sess.done.all()):
+                break
+        self._sync()
+        t2 = time.perf_counter()
+        out = sess.history[:, width : width + steps + 1].tolist()
+        stop = set(stop_ids)
+        tokens = []
+        for row in out:
+            end = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
+            tokens.append(row[:end])
+        return GenerationOutput(tokens, lengths, t1 - t0, t2 - t1, steps, batch)
+
+    def _check_prompts(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int]
+    ) -> tuple[int, list[int], int]:
+        if isinstance(prompts, (str, bytes)) or not len(prompts):
+            raise InvalidInput("prompts must be a non-empty list of token-id sequences")
+        if max_new_tokens < 1:
+            raise InvalidInput(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(stop_ids) > MAX_STOP_IDS:
+            raise InvalidInput(f"at most {MAX_STOP_IDS} stop ids, got {len(stop_ids)}")
+        vocab = self.model.args.vocab_size
+        lengths = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str) or len(p) == 0:
+                raise InvalidInput(f"prompt {i} must be a non-empty sequence of token ids")
+            bad = [t for t in p if not 0 <= int(t) < vocab]
+            if bad:
+                raise InvalidInput(f"prompt {i} has token ids outside [0, {vocab}): {bad[:5]}")
+            lengths.append(len(p))
+        return len(prompts), lengths, max(lengths)
+
+    def _prefill(
+        self,
+        sess: _Session,
+        prompts: Sequence[Sequence[int]],
+        lengths: list[int],
+        width: int,
+        pad_id: int,
+        key: tuple[bool, ...],
+    ) -> torch.Tensor:
+        dev = self.model.device
+        rows = [[pad_id] * (width - n) + [int(t) for t in p] for p, n in zip(prompts, lengths, strict=True)]
+        tokens = torch.tensor(rows, dtype=torch.int64, device=dev)
+        sess.pad.copy_(torch.tensor([width - n for n in lengths], dtype=torch.int64))
+        sess.done.zero_()
+        sess.seen.zero_()
+        if key[-1]:
+            for b, p in enumerate(prompts):
+                sess.seen[b, torch.tensor([int(t) for t in p], device=dev)] = True
+        slots = torch.arange(width, device=dev)
+        logits = self.model(tokens, slots, sess.pad, sess.cache.k, sess.cache.v, True, EAGER)
+        first = select_tokens(logits[:, -1], sess.sampler, key, sess.seen if key[-1] else None)
+        torch.logical_or(sess.done, (first[:, None] == sess.stop[None, :]).any(-1), out=sess.done)
+        if key[-1]:
+            sess.seen.scatter_(1, first[:, None], True)
+        sess.history[:, :width] = tokens
+        sess.history[:, width] = first
+        sess.tokens.copy_(first[:, None])
+        sess.slot.fill_(width)
+        return first
+
+    @staticmethod
+    def _emit(cb: TokenCallback, toks: list[int], done: list[bool], stop_ids: Sequence[int]) -> None:
+        for row, tok in enumerate(toks):
+            if not done[row]:
+                cb(row, tok)
+                done[row] = tok in stop_ids
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tokenizer-level API
+
+_ENGINES: weakref.WeakKeyDictionary[Any, Engine] = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: Any, **engine_kwargs: Any) -> Engine:
+    """The (cached) :class:`Engine` of ``model``: an Engine, a serving Transformer, or a transformers
+    causal LM (converted once with :func:`leechq.serve.build.from_hf_model`)."""
+    if isinstance(model, Engine):
+        return model
+    eng = _ENGINES.get(model)
+    if eng is None:
+        serving = model
+        if not isinstance(model, Transformer):
+            from leechq.serve.build import from_hf_model
+
+            serving = from_hf_model(model)
+        eng = Engine(serving, **engine_kwargs)
+        _ENGINES[model] = eng
+    return eng
+
+
+def default_sampling(model: Any) -> SamplingConfig:
+    """The model's recommended sampling (its ``generation_config``), or greedy when it has none."""
+    gen = getattr(model, "generation_config", None)
+    if gen is None:
+        return SamplingConfig()
+    try:
+        return SamplingConfig.from_generation_config(gen)
+    except InvalidInput as exc:
+        warnings.warn(f"ignoring the model's generation_config ({exc}); decoding greedily", stacklevel=2)
+        return SamplingConfig()
+
+
+def stop_ids_for(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids from the model's generation config and the tokenizer (deduplicated)."""
+    ids: list[int] = []
+    for src in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                getattr(tokenizer, "eos_token_id", None)):
+        if src is None:
+            continue
+        for t in (src if isinstance(src, (list, tuple)) else [src]):
+            if int(t) not in ids:
+                ids.append(int(t))
+    return ids[:MAX_STOP_IDS]
+
+
+class _Detokenizer:
+    """Incremental decoding of one row: emits only text that no later token can change."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: str | Sequence[str] | Sequence[Sequence[int]],
+    max_new_tokens: int = 256,
+    sampling: SamplingConfig | None = None,
+    stream: TextCallback | None = None,
+    seq_len: int | None = None,
+    add_special_tokens: bool = True,
+) -> GenerationOutput:
+    """Generate text for one or several prompts.
+
+    Args:
+        model: an :class:`Engine`, a serving :class:`Transformer` or a transformers causal LM (as
+            returned by ``leechq.load``); the engine is built once per model and cached.
+        tokenizer: a transformers tokenizer (``encode``/``decode``, ``eos_token_id``, ``pad_token_id``).
+        prompts: a string, a list of strings, or a list of token-id lists.
+        max_new_tokens: tokens to generate per prompt.
+        sampling: token selection (default: the model's generation_config, else greedy).
+        stream: called as ``stream(row, text)`` with each row's new text as it is produced.
+        seq_len: KV-cache slots (default: what the prompts need).
+        add_special_tokens: passed to the tokenizer when encoding strings.
+
+    Returns:
+        :class:`GenerationOutput` with ``texts`` filled (special tokens skipped).
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    ids = [
+        tokenizer.encode(p, add_special_tokens=add_special_tokens) if isinstance(p, str) else list(p)
+        for p in prompts
+    ]
+    engine = engine_for(model)
+    source = model if not isinstance(model, (Engine, Transformer)) else None
+    sampling = sampling or (default_sampling(source) if source is not None else SamplingConfig())
+    stop = stop_ids_for(source, tokenizer)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (stop[0] if stop else 0)
+    callback: TokenCallback | None = None
+    if stream is not None:
+        detoks = [_Detokenizer(tokenizer) for _ in ids]
+
+        def callback(row: int, tok: int) -> None:
+            piece = detoks[row].push(tok)
+            if piece:
+                stream(row, piece)
+
+    out = engine.generate_ids(ids, max_new_tokens, sampling, stop, pad, callback, seq_len)
+    out.texts = [tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
+    return out
