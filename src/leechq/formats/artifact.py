@@ -1,0 +1,805 @@
+"""The leechq artifact: an HF-style directory holding a quantized model in canonical (layout-free) form.
+
+A directory holds
+
+* ``config.json`` — the base model config plus ``quantization_config`` = {``quant_method: "leechq"``,
+  ``schema_version``, the resolved :class:`~leechq.config.QuantConfig`, codebook name + fingerprint,
+  ``records`` {module: descriptor}, ``rotations`` {key: descriptor}, ``raw`` {tensor: descriptor},
+  ``tied`` {alias: tensor}};
+* ``model.safetensors`` — per lattice record ``<module>.codes`` (U8: one big-endian integer
+  ``(label << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block, row-major by
+  (row, block); for 47 + 1 bits this is exactly the published Tetra disk stream, 6 bytes a block,
+  tetra-format.md §1.3), ``<module>.row_scales`` (F64), ``<module>.centroids`` (F64),
+  ``<module>.tail`` (F32, rotated basis, only when ``d_in mod 24 > 0``); rotation tables
+  ``leechq.rotations.<d_in>_<seed:016x>.signs`` (F64 ±1) and ``.small`` (F64 ``Q_odd``) de-duplicated by
+  (width, effective seed); int4 records ``<module>.qweight/.scales/.biases`` (tetra-format.md §3.2);
+  every other tensor under its own name, as stored in the checkpoint, or group-affine quantized
+  (``<name>.qweight/.scales/.biases``) when the config asks for it;
+* tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
+
+The directory is assembled under a hidden temporary name and renamed into place: the rename is the
+commit point, so a crash never leaves a directory that looks complete. Readers validate everything and
+name the file / tensor at fault. Kernels repack at load; nothing here depends on a served layout.
+
+Three accounting rules, never mixed (layouts-kernels-recipe.md §4.9): :func:`artifact_report` gives
+kernel bits per quantized weight, whole-model bits per parameter, and the on-disk rate separately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from leechq.codebooks.base import BLOCK
+from leechq.config import SCHEMA_VERSION, QuantConfig
+from leechq.errors import (
+    ArtifactError,
+    FingerprintMismatch,
+    IncompatibleVersion,
+    InvalidInput,
+    LeechqError,
+)
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import RotationTables, split_width
+
+QUANT_METHOD = "leechq"
+CODE_ORDER = "msb_first_block"
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+MANIFEST_FILE = "leechq-manifest.json"
+ROTATION_PREFIX = "leechq.rotations."
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# code streams
+
+
+def block_bytes(label_bits: int, gain_bits: int) -> int:
+    """Bytes per coded block: ``ceil((label_bits + gain_bits) / 8)``."""
+    return -(-(label_bits + gain_bits) // 8)
+
+
+def pack_codes(labels: torch.Tensor, gains: torch.Tensor, label_bits: int, gain_bits: int) -> torch.Tensor:
+    """Pack labels/gains [d_out, n_blocks] into the on-disk stream: uint8 [d_out·n_blocks·B].
+
+    Each block is the big-endian ``B``-byte integer ``(label << gain_bits) | gain``.
+    """
+    if label_bits + gain_bits > 63:
+        raise InvalidInput(f"{label_bits}+{gain_bits} bits do not fit the 63-bit packer")
+    lab = labels.reshape(-1).to(torch.int64)
+    gai = gains.reshape(-1).to(torch.int64)
+    if lab.numel() and (int(lab.min()) < 0 or int(lab.max()) >= (1 << label_bits)):
+        raise InvalidInput(f"labels out of range for {label_bits} label bits")
+    if gai.numel() and (int(gai.min()) < 0 or int(gai.max()) >= (1 << gain_bits)):
+        raise InvalidInput(f"gains out of range for {gain_bits} gain bits")
+    words = (lab << gain_bits) | gai
+    nbytes = block_bytes(label_bits, gain_bits)
+    shifts = torch.tensor([8 * (nbytes - 1 - k) for k in range(nbytes)], dtype=torch.int64)
+    return ((words[:, None] >> shifts[None, :]) & 0xFF).to(torch.uint8).reshape(-1)
+
+
+def unpack_codes(stream: torch.Tensor, d_out: int, n_blocks: int, label_bits: int,
+                 gain_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_codes`: (labels int64, gains uint8), both [d_out, n_blocks].
+
+    Raises:
+        ArtifactError: wrong stream length or set bits above ``label_bits + gain_bits``.
+    """
+    nbytes = block_bytes(label_bits, gain_bits)
+    if stream.numel() != d_out * n_blocks * nbytes:
+        raise ArtifactError(f"code stream has {stream.numel()} bytes, expected {d_out * n_blocks * nbytes}")
+    by = stream.reshape(-1, nbytes).to(torch.int64)
+    words = torch.zeros(by.shape[0], dtype=torch.int64)
+    for k in range(nbytes):
+        words = (words << 8) | by[:, k]
+    if words.numel() and int((words >> (label_bits + gain_bits)).max()) != 0:
+        raise ArtifactError(f"code stream has bits set above bit {label_bits + gain_bits}")
+    gains = (words & ((1 << gain_bits) - 1)).to(torch.uint8)
+    labels = words >> gain_bits
+    return labels.reshape(d_out, n_blocks), gains.reshape(d_out, n_blocks)
+
+
+# --------------------------------------------------------------------------------------------------
+# group-affine raw tensors (embedding / head)
+
+
+@dataclass
+class GroupAffine:
+    """A group-affine 4- or 8-bit tensor along its last dimension (layouts-kernels-recipe.md §5.5).
+
+    ``w = f32(scale)·f32(q) + f32(bias)`` (two f32 roundings). 4 bits: two codes a byte, low nibble
+    first; 8 bits: one code a byte.
+
+    Attributes:
+        dims: the dense shape.
+        bits: 4 or 8.
+        group: group size along the last dimension.
+        qweight: uint8 [rows, cols/2] (4 bits) or [rows, cols] (8 bits), rows = prod(dims[:-1]).
+        scales, biases: float16 [rows, ceil(cols/group)].
+    """
+
+    dims: tuple[int, ...]
+    bits: int
+    group: int
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(math.prod(self.dims[:-1]))
+
+    @property
+    def cols(self) -> int:
+        return int(self.dims[-1])
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bits: int, group: int) -> GroupAffine:
+        """Min/max round-to-nearest group-affine quantization of a float tensor."""
+        if bits not in (4, 8):
+            raise InvalidInput(f"group-affine bits must be 4 or 8, got {bits}")
+        if weight.dim() < 1 or not bool(torch.isfinite(weight).all()):
+            raise InvalidInput("group-affine quantization needs a finite tensor")
+        dims = tuple(int(d) for d in weight.shape)
+        w2 = weight.detach().reshape(-1, dims[-1]).to(torch.float32).cpu()
+        if bits == 4:
+            rec = Int4Weight.quantize(w2, group=group)
+            return cls(dims, 4, group, rec.qweight, rec.scales, rec.biases)
+        rows, cols = w2.shape
+        groups = -(-cols // group)
+        pad = groups * group - cols
+        padded = torch.nn.functional.pad(w2, (0, pad), value=float("nan")).reshape(rows, groups, group)
+        lo = torch.nan_to_num(padded, nan=float("inf")).amin(dim=-1)
+        hi = torch.nan_to_num(padded, nan=float("-inf")).amax(dim=-1)
+        scales = ((hi - lo) / 255.0).to(torch.float16)
+        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+        biases = lo.to(torch.float16)
+        col_group = torch.arange(cols) // group
+        s32 = scales.to(torch.float32)[:, col_group]
+        b32 = biases.to(torch.float32)[:, col_group]
+        q = torch.clamp(torch.round((w2 - b32) / s32), 0, 255)
+        cand = torch.stack([torch.clamp(q + d, 0, 255) for d in (-1.0, 0.0, 1.0)])
+        err = ((s32 * cand + b32) - w2).abs()
+        q = cand.gather(0, err.argmin(dim=0, keepdim=True))[0].to(torch.uint8)
+        return cls(dims, 8, group, q.contiguous(), scales, biases)
+
+    def codes(self) -> torch.Tensor:
+        """uint8 [rows, cols]."""
+        if self.bits == 8:
+            return self.qweight
+        lo = self.qweight & 0x0F
+        hi = self.qweight >> 4
+        return torch.stack((lo, hi), dim=-1).reshape(self.rows, self.cols)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        col_group = torch.arange(self.cols) // self.group
+        scale = self.scales.to(torch.float32)[:, col_group]
+        bias = self.biases.to(torch.float32)[:, col_group]
+        prod = scale * self.codes().to(torch.float32)
+        return (prod + bias).reshape(self.dims).to(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# the in-memory artifact
+
+
+@dataclass
+class Artifact:
+    """What :func:`read_artifact` returns.
+
+    Attributes:
+        path: the directory.
+        config: the whole ``config.json`` (base model config + ``quantization_config``).
+        quant_config: the resolved :class:`QuantConfig`.
+        records: module name → :class:`QuantizedWeight` or :class:`Int4Weight`.
+        raw: tensor name → dense tensor (as stored).
+        raw_quant: tensor name → :class:`GroupAffine`.
+        tied: alias tensor name → stored tensor name (e.g. ``lm_head.weight`` → the embedding).
+    """
+
+    path: Path
+    config: dict[str, Any]
+    quant_config: QuantConfig
+    records: dict[str, QuantizedWeight | Int4Weight]
+    raw: dict[str, torch.Tensor] = field(default_factory=dict)
+    raw_quant: dict[str, GroupAffine] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def quantization_config(self) -> dict[str, Any]:
+        return self.config["quantization_config"]
+
+    def dense_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Every tensor dense, under its model name (records as ``<module>.weight``, decoded exactly;
+        tied aliases included). ``dtype`` casts float tensors (None keeps f32 records / stored raw)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, rec in self.records.items():
+            out[f"{name}.weight"] = rec.dequantize(torch.float32)
+        for name, t in self.raw.items():
+            out[name] = t
+        for name, ga in self.raw_quant.items():
+            out[name] = ga.dequantize(torch.float32)
+        for alias, target in self.tied.items():
+            out[alias] = out[target]
+        if dtype is not None:
+            out = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in out.items()}
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# writing
+
+
+def _rotation_key(rot: RotationTables) -> str:
+    return f"{rot.n}_{rot.seed:016x}"
+
+
+def _codebook_fingerprint(name: str) -> str:
+    from leechq.codebooks import get
+
+    return get(name).fingerprint()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def build_tensors(
+    records: Mapping[str, QuantizedWeight | Int4Weight],
+    raw: Mapping[str, torch.Tensor | GroupAffine],
+    codebook: str,
+    gain_bits: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The safetensors dict and the ``records`` / ``rotations`` / ``raw`` descriptors."""
+    from leechq.codebooks import get
+
+    label_bits = get(codebook).label_bits
+    tensors: dict[str, torch.Tensor] = {}
+    rec_desc: dict[str, Any] = {}
+    rot_desc: dict[str, Any] = {}
+    raw_desc: dict[str, Any] = {}
+    rot_tables: dict[str, RotationTables] = {}
+
+    def put(key: str, t: torch.Tensor) -> None:
+        if key in tensors:
+            raise InvalidInput(f"tensor name {key!r} is produced twice")
+        tensors[key] = t.detach().cpu().contiguous().clone()
+
+    for name, rec in records.items():
+        if isinstance(rec, QuantizedWeight):
+            if rec.codebook != codebook:
+                raise InvalidInput(f"record {name} uses codebook {rec.codebook!r}, the artifact {codebook!r}")
+            if rec.gain_bits != gain_bits:
+                raise InvalidInput(f"record {name} has {rec.gain_bits} gain bits, the config {gain_bits}")
+            rot_key = None
+            if rec.rotation is not None:
+                rot_key = _rotation_key(rec.rotation)
+                prev = rot_tables.get(rot_key)
+                if prev is None:
+                    rot_tables[rot_key] = rec.rotation
+                elif not (np.array_equal(prev.signs, rec.rotation.signs)
+                          and np.array_equal(prev.small, rec.rotation.small)):
+                    raise InvalidInput(f"two different rotation tables share the key {rot_key}")
+            put(f"{name}.codes", pack_codes(rec.labels, rec.gains, label_bits, gain_bits))
+            put(f"{name}.row_scales", rec.row_scales.to(torch.float64))
+            put(f"{name}.centroids", rec.centroids.to(torch.float64))
+            if rec.tail_cols:
+                put(f"{name}.tail", rec.tail.to(torch.float32))
+            bb = block_bytes(label_bits, gain_bits)
+            rec_desc[name] = {
+                "kind": "lattice", "codebook": codebook, "d_out": rec.d_out, "d_in": rec.d_in,
+                "label_bits": label_bits, "gain_bits": gain_bits, "n_centroids": int(rec.centroids.numel()),
+                "nblocks": rec.n_blocks, "tail_cols": rec.tail_cols, "block_bytes": bb,
+                "code_bytes": bb * rec.d_out * rec.n_blocks, "rotation": rot_key,
+            }
+        elif isinstance(rec, Int4Weight):
+            put(f"{name}.qweight", rec.qweight)
+            put(f"{name}.scales", rec.scales)
+            put(f"{name}.biases", rec.biases)
+            rec_desc[name] = {"kind": "int4", "d_out": rec.d_out, "d_in": rec.d_in, "bits": 4,
+                              "group": rec.group, "groups_per_row": -(-rec.d_in // rec.group)}
+        else:
+            raise InvalidInput(
+                f"record {name} of type {type(rec).__name__} cannot be stored (control coders produce "
+                "no codes)"
+            )
+    for key, rot in rot_tables.items():
+        m, k = split_width(rot.n)
+        put(f"{ROTATION_PREFIX}{key}.signs", torch.from_numpy(np.ascontiguousarray(rot.signs, dtype=np.float64)))
+        put(f"{ROTATION_PREFIX}{key}.small", torch.from_numpy(np.ascontiguousarray(rot.small, dtype=np.float64)))
+        rot_desc[key] = {"seed": str(rot.seed), "n": rot.n, "pow2": m, "odd": k}
+    for name, t in raw.items():
+        if name.startswith(ROTATION_PREFIX):
+            raise InvalidInput(f"raw tensor name {name!r} uses the reserved prefix {ROTATION_PREFIX}")
+        if isinstance(t, GroupAffine):
+            put(f"{name}.qweight", t.qweight)
+            put(f"{name}.scales", t.scales)
+            put(f"{name}.biases", t.biases)
+            raw_desc[name] = {"encoding": "quant", "dims": list(t.dims), "bits": t.bits, "group": t.group,
+                              "rows": t.rows, "groups_per_row": -(-t.cols // t.group)}
+        else:
+            if t.dtype not in _DTYPE_NAMES:
+                raise InvalidInput(f"raw tensor {name} has unsupported dtype {t.dtype}")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise InvalidInput(f"raw tensor {name} has non-finite values")
+            put(name, t)
+            raw_desc[name] = {"encoding": "dense", "dtype": _DTYPE_NAMES[t.dtype], "dims": list(t.shape)}
+    return tensors, rec_desc, rot_desc, raw_desc
+
+
+def write_artifact(
+    out_dir: str | os.PathLike[str],
+    *,
+    base_config: Mapping[str, Any],
+    quant_config: QuantConfig,
+    records: Mapping[str, QuantizedWeight | Int4Weight],
+    raw: Mapping[str, torch.Tensor | GroupAffine],
+    tied: Mapping[str, str] | None = None,
+    tokenizer: Any = None,
+    extra_files: Mapping[str, bytes] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write an artifact directory atomically.
+
+    Args:
+        out_dir: the directory to create.
+        base_config: the base model's config dict (``model.config.to_dict()``).
+        quant_config: the resolved configuration.
+        records: module name → lattice or int4 record.
+        raw: every other tensor under its model name, dense or :class:`GroupAffine`.
+        tied: alias tensor name → stored tensor name (a tied head).
+        tokenizer: an object with ``save_pretrained(dir)`` (its files are copied), or None.
+        extra_files: further files to write verbatim (name → bytes).
+        provenance: free-form JSON (model id, calibration digest, timings) stored in the config.
+        overwrite: replace an existing directory (only after the new one is complete).
+
+    Returns:
+        The directory path.
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ArtifactError(f"{out} already exists (pass overwrite=True to replace it)")
+    if quant_config.codebook in ("identity", "scalar-round"):
+        raise InvalidInput(f"codebook {quant_config.codebook!r} is a control and produces no artifact")
+    tied = dict(tied or {})
+    tensors, rec_desc, rot_desc, raw_desc = build_tensors(records, raw, quant_config.codebook,
+                                                          quant_config.gain_bits)
+    for alias, target in tied.items():
+        if target not in raw_desc:
+            raise InvalidInput(f"tied alias {alias} points at {target}, which is not a stored raw tensor")
+    cfg = dict(base_config)
+    cfg["quantization_config"] = {
+        "quant_method": QUANT_METHOD,
+        "schema_version": SCHEMA_VERSION,
+        "config": quant_config.to_dict(),
+        "codebook": quant_config.codebook,
+        "codebook_fingerprint": _codebook_fingerprint(quant_config.codebook),
+        "block_dim": BLOCK,
+        "code_order": CODE_ORDER,
+        "records": rec_desc,
+        "rotations": rot_desc,
+        "raw": raw_desc,
+        "tied": tied,
+        "provenance": dict(provenance or {}),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(tmp / MODEL_FILE),
+                  metadata={"format": "pt", "leechq_schema_version": str(SCHEMA_VERSION)})
+        _fsync_write(tmp / CONFIG_FILE, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for name, data in (extra_files or {}).items():
+            if "/" in name or name.startswith(".") or name in (MODEL_FILE, CONFIG_FILE, MANIFEST_FILE):
+                raise InvalidInput(f"extra file name {name!r} is not allowed")
+            _fsync_write(tmp / name, data)
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(tmp.iterdir()) if p.is_file()}
+        manifest = {"quant_method": QUANT_METHOD, "schema_version": SCHEMA_VERSION, "files": files}
+        _fsync_write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)  # the commit point
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+def _parse_header(path: Path) -> dict[str, Any]:
+    """Parse and bounds-check a safetensors header; errors name the file and the tensor."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ArtifactError(f"{path}: truncated ({size} bytes, no safetensors header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > 100_000_000:
+                raise ArtifactError(f"{path}: header length {n} exceeds the file size {size}")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable: {exc}") from exc
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: corrupt safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
+    data_len = size - 8 - n
+    end_max = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (lo, hi) = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: tensor {name!r} has a malformed header entry") from exc
+        if dtype not in _ST_DTYPES:
+            raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+        itemsize = torch.empty(0, dtype=_ST_DTYPES[dtype]).element_size()
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
+            raise ArtifactError(f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)")
+        if hi - lo != itemsize * math.prod(shape):
+            raise ArtifactError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
+        end_max = max(end_max, hi)
+    if end_max != data_len:
+        raise ArtifactError(f"{path}: data section is {data_len} bytes but tensors cover {end_max}")
+    return header
+
+
+def _expect(tensors: Mapping[str, torch.Tensor], key: str, dtype: torch.dtype,
+            shape: tuple[int, ...], where: str) -> torch.Tensor:
+    if key not in tensors:
+        raise ArtifactError(f"{where}: missing tensor {key!r}")
+    t = tensors[key]
+    if t.dtype != dtype:
+        raise ArtifactError(f"{where}: tensor {key!r} has dtype {t.dtype}, expected {dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ArtifactError(f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
+    return t
+
+
+def _int_field(desc: Mapping[str, Any], key: str, where: str) -> int:
+    v = desc.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ArtifactError(f"{where}: descriptor field {key!r} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Artifact:
+    """Read and validate an artifact directory.
+
+    Args:
+        directory: the artifact.
+        verify: check every file's size and sha256 against the manifest.
+
+    Raises:
+        ArtifactError: missing/corrupt/inconsistent files or tensors (the message names them).
+        IncompatibleVersion: a schema version this build does not read.
+        FingerprintMismatch: the stored codebook fingerprint differs from this build's codebook.
+    """
+    root = Path(directory)
+    where = str(root)
+    if not root.is_dir():
+        raise ArtifactError(f"{where}: not a directory")
+    cfg_path = root / CONFIG_FILE
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{cfg_path}: missing") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{cfg_path}: unreadable or not JSON: {exc}") from exc
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+        raise ArtifactError(f"{cfg_path}: no quantization_config with quant_method {QUANT_METHOD!r}")
+    version = qc.get("schema_version")
+    if not isinstance(version, int) or version != SCHEMA_VERSION:
+        raise IncompatibleVersion(
+            f"{cfg_path}: artifact schema_version {version!r}; this build reads {SCHEMA_VERSION}"
+        )
+    manifest_path = root / MANIFEST_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{manifest_path}: missing (the artifact was never completed)") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"{manifest_path}: unreadable: {exc}") from exc
+    for name in (CONFIG_FILE, MODEL_FILE):
+        if name not in files:
+            raise ArtifactError(f"{manifest_path}: does not list {name}")
+    for name, info in files.items():
+        p = root / name
+        if not p.is_file():
+            raise ArtifactError(f"{p}: listed in the manifest but missing")
+        if p.stat().st_size != info.get("bytes"):
+            raise ArtifactError(f"{p}: {p.stat().st_size} bytes, the manifest says {info.get('bytes')} (truncated?)")
+        if verify and _sha256(p) != info.get("sha256"):
+            raise ArtifactError(f"{p}: sha256 differs from the manifest (corrupt file)")
+    try:
+        quant_config = QuantConfig.from_dict(qc.get("config"))
+    except LeechqError as exc:
+        if isinstance(exc, IncompatibleVersion):
+            raise
+        raise ArtifactError(f"{cfg_path}: invalid quantization_config.config: {exc}") from exc
+    codebook = qc.get("codebook")
+    if codebook != quant_config.codebook:
+        raise ArtifactError(f"{cfg_path}: codebook {codebook!r} disagrees with config {quant_config.codebook!r}")
+    from leechq.codebooks import get
+
+    try:
+        cb = get(codebook)
+    except LeechqError as exc:
+        raise ArtifactError(f"{cfg_path}: codebook {codebook!r} is not available in this build: {exc}") from exc
+    if qc.get("codebook_fingerprint") != cb.fingerprint():
+        raise FingerprintMismatch(
+            f"{cfg_path}: codebook {codebook!r} fingerprint {qc.get('codebook_fingerprint')!r} differs "
+            f"from this build's {cb.fingerprint()!r}: the labels would decode to different points"
+        )
+    if qc.get("block_dim") != BLOCK or qc.get("code_order") != CODE_ORDER:
+        raise ArtifactError(f"{cfg_path}: block_dim/code_order must be {BLOCK}/{CODE_ORDER!r}")
+    for key in ("records", "rotations", "raw", "tied"):
+        if not isinstance(qc.get(key), dict):
+            raise ArtifactError(f"{cfg_path}: quantization_config.{key} must be an object")
+
+    model_path = root / MODEL_FILE
+    header = _parse_header(model_path)
+    try:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(model_path))
+    except Exception as exc:  # safetensors raises its own types; name the file
+        raise ArtifactError(f"{model_path}: unreadable safetensors: {exc}") from exc
+    used: set[str] = set()
+
+    def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:
+        t = _expect(tensors, key, dtype, shape, f"{model_path} ({ctx})")
+        used.add(key)
+        return t
+
+    rotations: dict[str, RotationTables] = {}
+    for key, desc in qc["rotations"].items():
+        ctx = f"rotation {key}"
+        n = _int_field(desc, "n", ctx)
+        m, k = split_width(n) if n > 0 else (0, 0)
+        try:
+            seed = int(desc["seed"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{cfg_path}: {ctx} has no valid seed") from exc
+        if key != f"{n}_{seed:016x}" or desc.get("pow2") != m or desc.get("odd") != k:
+            raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent with its key")
+        signs = take(f"{ROTATION_PREFIX}{key}.signs", torch.float64, (n,), ctx).numpy()
+        small = take(f"{ROTATION_PREFIX}{key}.small", torch.float64, (k, k), ctx).numpy()
+        if not np.all(np.abs(signs) == 1.0):
+            raise ArtifactError(f"{model_path}: {ctx} signs are not all ±1")
+        if np.abs(small @ small.T - np.eye(k)).max() > 1e-9:
+            raise ArtifactError(f"{model_path}: {ctx} Q_odd is not orthogonal")
+        rotations[key] = RotationTables(n=n, seed=seed, signs=signs.copy(), small=small.copy())
+
+    records: dict[str, QuantizedWeight | Int4Weight] = {}
+    for name, desc in qc["records"].items():
+        ctx = f"record {name}"
+        kind = desc.get("kind") if isinstance(desc, dict) else None
+        d_out, d_in = _int_field(desc, "d_out", ctx), _int_field(desc, "d_in", ctx)
+        if kind == "lattice":
+            nb, tail = d_in // BLOCK, d_in % BLOCK
+            label_bits, gain_bits = _int_field(desc, "label_bits", ctx), _int_field(desc, "gain_bits", ctx)
+            n_c = _int_field(desc, "n_centroids", ctx)
+            bb = block_bytes(label_bits, gain_bits)
+            if (desc.get("codebook") != codebook or label_bits != cb.label_bits or gain_bits > 2
+                    or n_c != 2**gain_bits or desc.get("nblocks") != nb or desc.get("tail_cols") != tail
+                    or desc.get("block_bytes") != bb or desc.get("code_bytes") != bb * d_out * nb):
+                raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent (codebook, bits or sizes)")
+            stream = take(f"{name}.codes", torch.uint8, (bb * d_out * nb,), ctx)
+            labels, gains = unpack_codes(stream, d_out, nb, label_bits, gain_bits)
+            rot_key = desc.get("rotation")
+            if rot_key is not None and rot_key not in rotations:
+                raise ArtifactError(f"{cfg_path}: {ctx} names unknown rotation {rot_key!r}")
+            rot = rotations[rot_key] if rot_key is not None else None
+            if rot is not None and rot.n != d_in:
+                raise ArtifactError(f"{cfg_path}: {ctx} rotation width {rot.n} != d_in {d_in}")
+            tail_t = take(f"{name}.tail", torch.float32, (d_out, tail), ctx) if tail else \
+                torch.zeros(d_out, 0, dtype=torch.float32)
+            try:
+                records[name] = QuantizedWeight(
+                    codebook=codebook, d_out=d_out, d_in=d_in, labels=labels, gains=gains,
+                    row_scales=take(f"{name}.row_scales", torch.float64, (d_out,), ctx),
+                    centroids=take(f"{name}.centroids", torch.float64, (n_c,), ctx),
+                    tail=tail_t, rotation=rot,
+                )
+            except InvalidInput as exc:
+                raise ArtifactError(f"{model_path}: {ctx}: {exc}") from exc
+        elif kind == "int4":
+            group = _int_field(desc, "group", ctx)
+            if group < 2 or d_in % 2 or desc.get("groups_per_row") != -(-d_in // group):
+                raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent")
+            gpr = -(-d_in // group)
+            records[name] = Int4Weight(
+                d_out=d_out, d_in=d_in, group=group,
+                qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
+                scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
+                biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
+            )
+        else:
+            raise ArtifactError(f"{cfg_path}: {ctx} has unknown kind {kind!r}")
+
+    raw: dict[str, torch.Tensor] = {}
+    raw_quant: dict[str, GroupAffine] = {}
+    for name, desc in qc["raw"].items():
+        ctx = f"raw tensor {name}"
+        enc = desc.get("encoding") if isinstance(desc, dict) else None
+        dims = desc.get("dims") if isinstance(desc, dict) else None
+        if not isinstance(dims, list) or not all(isinstance(d, int) and d >= 0 for d in dims):
+            raise ArtifactError(f"{cfg_path}: {ctx} has invalid dims {dims!r}")
+        if enc == "dense":
+            dt = _ST_DTYPES.get(desc.get("dtype"))
+            if dt is None:
+                raise ArtifactError(f"{cfg_path}: {ctx} has unknown dtype {desc.get('dtype')!r}")
+            raw[name] = take(name, dt, tuple(dims), ctx)
+        elif enc == "quant":
+            bits, group = desc.get("bits"), _int_field(desc, "group", ctx)
+            if bits not in (4, 8) or not dims or group < 2:
+                raise ArtifactError(f"{cfg_path}: {ctx} has an invalid quant descriptor")
+            rows, cols = math.prod(dims[:-1]), dims[-1]
+            if bits == 4 and cols % 2:
+                raise ArtifactError(f"{cfg_path}: {ctx} 4-bit row length must be even")
+            gpr = -(-cols // group)
+            raw_quant[name] = GroupAffine(
+                dims=tuple(dims), bits=bits, group=group,
+                qweight=take(f"{name}.qweight", torch.uint8, (rows, cols // 2 if bits == 4 else cols), ctx),
+                scales=take(f"{name}.scales", torch.float16, (rows, gpr), ctx),
+                biases=take(f"{name}.biases", torch.float16, (rows, gpr), ctx),
+            )
+        else:
+            raise ArtifactError(f"{cfg_path}: {ctx} has unknown encoding {enc!r}")
+    tied = dict(qc["tied"])
+    for alias, target in tied.items():
+        if target not in raw and target not in raw_quant:
+            raise ArtifactError(f"{cfg_path}: tied alias {alias} points at missing tensor {target!r}")
+    extra = sorted(set(k for k in header if k != "__metadata__") - used)
+    if extra:
+        raise ArtifactError(f"{model_path}: tensors not described by config.json: {extra[:5]}")
+    return Artifact(path=root, config=cfg, quant_config=quant_config, records=records, raw=raw,
+                    raw_quant=raw_quant, tied=tied)
+
+
+# --------------------------------------------------------------------------------------------------
+# accounting
+
+
+def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str, float]:
+    """Bits of one record under the three accounting rules (layouts-kernels-recipe.md §4.9)."""
+    if isinstance(rec, QuantizedWeight):
+        blocks = rec.d_out * rec.n_blocks
+        code = blocks * (label_bits + rec.gain_bits)
+        tail = rec.d_out * rec.tail_cols
+        return {
+            "weights": rec.d_out * rec.d_in,
+            "code": code,
+            # kernel: payload + tail at 32 + row scale at 32 (centroids excluded)
+            "kernel": code + 32 * tail + 32 * rec.d_out,
+            # served: payload + f16 tail + f32 row scales + f32 centroids
+            "served": code + 16 * tail + 32 * rec.d_out + 32 * rec.centroids.numel(),
+            # stored: byte-aligned codes, f64 scales and centroids, f32 tail
+            "stored": 8 * block_bytes(label_bits, rec.gain_bits) * blocks + 64 * rec.d_out
+            + 64 * rec.centroids.numel() + 32 * tail,
+        }
+    groups = rec.scales.numel()
+    n = rec.d_out * rec.d_in
+    return {"weights": n, "code": 4 * n, "kernel": 4 * n + 32 * groups, "served": 4 * n + 32 * groups,
+            "stored": 4 * n + 32 * groups}
+
+
+def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Per-matrix rates and the three accounting rates of an artifact, reported separately.
+
+    Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits per
+    weight) and ``rates``:
+
+    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit tail +
+      32-bit row scale), over the quantized projections only (tail columns in the denominator);
+    * ``whole_model_bits_per_param`` — every weight bit the served model keeps (f16 tails, f32 row
+      scales, int4 with f16 scale/offset, group-affine tables, float tensors at 16 bits) over all
+      parameters, embedding included and a tied head counted once;
+    * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given for
+      the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of the
+      records over the quantized weights.
+    """
+    art = read_artifact(directory, verify=False)
+    from leechq.codebooks import get
+
+    label_bits = get(art.quant_config.codebook).label_bits
+    matrices: dict[str, Any] = {}
+    tot = {"weights": 0.0, "code": 0.0, "kernel": 0.0, "served": 0.0, "stored": 0.0}
+    for name, rec in art.records.items():
+        b = _record_bits(rec, label_bits)
+        for k in tot:
+            tot[k] += b[k]
+        w = b["weights"]
+        matrices[name] = {
+            "kind": "lattice" if isinstance(rec, QuantizedWeight) else "int4",
+            "shape": [rec.d_out, rec.d_in],
+            "code_bits_per_weight": b["code"] / w,
+            "kernel_bits_per_weight": b["kernel"] / w,
+            "stored_bits_per_weight": b["stored"] / w,
+        }
+    raw_params = 0
+    raw_served = 0.0
+    for t in art.raw.values():
+        raw_params += t.numel()
+        raw_served += t.numel() * (16 if t.is_floating_point() else 8 * t.element_size())
+    for ga in art.raw_quant.values():
+        n = ga.rows * ga.cols
+        raw_params += n
+        raw_served += n * ga.bits + 32 * ga.scales.numel()
+    params = tot["weights"] + raw_params
+    model_bytes = (Path(directory) / MODEL_FILE).stat().st_size
+    dir_bytes = sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file())
+    return {
+        "codebook": art.quant_config.codebook,
+        "config": art.quant_config.to_dict(),
+        "matrices": matrices,
+        "counts": {
+            "quantized_weights": int(tot["weights"]),
+            "parameters": int(params),
+            "lattice_records": sum(isinstance(r, QuantizedWeight) for r in art.records.values()),
+            "int4_records": sum(isinstance(r, Int4Weight) for r in art.records.values()),
+            "model_safetensors_bytes": model_bytes,
+            "directory_bytes": dir_bytes,
+        },
+        "rates": {
+            "code_bits_per_weight": tot["code"] / max(1.0, tot["weights"]),
+            "kernel_bits_per_weight": tot["kernel"] / max(1.0, tot["weights"]),
+            "projection_stored_bits_per_weight": tot["stored"] / max(1.0, tot["weights"]),
+            "whole_model_bits_per_param": (tot["served"] + raw_served) / max(1.0, params),
+            "on_disk_bits_per_param": 8.0 * model_bytes / max(1.0, params),
+            "on_disk_directory_bits_per_param": 8.0 * dir_bytes / max(1.0, params),
+        },
+    }

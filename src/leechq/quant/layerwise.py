@@ -1,0 +1,485 @@
+"""The sequential, resumable block-by-block driver (generic: no model-specific code).
+
+Implements the sequential procedure of leech-core.md §5.2. For transformer block t:
+
+1. pass 1: push the calibration hidden states, which already went through the *quantized* blocks
+   0..t−1, through block t with its *original* weights, accumulating one Hessian per distinct linear
+   input (act 0..3);
+2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once;
+3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits) and
+   write the dequantized weights back into the module (the exact weights the artifact decodes to, P13);
+4. pass 2: advance the hidden states through the now-quantized block.
+
+The model glue describes each block as a :class:`Block` (its linears, which activation each reads, a
+forward over one batch of hidden states, and how to move it to the compute device). Memory is bounded
+by one block plus the hidden states. After each block the driver can commit a checkpoint (that block's
+records and the advanced hidden states, written atomically); a restarted run with the same run
+identity skips finished blocks, and a different identity is refused (pitfall P12).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from leechq.config import QuantConfig
+from leechq.errors import ArtifactError, InvalidInput
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
+from leechq.quant.coders import BlockCoder, IdentityCoder, ScalarRoundCoder, ShapeGainCoder
+from leechq.quant.gptq import GPTQResult, gptq_quantize, quantize_int4
+from leechq.quant.hessian import HessianAccumulator, capture_inputs, prepare_factor
+
+log = logging.getLogger("leechq.quant")
+
+Record = QuantizedWeight | Int4Weight | GPTQResult
+"""What the driver produces per linear: a lattice record, an int4 record, or (control coders only) a
+:class:`GPTQResult` that is not a storable code."""
+
+CONTROL_CODERS = ("identity", "scalar-round")
+
+
+@dataclass
+class LinearSpec:
+    """One linear layer of a block.
+
+    Attributes:
+        name: full module name (e.g. ``model.layers.3.self_attn.q_proj``), the record key.
+        module: the ``torch.nn.Linear`` (its ``weight`` is replaced by the dequantized matrix).
+        act: index of the input activation it reads (0: attention input, 1: attention output,
+            2: MLP input, 3: MLP product); linears with the same act share a Hessian and a rotation.
+        int4: keep this matrix as int4 instead of the lattice.
+    """
+
+    name: str
+    module: torch.nn.Module
+    act: int
+    int4: bool = False
+
+
+class Block(Protocol):
+    """A transformer block as the driver sees it."""
+
+    index: int
+    linears: list[LinearSpec]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """One batch of hidden states [batch, seq, d] → the block's output (same shape)."""
+        ...
+
+    def activate(self, device: torch.device, dtype: torch.dtype) -> AbstractContextManager[None]:
+        """Context in which the block lives on ``device`` in ``dtype`` (restored on exit)."""
+        ...
+
+
+def make_coder(config: QuantConfig) -> BlockCoder:
+    """The block coder named by the config: a registered codebook with shape–gain coding, or one of
+    the controls ("identity", "scalar-round")."""
+    if config.codebook == "identity":
+        return IdentityCoder()
+    if config.codebook == "scalar-round":
+        return ScalarRoundCoder()
+    return ShapeGainCoder(config.codebook, config.gain_bits, config.centroid_iters)
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" → CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput("config.device is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# progress
+
+
+class Progress:
+    """Progress over matrices with the block position in the description (P4: true totals).
+
+    Attributes:
+        n_blocks: blocks in the run.
+        total: matrices in the run.
+        done: matrices finished (including those skipped on resume).
+    """
+
+    def __init__(self, n_blocks: int, total: int, enabled: bool = True, initial: int = 0):
+        self.n_blocks = n_blocks
+        self.total = total
+        self.done = initial
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="matrix", dynamic_ncols=True,
+                             desc=f"leechq block ?/{n_blocks}")
+
+    def block(self, t: int) -> None:
+        if self._bar is not None:
+            self._bar.set_description(f"leechq block {t + 1}/{self.n_blocks}")
+
+    def matrix(self, name: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(name)
+
+    def step(self) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _rotation_tensors(prefix: str, rot: RotationTables | None, out: dict[str, torch.Tensor]) -> None:
+    if rot is not None:
+        out[f"{prefix}.rot_signs"] = torch.from_numpy(rot.signs.copy())
+        out[f"{prefix}.rot_small"] = torch.from_numpy(rot.small.copy())
+
+
+def _load_rotation(prefix: str, meta: dict[str, Any], t: dict[str, torch.Tensor]) -> RotationTables | None:
+    if meta.get("seed") is None:
+        return None
+    return RotationTables(n=meta["d_in"], seed=int(meta["seed"]),
+                          signs=t[f"{prefix}.rot_signs"].numpy(), small=t[f"{prefix}.rot_small"].numpy())
+
+
+def records_to_tensors(records: dict[str, Record]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Flatten records into named tensors + a JSON-able description (the checkpoint form)."""
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {}
+    for name, rec in records.items():
+        if isinstance(rec, QuantizedWeight):
+            for f in ("labels", "gains", "row_scales", "centroids", "tail"):
+                tensors[f"{name}.{f}"] = getattr(rec, f).contiguous()
+            _rotation_tensors(name, rec.rotation, tensors)
+            meta[name] = {"kind": "lattice", "codebook": rec.codebook, "d_out": rec.d_out, "d_in": rec.d_in,
+                          "seed": None if rec.rotation is None else str(rec.rotation.seed)}
+        elif isinstance(rec, Int4Weight):
+            for f in ("qweight", "scales", "biases"):
+                tensors[f"{name}.{f}"] = getattr(rec, f).contiguous()
+            meta[name] = {"kind": "int4", "d_out": rec.d_out, "d_in": rec.d_in, "group": rec.group}
+        elif isinstance(rec, GPTQResult):
+            for f in ("weight_rot", "labels", "gains", "row_scales", "centroids"):
+                tensors[f"{name}.{f}"] = getattr(rec, f).cpu().contiguous()
+            _rotation_tensors(name, rec.rotation, tensors)
+            meta[name] = {"kind": "control", "coder": rec.coder, "lattice": rec.lattice, "d_in": rec.d_in,
+                          "seed": None if rec.rotation is None else str(rec.rotation.seed)}
+        else:
+            raise InvalidInput(f"{name}: cannot checkpoint a record of type {type(rec).__name__}")
+    return tensors, meta
+
+
+def records_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Record]:
+    """Inverse of :func:`records_to_tensors`."""
+    out: dict[str, Record] = {}
+    for name, m in meta.items():
+        if m["kind"] == "lattice":
+            out[name] = QuantizedWeight(
+                codebook=m["codebook"], d_out=m["d_out"], d_in=m["d_in"],
+                labels=tensors[f"{name}.labels"], gains=tensors[f"{name}.gains"],
+                row_scales=tensors[f"{name}.row_scales"], centroids=tensors[f"{name}.centroids"],
+                tail=tensors[f"{name}.tail"], rotation=_load_rotation(name, m, tensors))
+        elif m["kind"] == "int4":
+            out[name] = Int4Weight(d_out=m["d_out"], d_in=m["d_in"], qweight=tensors[f"{name}.qweight"],
+                                   scales=tensors[f"{name}.scales"], biases=tensors[f"{name}.biases"],
+                                   group=m["group"])
+        else:
+            out[name] = GPTQResult(
+                coder=m["coder"], lattice=m["lattice"], weight_rot=tensors[f"{name}.weight_rot"],
+                labels=tensors[f"{name}.labels"], gains=tensors[f"{name}.gains"],
+                row_scales=tensors[f"{name}.row_scales"], centroids=tensors[f"{name}.centroids"],
+                rotation=_load_rotation(name, m, tensors))
+    return out
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Checkpoint:
+    """A resumable run directory.
+
+    Layout: ``run.json`` (run identity, blocks done, per-block stats; the commit point, written last),
+    ``block_NNNN.safetensors`` (that block's records), ``states_NNNN.safetensors`` (hidden states after
+    block NNNN; only the latest is kept). A crash loses at most the block in flight.
+
+    Args:
+        directory: where to keep the run (created if missing).
+        run_id: identity of the run (config digest + model + calibration); a directory holding a
+            different identity is refused.
+        n_blocks: number of blocks of the run.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], run_id: str, n_blocks: int):
+        self.dir = Path(directory)
+        self.run_id = run_id
+        self.n_blocks = n_blocks
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state = self._load_or_init()
+
+    def _load_or_init(self) -> dict[str, Any]:
+        path = self.dir / "run.json"
+        if not path.exists():
+            return {"run_id": self.run_id, "n_blocks": self.n_blocks, "done": 0, "stats": {}}
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ArtifactError(f"checkpoint {path} is unreadable: {exc}") from exc
+        if state.get("run_id") != self.run_id or state.get("n_blocks") != self.n_blocks:
+            raise InvalidInput(
+                f"checkpoint {self.dir} belongs to a different run (run id {state.get('run_id')!r}, "
+                f"{state.get('n_blocks')} blocks) than this one ({self.run_id!r}, {self.n_blocks} blocks): "
+                "the configuration, model or calibration data changed; use a new checkpoint directory"
+            )
+        return state
+
+    @property
+    def done(self) -> int:
+        """Blocks committed."""
+        return int(self.state["done"])
+
+    def load_block(self, t: int) -> dict[str, Record]:
+        path = self.dir / f"block_{t:04d}.safetensors"
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as fh:
+                meta = json.loads((fh.metadata() or {})["records"])
+            tensors = load_file(str(path))
+        except Exception as exc:  # corrupt or missing: name the file
+            raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
+        return records_from_tensors(tensors, meta)
+
+    def load_states(self) -> list[torch.Tensor]:
+        path = self.dir / f"states_{self.done - 1:04d}.safetensors"
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:
+            raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
+        return [tensors[f"states.{i}"] for i in range(len(tensors))]
+
+    def commit(self, t: int, records: dict[str, Record], states: Sequence[torch.Tensor],
+               stats: dict[str, Any]) -> None:
+        """Write block t's records and the states after block t, then advance ``run.json``."""
+        if t != self.done:
+            raise InvalidInput(f"checkpoint expects block {self.done}, got {t}")
+        tensors, meta = records_to_tensors(records)
+        _atomic_save(tensors, self.dir / f"block_{t:04d}.safetensors", {"records": json.dumps(meta)})
+        _atomic_save({f"states.{i}": s.detach().cpu().contiguous() for i, s in enumerate(states)},
+                     self.dir / f"states_{t:04d}.safetensors")
+        self.state["done"] = t + 1
+        self.state["stats"][str(t)] = stats
+        _atomic_write_text(json.dumps(self.state, indent=1, sort_keys=True), self.dir / "run.json")
+        old = self.dir / f"states_{t - 1:04d}.safetensors"
+        if t > 0 and old.exists():
+            old.unlink()
+
+    def remove(self) -> None:
+        """Delete the checkpoint directory (after a successful run)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# the driver
+
+
+@dataclass
+class RunResult:
+    """What :func:`quantize_blocks` returns.
+
+    Attributes:
+        records: linear name → record, in block order.
+        stats: linear name → {"rel_err": ‖ΔW‖²/‖W‖², "proxy": Tr(ΔW H ΔWᵀ)/Tr(W H Wᵀ), "seconds"}.
+        seconds: wall time of the blocks run in this call.
+        resumed_blocks: blocks taken from the checkpoint.
+    """
+
+    records: dict[str, Record] = field(default_factory=dict)
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: float = 0.0
+    resumed_blocks: int = 0
+
+
+def _dense(record: Record) -> torch.Tensor:
+    return record.dequantize(torch.float32)
+
+
+def _set_weight(module: torch.nn.Module, dense: torch.Tensor) -> None:
+    weight = module.weight
+    if tuple(weight.shape) != tuple(dense.shape):
+        raise InvalidInput(f"weight shape {list(weight.shape)} != decoded {list(dense.shape)}")
+    with torch.no_grad():
+        weight.copy_(dense.to(device=weight.device, dtype=weight.dtype))
+
+
+def _quantize_block(block: Block, states: list[torch.Tensor], config: QuantConfig, coder: BlockCoder,
+                    device: torch.device, progress: Progress) -> tuple[dict[str, Record], dict[str, Any]]:
+    t = block.index
+    hess_dtype = torch.float64 if config.hessian_dtype == "float64" else torch.float32
+    by_act: dict[int, list[LinearSpec]] = {}
+    for spec in block.linears:
+        by_act.setdefault(spec.act, []).append(spec)
+    records: dict[str, Record] = {}
+    stats: dict[str, Any] = {}
+    # Pass 1: original weights, Hessians of the distinct inputs.
+    accs = {a: HessianAccumulator(int(specs[0].module.weight.shape[1]), device, hess_dtype)
+            for a, specs in by_act.items()}
+    with torch.no_grad(), capture_inputs({a: specs[0].module for a, specs in by_act.items()}, accs):
+        for batch in states:
+            block.forward(batch.to(device))
+    for act, specs in by_act.items():
+        names = ", ".join(s.name for s in specs)
+        h = accs[act].finalize()
+        del accs[act].sum
+        needs_lattice = any(not s.int4 for s in specs)
+        needs_natural = any(s.int4 for s in specs) and config.int4_gptq
+        tables = generate_rotation(h.shape[0], rotation_seed(t, act, config.rotation_seed)) \
+            if config.rotate else None
+        u_rot = prepare_factor(h, tables, config.damping, f"Hessian of block {t} act {act} ({names})") \
+            if needs_lattice and config.error_feedback else None
+        u_nat = prepare_factor(h, None, config.damping, f"Hessian of block {t} act {act} ({names})") \
+            if needs_natural else None
+        for spec in specs:
+            progress.matrix(".".join(spec.name.split(".")[-2:]))
+            start = time.perf_counter()
+            w = spec.module.weight.detach().to(torch.float32)
+            rec: Record
+            if spec.int4:
+                rec = quantize_int4(w, u_nat, config.int4_group, name=spec.name)
+            else:
+                res = gptq_quantize(w, u_rot, coder, tables, config.tail_policy, name=spec.name)
+                rec = res.to_quantized_weight() if res.lattice else res
+            dense = _dense(rec).to(device)
+            delta = dense.to(torch.float64) - w.to(torch.float64)
+            w64 = w.to(torch.float64)
+            hd = h.to(device)
+            stats[spec.name] = {
+                "rel_err": float((delta * delta).sum() / (w64 * w64).sum().clamp_min(1e-300)),
+                "proxy": float(((delta @ hd) * delta).sum() / ((w64 @ hd) * w64).sum().clamp_min(1e-300)),
+                "seconds": time.perf_counter() - start,
+            }
+            _set_weight(spec.module, dense)
+            records[spec.name] = rec
+            progress.step()
+        del h, u_rot, u_nat
+    return records, stats
+
+
+def quantize_blocks(
+    blocks: Sequence[Block],
+    states: list[torch.Tensor],
+    config: QuantConfig,
+    *,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    run_id: str | None = None,
+    progress: bool = True,
+    on_block: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Quantize ``blocks`` sequentially (leech-core.md §5.2).
+
+    Args:
+        blocks: the model's transformer blocks in order (see :class:`Block`).
+        states: calibration hidden states entering block 0, one tensor [batch, seq, d] per forward
+            batch; consumed (advanced in place of the list).
+        config: the resolved configuration.
+        checkpoint_dir: if given, commit each finished block there and resume from it.
+        run_id: identity of the run for the checkpoint (defaults to the config digest + block layout).
+        progress: show a tqdm bar.
+        on_block: called with t after block t is committed (tests use it to simulate a crash).
+
+    Returns:
+        :class:`RunResult` with every linear's record (the modules hold the decoded weights).
+    """
+    if not blocks:
+        raise InvalidInput("quantize_blocks needs at least one block")
+    if not states:
+        raise InvalidInput("quantize_blocks needs calibration hidden states")
+    device = resolve_device(config.device)
+    dtype = getattr(torch, config.dtype)
+    coder = make_coder(config)
+    layout = [[(s.name, s.act, s.int4, tuple(s.module.weight.shape)) for s in b.linears] for b in blocks]
+    ident = run_id or config.digest()
+    import hashlib
+
+    run_key = hashlib.sha256(json.dumps([ident, layout]).encode()).hexdigest()[:32]
+    ckpt = Checkpoint(checkpoint_dir, run_key, len(blocks)) if checkpoint_dir is not None else None
+    result = RunResult()
+    start_block = 0
+    if ckpt is not None and ckpt.done:
+        start_block = ckpt.done
+        for t in range(start_block):
+            recs = ckpt.load_block(t)
+            for spec in blocks[t].linears:
+                if spec.name not in recs:
+                    raise ArtifactError(f"checkpoint block {t} lacks record {spec.name}")
+                _set_weight(spec.module, _dense(recs[spec.name]))
+            result.records.update(recs)
+            result.stats.update(ckpt.state["stats"].get(str(t), {}))
+        states[:] = ckpt.load_states()
+        result.resumed_blocks = start_block
+        log.info("resuming from %s: %d of %d blocks done", ckpt.dir, start_block, len(blocks))
+    log.info("leechq quantization: %s", config.describe())
+    total = sum(len(b.linears) for b in blocks)
+    initial = sum(len(b.linears) for b in blocks[:start_block])
+    bar = Progress(len(blocks), total, enabled=progress, initial=initial)
+    began = time.perf_counter()
+    try:
+        for t in range(start_block, len(blocks)):
+            block = blocks[t]
+            if block.index != t:
+                raise InvalidInput(f"block {t} reports index {block.index}")
+            bar.block(t)
+            with block.activate(device, dtype):
+                states[:] = [s.to(device=device, dtype=dtype) for s in states]
+                records, stats = _quantize_block(block, states, config, coder, device, bar)
+                with torch.no_grad():
+                    states[:] = [block.forward(s) for s in states]  # pass 2: through the quantized block
+            result.records.update(records)
+            result.stats.update(stats)
+            if ckpt is not None:
+                ckpt.commit(t, records, states, stats)
+            mean_err = sum(v["rel_err"] for v in stats.values()) / max(1, len(stats))
+            log.info("block %d/%d done: mean relative weight error %.4g", t + 1, len(blocks), mean_err)
+            if on_block is not None:
+                on_block(t)
+    finally:
+        bar.close()
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def iter_batches(windows: torch.Tensor, batch: int) -> Iterator[torch.Tensor]:
+    """Split ``windows`` [n, seq] into consecutive batches of at most ``batch`` rows."""
+    for i in range(0, windows.shape[0], batch):
+        yield windows[i : i + batch]
