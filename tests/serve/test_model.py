@@ -1,0 +1,137 @@
+"""The serving decoder against transformers' own modeling (tiny random Llama / Qwen2 / Qwen3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from leechq.errors import InvalidInput, UnsupportedArchitecture
+from leechq.serve.build import from_hf_model, from_state_dict, random_dense
+from leechq.serve.cache import KVCache
+from leechq.serve.model import ModelArgs, attention_mask
+
+from .conftest import tiny_hf_model
+
+pytest.importorskip("transformers")
+
+
+def _full_logits(model: Any, tokens: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+    b, t = tokens.shape
+    cache = KVCache(model.args, b, 64, torch.float32, "cpu")
+    pad = torch.zeros(b, dtype=torch.int64) if pad is None else pad
+    return model(tokens, torch.arange(t), pad, cache.k, cache.v, last_only=False)
+
+
+@torch.no_grad()
+def test_logits_match_transformers(hf_model: Any) -> None:
+    model = from_hf_model(hf_model)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (3, 13), generator=torch.Generator().manual_seed(1))
+    ours = _full_logits(model, tokens)
+    ref = hf_model(tokens).logits
+    assert ours.shape == ref.shape
+    err = (ours - ref).abs().max().item()
+    assert err < 1e-4 * ref.abs().max().item(), err
+
+
+@torch.no_grad()
+def test_incremental_decode_matches_one_shot(hf_model: Any) -> None:
+    """Prefill of 5 positions, then 8 single-position steps == one forward over all 13."""
+    model = from_hf_model(hf_model)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2))
+    one_shot = _full_logits(model, tokens)
+    cache = KVCache(model.args, 2, 64, torch.float32, "cpu")
+    pad = torch.zeros(2, dtype=torch.int64)
+    steps = [model(tokens[:, :5], torch.arange(5), pad, cache.k, cache.v, last_only=False)]
+    for s in range(5, 13):
+        steps.append(model(tokens[:, s : s + 1], torch.tensor([s]), pad, cache.k, cache.v))
+    inc = torch.cat(steps, dim=1)
+    assert (inc - one_shot).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_left_padding_equals_unpadded_rows() -> None:
+    hf = tiny_hf_model("qwen3")
+    model = from_hf_model(hf)
+    g = torch.Generator().manual_seed(3)
+    short = torch.randint(0, 97, (1, 6), generator=g)
+    long = torch.randint(0, 97, (1, 10), generator=g)
+    batch = torch.cat([torch.cat([torch.full((1, 4), 5), short], dim=1), long])
+    out = _full_logits(model, batch, pad=torch.tensor([4, 0]))
+    alone = _full_logits(model, short)
+    assert (out[0, 4:] - alone[0]).abs().max().item() < 1e-4
+    assert torch.isfinite(out).all()  # pad queries attend to themselves: no NaN rows
+    assert (out[1] - _full_logits(model, long)[0]).abs().max().item() < 1e-4
+
+
+def test_state_dict_build_matches_module_build() -> None:
+    hf = tiny_hf_model("llama")
+    a = from_hf_model(hf)
+    b = from_state_dict(hf.config, hf.state_dict(), dtype=torch.float32)
+    tokens = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(_full_logits(a, tokens), _full_logits(b, tokens))
+
+
+def test_state_dict_missing_tensor_is_named() -> None:
+    hf = tiny_hf_model("qwen2")
+    sd = dict(hf.state_dict())
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(InvalidInput, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        from_state_dict(hf.config, sd, dtype=torch.float32)
+
+
+def test_args_from_dict_equal_args_from_config(hf_model: Any) -> None:
+    cfg = hf_model.config
+    assert ModelArgs.from_hf_config(cfg) == ModelArgs.from_hf_config(cfg.to_dict())
+
+
+def test_qwen2_and_qwen3_flags() -> None:
+    q2 = ModelArgs.from_hf_config(tiny_hf_model("qwen2").config)
+    q3 = ModelArgs.from_hf_config(tiny_hf_model("qwen3").config)
+    assert q2.attention_bias and not q2.o_bias and not q2.qk_norm
+    assert q3.qk_norm and q3.tie_word_embeddings and q3.head_dim == 32
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"model_type": "gpt2"}, "model_type"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+    ],
+)
+def test_unsupported_configs_are_named(change: dict[str, Any], match: str) -> None:
+    cfg = {
+        "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 16, "rope_theta": 10000.0,
+    }
+    cfg.update(change)
+    with pytest.raises(UnsupportedArchitecture, match=match):
+        args = ModelArgs.from_hf_config(cfg)
+        from leechq.serve.model import rope_inv_freq
+
+        rope_inv_freq(args)
+
+
+def test_attention_mask_semantics() -> None:
+    m = attention_mask(torch.arange(4), torch.tensor([0, 2]), seq_len=6, groups=2)
+    assert m.shape == (2, 1, 8, 6)
+    row0 = m[0, 0, :4]
+    assert torch.equal(row0, torch.tril(torch.ones(4, 6, dtype=torch.bool)))
+    row1 = m[1, 0, :4]
+    assert row1[0].tolist() == [True, False, False, False, False, False]  # pad query: itself only
+    assert row1[3].tolist() == [False, False, True, True, False, False]  # real query: no pad keys
+    assert torch.equal(m[:, :, :4], m[:, :, 4:])  # the second query group sees the same
+
+
+def test_random_dense_runs_and_is_seeded() -> None:
+    args = ModelArgs(arch="qwen3", vocab_size=50, dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
+                     head_dim=16, intermediate_size=64, qk_norm=True)
+    a = random_dense(args, dtype=torch.float32, seed=7)
+    b = random_dense(args, dtype=torch.float32, seed=7)
+    tokens = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        la, lb = _full_logits(a, tokens), _full_logits(b, tokens)
+    assert torch.equal(la, lb) and torch.isfinite(la).all()
