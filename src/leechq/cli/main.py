@@ -1,0 +1,172 @@
+"""``leechq``: the command-line entry point, a thin shell over the library.
+
+Implements architecture.md §6.1 (``cli/main.py``) with the lazy-subcommand pattern of transformers'
+CLI (§2.3): the parser below names every command and its options using only the standard library,
+and a command's module (which imports torch) is imported only when that command runs, so
+``leechq --help`` and ``leechq CMD --help`` stay fast and never import torch, triton or transformers.
+argparse stands in for typer, which this project does not depend on.
+
+Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
+
+* ``quantize MODEL OUT``  quantize a model into an artifact directory (``leechq.models.quantize``);
+* ``run OUT --prompt P``  generate from an artifact, streaming tokens (``leechq.serve``);
+* ``chat OUT``            interactive chat with an artifact;
+* ``eval OUT``            perplexity / KL against the reference model (``leechq.eval``), JSON last line;
+* ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
+* ``demo``                the end-to-end demo of ``./run demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """A subcommand: its name, one-line help, the module that implements it, and its options."""
+
+    name: str
+    help: str
+    module: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+
+
+def _device(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    p.add_argument("--device", default=default,
+                   help=f"cpu, cuda, cuda:N or auto (CUDA when present) [default: {default}]")
+
+
+def _dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
+                   help="activation dtype: auto = float32 on CPU, bfloat16 on CUDA")
+
+
+def _args_quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model: alias (smollm2-135m, qwen2.5-coder-0.5b), HF directory, .gguf "
+                                 "file or hub id")
+    p.add_argument("out", help="output artifact directory (created; must not hold another artifact)")
+    p.add_argument("--codebook", choices=("tetra", "ball"), default="tetra",
+                   help="direction codebook [default: tetra]")
+    p.add_argument("--recipe", choices=("bare",), default="bare",
+                   help="bare: every projection on the lattice, embeddings kept [default: bare]")
+    _device(p)
+    p.add_argument("--calib-tokens", type=int, default=65536,
+                   help="calibration tokens (split into windows) [default: 65536]")
+    p.add_argument("--window", type=int, default=512,
+                   help="calibration window length in tokens [default: 512]")
+    p.add_argument("--seed", type=int, default=None, help="rotation base seed (default: the recipe's)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it already holds an artifact")
+
+
+def _args_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
+    p.add_argument("--prompt", required=True, help="the prompt (wrapped in the chat template when the "
+                                                   "tokenizer has one, unless --raw)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [default: 0]")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    _device(p)
+    _dtype(p)
+
+
+def _args_chat(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--system", default=None, help="system message")
+    _device(p)
+    _dtype(p)
+
+
+def _args_eval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
+    p.add_argument("--reference", default=None,
+                   help="reference model (default: the source recorded in the artifact)")
+    p.add_argument("--windows", type=int, default=8, help="held-out windows [default: 8]")
+    p.add_argument("--window", type=int, default=512, help="tokens per window [default: 512]")
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    _device(p)
+    _dtype(p)
+
+
+def _args_inspect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="artifact directory")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.add_argument("--matrices", action="store_true", help="list every matrix (default: a summary)")
+
+
+def _args_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="model to quantize [default: smollm2-135m]")
+    p.add_argument("--out", default=None, help="artifact directory [default: a cache directory]")
+    p.add_argument("--codebook", choices=("tetra", "ball"), default="tetra")
+    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens")
+    p.add_argument("--prompt", default=None, help="prompt to answer")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--eval-windows", type=int, default=None, help="held-out windows for quality")
+    p.add_argument("--force", action="store_true", help="re-quantize even if a cached artifact exists")
+
+
+COMMANDS: tuple[LazyCommand, ...] = (
+    LazyCommand("quantize", "quantize a model into an artifact directory", "leechq.cli.quantize",
+                _args_quantize),
+    LazyCommand("run", "generate from an artifact (streams tokens)", "leechq.cli.generate", _args_run),
+    LazyCommand("chat", "interactive chat with an artifact", "leechq.cli.chat", _args_chat),
+    LazyCommand("eval", "perplexity and KL of an artifact against its reference", "leechq.cli.eval",
+                _args_eval),
+    LazyCommand("inspect", "per-matrix rates and the three accounting rates", "leechq.cli.inspect",
+                _args_inspect),
+    LazyCommand("demo", "quantize a small model on this machine, answer a prompt, report size and "
+                        "quality", "leechq.cli.demo", _args_demo),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser (standard library only: building it imports nothing heavy)."""
+    from leechq._version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="leechq",
+        description="Leech-lattice 2-bit weight quantization for LLMs.",
+    )
+    parser.add_argument("--version", action="version", version=f"leechq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_module=cmd.module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command; returns the process exit status.
+
+    Library errors (:class:`leechq.errors.LeechqError`) are printed as one line on stderr with exit
+    status 2; anything else is a bug and propagates with its traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    from leechq.errors import LeechqError
+
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except LeechqError as exc:
+        print(f"leechq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

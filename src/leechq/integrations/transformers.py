@@ -1,0 +1,287 @@
+"""transformers integration: ``AutoModelForCausalLM.from_pretrained(<leechq artifact>)``.
+
+Implements architecture.md §7.1 with transformers' public registration API only
+(``register_quantization_config`` / ``register_quantizer`` of ``transformers.quantizers.auto``; no
+mapping is mutated by hand, no function patched). Importing this module registers the method
+``"leechq"``; after that, a directory whose ``config.json`` carries
+``quantization_config.quant_method == "leechq"`` loads with the stock ``from_pretrained``::
+
+    import leechq.integrations.transformers  # registers "leechq"
+    model = AutoModelForCausalLM.from_pretrained("out/smollm2-tetra", dtype=torch.float32)
+
+Lifecycle (the HfQuantizer hooks of transformers 5):
+
+* :class:`LeechqHfConfig` keeps the artifact's ``quantization_config`` verbatim (records, rotations,
+  raw and tied descriptors, the resolved :class:`~leechq.config.QuantConfig`) and checks its schema
+  version and codebook fingerprint when built — before any weight is read;
+* ``_process_model_before_weight_loading`` swaps every recorded ``nn.Linear`` of the meta skeleton
+  for a placeholder :class:`~leechq.nn.linear.LeechqLinear` whose buffers carry the file's tensor
+  names, and attaches a rotation store under ``model.leechq`` for the ``leechq.rotations.*`` keys, so
+  transformers' own loader fills everything by name (f64 scales stay f64: the loader keeps the dtype
+  of the buffer it loads into);
+* group-affine raw tensors (a 4/8-bit embedding) are merged into their dense parameter during the
+  load by a ``WeightConverter`` (:meth:`LeechqHfQuantizer.get_weight_conversions`);
+* ``_process_model_after_weight_loading`` builds the canonical records, drops the store, finalizes
+  every module on the device it was loaded to (dense reference path on CPU, fused kernels on CUDA
+  where they exist) and groups q/k/v and gate/up for a shared input rotation;
+* ``save_pretrained`` writes the canonical records again (:meth:`get_state_dict_and_metadata`), byte
+  for byte, and the same ``quantization_config``.
+
+Quantization itself is offline (``requires_calibration = True``): use ``leechq quantize``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.core_model_loading import ConversionOps, WeightConverter
+from transformers.quantizers import HfQuantizer
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
+
+QUANT_METHOD = "leechq"
+
+_REQUIRED_KEYS = ("schema_version", "config", "codebook", "codebook_fingerprint", "block_dim",
+                  "code_order", "records", "rotations", "raw", "tied")
+
+# Group-affine raw tensors seen while loading, per quantizer, so that save_pretrained can write the
+# exact stored codes again (conversion ops are deep-copied per key and cannot hold a back-reference).
+_CAPTURED: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+
+
+class LeechqHfConfig(QuantizationConfigMixin):
+    """The artifact's ``quantization_config`` as a transformers config object.
+
+    Every field of the artifact is kept as an attribute, unchanged, so ``to_dict()`` writes back the
+    same block; ``modules_to_not_convert`` (optional) names modules that must stay dense (a record
+    under such a name is refused rather than dropped).
+
+    Raises:
+        IncompatibleVersion: a schema version this build does not read.
+        ArtifactError: required fields missing or malformed.
+        FingerprintMismatch: the stored codebook fingerprint differs from this build's codebook.
+    """
+
+    def __init__(self, modules_to_not_convert: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.pop("quant_method", None)
+        self.quant_method = QUANT_METHOD
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+        if modules_to_not_convert is not None:
+            self.modules_to_not_convert = list(modules_to_not_convert)
+        self.post_init()
+
+    def post_init(self) -> None:
+        """Validate the block (schema version, fields, codebook fingerprint)."""
+        from leechq.config import SCHEMA_VERSION
+
+        version = getattr(self, "schema_version", None)
+        if version != SCHEMA_VERSION:
+            raise IncompatibleVersion(
+                f"leechq quantization_config schema_version {version!r}; this build reads "
+                f"{SCHEMA_VERSION} (upgrade leechq, or re-quantize with this version)"
+            )
+        missing = [k for k in _REQUIRED_KEYS if not hasattr(self, k)]
+        if missing:
+            raise ArtifactError(f"leechq quantization_config lacks {missing}")
+        for key in ("records", "rotations", "raw", "tied"):
+            if not isinstance(getattr(self, key), dict):
+                raise ArtifactError(f"leechq quantization_config.{key} must be an object")
+        from leechq.codebooks import get
+        from leechq.errors import LeechqError
+
+        try:
+            cb = get(str(self.codebook))
+        except LeechqError as exc:
+            raise ArtifactError(f"codebook {self.codebook!r} is not available in this build: {exc}") \
+                from exc
+        if self.codebook_fingerprint != cb.fingerprint():
+            raise FingerprintMismatch(
+                f"codebook {self.codebook!r} fingerprint {self.codebook_fingerprint!r} differs from "
+                f"this build's {cb.fingerprint()!r}: the labels would decode to different points"
+            )
+
+    def quant_config(self) -> Any:
+        """The resolved :class:`leechq.config.QuantConfig`."""
+        from leechq.config import QuantConfig
+
+        return QuantConfig.from_dict(self.config)
+
+
+class GroupAffineDequantize(ConversionOps):
+    """``<name>.qweight``, ``.scales``, ``.biases`` → the dense tensor ``<name>`` (exact arithmetic of
+    :class:`leechq.formats.artifact.GroupAffine`)."""
+
+    def __init__(self, name: str, desc: dict[str, Any], capture_key: int) -> None:
+        self.name, self.desc, self.capture_key = name, desc, capture_key
+
+    @torch.no_grad()
+    def convert(self, input_dict: dict[str, Any], source_patterns: list[str],
+                target_patterns: list[str], **kwargs: Any) -> dict[str, torch.Tensor]:
+        from leechq.formats.artifact import GroupAffine
+
+        parts = []
+        for pattern in source_patterns:
+            got = input_dict[pattern]
+            parts.append((got[0] if isinstance(got, (list, tuple)) else got).detach().cpu())
+        q, s, b = parts
+        d = self.desc
+        try:
+            ga = GroupAffine(dims=tuple(d["dims"]), bits=int(d["bits"]), group=int(d["group"]),
+                             qweight=q, scales=s, biases=b)
+            dense = ga.dequantize(torch.float32)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ArtifactError(f"group-affine tensor {self.name}: {exc}") from exc
+        _CAPTURED.setdefault(self.capture_key, {})[self.name] = {"qweight": q, "scales": s,
+                                                                 "biases": b}
+        return {target_patterns[0]: dense}
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        raise NotImplementedError("leechq writes group-affine tensors through get_state_dict_and_metadata")
+
+
+class RotationTable(nn.Module):
+    """Placeholder for one stored rotation (``signs`` f64 [n], ``small`` f64 [k, k])."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.register_buffer("signs", torch.empty(n, dtype=torch.float64))
+        self.register_buffer("small", torch.empty(k, k, dtype=torch.float64))
+
+
+class RotationStore(nn.Module):
+    """``model.leechq``: receives the ``leechq.rotations.<key>.signs|small`` tensors while loading."""
+
+    def __init__(self, descriptors: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
+        from leechq.formats.rotation import split_width
+
+        tables = {}
+        for key, desc in descriptors.items():
+            if "." in key:
+                raise ArtifactError(f"rotation key {key!r} contains a dot")
+            n = int(desc["n"])
+            tables[key] = RotationTable(n, split_width(n)[1])
+        self.rotations = nn.ModuleDict(tables)
+
+    def tables(self, descriptors: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """key → :class:`RotationTables`, checked."""
+        from leechq.nn.records import rotation_from_tensors
+
+        return {key: rotation_from_tensors(key, descriptors[key], m.signs, m.small)
+                for key, m in self.rotations.items()}
+
+
+class LeechqHfQuantizer(HfQuantizer):
+    """Loads leechq artifacts in ``from_pretrained``; cannot quantize (the encoder is offline)."""
+
+    requires_calibration = True
+    required_packages = ["leechq"]
+    requires_parameters_quantization = False
+    quantization_config: LeechqHfConfig
+
+    def __init__(self, quantization_config: LeechqHfConfig, **kwargs: Any) -> None:
+        super().__init__(quantization_config, **kwargs)
+        self.dtype: torch.dtype | None = None
+        self.modules: dict[str, Any] = {}
+
+    def validate_environment(self, *args: Any, device_map: Any = None, **kwargs: Any) -> None:
+        """CPU and CUDA are both fine (reference path on CPU); disk offload is refused."""
+        if isinstance(device_map, dict) and "disk" in device_map.values():
+            raise InvalidInput("leechq modules cannot be offloaded to disk; use a CPU or GPU device_map")
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        """float32 unless asked otherwise; float16/bfloat16 accepted; anything else refused."""
+        if dtype is None:
+            dtype = torch.float32
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise InvalidInput(f"leechq models run in float32, float16 or bfloat16, not {dtype}")
+        self.dtype = dtype
+        return dtype
+
+    def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
+        from leechq.nn.replace import replace_with_placeholders
+
+        qc = self.quantization_config
+        skip = list(getattr(qc, "modules_to_not_convert", None) or [])
+        self.modules = replace_with_placeholders(model, qc.records, skip=skip)
+        device = next(iter(model.parameters())).device
+        with torch.device(device):
+            model.leechq = RotationStore(qc.rotations)
+
+    def get_weight_conversions(self) -> list[Any]:
+        """One converter per group-affine raw tensor (three stored keys → one dense parameter)."""
+        out = []
+        for name, desc in self.quantization_config.raw.items():
+            if not isinstance(desc, dict) or desc.get("encoding") != "quant":
+                continue
+            out.append(WeightConverter(
+                [f"{name}.qweight", f"{name}.scales", f"{name}.biases"], name,
+                operations=[GroupAffineDequantize(name, desc, id(self))]))
+        return out
+
+    def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        from leechq.nn.replace import materialize_all, share_groups
+
+        qc = self.quantization_config
+        store = getattr(model, "leechq", None)
+        rotations = store.tables(qc.rotations) if store is not None else {}
+        devices = {}
+        for name, module in self.modules.items():
+            first = next(iter(module.buffers()))
+            devices[name] = first.device
+        materialize_all(self.modules, rotations)
+        if store is not None:
+            del model.leechq
+        dtype = self.dtype or torch.float32
+        for name, module in self.modules.items():
+            module.finalize(devices[name], dtype)
+        share_groups(self.modules)
+        return model
+
+    @property
+    def is_trainable(self) -> bool:
+        """Codes are frozen; nothing to train through a table lookup."""
+        return False
+
+    def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
+        """``save_pretrained`` writes the canonical records (see :meth:`get_state_dict_and_metadata`)."""
+        return True
+
+    def get_state_dict_and_metadata(self, model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The canonical tensors: every record as stored (byte-identical), the rotation tables,
+        group-affine raw tensors as loaded, and every other tensor as held."""
+        from leechq.formats.quantized_weight import QuantizedWeight
+        from leechq.nn.records import rotation_tensors
+        from leechq.nn.replace import leechq_modules
+
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        for module in leechq_modules(model).values():
+            rec = module.record
+            if isinstance(rec, QuantizedWeight) and rec.rotation is not None:
+                state.update(rotation_tensors(rec.rotation))
+        captured = _CAPTURED.get(id(self), {})
+        for name, desc in self.quantization_config.raw.items():
+            if isinstance(desc, dict) and desc.get("encoding") == "quant":
+                if name not in captured:
+                    raise ArtifactError(f"group-affine tensor {name} was not captured while loading")
+                state.pop(name, None)
+                for suffix, t in captured[name].items():
+                    state[f"{name}.{suffix}"] = t
+        return state, {}
+
+
+if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+    register_quantization_config(QUANT_METHOD)(LeechqHfConfig)
+if QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
+    register_quantizer(QUANT_METHOD)(LeechqHfQuantizer)

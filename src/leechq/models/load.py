@@ -1,0 +1,235 @@
+"""``leechq.load``: an artifact directory → a transformers causal LM with :class:`LeechqLinear` modules.
+
+Implements architecture.md §6.1 (``models/load.py``) and §7.3: the standalone loader, which shares the
+module type, the replacement and the finalize step with the transformers integration
+(``leechq.integrations.transformers``) but does not go through ``from_pretrained``:
+
+1. read and validate the artifact (:func:`leechq.formats.artifact.read_artifact`: manifest sizes and
+   sha256, schema version, codebook fingerprint, every tensor's dtype and shape);
+2. build the model skeleton from ``config.json`` with its parameters on the meta device (buffers such
+   as RoPE frequencies are computed normally), in the serving dtype;
+3. replace the recorded linears by :class:`LeechqLinear` (:mod:`leechq.nn.replace`);
+4. assign the raw tensors (embedding, norms, biases; group-affine ones dequantized exactly) and tie
+   the head when the config says so; refuse any parameter left unloaded;
+5. move to the device and finalize every quantized module (dense reference path on CPU, fused kernels
+   on CUDA where they exist), then group q/k/v and gate/up for a shared activation rotation.
+
+transformers is imported inside functions only (architecture.md §6.2).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leechq.errors import ArtifactError, InvalidInput, UnsupportedArchitecture
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None → CUDA when available, else CPU; anything else as given (validated)."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidInput(f"unknown device {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput(f"device {device!r} requested but CUDA is not available on this machine")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``"auto"``/None → float32 on CPU, bfloat16 on CUDA; else float32/float16/bfloat16."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise InvalidInput(f"unknown dtype {dtype!r}; choices: auto, {', '.join(_DTYPES)}")
+        return _DTYPES[dtype]
+    if dtype not in _DTYPES.values():
+        raise InvalidInput(f"leechq serves float32, float16 or bfloat16, not {dtype}")
+    return dtype
+
+
+def base_config(config: dict[str, Any]) -> Any:
+    """The transformers config of the base model (``config.json`` without ``quantization_config``).
+
+    Raises:
+        UnsupportedArchitecture: no ``model_type``, or one this transformers does not know.
+    """
+    from transformers import AutoConfig
+
+    cfg = {k: v for k, v in config.items() if k != "quantization_config"}
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise UnsupportedArchitecture("config.json has no model_type: cannot build the model")
+    try:
+        return AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedArchitecture(
+            f"model_type {model_type!r} is not known to this transformers installation: {exc}"
+        ) from exc
+
+
+def build_skeleton(config: Any, dtype: torch.dtype) -> Any:
+    """A causal LM for ``config`` with every parameter on the meta device (buffers materialized).
+
+    Raises:
+        UnsupportedArchitecture: the config has no causal-LM model class.
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except ValueError as exc:
+        raise UnsupportedArchitecture(
+            f"{type(config).__name__} ({config.model_type}) has no causal-LM class in transformers: {exc}"
+        ) from exc
+    return model
+
+
+def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    try:
+        parent = model.get_submodule(parent_name) if parent_name else model
+    except AttributeError as exc:
+        raise ArtifactError(f"the artifact stores {name}, which this model does not have") from exc
+    current = parent._parameters.get(leaf) if leaf in parent._parameters else None
+    if current is None and leaf in parent._buffers:
+        buf = parent._buffers[leaf]
+        parent._buffers[leaf] = tensor.to(buf.dtype) if buf is not None and buf.is_floating_point() \
+            and tensor.is_floating_point() else tensor
+        return
+    if current is None:
+        raise ArtifactError(f"the artifact stores {name}, which this model does not have")
+    if tuple(current.shape) != tuple(tensor.shape):
+        raise ArtifactError(
+            f"tensor {name} is {list(tensor.shape)} in the artifact but {list(current.shape)} in the "
+            "model (different model size or config)"
+        )
+    value = tensor.to(current.dtype) if tensor.is_floating_point() and current.is_floating_point() \
+        else tensor
+    parent._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def load(
+    path: str | os.PathLike[str],
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "auto",
+    *,
+    prefer: str = "auto",
+    verify: bool = True,
+    tokenizer: bool = True,
+) -> tuple[Any, Any]:
+    """Load an artifact as a ready-to-run causal LM.
+
+    Args:
+        path: the artifact directory (``leechq quantize`` output).
+        device: "auto" (CUDA when present), "cpu", "cuda", "cuda:N" or a torch.device.
+        dtype: activation dtype, "auto" = float32 on CPU, bfloat16 on CUDA.
+        prefer: kernel preference for every quantized module: "auto", "reference" or "fused"
+            (see :meth:`LeechqLinear.finalize`).
+        verify: check every file's sha256 against the manifest (sizes are always checked).
+        tokenizer: also load the tokenizer stored in the directory.
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode (tokenizer None when ``tokenizer=False``).
+
+    Raises:
+        ArtifactError: a missing, corrupt or inconsistent artifact, or a missing tokenizer.
+        IncompatibleVersion: a schema version this build does not read.
+        FingerprintMismatch: a codebook this build decodes differently.
+        UnsupportedArchitecture: a model type transformers cannot build, or records that do not fit.
+    """
+    from leechq.formats.artifact import read_artifact
+    from leechq.nn.replace import leechq_modules, replace_with_records, share_groups
+
+    root = Path(path)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    art = read_artifact(root, verify=verify)
+    config = base_config(art.config)
+    model = build_skeleton(config, dt)
+    replace_with_records(model, art.records)
+
+    state: dict[str, torch.Tensor] = dict(art.raw)
+    for name, ga in art.raw_quant.items():
+        state[name] = ga.dequantize(torch.float32)
+    for name, tensor in state.items():
+        _assign(model, name, tensor)
+    tied_aliases = set(art.tied)
+    if getattr(config, "tie_word_embeddings", False) or tied_aliases:
+        model.tie_weights()
+    for alias, target in art.tied.items():
+        # The artifact's word is final: an alias must end up sharing its target's storage.
+        try:
+            a, t = model.get_parameter(alias), model.get_parameter(target)
+        except AttributeError as exc:
+            raise ArtifactError(f"tied alias {alias} → {target}: no such parameter") from exc
+        if a.data_ptr() != t.data_ptr():
+            _assign(model, alias, t.detach())
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
+    if missing:
+        raise ArtifactError(
+            f"{root}: the artifact lacks {len(missing)} model tensor(s), e.g. {missing[:3]}"
+        )
+
+    model.to(dev)
+    modules = leechq_modules(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for module in modules.values():
+            module.finalize(dev, dt, prefer=prefer)
+    _summarize_warnings(caught)
+    share_groups(modules)
+    model.eval()
+    model.requires_grad_(False)
+    model.config.quantization_config = dict(art.quantization_config)
+    model.leechq_artifact = str(root)
+    tok = load_tokenizer(root) if tokenizer else None
+    return model, tok
+
+
+def _summarize_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Re-emit reference-path warnings once per distinct reason instead of once per module."""
+    from leechq.nn.linear import ReferencePathWarning
+
+    reasons: dict[str, int] = {}
+    for w in caught:
+        if issubclass(w.category, ReferencePathWarning):
+            reason = str(w.message).split(": ", 1)[-1]
+            reasons[reason] = reasons.get(reason, 0) + 1
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    for reason, count in reasons.items():
+        warnings.warn(f"{count} quantized module(s) run the dense reference path: {reason}",
+                      ReferencePathWarning, stacklevel=3)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer stored in an artifact directory.
+
+    Raises:
+        ArtifactError: the directory holds no tokenizer files (or they cannot be read).
+    """
+    root = Path(path)
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((root / n).is_file() for n in names):
+        raise ArtifactError(
+            f"{root}: no tokenizer files (looked for {', '.join(names)}); re-run `leechq quantize`, "
+            "which copies the tokenizer, or pass tokenizer=False"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(root))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ArtifactError(f"{root}: the tokenizer files cannot be loaded: {exc}") from exc

@@ -1,0 +1,118 @@
+"""``leechq.models.save``: write a model holding :class:`LeechqLinear` modules back to an artifact.
+
+Implements the save half of architecture.md §6.1 (``models/save.py``) for models that already carry
+their records — a model returned by :func:`leechq.models.load.load`, or one whose linears were
+replaced by hand. The quantizer writes its artifacts directly through
+:func:`leechq.formats.artifact.write_artifact`; this module is the same writer fed from a live model:
+every ``LeechqLinear``'s canonical record, every other parameter and persistent buffer as a raw tensor
+(in its current dtype), tied heads as aliases, and the base config without ``quantization_config``.
+Records are stored exactly as held, so ``load → save`` reproduces the record tensors byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leechq.config import QuantConfig
+from leechq.errors import InvalidInput
+
+
+def model_records(model: torch.nn.Module) -> dict[str, Any]:
+    """Module name → canonical record of every :class:`LeechqLinear` in ``model``.
+
+    Raises:
+        InvalidInput: a module has no record (an unloaded placeholder).
+    """
+    from leechq.nn.linear import LeechqLinear
+
+    out: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LeechqLinear):
+            if module.record is None:
+                raise InvalidInput(f"{name}: LeechqLinear has no record (placeholder never loaded)")
+            out[name] = module.record
+    return out
+
+
+def raw_tensors(model: torch.nn.Module, records: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
+                                                                           dict[str, str]]:
+    """Every stored tensor of ``model`` that is not part of a record, and the tied aliases.
+
+    Returns:
+        ``(raw, tied)``: name → CPU tensor, and alias → target for parameters sharing storage
+        (e.g. a tied ``lm_head.weight``).
+    """
+    from leechq.nn.linear import LeechqLinear
+
+    leechq_prefixes = {name for name, m in model.named_modules() if isinstance(m, LeechqLinear)}
+    raw: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    named = list(model.named_parameters(remove_duplicate=False))
+    named += [(n, b) for n, b in model.named_buffers(remove_duplicate=False) if _persistent(model, n)]
+    for name, tensor in named:
+        owner = name.rpartition(".")[0]
+        if owner in leechq_prefixes and not name.endswith(".bias"):
+            continue  # the record's own state
+        if tensor.device.type == "meta":
+            raise InvalidInput(f"{name} is still on the meta device; load the model before saving")
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen and tensor.numel():
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        raw[name] = tensor.detach().to("cpu").contiguous()
+    return raw, tied
+
+
+def _persistent(model: torch.nn.Module, name: str) -> bool:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    return leaf not in module._non_persistent_buffers_set
+
+
+def save(
+    model: torch.nn.Module,
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    quant_config: QuantConfig | None = None,
+    provenance: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` (with :class:`LeechqLinear` modules) as an artifact directory.
+
+    Args:
+        model: a transformers causal LM whose quantized linears are ``LeechqLinear``.
+        out_dir: the directory to create.
+        tokenizer: saved alongside when given.
+        quant_config: the configuration to record (default: the one in
+            ``model.config.quantization_config``).
+        provenance: free-form JSON stored in the config.
+        overwrite: replace an existing directory.
+
+    Returns:
+        The directory.
+    """
+    from leechq.formats.artifact import write_artifact
+
+    records = model_records(model)
+    if not records:
+        raise InvalidInput("the model holds no LeechqLinear module: nothing quantized to save")
+    qc_dict = getattr(model.config, "quantization_config", None)
+    if quant_config is None:
+        if not isinstance(qc_dict, dict) or "config" not in qc_dict:
+            raise InvalidInput("pass quant_config: the model's config records none")
+        quant_config = QuantConfig.from_dict(qc_dict["config"])
+    raw, tied = raw_tensors(model, records)
+    base = model.config.to_dict()
+    base.pop("quantization_config", None)
+    prov = dict(qc_dict.get("provenance", {})) if isinstance(qc_dict, dict) else {}
+    prov.update(provenance or {})
+    return write_artifact(out_dir, base_config=base, quant_config=quant_config, records=records,
+                          raw=raw, tied=tied, tokenizer=tokenizer, provenance=prov,
+                          overwrite=overwrite)

@@ -1,0 +1,114 @@
+"""The fused (accelerator) execution path of :class:`~leechq.nn.linear.LeechqLinear`.
+
+Implements the module side of layouts-kernels-recipe.md §3 on top of :mod:`leechq.kernels.select`:
+at finalize, a record is repacked into the layout of the kernel the selector picks for it (Tetra →
+``tetra48``, ball → ``planes14``, int4 → the int4 matvec), and the resulting :class:`FusedPlan` is
+the callable ``forward`` uses. Lattice records compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the
+activation rotated online by the stored tables (§0.5); int4 records read the activation as is.
+
+:class:`SharedRotation` is the per-group slot that lets q/k/v (and gate/up) rotate their common
+input once (§3.6). It is keyed by the input tensor's identity *and* version counter while holding a
+strong reference, so a recycled buffer or an in-place update can never be served a stale rotation
+(the pitfall §3.6 warns about: sharing keyed by pointer or width returns plausible wrong logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from leechq.errors import KernelUnavailable
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import RotationTables, apply_rotation
+
+
+class SharedRotation:
+    """One activation rotation shared by the modules that read the same input.
+
+    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when called
+    again with the very same tensor object at the same version.
+    """
+
+    def __init__(self, tables: RotationTables) -> None:
+        self.tables = tables
+        self._x: torch.Tensor | None = None
+        self._version = -1
+        self._rotated: torch.Tensor | None = None
+
+    def rotate(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The rotated ``x`` (computed by ``fn`` unless this exact input was just rotated)."""
+        if torch.compiler.is_compiling():
+            return fn(x)  # a traced graph has no object identity to key on
+        if self._x is x and self._version == x._version and self._rotated is not None:
+            return self._rotated
+        rotated = fn(x)
+        self._x, self._version, self._rotated = x, x._version, rotated
+        return rotated
+
+    def clear(self) -> None:
+        """Drop the cached input and result (frees their memory)."""
+        self._x = self._rotated = None
+        self._version = -1
+
+
+@dataclass
+class FusedPlan:
+    """A record repacked for one kernel, callable as ``plan(x) -> y`` (bias excluded).
+
+    Attributes:
+        kernel_name: the selected kernel.
+        run: ``run(x2d) -> y2d`` on ``[M, d_in]`` activations (already rotated for lattice records).
+        rotate: ``rotate(x) -> Q x`` for rotated lattice records, else None.
+        d_out, d_in: the matrix shape.
+        dtype: the activation/output dtype.
+        shared: the group's shared rotation slot, set by :func:`leechq.nn.replace.share_groups`.
+    """
+
+    kernel_name: str
+    run: Callable[[torch.Tensor], torch.Tensor]
+    rotate: Callable[[torch.Tensor], torch.Tensor] | None
+    d_out: int
+    d_in: int
+    dtype: torch.dtype
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    shared: SharedRotation | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_in)
+        if self.rotate is not None:
+            x2 = self.shared.rotate(x2, self.rotate) if self.shared is not None else self.rotate(x2)
+        y = self.run(x2)
+        return y.reshape(*lead, self.d_out)
+
+
+def reference_rotation(tables: RotationTables, device: torch.device) -> Callable[[torch.Tensor],
+                                                                               torch.Tensor]:
+    """``x -> Q x`` in float32 with the stored tables (the pure-torch twin of the rotation kernel)."""
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        return apply_rotation(x.to(torch.float32), tables)
+
+    return rotate
+
+
+def plan(record: QuantizedWeight | Int4Weight, device: torch.device, dtype: torch.dtype,
+         runtime: Any = None) -> FusedPlan:
+    """Repack ``record`` for the fastest kernel that can implement it on ``device``.
+
+    Raises:
+        KernelUnavailable: no kernel can; the message lists every candidate's reason.
+    """
+    try:
+        from leechq.kernels import select
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and not exc.name.startswith("leechq.kernels"):
+            raise
+        raise KernelUnavailable("leechq.kernels.select is not part of this build") from exc
+    builder = getattr(select, "plan_linear", None)
+    if builder is None:
+        raise KernelUnavailable("leechq.kernels.select provides no linear-layer kernel plan yet")
+    return builder(record, device, dtype)  # pragma: no cover - adapted when the kernels land

@@ -1,0 +1,185 @@
+"""Test helpers: random canonical records, tiny random Llama/Qwen2/Qwen3 models, a tiny tokenizer and
+small artifacts built from them — no download, seconds on a CPU.
+
+Records here are *valid* but not *quantized* (random labels, realistic row scales): they exercise
+every code path of loading and serving (rotation, tail, int4, biases, tied heads) exactly, which is
+what the loader and module tests need; quantization quality is tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leechq.codebooks import BLOCK
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import generate_rotation, rotation_seed
+
+LABEL_LIMIT = {"tetra": 1 << 47, "ball": 1 << 40}
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def have_codebook(name: str) -> bool:
+    from leechq.codebooks import names
+
+    return name in names()
+
+
+def lattice_record(
+    codebook: str,
+    d_out: int,
+    d_in: int,
+    *,
+    rotate: bool = True,
+    gain_bits: int = 1,
+    seed: int = 0,
+    rotation_seed_value: int | None = None,
+    weight: torch.Tensor | None = None,
+) -> QuantizedWeight:
+    """A random valid lattice record [d_out, d_in] (row scales from ``weight`` when given)."""
+    g = torch.Generator().manual_seed(seed)
+    nb, tail = d_in // BLOCK, d_in % BLOCK
+    labels = torch.randint(0, LABEL_LIMIT[codebook], (d_out, nb), generator=g, dtype=torch.int64)
+    n_c = 2**gain_bits
+    gains = torch.randint(0, n_c, (d_out, nb), generator=g).to(torch.uint8)
+    if weight is not None:
+        w = weight.detach().to(torch.float64)
+        row_scales = torch.sqrt((w * w).sum(dim=1) / max(1, nb))
+    else:
+        row_scales = torch.rand(d_out, generator=g, dtype=torch.float64) + 0.5
+    centroids = torch.sort(torch.rand(n_c, generator=g, dtype=torch.float64) * 0.8 + 0.6).values
+    tail_t = (torch.randn(d_out, tail, generator=g) * 0.05).to(torch.float32)
+    rot = None
+    if rotate:
+        rot = generate_rotation(d_in, seed if rotation_seed_value is None else rotation_seed_value)
+    return QuantizedWeight(codebook=codebook, d_out=d_out, d_in=d_in, labels=labels, gains=gains,
+                           row_scales=row_scales, centroids=centroids, tail=tail_t, rotation=rot)
+
+
+def int4_record(d_out: int, d_in: int, seed: int = 0, weight: torch.Tensor | None = None) -> Int4Weight:
+    """A round-to-nearest int4 g128 record of ``weight`` (random when None)."""
+    if weight is None:
+        weight = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(seed)) * 0.05
+    return Int4Weight.quantize(weight.detach().to(torch.float32), group=128)
+
+
+def tiny_config(arch: str, vocab_size: int = 96) -> Any:
+    """A tiny config with ragged widths (tails of 8 columns) and grouped-query attention."""
+    import transformers
+
+    common = dict(vocab_size=vocab_size, hidden_size=56, intermediate_size=80, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    if arch == "llama":
+        return transformers.LlamaConfig(**common)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common)  # q/k/v biases
+    if arch == "qwen3":
+        common["tie_word_embeddings"] = False
+        return transformers.Qwen3Config(head_dim=16, **common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str, seed: int = 0) -> Any:
+    """A randomly initialized dense causal LM of :func:`tiny_config` (float32, eval mode)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch), dtype=torch.float32)
+    with torch.no_grad():  # non-trivial norms and biases so that loading mistakes show
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+WORDS = ("the a of to and in is it you that was for on are with as I his they be at one have this "
+         "from or had by hot word but what some we can out other were all there when up use your how "
+         "said an each she which do their time if will way about many then them write would like so "
+         "these her long make thing see him two has look more day could go come did number sound no "
+         "most people my over know water than").split()
+
+
+def tiny_tokenizer(chat_template: bool = True) -> Any:
+    """A word-level fast tokenizer over ≤ 96 ids ([PAD]=0, [BOS]=1, [EOS]=2, [UNK]=3)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
+    vocab = {t: i for i, t in enumerate(specials + [w for w in dict.fromkeys(WORDS)][:92])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[BOS]", eos_token="[EOS]",
+                                   unk_token="[UNK]", pad_token="[PAD]")
+    if chat_template:
+        fast.chat_template = (
+            "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant {% endif %}"
+        )
+    return fast
+
+
+def quantize_randomly(model: Any, codebook: str = "tetra", int4: tuple[str, ...] = ("self_attn.v_proj",),
+                      rotate: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Random records for every projection of ``model`` (q/k/v and gate/up share a rotation).
+
+    Returns:
+        module name → record (int4 for the module suffixes in ``int4``).
+    """
+    from leechq.models.arch import arch_of
+
+    spec = arch_of(model)
+    records: dict[str, Any] = {}
+    for layer, proj, lin, name in spec.iter_linears(model):
+        w = lin.weight.detach()
+        if any(proj.name.endswith(s) for s in int4):
+            records[name] = int4_record(w.shape[0], w.shape[1], weight=w)
+        else:
+            records[name] = lattice_record(
+                codebook, w.shape[0], w.shape[1], rotate=rotate, seed=seed + len(records),
+                rotation_seed_value=rotation_seed(layer, proj.act), weight=w)
+    return records
+
+
+def make_artifact(tmp: Path, arch: str = "llama", codebook: str = "tetra",
+                  int4: tuple[str, ...] = ("self_attn.v_proj",), tokenizer: bool = True,
+                  seed: int = 0) -> tuple[Path, Any]:
+    """A tiny artifact directory: random records for every projection, raw tensors of a random model.
+
+    Returns:
+        ``(directory, dense model with the same raw tensors)``.
+    """
+    from leechq.config import QuantConfig
+    from leechq.formats.artifact import write_artifact
+    from leechq.models.save import raw_tensors
+
+    model = tiny_model(arch, seed=seed)
+    records = quantize_randomly(model, codebook=codebook, int4=int4, seed=seed)
+    raw, tied = raw_tensors(model, {})
+    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
+    cfg = QuantConfig(codebook=codebook, int4_modules=tuple(int4))
+    out = tmp / f"{arch}-{codebook}"
+    base = model.config.to_dict()
+    write_artifact(out, base_config=base, quant_config=cfg, records=records, raw=raw, tied=tied,
+                   tokenizer=tiny_tokenizer() if tokenizer else None,
+                   provenance={"source": f"tiny random {arch}"})
+    return out, model
+
+
+def ids(n: int = 12, batch: int = 2, seed: int = 0, vocab: int = 96) -> torch.Tensor:
+    """Random token ids [batch, n] (avoiding the special ids 0..3)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (batch, n), generator=g)
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a-b| / max |b| (float64)."""
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    return float((a64 - b64).abs().max() / b64.abs().max().clamp_min(math.ulp(1.0)))
