@@ -28,8 +28,11 @@ def tiny_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
             attention_bias=True,
             rope_theta=500000.0,
             rope_scaling={
-                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
             },
         )
         cfg_cls, model_cls = transformers.LlamaConfig, transformers.LlamaForCausalLM

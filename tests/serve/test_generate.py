@@ -1,4 +1,5 @@
-"""The decode loop on CPU: greedy == transformers' greedy generate, batching, sampling, stops, errors."""
+"""The decode loop on CPU: greedy == transformers' greedy generate, batching, sampling, stops,
+errors."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ pytest.importorskip("transformers")
 
 def _hf_greedy(hf: Any, prompt: list[int], n: int, **kw: Any) -> list[int]:
     out = hf.generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-        pad_token_id=0, eos_token_id=None, **kw,
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        **kw,
     )
     return out[0, len(prompt) :].tolist()
 
@@ -79,7 +85,10 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy() -> None:
     c = engine.generate_ids(prompt, 24, SamplingConfig(temperature=1.5, seed=124)).tokens
     assert a == b and a != c
     greedy = engine.generate_ids(prompt, 24).tokens
-    assert engine.generate_ids(prompt, 24, SamplingConfig(temperature=2.0, top_k=1, seed=1)).tokens == greedy
+    assert (
+        engine.generate_ids(prompt, 24, SamplingConfig(temperature=2.0, top_k=1, seed=1)).tokens
+        == greedy
+    )
 
 
 def test_prompt_longer_than_cache_is_a_clear_error() -> None:

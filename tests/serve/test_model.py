@@ -27,7 +27,9 @@ def _full_logits(model: Any, tokens: torch.Tensor, pad: torch.Tensor | None = No
 @torch.no_grad()
 def test_logits_match_transformers(hf_model: Any) -> None:
     model = from_hf_model(hf_model)
-    tokens = torch.randint(0, hf_model.config.vocab_size, (3, 13), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, hf_model.config.vocab_size, (3, 13), generator=torch.Generator().manual_seed(1)
+    )
     ours = _full_logits(model, tokens)
     ref = hf_model(tokens).logits
     assert ours.shape == ref.shape
@@ -39,7 +41,9 @@ def test_logits_match_transformers(hf_model: Any) -> None:
 def test_incremental_decode_matches_one_shot(hf_model: Any) -> None:
     """Prefill of 5 positions, then 8 single-position steps == one forward over all 13."""
     model = from_hf_model(hf_model)
-    tokens = torch.randint(0, hf_model.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(
+        0, hf_model.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2)
+    )
     one_shot = _full_logits(model, tokens)
     cache = KVCache(model.args, 2, 64, torch.float32, "cpu")
     pad = torch.zeros(2, dtype=torch.int64)
@@ -104,8 +108,13 @@ def test_qwen2_and_qwen3_flags() -> None:
 )
 def test_unsupported_configs_are_named(change: dict[str, Any], match: str) -> None:
     cfg = {
-        "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "intermediate_size": 16, "rope_theta": 10000.0,
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 16,
+        "rope_theta": 10000.0,
     }
     cfg.update(change)
     with pytest.raises(UnsupportedArchitecture, match=match):
@@ -127,8 +136,17 @@ def test_attention_mask_semantics() -> None:
 
 
 def test_random_dense_runs_and_is_seeded() -> None:
-    args = ModelArgs(arch="qwen3", vocab_size=50, dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
-                     head_dim=16, intermediate_size=64, qk_norm=True)
+    args = ModelArgs(
+        arch="qwen3",
+        vocab_size=50,
+        dim=48,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        qk_norm=True,
+    )
     a = random_dense(args, dtype=torch.float32, seed=7)
     b = random_dense(args, dtype=torch.float32, seed=7)
     tokens = torch.randint(0, 50, (2, 5))

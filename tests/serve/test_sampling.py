@@ -105,8 +105,15 @@ def test_seeds_reproduce() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": 2.0},
-     {"repetition_penalty": 0.0}, {"temperature": float("nan")}],
+    [
+        {"temperature": -1.0},
+        {"top_k": -2},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": 2.0},
+        {"repetition_penalty": 0.0},
+        {"temperature": float("nan")},
+    ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidInput):

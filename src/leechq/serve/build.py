@@ -1,13 +1,14 @@
 """Assembling a serving :class:`~leechq.serve.model.Transformer` from the sources we meet.
 
-* :func:`from_hf_model`: a transformers ``*ForCausalLM`` (dense, or with leechq modules in place of its
-  linears, as ``leechq.load`` returns it). Its modules are reused, not copied: dense q/k/v and gate/up
-  are concatenated by rows into one ``nn.Linear`` each; quantized groups go through :func:`fuse_group`.
+* :func:`from_hf_model`: a transformers ``*ForCausalLM`` (dense, or with leechq modules in place of
+  its linears, as ``leechq.load`` returns it). Its modules are reused, not copied: dense q/k/v and
+  gate/up are concatenated by rows into one ``nn.Linear`` each; quantized groups go through
+  :func:`fuse_group`.
 * :func:`from_state_dict`: an HF-named dense state dict and its config (the fp16 arm).
 * :func:`random_dense`: random dense weights of a given shape (the fp16 arm of the benchmark).
 
-Fusing by rows is exact: the rows of the fused output are the rows of the members (layouts-kernels-recipe
-§3.5), so a fused projection computes the same numbers as its members.
+Fusing by rows is exact: the rows of the fused output are the rows of the members
+(layouts-kernels-recipe §3.5), so a fused projection computes the same numbers as its members.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def dense_linear(
     has_bias = any(b is not None for b in biases)
     out = sum(w.shape[0] for w in weights)
     lin = nn.Linear(d_in, out, bias=has_bias, device="meta")
-    lin.weight = nn.Parameter(torch.cat([w.to(device, dtype) for w in weights]), requires_grad=False)
+    lin.weight = nn.Parameter(
+        torch.cat([w.to(device, dtype) for w in weights]), requires_grad=False
+    )
     if has_bias:
         parts = [
             (b if b is not None else torch.zeros(w.shape[0])).to(device, dtype)
@@ -75,16 +78,21 @@ def _is_dense(m: nn.Module) -> bool:
     return type(m) is nn.Linear
 
 
-def fuse_group(members: Sequence[nn.Module], dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+def fuse_group(
+    members: Sequence[nn.Module], dtype: torch.dtype, device: torch.device | str
+) -> nn.Module:
     """One module for projections that read the same input (q|k|v, gate|up, or a single one).
 
-    Dense members become one ``nn.Linear``. Quantized members use leechq's fused group when the ``nn``
-    layer provides one (one activation rotation and one segmented launch per group), else a
+    Dense members become one ``nn.Linear``. Quantized members use leechq's fused group when the
+    ``nn`` layer provides one (one activation rotation and one segmented launch per group), else a
     :class:`ConcatLinear`.
     """
     if all(_is_dense(m) for m in members):
         return dense_linear(
-            [m.weight for m in members], [m.bias for m in members], dtype, device  # type: ignore[misc]
+            [m.weight for m in members],
+            [m.bias for m in members],
+            dtype,
+            device,  # type: ignore[misc]
         )
     members = [m.to(device) for m in members]
     try:  # the nn layer's fused group, when it exists
@@ -102,7 +110,9 @@ def _get(module: Any, path: str) -> Any:
     return module
 
 
-def _copy_norm(dst: nn.Module, src: nn.Module, dtype: torch.dtype, device: torch.device | str) -> None:
+def _copy_norm(
+    dst: nn.Module, src: nn.Module, dtype: torch.dtype, device: torch.device | str
+) -> None:
     dst.weight = nn.Parameter(src.weight.detach().to(device, dtype), requires_grad=False)
 
 
@@ -114,9 +124,11 @@ def from_hf_model(
     """Build the serving model from a transformers causal LM (its modules are reused).
 
     Args:
-        hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``MistralForCausalLM``,
-            dense or with leechq modules in place of its linears, embedding or head.
-        dtype: activation dtype (default: the embedding's dtype, or float16 for a quantized embedding).
+        hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
+            ``MistralForCausalLM``, dense or with leechq modules in place of its linears, embedding
+            or head.
+        dtype: activation dtype (default: the embedding's dtype, or float16 for a quantized
+            embedding).
         device: target device (default: where the embedding lives).
 
     Returns:
@@ -166,7 +178,8 @@ def from_state_dict(
     dtype: torch.dtype = torch.float16,
     device: torch.device | str = "cpu",
 ) -> Transformer:
-    """Build the dense serving model from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``…).
+    """Build the dense serving model from HF-named tensors
+    (``model.layers.{i}.self_attn.q_proj.weight``…).
 
     Raises:
         InvalidInput: a required tensor is missing (the message names it).
@@ -196,21 +209,30 @@ def from_state_dict(
             w13=lin(f"{p}.mlp", ["gate_proj", "up_proj"]),
             w2=lin(f"{p}.mlp", ["down_proj"]),
         )
-        for mod, name in [(blk.attn_norm, "input_layernorm"), (blk.mlp_norm, "post_attention_layernorm")]:
-            mod.weight = nn.Parameter(get(f"{p}.{name}.weight").to(device, dtype), requires_grad=False)  # type: ignore[union-attr]
+        for mod, name in [
+            (blk.attn_norm, "input_layernorm"),
+            (blk.mlp_norm, "post_attention_layernorm"),
+        ]:
+            mod.weight = nn.Parameter(
+                get(f"{p}.{name}.weight").to(device, dtype), requires_grad=False
+            )  # type: ignore[union-attr]
         if args.qk_norm:
             for mod, name in [(blk.q_norm, "q_norm"), (blk.k_norm, "k_norm")]:
                 w = get(f"{p}.self_attn.{name}.weight").to(device, dtype)  # type: ignore[union-attr]
                 mod.weight = nn.Parameter(w, requires_grad=False)  # type: ignore[union-attr]
         blocks.append(blk)
     head_w = get("lm_head.weight", required=not args.tie_word_embeddings)
-    head: nn.Module = TiedHead(embed) if head_w is None else dense_linear([head_w], [None], dtype, device)
+    head: nn.Module = (
+        TiedHead(embed) if head_w is None else dense_linear([head_w], [None], dtype, device)
+    )
     model = Transformer(args, embed, blocks, head)
-    model.norm.weight = nn.Parameter(get("model.norm.weight").to(device, dtype), requires_grad=False)  # type: ignore[union-attr]
+    model.norm.weight = nn.Parameter(
+        get("model.norm.weight").to(device, dtype), requires_grad=False
+    )  # type: ignore[union-attr]
     return model.to(device).eval()
 
 
-def _random_linear(
+def random_linear(
     d_in: int, d_out: int, bias: bool, dtype: torch.dtype, device: Any, g: torch.Generator
 ) -> nn.Linear:
     lin = nn.Linear(d_in, d_out, bias=bias, device="meta")
@@ -223,9 +245,13 @@ def _random_linear(
 
 
 def random_dense(
-    args: ModelArgs, dtype: torch.dtype = torch.float16, device: torch.device | str = "cpu", seed: int = 0
+    args: ModelArgs,
+    dtype: torch.dtype = torch.float16,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
 ) -> Transformer:
-    """A dense model of ``args``' shape with random weights (entries N(0, 1/d_in)), built on ``device``.
+    """A dense model of ``args``' shape with random weights (entries N(0, 1/d_in)), built on
+    ``device``.
 
     Used as the fp16 arm of the benchmark: same loop, same graphs as the quantized arm.
     """
@@ -235,28 +261,29 @@ def random_dense(
     a = args
     embed = nn.Embedding(a.vocab_size, a.dim, device="meta")
     embed.weight = nn.Parameter(
-        torch.randn(a.vocab_size, a.dim, generator=g, device=device, dtype=dtype), requires_grad=False
+        torch.randn(a.vocab_size, a.dim, generator=g, device=device, dtype=dtype),
+        requires_grad=False,
     )
     blocks = [
         Block(
             a,
-            wqkv=_random_linear(a.dim, a.q_size + 2 * a.kv_size, a.attention_bias, dtype, device, g),
-            wo=_random_linear(a.q_size, a.dim, a.o_bias, dtype, device, g),
-            w13=_random_linear(a.dim, 2 * a.intermediate_size, a.mlp_bias, dtype, device, g),
-            w2=_random_linear(a.intermediate_size, a.dim, a.mlp_bias, dtype, device, g),
+            wqkv=random_linear(a.dim, a.q_size + 2 * a.kv_size, a.attention_bias, dtype, device, g),
+            wo=random_linear(a.q_size, a.dim, a.o_bias, dtype, device, g),
+            w13=random_linear(a.dim, 2 * a.intermediate_size, a.mlp_bias, dtype, device, g),
+            w2=random_linear(a.intermediate_size, a.dim, a.mlp_bias, dtype, device, g),
         )
         for _ in range(a.n_layers)
     ]
     head: nn.Module = (
         TiedHead(embed)
         if a.tie_word_embeddings
-        else _random_linear(a.dim, a.vocab_size, False, dtype, device, g)
+        else random_linear(a.dim, a.vocab_size, False, dtype, device, g)
     )
-    return _finish(Transformer(a, embed, blocks, head), dtype, device)
+    return finish_model(Transformer(a, embed, blocks, head), dtype, device)
 
 
-def _finish(model: Transformer, dtype: torch.dtype, device: torch.device | str) -> Transformer:
-    """Norm weights to ``dtype`` on ``device``; eval mode."""
+def finish_model(model: Transformer, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    """Norm weights to ``dtype`` and RoPE tables to ``device``; eval mode."""
     for mod in model.modules():
         if mod.__class__.__name__ == "RMSNorm":
             mod.weight = nn.Parameter(mod.weight.detach().to(device, dtype), requires_grad=False)

@@ -1,9 +1,9 @@
 """The static key/value cache of the decode loop (architecture.md §2.4, issue 6).
 
-One pair of tensors per layer, ``[B, n_kv_heads, S, head_dim]`` in the activation dtype, allocated once
-for a batch size and a slot count ``S`` and written in place with ``index_copy_``; nothing is ever
-reallocated while generating, which is what lets a CUDA graph capture the decode step. Slots are shared
-by the rows of a batch (rows are left padded, see :mod:`leechq.serve.model`).
+One pair of tensors per layer, ``[B, n_kv_heads, S, head_dim]`` in the activation dtype, allocated
+once for a batch size and a slot count ``S`` and written in place with ``index_copy_``; nothing is
+ever reallocated while generating, which is what lets a CUDA graph capture the decode step. Slots
+are shared by the rows of a batch (rows are left padded, see :mod:`leechq.serve.model`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from leechq.errors import InvalidInput
 from leechq.serve.model import ModelArgs
 
 SLOT_ALIGN = 64
-"""Slot counts are rounded up to this (keeps SDPA's mask rows aligned and limits distinct shapes)."""
+"""Slot counts are rounded up to this (keeps SDPA's mask rows aligned and limits distinct
+shapes)."""
 
 
 def round_slots(n: int) -> int:
@@ -39,7 +40,9 @@ class KVCache:
         device: torch.device | str,
     ) -> None:
         if batch < 1 or seq_len < 1:
-            raise InvalidInput(f"KV cache needs batch >= 1 and seq_len >= 1, got {batch} and {seq_len}")
+            raise InvalidInput(
+                f"KV cache needs batch >= 1 and seq_len >= 1, got {batch} and {seq_len}"
+            )
         if seq_len > args.max_position_embeddings:
             raise InvalidInput(
                 f"KV cache of {seq_len} slots exceeds the model's max_position_embeddings "
@@ -56,7 +59,8 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def fits(self, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> bool:
-        """Whether this cache can serve ``batch`` rows up to ``seq_len`` slots without reallocation."""
+        """Whether this cache can serve ``batch`` rows up to ``seq_len`` slots without
+        reallocation."""
         return (
             self.batch == batch
             and self.seq_len >= seq_len

@@ -1,9 +1,11 @@
-"""Chat: prompt formatting with the tokenizer's chat template, and the interactive loop of ``leechq chat``.
+"""Chat: prompt formatting with the tokenizer's chat template, and the interactive loop of ``leechq
+chat``.
 
-The loop keeps the conversation as a list of ``{"role", "content"}`` messages, re-renders it with the
-model's own chat template every turn (so the template decides what history the model sees, e.g. Qwen3
-drops earlier reasoning blocks), and streams the reply through :func:`leechq.serve.generate.generate`.
-Commands: ``/reset`` forgets the conversation, ``/exit`` (or end of input) leaves.
+The loop keeps the conversation as a list of ``{"role", "content"}`` messages, re-renders it with
+the model's own chat template every turn (so the template decides what history the model sees, e.g.
+Qwen3 drops earlier reasoning blocks), and streams the reply through
+:func:`leechq.serve.generate.generate`. Commands: ``/reset`` forgets the conversation, ``/exit`` (or
+end of input) leaves.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from leechq.serve.generate import generate
 from leechq.serve.sampling import SamplingConfig
 
+
 def _stdout_write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()  # streamed pieces must show up as they come
@@ -23,7 +26,9 @@ def _stdout_write(text: str) -> None:
 HELP = "commands: /reset (forget the conversation), /exit (leave); end of input also leaves"
 
 
-def format_chat(tokenizer: Any, messages: list[dict[str, str]], **template_kwargs: Any) -> list[int]:
+def format_chat(
+    tokenizer: Any, messages: list[dict[str, str]], **template_kwargs: Any
+) -> list[int]:
     """Token ids of ``messages`` followed by the assistant's turn opening.
 
     Uses the tokenizer's chat template when it has one (extra keyword arguments such as Qwen3's
@@ -83,7 +88,12 @@ def chat_loop(
         messages.append({"role": "user", "content": text})
         ids = format_chat(tokenizer, messages, **(template_kwargs or {}))
         out = generate(
-            model, tokenizer, [ids], max_new_tokens, sampling, stream=lambda _row, piece: write(piece)
+            model,
+            tokenizer,
+            [ids],
+            max_new_tokens,
+            sampling,
+            stream=lambda _row, piece: write(piece),
         )
         write("\n")
         messages.append({"role": "assistant", "content": out.texts[0]})

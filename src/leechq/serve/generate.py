@@ -1,19 +1,20 @@
 """The decode loop: prefill, then one token per step from a static cache, optionally graph-captured.
 
 Implements issue 6's serving loop (architecture.md §2.4, the gpt-fast shape). :class:`Engine` owns a
-:class:`~leechq.serve.model.Transformer`, its per-batch sessions (KV cache and the small state buffers of
-the step) and the captured graphs. One call of :meth:`Engine.generate_ids`:
+:class:`~leechq.serve.model.Transformer`, its per-batch sessions (KV cache and the small state
+buffers of the step) and the captured graphs. One call of :meth:`Engine.generate_ids`:
 
 1. left-pads the prompts into one batch and checks they fit the cache (prompt + new tokens ≤ slots);
-2. makes sure the session and (on CUDA) the graph for this sampling structure exist *before* seeding, so
-   capture never consumes random numbers of a seeded run;
+2. makes sure the session and (on CUDA) the graph for this sampling structure exist *before*
+   seeding, so capture never consumes random numbers of a seeded run;
 3. prefills every prompt position in one eager forward and picks the first token;
-4. replays the decode step: forward one position, pick tokens, mark finished rows, write the token into
-   the history and the next input, advance the slot — all on the device, no host synchronisation; the
-   host only checks for "every row finished" every ``check_every`` steps (or every step when streaming).
+4. replays the decode step: forward one position, pick tokens, mark finished rows, write the token
+   into the history and the next input, advance the slot — all on the device, no host
+   synchronisation; the host only checks for "every row finished" every ``check_every`` steps (or
+   every step when streaming).
 
-:func:`generate` is the tokenizer-level API used by the CLI (``leechq run``): strings in, strings out,
-optional streaming of text deltas.
+:func:`generate` is the tokenizer-level API used by the CLI (``leechq run``): strings in, strings
+out, optional streaming of text deltas.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class GenerationOutput:
 
 
 class _Session:
-    """The static buffers of one batch size: KV cache, step inputs/outputs, sampler values, graphs."""
+    """The static buffers of one batch size: KV cache, step inputs/outputs, sampler values,
+    graphs."""
 
     def __init__(self, model: Transformer, batch: int, seq_len: int, dtype: torch.dtype) -> None:
         dev = model.device
@@ -91,7 +93,9 @@ class _Session:
 
     def snapshot(self) -> Callable[[], None]:
         """A function that restores the small state buffers to their current values."""
-        saved = [(t, t.clone()) for t in (self.tokens, self.slot, self.done, self.seen, self.history)]
+        saved = [
+            (t, t.clone()) for t in (self.tokens, self.slot, self.done, self.seen, self.history)
+        ]
 
         def restore() -> None:
             for t, v in saved:
@@ -106,7 +110,8 @@ class Engine:
     Args:
         model: the :class:`Transformer`.
         graphs: capture the decode step in a CUDA graph (default: on CUDA devices).
-        compile: ``torch.compile`` the pure-tensor pieces of the decode step (default: on CUDA devices).
+        compile: ``torch.compile`` the pure-tensor pieces of the decode step (default: on CUDA
+            devices).
         check_every: decode steps between host checks for "every row finished".
     """
 
@@ -136,7 +141,8 @@ class Engine:
     # -- sessions and steps ------------------------------------------------------------------------
 
     def session(self, batch: int, seq_len: int) -> _Session:
-        """The session for ``batch`` rows with at least ``seq_len`` slots (reallocated when too small)."""
+        """The session for ``batch`` rows with at least ``seq_len`` slots (reallocated when too
+        small)."""
         sess = self._sessions.get(batch)
         if sess is None or sess.seq_len < seq_len:
             self._sessions.pop(batch, None)
@@ -158,7 +164,9 @@ class Engine:
 
         def step() -> None:
             logits = model(sess.tokens, sess.slot, sess.pad, sess.cache.k, sess.cache.v, True, fns)
-            nxt = select_tokens(logits[:, -1], sess.sampler, key, sess.seen if use_penalty else None)
+            nxt = select_tokens(
+                logits[:, -1], sess.sampler, key, sess.seen if use_penalty else None
+            )
             nxt = torch.where(sess.done, sess.fill, nxt)
             torch.logical_or(sess.done, (nxt[:, None] == sess.stop[None, :]).any(-1), out=sess.done)
             sess.history.index_copy_(1, sess.slot + 1, nxt[:, None])
@@ -206,7 +214,8 @@ class Engine:
 
         Raises:
             InvalidInput: empty or out-of-vocabulary prompts, ``max_new_tokens < 1``, too many stop
-                ids, or a prompt plus ``max_new_tokens`` that exceeds the cache / the model's positions.
+                ids, or a prompt plus ``max_new_tokens`` that exceeds the cache / the model's
+                positions.
         """
         sampling = sampling or SamplingConfig()
         key = sampling.key()
@@ -222,8 +231,8 @@ class Engine:
         limit = self.model.args.max_position_embeddings
         if need > limit:
             raise InvalidInput(
-                f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) = {need} "
-                f"positions exceeds the model's max_position_embeddings ({limit})"
+                f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) = "
+                f"{need} positions exceeds the model's max_position_embeddings ({limit})"
             )
         slots = min(slots, limit)
         sess = self.session(batch, slots)
@@ -294,7 +303,10 @@ class Engine:
         key: tuple[bool, ...],
     ) -> torch.Tensor:
         dev = self.model.device
-        rows = [[pad_id] * (width - n) + [int(t) for t in p] for p, n in zip(prompts, lengths, strict=True)]
+        rows = [
+            [pad_id] * (width - n) + [int(t) for t in p]
+            for p, n in zip(prompts, lengths, strict=True)
+        ]
         tokens = torch.tensor(rows, dtype=torch.int64, device=dev)
         sess.pad.copy_(torch.tensor([width - n for n in lengths], dtype=torch.int64))
         sess.done.zero_()
@@ -315,7 +327,9 @@ class Engine:
         return first
 
     @staticmethod
-    def _emit(cb: TokenCallback, toks: list[int], done: list[bool], stop_ids: Sequence[int]) -> None:
+    def _emit(
+        cb: TokenCallback, toks: list[int], done: list[bool], stop_ids: Sequence[int]
+    ) -> None:
         for row, tok in enumerate(toks):
             if not done[row]:
                 cb(row, tok)
@@ -326,15 +340,15 @@ class Engine:
             torch.cuda.synchronize(self.model.device)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tokenizer-level API
 
 _ENGINES: weakref.WeakKeyDictionary[Any, Engine] = weakref.WeakKeyDictionary()
 
 
 def engine_for(model: Any, **engine_kwargs: Any) -> Engine:
-    """The (cached) :class:`Engine` of ``model``: an Engine, a serving Transformer, or a transformers
-    causal LM (converted once with :func:`leechq.serve.build.from_hf_model`)."""
+    """The (cached) :class:`Engine` of ``model``: an Engine, a serving Transformer, or a
+    transformers causal LM (converted once with :func:`leechq.serve.build.from_hf_model`)."""
     if isinstance(model, Engine):
         return model
     eng = _ENGINES.get(model)
@@ -357,18 +371,22 @@ def default_sampling(model: Any) -> SamplingConfig:
     try:
         return SamplingConfig.from_generation_config(gen)
     except InvalidInput as exc:
-        warnings.warn(f"ignoring the model's generation_config ({exc}); decoding greedily", stacklevel=2)
+        warnings.warn(
+            f"ignoring the model's generation_config ({exc}); decoding greedily", stacklevel=2
+        )
         return SamplingConfig()
 
 
 def stop_ids_for(model: Any, tokenizer: Any) -> list[int]:
     """End-of-sequence ids from the model's generation config and the tokenizer (deduplicated)."""
     ids: list[int] = []
-    for src in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-                getattr(tokenizer, "eos_token_id", None)):
+    for src in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if src is None:
             continue
-        for t in (src if isinstance(src, (list, tuple)) else [src]):
+        for t in src if isinstance(src, (list, tuple)) else [src]:
             if int(t) not in ids:
                 ids.append(int(t))
     return ids[:MAX_STOP_IDS]
@@ -404,7 +422,8 @@ def generate(
     Args:
         model: an :class:`Engine`, a serving :class:`Transformer` or a transformers causal LM (as
             returned by ``leechq.load``); the engine is built once per model and cached.
-        tokenizer: a transformers tokenizer (``encode``/``decode``, ``eos_token_id``, ``pad_token_id``).
+        tokenizer: a transformers tokenizer (``encode``/``decode``, ``eos_token_id``,
+            ``pad_token_id``).
         prompts: a string, a list of strings, or a list of token-id lists.
         max_new_tokens: tokens to generate per prompt.
         sampling: token selection (default: the model's generation_config, else greedy).
@@ -418,7 +437,9 @@ def generate(
     if isinstance(prompts, str):
         prompts = [prompts]
     ids = [
-        tokenizer.encode(p, add_special_tokens=add_special_tokens) if isinstance(p, str) else list(p)
+        tokenizer.encode(p, add_special_tokens=add_special_tokens)
+        if isinstance(p, str)
+        else list(p)
         for p in prompts
     ]
     engine = engine_for(model)

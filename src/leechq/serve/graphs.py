@@ -1,11 +1,11 @@
 """CUDA-graph capture of the decode step (architecture.md §2.4; issue 6).
 
-The decode step is a closure over static buffers (token, slot, caches, sampler values) that reads and
-writes only those buffers and never synchronises with the host, so one captured graph replays every
-token of a generation. Capture follows the documented recipe: warm up on a side stream (kernel selection,
-``torch.compile`` and Triton JIT happen there), then record. Warm-up executes the step, so the caller
-passes ``restore`` to put its small state buffers back afterwards; cache slots written by the warm-up are
-rewritten before anything reads them.
+The decode step is a closure over static buffers (token, slot, caches, sampler values) that reads
+and writes only those buffers and never synchronises with the host, so one captured graph replays
+every token of a generation. Capture follows the documented recipe: warm up on a side stream (kernel
+selection, ``torch.compile`` and Triton JIT happen there), then record. Warm-up executes the step,
+so the caller passes ``restore`` to put its small state buffers back afterwards; cache slots written
+by the warm-up are rewritten before anything reads them.
 """
 
 from __future__ import annotations

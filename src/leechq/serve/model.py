@@ -1,30 +1,34 @@
-"""A small decoder for the Llama / Qwen2 / Qwen3 families, built for a static KV cache and CUDA graphs.
+"""A small decoder for the Llama / Qwen2 / Qwen3 families, built for a static KV cache and CUDA
+graphs.
 
-This is the serving model of issue 6 (architecture.md §2.4: gpt-fast's static cache and graph-captured
-decode; layouts-kernels-recipe.md §3.5: q/k/v and gate/up fused by rows). It is deliberately small:
+This is the serving model of issue 6 (architecture.md §2.4: gpt-fast's static cache and
+graph-captured decode; layouts-kernels-recipe.md §3.5: q/k/v and gate/up fused by rows). It is
+deliberately small:
 
 * RMSNorm with the Hugging Face rounding (normalise in f32, narrow, then multiply by the weight);
 * RoPE in the "rotate half" convention, default / linear / llama3 frequencies; Qwen3's q/k norms;
-* GQA attention through ``scaled_dot_product_attention`` over a static cache; the query heads that share a
-  key/value head are folded into the query length, so no K/V is ever repeated;
+* GQA attention through ``scaled_dot_product_attention`` over a static cache; the query heads that
+  share a key/value head are folded into the query length, so no K/V is ever repeated;
 * SwiGLU MLP.
 
-The model never owns a weight format. Every projection is an ``nn.Module`` mapping ``[..., d_in]`` to
-``[..., d_out]``: a dense ``nn.Linear`` (the fp16 arm) or a leechq module (the quantized arm), both fused by
-rows where inputs are shared (``wqkv`` = q|k|v, ``w13`` = gate|up). The embedding and the head are modules
-too (dense, or int8/int4 modules of the artifact). ``leechq.serve.build`` assembles models.
+The model never owns a weight format. Every projection is an ``nn.Module`` mapping ``[..., d_in]``
+to ``[..., d_out]``: a dense ``nn.Linear`` (the fp16 arm) or a leechq module (the quantized arm),
+both fused by rows where inputs are shared (``wqkv`` = q|k|v, ``w13`` = gate|up). The embedding and
+the head are modules too (dense, or int8/int4 modules of the artifact). ``leechq.serve.build``
+assembles models.
 
-Batches are left padded. All rows share the cache slots of a step (``slots``, one per position); a row
-``b`` with ``pad[b]`` padding tokens sees token position ``slot - pad[b]`` and never attends to its pad
-slots. Pad queries attend to themselves only, which keeps every softmax row finite.
+Batches are left padded. All rows share the cache slots of a step (``slots``, one per position); a
+row ``b`` with ``pad[b]`` padding tokens sees token position ``slot - pad[b]`` and never attends to
+its pad slots. Pad queries attend to themselves only, which keeps every softmax row finite.
 
 The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoPE, SiLU·mul) live in
-:class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise kernels)
-without tracing through the projections' own kernels.
+:class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise
+kernels) without tracing through the projections' own kernels.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -81,7 +85,9 @@ class ModelArgs:
                 f"serving supports model_type {list(SUPPORTED_ARCHS)}, got {self.arch!r}"
             )
         if self.n_heads % self.n_kv_heads:
-            raise InvalidInput(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+            raise InvalidInput(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
         if self.head_dim % 2:
             raise InvalidInput(f"head_dim={self.head_dim} must be even for RoPE")
 
@@ -105,8 +111,8 @@ class ModelArgs:
         """Read an HF config (a ``PretrainedConfig`` or the ``config.json`` dict).
 
         Raises:
-            UnsupportedArchitecture: an unknown ``model_type``, a non-SiLU MLP, sliding-window attention
-                or a RoPE type other than default / linear / llama3.
+            UnsupportedArchitecture: an unknown ``model_type``, a non-SiLU MLP, sliding-window
+                attention or a RoPE type other than default / linear / llama3.
         """
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
         arch = cfg.get("model_type", "")
@@ -116,7 +122,9 @@ class ModelArgs:
             )
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
-            raise UnsupportedArchitecture(f"{arch}: hidden_act {act!r} is not supported (need 'silu')")
+            raise UnsupportedArchitecture(
+                f"{arch}: hidden_act {act!r} is not supported (need 'silu')"
+            )
         if cfg.get("use_sliding_window") or (arch == "mistral" and cfg.get("sliding_window")):
             raise UnsupportedArchitecture(f"{arch}: sliding-window attention is not supported")
         n_heads = int(cfg["num_attention_heads"])
@@ -155,12 +163,13 @@ class ModelArgs:
         )
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # RoPE
 
 
 def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (f32 [head_dim/2]) and the cos/sin scaling factor for ``args``' RoPE type."""
+    """Inverse frequencies (f32 [head_dim/2]) and the cos/sin scaling factor for ``args``' RoPE
+    type."""
     dim = args.head_dim
     inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = args.rope_scaling.get("rope_type", "default")
@@ -172,7 +181,11 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
         # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between is
         # interpolated linearly in 1/wavelength.
         p = args.rope_scaling
-        factor, lo, hi = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        factor, lo, hi = (
+            float(p["factor"]),
+            float(p["low_freq_factor"]),
+            float(p["high_freq_factor"]),
+        )
         old_len = float(p["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
@@ -186,7 +199,8 @@ def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for integer positions [B, T]: two ``dtype`` tensors [B, T, head_dim] (HF order)."""
+    """cos and sin for integer positions [B, T]: two ``dtype`` tensors [B, T, head_dim] (HF
+    order)."""
     freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
@@ -197,12 +211,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The pure-tensor pieces between projections (compiled as units on the GPU decode path)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF RMSNorm: normalise in f32, narrow to ``x.dtype``, multiply by ``weight``. Shapes as ``x``."""
+    """HF RMSNorm: normalise in f32, narrow to ``x.dtype``, multiply by ``weight``. Shapes as
+    ``x``."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -236,7 +251,8 @@ def qkv_split_rope(
 
     Returns:
         q [B, n_kv_heads, groups·T, head_dim] (the query heads of one key/value head folded into the
-        length, head ``h = kv·groups + g`` at rows ``g·T … g·T + T − 1``), k and v [B, n_kv_heads, T, head_dim].
+        length, head ``h = kv·groups + g`` at rows ``g·T … g·T + T − 1``), k and v [B, n_kv_heads,
+        T, head_dim].
     """
     b, t, _ = qkv.shape
     groups = n_heads // n_kv_heads
@@ -268,11 +284,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def attention_mask(slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups: int) -> torch.Tensor:
+def attention_mask(
+    slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups: int
+) -> torch.Tensor:
     """Boolean SDPA mask [B, 1, groups·T, S] (True = attend) for queries at ``slots`` [T].
 
-    Key slot ``s`` is visible from a query at slot ``t`` of row ``b`` iff ``s <= t`` and ``s >= pad[b]``;
-    a pad query (``t < pad[b]``) sees only itself so its softmax stays finite.
+    Key slot ``s`` is visible from a query at slot ``t`` of row ``b`` iff ``s <= t`` and ``s >=
+    pad[b]``; a pad query (``t < pad[b]``) sees only itself so its softmax stays finite.
     """
     keys = torch.arange(seq_len, device=slots.device)
     causal = keys[None, None, :] <= slots[None, :, None]  # [1, T, S]
@@ -284,7 +302,8 @@ def attention_mask(slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups:
 
 @dataclass
 class Pieces:
-    """The pure-tensor functions a forward pass calls; swap in compiled copies for the decode path."""
+    """The pure-tensor functions a forward pass calls; swap in compiled copies for the decode
+    path."""
 
     rms_norm: Callable[..., torch.Tensor] = rms_norm
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm
@@ -292,22 +311,36 @@ class Pieces:
     silu_mul: Callable[..., torch.Tensor] = silu_mul
 
     @classmethod
-    def compiled(cls, **compile_kwargs: Any) -> Pieces:
+    def compiled(cls) -> Pieces:
         """Each piece through ``torch.compile`` (default mode: fused kernels, no graphs of its own;
-        the whole decode step is captured by :mod:`leechq.serve.graphs`)."""
-        kw = {"dynamic": False, "fullgraph": True, **compile_kwargs}
-        return cls(
-            rms_norm=torch.compile(rms_norm, **kw),
-            add_rms_norm=torch.compile(add_rms_norm, **kw),
-            qkv_split_rope=torch.compile(qkv_split_rope, **kw),
-            silu_mul=torch.compile(silu_mul, **kw),
-        )
+        the whole decode step is captured by :mod:`leechq.serve.graphs`). One shared set per
+        process, so every engine reuses the same compiled code (one compile per shape, not per
+        engine)."""
+        return _compiled_pieces()
+
+
+@functools.cache
+def _compiled_pieces() -> Pieces:
+    import torch._dynamo
+
+    # One specialisation per (model shape, batch size): raise dynamo's per-function limit so a
+    # benchmark sweep never silently falls back to eager.
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+    kw: dict[str, Any] = {"dynamic": False, "fullgraph": True}
+    return Pieces(
+        rms_norm=torch.compile(rms_norm, **kw),
+        add_rms_norm=torch.compile(add_rms_norm, **kw),
+        qkv_split_rope=torch.compile(qkv_split_rope, **kw),
+        silu_mul=torch.compile(silu_mul, **kw),
+    )
 
 
 EAGER = Pieces()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Modules
 
 
@@ -356,18 +389,26 @@ class Block(nn.Module):
         slots: torch.Tensor,
         fns: Pieces,
     ) -> torch.Tensor:
-        """Attention sub-layer on the normalised input h [B, T, dim] → [B, T, dim]; writes the cache."""
+        """Attention sub-layer on the normalised input h [B, T, dim] → [B, T, dim]; writes the
+        cache."""
         a = self.args
         t = h.shape[1]
         q, k, v = fns.qkv_split_rope(
-            self.wqkv(h), cos, sin,
+            self.wqkv(h),
+            cos,
+            sin,
             None if self.q_norm is None else self.q_norm.weight,
             None if self.k_norm is None else self.k_norm.weight,
-            a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps,
+            a.n_heads,
+            a.n_kv_heads,
+            a.head_dim,
+            a.norm_eps,
         )
         k_cache.index_copy_(2, slots, k)
         v_cache.index_copy_(2, slots, v)
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5)
+        o = F.scaled_dot_product_attention(
+            q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5
+        )
         return self.wo(merge_heads(o, a.n_heads, t))
 
 
@@ -381,7 +422,9 @@ class Transformer(nn.Module):
         head: module [..., dim] → [..., vocab] logits.
     """
 
-    def __init__(self, args: ModelArgs, embed: nn.Module, blocks: list[Block], head: nn.Module) -> None:
+    def __init__(
+        self, args: ModelArgs, embed: nn.Module, blocks: list[Block], head: nn.Module
+    ) -> None:
         super().__init__()
         self.args = args
         self.embed = embed

@@ -2,14 +2,14 @@
 
 The semantics and the order follow transformers' ``generate`` (repetition penalty, then temperature,
 top-k, top-p, min-p; each filter keeps at least one token), so the same settings mean the same thing
-here and there. Everything runs as tensor operations with no host synchronisation, so it can sit inside a
-CUDA graph: the numeric values live in device tensors (:class:`SamplerState`) and can change between
-replays; which filters run is a static choice (:meth:`SamplingConfig.key`).
+here and there. Everything runs as tensor operations with no host synchronisation, so it can sit
+inside a CUDA graph: the numeric values live in device tensors (:class:`SamplerState`) and can
+change between replays; which filters run is a static choice (:meth:`SamplingConfig.key`).
 
-Sampling uses the exponential-race form of the categorical draw: ``argmax(p / E)`` with ``E ~ Exp(1)``
-i.i.d. picks token ``i`` with probability ``p_i``; it needs one random tensor and no host round trip. The
-random numbers come from torch's default generator of the logits' device, so ``seed`` makes runs
-reproducible (the same contract as transformers' ``set_seed``), graphs included.
+Sampling uses the exponential-race form of the categorical draw: ``argmax(p / E)`` with ``E ~
+Exp(1)`` i.i.d. picks token ``i`` with probability ``p_i``; it needs one random tensor and no host
+round trip. The random numbers come from torch's default generator of the logits' device, so
+``seed`` makes runs reproducible (the same contract as transformers' ``set_seed``), graphs included.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ class SamplingConfig:
         top_k: keep the k most likely tokens (0: off).
         top_p: keep the smallest most-likely set whose probability reaches top_p (1.0: off).
         min_p: drop tokens less likely than ``min_p`` times the most likely one (0: off).
-        repetition_penalty: divide positive / multiply negative logits of tokens already present in the
-            row (prompt and generated so far) by this (1.0: off); applies to greedy decoding too.
+        repetition_penalty: divide positive / multiply negative logits of tokens already present in
+            the row (prompt and generated so far) by this (1.0: off); applies to greedy decoding
+            too.
         seed: seed of torch's default generator, set at the start of generation (None: leave it).
     """
 
@@ -55,7 +56,9 @@ class SamplingConfig:
         if not 0 <= self.min_p <= 1:
             raise InvalidInput(f"min_p must be in [0, 1], got {self.min_p}")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise InvalidInput(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
+            raise InvalidInput(
+                f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -63,7 +66,8 @@ class SamplingConfig:
         return self.temperature == 0
 
     def key(self) -> tuple[bool, bool, bool, bool, bool]:
-        """The static structure of the computation: (greedy, top-k on, top-p on, min-p on, penalty on).
+        """The static structure of the computation: (greedy, top-k on, top-p on, min-p on, penalty
+        on).
 
         Two configs with the same key share a captured graph; only their values differ.
         """
@@ -77,11 +81,13 @@ class SamplingConfig:
         )
 
     @classmethod
-    def from_generation_config(cls, gen: Mapping[str, Any] | Any, seed: int | None = None) -> SamplingConfig:
+    def from_generation_config(
+        cls, gen: Mapping[str, Any] | Any, seed: int | None = None
+    ) -> SamplingConfig:
         """A model's recommended settings from its ``generation_config.json`` (dict or object).
 
-        ``do_sample`` false (or absent) gives greedy decoding; missing values keep the defaults above
-        (transformers' own defaults are temperature 1.0, top-k 50, top-p 1.0 when sampling).
+        ``do_sample`` false (or absent) gives greedy decoding; missing values keep the defaults
+        above (transformers' own defaults are temperature 1.0, top-k 50, top-p 1.0 when sampling).
         """
         g = gen if isinstance(gen, Mapping) else getattr(gen, "to_dict", lambda: vars(gen))()
         penalty = float(g.get("repetition_penalty") or 1.0)
@@ -123,7 +129,8 @@ class SamplerState:
 def apply_repetition_penalty(
     logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor
 ) -> torch.Tensor:
-    """Penalise tokens present in ``seen`` (bool [B, V]): positive logits ÷ penalty, negative × penalty."""
+    """Penalise tokens present in ``seen`` (bool [B, V]): positive logits ÷ penalty, negative ×
+    penalty."""
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalised, logits)
 
@@ -131,7 +138,8 @@ def apply_repetition_penalty(
 def filter_logits(
     logits: torch.Tensor, state: SamplerState, key: tuple[bool, bool, bool, bool, bool]
 ) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p filters: float32 [B, V] → [B, V] with −inf for dropped."""
+    """Temperature, then top-k, top-p and min-p filters: float32 [B, V] → [B, V] with −inf for
+    dropped."""
     _, use_k, use_p, use_min_p, _ = key
     logits = logits / state.temperature
     neg_inf = float("-inf")  # a scalar fill: no host-to-device copy inside a captured graph

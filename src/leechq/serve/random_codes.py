@@ -1,0 +1,260 @@
+"""Quantized models of real shapes with random codes, for benchmarks and tests (no download).
+
+Every 48-bit Tetra word is legal (layouts-kernels-recipe.md §2.5: bits 0–46 are a bijection onto
+2^47 lattice points), so uniformly random labels and gain bits make a valid Tetra matrix that
+streams and decodes exactly like a trained one. Scales are chosen so each weight has variance about
+``1/d_in`` (the block norm is ``c_g·σ_row``), keeping activations of a deep random model finite in
+fp16.
+
+:func:`random_quantized_model` builds the serving :class:`~leechq.serve.model.Transformer` with
+:class:`~leechq.nn.linear.LeechqLinear` projections (one rotation per block and activation, shared
+by q/k/v and by gate/up as in the quantizer's seeding), optionally int4 ``v_proj`` (the published
+recipe, layouts-kernels-recipe.md §5.2), and a dense embedding/head. Shapes of the benchmark models
+are in :data:`SHAPES`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
+from leechq.serve.build import TiedHead, dense_linear, finish_model, fuse_group
+from leechq.serve.model import Block, ModelArgs, Transformer
+
+LABEL_BITS = 47
+CENTROIDS = (0.85, 1.15)
+"""Gain levels (relative to σ_row) of the random matrices: two, ascending, as with one gain bit."""
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-14b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    # A small model of Qwen3's structure for correctness gates (the reference path is CPU-bound).
+    "qwen3-gate": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def model_args(shape: str | dict[str, Any]) -> ModelArgs:
+    """:class:`ModelArgs` of a named shape in :data:`SHAPES` (or of an HF config dict)."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise InvalidInput(f"unknown model shape {shape!r}; choices: {sorted(SHAPES)}")
+        shape = SHAPES[shape]
+    return ModelArgs.from_hf_config(shape)
+
+
+def random_tetra(
+    d_out: int, d_in: int, generator: torch.Generator, rotation: RotationTables | None = None
+) -> QuantizedWeight:
+    """A Tetra matrix with uniformly random labels and gain bits.
+
+    Args:
+        d_out, d_in: shape (``d_in >= 24``).
+        generator: CPU generator (determinism).
+        rotation: the input rotation tables (width ``d_in``) or None.
+
+    Returns:
+        A :class:`QuantizedWeight` whose weights have variance about ``1/d_in``.
+    """
+    nb, tail = d_in // BLOCK, d_in % BLOCK
+    labels = torch.randint(0, 1 << LABEL_BITS, (d_out, nb), generator=generator, dtype=torch.int64)
+    gains = torch.randint(0, 2, (d_out, nb), generator=generator, dtype=torch.uint8)
+    scale = math.sqrt(BLOCK / d_in)  # block norm c_g·σ ≈ sqrt(24/d_in) → per-weight variance 1/d_in
+    row_scales = torch.full((d_out,), scale, dtype=torch.float64)
+    row_scales *= 1 + 0.1 * torch.rand(d_out, generator=generator, dtype=torch.float64)
+    tail_w = torch.randn(d_out, tail, generator=generator) * d_in**-0.5
+    return QuantizedWeight(
+        codebook="tetra",
+        d_out=d_out,
+        d_in=d_in,
+        labels=labels,
+        gains=gains,
+        row_scales=row_scales,
+        centroids=torch.tensor(CENTROIDS, dtype=torch.float64),
+        tail=tail_w.float(),
+        rotation=rotation,
+    )
+
+
+def random_int4(d_out: int, d_in: int, generator: torch.Generator, group: int = 128) -> Int4Weight:
+    """An int4 g128 matrix with random codes; weights roughly uniform with variance about
+    ``1/d_in``."""
+    q = torch.randint(0, 256, (d_out, d_in // 2), generator=generator, dtype=torch.uint8)
+    groups = -(-d_in // group)
+    step = math.sqrt(12.0 / d_in) / 15.0  # 16 levels spanning ±sqrt(3/d_in)
+    scales = torch.full((d_out, groups), step, dtype=torch.float16)
+    biases = torch.full((d_out, groups), -7.5 * step, dtype=torch.float16)
+    return Int4Weight(d_out=d_out, d_in=d_in, qweight=q, scales=scales, biases=biases, group=group)
+
+
+def _leechq_linear(record: QuantizedWeight | Int4Weight) -> nn.Module:
+    from leechq.nn.linear import LeechqLinear
+
+    return LeechqLinear.from_record(record)
+
+
+def random_quantized_model(
+    args: ModelArgs,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float16,
+    seed: int = 0,
+    int4_v: bool = False,
+    prefer: str = "auto",
+    rotate: bool = True,
+    head_kind: str = "dense",
+    portable: bool = False,
+) -> Transformer:
+    """A serving model of ``args``' shape whose projections are random Tetra matrices.
+
+    Args:
+        args: the shape.
+        device: where the model runs (the fused kernels need CUDA).
+        dtype: activation dtype.
+        seed: makes the codes (and the dense embedding/head/norms) reproducible.
+        int4_v: v_proj as int4 g128 instead of Tetra (the published recipe).
+        prefer: passed to ``LeechqLinear.finalize`` ("auto", "reference" or "fused").
+        rotate: give every lattice matrix its (block, activation) rotation.
+        head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
+        portable: draw the dense embedding/head on the CPU so the same seed gives the same model on
+            every device (slower for big vocabularies).
+
+    Returns:
+        The :class:`Transformer` (eval mode) on ``device``.
+    """
+    from leechq.nn.replace import share_groups
+
+    g = torch.Generator().manual_seed(seed)
+    a = args
+    rots: dict[tuple[int, int], RotationTables] = {}
+
+    def rot(block: int, act: int, n: int) -> RotationTables | None:
+        if not rotate:
+            return None
+        key = (block, act)
+        if key not in rots:
+            rots[key] = generate_rotation(n, rotation_seed(block, act))
+        return rots[key]
+
+    blocks = []
+    for i in range(a.n_layers):
+        mods: dict[str, nn.Module] = {
+            "attn.q_proj": _leechq_linear(random_tetra(a.q_size, a.dim, g, rot(i, 0, a.dim))),
+            "attn.k_proj": _leechq_linear(random_tetra(a.kv_size, a.dim, g, rot(i, 0, a.dim))),
+            "attn.v_proj": _leechq_linear(
+                random_int4(a.kv_size, a.dim, g)
+                if int4_v
+                else random_tetra(a.kv_size, a.dim, g, rot(i, 0, a.dim))
+            ),
+            "attn.o_proj": _leechq_linear(random_tetra(a.dim, a.q_size, g, rot(i, 1, a.q_size))),
+            "mlp.gate_proj": _leechq_linear(
+                random_tetra(a.intermediate_size, a.dim, g, rot(i, 2, a.dim))
+            ),
+            "mlp.up_proj": _leechq_linear(
+                random_tetra(a.intermediate_size, a.dim, g, rot(i, 2, a.dim))
+            ),
+            "mlp.down_proj": _leechq_linear(
+                random_tetra(a.dim, a.intermediate_size, g, rot(i, 3, a.intermediate_size))
+            ),
+        }
+        for m in mods.values():
+            m.finalize(device, dtype, prefer=prefer)  # type: ignore[operator]
+        share_groups({f"layers.{i}.{k}": m for k, m in mods.items()})  # type: ignore[arg-type]
+        blocks.append(
+            Block(
+                a,
+                wqkv=fuse_group(
+                    [mods["attn.q_proj"], mods["attn.k_proj"], mods["attn.v_proj"]], dtype, device
+                ),
+                wo=fuse_group([mods["attn.o_proj"]], dtype, device),
+                w13=fuse_group([mods["mlp.gate_proj"], mods["mlp.up_proj"]], dtype, device),
+                w2=fuse_group([mods["mlp.down_proj"]], dtype, device),
+            )
+        )
+    # Dense parts: drawn on the CPU when `portable` (identical on every device: reference twins),
+    # else on the device (fast for large vocabularies).
+    gen_dev = "cpu" if portable else device
+    dg = torch.Generator(device=gen_dev).manual_seed(seed + 1)
+    embed = nn.Embedding(a.vocab_size, a.dim, device="meta")
+    w = torch.randn(a.vocab_size, a.dim, generator=dg, device=gen_dev, dtype=torch.float32)
+    embed.weight = nn.Parameter(w.to(device, dtype), requires_grad=False)
+    del w
+    head: nn.Module
+    if head_kind == "int4":
+        head = _leechq_linear(random_int4(a.vocab_size, a.dim, g))
+        head.finalize(device, dtype, prefer=prefer)  # type: ignore[operator]
+    elif head_kind != "dense":
+        raise InvalidInput(f"head_kind must be 'dense' or 'int4', got {head_kind!r}")
+    elif a.tie_word_embeddings:
+        head = TiedHead(embed)
+    else:
+        hw = torch.randn(a.vocab_size, a.dim, generator=dg, device=gen_dev) * a.dim**-0.5
+        head = dense_linear([hw], [None], dtype, device)
+    return finish_model(Transformer(a, embed, blocks, head), dtype, device)
+
+
+def execution_paths(model: Transformer) -> dict[str, int]:
+    """How many quantized modules run each path (``{"fused": n, "dense": m}``) — a fallback shows up
+    here, and its reason in the warnings ``LeechqLinear.finalize`` emitted."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        ex = getattr(m, "execution", None)
+        if ex is not None and hasattr(ex, "path"):
+            counts[ex.path] = counts.get(ex.path, 0) + 1
+    return counts
+
+
+def warn_if_reference(model: Transformer) -> None:
+    """Warn when some quantized module of ``model`` runs the dense reference path."""
+    counts = execution_paths(model)
+    if counts.get("dense"):
+        warnings.warn(
+            f"{counts['dense']} of {sum(counts.values())} quantized modules run the dense "
+            "reference path (see the ReferencePathWarning messages above for why)",
+            stacklevel=2,
+        )
