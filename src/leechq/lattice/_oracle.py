@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -23,8 +24,11 @@ from leechq.lattice.indexing import FORMAT_MAX_SHELL, decode_indices
 from leechq.lattice.leech import DIM
 
 
+@cache
 def shell2_points() -> np.ndarray:
     """All 196 560 points of Shell(2) (‖x‖² = 32), int32 [196560, 24], rows sorted ascending.
+
+    Cached and read-only.
 
     Built from the three shapes of §2.2, each derived from the membership rule:
     (±4)^2 anywhere (1 104); (±2)^8 on an octad with an even number of minus signs (97 152);
@@ -55,8 +59,9 @@ def shell2_points() -> np.ndarray:
             x[i] = 3 if word >> i & 1 else -3
             rows.append(x)
     points = np.array(rows, dtype=np.int32)
-    order = np.lexsort(points.T[::-1])
-    return points[order]
+    points = points[np.lexsort(points.T[::-1])]
+    points.setflags(write=False)
+    return points
 
 
 def shell_points(m: int, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
