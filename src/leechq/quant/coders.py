@@ -3,10 +3,10 @@
 A coder turns ``v`` (float64 [rows, 24], the current error-compensated values of one 24-column group)
 into codes and the exact reconstruction the loop continues with (leech-core.md §5.5). Three kinds:
 
-* :class:`ShapeGainCoder` — the shipped rule (leech-core.md §4.6, §5.4): direction from a registered
-  codebook (``leechq.codebooks.get(name).encode``, one batched call per column group), gain by the
-  norm rule against per-matrix Lloyd–Max centroids fitted before the loop, reconstruction in the exact
-  f64 order of the decoder. Produces lattice codes.
+* :class:`ShapeGainCoder` — the shipped rule (leech-core.md §4.6, §5.4) through
+  :mod:`leechq.codebooks.shape_gain`: direction from a registered codebook (one batched
+  ``encode`` call per column group), gain by the norm rule against per-matrix Lloyd–Max centroids
+  fitted before the loop, reconstruction in the exact f64 order of the decoder. Produces lattice codes.
 * :class:`IdentityCoder` — returns ``v`` unchanged (the control of §5.5: must leave a layer unchanged).
 * :class:`ScalarRoundCoder` — a uniform scalar grid relative to the row scale; a codebook-free control
   for tests of the loop itself.
@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from leechq.codebooks import shape_gain
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 
@@ -146,50 +147,14 @@ class ShapeGainCoder:
 
     def fit(self, w_rot: torch.Tensor, row_scales: torch.Tensor) -> torch.Tensor:
         samples = block_gain_samples(w_rot, row_scales)
-        return _fit_centroids(samples, self.gain_bits, iters=self.iters)
+        if samples.numel() == 0:  # an all-zero matrix: every block codes to the origin anyway
+            return torch.ones(2**self.gain_bits, dtype=torch.float64)
+        return shape_gain.fit_centroids(samples, self.gain_bits, iterations=self.iters)
 
     def code(self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor) -> BlockCodes:
-        labels = self.codebook.encode(v)  # one batched call for every row of the column group
-        points = self.codebook.decode(labels).to(v.device)
-        norms = torch.sqrt((v * v).sum(dim=-1))
-        zero = norms == 0
-        gains = _choose_gain(norms, row_scales, centroids)
-        # §4.6 step 1: an all-zero block is (index 0, gain 0) and reconstructs to zeros.
-        labels = torch.where(zero, torch.zeros_like(labels), labels)
-        gains = torch.where(zero, torch.zeros_like(gains), gains)
-        points = torch.where(zero[:, None], torch.zeros_like(points), points)
-        values = _reconstruct(points, gains, row_scales, centroids)
+        # One batched codebook call for every row of the column group (§4.6 steps 1-3, 5); zero
+        # blocks come back as (label 0, gain 0, origin).
+        labels, gains, points = shape_gain.shape_gain_encode(v, row_scales, centroids, self.codebook)
+        # §4.6 step 4, in the decoder's exact f64 order.
+        values = shape_gain.reconstruct(points.to(v.device), gains.to(v.device), row_scales, centroids)
         return BlockCodes(labels=labels.to(torch.int64), gains=gains.to(torch.uint8), values=values)
-
-
-# TEMPORARY (until leechq.codebooks.shape_gain lands): §5.4 / §4.6 primitives.
-def _fit_centroids(samples: torch.Tensor, gain_bits: int, iters: int = 40) -> torch.Tensor:
-    k = 2**gain_bits
-    x = torch.sort(samples.to(torch.float64).cpu()).values
-    n = x.numel()
-    if n == 0:
-        return torch.ones(k, dtype=torch.float64)
-    c = torch.stack([x[((2 * j + 1) * n) // (2 * k)] for j in range(k)])
-    for _ in range(iters):
-        assign = torch.argmin((x[:, None] - c[None, :]).abs(), dim=1)
-        for j in range(k):
-            sel = x[assign == j]
-            if sel.numel():
-                c[j] = sel.mean()
-        c = torch.sort(c).values
-    return c
-
-
-def _choose_gain(norms: torch.Tensor, scales: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    rel = norms / safe
-    return torch.argmin((rel[:, None] - centroids.to(rel.device)[None, :]).abs(), dim=1).to(torch.uint8)
-
-
-def _reconstruct(points: torch.Tensor, gains: torch.Tensor, scales: torch.Tensor,
-                 centroids: torch.Tensor) -> torch.Tensor:
-    p = points.to(torch.float64)
-    n2 = (p * p).sum(dim=-1)
-    picked = centroids.to(p.device)[gains.long()] * scales
-    scale = torch.where(n2 > 0, picked / torch.sqrt(n2), torch.zeros_like(picked))
-    return p * scale[:, None]
