@@ -54,9 +54,9 @@ from typing import Any
 import torch
 
 from leechq.errors import KernelUnavailable
-from leechq.serve.build import from_hf_model, random_dense
+from leechq.serve.build import execution_paths, from_hf_model, random_dense
 from leechq.serve.generate import Engine
-from leechq.serve.random_codes import SHAPES, execution_paths, model_args, random_quantized_model
+from leechq.serve.random_codes import SHAPES, model_args, random_quantized_model
 
 GB = 1e9
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,10 +106,44 @@ def environment() -> dict[str, Any]:
     return env
 
 
+# The device everything runs on; ``--dry-run-cpu`` switches it to the CPU with tiny shapes so the
+# script's own code can be exercised without a GPU (no timing meaning then).
+DEVICE = torch.device("cuda")
+SHAPE_OVERRIDE: str | None = None
+PREFER = "fused"  # quantized arms must run the fused kernels ("auto" in a CPU dry run)
+
+
+def on_cuda() -> bool:
+    return DEVICE.type == "cuda"
+
+
+def sync() -> None:
+    if on_cuda():
+        torch.cuda.synchronize()
+
+
 def free() -> None:
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if on_cuda():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def mem_allocated() -> int:
+    return torch.cuda.memory_allocated() if on_cuda() else 0
+
+
+def reset_peak() -> None:
+    if on_cuda():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    return round(torch.cuda.max_memory_allocated() / GB, 3) if on_cuda() else 0.0
+
+
+def shape(name: str) -> str:
+    return SHAPE_OVERRIDE or name
 
 
 def module_bytes(m: torch.nn.Module | None) -> int:
@@ -123,7 +157,7 @@ def module_bytes(m: torch.nn.Module | None) -> int:
         plan = getattr(sub, "_fused", None)
         tensors.extend(getattr(plan, "tensors", {}).values())
     for t in tensors:
-        if t.device.type == "cuda" and t.data_ptr() not in seen:
+        if t.device == DEVICE and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
@@ -164,14 +198,14 @@ def margin_at(engine: Engine, prompt: list[int], tokens: list[int], pos: int) ->
     return float(top[0] - top[1])
 
 
-def run_gates(n_tokens: int, compile_pieces: bool) -> dict[str, Any]:
+def run_gates(n_tokens: int, compile_pieces: bool, graphs: bool) -> dict[str, Any]:
     """Fused vs reference (GPU and CPU) and graph vs eager, on the small gate model."""
-    out: dict[str, Any] = {"model": "qwen3-gate", "tokens": n_tokens}
-    args = model_args("qwen3-gate")
-    dev = torch.device("cuda")
+    out: dict[str, Any] = {"model": shape("qwen3-gate"), "tokens": n_tokens}
+    args = model_args(shape("qwen3-gate"))
+    dev = DEVICE
     try:
         fused = random_quantized_model(
-            args, dev, torch.float16, seed=11, prefer="fused", portable=True
+            args, dev, torch.float16, seed=11, prefer=PREFER, portable=True
         )
     except KernelUnavailable as exc:
         out["status"] = f"skipped: no fused kernel ({exc})"
@@ -227,7 +261,7 @@ def run_gates(n_tokens: int, compile_pieces: bool) -> dict[str, Any]:
 
     # 2. greedy tokens: fused (graphs) vs reference GPU and CPU; graph vs eager of the same engine.
     prompt = prompts[0]
-    e_graph = Engine(fused, graphs=True, compile=compile_pieces)
+    e_graph = Engine(fused, graphs=graphs, compile=compile_pieces)
     e_eager = Engine(fused, graphs=False, compile=compile_pieces)
     e_ref = Engine(ref_gpu, graphs=False, compile=False)
     e_cpu = Engine(ref_cpu)
@@ -266,7 +300,7 @@ def time_engine(
     prompts = random_prompts(batch, prompt_len, vocab, seed=batch)
     engine.release()
     free()
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     engine.generate_ids(prompts, new_tokens)  # warm-up: compile, capture
     runs = [engine.generate_ids(prompts, new_tokens) for _ in range(repeats)]
     tok = [r.decode_tok_s for r in runs]
@@ -279,7 +313,7 @@ def time_engine(
         "ms_per_step": round(1000 * statistics.median(r.decode_s / r.steps for r in runs), 4),
         "prefill_ms": round(1000 * statistics.median(r.prefill_s for r in runs), 2),
         "kv_cache_gb": round(engine.cache_bytes() / GB, 4),
-        "peak_vram_gb": round(torch.cuda.max_memory_allocated() / GB, 3),
+        "peak_vram_gb": peak_gb(),
     }
     engine.release()
     return res
@@ -297,12 +331,12 @@ def profile_step(model: Any, compile_pieces: bool, prompt_len: int) -> dict[str,
     sess = engine.session(1, 0)
     step = engine._make_step(sess, (True, False, False, False, False))
     step()
-    torch.cuda.synchronize()
+    sync()
     n = 4
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             step()
-        torch.cuda.synchronize()
+        sync()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy_us = sum(e.time_range.elapsed_us() for e in kernels)
     engine.release()
@@ -313,10 +347,10 @@ def profile_step(model: Any, compile_pieces: bool, prompt_len: int) -> dict[str,
 
 
 def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
-    args = model_args(name)
-    dev = torch.device("cuda")
+    args = model_args(shape(name))
+    dev = DEVICE
     free()
-    before = torch.cuda.memory_allocated()
+    before = mem_allocated()
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     if arm == "fp16":
@@ -330,7 +364,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 dev,
                 torch.float16,
                 seed=0,
-                prefer="fused",
+                prefer=PREFER,
                 int4_v=q4,
                 head_kind="int4" if q4 else "dense",
             )
@@ -339,7 +373,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
         raise ValueError(arm)
     free()
     info["build_s"] = round(time.perf_counter() - t0, 1)
-    info["weights_gb"] = round((torch.cuda.memory_allocated() - before) / GB, 3)
+    info["weights_gb"] = round((mem_allocated() - before) / GB, 3)
     info["embed_head_gb"] = round((module_bytes(model.embed) + module_bytes(model.head)) / GB, 3)
     return model, info
 
@@ -347,12 +381,13 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
 def build_hf(name: str) -> Any:
     import transformers
 
-    cfg_dict = {k: v for k, v in SHAPES[name].items() if k != "model_type"}
-    cfg = transformers.AutoConfig.for_model(SHAPES[name]["model_type"], **cfg_dict)
+    spec = SHAPES[shape(name)]
+    cfg_dict = {k: v for k, v in spec.items() if k != "model_type"}
+    cfg = transformers.AutoConfig.for_model(spec["model_type"], **cfg_dict)
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float16)
     try:
-        with torch.device("cuda"):
+        with DEVICE:
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     finally:
         torch.set_default_dtype(old)
@@ -364,25 +399,25 @@ def time_hf(
     model: Any, batch: int, prompt_len: int, new_tokens: int, repeats: int
 ) -> dict[str, Any]:
     vocab = model.config.vocab_size
-    ids = torch.tensor(random_prompts(batch, prompt_len, vocab, seed=batch), device="cuda")
+    ids = torch.tensor(random_prompts(batch, prompt_len, vocab, seed=batch), device=DEVICE)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, eos_token_id=None)
     model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
     free()
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     t = statistics.median(times)
     return {
         "tok_s": round(batch * new_tokens / t, 2),
         "e2e_tok_s": round(batch * new_tokens / t, 2),
         "ms_per_step": round(1000 * t / new_tokens, 3),
-        "peak_vram_gb": round(torch.cuda.max_memory_allocated() / GB, 3),
+        "peak_vram_gb": peak_gb(),
     }
 
 
@@ -447,10 +482,10 @@ def bench_model(
         free()
     if "hf-fp16" in arms:
         log(f"{name} hf-fp16: building")
-        before = torch.cuda.memory_allocated()
+        before = mem_allocated()
         model = build_hf(name)
         free()
-        weights = round((torch.cuda.memory_allocated() - before) / GB, 3)
+        weights = round((mem_allocated() - before) / GB, 3)
         for b in hf_batches:
             r = time_hf(model, b, a.prompt_len, a.hf_new_tokens, 1)
             results.append(
@@ -480,16 +515,16 @@ def bench_artifact(
     fp16_tok: dict[int, float] = {}
     for arm, prefer in (("fp16-dense", "reference"), ("leechq", "fused")):
         free()
-        before = torch.cuda.memory_allocated()
+        before = mem_allocated()
         try:
-            hf, _ = load(path, "cuda", torch.float16, prefer=prefer, tokenizer=False)
+            hf, _ = load(path, DEVICE, torch.float16, prefer=prefer, tokenizer=False)
         except KernelUnavailable as exc:
             results.append({"model": name, "arm": arm, "skipped": f"KernelUnavailable: {exc}"})
             continue
-        model = from_hf_model(hf, torch.float16, "cuda")
+        model = from_hf_model(hf, torch.float16, DEVICE)
         del hf
         free()
-        weights = round((torch.cuda.memory_allocated() - before) / GB, 3)
+        weights = round((mem_allocated() - before) / GB, 3)
         engine = Engine(model, graphs=not a.no_graphs, compile=not a.no_compile)
         for b in batches:
             r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
@@ -531,6 +566,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--skip-gates", action="store_true")
     p.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="exercise the script on the CPU with a tiny shape (no GPU; numbers meaningless)",
+    )
+    p.add_argument(
         "--out", default=None, help="result path (default benchmarks/results/e2e-<date>.json)"
     )
     a = p.parse_args()
@@ -542,6 +582,10 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     a = parse()
+    global DEVICE, SHAPE_OVERRIDE, PREFER
+    if a.dry_run_cpu:
+        DEVICE, SHAPE_OVERRIDE, PREFER = torch.device("cpu"), "qwen3-tiny", "auto"
+        a.no_graphs, a.no_compile, a.profile = True, True, False
     env = environment()
     record: dict[str, Any] = {
         "bench": "e2e",
@@ -560,7 +604,7 @@ def main() -> int:
             "tok_s": "decode tokens/s summed over the batch",
         },
     }
-    if not torch.cuda.is_available():
+    if on_cuda() and not torch.cuda.is_available():
         record["error"] = "CUDA is not available: this benchmark needs an NVIDIA GPU"
         print(json.dumps(record))
         return 2
@@ -570,7 +614,7 @@ def main() -> int:
     t_start = time.perf_counter()
     try:
         if not a.skip_gates:
-            record["gates"] = run_gates(a.gate_tokens, not a.no_compile)
+            record["gates"] = run_gates(a.gate_tokens, not a.no_compile, not a.no_graphs)
             free()
         gate_failed = record.get("gates", {}).get("status") == "FAIL"
         if gate_failed:

@@ -13,6 +13,7 @@ Fusing by rows is exact: the rows of the fused output are the rows of the member
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -289,3 +290,30 @@ def finish_model(model: Transformer, dtype: torch.dtype, device: torch.device | 
             mod.weight = nn.Parameter(mod.weight.detach().to(device, dtype), requires_grad=False)
     model.inv_freq = model.inv_freq.to(device)
     return model.eval()
+
+
+def execution_paths(model: nn.Module) -> dict[str, int]:
+    """How many quantized modules run each path, e.g. ``{"fused": 250, "dense": 2}``.
+
+    A module counts when it reports an ``execution`` with a ``path`` (``LeechqLinear`` after
+    ``finalize``); dense modules of the fp16 arm do not count.
+    """
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        path = getattr(getattr(m, "execution", None), "path", None)
+        if isinstance(path, str):
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+def warn_if_reference(model: nn.Module, device: torch.device) -> None:
+    """Warn when quantized modules of a model on an accelerator run the dense reference path (each
+    module's own ``ReferencePathWarning`` at finalize said why)."""
+    counts = execution_paths(model)
+    if device.type != "cpu" and counts.get("dense"):
+        warnings.warn(
+            f"{counts['dense']} of {sum(counts.values())} quantized modules on {device} run the "
+            "dense reference path (no fused kernel for them on this device; see the "
+            "ReferencePathWarning raised when they were finalized): expect fp16 speed and memory",
+            stacklevel=3,
+        )

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from leechq.errors import InvalidInput
+from leechq.serve.build import from_hf_model, warn_if_reference
 from leechq.serve.cache import KVCache, round_slots
 from leechq.serve.graphs import CapturedStep, graph_pool
 from leechq.serve.model import EAGER, Pieces, Transformer
@@ -131,6 +132,7 @@ class Engine:
         self.fns: Pieces = Pieces.compiled() if use_compile else EAGER
         self.check_every = max(1, check_every)
         self.dtype = self._activation_dtype()
+        warn_if_reference(model, model.device)
         self._sessions: dict[int, _Session] = {}
         self._pool = graph_pool() if self.use_graphs else None
 
@@ -355,8 +357,6 @@ def engine_for(model: Any, **engine_kwargs: Any) -> Engine:
     if eng is None:
         serving = model
         if not isinstance(model, Transformer):
-            from leechq.serve.build import from_hf_model
-
             serving = from_hf_model(model)
         eng = Engine(serving, **engine_kwargs)
         _ENGINES[model] = eng

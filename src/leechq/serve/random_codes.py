@@ -16,7 +16,6 @@ are in :data:`SHAPES`.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -60,6 +59,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0,
         rms_norm_eps=1e-6,
         max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    # A tiny one for tests and dry runs.
+    "qwen3-tiny": dict(
+        model_type="qwen3",
+        vocab_size=512,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
         tie_word_embeddings=False,
     ),
     # A small model of Qwen3's structure for correctness gates (the reference path is CPU-bound).
@@ -236,25 +250,3 @@ def random_quantized_model(
         hw = torch.randn(a.vocab_size, a.dim, generator=dg, device=gen_dev) * a.dim**-0.5
         head = dense_linear([hw], [None], dtype, device)
     return finish_model(Transformer(a, embed, blocks, head), dtype, device)
-
-
-def execution_paths(model: Transformer) -> dict[str, int]:
-    """How many quantized modules run each path (``{"fused": n, "dense": m}``) — a fallback shows up
-    here, and its reason in the warnings ``LeechqLinear.finalize`` emitted."""
-    counts: dict[str, int] = {}
-    for m in model.modules():
-        ex = getattr(m, "execution", None)
-        if ex is not None and hasattr(ex, "path"):
-            counts[ex.path] = counts.get(ex.path, 0) + 1
-    return counts
-
-
-def warn_if_reference(model: Transformer) -> None:
-    """Warn when some quantized module of ``model`` runs the dense reference path."""
-    counts = execution_paths(model)
-    if counts.get("dense"):
-        warnings.warn(
-            f"{counts['dense']} of {sum(counts.values())} quantized modules run the dense "
-            "reference path (see the ReferencePathWarning messages above for why)",
-            stacklevel=2,
-        )

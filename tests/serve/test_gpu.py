@@ -1,0 +1,116 @@
+"""GPU tier of the serving loop: graphs vs eager, compiled vs eager, GPU vs CPU, fused vs reference.
+
+Run on a CUDA machine: ``PYTHONPATH=src python -m pytest tests/serve/test_gpu.py -m gpu -q``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from leechq.errors import KernelUnavailable
+from leechq.serve.build import execution_paths, from_hf_model
+from leechq.serve.cache import KVCache
+from leechq.serve.generate import Engine
+from leechq.serve.model import EAGER, ModelArgs, Pieces
+from leechq.serve.random_codes import random_quantized_model
+from leechq.serve.sampling import SamplingConfig
+
+from .conftest import tiny_hf_model
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[5, 9, 13, 2, 77, 31, 4], [8, 8, 1], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
+
+
+def _cuda_model(arch: str = "qwen3", dtype: torch.dtype = torch.float16) -> Any:
+    pytest.importorskip("transformers")
+    return from_hf_model(tiny_hf_model(arch), dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_graph_tokens_equal_eager_tokens(arch: str) -> None:
+    model = _cuda_model(arch)
+    graph = Engine(model, graphs=True, compile=True).generate_ids(PROMPTS, 48).tokens
+    eager = Engine(model, graphs=False, compile=True).generate_ids(PROMPTS, 48).tokens
+    assert graph == eager
+    assert all(len(t) == 48 for t in graph)
+
+
+def test_sampled_graph_equals_sampled_eager() -> None:
+    model = _cuda_model()
+    cfg = SamplingConfig(temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.1, seed=7)
+    g = Engine(model, graphs=True, compile=True)
+    a, b = g.generate_ids(PROMPTS, 40, cfg).tokens, g.generate_ids(PROMPTS, 40, cfg).tokens
+    eager = Engine(model, graphs=False, compile=True).generate_ids(PROMPTS, 40, cfg).tokens
+    assert a == b == eager
+
+
+def test_compiled_pieces_match_eager_pieces() -> None:
+    model = _cuda_model()
+    tokens = torch.tensor([PROMPTS[2]], device="cuda")
+    out = []
+    for fns in (EAGER, Pieces.compiled()):
+        cache = KVCache(model.args, 1, 64, torch.float16, "cuda")
+        slots = torch.arange(tokens.shape[1], device="cuda")
+        pad = torch.zeros(1, dtype=torch.int64, device="cuda")
+        out.append(model(tokens, slots, pad, cache.k, cache.v, last_only=False, fns=fns))
+    err = (out[0] - out[1]).abs().max().item()
+    assert err <= 1e-2 * out[0].abs().max().item(), err
+
+
+def test_gpu_greedy_equals_cpu_greedy_float32() -> None:
+    pytest.importorskip("transformers")
+    hf = tiny_hf_model("llama")
+    cpu = Engine(from_hf_model(hf)).generate_ids(PROMPTS, 32).tokens
+    gpu = Engine(from_hf_model(hf, dtype=torch.float32, device="cuda")).generate_ids(PROMPTS, 32)
+    assert gpu.tokens == cpu
+
+
+def test_decode_step_never_syncs() -> None:
+    model = _cuda_model()
+    engine = Engine(model, graphs=False, compile=True)
+    cfg = SamplingConfig(temperature=1.0, top_k=10, top_p=0.9, min_p=0.01, repetition_penalty=1.2)
+    engine.generate_ids(PROMPTS, 4, cfg)  # compile and allocate outside the checked region
+    sess = engine.session(len(PROMPTS), 0)
+    step = engine._make_step(sess, cfg.key())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _tiny_quantized(prefer: str, device: str, dtype: torch.dtype) -> Any:
+    args = ModelArgs(
+        arch="qwen3", vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+        intermediate_size=512, qk_norm=True,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return random_quantized_model(args, device, dtype, seed=3, prefer=prefer, portable=True)
+
+
+def test_fused_logits_match_reference_logits() -> None:
+    try:
+        fused = _tiny_quantized("fused", "cuda", torch.float16)
+    except KernelUnavailable as exc:
+        pytest.skip(f"no fused kernel on this device: {exc}")
+    assert execution_paths(fused) == {"fused": 14}
+    ref = _tiny_quantized("reference", "cuda", torch.float16)
+    tokens = torch.tensor([PROMPTS[0]], device="cuda")
+    out = []
+    for m in (fused, ref):
+        cache = KVCache(m.args, 1, 64, torch.float16, "cuda")
+        slots = torch.arange(tokens.shape[1], device="cuda")
+        pad = torch.zeros(1, dtype=torch.int64, device="cuda")
+        out.append(m(tokens, slots, pad, cache.k, cache.v, last_only=False))
+    err = (out[0] - out[1]).abs().max().item()
+    assert err <= 2e-2 * out[1].abs().max().item(), err
+    g_fused = Engine(fused).generate_ids([PROMPTS[0]], 32).tokens[0]
+    g_ref = Engine(ref, graphs=False, compile=False).generate_ids([PROMPTS[0]], 32).tokens[0]
+    assert g_fused == g_ref
