@@ -2,8 +2,10 @@
 
 Implements the configuration side of leech-core.md §5.1 (the recipe table) and pitfall P4 ("name and
 log the resolved configuration") / P14 (record the full resolved configuration in the artifact).
-:class:`QuantConfig` is a frozen dataclass: what a run does is exactly what ``to_dict()`` says, and a
-resumed run refuses to continue under a configuration whose :meth:`QuantConfig.digest` differs (P12).
+:class:`QuantConfig` is a frozen dataclass: what a run does is exactly what ``to_dict()`` says, and
+a
+resumed run refuses to continue under a configuration whose :meth:`QuantConfig.digest` differs
+(P12).
 
 This module is importable without torch (``import leechq.config`` stays lean).
 """
@@ -19,7 +21,8 @@ from typing import Any
 from leechq.errors import IncompatibleVersion, InvalidInput
 
 SCHEMA_VERSION = 1
-"""Version of the serialized :class:`QuantConfig` (and of the artifact's ``quantization_config``)."""
+"""Version of the serialized :class:`QuantConfig` (and of the artifact's
+``quantization_config``)."""
 
 BASE_ROTATION_SEED = 0x110FEED
 """Base seed of the incoherence rotation (leech-core.md §5.3); effective seeds are derived per
@@ -30,6 +33,9 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 HESSIAN_DTYPES = ("float32", "float64")
 RAW_ENCODINGS = ("keep", "int8", "int4")
+CONTROL_CODEBOOKS = ("identity", "scalar-round")
+"""Codebook names that select a control quantizer (leech-core.md §5.5 controls); they write no
+artifact."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class QuantConfig:
 
     Attributes:
         codebook: direction codebook name in :mod:`leechq.codebooks` ("ball" or "tetra").
-        gain_bits: gain bits per 24-block (0, 1 or 2): ``2**gain_bits`` per-matrix centroids relative
+        gain_bits: gain bits per 24-block (0, 1 or 2): ``2**gain_bits`` per-matrix centroids
+        relative
             to the frozen row scale (leech-core.md §4.6, §5.4). 0 bits is one constant per matrix.
         centroid_iters: Lloyd–Max iterations for the gain centroids (40 in the reference).
         damping: relative Hessian damping λ: ``H + λ·mean(diag H)·I`` (leech-core.md §5.2).
@@ -52,13 +59,17 @@ class QuantConfig:
             "refuse" (a ragged width is an error).
         device: "auto" (CUDA when present, else CPU), "cpu" or "cuda".
         dtype: compute dtype of the blocks during calibration ("float32" in the reference).
-        hessian_dtype: accumulation dtype of the Hessians ("float32" on the device in the reference).
-        int4_modules: module-name suffixes (e.g. "self_attn.v_proj") kept as int4 g128 instead of the
-            lattice (layouts-kernels-recipe.md §5.2); may be qualified by layer as "layers.12.mlp.down_proj".
+        hessian_dtype: accumulation dtype of the Hessians ("float32" on the device in the
+        reference).
+        int4_modules: module-name suffixes (e.g. "self_attn.v_proj") kept as int4 g128 instead of
+        the
+            lattice (layouts-kernels-recipe.md §5.2); may be qualified by layer as
+            "layers.12.mlp.down_proj".
         int4_group: int4 group size along the row.
         int4_gptq: GPTQ-compensate int4 matrices (False = round-to-nearest of the original tensor,
             as the published recipe does).
-        embedding_encoding: "keep" (as stored in the checkpoint), "int8" or "int4" group-affine for the
+        embedding_encoding: "keep" (as stored in the checkpoint), "int8" or "int4" group-affine for
+        the
             token embedding and an untied head (layouts-kernels-recipe.md §5.5).
         embedding_group: group size of the group-affine embedding encoding.
         calibration: free-form provenance of the calibration text (dataset, revision, split).
@@ -96,7 +107,10 @@ class QuantConfig:
         checks: list[tuple[bool, str]] = [
             (isinstance(self.codebook, str) and bool(self.codebook), "codebook must be a name"),
             (self.gain_bits in (0, 1, 2), f"gain_bits must be 0, 1 or 2, got {self.gain_bits!r}"),
-            (_is_int(self.centroid_iters) and self.centroid_iters >= 0, "centroid_iters must be >= 0"),
+            (
+                _is_int(self.centroid_iters) and self.centroid_iters >= 0,
+                "centroid_iters must be >= 0",
+            ),
             (
                 isinstance(self.damping, (int, float)) and 0.0 < float(self.damping) < 1.0,
                 f"damping must be in (0, 1), got {self.damping!r}",
@@ -108,21 +122,35 @@ class QuantConfig:
             ),
             (isinstance(self.error_feedback, bool), "error_feedback must be a bool"),
             (_is_int(self.calib_windows) and self.calib_windows >= 1, "calib_windows must be >= 1"),
-            (_is_int(self.calib_window_len) and self.calib_window_len >= 2, "calib_window_len must be >= 2"),
+            (
+                _is_int(self.calib_window_len) and self.calib_window_len >= 2,
+                "calib_window_len must be >= 2",
+            ),
             (_is_int(self.calib_batch) and self.calib_batch >= 1, "calib_batch must be >= 1"),
             (self.tail_policy in TAIL_POLICIES, f"tail_policy must be one of {TAIL_POLICIES}"),
             (self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}"),
             (self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}"),
-            (self.hessian_dtype in HESSIAN_DTYPES, f"hessian_dtype must be one of {HESSIAN_DTYPES}"),
+            (
+                self.hessian_dtype in HESSIAN_DTYPES,
+                f"hessian_dtype must be one of {HESSIAN_DTYPES}",
+            ),
             (
                 all(isinstance(m, str) and m for m in self.int4_modules),
                 "int4_modules must be non-empty strings",
             ),
-            (_is_int(self.int4_group) and self.int4_group >= 2 and self.int4_group % 2 == 0,
-             "int4_group must be an even integer >= 2"),
+            (
+                _is_int(self.int4_group) and self.int4_group >= 2 and self.int4_group % 2 == 0,
+                "int4_group must be an even integer >= 2",
+            ),
             (isinstance(self.int4_gptq, bool), "int4_gptq must be a bool"),
-            (self.embedding_encoding in RAW_ENCODINGS, f"embedding_encoding must be one of {RAW_ENCODINGS}"),
-            (_is_int(self.embedding_group) and self.embedding_group >= 2, "embedding_group must be >= 2"),
+            (
+                self.embedding_encoding in RAW_ENCODINGS,
+                f"embedding_encoding must be one of {RAW_ENCODINGS}",
+            ),
+            (
+                _is_int(self.embedding_group) and self.embedding_group >= 2,
+                "embedding_group must be >= 2",
+            ),
             (isinstance(self.calibration, str), "calibration must be a string"),
         ]
         for ok, message in checks:
@@ -171,7 +199,8 @@ class QuantConfig:
         return dataclasses.replace(self, **changes)
 
     def digest(self) -> str:
-        """sha256 (hex) of the canonical JSON of :meth:`to_dict`: the identity of a configuration."""
+        """sha256 (hex) of the canonical JSON of :meth:`to_dict`: the identity of a
+        configuration."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -179,12 +208,22 @@ class QuantConfig:
         """One line naming the resolved recipe, for logs (P4: never a hard-coded string)."""
         rot = f"rotation seed {self.rotation_seed:#x}" if self.rotate else "no rotation"
         fb = "GPTQ error feedback" if self.error_feedback else "plain rounding (no feedback)"
-        int4 = f", int4 g{self.int4_group} for {list(self.int4_modules)}" if self.int4_modules else ""
+        int4 = (
+            f", int4 g{self.int4_group} for {list(self.int4_modules)}" if self.int4_modules else ""
+        )
+        if self.codebook in CONTROL_CODEBOOKS:
+            code = f"CONTROL coder {self.codebook!r} (no lattice codes, gain bits unused)"
+        else:
+            code = (
+                f"codebook={self.codebook} + {self.gain_bits} gain bit(s) (norm rule, "
+                f"frozen row scales, {2**self.gain_bits} centroid(s)/matrix)"
+            )
         return (
-            f"codebook={self.codebook} + {self.gain_bits} gain bit(s) (norm rule, frozen row scales, "
-            f"{2**self.gain_bits} centroid(s)/matrix), {rot}, {fb}, damping {self.damping:g}·mean(diag H), "
-            f"tail {self.tail_policy}, calibration {self.calib_windows}×{self.calib_window_len} tokens, "
-            f"compute {self.dtype}, Hessian {self.hessian_dtype}{int4}, embedding {self.embedding_encoding}"
+            f"{code}, {rot}, {fb}, damping {self.damping:g}·mean(diag H), "
+            f"tail {self.tail_policy}, "
+            f"calibration {self.calib_windows}×{self.calib_window_len} tokens, "
+            f"compute {self.dtype}, Hessian {self.hessian_dtype}{int4}, "
+            f"embedding {self.embedding_encoding}"
         )
 
 

@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
-from standin_codebook import register  # noqa: E402
+from standin_codebook import register
 
-from leechq.codebooks import names  # noqa: E402
-from leechq.config import QuantConfig  # noqa: E402
-from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput  # noqa: E402
-from leechq.formats.artifact import (  # noqa: E402
+from leechq.codebooks import names
+from leechq.config import QuantConfig
+from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
+from leechq.formats.artifact import (
     GroupAffine,
     artifact_report,
     block_bytes,
@@ -28,11 +28,13 @@ from leechq.formats.artifact import (  # noqa: E402
     unpack_codes,
     write_artifact,
 )
-from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight  # noqa: E402
-from leechq.formats.rotation import generate_rotation, rotation_seed  # noqa: E402
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import generate_rotation, rotation_seed
 
 
-@pytest.mark.parametrize("label_bits,gain_bits,nbytes", [(47, 1, 6), (47, 0, 6), (47, 2, 7), (24, 1, 4)])
+@pytest.mark.parametrize(
+    "label_bits,gain_bits,nbytes", [(47, 1, 6), (47, 0, 6), (47, 2, 7), (24, 1, 4)]
+)
 def test_pack_round_trip(label_bits: int, gain_bits: int, nbytes: int) -> None:
     g = torch.Generator().manual_seed(label_bits + gain_bits)
     labels = torch.randint(0, 2**label_bits, (5, 7), generator=g, dtype=torch.int64)
@@ -61,12 +63,15 @@ def test_47_plus_1_is_the_published_tetra_disk_stream() -> None:
     assert lab.tolist() == labels[0].tolist() and gai.tolist() == gains[0].tolist()
 
 
-def _lattice(codebook: str, label_bits: int, d_out: int, d_in: int, seed: int, rot_seed: int | None
-             ) -> QuantizedWeight:
+def _lattice(
+    codebook: str, label_bits: int, d_out: int, d_in: int, seed: int, rot_seed: int | None
+) -> QuantizedWeight:
     g = torch.Generator().manual_seed(seed)
     nb = d_in // 24
     return QuantizedWeight(
-        codebook=codebook, d_out=d_out, d_in=d_in,
+        codebook=codebook,
+        d_out=d_out,
+        d_in=d_in,
         labels=torch.randint(0, 2**label_bits, (d_out, nb), generator=g, dtype=torch.int64),
         gains=torch.randint(0, 2, (d_out, nb), generator=g).to(torch.uint8),
         row_scales=torch.rand(d_out, generator=g, dtype=torch.float64) + 0.1,
@@ -85,8 +90,12 @@ def _contents(codebook: str | None = None):  # type: ignore[no-untyped-def]
     s0, s2 = rotation_seed(0, 0), rotation_seed(0, 2)
     records = {
         "model.layers.0.self_attn.q_proj": _lattice(codebook, lb, 8, 48, 1, s0),
-        "model.layers.0.self_attn.k_proj": _lattice(codebook, lb, 4, 48, 2, s0),  # shares the rotation
-        "model.layers.0.mlp.up_proj": _lattice(codebook, lb, 6, 56, 3, s2),  # ragged: 8 tail columns
+        "model.layers.0.self_attn.k_proj": _lattice(
+            codebook, lb, 4, 48, 2, s0
+        ),  # shares the rotation
+        "model.layers.0.mlp.up_proj": _lattice(
+            codebook, lb, 6, 56, 3, s2
+        ),  # ragged: 8 tail columns
         "model.layers.0.mlp.down_proj": _lattice(codebook, lb, 4, 72, 4, None),
         "model.layers.0.self_attn.v_proj": Int4Weight.quantize(torch.randn(4, 48, generator=g)),
     }
@@ -108,9 +117,16 @@ def _write(tmp: Path, codebook: str | None = None, **kw) -> Path:  # type: ignor
         def save_pretrained(self, d: str) -> None:
             Path(d, "tokenizer.json").write_text('{"tiny": true}')
 
-    return write_artifact(tmp / "art", base_config={"model_type": "llama", "hidden_size": 48},
-                          quant_config=cfg, records=records, raw=raw, tokenizer=Tok(),
-                          tied={"model.shared.weight": "model.norm.weight"}, **kw)
+    return write_artifact(
+        tmp / "art",
+        base_config={"model_type": "llama", "hidden_size": 48},
+        quant_config=cfg,
+        records=records,
+        raw=raw,
+        tokenizer=Tok(),
+        tied={"model.shared.weight": "model.norm.weight"},
+        **kw,
+    )
 
 
 def _available_codebooks() -> list[str]:
@@ -125,10 +141,17 @@ def test_write_read_identity(tmp_path: Path, codebook: str) -> None:
     cfg, records, raw = _contents(codebook)
     path = _write(tmp_path, codebook)
     assert sorted(p.name for p in path.iterdir()) == [
-        "config.json", "leechq-manifest.json", "model.safetensors", "tokenizer.json"]
+        "config.json",
+        "leechq-manifest.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     art = read_artifact(path)
     assert art.quant_config == cfg
-    assert art.config["model_type"] == "llama" and art.config["quantization_config"]["quant_method"] == "leechq"
+    assert (
+        art.config["model_type"] == "llama"
+        and art.config["quantization_config"]["quant_method"] == "leechq"
+    )
     assert set(art.records) == set(records)
     for name, rec in records.items():
         got = art.records[name]
@@ -144,7 +167,9 @@ def test_write_read_identity(tmp_path: Path, codebook: str) -> None:
                 assert np.array_equal(got.rotation.small, rec.rotation.small)
     assert torch.equal(art.raw["model.norm.weight"], raw["model.norm.weight"])
     assert art.raw["model.norm.weight"].dtype == torch.bfloat16
-    assert torch.equal(art.raw_quant["lm_head.weight"].dequantize(), raw["lm_head.weight"].dequantize())
+    assert torch.equal(
+        art.raw_quant["lm_head.weight"].dequantize(), raw["lm_head.weight"].dequantize()
+    )
     dense = art.dense_state_dict()
     assert torch.equal(dense["model.shared.weight"], dense["model.norm.weight"])
     qc = art.quantization_config
@@ -152,7 +177,9 @@ def test_write_read_identity(tmp_path: Path, codebook: str) -> None:
     assert qc["records"]["model.layers.0.mlp.down_proj"]["rotation"] is None
     emb = raw["model.embed_tokens.weight"]
     assert isinstance(emb, GroupAffine)
-    assert (art.raw_quant["model.embed_tokens.weight"].dequantize() - emb.dequantize()).abs().max() == 0
+    assert (
+        art.raw_quant["model.embed_tokens.weight"].dequantize() - emb.dequantize()
+    ).abs().max() == 0
 
 
 def test_write_is_atomic_and_refuses_to_clobber(tmp_path: Path) -> None:
@@ -162,8 +189,10 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path: Path) -> None:
     cfg, records, raw = _contents()
     bad_raw = dict(raw)
     bad_raw["model.bad"] = torch.tensor([float("nan")])
-    with pytest.raises(InvalidInput, match="model.bad"):
-        write_artifact(tmp_path / "art2", base_config={}, quant_config=cfg, records=records, raw=bad_raw)
+    with pytest.raises(InvalidInput, match=r"model\.bad"):
+        write_artifact(
+            tmp_path / "art2", base_config={}, quant_config=cfg, records=records, raw=bad_raw
+        )
     assert not (tmp_path / "art2").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no partial directory left behind
     _write(tmp_path, overwrite=True)
@@ -171,7 +200,8 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path: Path) -> None:
 
 
 def _rewrite_tensors(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
-    """Apply ``edit`` to the tensors and refresh the manifest so that only the structure is wrong."""
+    """Apply ``edit`` to the tensors and refresh the manifest so that only the structure is
+    wrong."""
     f = path / "model.safetensors"
     tensors = load_file(str(f))
     edit(tensors)
@@ -201,10 +231,10 @@ def test_truncated_file(tmp_path: Path) -> None:
     f = path / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[:-100])
-    with pytest.raises(ArtifactError, match="model.safetensors.*truncated"):
+    with pytest.raises(ArtifactError, match=r"model\.safetensors.*truncated"):
         read_artifact(path)
     _refresh_manifest(path)  # even with a consistent manifest, the structure check catches it
-    with pytest.raises(ArtifactError, match="model.safetensors"):
+    with pytest.raises(ArtifactError, match=r"model\.safetensors"):
         read_artifact(path)
     f.write_bytes(data[:5])
     _refresh_manifest(path)
@@ -223,7 +253,7 @@ def test_flipped_byte_in_header_and_data(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="sha256"):
         read_artifact(path)
     _refresh_manifest(path)
-    with pytest.raises(ArtifactError, match="model.safetensors"):
+    with pytest.raises(ArtifactError, match=r"model\.safetensors"):
         read_artifact(path)
     body = bytearray(data)
     body[-3] ^= 0x01
@@ -243,7 +273,9 @@ def test_missing_tensor_wrong_dtype_wrong_shape_nan(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="dtype"):
         read_artifact(path)
     path = _write(tmp_path, overwrite=True)
-    _rewrite_tensors(path, lambda t: t.update({f"{q}.centroids": torch.ones(3, dtype=torch.float64)}))
+    _rewrite_tensors(
+        path, lambda t: t.update({f"{q}.centroids": torch.ones(3, dtype=torch.float64)})
+    )
     with pytest.raises(ArtifactError, match="shape"):
         read_artifact(path)
     path = _write(tmp_path, overwrite=True)
@@ -292,13 +324,24 @@ def test_accounting_rates_are_separate(tmp_path: Path) -> None:
     assert m["kernel_bits_per_weight"] == pytest.approx((2 * cb_bits + 32 * 8 + 32) / 56)
     assert m["stored_bits_per_weight"] == pytest.approx((2 * 32 + 64 + 32 * 8 + 64 * 2 / 6) / 56)
     v = rep["matrices"]["model.layers.0.self_attn.v_proj"]
-    assert v["kernel_bits_per_weight"] == pytest.approx(4 + 32 / 48)  # one short group of 48 per row
+    assert v["kernel_bits_per_weight"] == pytest.approx(
+        4 + 32 / 48
+    )  # one short group of 48 per row
     rates = rep["rates"]
     counts = rep["counts"]
     quantized = 8 * 48 + 4 * 48 + 6 * 56 + 4 * 72 + 4 * 48
     assert counts["quantized_weights"] == quantized
     assert counts["parameters"] == quantized + 480 + 48 + 8 + 480
-    assert rates["on_disk_bits_per_param"] == pytest.approx(8 * (path / "model.safetensors").stat().st_size
-                                                            / counts["parameters"])
-    assert len({rates["kernel_bits_per_weight"], rates["whole_model_bits_per_param"],
-                rates["on_disk_bits_per_param"]}) == 3
+    assert rates["on_disk_bits_per_param"] == pytest.approx(
+        8 * (path / "model.safetensors").stat().st_size / counts["parameters"]
+    )
+    assert (
+        len(
+            {
+                rates["kernel_bits_per_weight"],
+                rates["whole_model_bits_per_param"],
+                rates["on_disk_bits_per_param"],
+            }
+        )
+        == 3
+    )

@@ -1,7 +1,9 @@
 """A tiny stand-in direction codebook for pipeline tests (not a lattice codebook).
 
-Label = 24-bit sign pattern (bit i set ⇔ coordinate i negative); point = 2·sign. Its angular encoder is
-exact (the best ±1 direction for x is sign(x)), batched and cheap, so the GPTQ loop, the artifact and
+Label = 24-bit sign pattern (bit i set ⇔ coordinate i negative); point = 2·sign. Its angular
+encoder is
+exact (the best ±1 direction for x is sign(x)), batched and cheap, so the GPTQ loop, the artifact
+and
 the driver can be tested end to end without the Λ24 search. Registered once under ``standin-cube``.
 """
 

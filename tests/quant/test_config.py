@@ -19,7 +19,9 @@ def test_defaults_are_the_reference_recipe() -> None:
 
 
 def test_round_trip_through_json() -> None:
-    cfg = QuantConfig(codebook="tetra", gain_bits=2, int4_modules=("self_attn.v_proj",), calibration="c4 shard 1")
+    cfg = QuantConfig(
+        codebook="tetra", gain_bits=2, int4_modules=("self_attn.v_proj",), calibration="c4 shard 1"
+    )
     back = QuantConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg and back.digest() == cfg.digest()
     assert back.int4_modules == ("self_attn.v_proj",)
@@ -34,8 +36,17 @@ def test_digest_tracks_every_field() -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("gain_bits", 3), ("damping", 0.0), ("damping", -1.0), ("tail_policy", "pad"), ("device", "tpu"),
-     ("calib_windows", 0), ("rotation_seed", -1), ("rotate", 1), ("embedding_encoding", "int2")],
+    [
+        ("gain_bits", 3),
+        ("damping", 0.0),
+        ("damping", -1.0),
+        ("tail_policy", "pad"),
+        ("device", "tpu"),
+        ("calib_windows", 0),
+        ("rotation_seed", -1),
+        ("rotate", 1),
+        ("embedding_encoding", "int2"),
+    ],
 )
 def test_invalid_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(InvalidInput, match=field.split("_")[0]):

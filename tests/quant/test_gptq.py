@@ -1,6 +1,7 @@
 """Block GPTQ (leech-core.md §5.5): the reference controls and the format invariants.
 
-* an identity quantizer leaves a matrix unchanged bit for bit; with the rotation, up to f32 rounding;
+* an identity quantizer leaves a matrix unchanged bit for bit; with the rotation, up to f32
+  rounding;
 * the batched loop equals the serial per-row reference bit for bit;
 * the GPTQ proxy loss is below plain rounding with the same codebook;
 * reconstructed block magnitudes take at most 2^gain_bits values per (matrix, row scale) (P2);
@@ -28,7 +29,9 @@ def _problem(d_out: int, d_in: int, seed: int = 0) -> tuple[torch.Tensor, torch.
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(d_out, d_in, generator=g) * 0.05
     mix = torch.randn(d_in, d_in, generator=g, dtype=torch.float64) / d_in**0.5
-    x = torch.randn(4 * d_in, d_in, generator=g, dtype=torch.float64) @ (torch.eye(d_in, dtype=torch.float64) + 2 * mix)
+    x = torch.randn(4 * d_in, d_in, generator=g, dtype=torch.float64) @ (
+        torch.eye(d_in, dtype=torch.float64) + 2 * mix
+    )
     x[:, 3] *= 20.0  # an outlier channel, which the rotation spreads
     return w, x.T @ x / x.shape[0]
 
@@ -46,7 +49,9 @@ def test_identity_leaves_the_matrix_unchanged(d_in: int) -> None:
     assert torch.equal(res.dequantize(), w)
     rot = generate_rotation(d_in, rotation_seed(2, 1))
     res = gptq_quantize(w, prepare_factor(h, rot, 0.01), IdentityCoder(), rot)
-    assert torch.allclose(res.dequantize(), w, rtol=0, atol=4 * torch.finfo(torch.float32).eps * float(w.abs().max()))
+    assert torch.allclose(
+        res.dequantize(), w, rtol=0, atol=4 * torch.finfo(torch.float32).eps * float(w.abs().max())
+    )
 
 
 @pytest.mark.parametrize("coder_kind", ["scalar", "standin"])
@@ -54,7 +59,9 @@ def test_batched_equals_serial_bit_for_bit(coder_kind: str) -> None:
     w, h = _problem(12, 100, seed=1)
     rot = generate_rotation(100, rotation_seed(0, 0))
     u = prepare_factor(h, rot, 0.01)
-    coder = ScalarRoundCoder(0.7) if coder_kind == "scalar" else ShapeGainCoder(register(), gain_bits=1)
+    coder = (
+        ScalarRoundCoder(0.7) if coder_kind == "scalar" else ShapeGainCoder(register(), gain_bits=1)
+    )
     a = gptq_quantize(w, u, coder, rot)
     b = gptq_quantize_reference(w, u, coder, rot)
     assert torch.equal(a.weight_rot, b.weight_rot)
@@ -65,7 +72,9 @@ def test_batched_equals_serial_bit_for_bit(coder_kind: str) -> None:
 def test_gptq_beats_plain_rounding_on_the_proxy(coder_kind: str) -> None:
     w, h = _problem(24, 96, seed=2)
     rot = generate_rotation(96, 77)
-    coder = ScalarRoundCoder(1.0) if coder_kind == "scalar" else ShapeGainCoder(register(), gain_bits=1)
+    coder = (
+        ScalarRoundCoder(1.0) if coder_kind == "scalar" else ShapeGainCoder(register(), gain_bits=1)
+    )
     h_rot = rotate_hessian(h, rot)
     w_rot = _rotated(w, rot)
     fed = gptq_quantize(w, prepare_factor(h, rot, 0.01), coder, rot)
@@ -110,7 +119,8 @@ def test_record_decodes_to_the_evaluated_weights_and_tail_is_kept_exact() -> Non
 
 
 def test_one_block_update_is_the_obs_correction() -> None:
-    """-U_QQ⁻¹ U_QR = H_QR H_RR⁻¹ on the damped Hessian: the first block's update equals E·H_QR·H_RR⁻¹."""
+    """-U_QQ⁻¹ U_QR = H_QR H_RR⁻¹ on the damped Hessian: the first block's update equals
+    E·H_QR·H_RR⁻¹."""
     w, h = _problem(6, 72, seed=5)
     hd = damp(h, 0.01)
     u = inverse_cholesky_factor(hd)
@@ -119,13 +129,19 @@ def test_one_block_update_is_the_obs_correction() -> None:
     q0 = res.weight_rot[:, :24]
     err = trunc[:, :24] - q0
     want_rest = trunc[:, 24:] + err @ hd[:24, 24:] @ torch.linalg.inv(hd[24:, 24:])
-    # compare the state after block 0 only: rerun with the rest un-quantized (identity after block 0)
+
+    # compare the state after block 0 only: rerun with the rest un-quantized (identity after block
+    # 0)
     class FirstBlockOnly(ScalarRoundCoder):
         calls = 0
 
         def code(self, v, s, c):  # type: ignore[no-untyped-def]
             FirstBlockOnly.calls += 1
-            return super().code(v, s, c) if FirstBlockOnly.calls == 1 else IdentityCoder().code(v, s, c)
+            return (
+                super().code(v, s, c)
+                if FirstBlockOnly.calls == 1
+                else IdentityCoder().code(v, s, c)
+            )
 
     res1 = gptq_quantize(w, u, FirstBlockOnly(1.5))
     assert torch.equal(res1.weight_rot[:, :24], q0)
@@ -165,11 +181,14 @@ def test_zero_rows_code_to_the_origin() -> None:
     res = gptq_quantize(w, None, ShapeGainCoder(register(), 1))
     qw = res.to_quantized_weight()
     assert float(qw.row_scales[0]) == 0.0 and int(qw.labels[0].abs().sum()) == 0
-    assert torch.equal(qw.dequantize()[0], torch.zeros(48)) and torch.equal(qw.dequantize()[2], torch.zeros(48))
+    assert torch.equal(qw.dequantize()[0], torch.zeros(48)) and torch.equal(
+        qw.dequantize()[2], torch.zeros(48)
+    )
 
 
 def _real_codebooks() -> list[object]:
-    """Registered shipped codebooks; Tetra's encoder is slower per call, so its run is in the slow tier."""
+    """Registered shipped codebooks; Tetra's encoder is slower per call, so its run is in the slow
+    tier."""
     from leechq.codebooks import names
 
     out: list[object] = []
@@ -182,7 +201,8 @@ def _real_codebooks() -> list[object]:
 
 @pytest.mark.parametrize("codebook", _real_codebooks())
 def test_real_codebook_controls(codebook: str) -> None:
-    """The shipped codebooks through the whole loop: batched == serial, P2, and the record decodes to
+    """The shipped codebooks through the whole loop: batched == serial, P2, and the record decodes
+    to
     the loop's weights through the shared shape–gain reconstruction."""
     from leechq.codebooks import get, shape_gain
 
@@ -220,5 +240,7 @@ def test_real_codebook_record_dequantize_is_bit_exact(codebook: str) -> None:
     res = gptq_quantize(w, None, ShapeGainCoder(codebook, 1))
     qw = res.to_quantized_weight()
     if not torch.equal(qw.dequantize_rotated(), res.weight_rot):
-        pytest.xfail("QuantizedWeight.dequantize_rotated uses a non-correctly-rounded sqrt (reported)")
+        pytest.xfail(
+            "QuantizedWeight.dequantize_rotated uses a non-correctly-rounded sqrt (reported)"
+        )
     assert torch.equal(qw.dequantize(), res.dequantize())

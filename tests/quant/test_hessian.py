@@ -1,4 +1,5 @@
-"""Hessians: accumulation, rotation by fast transforms, relative damping, inverse-Cholesky factor."""
+"""Hessians: accumulation, rotation by fast transforms, relative damping, inverse-Cholesky
+factor."""
 
 from __future__ import annotations
 
@@ -48,14 +49,18 @@ def test_damping_is_relative_and_factor_inverts() -> None:
     a = torch.randn(50, 30, dtype=torch.float64)
     h = a.T @ a / 50
     d = damp(h, 0.01)
-    assert torch.allclose(d - h, 0.01 * torch.diagonal(h).mean() * torch.eye(30, dtype=torch.float64))
+    assert torch.allclose(
+        d - h, 0.01 * torch.diagonal(h).mean() * torch.eye(30, dtype=torch.float64)
+    )
     u = inverse_cholesky_factor(d)
     assert torch.equal(u, torch.triu(u))
     assert torch.allclose(u.T @ u, torch.linalg.inv(d), rtol=1e-9, atol=1e-9)
     rot = generate_rotation(30, 5)
     u2 = prepare_factor(h, rot, 0.01)
     q = torch.from_numpy(rot.to_matrix())
-    assert torch.allclose(u2.T @ u2, torch.linalg.inv(damp(q @ h @ q.T, 0.01)), rtol=1e-8, atol=1e-8)
+    assert torch.allclose(
+        u2.T @ u2, torch.linalg.inv(damp(q @ h @ q.T, 0.01)), rtol=1e-8, atol=1e-8
+    )
 
 
 def test_non_positive_definite_names_the_matrix() -> None:

@@ -31,8 +31,11 @@ class ToyBlock:
             with torch.no_grad():
                 lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * 0.1)
         p = f"layers.{index}.mlp"
-        self.linears = [LinearSpec(f"{p}.gate_proj", self.gate, 2), LinearSpec(f"{p}.up_proj", self.up, 2),
-                        LinearSpec(f"{p}.down_proj", self.down, 3)]
+        self.linears = [
+            LinearSpec(f"{p}.gate_proj", self.gate, 2),
+            LinearSpec(f"{p}.up_proj", self.up, 2),
+            LinearSpec(f"{p}.down_proj", self.down, 3),
+        ]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden + self.down(torch.relu(self.gate(hidden)) * self.up(hidden))
@@ -53,7 +56,9 @@ CFG = QuantConfig(codebook=register(), calib_windows=6, calib_window_len=16, dev
 def _run(tmp: Path | None, cfg: QuantConfig = CFG, on_block=None, n: int = 3):  # type: ignore[no-untyped-def]
     blocks = [ToyBlock(i) for i in range(n)]
     states = _states()
-    res = quantize_blocks(blocks, states, cfg, checkpoint_dir=tmp, progress=False, on_block=on_block)
+    res = quantize_blocks(
+        blocks, states, cfg, checkpoint_dir=tmp, progress=False, on_block=on_block
+    )
     return blocks, states, res
 
 
@@ -65,19 +70,27 @@ def test_sequential_semantics_and_effective_seeds() -> None:
             rec = res.records[spec.name]
             assert isinstance(rec, QuantizedWeight)
             assert rec.rotation is not None and rec.rotation.seed == rotation_seed(t, spec.act)
-            assert torch.equal(spec.module.weight, rec.dequantize())  # P13: the module holds the decode
+            assert torch.equal(
+                spec.module.weight, rec.dequantize()
+            )  # P13: the module holds the decode
     # the returned states went through the quantized blocks
     want = _states()
     for b in blocks:
         want = [b.forward(s) for s in want]
     assert all(torch.equal(a, w) for a, w in zip(states, want, strict=True))
-    # block 1 saw block 0's *quantized* output: replaying block 1 alone on original-block-0 output differs
+    # block 1 saw block 0's *quantized* output: replaying block 1 alone on original-block-0 output
+    # differs
     blocks2 = [ToyBlock(i) for i in range(3)]
     s0 = [blocks2[0].forward(s) for s in _states()]  # original block 0
-    res2 = quantize_blocks([_reindexed(blocks2[1], 0)], s0, CFG.replace(rotation_seed=CFG.rotation_seed ^ (1 << 32)),
-                           progress=False)
-    assert not torch.equal(res2.records["layers.1.mlp.down_proj"].labels,
-                           res.records["layers.1.mlp.down_proj"].labels)
+    res2 = quantize_blocks(
+        [_reindexed(blocks2[1], 0)],
+        s0,
+        CFG.replace(rotation_seed=CFG.rotation_seed ^ (1 << 32)),
+        progress=False,
+    )
+    assert not torch.equal(
+        res2.records["layers.1.mlp.down_proj"].labels, res.records["layers.1.mlp.down_proj"].labels
+    )
 
 
 def _reindexed(block: ToyBlock, index: int) -> ToyBlock:
@@ -121,7 +134,9 @@ def test_resume_after_a_crash_gives_identical_records(tmp_path: Path) -> None:
         assert torch.equal(rec.dequantize(), other.dequantize())
     assert all(torch.equal(a, b) for a, b in zip(states, states_full, strict=True))
     # resumed blocks got their decoded weights back
-    assert torch.equal(blocks[0].linears[0].module.weight, full.records["layers.0.mlp.gate_proj"].dequantize())
+    assert torch.equal(
+        blocks[0].linears[0].module.weight, full.records["layers.0.mlp.gate_proj"].dequantize()
+    )
 
 
 def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:

@@ -1,24 +1,29 @@
-"""The leechq artifact: an HF-style directory holding a quantized model in canonical (layout-free) form.
+"""The leechq artifact: an HF-style directory holding a quantized model in canonical (layout-free)
+form.
 
 A directory holds
 
-* ``config.json`` — the base model config plus ``quantization_config`` = {``quant_method: "leechq"``,
+* ``config.json`` — the base model config plus ``quantization_config`` = {``quant_method:
+  "leechq"``,
   ``schema_version``, the resolved :class:`~leechq.config.QuantConfig`, codebook name + fingerprint,
   ``records`` {module: descriptor}, ``rotations`` {key: descriptor}, ``raw`` {tensor: descriptor},
   ``tied`` {alias: tensor}};
 * ``model.safetensors`` — per lattice record ``<module>.codes`` (U8: one big-endian integer
-  ``(label << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block, row-major by
+  ``(label << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block,
+  row-major by
   (row, block); for 47 + 1 bits this is exactly the published Tetra disk stream, 6 bytes a block,
   tetra-format.md §1.3), ``<module>.row_scales`` (F64), ``<module>.centroids`` (F64),
   ``<module>.tail`` (F32, rotated basis, only when ``d_in mod 24 > 0``); rotation tables
-  ``leechq.rotations.<d_in>_<seed:016x>.signs`` (F64 ±1) and ``.small`` (F64 ``Q_odd``) de-duplicated by
+  ``leechq.rotations.<d_in>_<seed:016x>.signs`` (F64 ±1) and ``.small`` (F64 ``Q_odd``)
+  de-duplicated by
   (width, effective seed); int4 records ``<module>.qweight/.scales/.biases`` (tetra-format.md §3.2);
   every other tensor under its own name, as stored in the checkpoint, or group-affine quantized
   (``<name>.qweight/.scales/.biases``) when the config asks for it;
 * tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
 
 The directory is assembled under a hidden temporary name and renamed into place: the rename is the
-commit point, so a crash never leaves a directory that looks complete. Readers validate everything and
+commit point, so a crash never leaves a directory that looks complete. Readers validate everything
+and
 name the file / tensor at fault. Kernels repack at load; nothing here depends on a served layout.
 
 Three accounting rules, never mixed (layouts-kernels-recipe.md §4.9): :func:`artifact_report` gives
@@ -42,7 +47,7 @@ import numpy as np
 import torch
 
 from leechq.codebooks.base import BLOCK
-from leechq.config import SCHEMA_VERSION, QuantConfig
+from leechq.config import CONTROL_CODEBOOKS, SCHEMA_VERSION, QuantConfig
 from leechq.errors import (
     ArtifactError,
     FingerprintMismatch,
@@ -61,8 +66,15 @@ MANIFEST_FILE = "leechq-manifest.json"
 ROTATION_PREFIX = "leechq.rotations."
 
 _ST_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
@@ -77,7 +89,9 @@ def block_bytes(label_bits: int, gain_bits: int) -> int:
     return -(-(label_bits + gain_bits) // 8)
 
 
-def pack_codes(labels: torch.Tensor, gains: torch.Tensor, label_bits: int, gain_bits: int) -> torch.Tensor:
+def pack_codes(
+    labels: torch.Tensor, gains: torch.Tensor, label_bits: int, gain_bits: int
+) -> torch.Tensor:
     """Pack labels/gains [d_out, n_blocks] into the on-disk stream: uint8 [d_out·n_blocks·B].
 
     Each block is the big-endian ``B``-byte integer ``(label << gain_bits) | gain``.
@@ -96,8 +110,9 @@ def pack_codes(labels: torch.Tensor, gains: torch.Tensor, label_bits: int, gain_
     return ((words[:, None] >> shifts[None, :]) & 0xFF).to(torch.uint8).reshape(-1)
 
 
-def unpack_codes(stream: torch.Tensor, d_out: int, n_blocks: int, label_bits: int,
-                 gain_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unpack_codes(
+    stream: torch.Tensor, d_out: int, n_blocks: int, label_bits: int, gain_bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of :func:`pack_codes`: (labels int64, gains uint8), both [d_out, n_blocks].
 
     Raises:
@@ -105,7 +120,9 @@ def unpack_codes(stream: torch.Tensor, d_out: int, n_blocks: int, label_bits: in
     """
     nbytes = block_bytes(label_bits, gain_bits)
     if stream.numel() != d_out * n_blocks * nbytes:
-        raise ArtifactError(f"code stream has {stream.numel()} bytes, expected {d_out * n_blocks * nbytes}")
+        raise ArtifactError(
+            f"code stream has {stream.numel()} bytes, expected {d_out * n_blocks * nbytes}"
+        )
     by = stream.reshape(-1, nbytes).to(torch.int64)
     words = torch.zeros(by.shape[0], dtype=torch.int64)
     for k in range(nbytes):
@@ -166,7 +183,9 @@ class GroupAffine:
         rows, cols = w2.shape
         groups = -(-cols // group)
         pad = groups * group - cols
-        padded = torch.nn.functional.pad(w2, (0, pad), value=float("nan")).reshape(rows, groups, group)
+        padded = torch.nn.functional.pad(w2, (0, pad), value=float("nan")).reshape(
+            rows, groups, group
+        )
         lo = torch.nan_to_num(padded, nan=float("inf")).amin(dim=-1)
         hi = torch.nan_to_num(padded, nan=float("-inf")).amax(dim=-1)
         scales = ((hi - lo) / 255.0).to(torch.float16)
@@ -228,8 +247,10 @@ class Artifact:
         return self.config["quantization_config"]
 
     def dense_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Every tensor dense, under its model name (records as ``<module>.weight``, decoded exactly;
-        tied aliases included). ``dtype`` casts float tensors (None keeps f32 records / stored raw)."""
+        """Every tensor dense, under its model name (records as ``<module>.weight``, decoded
+        exactly;
+        tied aliases included). ``dtype`` casts float tensors (None keeps f32 records / stored
+        raw)."""
         out: dict[str, torch.Tensor] = {}
         for name, rec in self.records.items():
             out[f"{name}.weight"] = rec.dequantize(torch.float32)
@@ -297,17 +318,23 @@ def build_tensors(
     for name, rec in records.items():
         if isinstance(rec, QuantizedWeight):
             if rec.codebook != codebook:
-                raise InvalidInput(f"record {name} uses codebook {rec.codebook!r}, the artifact {codebook!r}")
+                raise InvalidInput(
+                    f"record {name} uses codebook {rec.codebook!r}, the artifact {codebook!r}"
+                )
             if rec.gain_bits != gain_bits:
-                raise InvalidInput(f"record {name} has {rec.gain_bits} gain bits, the config {gain_bits}")
+                raise InvalidInput(
+                    f"record {name} has {rec.gain_bits} gain bits, the config {gain_bits}"
+                )
             rot_key = None
             if rec.rotation is not None:
                 rot_key = _rotation_key(rec.rotation)
                 prev = rot_tables.get(rot_key)
                 if prev is None:
                     rot_tables[rot_key] = rec.rotation
-                elif not (np.array_equal(prev.signs, rec.rotation.signs)
-                          and np.array_equal(prev.small, rec.rotation.small)):
+                elif not (
+                    np.array_equal(prev.signs, rec.rotation.signs)
+                    and np.array_equal(prev.small, rec.rotation.small)
+                ):
                     raise InvalidInput(f"two different rotation tables share the key {rot_key}")
             put(f"{name}.codes", pack_codes(rec.labels, rec.gains, label_bits, gain_bits))
             put(f"{name}.row_scales", rec.row_scales.to(torch.float64))
@@ -316,43 +343,75 @@ def build_tensors(
                 put(f"{name}.tail", rec.tail.to(torch.float32))
             bb = block_bytes(label_bits, gain_bits)
             rec_desc[name] = {
-                "kind": "lattice", "codebook": codebook, "d_out": rec.d_out, "d_in": rec.d_in,
-                "label_bits": label_bits, "gain_bits": gain_bits, "n_centroids": int(rec.centroids.numel()),
-                "nblocks": rec.n_blocks, "tail_cols": rec.tail_cols, "block_bytes": bb,
-                "code_bytes": bb * rec.d_out * rec.n_blocks, "rotation": rot_key,
+                "kind": "lattice",
+                "codebook": codebook,
+                "d_out": rec.d_out,
+                "d_in": rec.d_in,
+                "label_bits": label_bits,
+                "gain_bits": gain_bits,
+                "n_centroids": int(rec.centroids.numel()),
+                "nblocks": rec.n_blocks,
+                "tail_cols": rec.tail_cols,
+                "block_bytes": bb,
+                "code_bytes": bb * rec.d_out * rec.n_blocks,
+                "rotation": rot_key,
             }
         elif isinstance(rec, Int4Weight):
             put(f"{name}.qweight", rec.qweight)
             put(f"{name}.scales", rec.scales)
             put(f"{name}.biases", rec.biases)
-            rec_desc[name] = {"kind": "int4", "d_out": rec.d_out, "d_in": rec.d_in, "bits": 4,
-                              "group": rec.group, "groups_per_row": -(-rec.d_in // rec.group)}
+            rec_desc[name] = {
+                "kind": "int4",
+                "d_out": rec.d_out,
+                "d_in": rec.d_in,
+                "bits": 4,
+                "group": rec.group,
+                "groups_per_row": -(-rec.d_in // rec.group),
+            }
         else:
             raise InvalidInput(
-                f"record {name} of type {type(rec).__name__} cannot be stored (control coders produce "
-                "no codes)"
+                f"record {name} of type {type(rec).__name__} cannot be stored "
+                "(control coders produce no codes)"
             )
     for key, rot in rot_tables.items():
         m, k = split_width(rot.n)
-        put(f"{ROTATION_PREFIX}{key}.signs", torch.from_numpy(np.ascontiguousarray(rot.signs, dtype=np.float64)))
-        put(f"{ROTATION_PREFIX}{key}.small", torch.from_numpy(np.ascontiguousarray(rot.small, dtype=np.float64)))
+        put(
+            f"{ROTATION_PREFIX}{key}.signs",
+            torch.from_numpy(np.ascontiguousarray(rot.signs, dtype=np.float64)),
+        )
+        put(
+            f"{ROTATION_PREFIX}{key}.small",
+            torch.from_numpy(np.ascontiguousarray(rot.small, dtype=np.float64)),
+        )
         rot_desc[key] = {"seed": str(rot.seed), "n": rot.n, "pow2": m, "odd": k}
     for name, t in raw.items():
         if name.startswith(ROTATION_PREFIX):
-            raise InvalidInput(f"raw tensor name {name!r} uses the reserved prefix {ROTATION_PREFIX}")
+            raise InvalidInput(
+                f"raw tensor name {name!r} uses the reserved prefix {ROTATION_PREFIX}"
+            )
         if isinstance(t, GroupAffine):
             put(f"{name}.qweight", t.qweight)
             put(f"{name}.scales", t.scales)
             put(f"{name}.biases", t.biases)
-            raw_desc[name] = {"encoding": "quant", "dims": list(t.dims), "bits": t.bits, "group": t.group,
-                              "rows": t.rows, "groups_per_row": -(-t.cols // t.group)}
+            raw_desc[name] = {
+                "encoding": "quant",
+                "dims": list(t.dims),
+                "bits": t.bits,
+                "group": t.group,
+                "rows": t.rows,
+                "groups_per_row": -(-t.cols // t.group),
+            }
         else:
             if t.dtype not in _DTYPE_NAMES:
                 raise InvalidInput(f"raw tensor {name} has unsupported dtype {t.dtype}")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise InvalidInput(f"raw tensor {name} has non-finite values")
             put(name, t)
-            raw_desc[name] = {"encoding": "dense", "dtype": _DTYPE_NAMES[t.dtype], "dims": list(t.shape)}
+            raw_desc[name] = {
+                "encoding": "dense",
+                "dtype": _DTYPE_NAMES[t.dtype],
+                "dims": list(t.shape),
+            }
     return tensors, rec_desc, rot_desc, raw_desc
 
 
@@ -389,14 +448,19 @@ def write_artifact(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ArtifactError(f"{out} already exists (pass overwrite=True to replace it)")
-    if quant_config.codebook in ("identity", "scalar-round"):
-        raise InvalidInput(f"codebook {quant_config.codebook!r} is a control and produces no artifact")
+    if quant_config.codebook in CONTROL_CODEBOOKS:
+        raise InvalidInput(
+            f"codebook {quant_config.codebook!r} is a control and produces no artifact"
+        )
     tied = dict(tied or {})
-    tensors, rec_desc, rot_desc, raw_desc = build_tensors(records, raw, quant_config.codebook,
-                                                          quant_config.gain_bits)
+    tensors, rec_desc, rot_desc, raw_desc = build_tensors(
+        records, raw, quant_config.codebook, quant_config.gain_bits
+    )
     for alias, target in tied.items():
         if target not in raw_desc:
-            raise InvalidInput(f"tied alias {alias} points at {target}, which is not a stored raw tensor")
+            raise InvalidInput(
+                f"tied alias {alias} points at {target}, which is not a stored raw tensor"
+            )
     cfg = dict(base_config)
     cfg["quantization_config"] = {
         "quant_method": QUANT_METHOD,
@@ -420,17 +484,29 @@ def write_artifact(
     try:
         from safetensors.torch import save_file
 
-        save_file(tensors, str(tmp / MODEL_FILE),
-                  metadata={"format": "pt", "leechq_schema_version": str(SCHEMA_VERSION)})
-        _fsync_write(tmp / CONFIG_FILE, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode())
+        save_file(
+            tensors,
+            str(tmp / MODEL_FILE),
+            metadata={"format": "pt", "leechq_schema_version": str(SCHEMA_VERSION)},
+        )
+        _fsync_write(
+            tmp / CONFIG_FILE, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode()
+        )
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         for name, data in (extra_files or {}).items():
-            if "/" in name or name.startswith(".") or name in (MODEL_FILE, CONFIG_FILE, MANIFEST_FILE):
+            if (
+                "/" in name
+                or name.startswith(".")
+                or name in (MODEL_FILE, CONFIG_FILE, MANIFEST_FILE)
+            ):
                 raise InvalidInput(f"extra file name {name!r} is not allowed")
             _fsync_write(tmp / name, data)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {
+            p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(tmp.iterdir())
+            if p.is_file()
+        }
         manifest = {"quant_method": QUANT_METHOD, "schema_version": SCHEMA_VERSION, "files": files}
         _fsync_write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
         if out.exists():
@@ -483,7 +559,9 @@ def _parse_header(path: Path) -> dict[str, Any]:
             raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
         itemsize = torch.empty(0, dtype=_ST_DTYPES[dtype]).element_size()
         if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
-            raise ArtifactError(f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)")
+            raise ArtifactError(
+                f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)"
+            )
         if hi - lo != itemsize * math.prod(shape):
             raise ArtifactError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
         end_max = max(end_max, hi)
@@ -492,15 +570,22 @@ def _parse_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def _expect(tensors: Mapping[str, torch.Tensor], key: str, dtype: torch.dtype,
-            shape: tuple[int, ...], where: str) -> torch.Tensor:
+def _expect(
+    tensors: Mapping[str, torch.Tensor],
+    key: str,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    where: str,
+) -> torch.Tensor:
     if key not in tensors:
         raise ArtifactError(f"{where}: missing tensor {key!r}")
     t = tensors[key]
     if t.dtype != dtype:
         raise ArtifactError(f"{where}: tensor {key!r} has dtype {t.dtype}, expected {dtype}")
     if tuple(t.shape) != tuple(shape):
-        raise ArtifactError(f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
+        raise ArtifactError(
+            f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
+        )
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
     return t
@@ -509,7 +594,9 @@ def _expect(tensors: Mapping[str, torch.Tensor], key: str, dtype: torch.dtype,
 def _int_field(desc: Mapping[str, Any], key: str, where: str) -> int:
     v = desc.get(key)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ArtifactError(f"{where}: descriptor field {key!r} must be a non-negative integer, got {v!r}")
+        raise ArtifactError(
+            f"{where}: descriptor field {key!r} must be a non-negative integer, got {v!r}"
+        )
     return v
 
 
@@ -538,7 +625,9 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raise ArtifactError(f"{cfg_path}: unreadable or not JSON: {exc}") from exc
     qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
-        raise ArtifactError(f"{cfg_path}: no quantization_config with quant_method {QUANT_METHOD!r}")
+        raise ArtifactError(
+            f"{cfg_path}: no quantization_config with quant_method {QUANT_METHOD!r}"
+        )
     version = qc.get("schema_version")
     if not isinstance(version, int) or version != SCHEMA_VERSION:
         raise IncompatibleVersion(
@@ -560,7 +649,9 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         if not p.is_file():
             raise ArtifactError(f"{p}: listed in the manifest but missing")
         if p.stat().st_size != info.get("bytes"):
-            raise ArtifactError(f"{p}: {p.stat().st_size} bytes, the manifest says {info.get('bytes')} (truncated?)")
+            raise ArtifactError(
+                f"{p}: {p.stat().st_size} bytes, the manifest says {info.get('bytes')} (truncated?)"
+            )
         if verify and _sha256(p) != info.get("sha256"):
             raise ArtifactError(f"{p}: sha256 differs from the manifest (corrupt file)")
     try:
@@ -571,17 +662,22 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raise ArtifactError(f"{cfg_path}: invalid quantization_config.config: {exc}") from exc
     codebook = qc.get("codebook")
     if codebook != quant_config.codebook:
-        raise ArtifactError(f"{cfg_path}: codebook {codebook!r} disagrees with config {quant_config.codebook!r}")
+        raise ArtifactError(
+            f"{cfg_path}: codebook {codebook!r} disagrees with config {quant_config.codebook!r}"
+        )
     from leechq.codebooks import get
 
     try:
         cb = get(codebook)
     except LeechqError as exc:
-        raise ArtifactError(f"{cfg_path}: codebook {codebook!r} is not available in this build: {exc}") from exc
+        raise ArtifactError(
+            f"{cfg_path}: codebook {codebook!r} is not available in this build: {exc}"
+        ) from exc
     if qc.get("codebook_fingerprint") != cb.fingerprint():
         raise FingerprintMismatch(
-            f"{cfg_path}: codebook {codebook!r} fingerprint {qc.get('codebook_fingerprint')!r} differs "
-            f"from this build's {cb.fingerprint()!r}: the labels would decode to different points"
+            f"{cfg_path}: codebook {codebook!r} fingerprint "
+            f"{qc.get('codebook_fingerprint')!r} differs from this build's {cb.fingerprint()!r}: "
+            "the labels would decode to different points"
         )
     if qc.get("block_dim") != BLOCK or qc.get("code_order") != CODE_ORDER:
         raise ArtifactError(f"{cfg_path}: block_dim/code_order must be {BLOCK}/{CODE_ORDER!r}")
@@ -630,13 +726,25 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         d_out, d_in = _int_field(desc, "d_out", ctx), _int_field(desc, "d_in", ctx)
         if kind == "lattice":
             nb, tail = d_in // BLOCK, d_in % BLOCK
-            label_bits, gain_bits = _int_field(desc, "label_bits", ctx), _int_field(desc, "gain_bits", ctx)
+            label_bits, gain_bits = (
+                _int_field(desc, "label_bits", ctx),
+                _int_field(desc, "gain_bits", ctx),
+            )
             n_c = _int_field(desc, "n_centroids", ctx)
             bb = block_bytes(label_bits, gain_bits)
-            if (desc.get("codebook") != codebook or label_bits != cb.label_bits or gain_bits > 2
-                    or n_c != 2**gain_bits or desc.get("nblocks") != nb or desc.get("tail_cols") != tail
-                    or desc.get("block_bytes") != bb or desc.get("code_bytes") != bb * d_out * nb):
-                raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent (codebook, bits or sizes)")
+            if (
+                desc.get("codebook") != codebook
+                or label_bits != cb.label_bits
+                or gain_bits > 2
+                or n_c != 2**gain_bits
+                or desc.get("nblocks") != nb
+                or desc.get("tail_cols") != tail
+                or desc.get("block_bytes") != bb
+                or desc.get("code_bytes") != bb * d_out * nb
+            ):
+                raise ArtifactError(
+                    f"{cfg_path}: {ctx} descriptor is inconsistent (codebook, bits or sizes)"
+                )
             stream = take(f"{name}.codes", torch.uint8, (bb * d_out * nb,), ctx)
             labels, gains = unpack_codes(stream, d_out, nb, label_bits, gain_bits)
             rot_key = desc.get("rotation")
@@ -645,14 +753,22 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
             rot = rotations[rot_key] if rot_key is not None else None
             if rot is not None and rot.n != d_in:
                 raise ArtifactError(f"{cfg_path}: {ctx} rotation width {rot.n} != d_in {d_in}")
-            tail_t = take(f"{name}.tail", torch.float32, (d_out, tail), ctx) if tail else \
-                torch.zeros(d_out, 0, dtype=torch.float32)
+            tail_t = (
+                take(f"{name}.tail", torch.float32, (d_out, tail), ctx)
+                if tail
+                else torch.zeros(d_out, 0, dtype=torch.float32)
+            )
             try:
                 records[name] = QuantizedWeight(
-                    codebook=codebook, d_out=d_out, d_in=d_in, labels=labels, gains=gains,
+                    codebook=codebook,
+                    d_out=d_out,
+                    d_in=d_in,
+                    labels=labels,
+                    gains=gains,
                     row_scales=take(f"{name}.row_scales", torch.float64, (d_out,), ctx),
                     centroids=take(f"{name}.centroids", torch.float64, (n_c,), ctx),
-                    tail=tail_t, rotation=rot,
+                    tail=tail_t,
+                    rotation=rot,
                 )
             except InvalidInput as exc:
                 raise ArtifactError(f"{model_path}: {ctx}: {exc}") from exc
@@ -662,7 +778,9 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
                 raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent")
             gpr = -(-d_in // group)
             records[name] = Int4Weight(
-                d_out=d_out, d_in=d_in, group=group,
+                d_out=d_out,
+                d_in=d_in,
+                group=group,
                 qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
                 scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
                 biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
@@ -692,8 +810,12 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
                 raise ArtifactError(f"{cfg_path}: {ctx} 4-bit row length must be even")
             gpr = -(-cols // group)
             raw_quant[name] = GroupAffine(
-                dims=tuple(dims), bits=bits, group=group,
-                qweight=take(f"{name}.qweight", torch.uint8, (rows, cols // 2 if bits == 4 else cols), ctx),
+                dims=tuple(dims),
+                bits=bits,
+                group=group,
+                qweight=take(
+                    f"{name}.qweight", torch.uint8, (rows, cols // 2 if bits == 4 else cols), ctx
+                ),
                 scales=take(f"{name}.scales", torch.float16, (rows, gpr), ctx),
                 biases=take(f"{name}.biases", torch.float16, (rows, gpr), ctx),
             )
@@ -702,12 +824,21 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     tied = dict(qc["tied"])
     for alias, target in tied.items():
         if target not in raw and target not in raw_quant:
-            raise ArtifactError(f"{cfg_path}: tied alias {alias} points at missing tensor {target!r}")
+            raise ArtifactError(
+                f"{cfg_path}: tied alias {alias} points at missing tensor {target!r}"
+            )
     extra = sorted(set(k for k in header if k != "__metadata__") - used)
     if extra:
         raise ArtifactError(f"{model_path}: tensors not described by config.json: {extra[:5]}")
-    return Artifact(path=root, config=cfg, quant_config=quant_config, records=records, raw=raw,
-                    raw_quant=raw_quant, tied=tied)
+    return Artifact(
+        path=root,
+        config=cfg,
+        quant_config=quant_config,
+        records=records,
+        raw=raw,
+        raw_quant=raw_quant,
+        tied=tied,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -728,27 +859,37 @@ def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str
             # served: payload + f16 tail + f32 row scales + f32 centroids
             "served": code + 16 * tail + 32 * rec.d_out + 32 * rec.centroids.numel(),
             # stored: byte-aligned codes, f64 scales and centroids, f32 tail
-            "stored": 8 * block_bytes(label_bits, rec.gain_bits) * blocks + 64 * rec.d_out
-            + 64 * rec.centroids.numel() + 32 * tail,
+            "stored": 8 * block_bytes(label_bits, rec.gain_bits) * blocks
+            + 64 * rec.d_out
+            + 64 * rec.centroids.numel()
+            + 32 * tail,
         }
     groups = rec.scales.numel()
     n = rec.d_out * rec.d_in
-    return {"weights": n, "code": 4 * n, "kernel": 4 * n + 32 * groups, "served": 4 * n + 32 * groups,
-            "stored": 4 * n + 32 * groups}
+    return {
+        "weights": n,
+        "code": 4 * n,
+        "kernel": 4 * n + 32 * groups,
+        "served": 4 * n + 32 * groups,
+        "stored": 4 * n + 32 * groups,
+    }
 
 
 def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Per-matrix rates and the three accounting rates of an artifact, reported separately.
 
-    Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits per
+    Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits
+    per
     weight) and ``rates``:
 
-    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit tail +
+    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit
+      tail +
       32-bit row scale), over the quantized projections only (tail columns in the denominator);
     * ``whole_model_bits_per_param`` — every weight bit the served model keeps (f16 tails, f32 row
       scales, int4 with f16 scale/offset, group-affine tables, float tensors at 16 bits) over all
       parameters, embedding included and a tied head counted once;
-    * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given for
+    * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given
+      for
       the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of the
       records over the quantized weights.
     """

@@ -1,14 +1,17 @@
 """Model glue: quantize a transformers Llama/Qwen2/Qwen3-shaped causal LM block by block.
 
 Implements leech-core.md §5.2's sequential procedure for transformers models (5.x decoder-layer call
-signature: ``layer(hidden_states, attention_mask=..., position_ids=..., position_embeddings=(cos, sin))``)
-on top of the generic driver :func:`leechq.quant.layerwise.quantize_blocks`, then writes the artifact
+signature: ``layer(hidden_states, attention_mask=..., position_ids=..., position_embeddings=(cos,
+sin))``)
+on top of the generic driver :func:`leechq.quant.layerwise.quantize_blocks`, then writes the
+artifact
 (:mod:`leechq.formats.artifact`).
 
 How standalone decoder-layer calls get their extra arguments: every decoder layer is temporarily
 replaced by a capture stub and the model is run on one calibration batch; the stubs record what the
 model passes to each layer (the causal or sliding-window mask, the rotary ``(cos, sin)`` from
-``model.model.rotary_emb``, the position ids) and the first stub records the embeddings. The last stub
+``model.model.rotary_emb``, the position ids) and the first stub records the embeddings. The last
+stub
 stops the forward, so the head never runs. Which modules are the blocks, which linears they hold and
 which activation each reads come from :mod:`leechq.models.arch`.
 """
@@ -21,14 +24,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from leechq.config import QuantConfig
+from leechq.config import CONTROL_CODEBOOKS, QuantConfig
 from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine, write_artifact
 from leechq.models.arch import ArchSpec, arch_of
@@ -43,7 +46,9 @@ class _StopForward(Exception):
 
 
 class _CaptureStub(torch.nn.Module):
-    def __init__(self, index: int, sink: dict[int, Any], last: bool, hidden_sink: list[torch.Tensor]):
+    def __init__(
+        self, index: int, sink: dict[int, Any], last: bool, hidden_sink: list[torch.Tensor]
+    ):
         super().__init__()
         self.index = index
         self.sink = sink
@@ -52,7 +57,9 @@ class _CaptureStub(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args:
-            raise InvalidInput("decoder layers are expected to get everything but hidden_states by keyword")
+            raise InvalidInput(
+                "decoder layers are expected to get everything but hidden_states by keyword"
+            )
         if self.index == 0:
             self.hidden_sink.append(hidden_states)
         self.sink[self.index] = kwargs
@@ -76,8 +83,13 @@ def _cast(obj: Any, device: torch.device, dtype: torch.dtype) -> Any:
 class _HFBlock:
     """One decoder layer as a :class:`leechq.quant.layerwise.Block`."""
 
-    def __init__(self, index: int, layer: torch.nn.Module, linears: list[LinearSpec],
-                 kwargs_by_batch: dict[int, dict[str, Any]]):
+    def __init__(
+        self,
+        index: int,
+        layer: torch.nn.Module,
+        linears: list[LinearSpec],
+        kwargs_by_batch: dict[int, dict[str, Any]],
+    ):
         self.index = index
         self.layer = layer
         self.linears = linears
@@ -87,7 +99,9 @@ class _HFBlock:
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         kwargs = self._active.get(hidden.shape[0])
         if kwargs is None:
-            raise InvalidInput(f"no captured layer arguments for a batch of {hidden.shape[0]} windows")
+            raise InvalidInput(
+                f"no captured layer arguments for a batch of {hidden.shape[0]} windows"
+            )
         out = self.layer(hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
@@ -119,7 +133,9 @@ def check_model(model: Any) -> ArchSpec:
     arch.layers(model)
     for name, p in model.named_parameters():
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
-            raise InvalidInput(f"model parameter {name} has NaN or inf values; refusing to quantize")
+            raise InvalidInput(
+                f"model parameter {name} has NaN or inf values; refusing to quantize"
+            )
     return arch
 
 
@@ -128,14 +144,23 @@ def _model_fingerprint(model: Any) -> str:
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         flat = t.detach().reshape(-1)
-        sample = torch.cat([flat[:16], flat[-16:]]).to(torch.float64).cpu().numpy() if flat.numel() else []
+        sample = (
+            torch.cat([flat[:16], flat[-16:]]).to(torch.float64).cpu().numpy()
+            if flat.numel()
+            else []
+        )
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
         h.update(bytes(memoryview(sample)) if len(sample) else b"")
     return h.hexdigest()[:16]
 
 
-def capture_layer_inputs(model: Any, arch: ArchSpec, batches: Sequence[torch.Tensor], device: torch.device,
-                         dtype: torch.dtype) -> tuple[list[torch.Tensor], list[dict[int, dict[str, Any]]]]:
+def capture_layer_inputs(
+    model: Any,
+    arch: ArchSpec,
+    batches: Sequence[torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], list[dict[int, dict[str, Any]]]]:
     """Embeddings entering block 0 and the keyword arguments each block receives.
 
     Args:
@@ -166,18 +191,21 @@ def capture_layer_inputs(model: Any, arch: ArchSpec, batches: Sequence[torch.Ten
             for batch in batches:
                 sink.clear()
                 hidden_sink.clear()
-                try:
+                with suppress(_StopForward):
                     model(input_ids=batch.to(device), use_cache=False)
-                except _StopForward:
-                    pass
                 if len(sink) != n or len(hidden_sink) != 1:
-                    raise InvalidInput("the model did not call every decoder layer once; unsupported forward")
+                    raise InvalidInput(
+                        "the model did not call every decoder layer once; unsupported forward"
+                    )
                 states.append(hidden_sink[0].to(device=device, dtype=dtype))
                 b = int(batch.shape[0])
                 if b not in kwargs_by_layer[0]:
                     for i in range(n):
-                        kwargs_by_layer[i][b] = {k: v for k, v in sink[i].items()
-                                                 if k not in ("cache", "past_key_values", "use_cache")}
+                        kwargs_by_layer[i][b] = {
+                            k: v
+                            for k, v in sink[i].items()
+                            if k not in ("cache", "past_key_values", "use_cache")
+                        }
     finally:
         for i in range(n):
             layers[i] = originals[i]
@@ -208,8 +236,9 @@ class ModelQuantization:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def _raw_tensors(model: Any, arch: ArchSpec, records: dict[str, Record], config: QuantConfig
-                 ) -> tuple[dict[str, torch.Tensor | GroupAffine], dict[str, str]]:
+def _raw_tensors(
+    model: Any, arch: ArchSpec, records: dict[str, Record], config: QuantConfig
+) -> tuple[dict[str, torch.Tensor | GroupAffine], dict[str, str]]:
     quantized = {f"{name}.weight" for name in records}
     tied: dict[str, str] = {}
     raw: dict[str, torch.Tensor | GroupAffine] = {}
@@ -253,7 +282,8 @@ def quantize_model_in_place(
     model_id: str | None = None,
     on_block: Any = None,
 ) -> ModelQuantization:
-    """Quantize every decoder-block projection of ``model`` in place (weights become the decoded ones).
+    """Quantize every decoder-block projection of ``model`` in place (weights become the decoded
+    ones).
 
     Args:
         model: a transformers ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (or
@@ -268,8 +298,10 @@ def quantize_model_in_place(
     """
     arch = check_model(model)
     if calib_windows.dim() != 2 or calib_windows.dtype != torch.int64:
-        raise InvalidInput(f"calib_windows must be int64 [n, seq], got {calib_windows.dtype} "
-                           f"{list(calib_windows.shape)}")
+        raise InvalidInput(
+            f"calib_windows must be int64 [n, seq], got {calib_windows.dtype} "
+            f"{list(calib_windows.shape)}"
+        )
     vocab = getattr(model.config, "vocab_size", None)
     if vocab is not None and calib_windows.numel() and int(calib_windows.max()) >= vocab:
         raise InvalidInput(f"calibration token id {int(calib_windows.max())} >= vocab size {vocab}")
@@ -278,8 +310,10 @@ def quantize_model_in_place(
     was_training = model.training
     model.eval()
     started = time.perf_counter()
-    batches = [calib_windows[i : i + config.calib_batch]
-               for i in range(0, calib_windows.shape[0], config.calib_batch)]
+    batches = [
+        calib_windows[i : i + config.calib_batch]
+        for i in range(0, calib_windows.shape[0], config.calib_batch)
+    ]
     states, kwargs_by_layer = capture_layer_inputs(model, arch, batches, device, dtype)
     capture_seconds = time.perf_counter() - started
     layers = arch.layers(model)
@@ -287,8 +321,12 @@ def quantize_model_in_place(
     for i, layer in enumerate(layers):
         mods = arch.block_linears(layer)
         specs = [
-            LinearSpec(name=f"{arch.layers_path}.{i}.{p.name}", module=mods[p.name], act=p.act,
-                       int4=_matches(f"{arch.layers_path}.{i}.{p.name}", config.int4_modules))
+            LinearSpec(
+                name=f"{arch.layers_path}.{i}.{p.name}",
+                module=mods[p.name],
+                act=p.act,
+                int4=_matches(f"{arch.layers_path}.{i}.{p.name}", config.int4_modules),
+            )
             for p in arch.projections
         ]
         blocks.append(_HFBlock(i, layer, specs, kwargs_by_layer[i]))
@@ -299,25 +337,43 @@ def quantize_model_in_place(
         "calibration_digest": token_digest(calib_windows),
         "calibration_shape": list(calib_windows.shape),
     }
-    run_id = hashlib.sha256(json.dumps([config.digest(), provenance], sort_keys=True).encode()).hexdigest()
-    result: RunResult = quantize_blocks(blocks, states, config, checkpoint_dir=checkpoint_dir,
-                                        run_id=run_id, progress=progress, on_block=on_block)
+    run_id = hashlib.sha256(
+        json.dumps([config.digest(), provenance], sort_keys=True).encode()
+    ).hexdigest()
+    result: RunResult = quantize_blocks(
+        blocks,
+        states,
+        config,
+        checkpoint_dir=checkpoint_dir,
+        run_id=run_id,
+        progress=progress,
+        on_block=on_block,
+    )
     raw, tied = _raw_tensors(model, arch, result.records, config)
     _apply_raw_quant(model, raw)
     if was_training:
         model.train()
     import leechq
 
-    provenance.update({
-        "leechq_version": leechq.__version__,
-        "torch_version": torch.__version__,
-        "device": str(device),
-        "quantize_seconds": result.seconds,
-        "capture_seconds": capture_seconds,
-        "resumed_blocks": result.resumed_blocks,
-    })
-    return ModelQuantization(records=result.records, raw=raw, tied=tied, stats=result.stats,
-                             seconds=result.seconds, capture_seconds=capture_seconds, provenance=provenance)
+    provenance.update(
+        {
+            "leechq_version": leechq.__version__,
+            "torch_version": torch.__version__,
+            "device": str(device),
+            "quantize_seconds": result.seconds,
+            "capture_seconds": capture_seconds,
+            "resumed_blocks": result.resumed_blocks,
+        }
+    )
+    return ModelQuantization(
+        records=result.records,
+        raw=raw,
+        tied=tied,
+        stats=result.stats,
+        seconds=result.seconds,
+        capture_seconds=capture_seconds,
+        provenance=provenance,
+    )
 
 
 def quantize_model(
@@ -343,7 +399,8 @@ def quantize_model(
         config: the resolved configuration (codebook must be a real codebook, not a control).
         out_dir: the artifact directory (written atomically).
         progress: tqdm progress bar.
-        checkpoint_dir: resumable run directory; defaults to ``<out_dir>.ckpt``; removed after success
+        checkpoint_dir: resumable run directory; defaults to ``<out_dir>.ckpt``; removed after
+        success
             unless ``keep_checkpoint``.
         model_id: recorded in the provenance.
         overwrite: replace an existing artifact.
@@ -352,21 +409,38 @@ def quantize_model(
         The artifact path.
     """
     out = Path(out_dir)
+    if config.codebook in CONTROL_CODEBOOKS:
+        raise InvalidInput(
+            f"codebook {config.codebook!r} is a control quantizer and cannot write an artifact"
+        )
     if out.exists() and not overwrite:
         raise InvalidInput(f"{out} already exists (pass overwrite=True to replace it)")
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".ckpt")
-    mq = quantize_model_in_place(model, calib_windows, config, progress=progress, checkpoint_dir=ckpt,
-                                 model_id=model_id)
+    mq = quantize_model_in_place(
+        model, calib_windows, config, progress=progress, checkpoint_dir=ckpt, model_id=model_id
+    )
     base = model.config.to_dict()
     base.pop("quantization_config", None)
     stats = mq.stats
     provenance = dict(mq.provenance)
     if stats:
-        provenance["mean_relative_weight_error"] = sum(s["rel_err"] for s in stats.values()) / len(stats)
-        provenance["mean_relative_proxy_loss"] = sum(s["proxy"] for s in stats.values()) / len(stats)
-    path = write_artifact(out, base_config=base, quant_config=config, records=mq.records,  # type: ignore[arg-type]
-                          raw=mq.raw, tied=mq.tied, tokenizer=tokenizer, provenance=provenance,
-                          overwrite=overwrite)
+        provenance["mean_relative_weight_error"] = sum(s["rel_err"] for s in stats.values()) / len(
+            stats
+        )
+        provenance["mean_relative_proxy_loss"] = sum(s["proxy"] for s in stats.values()) / len(
+            stats
+        )
+    path = write_artifact(
+        out,
+        base_config=base,
+        quant_config=config,
+        records=mq.records,  # type: ignore[arg-type]
+        raw=mq.raw,
+        tied=mq.tied,
+        tokenizer=tokenizer,
+        provenance=provenance,
+        overwrite=overwrite,
+    )
     if not keep_checkpoint:
         import shutil
 

@@ -1,8 +1,10 @@
 """Deterministic calibration windows from a token stream.
 
 Implements the windowing of leech-core.md §5.2: the calibration text is tokenized once (no special
-tokens) and cut into ``n`` contiguous, non-overlapping windows of ``length`` tokens starting at token 0
-(the reference takes 64 × 2048 = 131 072 tokens). No hub access happens here: the text comes from the
+tokens) and cut into ``n`` contiguous, non-overlapping windows of ``length`` tokens starting at
+token 0
+(the reference takes 64 × 2048 = 131 072 tokens). No hub access happens here: the text comes from
+the
 caller (``leechq.data``), and :func:`token_digest` pins the exact tokens a run used (pitfall P14).
 """
 
@@ -16,7 +18,9 @@ import torch
 from leechq.errors import InvalidInput
 
 
-def calibration_windows(tokens: torch.Tensor | list[int], n_windows: int, length: int) -> torch.Tensor:
+def calibration_windows(
+    tokens: torch.Tensor | list[int], n_windows: int, length: int
+) -> torch.Tensor:
     """The first ``n_windows`` contiguous windows of ``length`` tokens.
 
     Args:
@@ -28,7 +32,8 @@ def calibration_windows(tokens: torch.Tensor | list[int], n_windows: int, length
         int64 [n_windows, length].
 
     Raises:
-        InvalidInput: fewer than ``n_windows·length`` tokens (the message says how many are missing).
+        InvalidInput: fewer than ``n_windows·length`` tokens (the message says how many are
+        missing).
     """
     ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
     need = n_windows * length

@@ -1,14 +1,18 @@
 """Block coders: what the GPTQ loop calls to code one column group of 24 for every row at once.
 
-A coder turns ``v`` (float64 [rows, 24], the current error-compensated values of one 24-column group)
+A coder turns ``v`` (float64 [rows, 24], the current error-compensated values of one 24-column
+group)
 into codes and the exact reconstruction the loop continues with (leech-core.md §5.5). Three kinds:
 
 * :class:`ShapeGainCoder` — the shipped rule (leech-core.md §4.6, §5.4) through
   :mod:`leechq.codebooks.shape_gain`: direction from a registered codebook (one batched
   ``encode`` call per column group), gain by the norm rule against per-matrix Lloyd–Max centroids
-  fitted before the loop, reconstruction in the exact f64 order of the decoder. Produces lattice codes.
-* :class:`IdentityCoder` — returns ``v`` unchanged (the control of §5.5: must leave a layer unchanged).
-* :class:`ScalarRoundCoder` — a uniform scalar grid relative to the row scale; a codebook-free control
+  fitted before the loop, reconstruction in the exact f64 order of the decoder. Produces lattice
+  codes.
+* :class:`IdentityCoder` — returns ``v`` unchanged (the control of §5.5: must leave a layer
+  unchanged).
+* :class:`ScalarRoundCoder` — a uniform scalar grid relative to the row scale; a codebook-free
+  control
   for tests of the loop itself.
 """
 
@@ -49,7 +53,9 @@ class BlockCoder(Protocol):
         """Per-matrix parameters fitted before the loop: float64 [K] ascending centroids."""
         ...
 
-    def code(self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor) -> BlockCodes:
+    def code(
+        self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor
+    ) -> BlockCodes:
         """Code ``v`` float64 [rows, 24] given float64 [rows] scales."""
         ...
 
@@ -91,7 +97,9 @@ class IdentityCoder:
     def fit(self, w_rot: torch.Tensor, row_scales: torch.Tensor) -> torch.Tensor:
         return torch.ones(1, dtype=torch.float64)
 
-    def code(self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor) -> BlockCodes:
+    def code(
+        self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor
+    ) -> BlockCodes:
         n = v.shape[0]
         return BlockCodes(
             labels=torch.zeros(n, dtype=torch.int64, device=v.device),
@@ -114,7 +122,9 @@ class ScalarRoundCoder:
     def fit(self, w_rot: torch.Tensor, row_scales: torch.Tensor) -> torch.Tensor:
         return torch.ones(1, dtype=torch.float64)
 
-    def code(self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor) -> BlockCodes:
+    def code(
+        self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor
+    ) -> BlockCodes:
         unit = (self.step * row_scales / BLOCK**0.5)[:, None]
         unit = torch.where(unit > 0, unit, torch.ones_like(unit))
         q = torch.round(v / unit) * unit
@@ -151,10 +161,16 @@ class ShapeGainCoder:
             return torch.ones(2**self.gain_bits, dtype=torch.float64)
         return shape_gain.fit_centroids(samples, self.gain_bits, iterations=self.iters)
 
-    def code(self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor) -> BlockCodes:
+    def code(
+        self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor
+    ) -> BlockCodes:
         # One batched codebook call for every row of the column group (§4.6 steps 1-3, 5); zero
         # blocks come back as (label 0, gain 0, origin).
-        labels, gains, points = shape_gain.shape_gain_encode(v, row_scales, centroids, self.codebook)
+        labels, gains, points = shape_gain.shape_gain_encode(
+            v, row_scales, centroids, self.codebook
+        )
         # §4.6 step 4, in the decoder's exact f64 order.
-        values = shape_gain.reconstruct(points.to(v.device), gains.to(v.device), row_scales, centroids)
+        values = shape_gain.reconstruct(
+            points.to(v.device), gains.to(v.device), row_scales, centroids
+        )
         return BlockCodes(labels=labels.to(torch.int64), gains=gains.to(torch.uint8), values=values)

@@ -3,20 +3,25 @@
 Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
 
 * the weights are rotated ``W' = W Qᵀ`` (Q applied to every row) in f64;
-* row scales ``s_i`` are computed once on the full rotated row (tail included) and frozen; the coder's
+* row scales ``s_i`` are computed once on the full rotated row (tail included) and frozen; the
+  coder's
   per-matrix parameters (gain centroids) are fitted on ``W'`` *before* the loop (pitfall P5);
 * left → right over 24-column groups Q: every row's block of the group is coded in ONE batched coder
-  call (the hot path), ``E = v − q`` against the *compensated* values, ``X = E·U_QQ⁻¹``, ``W'[:, R] −= X·U[Q, R]`` for all later columns R (tail included);
+  call (the hot path), ``E = v − q`` against the *compensated* values, ``X = E·U_QQ⁻¹``, ``W'[:, R]
+  −= X·U[Q, R]`` for all later columns R (tail included);
 * the ``d_in mod 24`` tail columns are never quantized but absorb every correction, then are rounded
   to f32 in the rotated basis (``KeepExact``) so that the file and the evaluated model agree (P13);
-* there is no retraction (a no-op for gain-reset coding, and it would cancel any gain code, §5.7/P3).
+* there is no retraction (a no-op for gain-reset coding, and it would cancel any gain code,
+  §5.7/P3).
 
 Rows are independent. The update ``E·(U_QQ⁻¹·U[Q, R])`` is written as explicit element-wise f64
 multiplies and adds in a fixed order (no BLAS reduction whose order could depend on the number of
-rows), so the batched loop and the per-row reference :func:`gptq_quantize_reference` agree bit for bit.
+rows), so the batched loop and the per-row reference :func:`gptq_quantize_reference` agree bit for
+bit.
 
 The int4 path (:func:`quantize_int4`) keeps a matrix as the published ``int4g128`` record in the
-natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md §5.2), or
+natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md
+§5.2), or
 optionally column-wise GPTQ against the natural-basis Hessian with the group scales frozen.
 """
 
@@ -40,7 +45,8 @@ class GPTQResult:
     Attributes:
         coder: name of the coder that produced it.
         lattice: whether ``labels``/``gains`` are codebook codes (a :class:`QuantizedWeight`).
-        weight_rot: float64 [d_out, d_in], the evaluated matrix in the rotated basis (coded blocks as
+        weight_rot: float64 [d_out, d_in], the evaluated matrix in the rotated basis (coded blocks
+        as
             reconstructed in exact f64 order, tail rounded to f32).
         labels: int64 [d_out, n_blocks].
         gains: uint8 [d_out, n_blocks].
@@ -103,7 +109,9 @@ def _check_weight(weight: torch.Tensor, name: str) -> None:
         raise InvalidInput(f"{name}: weight has non-finite values")
 
 
-def _propagate(w: torch.Tensor, err: torch.Tensor, u_qq: torch.Tensor, u_qr: torch.Tensor, start: int) -> None:
+def _propagate(
+    w: torch.Tensor, err: torch.Tensor, u_qq: torch.Tensor, u_qr: torch.Tensor, start: int
+) -> None:
     """``W[:, R] −= X·U[Q, R]`` with ``X = E·U_QQ⁻¹``.
 
     ``M = U_QQ⁻¹·U[Q, R]`` (24 × |R|) is shared by every row; the per-row product ``E·M`` is summed
@@ -124,7 +132,8 @@ def _loop(
     scales: torch.Tensor,
     centroids: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The §5.5 loop on float64 rows ``w`` [rows, d_in] (modified in place). Returns labels, gains."""
+    """The §5.5 loop on float64 rows ``w`` [rows, d_in] (modified in place). Returns labels,
+    gains."""
     rows, d_in = w.shape
     nb = d_in // BLOCK
     labels = torch.zeros(rows, nb, dtype=torch.int64, device=w.device)
@@ -151,7 +160,7 @@ def _setup(
     name: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     _check_weight(weight, name)
-    d_out, d_in = weight.shape
+    d_in = weight.shape[1]
     if d_in < BLOCK:
         raise UnsupportedShape(f"{name}: d_in={d_in} is smaller than one {BLOCK}-column block")
     if d_in % BLOCK and tail_policy == "refuse":
@@ -266,7 +275,10 @@ def _int4_codes(w: torch.Tensor, s32: torch.Tensor, b32: torch.Tensor) -> torch.
 
 
 def quantize_int4(
-    weight: torch.Tensor, u_natural: torch.Tensor | None = None, group: int = 128, name: str = "weight"
+    weight: torch.Tensor,
+    u_natural: torch.Tensor | None = None,
+    group: int = 128,
+    name: str = "weight",
 ) -> Int4Weight:
     """An int4 g``group`` record of a natural-basis matrix.
 
@@ -285,7 +297,9 @@ def quantize_int4(
         return base
     d_out, d_in = weight.shape
     if tuple(u_natural.shape) != (d_in, d_in):
-        raise InvalidInput(f"{name}: Hessian factor {list(u_natural.shape)} does not match d_in {d_in}")
+        raise InvalidInput(
+            f"{name}: Hessian factor {list(u_natural.shape)} does not match d_in {d_in}"
+        )
     dev = weight.device
     u = u_natural.to(device=dev, dtype=torch.float64)
     col_group = torch.arange(d_in, device=dev) // group
@@ -303,5 +317,6 @@ def quantize_int4(
             w[:, j + 1 :] -= x[:, None] * u[j : j + 1, j + 1 :]
     codes = codes.cpu()
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
-    return Int4Weight(d_out=d_out, d_in=d_in, qweight=packed, scales=base.scales, biases=base.biases,
-                      group=group)
+    return Int4Weight(
+        d_out=d_out, d_in=d_in, qweight=packed, scales=base.scales, biases=base.biases, group=group
+    )

@@ -6,8 +6,10 @@ Implements leech-core.md §5.2 ("Calibration and Hessians") and the Hessian half
   f32 (the reference) or f64;
 * rotated as ``H' = Q H Qᵀ`` by two passes of the fast transform (no dense Q is ever built);
 * damped as ``H + λ·mean(diag H)·I`` (λ = 0.01);
-* factored once per activation as the upper-triangular ``U`` with ``H⁻¹ = UᵀU`` (Cholesky → inverse →
-  Cholesky, all f64). A Hessian that is not positive definite after damping is a hard error naming the
+* factored once per activation as the upper-triangular ``U`` with ``H⁻¹ = UᵀU`` (Cholesky → inverse
+  →
+  Cholesky, all f64). A Hessian that is not positive definite after damping is a hard error naming
+  the
   matrix (dead channels or too little data).
 """
 
@@ -35,9 +37,13 @@ class HessianAccumulator:
         dtype: accumulation dtype, torch.float32 (reference) or torch.float64.
     """
 
-    def __init__(self, dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ):
         if dtype not in (torch.float32, torch.float64):
-            raise InvalidInput(f"Hessian accumulation dtype must be float32 or float64, got {dtype}")
+            raise InvalidInput(
+                f"Hessian accumulation dtype must be float32 or float64, got {dtype}"
+            )
         self.dim = dim
         self.dtype = dtype
         self.sum = torch.zeros(dim, dim, device=device, dtype=dtype)
@@ -46,7 +52,9 @@ class HessianAccumulator:
     def add(self, x: torch.Tensor) -> None:
         """Accumulate activations ``x`` of shape [..., dim] (any float dtype; widened first)."""
         if x.shape[-1] != self.dim:
-            raise InvalidInput(f"Hessian of width {self.dim} fed activations of width {x.shape[-1]}")
+            raise InvalidInput(
+                f"Hessian of width {self.dim} fed activations of width {x.shape[-1]}"
+            )
         rows = x.detach().reshape(-1, self.dim).to(device=self.sum.device, dtype=self.dtype)
         self.sum.addmm_(rows.T, rows)
         self.rows += rows.shape[0]
@@ -66,7 +74,9 @@ def rotate_hessian(h: torch.Tensor, tables: RotationTables) -> torch.Tensor:
     transpose gives ``Q Hᵀ Qᵀ = Q H Qᵀ``.
     """
     if h.dim() != 2 or h.shape[0] != h.shape[1] or h.shape[0] != tables.n:
-        raise InvalidInput(f"cannot rotate a Hessian of shape {list(h.shape)} by a width-{tables.n} rotation")
+        raise InvalidInput(
+            f"cannot rotate a Hessian of shape {list(h.shape)} by a width-{tables.n} rotation"
+        )
     h = h.to(torch.float64)
     once = apply_rotation(h, tables)
     twice = apply_rotation(once.T.contiguous(), tables)
@@ -87,7 +97,8 @@ def damp(h: torch.Tensor, damping: float) -> torch.Tensor:
 def inverse_cholesky_factor(h: torch.Tensor, name: str = "Hessian") -> torch.Tensor:
     """Upper-triangular ``U`` (float64 [n, n]) with ``H⁻¹ = UᵀU`` for a positive definite H.
 
-    Computed as the reference does: ``H = L Lᵀ``, ``H⁻¹`` from L, then ``H⁻¹ = L₂ L₂ᵀ`` and ``U = L₂ᵀ``.
+    Computed as the reference does: ``H = L Lᵀ``, ``H⁻¹`` from L, then ``H⁻¹ = L₂ L₂ᵀ`` and ``U =
+    L₂ᵀ``.
 
     Raises:
         NotPositiveDefinite: naming ``name``, when either factorization fails.
@@ -98,14 +109,16 @@ def inverse_cholesky_factor(h: torch.Tensor, name: str = "Hessian") -> torch.Ten
     l1, info = torch.linalg.cholesky_ex(h)
     if int(info) != 0:
         raise NotPositiveDefinite(
-            f"{name}: damped Hessian is not positive definite (Cholesky failed at column {int(info) - 1}); "
-            "dead input channels or too little calibration data"
+            f"{name}: damped Hessian is not positive definite (Cholesky failed at column "
+            f"{int(info) - 1}); dead input channels or too little calibration data"
         )
     h_inv = torch.cholesky_inverse(l1)
     h_inv = 0.5 * (h_inv + h_inv.T)
     l2, info = torch.linalg.cholesky_ex(h_inv)
     if int(info) != 0:
-        raise NotPositiveDefinite(f"{name}: inverse Hessian is not positive definite (ill-conditioned)")
+        raise NotPositiveDefinite(
+            f"{name}: inverse Hessian is not positive definite (ill-conditioned)"
+        )
     return l2.T.contiguous()
 
 

@@ -6,13 +6,17 @@ Implements the sequential procedure of leech-core.md §5.2. For transformer bloc
    0..t−1, through block t with its *original* weights, accumulating one Hessian per distinct linear
    input (act 0..3);
 2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once;
-3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits) and
-   write the dequantized weights back into the module (the exact weights the artifact decodes to, P13);
+3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits)
+   and
+   write the dequantized weights back into the module (the exact weights the artifact decodes to,
+   P13);
 4. pass 2: advance the hidden states through the now-quantized block.
 
 The model glue describes each block as a :class:`Block` (its linears, which activation each reads, a
-forward over one batch of hidden states, and how to move it to the compute device). Memory is bounded
-by one block plus the hidden states. After each block the driver can commit a checkpoint (that block's
+forward over one batch of hidden states, and how to move it to the compute device). Memory is
+bounded
+by one block plus the hidden states. After each block the driver can commit a checkpoint (that
+block's
 records and the advanced hidden states, written atomically); a restarted run with the same run
 identity skips finished blocks, and a different identity is refused (pitfall P12).
 """
@@ -46,8 +50,6 @@ log = logging.getLogger("leechq.quant")
 Record = QuantizedWeight | Int4Weight | GPTQResult
 """What the driver produces per linear: a lattice record, an int4 record, or (control coders only) a
 :class:`GPTQResult` that is not a storable code."""
-
-CONTROL_CODERS = ("identity", "scalar-round")
 
 
 @dataclass
@@ -94,7 +96,7 @@ def make_coder(config: QuantConfig) -> BlockCoder:
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" → CUDA when available, else CPU."""
+    """ "auto" → CUDA when available, else CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -123,8 +125,13 @@ class Progress:
         if enabled:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, unit="matrix", dynamic_ncols=True,
-                             desc=f"leechq block ?/{n_blocks}")
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                unit="matrix",
+                dynamic_ncols=True,
+                desc=f"leechq block ?/{n_blocks}",
+            )
 
     def block(self, t: int) -> None:
         if self._bar is not None:
@@ -148,20 +155,30 @@ class Progress:
 # checkpoints
 
 
-def _rotation_tensors(prefix: str, rot: RotationTables | None, out: dict[str, torch.Tensor]) -> None:
+def _rotation_tensors(
+    prefix: str, rot: RotationTables | None, out: dict[str, torch.Tensor]
+) -> None:
     if rot is not None:
         out[f"{prefix}.rot_signs"] = torch.from_numpy(rot.signs.copy())
         out[f"{prefix}.rot_small"] = torch.from_numpy(rot.small.copy())
 
 
-def _load_rotation(prefix: str, meta: dict[str, Any], t: dict[str, torch.Tensor]) -> RotationTables | None:
+def _load_rotation(
+    prefix: str, meta: dict[str, Any], t: dict[str, torch.Tensor]
+) -> RotationTables | None:
     if meta.get("seed") is None:
         return None
-    return RotationTables(n=meta["d_in"], seed=int(meta["seed"]),
-                          signs=t[f"{prefix}.rot_signs"].numpy(), small=t[f"{prefix}.rot_small"].numpy())
+    return RotationTables(
+        n=meta["d_in"],
+        seed=int(meta["seed"]),
+        signs=t[f"{prefix}.rot_signs"].numpy(),
+        small=t[f"{prefix}.rot_small"].numpy(),
+    )
 
 
-def records_to_tensors(records: dict[str, Record]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def records_to_tensors(
+    records: dict[str, Record],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Flatten records into named tensors + a JSON-able description (the checkpoint form)."""
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {}
@@ -170,8 +187,13 @@ def records_to_tensors(records: dict[str, Record]) -> tuple[dict[str, torch.Tens
             for f in ("labels", "gains", "row_scales", "centroids", "tail"):
                 tensors[f"{name}.{f}"] = getattr(rec, f).contiguous()
             _rotation_tensors(name, rec.rotation, tensors)
-            meta[name] = {"kind": "lattice", "codebook": rec.codebook, "d_out": rec.d_out, "d_in": rec.d_in,
-                          "seed": None if rec.rotation is None else str(rec.rotation.seed)}
+            meta[name] = {
+                "kind": "lattice",
+                "codebook": rec.codebook,
+                "d_out": rec.d_out,
+                "d_in": rec.d_in,
+                "seed": None if rec.rotation is None else str(rec.rotation.seed),
+            }
         elif isinstance(rec, Int4Weight):
             for f in ("qweight", "scales", "biases"):
                 tensors[f"{name}.{f}"] = getattr(rec, f).contiguous()
@@ -180,37 +202,62 @@ def records_to_tensors(records: dict[str, Record]) -> tuple[dict[str, torch.Tens
             for f in ("weight_rot", "labels", "gains", "row_scales", "centroids"):
                 tensors[f"{name}.{f}"] = getattr(rec, f).cpu().contiguous()
             _rotation_tensors(name, rec.rotation, tensors)
-            meta[name] = {"kind": "control", "coder": rec.coder, "lattice": rec.lattice, "d_in": rec.d_in,
-                          "seed": None if rec.rotation is None else str(rec.rotation.seed)}
+            meta[name] = {
+                "kind": "control",
+                "coder": rec.coder,
+                "lattice": rec.lattice,
+                "d_in": rec.d_in,
+                "seed": None if rec.rotation is None else str(rec.rotation.seed),
+            }
         else:
             raise InvalidInput(f"{name}: cannot checkpoint a record of type {type(rec).__name__}")
     return tensors, meta
 
 
-def records_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Record]:
+def records_from_tensors(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> dict[str, Record]:
     """Inverse of :func:`records_to_tensors`."""
     out: dict[str, Record] = {}
     for name, m in meta.items():
         if m["kind"] == "lattice":
             out[name] = QuantizedWeight(
-                codebook=m["codebook"], d_out=m["d_out"], d_in=m["d_in"],
-                labels=tensors[f"{name}.labels"], gains=tensors[f"{name}.gains"],
-                row_scales=tensors[f"{name}.row_scales"], centroids=tensors[f"{name}.centroids"],
-                tail=tensors[f"{name}.tail"], rotation=_load_rotation(name, m, tensors))
+                codebook=m["codebook"],
+                d_out=m["d_out"],
+                d_in=m["d_in"],
+                labels=tensors[f"{name}.labels"],
+                gains=tensors[f"{name}.gains"],
+                row_scales=tensors[f"{name}.row_scales"],
+                centroids=tensors[f"{name}.centroids"],
+                tail=tensors[f"{name}.tail"],
+                rotation=_load_rotation(name, m, tensors),
+            )
         elif m["kind"] == "int4":
-            out[name] = Int4Weight(d_out=m["d_out"], d_in=m["d_in"], qweight=tensors[f"{name}.qweight"],
-                                   scales=tensors[f"{name}.scales"], biases=tensors[f"{name}.biases"],
-                                   group=m["group"])
+            out[name] = Int4Weight(
+                d_out=m["d_out"],
+                d_in=m["d_in"],
+                qweight=tensors[f"{name}.qweight"],
+                scales=tensors[f"{name}.scales"],
+                biases=tensors[f"{name}.biases"],
+                group=m["group"],
+            )
         else:
             out[name] = GPTQResult(
-                coder=m["coder"], lattice=m["lattice"], weight_rot=tensors[f"{name}.weight_rot"],
-                labels=tensors[f"{name}.labels"], gains=tensors[f"{name}.gains"],
-                row_scales=tensors[f"{name}.row_scales"], centroids=tensors[f"{name}.centroids"],
-                rotation=_load_rotation(name, m, tensors))
+                coder=m["coder"],
+                lattice=m["lattice"],
+                weight_rot=tensors[f"{name}.weight_rot"],
+                labels=tensors[f"{name}.labels"],
+                gains=tensors[f"{name}.gains"],
+                row_scales=tensors[f"{name}.row_scales"],
+                centroids=tensors[f"{name}.centroids"],
+                rotation=_load_rotation(name, m, tensors),
+            )
     return out
 
 
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+def _atomic_save(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file(tensors, str(tmp), metadata=metadata)
     with open(tmp, "rb") as fh:
@@ -230,8 +277,10 @@ def _atomic_write_text(text: str, path: Path) -> None:
 class Checkpoint:
     """A resumable run directory.
 
-    Layout: ``run.json`` (run identity, blocks done, per-block stats; the commit point, written last),
-    ``block_NNNN.safetensors`` (that block's records), ``states_NNNN.safetensors`` (hidden states after
+    Layout: ``run.json`` (run identity, blocks done, per-block stats; the commit point, written
+    last),
+    ``block_NNNN.safetensors`` (that block's records), ``states_NNNN.safetensors`` (hidden states
+    after
     block NNNN; only the latest is kept). A crash loses at most the block in flight.
 
     Args:
@@ -258,9 +307,10 @@ class Checkpoint:
             raise ArtifactError(f"checkpoint {path} is unreadable: {exc}") from exc
         if state.get("run_id") != self.run_id or state.get("n_blocks") != self.n_blocks:
             raise InvalidInput(
-                f"checkpoint {self.dir} belongs to a different run (run id {state.get('run_id')!r}, "
-                f"{state.get('n_blocks')} blocks) than this one ({self.run_id!r}, {self.n_blocks} blocks): "
-                "the configuration, model or calibration data changed; use a new checkpoint directory"
+                f"checkpoint {self.dir} belongs to a different run (run id "
+                f"{state.get('run_id')!r}, {state.get('n_blocks')} blocks) than this one "
+                f"({self.run_id!r}, {self.n_blocks} blocks): the configuration, model or "
+                "calibration data changed; use a new checkpoint directory"
             )
         return state
 
@@ -289,15 +339,24 @@ class Checkpoint:
             raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
         return [tensors[f"states.{i}"] for i in range(len(tensors))]
 
-    def commit(self, t: int, records: dict[str, Record], states: Sequence[torch.Tensor],
-               stats: dict[str, Any]) -> None:
+    def commit(
+        self,
+        t: int,
+        records: dict[str, Record],
+        states: Sequence[torch.Tensor],
+        stats: dict[str, Any],
+    ) -> None:
         """Write block t's records and the states after block t, then advance ``run.json``."""
         if t != self.done:
             raise InvalidInput(f"checkpoint expects block {self.done}, got {t}")
         tensors, meta = records_to_tensors(records)
-        _atomic_save(tensors, self.dir / f"block_{t:04d}.safetensors", {"records": json.dumps(meta)})
-        _atomic_save({f"states.{i}": s.detach().cpu().contiguous() for i, s in enumerate(states)},
-                     self.dir / f"states_{t:04d}.safetensors")
+        _atomic_save(
+            tensors, self.dir / f"block_{t:04d}.safetensors", {"records": json.dumps(meta)}
+        )
+        _atomic_save(
+            {f"states.{i}": s.detach().cpu().contiguous() for i, s in enumerate(states)},
+            self.dir / f"states_{t:04d}.safetensors",
+        )
         self.state["done"] = t + 1
         self.state["stats"][str(t)] = stats
         _atomic_write_text(json.dumps(self.state, indent=1, sort_keys=True), self.dir / "run.json")
@@ -343,8 +402,14 @@ def _set_weight(module: torch.nn.Module, dense: torch.Tensor) -> None:
         weight.copy_(dense.to(device=weight.device, dtype=weight.dtype))
 
 
-def _quantize_block(block: Block, states: list[torch.Tensor], config: QuantConfig, coder: BlockCoder,
-                    device: torch.device, progress: Progress) -> tuple[dict[str, Record], dict[str, Any]]:
+def _quantize_block(
+    block: Block,
+    states: list[torch.Tensor],
+    config: QuantConfig,
+    coder: BlockCoder,
+    device: torch.device,
+    progress: Progress,
+) -> tuple[dict[str, Record], dict[str, Any]]:
     t = block.index
     hess_dtype = torch.float64 if config.hessian_dtype == "float64" else torch.float32
     by_act: dict[int, list[LinearSpec]] = {}
@@ -353,8 +418,10 @@ def _quantize_block(block: Block, states: list[torch.Tensor], config: QuantConfi
     records: dict[str, Record] = {}
     stats: dict[str, Any] = {}
     # Pass 1: original weights, Hessians of the distinct inputs.
-    accs = {a: HessianAccumulator(int(specs[0].module.weight.shape[1]), device, hess_dtype)
-            for a, specs in by_act.items()}
+    accs = {
+        a: HessianAccumulator(int(specs[0].module.weight.shape[1]), device, hess_dtype)
+        for a, specs in by_act.items()
+    }
     with torch.no_grad(), capture_inputs({a: specs[0].module for a, specs in by_act.items()}, accs):
         for batch in states:
             block.forward(batch.to(device))
@@ -364,12 +431,21 @@ def _quantize_block(block: Block, states: list[torch.Tensor], config: QuantConfi
         del accs[act].sum
         needs_lattice = any(not s.int4 for s in specs)
         needs_natural = any(s.int4 for s in specs) and config.int4_gptq
-        tables = generate_rotation(h.shape[0], rotation_seed(t, act, config.rotation_seed)) \
-            if config.rotate else None
-        u_rot = prepare_factor(h, tables, config.damping, f"Hessian of block {t} act {act} ({names})") \
-            if needs_lattice and config.error_feedback else None
-        u_nat = prepare_factor(h, None, config.damping, f"Hessian of block {t} act {act} ({names})") \
-            if needs_natural else None
+        tables = (
+            generate_rotation(h.shape[0], rotation_seed(t, act, config.rotation_seed))
+            if config.rotate
+            else None
+        )
+        u_rot = (
+            prepare_factor(h, tables, config.damping, f"Hessian of block {t} act {act} ({names})")
+            if needs_lattice and config.error_feedback
+            else None
+        )
+        u_nat = (
+            prepare_factor(h, None, config.damping, f"Hessian of block {t} act {act} ({names})")
+            if needs_natural
+            else None
+        )
         for spec in specs:
             progress.matrix(".".join(spec.name.split(".")[-2:]))
             start = time.perf_counter()
@@ -386,7 +462,9 @@ def _quantize_block(block: Block, states: list[torch.Tensor], config: QuantConfi
             hd = h.to(device)
             stats[spec.name] = {
                 "rel_err": float((delta * delta).sum() / (w64 * w64).sum().clamp_min(1e-300)),
-                "proxy": float(((delta @ hd) * delta).sum() / ((w64 @ hd) * w64).sum().clamp_min(1e-300)),
+                "proxy": float(
+                    ((delta @ hd) * delta).sum() / ((w64 @ hd) * w64).sum().clamp_min(1e-300)
+                ),
                 "seconds": time.perf_counter() - start,
             }
             _set_weight(spec.module, dense)
@@ -414,7 +492,8 @@ def quantize_blocks(
             batch; consumed (advanced in place of the list).
         config: the resolved configuration.
         checkpoint_dir: if given, commit each finished block there and resume from it.
-        run_id: identity of the run for the checkpoint (defaults to the config digest + block layout).
+        run_id: identity of the run for the checkpoint (defaults to the config digest + block
+        layout).
         progress: show a tqdm bar.
         on_block: called with t after block t is committed (tests use it to simulate a crash).
 
@@ -428,7 +507,9 @@ def quantize_blocks(
     device = resolve_device(config.device)
     dtype = getattr(torch, config.dtype)
     coder = make_coder(config)
-    layout = [[(s.name, s.act, s.int4, tuple(s.module.weight.shape)) for s in b.linears] for b in blocks]
+    layout = [
+        [(s.name, s.act, s.int4, tuple(s.module.weight.shape)) for s in b.linears] for b in blocks
+    ]
     ident = run_id or config.digest()
     import hashlib
 
@@ -464,13 +545,17 @@ def quantize_blocks(
                 states[:] = [s.to(device=device, dtype=dtype) for s in states]
                 records, stats = _quantize_block(block, states, config, coder, device, bar)
                 with torch.no_grad():
-                    states[:] = [block.forward(s) for s in states]  # pass 2: through the quantized block
+                    states[:] = [
+                        block.forward(s) for s in states
+                    ]  # pass 2: through the quantized block
             result.records.update(records)
             result.stats.update(stats)
             if ckpt is not None:
                 ckpt.commit(t, records, states, stats)
             mean_err = sum(v["rel_err"] for v in stats.values()) / max(1, len(stats))
-            log.info("block %d/%d done: mean relative weight error %.4g", t + 1, len(blocks), mean_err)
+            log.info(
+                "block %d/%d done: mean relative weight error %.4g", t + 1, len(blocks), mean_err
+            )
             if on_block is not None:
                 on_block(t)
     finally:
