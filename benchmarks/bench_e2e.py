@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from leechq.errors import KernelUnavailable
-from leechq.serve.build import execution_paths, from_hf_model, random_dense
+from leechq.serve.build import execution_paths, from_hf_model, random_dense, weight_bytes
 from leechq.serve.generate import Engine
 from leechq.serve.random_codes import SHAPES, model_args, random_quantized_model
 
@@ -144,23 +144,6 @@ def peak_gb() -> float:
 
 def shape(name: str) -> str:
     return SHAPE_OVERRIDE or name
-
-
-def module_bytes(m: torch.nn.Module | None) -> int:
-    """Device bytes of a module's parameters and buffers plus any fused-plan tensors inside it."""
-    if m is None:
-        return 0
-    seen: set[int] = set()
-    total = 0
-    tensors = [*m.parameters(), *m.buffers()]
-    for sub in m.modules():
-        plan = getattr(sub, "_fused", None)
-        tensors.extend(getattr(plan, "tensors", {}).values())
-    for t in tensors:
-        if t.device == DEVICE and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -374,7 +357,9 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     free()
     info["build_s"] = round(time.perf_counter() - t0, 1)
     info["weights_gb"] = round((mem_allocated() - before) / GB, 3)
-    info["embed_head_gb"] = round((module_bytes(model.embed) + module_bytes(model.head)) / GB, 3)
+    info["weights_counted_gb"] = round(weight_bytes(model) / GB, 3)  # cross-check of the delta
+    both = torch.nn.ModuleList([model.embed, model.head])
+    info["embed_head_gb"] = round(weight_bytes(both) / GB, 3)
     return model, info
 
 
@@ -469,6 +454,7 @@ def bench_model(
                 "peak_vram_gb": r["peak_vram_gb"],
                 **{k: v for k, v in r.items() if k not in ("tok_s", "peak_vram_gb")},
                 "embed_head_gb": info["embed_head_gb"],
+                "weights_counted_gb": info["weights_counted_gb"],
                 "build_s": info["build_s"],
             }
             if "paths" in info:

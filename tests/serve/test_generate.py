@@ -155,3 +155,16 @@ def test_chat_loop_scripted() -> None:
     assert msgs[0]["content"] == "again"
     assert "(conversation reset)\n" in written
     assert format_chat(tok, msgs[:1])[-len(tok.encode("Assistant:")) :] == tok.encode("Assistant:")
+
+
+def test_memory_report_counts_weights_and_cache() -> None:
+    hf = tiny_hf_model("qwen3")  # tied head: the embedding is counted once
+    engine = Engine(from_hf_model(hf))
+    engine.generate_ids([[1, 2, 3]], 5)
+    mem = engine.memory()
+    n_params = sum(p.numel() for p in hf.parameters())  # parameters() yields a tied tensor once
+    rope = engine.model.inv_freq.numel() * 4  # the RoPE table is a buffer of the model too
+    assert mem["weights"] == 4 * n_params + rope
+    assert mem["embed_head"] == 4 * hf.config.vocab_size * hf.config.hidden_size
+    a = engine.model.args
+    assert mem["kv_cache"] == 2 * a.n_layers * 1 * a.n_kv_heads * 64 * a.head_dim * 4

@@ -317,3 +317,23 @@ def warn_if_reference(model: nn.Module, device: torch.device) -> None:
             "ReferencePathWarning raised when they were finalized): expect fp16 speed and memory",
             stacklevel=3,
         )
+
+
+def weight_bytes(module: nn.Module | None) -> int:
+    """Bytes of the weights a module keeps on its accelerator or CPU device: parameters, buffers and
+    the packed tensors of fused quantized plans (``LeechqLinear``'s kernel layout), each storage
+    counted once. The canonical records a ``LeechqLinear`` keeps on the host are not counted."""
+    if module is None:
+        return 0
+    tensors = [*module.parameters(), *module.buffers()]
+    for sub in module.modules():
+        plan = getattr(sub, "_fused", None)
+        tensors.extend(t for t in getattr(plan, "tensors", {}).values() if torch.is_tensor(t))
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in tensors:
+        key = (str(t.device), t.untyped_storage().data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from leechq.errors import InvalidInput
-from leechq.serve.build import from_hf_model, warn_if_reference
+from leechq.serve.build import from_hf_model, warn_if_reference, weight_bytes
 from leechq.serve.cache import KVCache, round_slots
 from leechq.serve.graphs import CapturedStep, graph_pool
 from leechq.serve.model import EAGER, Pieces, Transformer
@@ -159,6 +159,16 @@ class Engine:
     def cache_bytes(self) -> int:
         """Bytes held by the KV caches of all sessions."""
         return sum(s.cache.nbytes for s in self._sessions.values())
+
+    def memory(self) -> dict[str, int]:
+        """Bytes by kind: ``weights`` (all model weights on their device, embedding and head
+        included), ``embed_head`` (that part of it) and ``kv_cache`` (every session's cache)."""
+        m = self.model
+        return {
+            "weights": weight_bytes(m),
+            "embed_head": weight_bytes(torch.nn.ModuleList([m.embed, m.head])),  # tied: once
+            "kv_cache": self.cache_bytes(),
+        }
 
     def _make_step(self, sess: _Session, key: tuple[bool, ...]) -> Callable[[], None]:
         model, fns = self.model, self.fns

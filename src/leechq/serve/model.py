@@ -465,7 +465,11 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         positions = (slots[None, :] - pad[:, None]).clamp_min(0)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, x.dtype)
-        mask = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
+        visible = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
+        # Additive form, built once per forward and shared by every layer (SDPA would otherwise
+        # convert a boolean mask in each layer). Every row has a visible key, so no row is all -inf.
+        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
+        mask = mask.masked_fill(~visible, float("-inf"))
         delta: torch.Tensor | None = None
         for i, blk in enumerate(self.blocks):
             if delta is None:
