@@ -399,8 +399,10 @@ class _Tables:
     words: np.ndarray  # int64 [4096] canonical order
     sorted_words: np.ndarray  # int64 [4096] ascending
     flat_of_sorted: np.ndarray  # int64 [4096]: flat rank of sorted_words[k]
+    flat_of_low: np.ndarray  # int64 [4096]: flat rank of the codeword with these low 12 bits
     slot_position: np.ndarray  # int64 [4097, 24]: position of slot s (support asc, then off asc)
     position_slot: np.ndarray  # int64 [4097, 24]: inverse; row 4096 = identity (odd classes)
+    slot_position_t: np.ndarray  # int64 [24, 4097]: slot_position transposed (contiguous)
     key_weight: np.ndarray  # float64 [16]: 25^(v // 2), the multiset key weight of magnitude v
 
 
@@ -448,6 +450,10 @@ def _tables() -> _Tables:
     key_order = np.argsort(keys, kind="stable")
     words = code.words.astype(np.int64)
     word_order = np.argsort(words)
+    flat_of_low = np.full(4096, -1, dtype=np.int64)
+    flat_of_low[words & 4095] = np.arange(4096)
+    if (flat_of_low < 0).any():
+        raise AssertionError("the low 12 bits of the codewords are not an information set")
     bits = (words[:, None] >> np.arange(DIM)) & 1
     slot_position = np.empty((4097, DIM), dtype=np.int64)
     # A stable sort on "not in the word" lists the support positions first, each part ascending.
@@ -476,10 +482,18 @@ def _tables() -> _Tables:
         words=words,
         sorted_words=words[word_order],
         flat_of_sorted=word_order.astype(np.int64),
+        flat_of_low=flat_of_low,
         slot_position=slot_position,
         position_slot=np.argsort(slot_position, axis=1),
+        slot_position_t=np.ascontiguousarray(slot_position.T),
         key_weight=np.array([_KEY_RADIX ** (v // 2) for v in range(16)], dtype=np.float64),
     )
+
+
+def _switch_slots(n_on: np.ndarray) -> set[int]:
+    """Slots at which some row's on problem ends and its off problem starts (w ∈ {8, 12, 16})."""
+    present = np.bincount(n_on, minlength=DIM + 1)
+    return {s for s in range(1, DIM) if present[s]}
 
 
 def _popcount(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -579,10 +593,10 @@ def _decode_chunk(idx: np.ndarray, t: _Tables) -> np.ndarray:
     counts = t.counts[cls]
     zero_code = t.zero_code[cls]
     codes = np.empty((DIM, n), dtype=np.uint8)
-    sign_bits = np.empty((DIM, n), dtype=np.int64)
+    sign_bits = np.empty((DIM, n), dtype=np.uint8)
     quotient = np.empty(n, dtype=np.float64)
     guards = np.empty(n, dtype=np.int64)
-    switch_slots = {int(s) for s in np.unique(n_on)} - {0, DIM}
+    switch_slots = _switch_slots(n_on)
     for s in range(DIM):
         if s in switch_slots:  # rows whose on problem just ended now divide by the off slots left
             slots_left = np.where(n_on == s, float(DIM - s), slots_left)
@@ -605,15 +619,19 @@ def _decode_chunk(idx: np.ndarray, t: _Tables) -> np.ndarray:
         guards >>= 5
         counts -= guards
         slots_left -= 1.0
-        np.bitwise_and(stream, 1, out=sign_bits[s])
+        np.bitwise_and(stream, 1, out=sign_bits[s], casting="unsafe")
         stream >>= code != zero_code
-    table_index = codes.astype(np.int64)
+    # ±magnitude per slot from (class, kind code, sign bit); int16 indices (< 383·16) save traffic.
+    table_index = codes.astype(np.int16)
     table_index <<= 1
     table_index += sign_bits
-    table_index += cls << 4
-    signed = t.signed_value.take(table_index).T  # [n, 24] in slot order
-    perm_row = np.where(odd, 4096, flat_rank)
-    points = np.take_along_axis(signed, t.position_slot[perm_row], axis=1).astype(np.int32)
+    table_index += (cls << 4).astype(np.int16)
+    signed = t.signed_value.take(table_index)  # int8 [24, n], slot order
+    # Slot order -> natural coordinate order: points[r, p] = signed[slot of p in row r, r].
+    gather = t.position_slot[np.where(odd, 4096, flat_rank)]
+    gather *= n
+    gather += np.arange(n)[:, None]
+    points = signed.reshape(-1).take(gather).astype(np.int32)
     points[idx == 0] = 0
     return points
 
@@ -652,21 +670,26 @@ def encode_points(points: np.ndarray, max_shell: int = FORMAT_MAX_SHELL) -> np.n
 
 def _encode_chunk(raw: np.ndarray, t: _Tables, max_shell: int) -> np.ndarray:
     n = raw.shape[0]
-    # Anything beyond ±15 is outside Λ24(13): clip to 0 first (and reject below) so nothing overflows.
-    in_range = (raw.max(axis=1, initial=0) <= 15) & (raw.min(axis=1, initial=0) >= -15)
-    x = np.where(in_range[:, None], raw, 0).astype(np.int64)
-    parity = x[:, :1] & 1
-    bits = ((x - parity) >> 1) & 1
-    word = np.packbits(bits.astype(np.uint8), axis=1, bitorder="little").astype(np.int64)
-    word = word[:, 0] | (word[:, 1] << 8) | (word[:, 2] << 16)
-    where_word = np.searchsorted(t.sorted_words, word).clip(max=4095)
+    if n and (raw.max() > 15 or raw.min() < -15):  # outside Λ24(13): zero those rows (they are
+        far = (raw.max(axis=1) > 15) | (raw.min(axis=1) < -15)  # rejected below) so that no
+        x = np.where(far[:, None], 0, raw).astype(np.int32)  # square or sum can overflow
+    else:
+        far = np.zeros(n, dtype=bool)
+        x = raw.astype(np.int32)
+    # x mod 4 decides everything about membership: bit 0 is the coset parity, bit 1 the Golay bit
+    # (for either coset the §2.1 bit ((x_i − p)/2) mod 2 equals bit 1 of x_i in two's complement).
+    mod4 = x.astype(np.uint8) & 3  # two's complement: the low bits survive the cast
+    word_bytes = np.packbits(mod4 >> 1, axis=1, bitorder="little").astype(np.int64)
+    word = word_bytes[:, 0] | (word_bytes[:, 1] << 8) | (word_bytes[:, 2] << 16)
+    parity_bytes = np.packbits(mod4 & 1, axis=1, bitorder="little")
+    parity = (parity_bytes[:, 0] & 1).astype(np.int64)
+    same_parity = np.all(parity_bytes == (parity * 255).astype(np.uint8)[:, None], axis=1)
+    # The low 12 bits of a codeword determine it (they are an information set of m(x)·g(x)).
+    flat_rank = t.flat_of_low.take(word & 4095)
+    in_code = t.words.take(flat_rank) == word
+    total = x.sum(axis=1)
     norm = np.einsum("ij,ij->i", x, x)
-    member = (
-        in_range
-        & np.all((x & 1) == parity, axis=1)
-        & (t.sorted_words[where_word] == word)
-        & ((x.sum(axis=1) & 7) == 4 * parity[:, 0])
-    )
+    member = ~far & same_parity & in_code & ((total & 7) == 4 * parity)
     bad = ~member | (norm > 16 * max_shell)
     if bad.any():
         first = raw[np.flatnonzero(bad)[0]].tolist()
@@ -676,41 +699,50 @@ def _encode_chunk(raw: np.ndarray, t: _Tables, max_shell: int) -> np.ndarray:
         )
     origin = norm == 0
     magnitude = np.abs(x)
-    keys = t.key_weight.take(magnitude) @ np.full(DIM, 2.0) + parity[:, 0]
+    keys = t.key_weight.take(magnitude) @ np.full(DIM, 2.0) + parity
     where_key = np.searchsorted(t.class_keys, keys).clip(max=t.class_keys.size - 1)
     if not np.all((t.class_keys[where_key] == keys) | origin):  # the class table is complete
         raise AssertionError("a member of the ball matches no class")
     cls = np.where(origin, 0, t.class_of_key[where_key])
-    flat_rank = t.flat_of_sorted[where_word]
     odd = t.odd[cls]
-    order = t.slot_position[np.where(odd, 4096, flat_rank)]
-    slot_x = np.take_along_axis(x, order, axis=1).T  # [24, n] in slot order
-    code_index = np.abs(slot_x) + (cls << 4)
+    # Natural order -> slot order, slot-major: slot_x[s, r] = x[r, position of slot s in row r].
+    gather = t.slot_position_t.take(np.where(odd, 4096, flat_rank), axis=1)
+    gather += np.arange(n, dtype=np.int64) * DIM
+    slot_x = x.reshape(-1).take(gather)  # int32 [24, n]
+    codes = t.code_of.take(np.abs(slot_x) + (cls << 4))  # origin rows: garbage, masked at the end
+    shifts = _SHIFT.take(codes)
+    decrements = _SUBTRACT.take(codes)
     n_on = t.n_on[cls]
 
     rank = np.zeros(n, dtype=np.float64)
     remaining = t.arrangements[cls].astype(np.float64)
     slots_left = np.where(n_on == 0, DIM, n_on).astype(np.float64)
     counts = t.counts[cls]
-    stream = np.zeros(n, dtype=np.int64)  # sign bits of the non-zero slots, in slot order
-    cursor = np.zeros(n, dtype=np.int64)
-    switch_slots = {int(s) for s in np.unique(n_on)} - {0, DIM}
+    switch_slots = _switch_slots(n_on)
     for s in range(DIM):
         if s in switch_slots:
             slots_left = np.where(n_on == s, float(DIM - s), slots_left)
-        code = t.code_of.take(code_index[s])
-        pair = counts >> _SHIFT.take(code)
+        pair = counts >> shifts[s]
         pair &= 4095
         before = _BEFORE.take(pair)
         before *= remaining
         before /= slots_left
         rank += before  # r += M·C_{j−1}/n
         remaining *= _COUNT.take(pair)
-        remaining /= slots_left
-        counts -= _SUBTRACT.take(code)
+        remaining /= slots_left  # M ← M·c_j/n
+        counts -= decrements[s]
         slots_left -= 1.0
-        stream |= (slot_x[s] < 0).astype(np.int64) << cursor
-        cursor += slot_x[s] != 0
+
+    # Sign stream: one bit per non-zero slot, in slot order (the inverse of the decoder's stream).
+    # Bit position of slot s = s − (zero slots before s); uint8 throughout keeps this cheap.
+    zero = (slot_x == 0).view(np.uint8)
+    zeros_before = np.empty((DIM, n), dtype=np.uint8)
+    running = np.zeros(n, dtype=np.uint8)
+    for s in range(DIM):
+        zeros_before[s] = running
+        running += zero[s]
+    bit_position = np.arange(DIM, dtype=np.uint8)[:, None] - zeros_before
+    stream = ((slot_x < 0).astype(np.int64) << bit_position).sum(axis=0)
     sw_bits = t.sign_word_bits[cls]
     r_sw = np.where(odd, 0, stream & ((1 << sw_bits) - 1))  # odd classes store no signs
     r_sf = np.where(odd, 0, stream >> n_on)
