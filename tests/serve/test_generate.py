@@ -168,3 +168,18 @@ def test_memory_report_counts_weights_and_cache() -> None:
     assert mem["embed_head"] == 4 * hf.config.vocab_size * hf.config.hidden_size
     a = engine.model.args
     assert mem["kv_cache"] == 2 * a.n_layers * 1 * a.n_kv_heads * 64 * a.head_dim * 4
+
+
+def test_reference_fallback_on_an_accelerator_is_announced() -> None:
+    from leechq.serve.build import execution_paths, warn_if_reference
+    from leechq.serve.random_codes import model_args, random_quantized_model
+
+    model = random_quantized_model(model_args("qwen3-tiny"), "cpu", torch.float32, int4_v=True)
+    assert execution_paths(model) == {"dense": 14}
+    with pytest.warns(UserWarning, match=r"14 of 14 quantized modules on cuda run the dense"):
+        warn_if_reference(model, torch.device("cuda"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_reference(model, torch.device("cpu"))  # the CPU path is the reference by design

@@ -80,15 +80,23 @@ def test_decode_step_never_syncs() -> None:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        step()
+        with torch.no_grad():
+            step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
 
 def _tiny_quantized(prefer: str, device: str, dtype: torch.dtype) -> Any:
     args = ModelArgs(
-        arch="qwen3", vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
-        intermediate_size=512, qk_norm=True,
+        arch="qwen3",
+        vocab_size=512,
+        dim=256,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        qk_norm=True,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -200,6 +200,7 @@ class Engine:
 
     # -- generation --------------------------------------------------------------------------------
 
+    @torch.no_grad()
     def generate_ids(
         self,
         prompts: Sequence[Sequence[int]],
