@@ -56,22 +56,33 @@ def dense_linear(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> nn.Linear:
-    """One ``nn.Linear`` whose rows are the rows of ``weights`` (each [d_out_i, d_in]) in order."""
+    """One ``nn.Linear`` whose rows are the rows of ``weights`` (each [d_out_i, d_in]) in order.
+
+    A single weight already of ``dtype`` on ``device`` is shared, not copied (a head or an unfused
+    projection of a loaded model costs no extra memory).
+    """
     d_in = weights[0].shape[1]
     if any(w.shape[1] != d_in for w in weights):
         raise InvalidInput(f"fused rows need one d_in, got {[list(w.shape) for w in weights]}")
     has_bias = any(b is not None for b in biases)
     out = sum(w.shape[0] for w in weights)
+
+    def join(parts: list[torch.Tensor]) -> torch.Tensor:
+        parts = [p.detach().to(device, dtype) for p in parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     lin = nn.Linear(d_in, out, bias=has_bias, device="meta")
-    lin.weight = nn.Parameter(
-        torch.cat([w.to(device, dtype) for w in weights]), requires_grad=False
-    )
+    lin.weight = nn.Parameter(join(list(weights)), requires_grad=False)
     if has_bias:
-        parts = [
-            (b if b is not None else torch.zeros(w.shape[0])).to(device, dtype)
-            for w, b in zip(weights, biases, strict=True)
-        ]
-        lin.bias = nn.Parameter(torch.cat(parts), requires_grad=False)
+        lin.bias = nn.Parameter(
+            join(
+                [
+                    b if b is not None else torch.zeros(w.shape[0])
+                    for w, b in zip(weights, biases, strict=True)
+                ]
+            ),
+            requires_grad=False,
+        )
     return lin
 
 
