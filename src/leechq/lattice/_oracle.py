@@ -114,7 +114,10 @@ def naive_rank(sequence: Sequence[int], counts: Sequence[int]) -> int:
     raise ValueError(f"{sequence} is not an arrangement of {list(counts)}")
 
 
-def _kinds(cls: LatticeClass) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+_Ints = tuple[int, ...]
+
+
+def _kinds(cls: LatticeClass) -> tuple[_Ints, _Ints, _Ints, _Ints]:
     if cls.odd:
         return (
             tuple(v for v, _ in cls.odd_kinds),

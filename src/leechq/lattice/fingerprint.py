@@ -1,10 +1,10 @@
 """The codebook fingerprint of index format v1: a 64-bit FNV-1a hash of the whole index map.
 
-Implements leech-core.md §3.9. The hash covers the Golay generator and canonical word order, the class
-layout (ranges and magnitude levels of all 383 classes of Λ24(13)) and the decoded points of seven probe
-indices per class, so any silent change of generator, word order, class order, digit order or sign
-convention changes it (pitfall P12). Format v1 is pinned to ``0x338f420f11866319``; artifacts store it
-and readers compare it (``FingerprintMismatch``).
+Implements leech-core.md §3.9. The hash covers the Golay generator and canonical word order, the
+class layout (ranges and magnitude levels of all 383 classes of Λ24(13)) and the decoded points of
+seven probe indices per class, so any silent change of generator, word order, class order, digit
+order or sign convention changes it (pitfall P12). Format v1 is pinned to ``0x338f420f11866319``;
+artifacts store it and readers compare it (``FingerprintMismatch``).
 
 Probes are decoded with the scalar reference :func:`leechq.lattice.indexing.decode_index`.
 """
