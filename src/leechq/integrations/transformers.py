@@ -32,6 +32,8 @@ Quantization itself is offline (``requires_calibration = True``): use ``leechq q
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from typing import Any
 
 import torch
@@ -53,9 +55,9 @@ QUANT_METHOD = "leechq"
 _REQUIRED_KEYS = ("schema_version", "config", "codebook", "codebook_fingerprint", "block_dim",
                   "code_order", "records", "rotations", "raw", "tied")
 
-# Group-affine raw tensors seen while loading, per quantizer, so that save_pretrained can write the
-# exact stored codes again (conversion ops are deep-copied per key and cannot hold a back-reference).
-_CAPTURED: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+# Live quantizers by key: conversion ops are deep-copied per checkpoint key, so they reach the
+# quantizer that keeps the group-affine tensors they see (for save_pretrained) through this table.
+_QUANTIZERS: weakref.WeakValueDictionary[str, LeechqHfQuantizer] = weakref.WeakValueDictionary()
 
 
 class LeechqHfConfig(QuantizationConfigMixin):
@@ -121,7 +123,7 @@ class GroupAffineDequantize(ConversionOps):
     """``<name>.qweight``, ``.scales``, ``.biases`` → the dense tensor ``<name>`` (exact arithmetic of
     :class:`leechq.formats.artifact.GroupAffine`)."""
 
-    def __init__(self, name: str, desc: dict[str, Any], capture_key: int) -> None:
+    def __init__(self, name: str, desc: dict[str, Any], capture_key: str) -> None:
         self.name, self.desc, self.capture_key = name, desc, capture_key
 
     @torch.no_grad()
@@ -134,6 +136,12 @@ class GroupAffineDequantize(ConversionOps):
             got = input_dict[pattern]
             parts.append((got[0] if isinstance(got, (list, tuple)) else got).detach().cpu())
         q, s, b = parts
+        # transformers may have widened the f16 scales/biases to the model dtype on the way in;
+        # narrowing back is exact (checked) and keeps the stored bytes for save_pretrained.
+        s16, b16 = s.to(torch.float16), b.to(torch.float16)
+        if not (torch.equal(s16.to(s.dtype), s) and torch.equal(b16.to(b.dtype), b)):
+            raise ArtifactError(f"group-affine tensor {self.name}: scales/biases are not float16")
+        s, b = s16, b16
         d = self.desc
         try:
             ga = GroupAffine(dims=tuple(d["dims"]), bits=int(d["bits"]), group=int(d["group"]),
@@ -141,13 +149,16 @@ class GroupAffineDequantize(ConversionOps):
             dense = ga.dequantize(torch.float32)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise ArtifactError(f"group-affine tensor {self.name}: {exc}") from exc
-        _CAPTURED.setdefault(self.capture_key, {})[self.name] = {"qweight": q, "scales": s,
-                                                                 "biases": b}
+        owner = _QUANTIZERS.get(self.capture_key)
+        if owner is not None:
+            owner.captured[self.name] = {"qweight": q, "scales": s, "biases": b}
         return {target_patterns[0]: dense}
 
     @property
     def reverse_op(self) -> ConversionOps:
-        raise NotImplementedError("leechq writes group-affine tensors through get_state_dict_and_metadata")
+        raise NotImplementedError(
+            "leechq writes group-affine tensors through LeechqHfQuantizer.get_state_dict_and_metadata"
+        )
 
 
 class RotationTable(nn.Module):
@@ -194,6 +205,9 @@ class LeechqHfQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self.dtype: torch.dtype | None = None
         self.modules: dict[str, Any] = {}
+        self.captured: dict[str, dict[str, torch.Tensor]] = {}
+        self._key = uuid.uuid4().hex
+        _QUANTIZERS[self._key] = self
 
     def validate_environment(self, *args: Any, device_map: Any = None, **kwargs: Any) -> None:
         """CPU and CUDA are both fine (reference path on CPU); disk offload is refused."""
@@ -227,7 +241,7 @@ class LeechqHfQuantizer(HfQuantizer):
                 continue
             out.append(WeightConverter(
                 [f"{name}.qweight", f"{name}.scales", f"{name}.biases"], name,
-                operations=[GroupAffineDequantize(name, desc, id(self))]))
+                operations=[GroupAffineDequantize(name, desc, self._key)]))
         return out
 
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
@@ -243,6 +257,14 @@ class LeechqHfQuantizer(HfQuantizer):
         materialize_all(self.modules, rotations)
         if store is not None:
             del model.leechq
+        # transformers keeps the used conversions to revert them in save_pretrained; ours need no
+        # reverting (get_state_dict_and_metadata emits the stored tensors), so they are not kept.
+        kept = getattr(model, "_weight_conversions", None)
+        if isinstance(kept, list):
+            model._weight_conversions = [
+                c for c in kept
+                if not any(isinstance(op, GroupAffineDequantize) for op in getattr(c, "operations", ()))
+            ]
         dtype = self.dtype or torch.float32
         for name, module in self.modules.items():
             module.finalize(devices[name], dtype)
@@ -270,7 +292,9 @@ class LeechqHfQuantizer(HfQuantizer):
             rec = module.record
             if isinstance(rec, QuantizedWeight) and rec.rotation is not None:
                 state.update(rotation_tensors(rec.rotation))
-        captured = _CAPTURED.get(id(self), {})
+        for alias in self.quantization_config.tied:
+            state.pop(alias, None)  # stored once, under its target
+        captured = self.captured
         for name, desc in self.quantization_config.raw.items():
             if isinstance(desc, dict) and desc.get("encoding") == "quant":
                 if name not in captured:

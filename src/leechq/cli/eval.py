@@ -1,0 +1,62 @@
+"""``leechq eval OUT``: perplexity and KL of an artifact against its reference model.
+
+A thin shell (architecture.md §6.1 ``cli/eval.py``) over :func:`leechq.models.load.load`,
+:func:`leechq.models.hf_load.load_model` and :func:`leechq.eval.runner.run_suite` on the offline
+evaluation split. The reference defaults to the model the artifact was quantized from (its
+``provenance.model_id``). The JSON report is the last line of stdout; a summary goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def reference_of(artifact: str | Path) -> str | None:
+    """The ``model_id`` recorded in an artifact's provenance, if any."""
+    cfg = json.loads((Path(artifact) / "config.json").read_text(encoding="utf-8"))
+    prov = cfg.get("quantization_config", {}).get("provenance", {})
+    model_id = prov.get("model_id") if isinstance(prov, dict) else None
+    return str(model_id) if model_id else None
+
+
+def evaluate(artifact: str | Path, reference: str | None, n_windows: int, window: int,
+             device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
+    """Run the suite on ``artifact`` (and KL against ``reference`` when given): the report dict."""
+    from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
+    from leechq.models.load import load, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    model, tokenizer = load(artifact, device=dev, dtype=dt)
+    config = SuiteConfig(n_windows=n_windows, window=window, kl=reference is not None)
+    ref_model, ref_info = None, None
+    if reference is not None:
+        from leechq.models.hf_load import load_model
+
+        loaded = load_model(reference, device=str(dev), dtype=str(dt).removeprefix("torch."))
+        ref_model = loaded.model
+        ref_info = ModelInfo(name=reference, source=loaded.source.to_dict())
+    return run_suite(model, tokenizer, config, reference=ref_model,
+                     model_info=ModelInfo(name=str(artifact), artifact=str(artifact)),
+                     reference_info=ref_info)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate ``args.artifact``; print a summary (stderr) and the JSON report (last stdout line)."""
+    reference = args.reference or reference_of(args.artifact)
+    report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype)
+    ppl = report["ppl"]
+    line = f"[eval] perplexity {ppl['ppl']:.4f}"
+    if "reference_ppl" in ppl:
+        line += (f" vs reference {ppl['reference_ppl']:.4f} (ratio {ppl['ratio']:.4f}); "
+                 f"KL {report['kl']['kl']:.4f} nats/token, greedy agreement {report['kl']['agreement']:.3f}")
+    print(line, file=sys.stderr)
+    text = json.dumps(report, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0

@@ -1,0 +1,147 @@
+"""transformers integration, the three tiers of architecture.md §2.3 on CPU: config round trip,
+replacement on the meta skeleton (through from_pretrained), same logits as ``leechq.load``,
+``save_pretrained`` round trip with byte-identical records, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from leechq_tiny import ARCHS, ids, make_artifact
+
+import leechq.integrations.transformers as integ
+from leechq.errors import FingerprintMismatch, IncompatibleVersion
+from leechq.models.load import load
+from leechq.nn.linear import LeechqLinear
+
+
+def _from_pretrained(path: Path, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+
+
+def test_registration_uses_public_api() -> None:
+    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
+
+    assert AUTO_QUANTIZATION_CONFIG_MAPPING["leechq"] is integ.LeechqHfConfig
+    assert AUTO_QUANTIZER_MAPPING["leechq"] is integ.LeechqHfQuantizer
+    assert integ.LeechqHfQuantizer.requires_calibration is True
+
+
+def test_config_round_trip(tmp_path: Path) -> None:
+    out, _ = make_artifact(tmp_path, "llama", tokenizer=False)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    cfg = integ.LeechqHfConfig.from_dict(qc)
+    assert cfg.to_dict() == qc
+    assert cfg.quant_config().codebook == "tetra"
+    with pytest.raises(IncompatibleVersion):
+        integ.LeechqHfConfig.from_dict({**qc, "schema_version": 2})
+    with pytest.raises(FingerprintMismatch):
+        integ.LeechqHfConfig.from_dict({**qc, "codebook_fingerprint": "0" * 16})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_same_logits_as_leechq_load(tmp_path: Path, arch: str) -> None:
+    out, dense = make_artifact(tmp_path, arch)
+    ours, _ = load(out, device="cpu")
+    hf = _from_pretrained(out, dtype=torch.float32)
+    n_q = sum(isinstance(m, LeechqLinear) for m in hf.modules())
+    assert n_q == 7 * dense.config.num_hidden_layers
+    assert not hasattr(hf, "leechq")  # the rotation store is dropped after loading
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
+
+
+def test_default_dtype_and_bfloat16(tmp_path: Path) -> None:
+    out, _ = make_artifact(tmp_path, "qwen2", tokenizer=False)
+    hf = _from_pretrained(out)
+    assert hf.dtype == torch.float32
+    hf16 = _from_pretrained(out, dtype=torch.bfloat16)
+    ours16, _ = load(out, device="cpu", dtype=torch.bfloat16, tokenizer=False)
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf16(x).logits, ours16(x).logits, rtol=0, atol=0)
+
+
+def test_save_pretrained_round_trip(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out, _ = make_artifact(tmp_path, "qwen2")
+    hf = _from_pretrained(out, dtype=torch.float32)
+    hf.save_pretrained(tmp_path / "saved")
+    a = load_file(str(out / "model.safetensors"))
+    b = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:  # records, rotation tables and raw tensors, byte for byte
+        assert a[k].dtype == b[k].dtype and a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+    qa = json.loads((out / "config.json").read_text())["quantization_config"]
+    qb = json.loads((tmp_path / "saved" / "config.json").read_text())["quantization_config"]
+    assert qa == qb
+    again = _from_pretrained(tmp_path / "saved", dtype=torch.float32)
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(again(x).logits, hf(x).logits, rtol=0, atol=0)
+
+
+def test_group_affine_embedding(tmp_path: Path) -> None:
+    """A 4-bit embedding (three stored keys) merges into the dense tied parameter while loading and
+    is written back as the same three tensors."""
+    from safetensors.torch import load_file
+
+    from leechq.config import QuantConfig
+    from leechq.formats.artifact import GroupAffine, write_artifact
+    from leechq.models.save import raw_tensors
+    from leechq_tiny import quantize_randomly, tiny_model
+
+    dense = tiny_model("llama")
+    records = quantize_randomly(dense)
+    raw, tied = raw_tensors(dense, {})
+    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
+    emb = "model.embed_tokens.weight"
+    raw[emb] = GroupAffine.quantize(raw[emb], 4, 64)
+    out = write_artifact(tmp_path / "ga", base_config=dense.config.to_dict(),
+                         quant_config=QuantConfig(codebook="tetra", embedding_encoding="int4"),
+                         records=records, raw=raw, tied=tied)
+    ours, _ = load(out, device="cpu", tokenizer=False)
+    hf = _from_pretrained(out, dtype=torch.float32)
+    torch.testing.assert_close(hf.model.embed_tokens.weight, raw[emb].dequantize(), rtol=0, atol=0)
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
+    hf.save_pretrained(tmp_path / "saved")
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "saved/model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+
+
+def test_artifact_for_another_model(tmp_path: Path) -> None:
+    from leechq.errors import UnsupportedArchitecture
+
+    out, _ = make_artifact(tmp_path, "llama", tokenizer=False)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["intermediate_size"] = 104
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitecture, match="mlp"):
+        _from_pretrained(out, dtype=torch.float32)
+
+
+def test_registration_is_explicit() -> None:
+    """``import leechq`` (and the standalone loader) registers nothing with transformers; importing
+    the integration module does (architecture.md §7.1: the one documented import line)."""
+    code = (
+        "import leechq, leechq.models.load\n"
+        "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING as Q\n"
+        "before = 'leechq' in Q\n"
+        "import leechq.integrations.transformers\n"
+        "print(before, 'leechq' in Q)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False", "True"]

@@ -1,0 +1,174 @@
+"""LeechqLinear(x) ≈ F.linear(x, dequantize(W)) for ball, Tetra and int4 records (architecture.md §6.1,
+tests/nn/test_linear.py), plus the rotated-basis algebra, serialization and the fused-path seam."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from leechq_tiny import have_codebook, int4_record, lattice_record, max_rel
+
+from leechq.errors import InvalidInput, KernelUnavailable
+from leechq.formats.rotation import apply_rotation
+from leechq.nn.fused import SharedRotation
+from leechq.nn.linear import LeechqLinear
+from leechq.nn.records import record_from_tensors, record_tensor_specs, rotation_key
+
+CODEBOOKS = [
+    "tetra",
+    pytest.param("ball", marks=pytest.mark.skipif(not have_codebook("ball"),
+                                                  reason="ball codebook not in this build yet")),
+]
+
+# (d_in, d_out): widths with and without a tail; odd rotation factors k = 3, 7, 1, 5.
+SHAPES = [(48, 20), (56, 16), (64, 24), (80, 12)]
+
+
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("rotate", [True, False])
+@pytest.mark.parametrize("d_in,d_out", SHAPES)
+def test_lattice_matches_dense_dequantize(codebook: str, rotate: bool, d_in: int, d_out: int) -> None:
+    rec = lattice_record(codebook, d_out, d_in, rotate=rotate, seed=d_in)
+    bias = torch.randn(d_out)
+    mod = LeechqLinear.from_record(rec, bias=bias)
+    ex = mod.finalize("cpu", torch.float32)
+    assert ex.path == "dense" and ex.reason is None
+    x = torch.randn(3, 5, d_in)
+    y = mod(x)
+    ref = F.linear(x, rec.dequantize(torch.float32), bias)
+    assert y.shape == (3, 5, d_out)
+    torch.testing.assert_close(y, ref, rtol=0, atol=0)  # the same weight: bit-identical
+
+
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("d_in,d_out", SHAPES)
+def test_rotated_basis_algebra(codebook: str, d_in: int, d_out: int) -> None:
+    """Ŵ x = Ŵ'(Q x): the dense path agrees with "rotate the activation, dot with the rotated-basis
+    weight" (the fused kernels' algebra) within f32 accumulation error."""
+    rec = lattice_record(codebook, d_out, d_in, rotate=True, seed=7 + d_in)
+    mod = LeechqLinear.from_record(rec)
+    mod.finalize("cpu")
+    x = torch.randn(4, d_in, dtype=torch.float64)
+    y64 = apply_rotation(x, rec.rotation) @ rec.dequantize_rotated().T
+    assert max_rel(mod(x.to(torch.float32)), y64) < 1e-5
+
+
+def test_rotation_changes_the_answer() -> None:
+    """Guard against a test that cannot fail: dropping the rotation gives a different output."""
+    rec = lattice_record("tetra", 16, 48, rotate=True, seed=3)
+    x = torch.randn(2, 48)
+    with_rot = F.linear(x, rec.dequantize())
+    rec.rotation = None
+    assert max_rel(F.linear(x, rec.dequantize()), with_rot) > 1e-2
+
+
+@pytest.mark.parametrize("d_in,d_out", [(256, 8), (200, 6), (56, 16)])
+def test_int4_matches_dense_dequantize(d_in: int, d_out: int) -> None:
+    rec = int4_record(d_out, d_in, seed=1)
+    mod = LeechqLinear.from_record(rec)
+    mod.finalize("cpu")
+    x = torch.randn(7, d_in)
+    torch.testing.assert_close(mod(x), F.linear(x, rec.dequantize()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes(dtype: torch.dtype) -> None:
+    rec = lattice_record("tetra", 24, 72, seed=5)
+    mod = LeechqLinear.from_record(rec, bias=torch.randn(24))
+    mod.finalize("cpu", dtype)
+    x = torch.randn(3, 72).to(dtype)
+    y = mod(x)
+    assert y.dtype == dtype
+    ref = F.linear(x.float(), rec.dequantize(), mod.bias.float())
+    assert max_rel(y, ref) < 2e-2
+
+
+def test_unfinalized_forward_raises() -> None:
+    mod = LeechqLinear.from_record(lattice_record("tetra", 8, 48))
+    with pytest.raises(RuntimeError, match="never finalized"):
+        mod(torch.randn(1, 48))
+
+
+def test_bad_arguments() -> None:
+    rec = lattice_record("tetra", 8, 48)
+    with pytest.raises(InvalidInput, match="bias"):
+        LeechqLinear.from_record(rec, bias=torch.zeros(9))
+    mod = LeechqLinear(48, 9)
+    with pytest.raises(InvalidInput, match="shape"):
+        mod.set_record(rec)
+    with pytest.raises(InvalidInput, match="no record"):
+        LeechqLinear(48, 8).finalize("cpu")
+    ok = LeechqLinear.from_record(rec)
+    with pytest.raises(InvalidInput, match="float32/float16/bfloat16"):
+        ok.finalize("cpu", torch.float64)
+    with pytest.raises(InvalidInput, match="meta"):
+        ok.finalize("meta")
+    with pytest.raises(KernelUnavailable, match="CUDA"):
+        ok.finalize("cpu", prefer="fused")
+
+
+@pytest.mark.parametrize("kind", ["tetra", "int4"])
+def test_state_dict_is_the_canonical_record(kind: str) -> None:
+    rec = lattice_record("tetra", 16, 56, seed=2) if kind == "tetra" else int4_record(16, 56)
+    mod = LeechqLinear.from_record(rec, bias=torch.randn(16))
+    mod.finalize("cpu")
+    sd = mod.state_dict()
+    assert "weight_dense" not in sd and "bias" in sd
+    desc = _descriptor(rec)
+    suffixes = set(record_tensor_specs(desc))
+    assert suffixes <= set(sd)
+    rot = {rotation_key(rec.rotation): rec.rotation} if kind == "tetra" else {}
+    back = record_from_tensors("m", desc, {s: sd[s] for s in suffixes}, rot)
+    torch.testing.assert_close(back.dequantize(), rec.dequantize(), rtol=0, atol=0)
+
+
+def test_placeholder_materialize_round_trip() -> None:
+    rec = lattice_record("tetra", 16, 56, seed=4)
+    desc = _descriptor(rec)
+    with torch.device("meta"):
+        ph = LeechqLinear.placeholder("layer.q", desc, bias=False)
+    assert ph.codes.device.type == "meta"
+    from leechq.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="never loaded"):
+        ph.materialize({rotation_key(rec.rotation): rec.rotation})
+    mod = LeechqLinear.from_record(rec)
+    for suffix, t in mod.state_dict().items():
+        setattr(ph, suffix, t)  # what the host framework's loader does, by name
+    ph.materialize({rotation_key(rec.rotation): rec.rotation})
+    assert not hasattr(ph, "codes")
+    ph.finalize("cpu")
+    x = torch.randn(2, 56)
+    torch.testing.assert_close(ph(x), F.linear(x, rec.dequantize()), rtol=0, atol=0)
+
+
+def test_shared_rotation_keys_on_identity_and_version() -> None:
+    rec = lattice_record("tetra", 8, 48, seed=1)
+    slot = SharedRotation(rec.rotation)
+    calls = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return apply_rotation(x, rec.rotation)
+
+    x = torch.randn(2, 48)
+    a = slot.rotate(x, fn)
+    b = slot.rotate(x, fn)
+    assert a is b and len(calls) == 1
+    x.mul_(2.0)  # in place: same object, new version → recomputed
+    c = slot.rotate(x, fn)
+    assert len(calls) == 2
+    torch.testing.assert_close(c, 2.0 * a)
+    y = x.clone()  # equal values, different tensor → recomputed (never keyed by value or address)
+    slot.rotate(y, fn)
+    assert len(calls) == 3
+
+
+def _descriptor(rec: object) -> dict:
+    from leechq.formats.artifact import build_tensors
+    from leechq.formats.quantized_weight import QuantizedWeight
+
+    cb = rec.codebook if isinstance(rec, QuantizedWeight) else "tetra"
+    gb = rec.gain_bits if isinstance(rec, QuantizedWeight) else 1
+    _, desc, _, _ = build_tensors({"m": rec}, {}, cb, gb)
+    return desc["m"]
