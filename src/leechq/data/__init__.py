@@ -1,0 +1,25 @@
+"""Layer 2: text data for calibration and evaluation (offline Python-docs corpus, online corpora).
+
+The offline default corpus, its fixed calibration/evaluation split, token windows and token
+fingerprints live in :mod:`leechq.data.corpus`; the shared cache location in :mod:`leechq.data.cache`.
+Importing this package imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from leechq.data.cache import cache_root
+from leechq.data.corpus import (
+    TokenWindows,
+    calibration_text,
+    corpus_info,
+    describe_split,
+    evaluation_text,
+    load_text,
+    token_fingerprint,
+    token_windows,
+)
+
+__all__ = [
+    "TokenWindows", "cache_root", "calibration_text", "corpus_info", "describe_split",
+    "evaluation_text", "load_text", "token_fingerprint", "token_windows",
+]

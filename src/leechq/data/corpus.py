@@ -1,0 +1,528 @@
+"""Offline text for calibration and evaluation, token windows and token fingerprints.
+
+Default corpus (works without the hub): the reStructuredText sources of the Python 3.11
+documentation as shipped by Debian's ``python3.11-doc`` package, ``html/_sources/**/*.txt`` (497
+files, ~11 MB of English prose and code). Where it comes from, in order:
+
+1. ``$LEECHQ_PYDOC_SOURCES``: a directory laid out like ``_sources``;
+2. the installed package: ``/usr/share/doc/python3.11/html/_sources``;
+3. the cache: ``<cache root>/pydoc/python3.11-doc/_sources`` (see :mod:`leechq.data.cache`);
+4. otherwise it is fetched into that cache: ``apt-get download python3.11-doc`` (no root needed;
+   or the ``.deb`` named by ``$LEECHQ_PYDOC_DEB``), and the ``_sources`` members of its
+   ``data.tar.*`` are extracted in Python (ar + tarfile; no ``dpkg`` needed), temp dir + rename.
+
+Split (fixed, by file, disjoint): a file with posix path ``rel`` relative to ``_sources`` belongs to
+the *evaluation* split iff ``int.from_bytes(sha256(rel.encode()).digest()[:8], "big") % 10 == 0``,
+and to the *calibration* split otherwise. Within a split, files are read as UTF-8, stripped of
+surrounding whitespace, sorted by ``rel`` and joined with ``"\\n\\n"``. For 3.11.2-6+deb12u8 this gives
+56 evaluation files (1.36 MB) and 441 calibration files (9.69 MB). The rule depends only on the path,
+so it survives package updates; the text may change with the package version, which is why
+:func:`corpus_info` reports the version and a content fingerprint.
+
+Windows (leech-core.md §6.4 protocol): the text is tokenized once without special tokens and cut into
+``n_windows`` contiguous, non-overlapping windows of ``window`` tokens from token 0. The token
+fingerprint (:func:`token_fingerprint`) proves two arms saw the same tokens.
+
+Online corpora (WikiText-2, C4) go through the optional ``datasets`` package (:func:`load_text`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from leechq.data.cache import cache_root
+from leechq.errors import ArtifactError, InvalidInput
+
+PYDOC_PACKAGE = "python3.11-doc"
+PYDOC_SYSTEM_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
+_DEB_SOURCES_PREFIX = "usr/share/doc/python3.11/html/_sources/"
+EVAL_MODULUS = 10
+SPLITS = ("calibration", "evaluation")
+_MANIFEST = "manifest.json"
+# Content fingerprints of known package versions (see corpus_info); informative, not enforced.
+KNOWN_CORPUS_FINGERPRINTS = {"3.11.2-6+deb12u8": "930d16cdb6d46cd5"}
+
+
+def describe_split() -> str:
+    """One paragraph stating the calibration/evaluation split rule (for reports and provenance)."""
+    return (
+        f"python3.11-doc html/_sources/**/*.txt; a file with posix path rel (relative to _sources) is "
+        f"in the evaluation split iff int.from_bytes(sha256(rel.encode('utf-8')).digest()[:8], 'big') "
+        f"% {EVAL_MODULUS} == 0, else in the calibration split; each split = its files read as UTF-8, "
+        f"stripped, sorted by rel, joined with '\\n\\n'"
+    )
+
+
+def split_of(rel: str) -> str:
+    """The split (``"calibration"`` or ``"evaluation"``) of a file path relative to ``_sources``."""
+    h = int.from_bytes(hashlib.sha256(rel.encode("utf-8")).digest()[:8], "big")
+    return "evaluation" if h % EVAL_MODULUS == 0 else "calibration"
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating / fetching the sources
+
+
+def _cache_pydoc_dir() -> Path:
+    return cache_root() / "pydoc" / PYDOC_PACKAGE
+
+
+def pydoc_sources_dir(*, fetch: bool = True) -> Path:
+    """The ``_sources`` directory of the Python docs, fetched into the cache if needed.
+
+    Args:
+        fetch: allow downloading and extracting the ``.deb`` when no copy is found.
+
+    Raises:
+        ArtifactError: no copy found and ``fetch`` is False, or fetching failed.
+    """
+    env = os.environ.get("LEECHQ_PYDOC_SOURCES")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_dir():
+            raise ArtifactError(f"$LEECHQ_PYDOC_SOURCES={env!r} is not a directory")
+        return p
+    if PYDOC_SYSTEM_SOURCES.is_dir():
+        return PYDOC_SYSTEM_SOURCES
+    cached = _cache_pydoc_dir()
+    if (cached / _MANIFEST).is_file() and (cached / "_sources").is_dir():
+        return cached / "_sources"
+    if not fetch:
+        raise ArtifactError(
+            f"no copy of the {PYDOC_PACKAGE} sources: not installed at {PYDOC_SYSTEM_SOURCES}, not "
+            f"cached at {cached}; call fetch_pydoc() or set $LEECHQ_PYDOC_SOURCES"
+        )
+    return fetch_pydoc()
+
+
+def fetch_pydoc(deb: Path | str | None = None) -> Path:
+    """Extract the ``_sources`` tree of ``python3.11-doc`` into the cache; return its path.
+
+    Args:
+        deb: a local ``.deb`` to extract; default ``$LEECHQ_PYDOC_DEB`` or else
+            ``apt-get download python3.11-doc`` (needs apt sources, not root).
+
+    Raises:
+        ArtifactError: apt-get is missing or fails, or the ``.deb`` has no ``_sources``.
+    """
+    dest = _cache_pydoc_dir()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
+    try:
+        deb = deb or os.environ.get("LEECHQ_PYDOC_DEB")
+        deb_path = Path(deb) if deb else _apt_download(work)
+        version = _extract_sources(deb_path, work / "_sources")
+        manifest = {
+            "package": PYDOC_PACKAGE, "deb": deb_path.name, "version": version,
+            "deb_sha256": _sha256_file(deb_path),
+        }
+        (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if deb is None:
+            deb_path.unlink()
+        os.chmod(work, 0o755)
+        if (dest / _MANIFEST).is_file():  # another process finished first
+            return dest / "_sources"
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(work, dest)
+        return dest / "_sources"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _apt_download(work: Path) -> Path:
+    if shutil.which("apt-get") is None:
+        raise ArtifactError(
+            f"apt-get not found: download {PYDOC_PACKAGE}_*.deb from a Debian mirror and set "
+            f"$LEECHQ_PYDOC_DEB, or set $LEECHQ_PYDOC_SOURCES to an html/_sources directory"
+        )
+    proc = subprocess.run(
+        ["apt-get", "download", PYDOC_PACKAGE], cwd=work, capture_output=True, text=True
+    )
+    debs = sorted(work.glob(f"{PYDOC_PACKAGE}_*.deb"))
+    if proc.returncode != 0 or not debs:
+        raise ArtifactError(
+            f"apt-get download {PYDOC_PACKAGE} failed (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-1000:]}"
+        )
+    return debs[0]
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _ar_members(data: bytes) -> dict[str, bytes]:
+    """Members of a Unix ar archive (the container format of a .deb)."""
+    if not data.startswith(b"!<arch>\n"):
+        raise ArtifactError("not a .deb (ar) archive: bad magic")
+    out: dict[str, bytes] = {}
+    pos = 8
+    while pos + 60 <= len(data):
+        header = data[pos:pos + 60]
+        name = header[:16].decode("ascii").strip().rstrip("/")
+        size = int(header[48:58].decode("ascii").strip())
+        pos += 60
+        out[name] = data[pos:pos + size]
+        pos += size + (size & 1)
+    return out
+
+
+def _extract_sources(deb: Path, dest: Path) -> str:
+    """Extract the ``*.txt`` files under html/_sources of a python3.11-doc .deb; return its version."""
+    members = _ar_members(deb.read_bytes())
+    data_name = next((n for n in members if n.startswith("data.tar")), None)
+    if data_name is None:
+        raise ArtifactError(f"{deb}: no data.tar member")
+    version = ""
+    control_name = next((n for n in members if n.startswith("control.tar")), None)
+    if control_name is not None:
+        with tarfile.open(fileobj=io.BytesIO(members[control_name]), mode="r:*") as ctl:
+            for m in ctl.getmembers():
+                if m.name.lstrip("./") == "control" and m.isfile():
+                    text = ctl.extractfile(m).read().decode("utf-8")  # type: ignore[union-attr]
+                    for line in text.splitlines():
+                        if line.startswith("Version:"):
+                            version = line.split(":", 1)[1].strip()
+    n = 0
+    with tarfile.open(fileobj=io.BytesIO(members[data_name]), mode="r:*") as tar:
+        for m in tar.getmembers():
+            name = m.name.removeprefix("./")
+            if not (name.startswith(_DEB_SOURCES_PREFIX) and name.endswith(".txt") and m.isfile()):
+                continue
+            rel = name[len(_DEB_SOURCES_PREFIX):]
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise ArtifactError(f"{deb}: unsafe member path {m.name!r}")
+            out = dest / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
+            n += 1
+    if n == 0:
+        raise ArtifactError(f"{deb}: no {_DEB_SOURCES_PREFIX}*.txt members; not {PYDOC_PACKAGE}?")
+    return version
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits and text
+
+
+def corpus_files(root: Path | str | None = None) -> list[str]:
+    """All ``*.txt`` paths under ``_sources``, posix and relative, sorted."""
+    base = Path(root) if root is not None else pydoc_sources_dir()
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*.txt") if p.is_file())
+
+
+def split_files(split: str, root: Path | str | None = None) -> list[str]:
+    """The files of one split (sorted relative paths).
+
+    Raises:
+        InvalidInput: unknown split name.
+    """
+    if split not in SPLITS:
+        raise InvalidInput(f"unknown split {split!r}; choices: {', '.join(SPLITS)}")
+    return [rel for rel in corpus_files(root) if split_of(rel) == split]
+
+
+def split_text(split: str, root: Path | str | None = None) -> str:
+    """The text of one split: its files read as UTF-8, stripped, joined with ``"\\n\\n"``."""
+    base = Path(root) if root is not None else pydoc_sources_dir()
+    return _split_text_cached(split, str(base))
+
+
+@cache
+def _split_text_cached(split: str, base: str) -> str:
+    parts = [(Path(base) / rel).read_text(encoding="utf-8").strip() for rel in split_files(split, base)]
+    return "\n\n".join(parts)
+
+
+def calibration_text(root: Path | str | None = None) -> str:
+    """Calibration split of the Python-docs corpus (see the module docstring for the rule)."""
+    return split_text("calibration", root)
+
+
+def evaluation_text(root: Path | str | None = None) -> str:
+    """Evaluation split of the Python-docs corpus (disjoint from :func:`calibration_text`)."""
+    return split_text("evaluation", root)
+
+
+def corpus_info(root: Path | str | None = None) -> dict[str, Any]:
+    """Provenance of the corpus: location, package version, per-split sizes and a content fingerprint.
+
+    The fingerprint is the first 16 hex digits of sha256 over, for every file in sorted order, the
+    relative path, a NUL, the file bytes and a NUL.
+    """
+    base = Path(root) if root is not None else pydoc_sources_dir()
+    files = corpus_files(base)
+    digest = hashlib.sha256()
+    sizes = {s: [0, 0] for s in SPLITS}
+    for rel in files:
+        data = (base / rel).read_bytes()
+        digest.update(rel.encode("utf-8") + b"\0" + data + b"\0")
+        sizes[split_of(rel)][0] += 1
+        sizes[split_of(rel)][1] += len(data)
+    version = _pydoc_version(base)
+    fp = digest.hexdigest()[:16]
+    return {
+        "corpus": "pydoc",
+        "path": str(base),
+        "package": PYDOC_PACKAGE,
+        "version": version,
+        "fingerprint": fp,
+        "known_fingerprint_match": KNOWN_CORPUS_FINGERPRINTS.get(version) == fp if version else None,
+        "files": {s: sizes[s][0] for s in SPLITS},
+        "bytes": {s: sizes[s][1] for s in SPLITS},
+        "split_rule": describe_split(),
+    }
+
+
+def _pydoc_version(base: Path) -> str | None:
+    manifest = base.parent / _MANIFEST
+    if manifest.is_file():
+        try:
+            return str(json.loads(manifest.read_text())["version"])
+        except (ValueError, KeyError):
+            return None
+    if base == PYDOC_SYSTEM_SOURCES and shutil.which("dpkg-query"):
+        proc = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", PYDOC_PACKAGE], capture_output=True, text=True
+        )
+        return proc.stdout.strip() or None if proc.returncode == 0 else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Online corpora through `datasets`
+
+
+def _require_datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(
+            "WikiText-2 / C4 need the optional 'datasets' package (pip install 'leechq[data]'); "
+            "the offline default corpus is 'pydoc'"
+        ) from exc
+    return datasets
+
+
+C4_EVAL_FILE = "en/c4-validation.00000-of-00008.json.gz"
+C4_CALIB_FILE = "en/c4-validation.00001-of-00008.json.gz"
+C4_MAX_CHARS = 8_000_000
+
+
+def load_text(
+    name: str,
+    split: str,
+    *,
+    data_files: str | Sequence[str] | None = None,
+    max_chars: int | None = None,
+) -> str:
+    """A named corpus split as one string.
+
+    * ``"pydoc"``: split ``"calibration"`` or ``"evaluation"`` (offline, see the module docstring).
+    * ``"wikitext2"``: ``wikitext-2-raw-v1``, split ``"train"``/``"validation"``/``"test"``; rows
+      joined with ``"\\n\\n"`` (leech-core.md §6.4).
+    * ``"c4"``: ``allenai/c4``; split ``"evaluation"`` reads shard 00000 of the validation set,
+      ``"calibration"`` shard 00001 (disjoint, leech-core.md §5.2); ``text`` fields joined with
+      ``"\\n\\n"`` until ``max_chars`` (default 8 000 000) characters.
+
+    Args:
+        name: corpus name.
+        split: split name (see above).
+        data_files: local files (parquet, JSON lines or JSON) to read through ``datasets`` instead of
+            the hub: a dataset with a ``text`` column, used as the requested split.
+        max_chars: truncate the result to this many characters.
+
+    Raises:
+        InvalidInput: unknown corpus or split.
+        ImportError: ``datasets`` is needed and not installed.
+    """
+    if name == "pydoc":
+        text = split_text(split)
+    elif name in ("wikitext2", "c4"):
+        datasets = _require_datasets()
+        if data_files is not None:
+            files = [data_files] if isinstance(data_files, str) else list(data_files)
+            builder = _builder_for(files[0])
+            ds = datasets.load_dataset(builder, data_files={"data": files}, split="data")
+        elif name == "wikitext2":
+            if split not in ("train", "validation", "test"):
+                raise InvalidInput(f"wikitext2 split {split!r}; choices: train, validation, test")
+            ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split=split)
+        else:
+            if split not in SPLITS:
+                raise InvalidInput(f"c4 split {split!r}; choices: {', '.join(SPLITS)}")
+            shard = C4_EVAL_FILE if split == "evaluation" else C4_CALIB_FILE
+            ds = datasets.load_dataset("allenai/c4", data_files={"validation": shard}, split="validation")
+        limit = max_chars if max_chars is not None else (C4_MAX_CHARS if name == "c4" else None)
+        text = _join_rows(ds["text"], limit)
+    else:
+        raise InvalidInput(f"unknown corpus {name!r}; choices: pydoc, wikitext2, c4")
+    return text[:max_chars] if max_chars is not None else text
+
+
+def _builder_for(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith(".parquet"):
+        return "parquet"
+    if lower.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")):
+        return "json"
+    if lower.endswith((".txt", ".raw")):
+        return "text"
+    raise InvalidInput(f"{path}: unknown data file type (expected .parquet, .json[l][.gz] or .txt)")
+
+
+def _join_rows(rows: Sequence[str], max_chars: int | None) -> str:
+    parts: list[str] = []
+    total = 0
+    for row in rows:
+        parts.append(row)
+        total += len(row) + 2
+        if max_chars is not None and total >= max_chars:
+            break
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens.
+
+    Accepts a transformers tokenizer (``encode(text, add_special_tokens=False)``) or any object with
+    ``encode(text) -> list[int]``.
+    """
+    try:
+        ids = tokenizer.encode(text, add_special_tokens=False, verbose=False)
+    except TypeError:
+        ids = tokenizer.encode(text)
+    return [int(i) for i in ids]
+
+
+def token_fingerprint(ids: Any) -> str:
+    """16-hex-digit fingerprint of a token id array (any shape; ids and shape both count).
+
+    sha256 over ``b"leechq-tokens-v1\\0"``, the shape as little-endian u64s and the ids as
+    little-endian int64, truncated to 16 hex digits.
+    """
+    import numpy as np
+
+    arr = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype="<i8")
+    digest = hashlib.sha256(b"leechq-tokens-v1\0")
+    digest.update(np.asarray(arr.shape, dtype="<u8").tobytes())
+    digest.update(np.ascontiguousarray(arr).tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """Fixed, non-overlapping token windows of one text.
+
+    Attributes:
+        ids: int64 [n_windows, window] token ids (CPU tensor).
+        fingerprint: :func:`token_fingerprint` of ``ids``.
+        source: free-form description of the text (corpus and split).
+        total_tokens: tokens in the tokenized prefix of the text (at least ``n_windows·window``).
+    """
+
+    ids: Any
+    fingerprint: str
+    source: str = ""
+    total_tokens: int = 0
+
+    @property
+    def n_windows(self) -> int:
+        """Number of windows."""
+        return int(self.ids.shape[0])
+
+    @property
+    def window(self) -> int:
+        """Tokens per window."""
+        return int(self.ids.shape[1])
+
+    def protocol(self) -> dict[str, Any]:
+        """JSON-friendly description (for provenance)."""
+        return {
+            "source": self.source, "n_windows": self.n_windows, "window": self.window,
+            "tokens_fingerprint": self.fingerprint, "total_tokens": self.total_tokens,
+        }
+
+
+def token_windows(
+    tokenizer: Any, text: str, n_windows: int, window: int, *, source: str = ""
+) -> TokenWindows:
+    """Cut ``n_windows`` contiguous, non-overlapping windows of ``window`` tokens from token 0.
+
+    Only a prefix of ``text`` long enough for the windows (with a safety margin of 256 tokens) is
+    tokenized; this yields the same leading tokens as tokenizing the whole text, because byte-level
+    BPE and SentencePiece tokenizers only change the tokens near the cut.
+
+    Args:
+        tokenizer: see :func:`encode`.
+        text: the corpus text.
+        n_windows: number of windows (> 0).
+        window: tokens per window (> 1).
+        source: description stored in the result.
+
+    Returns:
+        :class:`TokenWindows` with ``ids`` int64 [n_windows, window].
+
+    Raises:
+        InvalidInput: non-positive sizes, or the text has fewer than ``n_windows·window`` tokens.
+    """
+    import torch
+
+    if n_windows <= 0 or window <= 1:
+        raise InvalidInput(f"need n_windows > 0 and window > 1, got {n_windows} and {window}")
+    need = n_windows * window
+    ids = _leading_tokens(tokenizer, text, need)
+    if len(ids) < need:
+        raise InvalidInput(
+            f"text has {len(ids)} tokens, fewer than n_windows·window = {n_windows}·{window} = {need}"
+        )
+    tensor = torch.tensor(ids[:need], dtype=torch.int64).reshape(n_windows, window)
+    return TokenWindows(tensor, token_fingerprint(tensor), source, len(ids))
+
+
+def _leading_tokens(tokenizer: Any, text: str, need: int) -> list[int]:
+    """At least ``need`` leading tokens of ``text`` (all of them if it has fewer), equal to the
+    leading tokens of the whole text.
+
+    Tokenizing a prefix only changes the tokens near the cut. Two prefixes of different lengths are
+    tokenized; if their first ``need`` tokens agree, both cuts are far enough away, otherwise the
+    prefix grows (ending with the whole text).
+    """
+    margin = 256
+    chars = min(len(text), (need + margin) * 8)
+    while chars < len(text):
+        ids = encode(tokenizer, text[:chars])
+        if len(ids) >= need + margin:
+            longer = encode(tokenizer, text[: min(len(text), chars + chars // 2)])
+            if longer[:need] == ids[:need]:
+                return ids
+        chars = min(len(text), chars * 2)
+    return encode(tokenizer, text)
+
+
+def pydoc_windows(tokenizer: Any, split: str, n_windows: int, window: int) -> TokenWindows:
+    """Windows of one split of the offline corpus (:func:`token_windows` of :func:`split_text`)."""
+    return token_windows(
+        tokenizer, split_text(split), n_windows, window, source=f"pydoc:{split}"
+    )
