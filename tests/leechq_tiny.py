@@ -100,7 +100,7 @@ def tiny_model(arch: str, seed: int = 0) -> Any:
     return model.eval()
 
 
-WORDS = ("the a of to and in is it you that was for on are with as I his they be at one have this "
+WORDS = ("user assistant system the a of to and in is it you that was for on are with as I his they be at one have this "
          "from or had by hot word but what some we can out other were all there when up use your how "
          "said an each she which do their time if will way about many then them write would like so "
          "these her long make thing see him two has look more day could go come did number sound no "

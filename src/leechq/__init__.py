@@ -16,9 +16,15 @@ _SUBPACKAGES = {
     "lattice", "codebooks", "quant", "formats", "kernels", "nn", "models", "serve", "eval",
     "integrations", "cli", "utils", "errors", "registry",
 }
-_LAZY_ATTRS: dict[str, tuple[str, str]] = {}
+_LAZY_ATTRS: dict[str, tuple[str, str]] = {
+    # The curated public API (architecture.md §6.1); each is imported on first access.
+    "load": ("leechq.models.load", "load"),
+    "quantize_model": ("leechq.models.quantize", "quantize_model"),
+    "QuantConfig": ("leechq.config", "QuantConfig"),
+    "LeechqLinear": ("leechq.nn.linear", "LeechqLinear"),
+}
 
-__all__ = ["__version__", *sorted(_SUBPACKAGES)]
+__all__ = ["__version__", *sorted(_LAZY_ATTRS), *sorted(_SUBPACKAGES)]
 
 
 def __getattr__(name: str) -> Any:

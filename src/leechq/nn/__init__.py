@@ -1,1 +1,28 @@
-"""Layer 4: torch modules (the quantized linear and module replacement)."""
+"""Layer 4: torch modules (the quantized linear and module replacement).
+
+``LeechqLinear`` (:mod:`leechq.nn.linear`), the replacement helpers (:mod:`leechq.nn.replace`) and
+``fuse_linears`` (:mod:`leechq.nn.fused`, used by the serving model to group q|k|v and gate|up) are
+imported on first access, so ``import leechq.nn`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "LeechqLinear": "leechq.nn.linear",
+    "fuse_linears": "leechq.nn.fused",
+    "LeechqGroup": "leechq.nn.fused",
+    "replace_with_records": "leechq.nn.replace",
+    "replace_with_placeholders": "leechq.nn.replace",
+    "share_groups": "leechq.nn.replace",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'leechq.nn' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from leechq.errors import KernelUnavailable
+from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, apply_rotation
 
@@ -112,3 +112,66 @@ def plan(record: QuantizedWeight | Int4Weight, device: torch.device, dtype: torc
     if builder is None:
         raise KernelUnavailable("leechq.kernels.select provides no linear-layer kernel plan yet")
     return builder(record, device, dtype)  # pragma: no cover - adapted when the kernels land
+
+
+class LeechqGroup(torch.nn.Module):
+    """Projections that read one input, outputs concatenated by rows: ``[..., d_in] → [..., Σ d_out]``.
+
+    The serving model's ``wqkv`` / ``w13`` (layouts-kernels-recipe.md §3.5). Rows of the result are
+    the rows of the members, so the group computes the same numbers as its members. Lattice members
+    with identical rotation tables share one :class:`SharedRotation` slot, so the fused path rotates
+    the common input once per call; the dense path needs no rotation at all.
+    """
+
+    def __init__(self, members: list[torch.nn.Module]) -> None:
+        super().__init__()
+        if not members:
+            raise InvalidInput("LeechqGroup needs at least one member")
+        d_in = {int(getattr(m, "in_features", -1)) for m in members}
+        if len(d_in) != 1:
+            raise InvalidInput(f"members of one group must share d_in, got {sorted(d_in)}")
+        self.members = torch.nn.ModuleList(members)
+        self.in_features = d_in.pop()
+        self.out_features = sum(int(m.out_features) for m in members)
+        share_member_rotations(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., d_in] → [..., Σ d_out] (members in order)."""
+        return torch.cat([m(x) for m in self.members], dim=-1)
+
+
+def share_member_rotations(members: list[torch.nn.Module]) -> int:
+    """Give lattice members with identical rotation tables one shared slot; returns the slots made."""
+    import numpy as np
+
+    from leechq.nn.linear import LeechqLinear
+
+    slots: list[SharedRotation] = []
+    for m in members:
+        rec = getattr(m, "record", None) if isinstance(m, LeechqLinear) else None
+        if not isinstance(rec, QuantizedWeight) or rec.rotation is None:
+            continue
+        rot = rec.rotation
+        slot = next((s for s in slots if s.tables.n == rot.n
+                     and np.array_equal(s.tables.signs, rot.signs)
+                     and np.array_equal(s.tables.small, rot.small)), None)
+        if slot is None:
+            slot = SharedRotation(rot)
+            slots.append(slot)
+        m.share_rotation(slot)
+    return len(slots)
+
+
+def fuse_linears(members: list[torch.nn.Module]) -> torch.nn.Module:
+    """One module for projections that read the same input (q|k|v, gate|up, or a single one).
+
+    Args:
+        members: finalized :class:`~leechq.nn.linear.LeechqLinear` (or other ``[..., d_in] →
+            [..., d_out]`` modules), in output order.
+
+    Returns:
+        The single member itself, or a :class:`LeechqGroup`.
+    """
+    if len(members) == 1:
+        return members[0]
+    return LeechqGroup(list(members))

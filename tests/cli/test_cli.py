@@ -1,0 +1,134 @@
+"""The ``leechq`` CLI: lazy help (no torch), inspect's three rates, run, eval and error handling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from leechq_tiny import make_artifact, tiny_model, tiny_tokenizer
+
+from leechq.cli.main import COMMANDS, main
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_help_does_not_import_torch() -> None:
+    names = [c.name for c in COMMANDS]
+    code = (
+        "import sys\n"
+        "from leechq.cli.main import main\n"
+        f"for argv in [['--help']] + [[n, '--help'] for n in {names!r}]:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (argv, e.code)\n"
+        "heavy = [m for m in ('torch', 'triton', 'transformers', 'numpy') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    res = _python(code)
+    assert res.returncode == 0, res.stderr
+    assert "HEAVY []" in res.stdout
+    for name in names:
+        assert name in res.stdout
+
+
+def test_console_script_entry_point() -> None:
+    res = subprocess.run([sys.executable, "-m", "leechq.cli.main", "--version"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith("leechq ")
+    res = subprocess.run([sys.executable, "-m", "leechq.cli.main"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "quantize" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out, _ = make_artifact(tmp_path_factory.mktemp("cli"), "llama")
+    return out
+
+
+def test_inspect_prints_the_three_rates(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from leechq.formats.artifact import artifact_report
+
+    assert main(["inspect", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    rates = artifact_report(artifact)["rates"]
+    for label, key in (("kernel rate", "kernel_bits_per_weight"),
+                       ("whole-model rate", "whole_model_bits_per_param"),
+                       ("on-disk rate", "on_disk_bits_per_param")):
+        line = next(ln for ln in out.splitlines() if label in ln)
+        assert f"{rates[key]:.4f}" in line  # each rate on its own line, with its own unit
+    assert "bits per quantized weight" in out and "bits per parameter" in out
+    assert "*.q_proj (2)" in out and "*.v_proj (2)" in out and "int4" in out
+    assert main(["inspect", str(artifact), "--matrices"]) == 0
+    assert "model.layers.1.mlp.down_proj" in capsys.readouterr().out
+    assert main(["inspect", str(artifact), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rates"] == rates
+
+
+def test_run_streams_an_answer(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", str(artifact), "--prompt", "the water is", "--max-new-tokens", "5",
+               "--device", "cpu"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n") and len(out.split()) >= 1
+
+
+def test_prompt_uses_the_chat_template() -> None:
+    from leechq.cli.generate import prompt_ids
+
+    tok = tiny_tokenizer()
+    templated = prompt_ids(tok, "the water")
+    raw = prompt_ids(tok, "the water", raw=True)
+    assert templated != raw
+    assert tok.decode(templated) == "user the water assistant"
+    plain = tiny_tokenizer(chat_template=False)
+    assert prompt_ids(plain, "the water") != prompt_ids(plain, "the water", raw=True)
+
+
+def test_eval_reports_ppl_and_kl(artifact: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from leechq.data.corpus import pydoc_sources_dir
+    from leechq.errors import ArtifactError
+
+    try:
+        pydoc_sources_dir(fetch=False)
+    except ArtifactError:
+        pytest.skip("offline evaluation corpus not fetched on this machine")
+    ref = tmp_path / "ref"
+    tiny_model("llama").save_pretrained(ref)
+    tiny_tokenizer().save_pretrained(ref)
+    rc = main(["eval", str(artifact), "--reference", str(ref), "--windows", "2", "--window", "32",
+               "--device", "cpu", "--out", str(tmp_path / "r.json")])
+    assert rc == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert report["ppl"]["n_predicted"] == 2 * 31
+    assert report["kl"]["kl"] >= 0 and "ratio" in report["ppl"]
+    assert "perplexity" in captured.err
+
+
+def test_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("leechq inspect: error:") and "not a directory" in err
+    out, _ = make_artifact(tmp_path, "llama", tokenizer=False)
+    assert main(["run", str(out), "--prompt", "hi", "--device", "cpu"]) == 2
+    assert "no tokenizer files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["quantize", "m", "o", "--codebook", "nope"])
+
+
+def test_demo_readiness_checks() -> None:
+    from leechq.cli.demo import codebook_ready, quantizer_ready
+
+    assert codebook_ready("tetra") == (True, "")
+    ok, why = codebook_ready("no-such-codebook")
+    assert not ok and "no-such-codebook" in why
+    assert quantizer_ready() == (True, "")

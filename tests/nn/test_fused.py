@@ -1,0 +1,41 @@
+"""``fuse_linears`` / ``LeechqGroup``: rows of the group are the rows of its members; lattice members
+with identical rotation tables share one rotation slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from leechq_tiny import int4_record, lattice_record
+
+from leechq.errors import InvalidInput
+from leechq.nn.fused import LeechqGroup, fuse_linears
+from leechq.nn.linear import LeechqLinear
+
+
+def _members() -> list[LeechqLinear]:
+    q = lattice_record("tetra", 32, 56, seed=1, rotation_seed_value=9)
+    k = lattice_record("tetra", 16, 56, seed=2, rotation_seed_value=9)
+    v = int4_record(16, 56, seed=3)
+    mods = [LeechqLinear.from_record(r, bias=torch.randn(r.d_out)) for r in (q, k, v)]
+    for m in mods:
+        m.finalize("cpu")
+    return mods
+
+
+def test_group_rows_are_member_rows() -> None:
+    members = _members()
+    group = fuse_linears(members)
+    assert isinstance(group, LeechqGroup) and group.out_features == 64 and group.in_features == 56
+    x = torch.randn(2, 3, 56)
+    ref = torch.cat([m(x) for m in members], dim=-1)
+    torch.testing.assert_close(group(x), ref, rtol=0, atol=0)
+    # q and k share one slot; v (int4) reads the unrotated input and has none
+    assert members[0]._shared_rotation is members[1]._shared_rotation is not None
+    assert members[2]._shared_rotation is None
+
+
+def test_single_member_and_errors() -> None:
+    members = _members()
+    assert fuse_linears(members[:1]) is members[0]
+    with pytest.raises(InvalidInput, match="d_in"):
+        LeechqGroup([members[0], torch.nn.Linear(48, 8)])
