@@ -50,8 +50,9 @@ FORMAT_MAX_SHELL = 13
 """Largest shell of index format v1 (48-bit index); the shipped ball uses 12 (47 bits)."""
 
 SPEED_NOTE = (
-    "decode_indices ≈ 1.3 M labels/s, encode_points ≈ 1.2 M labels/s on one core "
-    "(2^21 uniform labels over Λ24(12), numpy 2.4, x86-64 CI box)"
+    "decode_indices ≈ 1.1 M labels/s and encode_points ≈ 0.85 M labels/s of CPU time on one core "
+    "(2^21 uniform labels over Λ24(12), best of 3; x86-64 2-core dev box, numpy 2.4, measured "
+    "2026-11-29 while the box ran at load ≈ 10, so an idle core is faster)"
 )
 """Measured throughput of the vectorized paths (by hand, from :func:`_benchmark`)."""
 
