@@ -72,7 +72,11 @@ def retention(train: np.ndarray, x: np.ndarray, labels: torch.Tensor) -> dict[st
     norms = np.linalg.norm(x, axis=1)
     g = centroids[np.argmin(np.abs(norms[:, None] - centroids[None, :]), axis=1)]
     mse = float((norms**2 - 2 * g * t + g**2).sum() / x.size)
-    return {"mse": mse, "retention_pct": 100.0 * (-0.5 * math.log2(mse)) / 2.0, "mean_cos": float((t / norms).mean())}
+    return {
+        "mse": mse,
+        "retention_pct": 100.0 * (-0.5 * math.log2(mse)) / 2.0,
+        "mean_cos": float((t / norms).mean()),
+    }
 
 
 def stage_times(z: torch.Tensor) -> dict[str, float]:
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     print("decode == reference:", result["decode_equal_reference"], flush=True)
 
     # 2. Decoder throughput.
-    big = torch.from_numpy(rng.integers(0, 1 << 47, size=args.decode_blocks, dtype=np.int64)).to(device)
+    big = rng.integers(0, 1 << 47, size=args.decode_blocks, dtype=np.int64)
+    big = torch.from_numpy(big).to(device)
     t = _best_time(lambda: decode(big), device)
     result["decode_blocks_per_s"] = args.decode_blocks / t
     cpu_labels = labels[: 1 << 20]
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     cos_cpu, cos_dev = te.cosine_of(x2k, cpu_lab), te.cosine_of(x2k, dev_lab)
     result["encode_same_labels_fraction"] = float((cpu_lab == dev_lab).double().mean())
     result["encode_max_abs_cos_diff"] = float((cos_cpu - cos_dev).abs().max())
-    print("encode agreement:", result["encode_same_labels_fraction"], result["encode_max_abs_cos_diff"], flush=True)
+    agreement = result["encode_same_labels_fraction"], result["encode_max_abs_cos_diff"]
+    print("encode agreement (same labels, max |Δcos|):", agreement, flush=True)
 
     save(result, args.out)
 

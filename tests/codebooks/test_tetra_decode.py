@@ -257,6 +257,12 @@ def test_bad_labels_raise():
         decode(torch.tensor([1.0]))
 
 
+def test_unvalidated_decode_ignores_the_gain_bit():
+    labels = torch.from_numpy(_random_labels(1000, 29))
+    words = words_from_labels_gains(labels, torch.ones_like(labels))
+    assert torch.equal(decode(words, validate=False), decode(labels))
+
+
 def test_stream_length_must_be_a_multiple_of_six():
     with pytest.raises(ArtifactError, match="multiple of 6"):
         words_from_disk_bytes(np.zeros(7, dtype=np.uint8))

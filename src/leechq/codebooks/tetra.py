@@ -103,11 +103,13 @@ def pack_fields(**fields: Any) -> Any:
 # Decode
 
 
-def decode(labels: torch.Tensor) -> torch.Tensor:
+def decode(labels: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
     """Decode Tetra labels to lattice points (tetra-format.md §1.5), integer-only.
 
     Args:
         labels: int64 [...] in [0, 2^47), any device.
+        validate: check the range (one device sync on CUDA). With False, bits ≥ 47 are ignored,
+            as the format's decode ignores bits ≥ 48 of a word.
 
     Returns:
         int32 [..., 24], natural coordinate order, on the labels' device.
@@ -115,9 +117,10 @@ def decode(labels: torch.Tensor) -> torch.Tensor:
     Raises:
         InvalidInput: a non-integer tensor or a label outside [0, 2^47).
     """
-    labels = _check_labels(labels)
+    if validate:
+        labels = _check_labels(labels)
     shape = labels.shape
-    flat = labels.reshape(-1)
+    flat = labels.reshape(-1).to(torch.int64) & (LABEL_LIMIT - 1)
     tab = _device_tables(str(flat.device))
     p = flat & 1
     r = (flat >> 1) & 1
@@ -377,7 +380,7 @@ def _values_from_stream(data: Any, big_endian: bool, what: str) -> Any:
 
 
 def disk_bytes_from_words(words: Any) -> Any:
-    """On-disk stream (``code_order = "msb_first_dense"``): 6 big-endian bytes of ``label<<1 | gain``.
+    """On-disk stream (``msb_first_dense``): 6 big-endian bytes of ``label << 1 | gain`` a block.
 
     Args:
         words: [...] 48-bit words (torch int64 or numpy integer), flattened in C order.

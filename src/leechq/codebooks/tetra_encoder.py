@@ -9,28 +9,33 @@ which separates over the three sections once the trellis path and the section cl
    ``{T < B} ∪ {T = B, ρ ≤lex cut}`` with ``T = Σ tri(ρ_j)`` (``cost = 8 + 8T``), and
    ``T ≡ class (mod 2)``. Coordinates are combined in pairs, pairs into halves (tables over the
    budget ``T ∈ 0..11``, with ``lt``/``eq``/``le`` variants for the lexicographic tie group), and
-   halves into the section for all 256 bytes at once. No shrink ladder or repair is needed: the
-   result is the exact optimum over the 2048 rows of the list.
+   halves into the section for all 128 even-weight bytes at once. No shrink ladder or parity
+   repair is needed: the result is the exact optimum over the rows of the list.
 2. **Join over the trellis** (§2.8 step 3): maximize ``E1[p][r][s8] + E2[p][δ][c2] +
    E3[p][p⊕r⊕δ][s16]`` over all 2·2·2·64·16 = 8192 combinations, exhaustively.
 3. **Backtrack** the winning section rows from half-vector scores (cheap, per block).
-4. **Scales.** Several starting norms ``‖z‖`` plus alternating (Lloyd) refinement
-   ``λ ← ⟨x, y⟩/‖y‖²``; the best ratio ``⟨x, y⟩/‖y‖`` over all trials wins (ties → earlier trial).
+4. **Scales.** A few fixed target norms ``‖z‖`` (optionally followed by alternating (Lloyd)
+   refinement ``λ ← ⟨x, y⟩/‖y‖²``); the best ratio ``⟨x, y⟩/‖y‖`` over all trials wins (ties →
+   earlier trial). Measured on the leech-core §6.2 protocol (20 000 eval blocks, 1 gain bit):
+   retention 88.870 % with the two default scales, 88.950 % with :data:`QUALITY_NORMS`.
 
-Everything is batched torch (CPU or CUDA, float32 scores). :func:`encode_reference` is the slow
-twin: the same trial schedule with a brute-force per-section search over all rows in float64.
+Everything is batched torch (CPU or CUDA, float32 scores), blocks on the innermost axis. On one
+H200 the default schedule encodes about 5e5 blocks/s (two searches; per search on 65 536 blocks:
+end sections 34 ms, middle 12 ms, join 10 ms, backtrack 5 ms). :func:`encode_reference` is the
+slow twin: the same schedule with a brute-force per-section search over all rows in float64.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 import torch
 
-from leechq.codebooks.tetra import FIELDS, decode, pack_fields
+from leechq.codebooks.tetra import decode, pack_fields
 from leechq.codebooks.tetra_tables import (
     CLASS_ROWS,
     N0_MIXED,
@@ -89,10 +94,6 @@ def _lists() -> tuple[_ListSpec, ...]:
     return (spec(t.class0_list, 0), spec(t.class1_list, 1), mid0, mid1)
 
 
-def _lex_less(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return tuple(a) < tuple(b)
-
-
 @cache
 def _np_constants() -> dict[str, np.ndarray]:
     """Index tables of the dynamic program and of the backtrack (see the module docstring)."""
@@ -100,7 +101,7 @@ def _np_constants() -> dict[str, np.ndarray]:
     c: dict[str, np.ndarray] = {}
     # val(p + 2c, ρ) for ρ ≤ 4 : [2 p, 2 c, 5 ρ].
     vals = tetra_tables().values
-    c["V"] = np.array([[[vals[p + 2 * b, r] for r in range(5)] for b in range(2)] for p in range(2)])
+    c["V"] = np.array([[vals[p + 2 * b, :5] for b in range(2)] for p in range(2)])
     # Pairs of ranks with tri sum ≤ 11, lexicographic.
     pairs = [(a, b) for a in range(5) for b in range(5) if tri[a] + tri[b] <= MAX_T]
     c["pair_a"] = np.array([a for a, _ in pairs])
@@ -126,7 +127,7 @@ def _np_constants() -> dict[str, np.ndarray]:
     for li, spec in enumerate(lists):
         for q in range(4):
             target = (spec.cut[2 * q], spec.cut[2 * q + 1])
-            lt = np.array([_lex_less(p, target) for p in pairs])
+            lt = np.array([pair < target for pair in pairs])
             cat_lt[li, q] = cat_table(lt)
             eq_pair[li, q] = pairs.index(target)
             eq_t[li, q] = pair_t[eq_pair[li, q]]
@@ -196,7 +197,7 @@ def _np_constants() -> dict[str, np.ndarray]:
     pj, rj, dj = np.meshgrid(np.arange(2), np.arange(2), np.arange(2), indexing="ij")
     c["join_p"], c["join_k3"] = pj, pj ^ rj ^ dj
     c["ar8"] = np.arange(8)
-    # Even-weight bytes only: nibbles grouped by parity; byte hi·16 + lo ↔ slot par·64 + ihi·8 + ilo.
+    # Even-weight bytes only: nibbles grouped by parity; byte hi·16 + lo ↔ slot par·64 + ih·8 + il.
     nibs = [[v for v in range(16) if v.bit_count() % 2 == par] for par in (0, 1)]
     c["nibbles_by_parity"] = np.array(nibs[0] + nibs[1])
     byte_slot = np.full(256, -1)
@@ -296,7 +297,6 @@ def _section_scores(z: torch.Tensor, list_ids: tuple[int, int], k: dict) -> torc
     fb = f[:, :, 1].index_select(-2, k["pair_b"])
     pairs = (fa[:, :, None] + fb[:, :, :, None]).flatten(2, 3)  # [2p, 4q, 4cc (ca + 2cb), npair, M]
     pairs = _pad_row(pairs, -2)
-    npad = pairs.shape[-2]
 
     def categories(table: torch.Tensor, q: int) -> torch.Tensor:
         """Max over pairs grouped by budget: [NT, kmax] pair indices → [2p, 4cc, NT, M]."""
@@ -322,7 +322,8 @@ def _section_scores(z: torch.Tensor, list_ids: tuple[int, int], k: dict) -> torc
         # Strict part: T1 + T2 ≤ B − 2 with T2 of the right parity; best over T1.
         best = h1p.new_full((2, 2, 8, 8, m), NEG)  # [2p, 2par, 8 hi, 8 lo, M]
         for b1 in range(budget - 1):
-            best = torch.maximum(best, h1p[:, :, None, :, b1] + cm2p[:, :, :, None, budget - 2 - b1])
+            term = h1p[:, :, None, :, b1] + cm2p[:, :, :, None, budget - 2 - b1]
+            best = torch.maximum(best, term)
         if bool(k["list_tie_py"][li]):
             q_lt = [categories(k["cat_lt"][li, q], q) for q in range(4)]
             t_eq = [int(v) for v in k["eq_t_py"][li]]
@@ -337,14 +338,14 @@ def _section_scores(z: torch.Tensor, list_ids: tuple[int, int], k: dict) -> torc
             )
             h1_ltp = split(h1_lt)
             for b1 in range(budget + 1):
-                best = torch.maximum(best, h1_ltp[:, :, None, :, b1] + h2p[:, :, :, None, budget - b1])
+                term = h1_ltp[:, :, None, :, b1] + h2p[:, :, :, None, budget - b1]
+                best = torch.maximum(best, term)
             t_hi = t_eq[0] + t_eq[1]
             if 0 <= budget - t_hi < NT:
                 h1_eq = split((eq_val[0][:, None] + eq_val[1][:, :, None]).flatten(1, 2))
                 h2_lep = split(h2_le[:, :, budget - t_hi])  # [2p, 2par, 8 hi, M]
                 best = torch.maximum(best, h1_eq[:, :, None] + h2_lep[:, :, :, None])
         out.append(best.flatten(1, 3))  # slot = parity·64 + hi·8 + lo
-    del npad
     return torch.stack(out, dim=1)
 
 
@@ -384,7 +385,9 @@ def _join(e_end: torch.Tensor, e_mid: torch.Tensor, k: dict) -> dict[str, torch.
     }  # fmt: skip
 
 
-def _best_rows(z: torch.Tensor, p: torch.Tensor, byte: torch.Tensor, lst: torch.Tensor, k: dict):
+def _best_rows(
+    z: torch.Tensor, p: torch.Tensor, byte: torch.Tensor, lst: torch.Tensor, k: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backtrack: the best row (index inside its class) of one section per block.
 
     Args:
@@ -427,7 +430,6 @@ def _best_rows(z: torch.Tensor, p: torch.Tensor, byte: torch.Tensor, lst: torch.
 
 def _search(z: torch.Tensor, k: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact nearest Tetra point: z float32 [N, 24] natural order → (labels [N], score [N])."""
-    n = z.shape[0]
     zt = z.t().index_select(0, k["order"])  # [24, N] trio order, blocks last
     e_end = _section_scores(torch.cat((zt[0:8], zt[16:24]), dim=1), (0, 1), k)
     e_mid = _section_scores(zt[8:16].contiguous(), (2, 3), k)
@@ -443,7 +445,6 @@ def _search(z: torch.Tensor, k: dict) -> tuple[torch.Tensor, torch.Tensor]:
     labels = pack_fields(
         p=p, r=j["r"], s8=j["s8"], b1=j["b1"], i1=i1, b2=j["b2"], i2=i2, b3=j["b3"], i3=i3
     )
-    del n
     return labels, j["score"]
 
 
@@ -473,7 +474,7 @@ def _prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ..
 
 def _trials(
     unit: torch.Tensor,
-    search,
+    search: Callable[[torch.Tensor], torch.Tensor],
     norms: tuple[float, ...],
     refine: int,
 ) -> torch.Tensor:
@@ -501,6 +502,25 @@ def _trials(
     return best_labels
 
 
+@contextmanager
+def _intra_op_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """Run CPU work with ``threads`` intra-op threads, restoring the caller's setting after.
+
+    The search is a few hundred small tensor ops per chunk: on CPU, intra-op threading costs a
+    barrier per op and gains little; on a loaded 2-core machine two threads made the encoder 11×
+    slower than one. (With OpenMP builds the setting is per calling thread.)
+    """
+    previous = torch.get_num_threads()
+    if device.type != "cpu" or previous == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def encode(
     x: torch.Tensor,
     *,
@@ -514,7 +534,8 @@ def encode(
         x: float [..., 24] blocks (natural order), CPU or CUDA.
         norms: starting target norms ``‖z‖`` in lattice units (one search each).
         refine: Lloyd refinements after each start (each is one more search).
-        chunk: blocks per batch (bounds memory); default 65536 on CUDA, 256 on CPU (cache-sized).
+        chunk: blocks per batch. Default 65536 on CUDA (about 8.5 GB of device memory at the
+            peak, in the join; 131072 is 4 % faster on an H200) and 256 on CPU (cache-sized).
 
     Returns:
         int64 labels [...] on x's device; the zero block gets label 0 (the origin).
@@ -527,9 +548,10 @@ def encode(
     if chunk is None:
         chunk = 65536 if unit.is_cuda else 256
     out = torch.zeros(unit.shape[0], dtype=torch.int64, device=unit.device)
-    for start in range(0, unit.shape[0], chunk):
-        part = unit[start : start + chunk]
-        out[start : start + chunk] = _trials(part, lambda z: _search(z, k)[0], norms, refine)
+    with _intra_op_threads(unit.device, 1):
+        for start in range(0, unit.shape[0], chunk):
+            part = unit[start : start + chunk]
+            out[start : start + chunk] = _trials(part, lambda z: _search(z, k)[0], norms, refine)
     out = torch.where(nonzero, out, torch.zeros_like(out))
     return out.reshape(shape)
 
@@ -544,7 +566,8 @@ def nearest(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (labels int64 [N], score float32 [N] = ``max_y 2⟨z, y⟩ − ‖y‖²``).
     """
     z = z.to(torch.float32).reshape(-1, 24)
-    return _search(z, _constants(str(z.device)))
+    with _intra_op_threads(z.device, 1):
+        return _search(z, _constants(str(z.device)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -660,7 +683,7 @@ def cosine_of(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "DEFAULT_NORMS",
     "DEFAULT_REFINE",
-    "FIELDS",
+    "QUALITY_NORMS",
     "cosine_of",
     "encode",
     "encode_reference",
@@ -668,5 +691,3 @@ __all__ = [
     "nearest_reference",
     "score_of",
 ]
-
-_ = math  # math is kept for callers computing scales in lattice units
