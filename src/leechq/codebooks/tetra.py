@@ -117,8 +117,8 @@ def decode(labels: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
     Raises:
         InvalidInput: a non-integer tensor or a label outside [0, 2^47).
     """
-    if validate:
-        labels = _check_labels(labels)
+    if validate or not isinstance(labels, torch.Tensor):
+        labels = _check_labels(labels) if validate else torch.as_tensor(np.asarray(labels))
     shape = labels.shape
     flat = labels.reshape(-1).to(torch.int64) & (LABEL_LIMIT - 1)
     tab = _device_tables(str(flat.device))
