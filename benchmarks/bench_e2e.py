@@ -111,6 +111,16 @@ def environment() -> dict[str, Any]:
 DEVICE = torch.device("cuda")
 SHAPE_OVERRIDE: str | None = None
 PREFER = "fused"  # quantized arms must run the fused kernels ("auto" in a CPU dry run)
+DEADLINE = float("inf")  # perf_counter() after which no new arm or batch is started
+
+
+def over_budget(what: str, results: list[dict[str, Any]], **row: Any) -> bool:
+    """True (and a "skipped" row recorded) when the time budget leaves no room to start ``what``."""
+    if time.perf_counter() < DEADLINE:
+        return False
+    log(f"{what}: skipped, time budget spent")
+    results.append({**row, "skipped": "time budget (--budget-s)"})
+    return True
 
 
 def on_cuda() -> bool:
@@ -419,6 +429,8 @@ def bench_model(
     for arm in arms:
         if arm == "hf-fp16":
             continue
+        if over_budget(f"{name} {arm}", results, model=name, arm=arm):
+            continue
         log(f"{name} {arm}: building")
         try:
             model, info = build_arm(arm, name)
@@ -435,6 +447,8 @@ def bench_model(
             except Exception as exc:  # profiling is informative only
                 profiles[f"{name}/{arm}"] = {"error": repr(exc)}
         for b in batches:
+            if over_budget(f"{name} {arm} batch {b}", results, model=name, arm=arm, batch=b):
+                continue
             try:
                 r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
             except torch.cuda.OutOfMemoryError as exc:
@@ -466,7 +480,7 @@ def bench_model(
             )
         del engine, model
         free()
-    if "hf-fp16" in arms:
+    if "hf-fp16" in arms and not over_budget(f"{name} hf-fp16", results, model=name, arm="hf-fp16"):
         log(f"{name} hf-fp16: building")
         before = mem_allocated()
         model = build_hf(name)
@@ -552,6 +566,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--skip-gates", action="store_true")
     p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no new arm/batch after this many seconds (quick: 165, full: 480; 0 = none)",
+    )
+    p.add_argument(
         "--dry-run-cpu",
         action="store_true",
         help="exercise the script on the CPU with a tiny shape (no GPU; numbers meaningless)",
@@ -563,12 +583,14 @@ def parse() -> argparse.Namespace:
     a.new_tokens = a.new_tokens or (64 if a.quick else 128)
     a.hf_new_tokens = a.hf_new_tokens or (16 if a.quick else 32)
     a.repeats = a.repeats or (2 if a.quick else 3)
+    if a.budget_s is None:
+        a.budget_s = 165.0 if a.quick else 480.0
     return a
 
 
 def main() -> int:
     a = parse()
-    global DEVICE, SHAPE_OVERRIDE, PREFER
+    global DEVICE, SHAPE_OVERRIDE, PREFER, DEADLINE
     if a.dry_run_cpu:
         DEVICE, SHAPE_OVERRIDE, PREFER = torch.device("cpu"), "qwen3-tiny", "auto"
         a.no_graphs, a.no_compile, a.profile = True, True, False
@@ -587,6 +609,7 @@ def main() -> int:
             "graphs": not a.no_graphs,
             "compile": not a.no_compile,
             "decoding": "greedy",
+            "budget_s": a.budget_s,
             "tok_s": "decode tokens/s summed over the batch",
         },
     }
@@ -598,9 +621,13 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     t_start = time.perf_counter()
+    if a.budget_s:
+        DEADLINE = t_start + a.budget_s
     try:
         if not a.skip_gates:
-            record["gates"] = run_gates(a.gate_tokens, not a.no_compile, not a.no_graphs)
+            # Quick runs gate without torch.compile (compiled == eager pieces is a GPU test).
+            gate_compile = not a.no_compile and not a.quick
+            record["gates"] = run_gates(a.gate_tokens, gate_compile, not a.no_graphs)
             free()
         gate_failed = record.get("gates", {}).get("status") == "FAIL"
         if gate_failed:

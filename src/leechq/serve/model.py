@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,13 +329,37 @@ def _compiled_pieces() -> Pieces:
     for name in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
-    kw: dict[str, Any] = {"dynamic": False, "fullgraph": True}
     return Pieces(
-        rms_norm=torch.compile(rms_norm, **kw),
-        add_rms_norm=torch.compile(add_rms_norm, **kw),
-        qkv_split_rope=torch.compile(qkv_split_rope, **kw),
-        silu_mul=torch.compile(silu_mul, **kw),
+        rms_norm=_CompiledOrEager(rms_norm),
+        add_rms_norm=_CompiledOrEager(add_rms_norm),
+        qkv_split_rope=_CompiledOrEager(qkv_split_rope),
+        silu_mul=_CompiledOrEager(silu_mul),
     )
+
+
+class _CompiledOrEager:
+    """``torch.compile(fn)``, falling back to ``fn`` for good (with a warning) if compiling fails,
+    so a missing compiler toolchain costs speed, never the generation."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.compiled: Callable[..., Any] | None = torch.compile(fn, dynamic=False, fullgraph=True)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None:
+            return self.fn(*args)
+        try:
+            return self.compiled(*args)
+        except Exception as exc:  # any compiler failure: the eager function computes the same
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise  # never swallow an error inside a graph capture
+            warnings.warn(
+                f"torch.compile failed for {self.fn.__name__} ({type(exc).__name__}: {exc}); "
+                "running it eagerly (slower decode steps)",
+                stacklevel=2,
+            )
+            self.compiled = None
+            return self.fn(*args)
 
 
 EAGER = Pieces()
