@@ -1,5 +1,5 @@
-"""Test helpers: random canonical records, tiny random Llama/Qwen2/Qwen3 models, a tiny tokenizer and
-small artifacts built from them — no download, seconds on a CPU.
+"""Test helpers: random canonical records, tiny random Llama/Qwen2/Qwen3 models, a tiny tokenizer
+and small artifacts built from them — no download, seconds on a CPU.
 
 Records here are *valid* but not *quantized* (random labels, realistic row scales): they exercise
 every code path of loading and serving (rotation, tail, int4, biases, tied heads) exactly, which is
@@ -56,11 +56,22 @@ def lattice_record(
     rot = None
     if rotate:
         rot = generate_rotation(d_in, seed if rotation_seed_value is None else rotation_seed_value)
-    return QuantizedWeight(codebook=codebook, d_out=d_out, d_in=d_in, labels=labels, gains=gains,
-                           row_scales=row_scales, centroids=centroids, tail=tail_t, rotation=rot)
+    return QuantizedWeight(
+        codebook=codebook,
+        d_out=d_out,
+        d_in=d_in,
+        labels=labels,
+        gains=gains,
+        row_scales=row_scales,
+        centroids=centroids,
+        tail=tail_t,
+        rotation=rot,
+    )
 
 
-def int4_record(d_out: int, d_in: int, seed: int = 0, weight: torch.Tensor | None = None) -> Int4Weight:
+def int4_record(
+    d_out: int, d_in: int, seed: int = 0, weight: torch.Tensor | None = None
+) -> Int4Weight:
     """A round-to-nearest int4 g128 record of ``weight`` (random when None)."""
     if weight is None:
         weight = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(seed)) * 0.05
@@ -71,10 +82,20 @@ def tiny_config(arch: str, vocab_size: int = 96) -> Any:
     """A tiny config with ragged widths (tails of 8 columns) and grouped-query attention."""
     import transformers
 
-    common = dict(vocab_size=vocab_size, hidden_size=56, intermediate_size=80, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-                  pad_token_id=0)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=56,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if arch == "llama":
         return transformers.LlamaConfig(**common)
     if arch == "qwen2":
@@ -100,11 +121,101 @@ def tiny_model(arch: str, seed: int = 0) -> Any:
     return model.eval()
 
 
-WORDS = ("user assistant system the a of to and in is it you that was for on are with as I his they be at one have this "
-         "from or had by hot word but what some we can out other were all there when up use your how "
-         "said an each she which do their time if will way about many then them write would like so "
-         "these her long make thing see him two has look more day could go come did number sound no "
-         "most people my over know water than").split()
+WORDS = [
+    "user",
+    "assistant",
+    "system",
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "you",
+    "that",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "I",
+    "his",
+    "they",
+    "be",
+    "at",
+    "one",
+    "have",
+    "this",
+    "from",
+    "or",
+    "had",
+    "by",
+    "hot",
+    "word",
+    "but",
+    "what",
+    "some",
+    "we",
+    "can",
+    "out",
+    "other",
+    "were",
+    "all",
+    "there",
+    "when",
+    "up",
+    "use",
+    "your",
+    "how",
+    "said",
+    "an",
+    "each",
+    "she",
+    "which",
+    "do",
+    "their",
+    "time",
+    "if",
+    "will",
+    "way",
+    "about",
+    "many",
+    "then",
+    "them",
+    "write",
+    "would",
+    "like",
+    "so",
+    "these",
+    "her",
+    "long",
+    "make",
+    "thing",
+    "see",
+    "him",
+    "two",
+    "has",
+    "look",
+    "more",
+    "day",
+    "could",
+    "go",
+    "come",
+    "did",
+    "number",
+    "sound",
+    "no",
+    "most",
+    "people",
+    "my",
+    "over",
+    "know",
+    "water",
+    "than",
+]
 
 
 def tiny_tokenizer(chat_template: bool = True) -> Any:
@@ -116,8 +227,13 @@ def tiny_tokenizer(chat_template: bool = True) -> Any:
     vocab = {t: i for i, t in enumerate(specials + [w for w in dict.fromkeys(WORDS)][:92])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[BOS]", eos_token="[EOS]",
-                                   unk_token="[UNK]", pad_token="[PAD]")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+    )
     if chat_template:
         fast.chat_template = (
             "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
@@ -126,8 +242,13 @@ def tiny_tokenizer(chat_template: bool = True) -> Any:
     return fast
 
 
-def quantize_randomly(model: Any, codebook: str = "tetra", int4: tuple[str, ...] = ("self_attn.v_proj",),
-                      rotate: bool = True, seed: int = 0) -> dict[str, Any]:
+def quantize_randomly(
+    model: Any,
+    codebook: str = "tetra",
+    int4: tuple[str, ...] = ("self_attn.v_proj",),
+    rotate: bool = True,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Random records for every projection of ``model`` (q/k/v and gate/up share a rotation).
 
     Returns:
@@ -143,15 +264,26 @@ def quantize_randomly(model: Any, codebook: str = "tetra", int4: tuple[str, ...]
             records[name] = int4_record(w.shape[0], w.shape[1], weight=w)
         else:
             records[name] = lattice_record(
-                codebook, w.shape[0], w.shape[1], rotate=rotate, seed=seed + len(records),
-                rotation_seed_value=rotation_seed(layer, proj.act), weight=w)
+                codebook,
+                w.shape[0],
+                w.shape[1],
+                rotate=rotate,
+                seed=seed + len(records),
+                rotation_seed_value=rotation_seed(layer, proj.act),
+                weight=w,
+            )
     return records
 
 
-def make_artifact(tmp: Path, arch: str = "llama", codebook: str = "tetra",
-                  int4: tuple[str, ...] = ("self_attn.v_proj",), tokenizer: bool = True,
-                  seed: int = 0) -> tuple[Path, Any]:
-    """A tiny artifact directory: random records for every projection, raw tensors of a random model.
+def make_artifact(
+    tmp: Path,
+    arch: str = "llama",
+    codebook: str = "tetra",
+    int4: tuple[str, ...] = ("self_attn.v_proj",),
+    tokenizer: bool = True,
+    seed: int = 0,
+) -> tuple[Path, Any]:
+    """A tiny artifact: random records for every projection, raw tensors of a random model.
 
     Returns:
         ``(directory, dense model with the same raw tensors)``.
@@ -167,9 +299,16 @@ def make_artifact(tmp: Path, arch: str = "llama", codebook: str = "tetra",
     cfg = QuantConfig(codebook=codebook, int4_modules=tuple(int4))
     out = tmp / f"{arch}-{codebook}"
     base = model.config.to_dict()
-    write_artifact(out, base_config=base, quant_config=cfg, records=records, raw=raw, tied=tied,
-                   tokenizer=tiny_tokenizer() if tokenizer else None,
-                   provenance={"source": f"tiny random {arch}"})
+    write_artifact(
+        out,
+        base_config=base,
+        quant_config=cfg,
+        records=records,
+        raw=raw,
+        tied=tied,
+        tokenizer=tiny_tokenizer() if tokenizer else None,
+        provenance={"source": f"tiny random {arch}"},
+    )
     return out, model
 
 

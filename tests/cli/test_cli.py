@@ -38,11 +38,16 @@ def test_help_does_not_import_torch() -> None:
 
 
 def test_console_script_entry_point() -> None:
-    res = subprocess.run([sys.executable, "-m", "leechq.cli.main", "--version"], capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "leechq.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0 and res.stdout.startswith("leechq ")
-    res = subprocess.run([sys.executable, "-m", "leechq.cli.main"], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "leechq.cli.main"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 2 and "quantize" in res.stdout
 
 
@@ -58,9 +63,11 @@ def test_inspect_prints_the_three_rates(artifact: Path, capsys: pytest.CaptureFi
     assert main(["inspect", str(artifact)]) == 0
     out = capsys.readouterr().out
     rates = artifact_report(artifact)["rates"]
-    for label, key in (("kernel rate", "kernel_bits_per_weight"),
-                       ("whole-model rate", "whole_model_bits_per_param"),
-                       ("on-disk rate", "on_disk_bits_per_param")):
+    for label, key in (
+        ("kernel rate", "kernel_bits_per_weight"),
+        ("whole-model rate", "whole_model_bits_per_param"),
+        ("on-disk rate", "on_disk_bits_per_param"),
+    ):
         line = next(ln for ln in out.splitlines() if label in ln)
         assert f"{rates[key]:.4f}" in line  # each rate on its own line, with its own unit
     assert "bits per quantized weight" in out and "bits per parameter" in out
@@ -72,8 +79,18 @@ def test_inspect_prints_the_three_rates(artifact: Path, capsys: pytest.CaptureFi
 
 
 def test_run_streams_an_answer(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["run", str(artifact), "--prompt", "the water is", "--max-new-tokens", "5",
-               "--device", "cpu"])
+    rc = main(
+        [
+            "run",
+            str(artifact),
+            "--prompt",
+            "the water is",
+            "--max-new-tokens",
+            "5",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert out.endswith("\n") and len(out.split()) >= 1
@@ -91,8 +108,9 @@ def test_prompt_uses_the_chat_template() -> None:
     assert prompt_ids(plain, "the water") != prompt_ids(plain, "the water", raw=True)
 
 
-def test_eval_reports_ppl_and_kl(artifact: Path, tmp_path: Path,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_reports_ppl_and_kl(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from leechq.data.corpus import pydoc_sources_dir
     from leechq.errors import ArtifactError
 
@@ -103,8 +121,22 @@ def test_eval_reports_ppl_and_kl(artifact: Path, tmp_path: Path,
     ref = tmp_path / "ref"
     tiny_model("llama").save_pretrained(ref)
     tiny_tokenizer().save_pretrained(ref)
-    rc = main(["eval", str(artifact), "--reference", str(ref), "--windows", "2", "--window", "32",
-               "--device", "cpu", "--out", str(tmp_path / "r.json")])
+    rc = main(
+        [
+            "eval",
+            str(artifact),
+            "--reference",
+            str(ref),
+            "--windows",
+            "2",
+            "--window",
+            "32",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert rc == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out.strip().splitlines()[-1])
@@ -114,7 +146,9 @@ def test_eval_reports_ppl_and_kl(artifact: Path, tmp_path: Path,
     assert "perplexity" in captured.err
 
 
-def test_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_are_one_line_with_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["inspect", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("leechq inspect: error:") and "not a directory" in err

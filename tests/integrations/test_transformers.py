@@ -26,7 +26,10 @@ def _from_pretrained(path: Path, **kwargs):
 
 
 def test_registration_uses_public_api() -> None:
-    from transformers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING
+    from transformers.quantizers.auto import (
+        AUTO_QUANTIZATION_CONFIG_MAPPING,
+        AUTO_QUANTIZER_MAPPING,
+    )
 
     assert AUTO_QUANTIZATION_CONFIG_MAPPING["leechq"] is integ.LeechqHfConfig
     assert AUTO_QUANTIZER_MAPPING["leechq"] is integ.LeechqHfQuantizer
@@ -92,12 +95,12 @@ def test_save_pretrained_round_trip(tmp_path: Path) -> None:
 def test_group_affine_embedding(tmp_path: Path) -> None:
     """A 4-bit embedding (three stored keys) merges into the dense tied parameter while loading and
     is written back as the same three tensors."""
+    from leechq_tiny import quantize_randomly, tiny_model
     from safetensors.torch import load_file
 
     from leechq.config import QuantConfig
     from leechq.formats.artifact import GroupAffine, write_artifact
     from leechq.models.save import raw_tensors
-    from leechq_tiny import quantize_randomly, tiny_model
 
     dense = tiny_model("llama")
     records = quantize_randomly(dense)
@@ -105,9 +108,14 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
     raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
     emb = "model.embed_tokens.weight"
     raw[emb] = GroupAffine.quantize(raw[emb], 4, 64)
-    out = write_artifact(tmp_path / "ga", base_config=dense.config.to_dict(),
-                         quant_config=QuantConfig(codebook="tetra", embedding_encoding="int4"),
-                         records=records, raw=raw, tied=tied)
+    out = write_artifact(
+        tmp_path / "ga",
+        base_config=dense.config.to_dict(),
+        quant_config=QuantConfig(codebook="tetra", embedding_encoding="int4"),
+        records=records,
+        raw=raw,
+        tied=tied,
+    )
     ours, _ = load(out, device="cpu", tokenizer=False)
     hf = _from_pretrained(out, dtype=torch.float32)
     torch.testing.assert_close(hf.model.embed_tokens.weight, raw[emb].dequantize(), rtol=0, atol=0)
@@ -115,7 +123,10 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
     hf.save_pretrained(tmp_path / "saved")
-    a, b = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "saved/model.safetensors"))
+    a, b = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(tmp_path / "saved/model.safetensors")),
+    )
     assert set(a) == set(b)
     for k in a:
         assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k

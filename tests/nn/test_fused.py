@@ -1,5 +1,5 @@
-"""``fuse_linears`` / ``LeechqGroup``: rows of the group are the rows of its members; lattice members
-with identical rotation tables share one rotation slot."""
+"""``fuse_linears`` / ``LeechqGroup``: rows of the group are the rows of its members; lattice
+members with identical rotation tables share one rotation slot."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""LeechqLinear(x) ≈ F.linear(x, dequantize(W)) for ball, Tetra and int4 records (architecture.md §6.1,
-tests/nn/test_linear.py), plus the rotated-basis algebra, serialization and the fused-path seam."""
+"""LeechqLinear(x) ≈ F.linear(x, dequantize(W)) for ball, Tetra and int4 records (architecture.md
+§6.1, tests/nn/test_linear.py), plus the rotated-basis algebra, serialization and the fused-path
+seam."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from leechq.nn.records import record_from_tensors, record_tensor_specs, rotation
 
 CODEBOOKS = [
     "tetra",
-    pytest.param("ball", marks=pytest.mark.skipif(not have_codebook("ball"),
-                                                  reason="ball codebook not in this build yet")),
+    pytest.param(
+        "ball",
+        marks=pytest.mark.skipif(
+            not have_codebook("ball"), reason="ball codebook not in this build yet"
+        ),
+    ),
 ]
 
 # (d_in, d_out): widths with and without a tail; odd rotation factors k = 3, 7, 1, 5.
@@ -27,7 +32,9 @@ SHAPES = [(48, 20), (56, 16), (64, 24), (80, 12)]
 @pytest.mark.parametrize("codebook", CODEBOOKS)
 @pytest.mark.parametrize("rotate", [True, False])
 @pytest.mark.parametrize("d_in,d_out", SHAPES)
-def test_lattice_matches_dense_dequantize(codebook: str, rotate: bool, d_in: int, d_out: int) -> None:
+def test_lattice_matches_dense_dequantize(
+    codebook: str, rotate: bool, d_in: int, d_out: int
+) -> None:
     rec = lattice_record(codebook, d_out, d_in, rotate=rotate, seed=d_in)
     bias = torch.randn(d_out)
     mod = LeechqLinear.from_record(rec, bias=bias)

@@ -1,5 +1,5 @@
-"""Module replacement on a meta skeleton (architecture.md §2.3 tier 2: count the swapped modules without
-materializing any weight) and q/k/v, gate/up grouping."""
+"""Module replacement on a meta skeleton (architecture.md §2.3 tier 2: count the swapped modules
+without materializing any weight) and q/k/v, gate/up grouping."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from leechq_tiny import ARCHS, quantize_randomly, tiny_config, tiny_model
 
 from leechq.errors import InvalidInput, UnsupportedArchitecture
 from leechq.nn.linear import LeechqLinear
+from leechq.nn.records import record_tensor_specs
 from leechq.nn.replace import (
     leechq_modules,
     replace_with_placeholders,
     replace_with_records,
     share_groups,
 )
-from leechq.nn.records import record_tensor_specs
 
 
 def _meta_skeleton(arch: str):
@@ -45,14 +45,19 @@ def test_placeholder_count_on_meta_skeleton(arch: str) -> None:
     assert len(swapped) == len(records) == 7 * tiny_config(arch).num_hidden_layers
     assert len(leechq_modules(skeleton)) == len(records)
     # only the head stays an nn.Linear
-    assert sum(isinstance(m, torch.nn.Linear) for m in skeleton.modules()) == n_linear - len(records)
+    assert sum(isinstance(m, torch.nn.Linear) for m in skeleton.modules()) == n_linear - len(
+        records
+    )
     for name, mod in swapped.items():
         specs = record_tensor_specs(mod.descriptor)
         for suffix, (shape, dtype) in specs.items():
             buf = getattr(mod, suffix)
             assert buf.device.type == "meta" and tuple(buf.shape) == shape and buf.dtype == dtype
         has_bias = skeleton.config.model_type == "qwen2" and name.rsplit(".", 1)[-1] in (
-            "q_proj", "k_proj", "v_proj")
+            "q_proj",
+            "k_proj",
+            "v_proj",
+        )
         assert (mod.bias is not None) == has_bias
 
 
@@ -86,7 +91,7 @@ def test_errors_name_the_problem() -> None:
     other = next(n for n, r in records.items() if r.d_out != records[name].d_out)
     with pytest.raises(UnsupportedArchitecture, match="in the artifact"):
         replace_with_records(model, {name: records[other]})
-    with pytest.raises(UnsupportedArchitecture, match="not an nn.Linear"):
+    with pytest.raises(UnsupportedArchitecture, match=r"not an nn\.Linear"):
         replace_with_records(model, {"model.norm": records[name]})
     with pytest.raises(InvalidInput, match="modules_to_not_convert"):
         replace_with_records(model, {name: records[name]}, skip=[name.rsplit(".", 2)[0]])

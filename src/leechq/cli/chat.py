@@ -17,6 +17,11 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer = load(args.artifact, device=args.device, dtype=args.dtype)
     print(f"leechq chat — {args.artifact}; {HELP}")
-    chat_loop(model, tokenizer, sampling_from_args(args), system=args.system,
-              max_new_tokens=args.max_new_tokens)
+    chat_loop(
+        model,
+        tokenizer,
+        sampling_from_args(args),
+        system=args.system,
+        max_new_tokens=args.max_new_tokens,
+    )
     return 0

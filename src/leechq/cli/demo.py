@@ -121,7 +121,7 @@ def _fallback_gaussian(reason: str) -> int:
     return subprocess.call([sys.executable, str(script)])
 
 
-def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one step per block
+def run(args: argparse.Namespace) -> int:
     """Run the demo (see the module docstring); returns the exit status."""
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -149,8 +149,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
         ok2, why2 = codebook_ready(other)
         if not ok2:
             return _fallback_gaussian(f"neither codebook can encode ({why}; {why2})")
-        _say(f"note: the {codebook} encoder is not available in this build ({why}); "
-             f"using the {other} codebook instead")
+        _say(
+            f"note: the {codebook} encoder is not available in this build ({why}); "
+            f"using the {other} codebook instead"
+        )
         codebook = other
 
     _rule(f"1. reference model: {args.model}")
@@ -158,8 +160,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
     ref = load_model(args.model, device="cpu", dtype="float32")
     timings["fetch_and_load_reference_s"] = time.perf_counter() - t0
     n_params = sum(p.numel() for p in ref.model.parameters())
-    _say(f"loaded {ref.source.alias or ref.source.spec} ({ref.model.config.model_type}, "
-         f"{n_params / 1e6:.1f} M parameters) in {timings['fetch_and_load_reference_s']:.1f} s")
+    _say(
+        f"loaded {ref.source.alias or ref.source.spec} ({ref.model.config.model_type}, "
+        f"{n_params / 1e6:.1f} M parameters) in {timings['fetch_and_load_reference_s']:.1f} s"
+    )
     ref_files = {"source file": Path(ref.source.path)} if ref.source.kind == "gguf" else {}
     bf16_bytes = 2 * n_params
 
@@ -170,9 +174,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
     if out.exists() and not args.force:
         try:
             art = read_artifact(out, verify=True)
-            reuse = (art.quant_config.codebook == codebook
-                     and art.quant_config.calib_windows * art.quant_config.calib_window_len
-                     >= calib_tokens)
+            reuse = (
+                art.quant_config.codebook == codebook
+                and art.quant_config.calib_windows * art.quant_config.calib_window_len
+                >= calib_tokens
+            )
         except Exception as exc:  # a broken cache is rebuilt, and said so
             _say(f"note: cached artifact {out} is unusable ({exc}); quantizing again")
     _rule(f"2. quantize with {codebook} on the CPU")
@@ -183,19 +189,29 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
         windows = calibration_windows(ref.tokenizer, calib_tokens, window)
         speed = encoder_speed(codebook)
         blocks = projection_blocks(ref.model)
-        _say(f"calibration: {windows.n_windows} windows x {windows.window} tokens of the offline "
-             f"Python-docs calibration split (fingerprint {windows.fingerprint})")
-        _say(f"{blocks:,} blocks of 24 weights to encode; this machine's {codebook} encoder runs at "
-             f"{speed:,.0f} blocks/s, so expect about {blocks / speed / 60:,.0f} min "
-             f"(plus Hessians and GPTQ updates)")
-        cfg = quant_config(codebook, windows, "cpu", None,
-                           f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
-                           f"fingerprint {windows.fingerprint}")
+        _say(
+            f"calibration: {windows.n_windows} windows x {windows.window} tokens of the offline "
+            f"Python-docs calibration split (fingerprint {windows.fingerprint})"
+        )
+        _say(
+            f"{blocks:,} blocks of 24 weights to encode; this machine's {codebook} encoder runs at "
+            f"{speed:,.0f} blocks/s, so expect about {blocks / speed / 60:,.0f} min "
+            f"(plus Hessians and GPTQ updates)"
+        )
+        cfg = quant_config(
+            codebook,
+            windows,
+            "cpu",
+            None,
+            f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
+            f"fingerprint {windows.fingerprint}",
+        )
         _say(cfg.describe())
         work = copy.deepcopy(ref.model)  # quantize_model modifies its model in place
         t0 = time.perf_counter()
-        quantize_model(work, ref.tokenizer, windows.ids, cfg, out, model_id=args.model,
-                       overwrite=True)
+        quantize_model(
+            work, ref.tokenizer, windows.ids, cfg, out, model_id=args.model, overwrite=True
+        )
         timings["quantize_s"] = time.perf_counter() - t0
         del work
         _say(f"wrote {out} in {timings['quantize_s']:.1f} s")
@@ -208,9 +224,14 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
     _say(f"prompt: {prompt}")
     sys.stdout.write("answer: ")
     t0 = time.perf_counter()
-    text = answer(model, tok, prompt_ids(tok, prompt), args.max_new_tokens,
-                  SamplingConfig(temperature=0.0),
-                  lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    text = answer(
+        model,
+        tok,
+        prompt_ids(tok, prompt),
+        args.max_new_tokens,
+        SamplingConfig(temperature=0.0),
+        lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
+    )
     timings["generate_s"] = time.perf_counter() - t0
     _say()
 
@@ -219,38 +240,64 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - a linear script, one s
     _say(format_report(report, str(out)))
     ours = report["counts"]["model_safetensors_bytes"]
     _say("")
-    _say(f"file size: model.safetensors {_fmt_bytes(ours)} "
-         f"(whole directory {_fmt_bytes(report['counts']['directory_bytes'])})")
+    _say(
+        f"file size: model.safetensors {_fmt_bytes(ours)} "
+        f"(whole directory {_fmt_bytes(report['counts']['directory_bytes'])})"
+    )
     for label, path in ref_files.items():
         size = path.stat().st_size
-        _say(f"  reference {label} ({path.name}): {_fmt_bytes(size)} -> ours is "
-             f"{ours / size:.2f}x")
-    _say(f"  the same parameters dense in bf16: {_fmt_bytes(bf16_bytes)} -> ours is "
-         f"{ours / bf16_bytes:.2f}x")
+        _say(f"  reference {label} ({path.name}): {_fmt_bytes(size)} -> ours is {ours / size:.2f}x")
+    _say(
+        f"  the same parameters dense in bf16: {_fmt_bytes(bf16_bytes)} -> ours is "
+        f"{ours / bf16_bytes:.2f}x"
+    )
 
     _rule("5. quality against the reference (held-out evaluation split)")
     n_windows = args.eval_windows or 4
     t0 = time.perf_counter()
-    suite = run_suite(model, tok, SuiteConfig(n_windows=n_windows, window=256), reference=ref.model,
-                      model_info=ModelInfo(name=str(out), artifact=str(out)),
-                      reference_info=ModelInfo(name=args.model, source=ref.source.to_dict()))
+    suite = run_suite(
+        model,
+        tok,
+        SuiteConfig(n_windows=n_windows, window=256),
+        reference=ref.model,
+        model_info=ModelInfo(name=str(out), artifact=str(out)),
+        reference_info=ModelInfo(name=args.model, source=ref.source.to_dict()),
+    )
     timings["eval_s"] = time.perf_counter() - t0
     ppl, kl = suite["ppl"], suite["kl"]
-    _say(f"{n_windows} windows x 256 tokens ({ppl['n_predicted']} predicted tokens, fingerprint "
-         f"{ppl['tokens_fingerprint']})")
-    _say(f"perplexity: reference {ppl['reference_ppl']:.3f}, 2-bit {ppl['ppl']:.3f} "
-         f"(ratio {ppl['ratio']:.3f})")
-    _say(f"KL(reference || 2-bit): {kl['kl']:.4f} nats/token (max {kl['kl_max']:.3f}); "
-         f"greedy agreement {kl['agreement']:.3f}")
+    _say(
+        f"{n_windows} windows x 256 tokens ({ppl['n_predicted']} predicted tokens, fingerprint "
+        f"{ppl['tokens_fingerprint']})"
+    )
+    _say(
+        f"perplexity: reference {ppl['reference_ppl']:.3f}, 2-bit {ppl['ppl']:.3f} "
+        f"(ratio {ppl['ratio']:.3f})"
+    )
+    _say(
+        f"KL(reference || 2-bit): {kl['kl']:.4f} nats/token (max {kl['kl_max']:.3f}); "
+        f"greedy agreement {kl['agreement']:.3f}"
+    )
     timings["total_s"] = time.perf_counter() - t_start
-    _say(f"\ntotal {timings['total_s']:.1f} s "
-         + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()
-                     if k != "total_s"))
+    _say(
+        f"\ntotal {timings['total_s']:.1f} s "
+        + ", ".join(
+            f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items() if k != "total_s"
+        )
+    )
     summary = {
-        "model": args.model, "codebook": codebook, "artifact": str(out), "reused_artifact": reuse,
-        "prompt": prompt, "answer": text, "rates": report["rates"], "counts": report["counts"],
+        "model": args.model,
+        "codebook": codebook,
+        "artifact": str(out),
+        "reused_artifact": reuse,
+        "prompt": prompt,
+        "answer": text,
+        "rates": report["rates"],
+        "counts": report["counts"],
         "reference_file_bytes": {k: p.stat().st_size for k, p in ref_files.items()},
-        "dense_bf16_bytes": bf16_bytes, "ppl": ppl, "kl": kl, "timings": timings,
+        "dense_bf16_bytes": bf16_bytes,
+        "ppl": ppl,
+        "kl": kl,
+        "timings": timings,
         "threads": torch.get_num_threads(),
     }
     print(json.dumps(summary, sort_keys=True, default=str))

@@ -23,8 +23,14 @@ def reference_of(artifact: str | Path) -> str | None:
     return str(model_id) if model_id else None
 
 
-def evaluate(artifact: str | Path, reference: str | None, n_windows: int, window: int,
-             device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
+def evaluate(
+    artifact: str | Path,
+    reference: str | None,
+    n_windows: int,
+    window: int,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> dict[str, Any]:
     """Run the suite on ``artifact`` (and KL against ``reference`` when given): the report dict."""
     from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
     from leechq.models.load import load, resolve_device, resolve_dtype
@@ -40,20 +46,28 @@ def evaluate(artifact: str | Path, reference: str | None, n_windows: int, window
         loaded = load_model(reference, device=str(dev), dtype=str(dt).removeprefix("torch."))
         ref_model = loaded.model
         ref_info = ModelInfo(name=reference, source=loaded.source.to_dict())
-    return run_suite(model, tokenizer, config, reference=ref_model,
-                     model_info=ModelInfo(name=str(artifact), artifact=str(artifact)),
-                     reference_info=ref_info)
+    return run_suite(
+        model,
+        tokenizer,
+        config,
+        reference=ref_model,
+        model_info=ModelInfo(name=str(artifact), artifact=str(artifact)),
+        reference_info=ref_info,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate ``args.artifact``; print a summary (stderr) and the JSON report (last stdout line)."""
+    """Evaluate ``args.artifact``: a summary on stderr, the JSON report as the last stdout line."""
     reference = args.reference or reference_of(args.artifact)
     report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype)
     ppl = report["ppl"]
     line = f"[eval] perplexity {ppl['ppl']:.4f}"
     if "reference_ppl" in ppl:
-        line += (f" vs reference {ppl['reference_ppl']:.4f} (ratio {ppl['ratio']:.4f}); "
-                 f"KL {report['kl']['kl']:.4f} nats/token, greedy agreement {report['kl']['agreement']:.3f}")
+        line += (
+            f" vs reference {ppl['reference_ppl']:.4f} (ratio {ppl['ratio']:.4f}); "
+            f"KL {report['kl']['kl']:.4f} nats/token, "
+            f"greedy agreement {report['kl']['agreement']:.3f}"
+        )
     print(line, file=sys.stderr)
     text = json.dumps(report, sort_keys=True)
     if args.out:

@@ -1,4 +1,4 @@
-"""``leechq inspect OUT``: what an artifact holds and what it costs, under each accounting rule apart.
+"""``leechq inspect OUT``: what an artifact holds and costs, under each accounting rule apart.
 
 Implements architecture.md §6.1 (``cli/inspect.py``) over
 :func:`leechq.formats.artifact.artifact_report`. Per-matrix rates are printed by projection kind
@@ -28,7 +28,8 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
     lines.append(f"artifact   {directory}")
     lines.append(
         f"codebook   {report['codebook']} + {cfg['gain_bits']} gain bit(s), "
-        f"rotation {'on' if cfg['rotate'] else 'off'}, int4 modules {cfg['int4_modules'] or 'none'}, "
+        f"rotation {'on' if cfg['rotate'] else 'off'}, "
+        f"int4 modules {cfg['int4_modules'] or 'none'}, "
         f"embedding {cfg['embedding_encoding']}"
     )
     lines.append(
@@ -41,8 +42,17 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
     lines.append(header)
     matrices: dict[str, Any] = report["matrices"]
     if all_matrices:
-        rows = [(name, m["kind"], f"{m['shape'][0]}x{m['shape'][1]}", m["code_bits_per_weight"],
-                 m["kernel_bits_per_weight"], m["stored_bits_per_weight"]) for name, m in matrices.items()]
+        rows = [
+            (
+                name,
+                m["kind"],
+                f"{m['shape'][0]}x{m['shape'][1]}",
+                m["code_bits_per_weight"],
+                m["kernel_bits_per_weight"],
+                m["stored_bits_per_weight"],
+            )
+            for name, m in matrices.items()
+        ]
     else:
         groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for name, m in matrices.items():
@@ -52,19 +62,29 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
             w = [m["shape"][0] * m["shape"][1] for m in ms]
             tot = sum(w)
 
-            def mean(key: str, ms: list[dict[str, Any]] = ms, w: list[int] = w, tot: int = tot) -> float:
+            def mean(
+                key: str, ms: list[dict[str, Any]] = ms, w: list[int] = w, tot: int = tot
+            ) -> float:
                 return sum(m[key] * wi for m, wi in zip(ms, w, strict=True)) / tot
 
             shapes = sorted({f"{m['shape'][0]}x{m['shape'][1]}" for m in ms})
-            rows.append((f"*.{leaf} ({len(ms)})", kind, shapes[0] if len(shapes) == 1 else "mixed",
-                         mean("code_bits_per_weight"), mean("kernel_bits_per_weight"),
-                         mean("stored_bits_per_weight")))
+            rows.append(
+                (
+                    f"*.{leaf} ({len(ms)})",
+                    kind,
+                    shapes[0] if len(shapes) == 1 else "mixed",
+                    mean("code_bits_per_weight"),
+                    mean("kernel_bits_per_weight"),
+                    mean("stored_bits_per_weight"),
+                )
+            )
     for name, kind, shape, code, kernel, stored in rows:
         lines.append(f"{name:<44} {kind:<8} {shape:>13} {code:>7.4f} {kernel:>7.4f} {stored:>7.4f}")
     lines.append("")
     lines.append("accounting (three rules with three denominators; never combine them)")
     lines.append(
-        f"  1. kernel rate          {rates['kernel_bits_per_weight']:8.4f} bits per quantized weight"
+        f"  1. kernel rate          {rates['kernel_bits_per_weight']:8.4f} "
+        "bits per quantized weight"
         "   (payload + f32 tail + f32 row scale, projections only)"
     )
     lines.append(

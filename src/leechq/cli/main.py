@@ -3,7 +3,8 @@
 Implements architecture.md §6.1 (``cli/main.py``) with the lazy-subcommand pattern of transformers'
 CLI (§2.3): the parser below names every command and its options using only the standard library,
 and a command's module (which imports torch) is imported only when that command runs, so
-``leechq --help`` and ``leechq CMD --help`` stay fast and never import torch, triton or transformers.
+``leechq --help`` and ``leechq CMD --help`` stay fast and never import torch, triton or
+transformers.
 argparse stands in for typer, which this project does not depend on.
 
 Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
@@ -11,7 +12,7 @@ Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
 * ``quantize MODEL OUT``  quantize a model into an artifact directory (``leechq.models.quantize``);
 * ``run OUT --prompt P``  generate from an artifact, streaming tokens (``leechq.serve``);
 * ``chat OUT``            interactive chat with an artifact;
-* ``eval OUT``            perplexity / KL against the reference model (``leechq.eval``), JSON last line;
+* ``eval OUT``            perplexity / KL against the reference (``leechq.eval``), JSON last line;
 * ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
 * ``demo``                the end-to-end demo of ``./run demo``.
 """
@@ -36,36 +37,67 @@ class LazyCommand:
 
 
 def _device(p: argparse.ArgumentParser, default: str = "auto") -> None:
-    p.add_argument("--device", default=default,
-                   help=f"cpu, cuda, cuda:N or auto (CUDA when present) [default: {default}]")
+    p.add_argument(
+        "--device",
+        default=default,
+        help=f"cpu, cuda, cuda:N or auto (CUDA when present) [default: {default}]",
+    )
 
 
 def _dtype(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
-                   help="activation dtype: auto = float32 on CPU, bfloat16 on CUDA")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        help="activation dtype: auto = float32 on CPU, bfloat16 on CUDA",
+    )
 
 
 def _args_quantize(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model: alias (smollm2-135m, qwen2.5-coder-0.5b), HF directory, .gguf "
-                                 "file or hub id")
-    p.add_argument("out", help="output artifact directory (created; must not hold another artifact)")
-    p.add_argument("--codebook", choices=("tetra", "ball"), default="tetra",
-                   help="direction codebook [default: tetra]")
-    p.add_argument("--recipe", choices=("bare",), default="bare",
-                   help="bare: every projection on the lattice, embeddings kept [default: bare]")
+    p.add_argument(
+        "model",
+        help="model: alias (smollm2-135m, qwen2.5-coder-0.5b), HF directory, .gguf file or hub id",
+    )
+    p.add_argument(
+        "out", help="output artifact directory (created; must not hold another artifact)"
+    )
+    p.add_argument(
+        "--codebook",
+        choices=("tetra", "ball"),
+        default="tetra",
+        help="direction codebook [default: tetra]",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=("bare",),
+        default="bare",
+        help="bare: every projection on the lattice, embeddings kept [default: bare]",
+    )
     _device(p)
-    p.add_argument("--calib-tokens", type=int, default=65536,
-                   help="calibration tokens (split into windows) [default: 65536]")
-    p.add_argument("--window", type=int, default=512,
-                   help="calibration window length in tokens [default: 512]")
-    p.add_argument("--seed", type=int, default=None, help="rotation base seed (default: the recipe's)")
-    p.add_argument("--force", action="store_true", help="overwrite OUT if it already holds an artifact")
+    p.add_argument(
+        "--calib-tokens",
+        type=int,
+        default=65536,
+        help="calibration tokens (split into windows) [default: 65536]",
+    )
+    p.add_argument(
+        "--window", type=int, default=512, help="calibration window length in tokens [default: 512]"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite OUT if it already holds an artifact"
+    )
 
 
 def _args_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
-    p.add_argument("--prompt", required=True, help="the prompt (wrapped in the chat template when the "
-                                                   "tokenizer has one, unless --raw)")
+    p.add_argument(
+        "--prompt",
+        required=True,
+        help="the prompt (wrapped in the chat template when the tokenizer has one, unless --raw)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [default: 0]")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -87,8 +119,11 @@ def _args_chat(p: argparse.ArgumentParser) -> None:
 
 def _args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
-    p.add_argument("--reference", default=None,
-                   help="reference model (default: the source recorded in the artifact)")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="reference model (default: the source recorded in the artifact)",
+    )
     p.add_argument("--windows", type=int, default=8, help="held-out windows [default: 8]")
     p.add_argument("--window", type=int, default=512, help="tokens per window [default: 512]")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
@@ -103,27 +138,49 @@ def _args_inspect(p: argparse.ArgumentParser) -> None:
 
 
 def _args_demo(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="model to quantize [default: smollm2-135m]")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="model to quantize [default: smollm2-135m]"
+    )
     p.add_argument("--out", default=None, help="artifact directory [default: a cache directory]")
     p.add_argument("--codebook", choices=("tetra", "ball"), default="tetra")
     p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens")
     p.add_argument("--prompt", default=None, help="prompt to answer")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--eval-windows", type=int, default=None, help="held-out windows for quality")
-    p.add_argument("--force", action="store_true", help="re-quantize even if a cached artifact exists")
+    p.add_argument(
+        "--force", action="store_true", help="re-quantize even if a cached artifact exists"
+    )
 
 
 COMMANDS: tuple[LazyCommand, ...] = (
-    LazyCommand("quantize", "quantize a model into an artifact directory", "leechq.cli.quantize",
-                _args_quantize),
-    LazyCommand("run", "generate from an artifact (streams tokens)", "leechq.cli.generate", _args_run),
+    LazyCommand(
+        "quantize",
+        "quantize a model into an artifact directory",
+        "leechq.cli.quantize",
+        _args_quantize,
+    ),
+    LazyCommand(
+        "run", "generate from an artifact (streams tokens)", "leechq.cli.generate", _args_run
+    ),
     LazyCommand("chat", "interactive chat with an artifact", "leechq.cli.chat", _args_chat),
-    LazyCommand("eval", "perplexity and KL of an artifact against its reference", "leechq.cli.eval",
-                _args_eval),
-    LazyCommand("inspect", "per-matrix rates and the three accounting rates", "leechq.cli.inspect",
-                _args_inspect),
-    LazyCommand("demo", "quantize a small model on this machine, answer a prompt, report size and "
-                        "quality", "leechq.cli.demo", _args_demo),
+    LazyCommand(
+        "eval",
+        "perplexity and KL of an artifact against its reference",
+        "leechq.cli.eval",
+        _args_eval,
+    ),
+    LazyCommand(
+        "inspect",
+        "per-matrix rates and the three accounting rates",
+        "leechq.cli.inspect",
+        _args_inspect,
+    ),
+    LazyCommand(
+        "demo",
+        "quantize a small model on this machine, answer a prompt, report size and quality",
+        "leechq.cli.demo",
+        _args_demo,
+    ),
 )
 
 

@@ -16,7 +16,8 @@ Lifecycle (the HfQuantizer hooks of transformers 5):
   version and codebook fingerprint when built — before any weight is read;
 * ``_process_model_before_weight_loading`` swaps every recorded ``nn.Linear`` of the meta skeleton
   for a placeholder :class:`~leechq.nn.linear.LeechqLinear` whose buffers carry the file's tensor
-  names, and attaches a rotation store under ``model.leechq`` for the ``leechq.rotations.*`` keys, so
+  names, and attaches a rotation store under ``model.leechq`` for the ``leechq.rotations.*`` keys,
+  so
   transformers' own loader fills everything by name (f64 scales stay f64: the loader keeps the dtype
   of the buffer it loads into);
 * group-affine raw tensors (a 4/8-bit embedding) are merged into their dense parameter during the
@@ -52,8 +53,18 @@ from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersio
 
 QUANT_METHOD = "leechq"
 
-_REQUIRED_KEYS = ("schema_version", "config", "codebook", "codebook_fingerprint", "block_dim",
-                  "code_order", "records", "rotations", "raw", "tied")
+_REQUIRED_KEYS = (
+    "schema_version",
+    "config",
+    "codebook",
+    "codebook_fingerprint",
+    "block_dim",
+    "code_order",
+    "records",
+    "rotations",
+    "raw",
+    "tied",
+)
 
 # Live quantizers by key: conversion ops are deep-copied per checkpoint key, so they reach the
 # quantizer that keeps the group-affine tensors they see (for save_pretrained) through this table.
@@ -104,11 +115,13 @@ class LeechqHfConfig(QuantizationConfigMixin):
         try:
             cb = get(str(self.codebook))
         except LeechqError as exc:
-            raise ArtifactError(f"codebook {self.codebook!r} is not available in this build: {exc}") \
-                from exc
+            raise ArtifactError(
+                f"codebook {self.codebook!r} is not available in this build: {exc}"
+            ) from exc
         if self.codebook_fingerprint != cb.fingerprint():
             raise FingerprintMismatch(
-                f"codebook {self.codebook!r} fingerprint {self.codebook_fingerprint!r} differs from "
+                f"codebook {self.codebook!r} fingerprint {self.codebook_fingerprint!r} "
+                "differs from "
                 f"this build's {cb.fingerprint()!r}: the labels would decode to different points"
             )
 
@@ -120,15 +133,21 @@ class LeechqHfConfig(QuantizationConfigMixin):
 
 
 class GroupAffineDequantize(ConversionOps):
-    """``<name>.qweight``, ``.scales``, ``.biases`` → the dense tensor ``<name>`` (exact arithmetic of
+    """``<name>.qweight``, ``.scales``, ``.biases`` → the dense tensor ``<name>``
+    (exact arithmetic of
     :class:`leechq.formats.artifact.GroupAffine`)."""
 
     def __init__(self, name: str, desc: dict[str, Any], capture_key: str) -> None:
         self.name, self.desc, self.capture_key = name, desc, capture_key
 
     @torch.no_grad()
-    def convert(self, input_dict: dict[str, Any], source_patterns: list[str],
-                target_patterns: list[str], **kwargs: Any) -> dict[str, torch.Tensor]:
+    def convert(
+        self,
+        input_dict: dict[str, Any],
+        source_patterns: list[str],
+        target_patterns: list[str],
+        **kwargs: Any,
+    ) -> dict[str, torch.Tensor]:
         from leechq.formats.artifact import GroupAffine
 
         parts = []
@@ -144,8 +163,14 @@ class GroupAffineDequantize(ConversionOps):
         s, b = s16, b16
         d = self.desc
         try:
-            ga = GroupAffine(dims=tuple(d["dims"]), bits=int(d["bits"]), group=int(d["group"]),
-                             qweight=q, scales=s, biases=b)
+            ga = GroupAffine(
+                dims=tuple(d["dims"]),
+                bits=int(d["bits"]),
+                group=int(d["group"]),
+                qweight=q,
+                scales=s,
+                biases=b,
+            )
             dense = ga.dequantize(torch.float32)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise ArtifactError(f"group-affine tensor {self.name}: {exc}") from exc
@@ -157,7 +182,7 @@ class GroupAffineDequantize(ConversionOps):
     @property
     def reverse_op(self) -> ConversionOps:
         raise NotImplementedError(
-            "leechq writes group-affine tensors through LeechqHfQuantizer.get_state_dict_and_metadata"
+            "leechq writes group-affine tensors in LeechqHfQuantizer.get_state_dict_and_metadata"
         )
 
 
@@ -171,7 +196,7 @@ class RotationTable(nn.Module):
 
 
 class RotationStore(nn.Module):
-    """``model.leechq``: receives the ``leechq.rotations.<key>.signs|small`` tensors while loading."""
+    """``model.leechq``: receives the ``leechq.rotations.<key>.signs|small`` tensors on load."""
 
     def __init__(self, descriptors: dict[str, dict[str, Any]]) -> None:
         super().__init__()
@@ -189,15 +214,17 @@ class RotationStore(nn.Module):
         """key → :class:`RotationTables`, checked."""
         from leechq.nn.records import rotation_from_tensors
 
-        return {key: rotation_from_tensors(key, descriptors[key], m.signs, m.small)
-                for key, m in self.rotations.items()}
+        return {
+            key: rotation_from_tensors(key, descriptors[key], m.signs, m.small)
+            for key, m in self.rotations.items()
+        }
 
 
 class LeechqHfQuantizer(HfQuantizer):
     """Loads leechq artifacts in ``from_pretrained``; cannot quantize (the encoder is offline)."""
 
     requires_calibration = True
-    required_packages = ["leechq"]
+    required_packages: tuple[str, ...] = ("leechq",)
     requires_parameters_quantization = False
     quantization_config: LeechqHfConfig
 
@@ -212,7 +239,9 @@ class LeechqHfQuantizer(HfQuantizer):
     def validate_environment(self, *args: Any, device_map: Any = None, **kwargs: Any) -> None:
         """CPU and CUDA are both fine (reference path on CPU); disk offload is refused."""
         if isinstance(device_map, dict) and "disk" in device_map.values():
-            raise InvalidInput("leechq modules cannot be offloaded to disk; use a CPU or GPU device_map")
+            raise InvalidInput(
+                "leechq modules cannot be offloaded to disk; use a CPU or GPU device_map"
+            )
 
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         """float32 unless asked otherwise; float16/bfloat16 accepted; anything else refused."""
@@ -239,9 +268,13 @@ class LeechqHfQuantizer(HfQuantizer):
         for name, desc in self.quantization_config.raw.items():
             if not isinstance(desc, dict) or desc.get("encoding") != "quant":
                 continue
-            out.append(WeightConverter(
-                [f"{name}.qweight", f"{name}.scales", f"{name}.biases"], name,
-                operations=[GroupAffineDequantize(name, desc, self._key)]))
+            out.append(
+                WeightConverter(
+                    [f"{name}.qweight", f"{name}.scales", f"{name}.biases"],
+                    name,
+                    operations=[GroupAffineDequantize(name, desc, self._key)],
+                )
+            )
         return out
 
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
@@ -262,8 +295,11 @@ class LeechqHfQuantizer(HfQuantizer):
         kept = getattr(model, "_weight_conversions", None)
         if isinstance(kept, list):
             model._weight_conversions = [
-                c for c in kept
-                if not any(isinstance(op, GroupAffineDequantize) for op in getattr(c, "operations", ()))
+                c
+                for c in kept
+                if not any(
+                    isinstance(op, GroupAffineDequantize) for op in getattr(c, "operations", ())
+                )
             ]
         dtype = self.dtype or torch.float32
         for name, module in self.modules.items():
@@ -277,10 +313,12 @@ class LeechqHfQuantizer(HfQuantizer):
         return False
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
-        """``save_pretrained`` writes the canonical records (see :meth:`get_state_dict_and_metadata`)."""
+        """``save_pretrained`` writes the canonical records (get_state_dict_and_metadata)."""
         return True
 
-    def get_state_dict_and_metadata(self, model: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    def get_state_dict_and_metadata(
+        self, model: Any
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """The canonical tensors: every record as stored (byte-identical), the rotation tables,
         group-affine raw tensors as loaded, and every other tensor as held."""
         from leechq.formats.quantized_weight import QuantizedWeight
@@ -298,7 +336,9 @@ class LeechqHfQuantizer(HfQuantizer):
         for name, desc in self.quantization_config.raw.items():
             if isinstance(desc, dict) and desc.get("encoding") == "quant":
                 if name not in captured:
-                    raise ArtifactError(f"group-affine tensor {name} was not captured while loading")
+                    raise ArtifactError(
+                        f"group-affine tensor {name} was not captured while loading"
+                    )
                 state.pop(name, None)
                 for suffix, t in captured[name].items():
                     state[f"{name}.{suffix}"] = t

@@ -1,18 +1,18 @@
-"""``leechq.load``: an artifact directory → a transformers causal LM with :class:`LeechqLinear` modules.
+"""``leechq.load``: an artifact directory → a causal LM with ``LeechqLinear`` modules.
 
-Implements architecture.md §6.1 (``models/load.py``) and §7.3: the standalone loader, which shares the
-module type, the replacement and the finalize step with the transformers integration
+Implements architecture.md §6.1 (``models/load.py``) and §7.3: the standalone loader, which shares
+the module type, the replacement and the finalize step with the transformers integration
 (``leechq.integrations.transformers``) but does not go through ``from_pretrained``:
 
 1. read and validate the artifact (:func:`leechq.formats.artifact.read_artifact`: manifest sizes and
    sha256, schema version, codebook fingerprint, every tensor's dtype and shape);
-2. build the model skeleton from ``config.json`` with its parameters on the meta device (buffers such
-   as RoPE frequencies are computed normally), in the serving dtype;
+2. build the model skeleton from ``config.json`` with its parameters on the meta device (buffers
+   such as RoPE frequencies are computed normally), in the serving dtype;
 3. replace the recorded linears by :class:`LeechqLinear` (:mod:`leechq.nn.replace`);
 4. assign the raw tensors (embedding, norms, biases; group-affine ones dequantized exactly) and tie
    the head when the config says so; refuse any parameter left unloaded;
-5. move to the device and finalize every quantized module (dense reference path on CPU, fused kernels
-   on CUDA where they exist), then group q/k/v and gate/up for a shared activation rotation.
+5. move to the device and finalize every quantized module (dense reference path on CPU, fused
+   kernels on CUDA where they exist), then group q/k/v and gate/up for a shared activation rotation.
 
 transformers is imported inside functions only (architecture.md §6.2).
 """
@@ -91,7 +91,8 @@ def build_skeleton(config: Any, dtype: torch.dtype) -> Any:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except ValueError as exc:
         raise UnsupportedArchitecture(
-            f"{type(config).__name__} ({config.model_type}) has no causal-LM class in transformers: {exc}"
+            f"{type(config).__name__} ({config.model_type}) has no causal-LM class in "
+            f"transformers: {exc}"
         ) from exc
     return model
 
@@ -105,18 +106,25 @@ def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     current = parent._parameters.get(leaf) if leaf in parent._parameters else None
     if current is None and leaf in parent._buffers:
         buf = parent._buffers[leaf]
-        parent._buffers[leaf] = tensor.to(buf.dtype) if buf is not None and buf.is_floating_point() \
-            and tensor.is_floating_point() else tensor
+        parent._buffers[leaf] = (
+            tensor.to(buf.dtype)
+            if buf is not None and buf.is_floating_point() and tensor.is_floating_point()
+            else tensor
+        )
         return
     if current is None:
         raise ArtifactError(f"the artifact stores {name}, which this model does not have")
     if tuple(current.shape) != tuple(tensor.shape):
         raise ArtifactError(
-            f"tensor {name} is {list(tensor.shape)} in the artifact but {list(current.shape)} in the "
+            f"tensor {name} is {list(tensor.shape)} in the artifact but {list(current.shape)} "
+            "in the "
             "model (different model size or config)"
         )
-    value = tensor.to(current.dtype) if tensor.is_floating_point() and current.is_floating_point() \
+    value = (
+        tensor.to(current.dtype)
+        if tensor.is_floating_point() and current.is_floating_point()
         else tensor
+    )
     parent._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
 
 
@@ -176,7 +184,9 @@ def load(
             raise ArtifactError(f"tied alias {alias} → {target}: no such parameter") from exc
         if a.data_ptr() != t.data_ptr():
             _assign(model, alias, t.detach())
-    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
+    missing = [
+        n for n, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"
+    ]
     if missing:
         raise ArtifactError(
             f"{root}: the artifact lacks {len(missing)} model tensor(s), e.g. {missing[:3]}"
@@ -210,8 +220,11 @@ def _summarize_warnings(caught: list[warnings.WarningMessage]) -> None:
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for reason, count in reasons.items():
-        warnings.warn(f"{count} quantized module(s) run the dense reference path: {reason}",
-                      ReferencePathWarning, stacklevel=3)
+        warnings.warn(
+            f"{count} quantized module(s) run the dense reference path: {reason}",
+            ReferencePathWarning,
+            stacklevel=3,
+        )
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -224,7 +237,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     names = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     if not any((root / n).is_file() for n in names):
         raise ArtifactError(
-            f"{root}: no tokenizer files (looked for {', '.join(names)}); re-run `leechq quantize`, "
+            f"{root}: no tokenizer files (looked for {', '.join(names)}); "
+            "re-run `leechq quantize`, "
             "which copies the tokenizer, or pass tokenizer=False"
         )
     from transformers import AutoTokenizer

@@ -3,10 +3,11 @@
 Implements the save half of architecture.md §6.1 (``models/save.py``) for models that already carry
 their records — a model returned by :func:`leechq.models.load.load`, or one whose linears were
 replaced by hand. The quantizer writes its artifacts directly through
-:func:`leechq.formats.artifact.write_artifact`; this module is the same writer fed from a live model:
-every ``LeechqLinear``'s canonical record, every other parameter and persistent buffer as a raw tensor
-(in its current dtype), tied heads as aliases, and the base config without ``quantization_config``.
-Records are stored exactly as held, so ``load → save`` reproduces the record tensors byte for byte.
+:func:`leechq.formats.artifact.write_artifact`; this module is the same writer fed from a live
+model: every ``LeechqLinear``'s canonical record, every other parameter and persistent buffer as a
+raw tensor (in its current dtype), tied heads as aliases, and the base config without
+``quantization_config``. Records are stored exactly as held, so ``load → save`` reproduces the
+record tensors byte for byte.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def model_records(model: torch.nn.Module) -> dict[str, Any]:
     return out
 
 
-def raw_tensors(model: torch.nn.Module, records: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
-                                                                           dict[str, str]]:
+def raw_tensors(
+    model: torch.nn.Module, records: dict[str, Any]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Every stored tensor of ``model`` that is not part of a record, and the tied aliases.
 
     Returns:
@@ -53,7 +55,9 @@ def raw_tensors(model: torch.nn.Module, records: dict[str, Any]) -> tuple[dict[s
     tied: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
     named = list(model.named_parameters(remove_duplicate=False))
-    named += [(n, b) for n, b in model.named_buffers(remove_duplicate=False) if _persistent(model, n)]
+    named += [
+        (n, b) for n, b in model.named_buffers(remove_duplicate=False) if _persistent(model, n)
+    ]
     for name, tensor in named:
         owner = name.rpartition(".")[0]
         if owner in leechq_prefixes and not name.endswith(".bias"):
@@ -113,6 +117,14 @@ def save(
     base.pop("quantization_config", None)
     prov = dict(qc_dict.get("provenance", {})) if isinstance(qc_dict, dict) else {}
     prov.update(provenance or {})
-    return write_artifact(out_dir, base_config=base, quant_config=quant_config, records=records,
-                          raw=raw, tied=tied, tokenizer=tokenizer, provenance=prov,
-                          overwrite=overwrite)
+    return write_artifact(
+        out_dir,
+        base_config=base,
+        quant_config=quant_config,
+        records=records,
+        raw=raw,
+        tied=tied,
+        tokenizer=tokenizer,
+        provenance=prov,
+        overwrite=overwrite,
+    )

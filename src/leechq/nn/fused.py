@@ -2,9 +2,10 @@
 
 Implements the module side of layouts-kernels-recipe.md §3 on top of :mod:`leechq.kernels.select`:
 at finalize, a record is repacked into the layout of the kernel the selector picks for it (Tetra →
-``tetra48``, ball → ``planes14``, int4 → the int4 matvec), and the resulting :class:`FusedPlan` is
-the callable ``forward`` uses. Lattice records compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the
-activation rotated online by the stored tables (§0.5); int4 records read the activation as is.
+``tetra48``, ball → ``planes14``, int4 → the int4 matvec), and the resulting plan
+(:class:`leechq.kernels.select.LinearPlan`) is the callable ``forward`` uses. Lattice records
+compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the activation rotated online by the stored tables
+(§0.5); int4 records read the activation as is.
 
 :class:`SharedRotation` is the per-group slot that lets q/k/v (and gate/up) rotate their common
 input once (§3.6). It is keyed by the input tensor's identity *and* version counter while holding a
@@ -15,21 +16,20 @@ strong reference, so a recycled buffer or an in-place update can never be served
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
-from leechq.formats.rotation import RotationTables, apply_rotation
+from leechq.formats.rotation import RotationTables
 
 
 class SharedRotation:
     """One activation rotation shared by the modules that read the same input.
 
-    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when called
-    again with the very same tensor object at the same version.
+    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when
+    called again with the very same tensor object at the same version.
     """
 
     def __init__(self, tables: RotationTables) -> None:
@@ -54,68 +54,35 @@ class SharedRotation:
         self._version = -1
 
 
-@dataclass
-class FusedPlan:
-    """A record repacked for one kernel, callable as ``plan(x) -> y`` (bias excluded).
+def plan(
+    record: QuantizedWeight | Int4Weight,
+    device: torch.device,
+    dtype: torch.dtype,
+    runtime: Any = None,
+) -> Any:
+    """Repack ``record`` for the Triton kernel that can implement it on ``device``.
 
-    Attributes:
-        kernel_name: the selected kernel.
-        run: ``run(x2d) -> y2d`` on ``[M, d_in]`` activations (already rotated for lattice records).
-        rotate: ``rotate(x) -> Q x`` for rotated lattice records, else None.
-        d_out, d_in: the matrix shape.
-        dtype: the activation/output dtype.
-        shared: the group's shared rotation slot, set by :func:`leechq.nn.replace.share_groups`.
-    """
+    Only Triton kernels qualify: the pure-torch reference kernels decode in f64 on every call,
+    which is slower than the dense path's one-time dequantization, so when no Triton kernel can
+    implement the record the module keeps the dense path instead.
 
-    kernel_name: str
-    run: Callable[[torch.Tensor], torch.Tensor]
-    rotate: Callable[[torch.Tensor], torch.Tensor] | None
-    d_out: int
-    d_in: int
-    dtype: torch.dtype
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    shared: SharedRotation | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.d_in)
-        if self.rotate is not None:
-            x2 = self.shared.rotate(x2, self.rotate) if self.shared is not None else self.rotate(x2)
-        y = self.run(x2)
-        return y.reshape(*lead, self.d_out)
-
-
-def reference_rotation(tables: RotationTables, device: torch.device) -> Callable[[torch.Tensor],
-                                                                               torch.Tensor]:
-    """``x -> Q x`` in float32 with the stored tables (the pure-torch twin of the rotation kernel)."""
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        return apply_rotation(x.to(torch.float32), tables)
-
-    return rotate
-
-
-def plan(record: QuantizedWeight | Int4Weight, device: torch.device, dtype: torch.dtype,
-         runtime: Any = None) -> FusedPlan:
-    """Repack ``record`` for the fastest kernel that can implement it on ``device``.
+    Returns:
+        A :class:`leechq.kernels.select.LinearPlan`.
 
     Raises:
-        KernelUnavailable: no kernel can; the message lists every candidate's reason.
+        KernelUnavailable: no Triton kernel can; the message lists every candidate's reason.
     """
     try:
-        from leechq.kernels import select
+        from leechq.kernels.select import plan_linear
     except ModuleNotFoundError as exc:
         if exc.name is not None and not exc.name.startswith("leechq.kernels"):
             raise
         raise KernelUnavailable("leechq.kernels.select is not part of this build") from exc
-    builder = getattr(select, "plan_linear", None)
-    if builder is None:
-        raise KernelUnavailable("leechq.kernels.select provides no linear-layer kernel plan yet")
-    return builder(record, device, dtype)  # pragma: no cover - adapted when the kernels land
+    return plan_linear(record, device, dtype, preference="triton")
 
 
 class LeechqGroup(torch.nn.Module):
-    """Projections that read one input, outputs concatenated by rows: ``[..., d_in] → [..., Σ d_out]``.
+    """Projections reading one input, outputs concatenated: ``[..., d_in] → [..., Σ d_out]``.
 
     The serving model's ``wqkv`` / ``w13`` (layouts-kernels-recipe.md §3.5). Rows of the result are
     the rows of the members, so the group computes the same numbers as its members. Lattice members
@@ -141,7 +108,7 @@ class LeechqGroup(torch.nn.Module):
 
 
 def share_member_rotations(members: list[torch.nn.Module]) -> int:
-    """Give lattice members with identical rotation tables one shared slot; returns the slots made."""
+    """One shared rotation slot per distinct rotation among lattice members; returns the count."""
     import numpy as np
 
     from leechq.nn.linear import LeechqLinear
@@ -152,9 +119,16 @@ def share_member_rotations(members: list[torch.nn.Module]) -> int:
         if not isinstance(rec, QuantizedWeight) or rec.rotation is None:
             continue
         rot = rec.rotation
-        slot = next((s for s in slots if s.tables.n == rot.n
-                     and np.array_equal(s.tables.signs, rot.signs)
-                     and np.array_equal(s.tables.small, rot.small)), None)
+        slot = next(
+            (
+                s
+                for s in slots
+                if s.tables.n == rot.n
+                and np.array_equal(s.tables.signs, rot.signs)
+                and np.array_equal(s.tables.small, rot.small)
+            ),
+            None,
+        )
         if slot is None:
             slot = SharedRotation(rot)
             slots.append(slot)

@@ -123,10 +123,13 @@ def record_from_tensors(
         if t is None:
             raise ArtifactError(f"record {name}: missing tensor {name}.{suffix}")
         if t.device.type == "meta":
-            raise ArtifactError(f"record {name}: tensor {name}.{suffix} was never loaded (still meta)")
+            raise ArtifactError(
+                f"record {name}: tensor {name}.{suffix} was never loaded (still meta)"
+            )
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise ArtifactError(
-                f"record {name}: tensor {name}.{suffix} is {t.dtype} {list(t.shape)}, expected {dtype} "
+                f"record {name}: tensor {name}.{suffix} is {t.dtype} {list(t.shape)}, "
+                f"expected {dtype} "
                 f"{list(shape)}"
             )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -135,14 +138,21 @@ def record_from_tensors(
     d_out, d_in = int(desc["d_out"]), int(desc["d_in"])
     try:
         if desc["kind"] == "int4":
-            return Int4Weight(d_out=d_out, d_in=d_in, group=int(desc["group"]),
-                              qweight=got["qweight"], scales=got["scales"], biases=got["biases"])
+            return Int4Weight(
+                d_out=d_out,
+                d_in=d_in,
+                group=int(desc["group"]),
+                qweight=got["qweight"],
+                scales=got["scales"],
+                biases=got["biases"],
+            )
         codebook = desc.get("codebook")
         cb = get(str(codebook))
         label_bits, gain_bits = int(desc["label_bits"]), int(desc["gain_bits"])
         if label_bits != cb.label_bits:
-            raise ArtifactError(f"record {name}: {label_bits} label bits, codebook {codebook} has "
-                                f"{cb.label_bits}")
+            raise ArtifactError(
+                f"record {name}: {label_bits} label bits, codebook {codebook} has {cb.label_bits}"
+            )
         nb = d_in // BLOCK
         labels, gains = unpack_codes(got["codes"], d_out, nb, label_bits, gain_bits)
         rot_key = desc.get("rotation")
@@ -152,30 +162,41 @@ def record_from_tensors(
                 raise ArtifactError(f"record {name}: unknown rotation {rot_key!r}")
             rot = rotations[rot_key]
         tail = got.get("tail", torch.zeros(d_out, 0, dtype=torch.float32))
-        return QuantizedWeight(codebook=str(codebook), d_out=d_out, d_in=d_in, labels=labels,
-                               gains=gains, row_scales=got["row_scales"], centroids=got["centroids"],
-                               tail=tail, rotation=rot)
+        return QuantizedWeight(
+            codebook=str(codebook),
+            d_out=d_out,
+            d_in=d_in,
+            labels=labels,
+            gains=gains,
+            row_scales=got["row_scales"],
+            centroids=got["centroids"],
+            tail=tail,
+            rotation=rot,
+        )
     except InvalidInput as exc:
         raise ArtifactError(f"record {name}: {exc}") from exc
 
 
-def rotation_from_tensors(key: str, desc: Mapping[str, Any], signs: torch.Tensor,
-                          small: torch.Tensor) -> RotationTables:
+def rotation_from_tensors(
+    key: str, desc: Mapping[str, Any], signs: torch.Tensor, small: torch.Tensor
+) -> RotationTables:
     """Rebuild rotation tables from their descriptor (``quantization_config.rotations`` entry) and
     tensors, with the reader's checks (±1 signs, orthogonal ``Q_odd``)."""
     try:
         n, seed = int(desc["n"]), int(desc["seed"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"rotation {key}: malformed descriptor {dict(desc)}") from exc
-    m, k = split_width(n)
+    _, k = split_width(n)
     if key != f"{n}_{seed:016x}":
         raise ArtifactError(f"rotation {key}: key disagrees with n={n}, seed={seed:#x}")
     for label, t, shape in (("signs", signs, (n,)), ("small", small, (k, k))):
         if t.device.type == "meta":
             raise ArtifactError(f"rotation {key}: {label} was never loaded (still meta)")
         if tuple(t.shape) != shape or t.dtype != torch.float64:
-            raise ArtifactError(f"rotation {key}: {label} is {t.dtype} {list(t.shape)}, expected "
-                                f"torch.float64 {list(shape)}")
+            raise ArtifactError(
+                f"rotation {key}: {label} is {t.dtype} {list(t.shape)}, expected "
+                f"torch.float64 {list(shape)}"
+            )
     s = signs.detach().cpu().numpy().copy()
     q = small.detach().cpu().numpy().copy()
     if not np.all(np.abs(s) == 1.0):

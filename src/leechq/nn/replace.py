@@ -1,6 +1,7 @@
 """Swap the ``nn.Linear`` modules of a model for :class:`~leechq.nn.linear.LeechqLinear`.
 
-Implements architecture.md §6.1 (``nn/replace.py``) and §7.1 (``_process_model_before_weight_loading``):
+Implements architecture.md §6.1 (``nn/replace.py``) and §7.1
+(``_process_model_before_weight_loading``):
 the replacement is driven by the artifact's records — one record per module name — so the artifact,
 not a naming heuristic, says what is quantized. It works on a skeleton on the meta device (no weight
 is touched) and on a materialized model alike.
@@ -12,9 +13,10 @@ Two entry points:
   buffers afterwards, then :func:`materialize_all` builds the records).
 
 :func:`share_groups` then ties together the modules that read one activation — q/k/v, gate/up: the
-siblings of one parent whose lattice records carry the same rotation — so the fused path rotates that
-activation once per forward (layouts-kernels-recipe.md §3.5–§3.6). Grouping is an optimization only:
-the shared slot serves a rotated activation back only to a call with the very same input tensor.
+siblings of one parent whose lattice records carry the same rotation — so the fused path rotates
+that activation once per forward (layouts-kernels-recipe.md §3.5–§3.6). Grouping is an
+optimization only: the shared slot serves a rotated activation back only to a call with the very
+same input tensor.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ def _parent_and_leaf(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return parent, leaf
 
 
-def _target_linear(model: nn.Module, name: str, d_out: int, d_in: int) -> tuple[nn.Module, str, nn.Linear]:
+def _target_linear(
+    model: nn.Module, name: str, d_out: int, d_in: int
+) -> tuple[nn.Module, str, nn.Linear]:
     parent, leaf = _parent_and_leaf(model, name)
     old = getattr(parent, leaf)
     if not isinstance(old, nn.Linear):
         raise UnsupportedArchitecture(
-            f"{name} is a {type(old).__name__}, not an nn.Linear; leechq replaces linear layers only"
+            f"{name} is a {type(old).__name__}, not an nn.Linear; "
+            "leechq replaces linear layers only"
         )
     if (old.out_features, old.in_features) != (d_out, d_in):
         raise UnsupportedArchitecture(
@@ -139,9 +144,10 @@ def replace_with_placeholders(
     return out
 
 
-def materialize_all(modules: Mapping[str, LeechqLinear],
-                    rotations: Mapping[str, RotationTables]) -> None:
-    """Turn every loaded placeholder into its canonical record (see :meth:`LeechqLinear.materialize`)."""
+def materialize_all(
+    modules: Mapping[str, LeechqLinear], rotations: Mapping[str, RotationTables]
+) -> None:
+    """Turn every loaded placeholder into its canonical record (``LeechqLinear.materialize``)."""
     for module in modules.values():
         module.materialize(rotations)
 
@@ -192,5 +198,8 @@ def _same_tables(record: Record | None, rot: RotationTables) -> bool:
     if not isinstance(record, QuantizedWeight) or record.rotation is None:
         return False
     other = record.rotation
-    return bool(other.n == rot.n and np.array_equal(other.signs, rot.signs)
-                and np.array_equal(other.small, rot.small))
+    return bool(
+        other.n == rot.n
+        and np.array_equal(other.signs, rot.signs)
+        and np.array_equal(other.small, rot.small)
+    )
