@@ -146,8 +146,10 @@ def _loop(
         gains[:, b] = codes.gains.to(w.device)
         q = codes.values.to(device=w.device, dtype=torch.float64)
         w[:, lo:hi] = q
-        if u is not None and hi < d_in:
-            _propagate(w, v - q, u[lo:hi, lo:hi], u[lo:hi, hi:], hi)
+        err = v - q
+        # An exactly-zero error (identity control, all-zero rows) has nothing to propagate.
+        if u is not None and hi < d_in and bool(err.any()):
+            _propagate(w, err, u[lo:hi, lo:hi], u[lo:hi, hi:], hi)
     return labels, gains
 
 
