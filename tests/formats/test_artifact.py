@@ -194,6 +194,22 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path: Path) -> None:
             tmp_path / "art2", base_config={}, quant_config=cfg, records=records, raw=bad_raw
         )
     assert not (tmp_path / "art2").exists()
+
+    class BrokenTokenizer:
+        def save_pretrained(self, d: str) -> None:
+            Path(d, "tokenizer.json").write_text("{")
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_artifact(
+            tmp_path / "art3",
+            base_config={},
+            quant_config=cfg,
+            records=records,
+            raw=raw,
+            tokenizer=BrokenTokenizer(),
+        )
+    assert not (tmp_path / "art3").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no partial directory left behind
     _write(tmp_path, overwrite=True)
     read_artifact(path)
