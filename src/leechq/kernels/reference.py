@@ -1,0 +1,245 @@
+"""Pure-torch reference twins of every kernel: the oracle for tests and the CPU path.
+
+Each function has the signature of its Triton twin (``leechq.kernels.triton.ops``) and computes in
+float64 from the *same packed bytes* the kernel reads, through an independent decode (the codebook's
+own decoder for Tetra words, the class table's magnitudes for Planes14 records), then narrows the
+result to float32 once. Works on any device (CPU tensors stay on the CPU).
+
+Contracts (shapes; docs/kernels.md has the tolerances):
+
+* ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (tetra-format.md §1.6, forward).
+* ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``.
+* ``tetra48_matvec(x [M, d_in] f32, w: Tetra48Weight) -> [M, d_out] f32``, x in the rotated basis.
+* ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
+* ``int4_matvec(x [M, d_in], w: Int4Weight) / int8_matvec(x, w: Int8Weight) -> [M, d_out] f32``.
+* ``int4_embedding(ids [T] int, table: Int4Weight) / int8_embedding -> [T, d] f32``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from leechq.formats.int8_weight import Int8Weight
+    from leechq.formats.layouts.planes14 import Planes14Weight
+    from leechq.formats.layouts.tetra48 import Tetra48Weight
+    from leechq.formats.quantized_weight import Int4Weight
+    from leechq.formats.rotation import RotationTables
+
+
+def _as_matrix(x: torch.Tensor, d_in: int, what: str = "x") -> torch.Tensor:
+    if x.dim() != 2 or x.shape[1] != d_in:
+        raise InvalidInput(f"{what} must be [M, {d_in}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise InvalidInput(f"{what} must be a float tensor, got {x.dtype}")
+    return x
+
+
+# ------------------------------------------------------------------------------------ activation
+
+
+def rotate(x: torch.Tensor, rotation: RotationTables) -> torch.Tensor:
+    """``Q x`` row by row in float64 (leechq.formats.rotation.apply_rotation), narrowed to f32."""
+    from leechq.formats.rotation import apply_rotation
+
+    x = _as_matrix(x, rotation.n)
+    return apply_rotation(x.to(torch.float64), rotation).to(torch.float32)
+
+
+PAIR_PAD = 64
+"""Pairs per prepared row are padded to a multiple of this (the largest pair tile of the kernels)."""
+
+
+def prepared_pairs(n_blocks: int) -> int:
+    """NPP: ``ceil(n_blocks / 2)`` rounded up to a multiple of 64."""
+    n_pairs = -(-n_blocks // 2)
+    return -(-n_pairs // PAIR_PAD) * PAIR_PAD
+
+
+def prepared_width(n_blocks: int) -> int:
+    """Width of a prepared activation row: ``48·NPP + 32``."""
+    return 48 * prepared_pairs(n_blocks) + 32
+
+
+def prepared_rows(m_rows: int) -> int:
+    """Rows of a prepared activation: the next power of two ≥ M."""
+    return 1 << max(0, (m_rows - 1).bit_length())
+
+
+def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor) -> torch.Tensor:
+    """The prepared layout (``leechq.kernels.triton.activation``) of ``x``: float32 [MP, width].
+
+    Args:
+        x: float [M, d_in] with ``d_in // 24 == n_blocks`` and ``d_in % 24 ≤ 32``.
+        n_blocks: blocks per row.
+        order: int [24], position t of a block reads natural coordinate ``order[t]``.
+    """
+    m_rows, d_in = x.shape
+    if d_in // BLOCK != n_blocks:
+        raise InvalidInput(f"x has {d_in} columns, not {n_blocks} blocks of 24 (+ tail)")
+    npp = prepared_pairs(n_blocks)
+    out = torch.zeros(prepared_rows(m_rows), prepared_width(n_blocks), dtype=torch.float32,
+                      device=x.device)
+    xf = x.to(torch.float32)
+    blocks = xf[:, : n_blocks * BLOCK].reshape(m_rows, n_blocks, BLOCK)
+    blocks = blocks[:, :, order.long().to(x.device)]  # [M, nb, 24] in position order
+    padded = torch.zeros(m_rows, 2 * npp, BLOCK, dtype=torch.float32, device=x.device)
+    padded[:, :n_blocks] = blocks
+    # [M, pair, parity, t] -> [M, parity, t, pair]
+    body = padded.reshape(m_rows, npp, 2, BLOCK).permute(0, 2, 3, 1).reshape(m_rows, -1)
+    out[:m_rows, : 48 * npp] = body
+    tail = d_in - n_blocks * BLOCK
+    out[:m_rows, 48 * npp : 48 * npp + tail] = xf[:, n_blocks * BLOCK :]
+    return out
+
+
+# ------------------------------------------------------------------------------------ tetra48
+
+
+def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device)."""
+    nb = w.n_blocks
+    raw = w.words.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 6 * nb]
+    b = raw.reshape(w.d_out, nb, 6).to(torch.int64)
+    word = torch.zeros(w.d_out, nb, dtype=torch.int64, device=raw.device)
+    for i in range(6):
+        word |= b[:, :, i] << (8 * i)
+    return word & ((1 << 47) - 1), word >> 47
+
+
+def tetra48_dequantize_rotated(w: Tetra48Weight) -> torch.Tensor:
+    """The matrix the kernel multiplies, in the rotated basis: float64 [d_out, d_in].
+
+    Decoded through ``leechq.codebooks.tetra.decode`` (independent of the kernel's derived
+    tables), with the f32 scales/centroids the kernel reads widened to f64.
+    """
+    from leechq.codebooks.tetra import decode
+
+    labels, gains = tetra48_labels_gains(w)
+    pts = decode(labels).to(torch.float64)
+    return _blocks_to_matrix(w, pts, gains)
+
+
+def _blocks_to_matrix(w: Tetra48Weight | Planes14Weight, pts: torch.Tensor,
+                      gains: torch.Tensor, n2: torch.Tensor | None = None) -> torch.Tensor:
+    """Blocks ``y · (c_g · σ_row / √n2)`` (n2 = ‖y‖² unless given) then the tail: f64 [d_out, d_in]."""
+    if n2 is None:
+        n2 = (pts * pts).sum(-1)
+    cent = w.row_centroids.to(torch.float64).gather(1, gains.long())  # [d_out, nb]
+    picked = cent * w.row_scales.to(torch.float64)[:, None]
+    scale = torch.where(n2 > 0, picked / torch.sqrt(torch.clamp(n2, min=1.0)),
+                        torch.zeros_like(picked))
+    out = torch.empty(w.d_out, w.d_in, dtype=torch.float64, device=pts.device)
+    out[:, : w.n_blocks * BLOCK] = (pts * scale[..., None]).reshape(w.d_out, -1)
+    out[:, w.n_blocks * BLOCK :] = w.tail.to(torch.float64)
+    return out
+
+
+def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
+    """``y = W x`` for x [M, d_in] in the rotated basis: float32 [M, d_out] (f64 inside)."""
+    x = _as_matrix(x, w.d_in)
+    return (x.to(torch.float64) @ tetra48_dequantize_rotated(w).T).to(torch.float32)
+
+
+# ------------------------------------------------------------------------------------ planes14
+
+
+def planes14_points(w: Planes14Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode records (torch, any device): points float64 [d_out, nb, 24] (signed class magnitudes),
+    gains int64 [d_out, nb] and the class norms ``16·m`` float64 [d_out, nb] (0 for the origin).
+
+    The block scale uses the class's shell, as the per-class table does (§1.1): for a record of a
+    real lattice point ``16·m = ‖y‖²``; a malformed record (a level past its class's length, as the
+    random benchmark records have) still decodes exactly as the kernel decodes it."""
+    from leechq.formats.layouts.planes14 import planes14_tables
+
+    nb = w.n_blocks
+    raw = w.records.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 14 * nb]
+    b = raw.reshape(w.d_out, nb, 14).to(torch.int64)
+    lo = torch.zeros(w.d_out, nb, dtype=torch.int64, device=raw.device)
+    hi = torch.zeros_like(lo)
+    for i in range(8):
+        lo |= b[:, :, i] << (8 * i)
+    for i in range(6):
+        hi |= b[:, :, 8 + i] << (8 * i)
+    m24 = 0xFFFFFF
+    ids = lo & 0x1FF
+    gains = (lo >> 9) & 1
+    signs = (lo >> 10) & m24
+    p0 = (lo >> 34) & m24
+    p1 = ((lo >> 58) & 0x3F) | ((hi & 0x3FFFF) << 6)
+    p2 = (hi >> 18) & m24
+    j = torch.arange(BLOCK, device=raw.device)
+    bit = lambda p: (p[..., None] >> j) & 1  # noqa: E731
+    level = torch.where(bit(p2) == 1, 4, bit(p0) | (bit(p1) << 1))
+    mags = torch.as_tensor(planes14_tables().magnitudes, dtype=torch.float64, device=raw.device)
+    mag = mags[ids[..., None], level]
+    pts = torch.where(bit(signs) == 1, -mag, mag)
+    shells = torch.as_tensor(planes14_tables().shells, dtype=torch.float64, device=raw.device)
+    return pts, gains, 16.0 * shells[ids]
+
+
+def planes14_dequantize_rotated(w: Planes14Weight) -> torch.Tensor:
+    """The matrix the Planes14 kernel multiplies: float64 [d_out, d_in] (rotated basis)."""
+    pts, gains, n2 = planes14_points(w)
+    return _blocks_to_matrix(w, pts, gains, n2)
+
+
+def planes14_matvec(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
+    """``y = W x`` for a Planes14 record: float32 [M, d_out] (f64 inside)."""
+    x = _as_matrix(x, w.d_in)
+    return (x.to(torch.float64) @ planes14_dequantize_rotated(w).T).to(torch.float32)
+
+
+# ------------------------------------------------------------------------------------ int4 / int8
+
+
+def _group_affine(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                  group: int) -> torch.Tensor:
+    """``f32(s)·f32(q) + f32(b)`` (two roundings), widened to f64."""
+    col = torch.arange(codes.shape[1], device=codes.device) // group
+    prod = scales.to(torch.float32)[:, col] * codes.to(torch.float32)
+    return (prod + biases.to(torch.float32)[:, col]).to(torch.float64)
+
+
+def int4_matvec(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """``y = W x`` for an int4 group-affine matrix: float32 [M, d_out] (exact weights, f64 dot)."""
+    x = _as_matrix(x, w.d_in)
+    dense = _group_affine(w.codes(), w.scales, w.biases, w.group)
+    return (x.to(torch.float64) @ dense.T).to(torch.float32)
+
+
+def int8_matvec(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """``y = W x`` for an int8 group-affine matrix: float32 [M, d_out]."""
+    x = _as_matrix(x, w.d_in)
+    dense = _group_affine(w.qweight, w.scales, w.biases, w.group)
+    return (x.to(torch.float64) @ dense.T).to(torch.float32)
+
+
+def _check_ids(ids: torch.Tensor, rows: int) -> torch.Tensor:
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise InvalidInput(f"ids must be a 1-D int32/int64 tensor, got {ids.dtype} {list(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        raise InvalidInput(f"ids must lie in [0, {rows})")
+    return ids.long()
+
+
+def int4_embedding(ids: torch.Tensor, table: Int4Weight) -> torch.Tensor:
+    """Rows ``ids`` of a 4-bit group-affine table, dequantized exactly: float32 [T, d]."""
+    ids = _check_ids(ids, table.d_out)
+    lo = table.qweight[ids] & 0x0F
+    hi = table.qweight[ids] >> 4
+    codes = torch.stack((lo, hi), dim=-1).reshape(ids.numel(), table.d_in)
+    return _group_affine(codes, table.scales[ids], table.biases[ids], table.group).to(torch.float32)
+
+
+def int8_embedding(ids: torch.Tensor, table: Int8Weight) -> torch.Tensor:
+    """Rows ``ids`` of an 8-bit group-affine table, dequantized exactly: float32 [T, d]."""
+    ids = _check_ids(ids, table.d_out)
+    return _group_affine(table.qweight[ids], table.scales[ids], table.biases[ids],
+                         table.group).to(torch.float32)

@@ -1,0 +1,342 @@
+"""Kernel selection: ordered candidates, ``can_implement → (ok, reason)``, and linear-layer plans.
+
+Follows architecture.md §4 (C2) and §6.3: each kernel class states which op and layout it serves
+and answers ``can_implement(op, layout, shape, device)`` with a reason when it cannot; the
+selector walks :data:`KERNELS` in order and returns the first that can, or raises
+:class:`~leechq.errors.KernelUnavailable` listing every candidate's reason. Order: Triton kernels
+first (CUDA tensors), the pure-torch references last (any device, so CPU tensors always land there).
+
+Preference: ``preference="reference"`` or ``"triton"`` restricts the candidates; the environment
+variable ``LEECHQ_DISABLE_KERNELS`` (comma-separated kernel names) removes candidates, for
+debugging. Nothing here imports triton: availability is probed with ``importlib.util.find_spec``
+and the kernels' modules are imported only when a kernel is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from leechq.errors import InvalidInput, KernelUnavailable
+
+OPS = ("matvec", "rotate", "embedding")
+LAYOUTS = ("tetra48", "planes14", "int4", "int8", "rotation")
+MAX_TRITON_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a kernel is asked to do: ``d_out × d_in`` weights, ``m_rows`` activation rows.
+
+    For ``rotate`` only ``d_in`` (the width) and ``odd`` (k of the rotation) matter; for
+    ``embedding`` ``d_in`` is the row width."""
+
+    d_out: int
+    d_in: int
+    m_rows: int = 1
+    group: int = 0
+    odd: int = 1
+
+
+def _triton_available() -> tuple[bool, str]:
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed"
+    return True, ""
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class Kernel:
+    """Base of the kernel classes: ``name``, ``op``, ``layouts``, ``impl`` ("module:function")."""
+
+    name = "kernel"
+    op = ""
+    layouts: frozenset[str] = frozenset()
+    impl = ""
+    backend = ""
+
+    @classmethod
+    def can_implement(cls, op: str, layout: str, shape: Shape,
+                      device: torch.device) -> tuple[bool, str]:
+        if op != cls.op:
+            return False, f"{cls.name}: op {op!r} is not {cls.op!r}"
+        if layout not in cls.layouts:
+            return False, f"{cls.name}: layout {layout!r} not in {sorted(cls.layouts)}"
+        return cls._check(shape, device)
+
+    @classmethod
+    def _check(cls, shape: Shape, device: torch.device) -> tuple[bool, str]:
+        return True, ""
+
+    @classmethod
+    def function(cls) -> Callable[..., Any]:
+        """The callable (imported on first use)."""
+        module, attr = cls.impl.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+class _TritonKernel(Kernel):
+    backend = "triton"
+
+    @classmethod
+    def _check(cls, shape: Shape, device: torch.device) -> tuple[bool, str]:
+        ok, why = _triton_available()
+        if not ok:
+            return False, f"{cls.name}: {why}"
+        if device.type != "cuda" and not _interpreting():
+            return False, f"{cls.name}: tensors on {device} (needs CUDA, or TRITON_INTERPRET=1)"
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return False, f"{cls.name}: CUDA is not available"
+        return cls._shape_ok(shape)
+
+    @classmethod
+    def _shape_ok(cls, shape: Shape) -> tuple[bool, str]:
+        return True, ""
+
+
+class _LatticeMatvec(_TritonKernel):
+    op = "matvec"
+
+    @classmethod
+    def _shape_ok(cls, shape: Shape) -> tuple[bool, str]:
+        if not 1 <= shape.m_rows <= MAX_TRITON_ROWS:
+            return False, f"{cls.name}: {shape.m_rows} activation rows (takes 1..{MAX_TRITON_ROWS})"
+        if shape.d_in < 24:
+            return False, f"{cls.name}: d_in {shape.d_in} < 24"
+        return True, ""
+
+
+class TritonTetra48Matvec(_LatticeMatvec):
+    name = "triton-tetra48-matvec"
+    layouts = frozenset({"tetra48"})
+    impl = "leechq.kernels.triton.ops:tetra48_matvec"
+
+
+class TritonPlanes14Matvec(_LatticeMatvec):
+    name = "triton-planes14-matvec"
+    layouts = frozenset({"planes14"})
+    impl = "leechq.kernels.triton.ops:planes14_matvec"
+
+
+class TritonInt4Matvec(_TritonKernel):
+    name = "triton-int4-matvec"
+    op = "matvec"
+    layouts = frozenset({"int4"})
+    impl = "leechq.kernels.triton.ops:int4_matvec"
+
+    @classmethod
+    def _shape_ok(cls, shape: Shape) -> tuple[bool, str]:
+        if not 1 <= shape.m_rows <= MAX_TRITON_ROWS:
+            return False, f"{cls.name}: {shape.m_rows} activation rows (takes 1..{MAX_TRITON_ROWS})"
+        if shape.d_in % 8 or (shape.group and shape.group % 8):
+            return False, f"{cls.name}: d_in {shape.d_in} / group {shape.group} not a multiple of 8"
+        return True, ""
+
+
+class TritonInt8Matvec(TritonInt4Matvec):
+    name = "triton-int8-matvec"
+    layouts = frozenset({"int8"})
+    impl = "leechq.kernels.triton.ops:int8_matvec"
+
+
+class TritonRotate(_TritonKernel):
+    name = "triton-rotate"
+    op = "rotate"
+    layouts = frozenset({"rotation"})
+    impl = "leechq.kernels.triton.ops:rotate"
+
+    @classmethod
+    def _shape_ok(cls, shape: Shape) -> tuple[bool, str]:
+        if shape.odd > 64:
+            return False, f"{cls.name}: odd factor k={shape.odd} > 64"
+        pow2 = shape.d_in // max(shape.odd, 1)
+        if pow2 > 1 << 14:
+            return False, f"{cls.name}: Hadamard size {pow2} > 16384"
+        return True, ""
+
+
+class TritonInt4Embedding(_TritonKernel):
+    name = "triton-int4-embedding"
+    op = "embedding"
+    layouts = frozenset({"int4"})
+    impl = "leechq.kernels.triton.ops:int4_embedding"
+
+
+class TritonInt8Embedding(_TritonKernel):
+    name = "triton-int8-embedding"
+    op = "embedding"
+    layouts = frozenset({"int8"})
+    impl = "leechq.kernels.triton.ops:int8_embedding"
+
+
+class _Reference(Kernel):
+    backend = "reference"
+
+
+def _ref(name: str, op: str, layout: str, attr: str) -> type[Kernel]:
+    return type(
+        f"Reference_{attr}",
+        (_Reference,),
+        {"name": name, "op": op, "layouts": frozenset({layout}),
+         "impl": f"leechq.kernels.reference:{attr}"},
+    )
+
+
+KERNELS: list[type[Kernel]] = [
+    TritonTetra48Matvec,
+    TritonPlanes14Matvec,
+    TritonInt4Matvec,
+    TritonInt8Matvec,
+    TritonRotate,
+    TritonInt4Embedding,
+    TritonInt8Embedding,
+    _ref("reference-tetra48-matvec", "matvec", "tetra48", "tetra48_matvec"),
+    _ref("reference-planes14-matvec", "matvec", "planes14", "planes14_matvec"),
+    _ref("reference-int4-matvec", "matvec", "int4", "int4_matvec"),
+    _ref("reference-int8-matvec", "matvec", "int8", "int8_matvec"),
+    _ref("reference-rotate", "rotate", "rotation", "rotate"),
+    _ref("reference-int4-embedding", "embedding", "int4", "int4_embedding"),
+    _ref("reference-int8-embedding", "embedding", "int8", "int8_embedding"),
+]
+"""All kernel classes, in selection order (Triton before reference)."""
+
+
+def candidates(preference: str = "auto") -> list[type[Kernel]]:
+    """Kernels allowed by ``preference`` ("auto", "triton", "reference") and the environment."""
+    if preference not in ("auto", "triton", "reference"):
+        raise InvalidInput(f"kernel preference must be auto, triton or reference, got {preference!r}")
+    disabled = {s.strip() for s in os.environ.get("LEECHQ_DISABLE_KERNELS", "").split(",") if s}
+    out = [k for k in KERNELS if k.name not in disabled]
+    if preference != "auto":
+        out = [k for k in out if k.backend == preference]
+    return out
+
+
+def choose_kernel(op: str, layout: str, shape: Shape, device: torch.device | str,
+                  preference: str = "auto") -> type[Kernel]:
+    """The first kernel (in :data:`KERNELS` order) that can implement the request.
+
+    Raises:
+        KernelUnavailable: none can; the message lists every candidate's reason.
+    """
+    device = torch.device(device)
+    reasons = []
+    for k in candidates(preference):
+        ok, why = k.can_implement(op, layout, shape, device)
+        if ok:
+            return k
+        if k.op == op and layout in k.layouts:
+            reasons.append(why)
+    if not reasons:
+        reasons.append(f"no kernel serves op {op!r} on layout {layout!r} (preference {preference})")
+    raise KernelUnavailable(f"no kernel for {op} / {layout} / {shape} on {device}: "
+                            + "; ".join(reasons))
+
+
+# ------------------------------------------------------------------------------ linear-layer plans
+
+
+@dataclass
+class LinearPlan:
+    """A record packed for one kernel, callable as ``plan(x) -> y`` (x [..., d_in], bias excluded).
+
+    The attribute set matches :class:`leechq.nn.fused.FusedPlan`, so ``nn`` can use either.
+
+    Attributes:
+        kernel_name: the selected matvec kernel.
+        run: ``run(x2d) -> y2d`` on [M, d_in] activations (already rotated for lattice records);
+            any M (chunks of 8 rows for the Triton kernels).
+        rotate: ``rotate(x2d) -> Q x`` for rotated lattice records, else None.
+        d_out, d_in: shape; dtype: the activation/output dtype.
+        tensors: the packed device tensors (for memory accounting).
+        shared: a group's shared rotation slot (set by ``nn``), or None.
+    """
+
+    kernel_name: str
+    run: Callable[[torch.Tensor], torch.Tensor]
+    rotate: Callable[[torch.Tensor], torch.Tensor] | None
+    d_out: int
+    d_in: int
+    dtype: torch.dtype
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    shared: Any = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_in)
+        if self.rotate is not None:
+            x2 = self.shared.rotate(x2, self.rotate) if self.shared is not None else self.rotate(x2)
+        return self.run(x2).reshape(*lead, self.d_out)
+
+
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], rows: int, dtype: torch.dtype
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        if x.shape[0] <= rows:
+            return fn(x).to(dtype)
+        return torch.cat([fn(x[i : i + rows].contiguous()) for i in range(0, x.shape[0], rows)],
+                         dim=0).to(dtype)
+
+    return run
+
+
+def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
+                preference: str = "auto") -> LinearPlan:
+    """Pack ``record`` (a ``QuantizedWeight`` or an ``Int4Weight``) for the best kernel on ``device``.
+
+    Tetra-coded matrices → ``tetra48``, ball-coded → ``planes14``, int4 → the int4 matvec.
+
+    Raises:
+        KernelUnavailable: no kernel can (the message lists why).
+    """
+    from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+
+    device = torch.device(device)
+    if isinstance(record, Int4Weight):
+        k = choose_kernel("matvec", "int4", Shape(record.d_out, record.d_in, 1, record.group),
+                          device, preference)
+        w = Int4Weight(record.d_out, record.d_in, record.qweight.to(device),
+                       record.scales.to(device), record.biases.to(device), record.group)
+        fn = k.function()
+        rows = MAX_TRITON_ROWS if k.backend == "triton" else 1 << 30
+        return LinearPlan(k.name, _chunked(lambda x: fn(x.float(), w), rows, dtype), None,
+                          record.d_out, record.d_in, dtype,
+                          {"qweight": w.qweight, "scales": w.scales, "biases": w.biases})
+    if not isinstance(record, QuantizedWeight):
+        raise InvalidInput(f"plan_linear takes a QuantizedWeight or Int4Weight, got {type(record)}")
+    layout = {"tetra": "tetra48", "ball": "planes14"}.get(record.codebook)
+    if layout is None:
+        raise KernelUnavailable(f"no served layout for codebook {record.codebook!r}")
+    k = choose_kernel("matvec", layout, Shape(record.d_out, record.d_in, 1), device, preference)
+    from leechq.formats.layouts import get as get_layout
+
+    packed = get_layout(layout).pack(record).to(device)
+    fn = k.function()
+    rows = MAX_TRITON_ROWS if k.backend == "triton" else 1 << 30
+    rotate = None
+    if record.rotation is not None:
+        rk = choose_kernel("rotate", "rotation", Shape(0, record.d_in, 1, 0, record.rotation.odd),
+                           device, preference)
+        rot_fn = rk.function()
+        tables = record.rotation
+        if rk.backend == "triton":
+            from leechq.kernels.triton.ops import DeviceRotation
+
+            dev_rot = DeviceRotation.from_tables(tables, device)
+            rotate = lambda x: rot_fn(x.contiguous(), dev_rot)  # noqa: E731
+        else:
+            rotate = lambda x: rot_fn(x.contiguous(), tables)  # noqa: E731
+    tensors = {n: getattr(packed, n) for n in ("row_scales", "row_centroids", "tail")}
+    tensors["words" if layout == "tetra48" else "records"] = (
+        packed.words if layout == "tetra48" else packed.records)
+    return LinearPlan(k.name, _chunked(lambda x: fn(x.float(), packed), rows, dtype), rotate,
+                      record.d_out, record.d_in, dtype, tensors)

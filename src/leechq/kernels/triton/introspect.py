@@ -1,0 +1,132 @@
+"""Ahead-of-time compilation of the kernels for a chosen GPU target, and SASS instruction counts.
+
+Uses Triton's bundled ``ptxas``/``cuobjdump`` (no GPU needed): ``compile_for(kernel, signature,
+constexprs, arch=90)`` returns the compiled object (``.asm['ptx']``, ``['cubin']``, metadata with
+registers/spills where the backend reports them); :func:`sass` disassembles the cubin;
+:func:`loop_mix` counts the instructions inside the hottest loop (the longest backward branch)
+grouped by opcode. Used by benchmarks/bench_matvec.py to report instruction counts beside times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from typing import Any
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any],
+                arch: int = 90, num_warps: int = 4) -> Any:
+    """Compile ``kernel`` for ``sm_<arch>`` without launching it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def sass(compiled: Any) -> str:
+    """SASS text of a compiled kernel (cuobjdump from Triton's package, or on the PATH)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+        path = f.name
+    try:
+        for exe in (_tool("cuobjdump"), "cuobjdump"):
+            try:
+                return subprocess.run([exe, "-sass", path], capture_output=True, text=True,
+                                      check=True).stdout
+            except (OSError, subprocess.CalledProcessError):
+                continue
+        raise RuntimeError("cuobjdump not found")
+    finally:
+        os.unlink(path)
+
+
+def resource_usage(compiled: Any) -> dict[str, int]:
+    """Registers, shared memory, stack and local memory per thread from ``cuobjdump -res-usage``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+        path = f.name
+    try:
+        text = ""
+        for exe in (_tool("cuobjdump"), "cuobjdump"):
+            try:
+                text = subprocess.run([exe, "-res-usage", path], capture_output=True, text=True,
+                                      check=True).stdout
+                break
+            except (OSError, subprocess.CalledProcessError):
+                continue
+    finally:
+        os.unlink(path)
+    out = {}
+    for key, name in (("REG", "registers"), ("STACK", "stack"), ("SHARED", "shared"),
+                      ("LOCAL", "local")):
+        m = re.search(key + r":(\d+)", text)
+        if m:
+            out[name] = int(m.group(1))
+    return out
+
+
+def instructions(text: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of each SASS instruction."""
+    out = []
+    for m in _LINE.finditer(text):
+        out.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def loop_mix(text: str) -> dict[str, Any]:
+    """Opcode counts inside the largest loop (the widest backward ``BRA``), and in the whole kernel."""
+    ins = instructions(text)
+    best = (0, 0)
+    for addr, op, args in ins:
+        if op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", args)
+            if m:
+                target = int(m.group(1), 16)
+                if target < addr and addr - target > best[1] - best[0]:
+                    best = (target, addr)
+    body = [op for addr, op, _ in ins if best[0] <= addr <= best[1]]
+    base = lambda op: op.split(".")[0]  # noqa: E731
+    return {
+        "loop_bytes": best[1] - best[0],
+        "loop": dict(Counter(base(op) for op in body).most_common()),
+        "loop_total": len(body),
+        "kernel_total": len([1 for _, op, _ in ins if op != "NOP"]),
+    }
+
+
+ALU_OPS = {"LOP3", "SHF", "PRMT", "IADD3", "ISETP", "SEL", "LEA", "FSEL", "IABS", "IMNMX", "SGXT",
+           "BMSK", "BREV", "FLO", "POPC", "PLOP3", "P2R", "R2P", "VIADD", "VIMNMX", "MOV", "LEA.HI"}
+FMA_OPS = {"IMAD", "IDP", "IDP4A", "IMUL", "FFMA", "FMUL", "FADD", "HFMA2", "HADD2", "HMUL2", "FSETP",
+           "FMNMX", "I2F", "F2I", "F2F"}
+MEM_OPS = {"LDG", "LDS", "STS", "STG", "LDL", "STL", "LDC", "ULDC", "LDSM", "ATOMS", "RED", "ATOMG"}
+
+
+def pipe_summary(mix: dict[str, int]) -> dict[str, int]:
+    """Rough split of a loop's opcodes into ALU / FMA-pipe / memory / other."""
+    out = {"alu": 0, "fma": 0, "mem": 0, "other": 0}
+    for op, n in mix.items():
+        if op in ALU_OPS:
+            out["alu"] += n
+        elif op in FMA_OPS:
+            out["fma"] += n
+        elif op in MEM_OPS:
+            out["mem"] += n
+        else:
+            out["other"] += n
+    return out

@@ -1,0 +1,362 @@
+"""Host wrappers of the Triton kernels: validate, allocate, launch (same signatures as the twins in
+``leechq.kernels.reference``).
+
+Every wrapper checks what it is given and raises :class:`leechq.errors.InvalidInput` (a ValueError)
+naming the tensor: wrong dtype, wrong shape for the packed record, non-contiguous storage, a tensor on
+the CPU (or on another device than the weights) — except under the Triton interpreter
+(``TRITON_INTERPRET=1``), where CPU tensors are the point. Outputs are freshly allocated float32
+unless an ``out`` buffer is given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.kernels import reference as ref
+from leechq.kernels.tables import natural_order, planes14_kernel_table, tetra_kernel_tables
+from leechq.kernels.triton.activation import prepare_kernel, rotate_kernel
+from leechq.kernels.triton.intq import (
+    code_transpose_kernel,
+    intq_embedding_kernel,
+    intq_matvec_kernel,
+)
+from leechq.kernels.triton.planes14 import planes14_matvec_kernel
+from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
+
+if TYPE_CHECKING:
+    from leechq.formats.int8_weight import Int8Weight
+    from leechq.formats.layouts.planes14 import Planes14Weight
+    from leechq.formats.layouts.tetra48 import Tetra48Weight
+    from leechq.formats.quantized_weight import Int4Weight
+    from leechq.formats.rotation import RotationTables
+
+MAX_ROWS = 8
+"""Largest activation row count of the matvec kernels (decode and small prefill chunks)."""
+
+
+def interpreting() -> bool:
+    """True under the Triton CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _use_asm() -> bool:
+    return not interpreting()
+
+
+def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...],
+                 shape: tuple[int, ...] | None = None,
+                 device: torch.device | None = None) -> torch.Tensor:
+    """Validate one kernel argument; raise :class:`InvalidInput` naming it."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInput(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in dtypes:
+        raise InvalidInput(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise InvalidInput(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise InvalidInput(f"{name} must be contiguous (got strides {t.stride()})")
+    if not interpreting() and t.device.type != "cuda":
+        raise InvalidInput(f"{name} is on {t.device}; the Triton kernels need CUDA tensors")
+    if device is not None and t.device != device:
+        raise InvalidInput(f"{name} is on {t.device}, the weights on {device}")
+    return t
+
+
+def _check_x(x: torch.Tensor, d_in: int, device: torch.device) -> int:
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=device)
+    if x.dim() != 2 or x.shape[1] != d_in:
+        raise InvalidInput(f"x must be [M, {d_in}] for this matrix, got {list(x.shape)}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise UnsupportedShape(f"x has {x.shape[0]} rows; the matvec kernels take 1..{MAX_ROWS}")
+    return int(x.shape[0])
+
+
+@dataclass(frozen=True)
+class MatvecConfig:
+    """Launch geometry of the lattice matvec kernels.
+
+    Attributes:
+        rows: output rows per program. bp: block pairs per iteration. num_warps: warps per program.
+        smem_rows: Tetra only: stage the rank table in shared memory (``tl.gather``).
+    """
+
+    rows: int = 16
+    bp: int = 32
+    num_warps: int = 4
+    smem_rows: bool = False
+
+
+def default_config(m_rows: int) -> MatvecConfig:
+    """The geometry used when none is given (from the H200 sweep, docs/kernels.md)."""
+    if m_rows == 1:
+        return MatvecConfig(rows=16, bp=32, num_warps=4)
+    return MatvecConfig(rows=8, bp=32, num_warps=4)
+
+
+# ------------------------------------------------------------------------------------ activation
+
+
+def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """Twin of :func:`leechq.kernels.reference.prepare_activation` (float32 [MP, 48·NPP + 32])."""
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
+    check_tensor(order, "order", torch.int32, (BLOCK,), device=x.device)
+    if x.dim() != 2 or x.shape[1] // BLOCK != n_blocks:
+        raise InvalidInput(f"x must be [M, d_in] with d_in // 24 == {n_blocks}, got {list(x.shape)}")
+    m_rows, d_in = x.shape
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=x.device)
+    else:
+        check_tensor(out, "out", torch.float32, shape, device=x.device)
+    npp = ref.prepared_pairs(n_blocks)
+    grid = (shape[0], triton.cdiv(shape[1], 1024))
+    prepare_kernel[grid](x, x.stride(0), out, out.stride(0), order, m_rows, d_in, n_blocks, npp,
+                         BLOCK=1024)
+    return out
+
+
+@dataclass(frozen=True)
+class DeviceRotation:
+    """A rotation's tables on a device: signs float32 [n], small float32 [k, k], 1/√m."""
+
+    n: int
+    pow2: int
+    odd: int
+    signs: torch.Tensor
+    small: torch.Tensor
+    inv_sqrt_m: float
+
+    @classmethod
+    def from_tables(cls, tables: RotationTables, device: torch.device | str) -> DeviceRotation:
+        return cls(
+            n=tables.n,
+            pow2=tables.pow2,
+            odd=tables.odd,
+            signs=torch.as_tensor(tables.signs, dtype=torch.float32, device=device).contiguous(),
+            small=torch.as_tensor(tables.small, dtype=torch.float32, device=device).contiguous(),
+            inv_sqrt_m=float(1.0 / math.sqrt(tables.pow2)),
+        )
+
+
+def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
+           prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``Q x`` row by row (twin of ``reference.rotate``).
+
+    With ``prepared_order`` (int32 [24]) the result is written straight into the prepared layout of
+    the lattice kernels (``out``, if given, must be zero-filled: only data slots are written).
+    """
+    if not isinstance(rotation, DeviceRotation):
+        rotation = DeviceRotation.from_tables(rotation, x.device)
+    n = rotation.n
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
+    if x.dim() != 2 or x.shape[1] != n:
+        raise InvalidInput(f"x must be [M, {n}] for this rotation, got {list(x.shape)}")
+    check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
+    m_rows = int(x.shape[0])
+    k, m = rotation.odd, rotation.pow2
+    if k > 64:
+        raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
+    n_blocks = n // BLOCK
+    if prepared_order is None:
+        shape = (m_rows, n)
+        order = natural_order(x.device)
+    else:
+        shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+        order = prepared_order
+    inv = torch.argsort(order.long()).to(torch.int32)
+    if out is None:
+        out = (torch.zeros if prepared_order is not None else torch.empty)(
+            shape, dtype=torch.float32, device=x.device)
+    else:
+        check_tensor(out, "out", torch.float32, shape, device=x.device)
+    scratch = torch.empty((m_rows, n) if k > 1 else (1, 1), dtype=torch.float32, device=x.device)
+    rotate_kernel[(m_rows,)](
+        x, x.stride(0), rotation.signs, rotation.small, scratch, scratch.stride(0), out,
+        out.stride(0), inv, rotation.inv_sqrt_m, n, n_blocks, ref.prepared_pairs(n_blocks),
+        K=k, MW=m, LOG2M=int(math.log2(m)), CH=min(m, 1024), PREPARED=prepared_order is not None,
+        num_warps=8 if m >= 2048 else 4,
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------ lattice
+
+
+def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str) -> None:
+    dev = words.device
+    check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
+    check_tensor(w.row_scales, "row_scales", torch.float32, (w.d_out,), device=dev)
+    check_tensor(w.row_centroids, "row_centroids", torch.float32, (w.d_out, 2), device=dev)
+    check_tensor(w.tail, "tail", torch.float32, (w.d_out, w.tail_cols), device=dev)
+    if w.tail_cols > 32:
+        raise UnsupportedShape("tail wider than 32 columns")
+
+
+def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device) -> None:
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+    check_tensor(xp, "xp (prepared activation)", torch.float32, shape, device=device)
+    if not 1 <= m_rows <= MAX_ROWS:
+        raise UnsupportedShape(f"{m_rows} activation rows; the matvec kernels take 1..{MAX_ROWS}")
+
+
+def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
+                            config: MatvecConfig | None = None,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]."""
+    _check_lattice(w, w.words, "words")
+    _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
+    cfg = config or default_config(m_rows)
+    tabs = tetra_kernel_tables(w.words.device)
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
+                                                device=xp.device)
+    tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
+        xp, w.words, w.row_scales, w.row_centroids, w.tail, tabs.rows, tabs.cw, y, y.stride(0),
+        w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, M=m_rows, ROWS=cfg.rows, BP=cfg.bp,
+        USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
+    )
+    return y
+
+
+def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
+                   config: MatvecConfig | None = None) -> torch.Tensor:
+    """``y = W x`` for x [M, d_in] in the rotated basis (twin of ``reference.tetra48_matvec``)."""
+    m_rows = _check_x(x, w.d_in, w.words.device)
+    xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(x.device).order)
+    return tetra48_matvec_prepared(xp, w, m_rows, config)
+
+
+def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
+                             config: MatvecConfig | None = None,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` from a prepared activation (natural order): float32 [M, d_out]."""
+    _check_lattice(w, w.records, "records")
+    _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
+    cfg = config or default_config(m_rows)
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
+                                                device=xp.device)
+    planes14_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
+        xp, w.records, w.row_scales, w.row_centroids, w.tail, planes14_kernel_table(xp.device), y,
+        y.stride(0), w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, M=m_rows,
+        ROWS=cfg.rows, BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps,
+    )
+    return y
+
+
+def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
+                    config: MatvecConfig | None = None) -> torch.Tensor:
+    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``)."""
+    m_rows = _check_x(x, w.d_in, w.records.device)
+    xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
+    return planes14_matvec_prepared(xp, w, m_rows, config)
+
+
+def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_rows: int,
+                         config: MatvecConfig | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """The no-weights control with the lattice kernels' geometry (no reference output)."""
+    _check_prepared(xp, m_rows, w.n_blocks, xp.device)
+    cfg = config or default_config(m_rows)
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
+                                                device=xp.device)
+    null_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
+        xp, w.row_scales, w.tail, y, y.stride(0), w.d_out, N_BLOCKS=w.n_blocks,
+        TAIL_COLS=w.tail_cols, M=m_rows, ROWS=cfg.rows, BP=cfg.bp, num_warps=cfg.num_warps,
+    )
+    return y
+
+
+# ------------------------------------------------------------------------------------ int4 / int8
+
+
+def code_transpose(x: torch.Tensor, per: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``xt[m, k·WP + w] = x[m, per·w + k]`` (WP = words padded to 64), float32 [MP, per·WP]."""
+    m_rows, d_in = x.shape
+    words = d_in // per
+    wp = -(-words // 64) * 64
+    shape = (ref.prepared_rows(m_rows), per * wp)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=x.device)
+    else:
+        check_tensor(out, "out", torch.float32, shape, device=x.device)
+    code_transpose_kernel[(shape[0], triton.cdiv(shape[1], 1024))](
+        x, x.stride(0), out, m_rows, d_in, words, WP=wp, PER=per, BLOCK=1024)
+    return out
+
+
+def _intq_matvec(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 biases: torch.Tensor, d_out: int, d_in: int, group: int, bits: int,
+                 xt: torch.Tensor | None, rows: int = 16, bw: int = 32) -> torch.Tensor:
+    dev = qweight.device
+    per = 32 // bits
+    if d_in % per or group % per:
+        raise UnsupportedShape(f"int{bits} matvec needs d_in and group divisible by {per}")
+    m_rows = _check_x(x, d_in, dev)
+    groups = -(-d_in // group)
+    check_tensor(qweight, "qweight", torch.uint8, (d_out, d_in * bits // 8), device=dev)
+    check_tensor(scales, "scales", torch.float16, (d_out, groups), device=dev)
+    check_tensor(biases, "biases", torch.float16, (d_out, groups), device=dev)
+    if xt is None:
+        xt = code_transpose(x, per)
+    y = torch.empty(m_rows, d_out, dtype=torch.float32, device=dev)
+    intq_matvec_kernel[(triton.cdiv(d_out, rows),)](
+        xt, qweight.view(torch.int32), scales, biases, y, y.stride(0), d_out, D_IN=d_in,
+        GROUP=group, BITS=bits, M=m_rows, ROWS=rows, BW=bw, USE_ASM=_use_asm(), num_warps=4,
+    )
+    return y
+
+
+def int4_matvec(x: torch.Tensor, w: Int4Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` for an int4 group-affine matrix: float32 [M, d_out] (twin of the reference)."""
+    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 4, xt)
+
+
+def int8_matvec(x: torch.Tensor, w: Int8Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` for an int8 group-affine matrix: float32 [M, d_out]."""
+    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 8, xt)
+
+
+def _embedding(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+               biases: torch.Tensor, rows: int, d: int, group: int, bits: int,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    dev = qweight.device
+    check_tensor(ids, "ids", (torch.int32, torch.int64), device=dev)
+    if ids.dim() != 1:
+        raise InvalidInput(f"ids must be 1-D, got shape {list(ids.shape)}")
+    groups = -(-d // group)
+    check_tensor(qweight, "qweight", torch.uint8, (rows, d * bits // 8), device=dev)
+    check_tensor(scales, "scales", torch.float16, (rows, groups), device=dev)
+    check_tensor(biases, "biases", torch.float16, (rows, groups), device=dev)
+    out = torch.empty(ids.numel(), d, dtype=out_dtype, device=dev)
+    if ids.numel():
+        intq_embedding_kernel[(ids.numel(), triton.cdiv(d, 1024))](
+            ids, qweight, scales, biases, out, D=d, GROUP=group, BITS=bits, BLOCK=1024,
+            USE_ASM=_use_asm())
+    return out
+
+
+def int4_embedding(ids: torch.Tensor, table: Int4Weight,
+                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows ``ids`` of a 4-bit table, dequantized exactly: [T, d] of ``out_dtype``.
+
+    Ids are not range-checked on the device (that would need a host sync); out-of-range ids are
+    the caller's error, as in ``torch.nn.functional.embedding``."""
+    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
+                      table.group, 4, out_dtype)
+
+
+def int8_embedding(ids: torch.Tensor, table: Int8Weight,
+                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows ``ids`` of an 8-bit table, dequantized exactly: [T, d] of ``out_dtype``."""
+    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
+                      table.group, 8, out_dtype)

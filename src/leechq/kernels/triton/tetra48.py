@@ -1,0 +1,296 @@
+"""Fused Tetra decode + matvec over the ``tetra48`` layout (M = 1..8 activation rows).
+
+Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Triton (our design, §3.10):
+
+* A program owns ``ROWS`` output rows and walks their blocks two at a time (a *pair*: blocks 2i and
+  2i+1 are the three aligned u32 words 3i..3i+2 of the row, so no unaligned window is ever read).
+  Each iteration decodes a ``[ROWS, BP]`` tile of even blocks, then the tile of odd blocks.
+* The activation arrives *prepared* (``leechq.kernels.triton.activation``): for block parity ``par``,
+  trio position ``t`` and pair ``i`` the value sits at ``(par·24 + t)·NPP + i``, so the lanes of a
+  warp, which own consecutive pairs, read it coalesced and no permutation happens in the hot loop.
+* Decode (tetra-format.md §1.5) without int→float conversions: the Golay pattern is two small-table
+  reads (F2-linear split ``L(s8, b1) ⊕ L(b2, b3)``), the three rank rows are table reads, and each
+  4-coordinate quad of a section becomes 4 biased bytes with two byte permutes (the rank nibbles
+  select from the ``o = p`` and ``o = p + 2`` value tables) blended by the pattern bits; a third
+  permute turns each byte into an exact float (``_bits``).
+* Per block: ``dot · (centroid[g] · rsqrt(‖y‖²))`` (0 for the origin); per row at the end
+  ``acc · σ_row + tail · x_tail``.
+
+Decode-table placement is a compile-time choice (``SMEM_ROWS``): 1 stages the 16 KiB rank table in
+shared memory through ``tl.gather`` (bank-conflict gathers instead of L1 line-divergent loads);
+0 reads it from global memory through L1, as the author's CUDA kernel does.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from leechq.kernels.triton._bits import byte_to_f32, dp4a_self, prmt, spread4_bytes
+
+# Value tables val(o, ρ) + 128 for ρ = 0..7, little-endian in two u32 (bytes 0..3, 4..7).
+T_LO = (0x887C8480, 0x79857D81, 0x7A867E82, 0x877B837F)
+T_HI = (0x90748C78, 0x718D7589, 0x728E768A, 0x8F738B77)
+
+
+@triton.jit
+def _fma_rows(d0, d1, d2, d3, d4, d5, d6, d7, v, xb, XS: tl.constexpr, MP: tl.constexpr):
+    """``d_m += v · x_m`` for the MP activation rows (row m of the prepared x at ``xb + m·XS``).
+
+    Accumulators past MP stay scalar zeros (one compile-time specialization per MP)."""
+    d0 += v * tl.load(xb)[None, :]
+    if MP > 1:
+        d1 += v * tl.load(xb + XS)[None, :]
+    if MP > 2:
+        d2 += v * tl.load(xb + 2 * XS)[None, :]
+        d3 += v * tl.load(xb + 3 * XS)[None, :]
+    if MP > 4:
+        d4 += v * tl.load(xb + 4 * XS)[None, :]
+        d5 += v * tl.load(xb + 5 * XS)[None, :]
+        d6 += v * tl.load(xb + 6 * XS)[None, :]
+        d7 += v * tl.load(xb + 7 * XS)[None, :]
+    return d0, d1, d2, d3, d4, d5, d6, d7
+
+
+@triton.jit
+def _section(d0, d1, d2, d3, d4, d5, d6, d7, n2, row, c, ta_lo, ta_hi, tb_lo, tb_hi, xb,
+             NPP: tl.constexpr, XS: tl.constexpr, MP: tl.constexpr, K: tl.constexpr,
+             USE_ASM: tl.constexpr):
+    """Section K (trio positions 8K..8K+7): rank row ``row``, pattern byte ``c``.
+
+    Each half is a quad: two byte permutes look the 4 rank nibbles up in the ``o = p`` and
+    ``o = p + 2`` tables, the pattern bits pick per byte, then each byte becomes a float."""
+    for h in tl.static_range(2):
+        sel = row >> (16 * h)
+        a = prmt(ta_lo, ta_hi, sel, USE_ASM)
+        b = prmt(tb_lo, tb_hi, sel, USE_ASM)
+        m = spread4_bytes((c >> (4 * h)) & 15, USE_ASM)
+        q = (a & ~m) | (b & m)
+        for i in tl.static_range(4):
+            v = byte_to_f32(q, i, USE_ASM)
+            d0, d1, d2, d3, d4, d5, d6, d7 = _fma_rows(
+                d0, d1, d2, d3, d4, d5, d6, d7, v, xb + (8 * K + 4 * h + i) * NPP, XS, MP
+            )
+        n2 = dp4a_self(q, n2, USE_ASM)
+    return d0, d1, d2, d3, d4, d5, d6, d7, n2
+
+
+@triton.jit
+def _gather_rows(rows_ptr, rows_src, i1, i2, i3, SMEM_ROWS: tl.constexpr):
+    if SMEM_ROWS:
+        n0: tl.constexpr = i1.shape[0]
+        n1: tl.constexpr = i1.shape[1]
+        # One gather (one staging of the table) for the three rows. tl.join adds a last axis:
+        # idx[..., j, a] is (i1, i2)[j] for a = 0 and (i3, i3)[j] for a = 1 (a duplicate read).
+        idx = tl.join(tl.join(i1, i2), tl.join(i3, i3))
+        flat = tl.reshape(idx, (4 * n0 * n1,))
+        got = tl.gather(rows_src, flat.to(tl.int32), 0)
+        got = tl.reshape(got, (n0, n1, 2, 2))
+        g12, g33 = tl.split(got)
+        r1, r2 = tl.split(g12)
+        r3, _dup = tl.split(g33)
+    else:
+        r1 = tl.load(rows_ptr + i1)
+        r2 = tl.load(rows_ptr + i2)
+        r3 = tl.load(rows_ptr + i3)
+    return r1.to(tl.uint32), r2.to(tl.uint32), r3.to(tl.uint32)
+
+
+@triton.jit
+def _block_pass(a0, a1, a2, a3, a4, a5, a6, a7, lo, hi, cent0, cent1, rows_ptr, rows_src, cw_ptr,
+                xb, NPP: tl.constexpr, XS: tl.constexpr, MP: tl.constexpr, USE_ASM: tl.constexpr,
+                SMEM_ROWS: tl.constexpr):
+    """Decode one tile of blocks (words ``lo``/``hi``: uint32 [ROWS, BP]) and accumulate
+    ``a_m += dot_m · centroid[g] · rsqrt(‖y‖²)`` (0 for the origin)."""
+    p = lo & 1
+    r = (lo >> 1) & 1
+    cwa = tl.load(cw_ptr + ((lo >> 2) & 127)).to(tl.uint32)
+    cwb = tl.load(cw_ptr + 128 + (((lo >> 20) & 15) | ((hi & 8) << 1))).to(tl.uint32)
+    c = cwa ^ cwb
+    i1 = ((lo >> 9) & 2047) | (r << 11)
+    i2 = ((lo >> 24) & 255) | ((hi & 7) << 8)
+    dl = (i2 >= 1240).to(tl.uint32)
+    i2 = i2 + dl * 808
+    i3 = ((hi >> 4) & 2047) | ((p ^ r ^ dl) << 11)
+    g = (hi >> 15) & 1
+    r1, r2, r3 = _gather_rows(rows_ptr, rows_src, i1, i2, i3, SMEM_ROWS)
+    odd = p != 0
+    ta_lo = tl.where(odd, tl.full(lo.shape, 0x79857D81, tl.uint32),
+                     tl.full(lo.shape, 0x887C8480, tl.uint32))
+    ta_hi = tl.where(odd, tl.full(lo.shape, 0x718D7589, tl.uint32),
+                     tl.full(lo.shape, 0x90748C78, tl.uint32))
+    tb_lo = tl.where(odd, tl.full(lo.shape, 0x877B837F, tl.uint32),
+                     tl.full(lo.shape, 0x7A867E82, tl.uint32))
+    tb_hi = tl.where(odd, tl.full(lo.shape, 0x8F738B77, tl.uint32),
+                     tl.full(lo.shape, 0x728E768A, tl.uint32))
+    z = tl.zeros(lo.shape, tl.float32)
+    d0 = z
+    d1 = 0.0
+    d2 = 0.0
+    d3 = 0.0
+    d4 = 0.0
+    d5 = 0.0
+    d6 = 0.0
+    d7 = 0.0
+    if MP > 1:
+        d1 = z
+    if MP > 2:
+        d2 = z
+        d3 = z
+    if MP > 4:
+        d4 = z
+        d5 = z
+        d6 = z
+        d7 = z
+    n2 = tl.zeros(lo.shape, tl.int32)
+    d0, d1, d2, d3, d4, d5, d6, d7, n2 = _section(
+        d0, d1, d2, d3, d4, d5, d6, d7, n2, r1, c & 255, ta_lo, ta_hi, tb_lo, tb_hi, xb,
+        NPP, XS, MP, 0, USE_ASM)
+    d0, d1, d2, d3, d4, d5, d6, d7, n2 = _section(
+        d0, d1, d2, d3, d4, d5, d6, d7, n2, r2, (c >> 8) & 255, ta_lo, ta_hi, tb_lo, tb_hi, xb,
+        NPP, XS, MP, 1, USE_ASM)
+    d0, d1, d2, d3, d4, d5, d6, d7, n2 = _section(
+        d0, d1, d2, d3, d4, d5, d6, d7, n2, r3, (c >> 16) & 255, ta_lo, ta_hi, tb_lo, tb_hi, xb,
+        NPP, XS, MP, 2, USE_ASM)
+    cent = tl.where(g != 0, cent1, cent0)
+    scale = tl.where(n2 > 0, cent * tl.math.rsqrt(tl.maximum(n2.to(tl.float32), 1.0)), 0.0)
+    a0 += d0 * scale
+    if MP > 1:
+        a1 += d1 * scale
+    if MP > 2:
+        a2 += d2 * scale
+        a3 += d3 * scale
+    if MP > 4:
+        a4 += d4 * scale
+        a5 += d5 * scale
+        a6 += d6 * scale
+        a7 += d7 * scale
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _finish_row(acc, m, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M: tl.constexpr,
+                NPP: tl.constexpr, XS: tl.constexpr):
+    """Row result ``Σ_blocks · σ_row + tail · x_tail`` for activation row m, stored if m < M."""
+    if m < M:
+        out = tl.sum(acc, axis=1) * sig
+        xt = tl.load(xp_ptr + m * XS + 48 * NPP + tc)
+        out += tl.sum(tw * xt[None, :], axis=1)
+        tl.store(y_ptr + m * stride_ym + rows, out, mask=row_ok)
+
+
+@triton.jit
+def tetra48_matvec_kernel(
+    xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, rows_ptr, cw_ptr, y_ptr, stride_ym, d_out,
+    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, SMEM_ROWS: tl.constexpr,
+):
+    """One program: ``ROWS`` output rows × all their blocks, for M ≤ 8 activation rows.
+
+    Shapes are compile-time constants (one specialization per ``d_in``), so every activation
+    address is a base plus an immediate; the prepared activation (MP rows, zero padded) is read
+    without masks."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NPP: tl.constexpr = ((NP + 63) // 64) * 64
+    XS: tl.constexpr = 48 * NPP + 32
+    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+    MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < d_out
+    rows_c = tl.where(row_ok, rows, 0)
+    cent0 = tl.load(cent_ptr + rows_c * 2)[:, None]
+    cent1 = tl.load(cent_ptr + rows_c * 2 + 1)[:, None]
+    if SMEM_ROWS:
+        rows_src = tl.load(rows_ptr + tl.arange(0, 4096))
+    else:
+        rows_src = rows_ptr
+    z = tl.zeros((ROWS, BP), tl.float32)
+    a0 = z
+    a1 = z
+    a2 = z
+    a3 = z
+    a4 = z
+    a5 = z
+    a6 = z
+    a7 = z
+    wrow = w_ptr + rows_c[:, None] * STRIDE_W
+    for p0 in range(0, NP, BP):
+        pair = p0 + tl.arange(0, BP)
+        ok_e = pair * 2 < N_BLOCKS
+        ok_o = pair * 2 + 1 < N_BLOCKS
+        pw = wrow + 3 * pair[None, :]
+        me = row_ok[:, None] & ok_e[None, :]
+        mo = row_ok[:, None] & ok_o[None, :]
+        w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
+        w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
+        w2 = tl.load(pw + 2, mask=mo, other=0).to(tl.uint32)
+        # even blocks (x parity 0), then odd blocks, whose word starts in the middle of w1
+        xb = xp_ptr + pair
+        a0, a1, a2, a3, a4, a5, a6, a7 = _block_pass(
+            a0, a1, a2, a3, a4, a5, a6, a7, w0, w1, cent0, cent1, rows_ptr, rows_src, cw_ptr,
+            xb, NPP, XS, MP, USE_ASM, SMEM_ROWS)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _block_pass(
+            a0, a1, a2, a3, a4, a5, a6, a7, (w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1,
+            rows_ptr, rows_src, cw_ptr, xb + 24 * NPP, NPP, XS, MP, USE_ASM, SMEM_ROWS)
+    sig = tl.load(scale_ptr + rows_c)
+    tc = tl.arange(0, 32)
+    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
+                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
+    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+
+
+@triton.jit
+def null_matvec_kernel(
+    xp_ptr, scale_ptr, tail_ptr, y_ptr, stride_ym, d_out,
+    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr,
+    BP: tl.constexpr,
+):
+    """The no-weights control (layouts-kernels-recipe.md §3.7) in this module's geometry.
+
+    Same grid, tiles, activation reads, reduction, tail epilogue and store as
+    :func:`tetra48_matvec_kernel`, but no weight bytes: each row accumulates ``1.0·x`` over its
+    blocks. It has no reference output (report "not compared")."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NPP: tl.constexpr = ((NP + 63) // 64) * 64
+    XS: tl.constexpr = 48 * NPP + 32
+    MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < d_out
+    rows_c = tl.where(row_ok, rows, 0)
+    ones = tl.full((ROWS, BP), 1.0, tl.float32)
+    z = tl.zeros((ROWS, BP), tl.float32)
+    a0 = z
+    a1 = z
+    a2 = z
+    a3 = z
+    a4 = z
+    a5 = z
+    a6 = z
+    a7 = z
+    for p0 in range(0, NP, BP):
+        xb = xp_ptr + p0 + tl.arange(0, BP)
+        for par in tl.static_range(2):
+            for t in tl.static_range(24):
+                a0, a1, a2, a3, a4, a5, a6, a7 = _fma_rows(
+                    a0, a1, a2, a3, a4, a5, a6, a7, ones, xb + (par * 24 + t) * NPP, XS, MP)
+    sig = tl.load(scale_ptr + rows_c)
+    tc = tl.arange(0, 32)
+    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
+                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
+    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)

@@ -1,0 +1,82 @@
+"""The pure-torch reference twins: exact against the canonical dequantization and the layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from leechq.formats.layouts import planes14, tetra48
+from leechq.formats.quantized_weight import QuantizedWeight
+from leechq.formats.rotation import generate_rotation
+from leechq.kernels import reference as ref
+from leechq.kernels.tables import tetra_kernel_tables, tetra_pattern_split
+from leechq.lattice.classes import ball_size
+
+
+def _f32_exact(t: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor whose values are f32-representable (so f32 device copies are exact)."""
+    return t.to(torch.float32).to(torch.float64)
+
+
+def test_tetra48_reference_matches_canonical_dequantization() -> None:
+    g = torch.Generator().manual_seed(0)
+    d_out, d_in = 6, 5 * 24 + 9
+    qw = QuantizedWeight(
+        "tetra", d_out, d_in, torch.randint(0, 2**47, (d_out, 5), generator=g),
+        torch.randint(0, 2, (d_out, 5), generator=g, dtype=torch.uint8),
+        _f32_exact(torch.rand(d_out, generator=g, dtype=torch.float64) + 0.5),
+        _f32_exact(torch.tensor([0.75, 1.25], dtype=torch.float64)),
+        torch.randn(d_out, 9, generator=g),
+    )
+    w = tetra48.pack(qw)
+    assert torch.equal(ref.tetra48_dequantize_rotated(w), qw.dequantize_rotated())
+    x = torch.randn(3, d_in, generator=g)
+    want = (x.double() @ qw.dequantize_rotated().T).float()
+    assert torch.equal(ref.tetra48_matvec(x, w), want)
+
+
+def test_planes14_reference_matches_canonical_dequantization() -> None:
+    rng = np.random.default_rng(1)
+    d_out, d_in = 4, 3 * 24 + 1
+    labels = torch.from_numpy(rng.integers(0, ball_size(12) + 1, size=(d_out, 3)).astype(np.int64))
+    qw = QuantizedWeight(
+        "ball", d_out, d_in, labels, torch.from_numpy(rng.integers(0, 2, (d_out, 3)).astype(np.uint8)),
+        _f32_exact(torch.from_numpy(rng.random(d_out) + 0.5)),
+        _f32_exact(torch.tensor([0.75, 1.25], dtype=torch.float64)),
+        torch.from_numpy(rng.standard_normal((d_out, 1)).astype(np.float32)),
+    )
+    w = planes14.pack(qw)
+    got = ref.planes14_dequantize_rotated(w)
+    want = qw.dequantize_rotated()
+    # 1/sqrt(16 m) (class shell) and 1/sqrt(‖y‖²) are the same number for lattice points.
+    assert torch.equal(got, want)
+
+
+def test_prepare_activation_index_map() -> None:
+    torch.manual_seed(2)
+    nb, d_in = 5, 5 * 24 + 3
+    x = torch.randn(3, d_in)
+    order = tetra_kernel_tables("cpu").order
+    xp = ref.prepare_activation(x, nb, order)
+    npp = ref.prepared_pairs(nb)
+    assert xp.shape == (4, 48 * npp + 32) and npp == 64
+    for b in range(nb):
+        for t in (0, 7, 23):
+            pos = ((b & 1) * 24 + t) * npp + (b >> 1)
+            assert torch.equal(xp[:3, pos], x[:, 24 * b + int(order[t])])
+    assert torch.equal(xp[:3, 48 * npp : 48 * npp + 3], x[:, 120:])
+    assert not xp[3].any()  # padded activation row
+    # every slot that holds no activation is 0: total mass is conserved
+    assert torch.allclose(xp.abs().sum(), x.abs().sum())
+
+
+def test_rotate_reference_is_orthogonal() -> None:
+    rot = generate_rotation(72, 11)
+    x = torch.randn(2, 72, dtype=torch.float64)
+    y = ref.rotate(x, rot)
+    assert torch.allclose(y.double().norm(dim=1), x.norm(dim=1), rtol=1e-6)
+
+
+def test_pattern_split_is_linear() -> None:
+    cw = tetra_pattern_split()  # asserts the split against the trellis on all 4096 inputs
+    assert cw[0] == 0 and cw.dtype == np.uint32 and not cw[160:].any()

@@ -1,0 +1,166 @@
+"""Triton kernels on the GPU at full model shapes, against f64 references from the same bytes.
+
+Every output is poisoned with NaN before the launch; a kernel passes when every row satisfies
+``|y − y_ref| ≤ 1e-5 · Σ_j |w_j x_j|`` (layouts-kernels-recipe.md §3.9). The PTX forms of the
+bit helpers are checked against the shift/mask emulations the interpreter tests run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leechq.errors import InvalidInput
+from leechq.formats.int8_weight import Int8Weight
+from leechq.formats.layouts.planes14 import random_planes14
+from leechq.formats.layouts.tetra48 import random_tetra48
+from leechq.formats.quantized_weight import Int4Weight
+from leechq.formats.rotation import generate_rotation
+from leechq.kernels import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+def _ops():
+    from leechq.kernels.triton import ops
+
+    return ops
+
+
+def _worst(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> float:
+    assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
+    want = x.double() @ dense.T
+    bound = x.double().abs() @ dense.abs().T
+    return float(((y.double() - want).abs() / bound).max())
+
+
+def test_bit_helpers_ptx_equal_emulation() -> None:
+    import triton
+    import triton.language as tl
+
+    from leechq.kernels.triton._bits import byte_to_f32, dp4a_self, prmt, spread4_bytes
+
+    @triton.jit
+    def k(a_ptr, b_ptr, s_ptr, out_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = i < n
+        a = tl.load(a_ptr + i, mask=ok).to(tl.uint32)
+        b = tl.load(b_ptr + i, mask=ok).to(tl.uint32)
+        s = tl.load(s_ptr + i, mask=ok).to(tl.uint32) & 0x7777  # selector nibbles < 8
+        tl.store(out_ptr + 5 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 5 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 5 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
+        tl.store(out_ptr + 5 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 5 * i + 4, byte_to_f32(b, 0, ASM).to(tl.int32, bitcast=True), mask=ok)
+
+    n = 1 << 16
+    g = torch.Generator(device=DEV).manual_seed(0)
+    a, b, s = (torch.randint(-(2**31), 2**31, (n,), generator=g, device=DEV, dtype=torch.int64)
+               .to(torch.int32) for _ in range(3))
+    outs = []
+    for asm in (True, False):
+        o = torch.empty(5 * n, dtype=torch.int32, device=DEV)
+        k[(n // 1024,)](a, b, s, o, n, ASM=asm, BLOCK=1024)
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+
+
+SHAPES = [(6144, 4096), (4096, 12288), (1024, 4096), (5120, 17408)]
+
+
+@pytest.mark.parametrize(("d_out", "d_in"), SHAPES)
+@pytest.mark.parametrize("m_rows", [1, 3, 8])
+def test_tetra48_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    if m_rows == 3 and d_in != 4096:
+        pytest.skip("M=3 checked at one width")
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    x = torch.randn(m_rows, d_in, device=DEV)
+    dense = ref.tetra48_dequantize_rotated(w)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
+    assert torch.equal(xp, ref.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order))
+    configs = [None] if m_rows != 1 else [None, ops.MatvecConfig(32, 32, 8, True)]
+    for cfg in configs:
+        y = torch.full((m_rows, d_out), float("nan"), device=DEV)
+        ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, out=y)
+        assert _worst(y, x, dense) <= 1e-5, cfg
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 1), (4096, 12288, 8),
+                                                       (1024, 5120, 1)])
+def test_planes14_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out, device=DEV)
+    x = torch.randn(m_rows, d_in, device=DEV)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order(DEV))
+    y = torch.full((m_rows, d_out), float("nan"), device=DEV)
+    ops.planes14_matvec_prepared(xp, w, m_rows, out=y)
+    assert _worst(y, x, ref.planes14_dequantize_rotated(w)) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [2560, 4096, 5120, 9728, 12288, 17408])
+def test_rotation_widths(n: int) -> None:
+    ops = _ops()
+    rot = generate_rotation(n, 0x110FEED ^ n)
+    x = torch.randn(4, n, device=DEV)
+    want = ref.rotate(x.cpu(), rot).to(DEV)
+    got = ops.rotate(x, rot, out=torch.full((4, n), float("nan"), device=DEV))
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+    order = ops.tetra_kernel_tables(DEV).order
+    xp = ops.rotate(x, rot, prepared_order=order)
+    assert torch.allclose(xp, ref.prepare_activation(want, n // 24, order), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("m_rows", [1, 8])
+def test_int4_int8_full_shapes(m_rows: int) -> None:
+    ops = _ops()
+    g = torch.Generator(device=DEV).manual_seed(m_rows)
+    d_out, d_in = 4096, 12288
+    q4 = Int4Weight(d_out, d_in,
+                    torch.randint(0, 256, (d_out, d_in // 2), generator=g, device=DEV,
+                                  dtype=torch.uint8),
+                    (torch.rand(d_out, d_in // 128, generator=g, device=DEV) * 0.01).half(),
+                    (torch.randn(d_out, d_in // 128, generator=g, device=DEV) * 0.01).half())
+    x = torch.randn(m_rows, d_in, device=DEV)
+    assert _worst(ops.int4_matvec(x, q4), x, q4.dequantize().double()) <= 1e-5
+    q8 = Int8Weight.quantize(torch.randn(1024, 4096, generator=g, device=DEV), group=64)
+    x8 = torch.randn(m_rows, 4096, device=DEV)
+    assert _worst(ops.int8_matvec(x8, q8), x8, q8.dequantize().double()) <= 1e-5
+
+
+def test_embeddings_exact() -> None:
+    ops = _ops()
+    g = torch.Generator(device=DEV).manual_seed(0)
+    table = torch.randn(32768, 4096, generator=g, device=DEV)
+    ids = torch.randint(0, 32768, (17,), generator=g, device=DEV)
+    q8 = Int8Weight.quantize(table, group=64)
+    assert torch.equal(ops.int8_embedding(ids, q8), ref.int8_embedding(ids, q8))
+    q4 = Int4Weight.quantize(table.cpu(), group=64)
+    q4 = Int4Weight(q4.d_out, q4.d_in, q4.qweight.to(DEV), q4.scales.to(DEV), q4.biases.to(DEV), 64)
+    assert torch.equal(ops.int4_embedding(ids, q4), ref.int4_embedding(ids, q4))
+
+
+def test_cpu_tensors_are_refused() -> None:
+    ops = _ops()
+    w = random_tetra48(64, 96, device=DEV)
+    with pytest.raises(InvalidInput, match="CUDA"):
+        ops.tetra48_matvec(torch.randn(1, 96), w)
+    with pytest.raises(InvalidInput, match="(?i)cuda"):
+        ops.tetra48_matvec(torch.randn(1, 96, device=DEV), w.to("cpu"))  # weights on the CPU
+
+
+def test_no_local_memory() -> None:
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
+
+    sig = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
+           "tail_ptr": "*fp32", "rows_ptr": "*i32", "cw_ptr": "*i32", "y_ptr": "*fp32",
+           "stride_ym": "i32", "d_out": "i32"}
+    for m_rows in (1, 8):
+        c = I.compile_for(tetra48_matvec_kernel, sig, dict(
+            N_BLOCKS=512, TAIL_COLS=0, M=m_rows, ROWS=16 if m_rows == 1 else 8, BP=32,
+            USE_ASM=True, SMEM_ROWS=False), num_warps=4)
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res

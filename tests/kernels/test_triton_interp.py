@@ -1,0 +1,138 @@
+"""Triton kernels under the CPU interpreter (``TRITON_INTERPRET=1``): small shapes, every kernel
+against its f64 reference built from the same packed bytes, outputs poisoned first.
+
+The byte-permute and dp4a helpers run as shift/mask emulations here (inline PTX cannot run on the
+CPU); ``test_triton_gpu.py`` checks the PTX forms against these emulations on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.formats.int8_weight import Int8Weight
+from leechq.formats.layouts.planes14 import random_planes14
+from leechq.formats.layouts.tetra48 import concat_rows, random_tetra48
+from leechq.formats.quantized_weight import Int4Weight
+from leechq.formats.rotation import generate_rotation
+from leechq.kernels import reference as ref
+
+pytestmark = pytest.mark.interp
+
+SMALL = {"rows": 8, "bp": 4}
+
+
+def _ops():  # imported lazily: the module imports triton
+    from leechq.kernels.triton import ops
+
+    return ops
+
+
+def _bounded(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, tol: float = 1e-5) -> None:
+    """|y − y_ref| ≤ tol · Σ_j |w_j x_j| for every output (layouts-kernels-recipe.md §3.9)."""
+    assert torch.isfinite(y).all(), "an output was not written (NaN poison survived)"
+    want = x.double() @ dense.T
+    bound = x.double().abs() @ dense.abs().T
+    err = (y.double() - want).abs()
+    assert bool((err <= tol * bound + 1e-30).all()), float((err / bound.clamp_min(1e-30)).max())
+
+
+@pytest.mark.parametrize(("m_rows", "d_out", "d_in", "smem"), [
+    (1, 8, 5 * 24 + 7, False),   # odd block count, tail
+    (3, 10, 4 * 24, True),       # rows not a multiple of the tile, no tail, shared-memory table
+    (8, 8, 3 * 24 + 1, False),
+])
+def test_tetra48_matvec(m_rows: int, d_out: int, d_in: int, smem: bool) -> None:
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=m_rows)
+    x = torch.randn(m_rows, d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    assert torch.equal(xp, ref.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order))
+    y = torch.full((m_rows, d_out), float("nan"))
+    ops.tetra48_matvec_prepared(xp, w, m_rows, ops.MatvecConfig(smem_rows=smem, **SMALL), out=y)
+    _bounded(y, x, ref.tetra48_dequantize_rotated(w))
+
+
+def test_tetra48_fused_rows_equal_separate() -> None:
+    ops = _ops()
+    a, b = random_tetra48(8, 50, seed=1), random_tetra48(8, 50, seed=2)
+    ab = concat_rows([a, b])
+    x = torch.randn(1, 50)
+    y = ops.tetra48_matvec(x, ab, ops.MatvecConfig(**SMALL))
+    _bounded(y, x, torch.cat([ref.tetra48_dequantize_rotated(a), ref.tetra48_dequantize_rotated(b)]))
+
+
+@pytest.mark.parametrize(("m_rows", "d_in"), [(1, 3 * 24 + 5), (5, 4 * 24)])
+def test_planes14_matvec(m_rows: int, d_in: int) -> None:
+    ops = _ops()
+    w = random_planes14(9, d_in, seed=m_rows)
+    x = torch.randn(m_rows, d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order("cpu"))
+    y = torch.full((m_rows, 9), float("nan"))
+    ops.planes14_matvec_prepared(xp, w, m_rows, ops.MatvecConfig(**SMALL), out=y)
+    _bounded(y, x, ref.planes14_dequantize_rotated(w))
+
+
+def test_null_control_geometry() -> None:
+    ops = _ops()
+    w = random_tetra48(8, 3 * 24 + 2, seed=0)
+    x = torch.randn(2, w.d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order("cpu"))
+    y = torch.full((2, 8), float("nan"))
+    ops.null_matvec_prepared(xp, w, 2, ops.MatvecConfig(**SMALL), out=y)
+    # no reference output by design; it must still write every row: Σ blocks · σ + tail · x_tail
+    want = x[:, :72].sum(1, keepdim=True) * w.row_scales[None, :] + x[:, 72:] @ w.tail.T
+    assert torch.allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("n", "prepared"), [(96, False), (72, True)])
+def test_rotate(n: int, prepared: bool) -> None:
+    ops = _ops()
+    rot = generate_rotation(n, 3)
+    x = torch.randn(2, n)
+    want = ref.rotate(x, rot)
+    if prepared:
+        order = ops.tetra_kernel_tables("cpu").order
+        got = ops.rotate(x, rot, prepared_order=order)
+        want = ref.prepare_activation(want, n // 24, order)
+    else:
+        got = ops.rotate(x, rot, out=torch.full((2, n), float("nan")))
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_int4_int8_matvec_and_embeddings() -> None:
+    ops = _ops()
+    torch.manual_seed(0)
+    dense = torch.randn(9, 256)
+    x = torch.randn(2, 256)
+    q4 = Int4Weight.quantize(dense, group=128)
+    _bounded(ops.int4_matvec(x, q4), x, q4.dequantize().double())
+    q8 = Int8Weight.quantize(dense, group=64)
+    _bounded(ops.int8_matvec(x, q8), x, q8.dequantize().double())
+    ids = torch.tensor([4, 0, 8, 4])
+    t4 = Int4Weight.quantize(dense, group=64)
+    assert torch.equal(ops.int4_embedding(ids, t4), ref.int4_embedding(ids, t4))
+    assert torch.equal(ops.int8_embedding(ids, q8), ref.int8_embedding(ids, q8))
+    assert ops.int8_embedding(ids, q8, torch.float16).dtype == torch.float16
+
+
+def test_bad_inputs_are_named() -> None:
+    ops = _ops()
+    w = random_tetra48(8, 48, seed=0)
+    with pytest.raises(InvalidInput, match=r"x must be \[M, 48\]"):
+        ops.tetra48_matvec(torch.randn(1, 47), w)
+    with pytest.raises(InvalidInput, match="x must be"):
+        ops.tetra48_matvec(torch.zeros(1, 48, dtype=torch.int32), w)
+    with pytest.raises(InvalidInput, match="contiguous"):
+        ops.tetra48_matvec(torch.randn(48, 2).T[:1], w)
+    with pytest.raises(UnsupportedShape, match="1..8"):
+        ops.tetra48_matvec(torch.randn(9, 48), w)
+    from dataclasses import replace
+
+    with pytest.raises(InvalidInput, match="words"):
+        ops.tetra48_matvec(torch.randn(1, 48), replace(w, words=w.words[:, :2].contiguous()))
+    with pytest.raises(InvalidInput, match="row_scales"):
+        ops.tetra48_matvec(torch.randn(1, 48), replace(w, row_scales=w.row_scales.double()))
+    with pytest.raises(InvalidInput, match="xp"):
+        ops.tetra48_matvec_prepared(torch.zeros(1, 10), w, 1)
