@@ -96,7 +96,7 @@ def test_unfinalized_forward_raises() -> None:
         mod(torch.randn(1, 48))
 
 
-def test_bad_arguments() -> None:
+def test_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = lattice_record("tetra", 8, 48)
     with pytest.raises(InvalidInput, match="bias"):
         LeechqLinear.from_record(rec, bias=torch.zeros(9))
@@ -110,7 +110,8 @@ def test_bad_arguments() -> None:
         ok.finalize("cpu", torch.float64)
     with pytest.raises(InvalidInput, match="meta"):
         ok.finalize("meta")
-    with pytest.raises(KernelUnavailable, match="CUDA"):
+    monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "triton-tetra48-matvec")
+    with pytest.raises(KernelUnavailable, match="no kernel for matvec"):
         ok.finalize("cpu", prefer="fused")
 
 
@@ -169,6 +170,11 @@ def test_shared_rotation_keys_on_identity_and_version() -> None:
     y = x.clone()  # equal values, different tensor → recomputed (never keyed by value or address)
     slot.rotate(y, fn)
     assert len(calls) == 3
+    slot.rotate(y.view(2, 48), fn)  # a new view object of the same data: served from the slot
+    assert len(calls) == 3
+    y[0, 0] = 1.0  # written through another view: version bumped → recomputed
+    slot.rotate(y.view(2, 48), fn)
+    assert len(calls) == 4
 
 
 def _descriptor(rec: object) -> dict:

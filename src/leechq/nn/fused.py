@@ -28,30 +28,39 @@ from leechq.formats.rotation import RotationTables
 class SharedRotation:
     """One activation rotation shared by the modules that read the same input.
 
-    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when
-    called again with the very same tensor object at the same version.
+    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when called
+    again with the same data: a view of the same storage (kept alive by a strong reference, so its
+    address cannot be recycled), same offset, shape, strides and dtype, at the same version counter
+    (which in-place writes to any view of that storage bump). Equal values in another tensor are
+    recomputed; this never keys on a bare address or a width.
     """
 
     def __init__(self, tables: RotationTables) -> None:
         self.tables = tables
         self._x: torch.Tensor | None = None
-        self._version = -1
+        self._key: tuple[Any, ...] = ()
         self._rotated: torch.Tensor | None = None
+
+    @staticmethod
+    def _key_of(x: torch.Tensor) -> tuple[Any, ...]:
+        return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(),
+                x.dtype, x.device, x._version)
 
     def rotate(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The rotated ``x`` (computed by ``fn`` unless this exact input was just rotated)."""
         if torch.compiler.is_compiling():
-            return fn(x)  # a traced graph has no object identity to key on
-        if self._x is x and self._version == x._version and self._rotated is not None:
+            return fn(x)  # a traced graph has no storage identity to key on
+        key = self._key_of(x)
+        if self._x is not None and self._rotated is not None and key == self._key:
             return self._rotated
         rotated = fn(x)
-        self._x, self._version, self._rotated = x, x._version, rotated
+        self._x, self._key, self._rotated = x, key, rotated
         return rotated
 
     def clear(self) -> None:
         """Drop the cached input and result (frees their memory)."""
         self._x = self._rotated = None
-        self._version = -1
+        self._key = ()
 
 
 def plan(
