@@ -1,20 +1,21 @@
 """Gaussian-source benchmark of the direction codebooks with shape–gain coding (leech-core.md §6.2).
 
-Protocol (the reference's ``llvq-bench`` harness): SplitMix64 seed 0x64A42026; 4 000 train blocks, then
-20 000 eval blocks, 24 N(0,1) draws per block in coordinate order (Box–Muller, two outputs each). Gain
-centroids: Lloyd–Max, 60 iterations, quantile initialisation, fitted on the train block norms (row
-scale s = 1, so centroids are raw norms). Shipped rule: the gain rounds ‖x‖; the reconstruction is the
-production one (``codebooks.shape_gain``), and the MSE is cross-checked against the closed form
-``‖x‖² − 2ĝt + ĝ²`` with t = ⟨x, p⟩/‖p‖ (pitfall P7). D = Σ‖x − x̂‖² / (24·blocks),
-SQNR = −½·log2 D, retention = 100·SQNR/R at the packed rate R = whole bits/24 (pitfall P8).
+Protocol (the reference's ``llvq-bench`` harness): SplitMix64 seed 0x64A42026; 4 000 train blocks,
+then 20 000 eval blocks, 24 N(0,1) draws per block in coordinate order (Box–Muller, two outputs
+each). Gain centroids: Lloyd–Max, 60 iterations, quantile initialisation, fitted on the train block
+norms (row scale s = 1, so centroids are raw norms). Shipped rule: the gain rounds ‖x‖; the
+reconstruction is the production one (``codebooks.shape_gain``), and the MSE is cross-checked
+against the closed form ``‖x‖² − 2ĝt + ĝ²`` with t = ⟨x, p⟩/‖p‖ (pitfall P7).
+``D = Σ‖x − x̂‖² / (24·blocks)``, SQNR = −½·log2 D, retention = 100·SQNR/R at the packed rate
+R = whole bits/24 (pitfall P8).
 
-Rows: Λ24(12)+1 gain bit (48 bits; the deployed code), Λ24(13)+0 (48), Λ24(12)+0 (47), Λ24(12)+2 (49),
-the scalar 2-bit Lloyd–Max quantizer (fitted on the train coordinates), the Shannon bound D = 2^(−2R),
-and one "+1 gain bit" row per extra registered codebook named in ``--codebooks`` (e.g. tetra).
-Also the encoder throughput (blocks/s, labels included) on CPU and on ``--device``.
+Rows: Λ24(12)+1 gain bit (48 bits; the deployed code), Λ24(13)+0 (48), Λ24(12)+0 (47), Λ24(12)+2
+(49), the scalar 2-bit Lloyd–Max quantizer (fitted on the train coordinates), the Shannon bound
+D = 2^(−2R), and one "+1 gain bit" row per extra registered codebook named in ``--codebooks`` (e.g.
+tetra). Also the encoder throughput (blocks/s, labels included) on CPU and on ``--device``.
 
-Usage: ``python benchmarks/gaussian_mse.py [--eval-blocks N] [--codebooks ball,tetra] [--device cuda]``.
-Prints a table, then one JSON line (the last line).
+Usage: ``python benchmarks/gaussian_mse.py [--eval-blocks N] [--codebooks ball,tetra]
+[--extra-blocks N] [--device cuda]``. Prints a table, then one JSON line (the last line).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def shape_gain_mse(
 
 
 def scalar_lloyd_max_mse(train: np.ndarray, x: np.ndarray, bits: int = 2) -> float:
-    """Per-coordinate Lloyd–Max scalar quantizer (2^bits levels, fitted on the train coordinates)."""
+    """Per-coordinate Lloyd–Max scalar quantizer (2^bits levels, fitted on train coordinates)."""
     levels = fit_centroids(torch.from_numpy(train.reshape(-1)), bits, LLOYD_ITERATIONS)
     flat = torch.from_numpy(x.reshape(-1))
     index = torch.argmin((flat[:, None] - levels[None, :]).abs(), dim=1)
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-blocks", type=int, default=EVAL_BLOCKS)
     parser.add_argument("--codebooks", default="ball", help="comma-separated registry names")
     parser.add_argument("--device", default="cpu", help="device for the encoder (cpu, cuda)")
-    parser.add_argument("--throughput-blocks", type=int, default=0,
-                        help="also time the search on this many extra blocks on --device (0: off)")
+    parser.add_argument("--extra-blocks", type=int, default=0,
+                        help="eval blocks for the extra --codebooks rows (0: all); slow encoders")
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     device = torch.device(args.device)
@@ -155,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             shells = torch.bincount((points.to(torch.int64) ** 2).sum(dim=1) // 16, minlength=14)
             share = {m: round(100.0 * int(shells[m]) / x.shape[0], 1) for m in range(8, 13)}
             cos = (x * points.to(torch.float64)).sum(dim=1) / exact_norms(points) / x.norm(dim=1)
-            notes.append(f"L24(12) winners by shell (%): {share}; mean cos θ {float(cos.mean()):.4f}")
+            notes.append(
+                f"L24(12) winners by shell (%): {share}; mean cos θ {float(cos.mean()):.4f}"
+            )
         if device.type == "cuda":
             cpu_n = min(2000, x.shape[0])
             cpu_labels, cpu_rate = timed_encode(codebook, x[:cpu_n])
@@ -173,24 +176,28 @@ def main(argv: list[str] | None = None) -> int:
         if name not in codebooks.names():
             notes.append(f"{name}: not registered, skipped")
             continue
+        xe = x[: args.extra_blocks] if args.extra_blocks > 0 else x
         try:
             codebook = codebooks.get(name)
-            labels, rate = timed_encode(codebook, x.to(device))
+            labels, rate = timed_encode(codebook, xe.to(device))
             points = codebook.decode(labels).cpu()
-            mse = shape_gain_mse(x, points, train_norms, 1)
+            mse = shape_gain_mse(xe, points, train_norms, 1)
         except Exception as exc:  # a codebook still being written must not sink the table
             notes.append(f"{name}: skipped ({type(exc).__name__}: {exc})")
             continue
         throughput[f"{name}, {device.type}"] = rate
-        rows.append(make_row(f"{name}+1", codebook.label_bits + 1, mse))
+        note = f"first {xe.shape[0]} eval blocks" if xe.shape[0] < x.shape[0] else ""
+        rows.append(make_row(f"{name}+1", codebook.label_bits + 1, mse, note))
 
     print(f"Gaussian source, {x.shape[0]} eval blocks (seed 0x{SEED:X}, {TRAIN_BLOCKS} train)")
     print(f"{'code':<24}{'bits':>6}{'MSE':>9}{'SQNR':>8}{'ret %':>8}{'spec MSE':>10}{'spec %':>8}")
     for r in rows:
         spec_m = f"{r.spec_mse:.4f}" if r.spec_mse is not None else "-"
         spec_r = f"{r.spec_retention:.2f}" if r.spec_retention is not None else "-"
-        print(f"{r.code:<24}{r.bits_per_block:>6}{r.mse:>9.4f}{r.sqnr_bits:>8.4f}{r.retention:>8.2f}"
-              f"{spec_m:>10}{spec_r:>8}")
+        print(
+            f"{r.code:<24}{r.bits_per_block:>6}{r.mse:>9.4f}{r.sqnr_bits:>8.4f}"
+            f"{r.retention:>8.2f}{spec_m:>10}{spec_r:>8}  {r.note}"
+        )
     for key, value in throughput.items():
         print(f"encoder throughput {key}: {value:,.0f} blocks/s")
     for note in notes:

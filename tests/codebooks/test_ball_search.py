@@ -1,8 +1,8 @@
 """The batched torch search (codebooks.ball_search) against its numpy reference (lattice.nearest).
 
-The tie rule of leech-core.md §4.4 lets an implementation differ from the reference only by a few ulp
-on near-ties; this one re-scores every near-tie with the reference's formula and rule, so the tests
-ask for identical points and bit-identical scores on random and adversarial inputs.
+The tie rule of leech-core.md §4.4 lets an implementation differ from the reference only by a few
+ulp on near-ties; this one re-scores every near-tie with the reference's formula and rule, so the
+tests ask for identical points and bit-identical scores on random and adversarial inputs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def _reference(x: np.ndarray, max_shell: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _assert_same(x: np.ndarray, max_shell: int, **kwargs: object) -> None:
-    points, scores = bs.search_batch(torch.from_numpy(x), max_shell, **kwargs)  # type: ignore[arg-type]
+    points, scores = bs.search_batch(
+        torch.from_numpy(x), max_shell, **kwargs  # type: ignore[arg-type]
+    )
     ref_points, ref_scores = _reference(x, max_shell)
     bad = np.flatnonzero(~np.all(points.numpy() == ref_points, axis=1))
     assert bad.size == 0, f"rows {bad.tolist()} differ, e.g. x={x[bad[0]].tolist()}"
@@ -120,7 +122,9 @@ def test_materialize_matches_reference_maximizer() -> None:
     codewords = np.array(
         [rng.choice(nr.search_data(13)[int(k)].codewords) for k in classes], dtype=np.int64
     )
-    got = bs.materialize(torch.from_numpy(x), torch.from_numpy(classes), torch.from_numpy(codewords))
+    got = bs.materialize(
+        torch.from_numpy(x), torch.from_numpy(classes), torch.from_numpy(codewords)
+    )
     for row, k, c, p in zip(x, classes, codewords, got.numpy(), strict=True):
         assert p.tolist() == nr.class_maximizer(row, table[int(k)], int(c)).tolist()
 

@@ -1,4 +1,4 @@
-"""Shape–gain coding (codebooks.shape_gain): Lloyd–Max fit, norm rule, exact float64 reconstruction."""
+"""Shape–gain coding (codebooks.shape_gain): Lloyd–Max fit, norm rule, exact f64 reconstruction."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def test_reconstruction_float64_order_is_exact() -> None:
     scale = torch.from_numpy(np.abs(rng.standard_normal(50)) * 0.03 + 0.01)
     centroids = torch.tensor([0.8723, 1.1146], dtype=torch.float64)
     got = reconstruct(points, gains, scale, centroids)
-    for row, p, g, s in zip(got.tolist(), points.tolist(), gains.tolist(), scale.tolist(), strict=True):
+    rows = zip(got.tolist(), points.tolist(), gains.tolist(), scale.tolist(), strict=True)
+    for row, p, g, s in rows:
         picked = centroids[g].item() * s
         factor = picked / math.sqrt(sum(v * v for v in p))  # sqrt(16m), correctly rounded
         assert row == [v * factor for v in p]  # bit-identical, element by element
@@ -113,13 +114,16 @@ def test_encode_decode_round_trip_with_zero_blocks() -> None:
     centroids = torch.tensor([0.877, 1.106], dtype=torch.float64)
     codebook = BallCodebook()
     labels, gains, points = shape_gain_encode(blocks, scale, centroids, codebook)
-    assert labels.dtype == torch.int64 and gains.dtype == torch.int64 and points.dtype == torch.int32
+    assert labels.dtype == torch.int64 and gains.dtype == torch.int64
+    assert points.dtype == torch.int32
     assert labels[4] == 0 and gains[4] == 0 and not points[4].any()
     assert torch.equal(codebook.decode(labels), points)
     out = shape_gain_decode(points, gains, scale, centroids)
     assert out.dtype == torch.float64 and not out[4].any()
     assert torch.equal(out, reconstruct(points, gains, scale, centroids))
-    cos = (out * blocks).sum(1) / out.norm(dim=1).clamp_min(1e-300) / blocks.norm(dim=1).clamp_min(1e-300)
+    tiny = 1e-300
+    norms = out.norm(dim=1).clamp_min(tiny) * blocks.norm(dim=1).clamp_min(tiny)
+    cos = (out * blocks).sum(1) / norms
     assert (cos[[i for i in range(12) if i != 4]] > 0.9).all()
     norms = blocks.norm(dim=1)
     assert torch.allclose(out.norm(dim=1), centroids[gains] * scale * (norms > 0))
@@ -135,4 +139,5 @@ def test_bad_inputs() -> None:
     with pytest.raises(InvalidInput, match="finite"):
         shape_gain_encode(torch.full((1, 24), float("inf")), torch.ones(1), c, codebook)
     with pytest.raises(InvalidInput, match="gain"):
-        shape_gain_decode(torch.zeros(1, 24, dtype=torch.int32), torch.tensor([1]), torch.ones(1), c)
+        points = torch.zeros(1, 24, dtype=torch.int32)
+        shape_gain_decode(points, torch.tensor([1]), torch.ones(1), c)

@@ -1,8 +1,8 @@
 """The readable reference search (lattice.nearest) against brute force over whole shells.
 
 Brute force enumerates Shell(2) (and, in the slow tier, Shell(3)) with the test oracle and checks:
-the per-shell maxima d_m, the closed form of every (class, codeword) pair, the smallest-index maximiser
-of each pair, and the full tie rule of leech-core.md §4.4 on the balls Λ24(2) and Λ24(3).
+the per-shell maxima d_m, the closed form of every (class, codeword) pair, the smallest-index
+maximiser of each pair, and the full tie rule of leech-core.md §4.4 on the balls Λ24(2) and Λ24(3).
 """
 
 from __future__ import annotations
@@ -95,9 +95,9 @@ def _scaled(x: np.ndarray) -> np.ndarray:
     return np.ldexp(x, -nr.power_of_two_exponent(x))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Spec examples and edge cases
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_spec_tie_example_picks_smallest_index() -> None:
@@ -162,9 +162,9 @@ def test_scale_invariance_and_extreme_scales() -> None:
     assert p.tolist() == [8] + [0] * 23
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Brute force on Shell(2) and Λ24(2)
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def test_shell2_maxima_match_brute_force() -> None:
@@ -237,9 +237,9 @@ def test_spherical_error_shell2_brute_force() -> None:
         assert nr.spherical_error(x, beta, 2) == pytest.approx(brute, rel=1e-12)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Winners on the production balls
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("max_shell", [12, 13])
@@ -257,7 +257,7 @@ def test_winners_are_members_with_the_reported_score(max_shell: int) -> None:
 
 
 def test_gaussian_winners_and_pruning() -> None:
-    # Shipped-rule sanity on Gaussians: high cosines, most winners on the outer shells, pruning works.
+    # Shipped-rule sanity on Gaussians: high cosines, and the bound prunes most classes.
     rng = np.random.default_rng(7)
     cosines, evaluated = [], []
     for _ in range(40):
@@ -269,9 +269,9 @@ def test_gaussian_winners_and_pruning() -> None:
     assert np.mean(evaluated) < 150  # of 301: the bound prunes most classes
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Slow tier: Shell(3) and Λ24(3)
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
 """The ball codebook: directions coded by the exact angular search over Λ24(12) and the v1 index.
 
 Implements the direction half of the shipped code (leech-core.md §4, labels of §3): ``encode`` finds
-the exact angular nearest point of Λ24(M) \\ {0} (:mod:`leechq.codebooks.ball_search`, tie rule of §4.4)
-and returns its v1 index (``lattice.indexing``); ``decode`` maps indices back to points of √8·Λ24. The
-registry default is M = 12 (47-bit labels, 0 ..= N(12)); M = 13 gives the 48-bit ball. Gains are coded
-separately (:mod:`leechq.codebooks.shape_gain`).
+the exact angular nearest point of Λ24(M) \\ {0} (:mod:`leechq.codebooks.ball_search`, tie rule of
+§4.4) and returns its v1 index (``lattice.indexing``); ``decode`` maps indices back to points of
+√8·Λ24. The registry default is M = 12 (47-bit labels, 0 ..= N(12)); M = 13 gives the 48-bit ball.
+Gains are coded separately (:mod:`leechq.codebooks.shape_gain`).
 """
 
 from __future__ import annotations

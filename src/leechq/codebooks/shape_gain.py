@@ -1,7 +1,8 @@
 """Shape–gain coding of 24-blocks: direction from a codebook, gain from per-matrix Lloyd–Max levels.
 
-Implements leech-core.md §4.6 (the shipped rule) and the gain-centroid fit of §5.4. Codebook-agnostic:
-any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball or Tetra).
+Implements leech-core.md §4.6 (the shipped rule) and the gain-centroid fit of §5.4.
+Codebook-agnostic: any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball or
+Tetra).
 
 - :func:`fit_centroids`: Lloyd–Max on scalar samples (K = 2^bits levels, quantile initialisation
   ``sorted[⌊(2j+1)n/(2K)⌋]``, assignment to the nearest centroid with ties to the lower index, each
@@ -9,11 +10,11 @@ any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball or 
   mean).
 - :func:`choose_gains`: the norm rule, ``g = argmin_j |‖v‖/s − c_j|``, ties to the lower index. The
   block norm is rounded, not the projection (§4.6 step 3).
-- :func:`reconstruct`: ``v̂ = p·(c_g·s)/√(16m)`` evaluated in float64 exactly as
-  ``picked = c_g * s; scale = picked / sqrt(16m); p_i * scale`` (§4.6 step 4), the sequence a decoder
-  must repeat for bit-exact round trips. ``sqrt(16m)`` is taken from a table built with
-  :func:`math.sqrt` (IEEE correctly rounded): torch's vectorised float64 ``sqrt`` on CPU is not always
-  correctly rounded (it returns sqrt(32) one ulp low), which would make CPU and CUDA decoders disagree.
+- :func:`reconstruct`: ``v̂ = p·(c_g·s)/√(16m)`` evaluated in float64 exactly as ``picked = c_g * s;
+  scale = picked / sqrt(16m); p_i * scale`` (§4.6 step 4), the sequence a decoder must repeat for
+  bit-exact round trips. ``sqrt(16m)`` is taken from a table built with :func:`math.sqrt` (IEEE
+  correctly rounded): torch's vectorised float64 ``sqrt`` on CPU is not always correctly rounded (it
+  returns sqrt(32) one ulp low), which would make CPU and CUDA decoders disagree.
 - :func:`shape_gain_encode` / :func:`shape_gain_decode`: the whole block code (§4.6 steps 1–5).
 """
 
@@ -77,7 +78,9 @@ def nearest_level(values: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     return torch.argmin(distance, dim=1)  # argmin returns the first minimum: ties → lower index
 
 
-def choose_gains(norms: torch.Tensor, row_scale: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+def choose_gains(
+    norms: torch.Tensor, row_scale: torch.Tensor, centroids: torch.Tensor
+) -> torch.Tensor:
     """The norm rule of §4.6 step 3.
 
     Args:
@@ -139,7 +142,9 @@ def _check_blocks(blocks: torch.Tensor, row_scale: torch.Tensor, centroids: torc
     if not blocks.is_floating_point():
         raise InvalidInput(f"blocks must be floating point, got {blocks.dtype}")
     if row_scale.shape != blocks.shape[:1]:
-        raise InvalidInput(f"row_scale must have shape [{blocks.shape[0]}], got {list(row_scale.shape)}")
+        raise InvalidInput(
+            f"row_scale must have shape [{blocks.shape[0]}], got {list(row_scale.shape)}"
+        )
     if centroids.dim() != 1 or centroids.numel() == 0:
         raise InvalidInput(f"centroids must be a non-empty 1-D tensor, got {list(centroids.shape)}")
     if not bool(torch.isfinite(blocks).all()) or not bool(torch.isfinite(row_scale).all()):
@@ -158,8 +163,8 @@ def shape_gain_encode(
         codebook: the direction codebook.
 
     Returns:
-        (labels int64 [N], gains int64 [N], points int32 [N, 24]); a zero block gives label 0, gain 0
-        and the origin.
+        (labels int64 [N], gains int64 [N], points int32 [N, 24]); a zero block gives label 0,
+        gain 0 and the origin.
     """
     _check_blocks(blocks, row_scale, centroids)
     b64 = blocks.to(torch.float64)

@@ -1,40 +1,42 @@
 """Exact nearest-point search on the Leech ball Λ24(M): the readable reference.
 
-Implements leech-core.md §4.1–§4.4 in numpy (no torch). Everything works in the integer embedding
-L = √8·Λ24 (a point of shell m has squared norm 16·m).
+Implements leech-core.md §4.1–§4.4 in numpy (no torch). Everything works in the integer embedding L
+= √8·Λ24 (a point of shell m has squared norm 16·m).
 
-- :func:`search` returns the exact angular argmax ``argmax_{v ∈ Λ24(M) \\ {0}} ⟨x,v⟩/√(16m)`` and its
-  score; the all-zero block gives the origin with score 0.
+- :func:`search` returns the exact angular argmax ``argmax_{v ∈ Λ24(M) \\ {0}} ⟨x,v⟩/√(16m)`` and
+  its score; the all-zero block gives the origin with score 0.
 - :func:`shell_maxima` returns the per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x,v⟩`` that the
   spherical-shaping variant needs (§4.1).
 
-How (§4.2–§4.3). A class (``lattice.classes``) fixes a coset and a magnitude multiset. With the Golay
-codeword c fixed as well, the class maximum has a closed form:
+How (§4.2–§4.3). A class (``lattice.classes``) fixes a coset and a magnitude multiset. With the
+Golay codeword c fixed as well, the class maximum has a closed form:
 
 - odd class: with ``y_i = x_i`` on c and ``−x_i`` off c, and ``α(a) = +a`` (a ≡ 3 mod 4) or ``−a``
-  (a ≡ 1 mod 4), the score is ``Σ α·y``, maximised by pairing the α multiset ascending with y ascending;
+  (a ≡ 1 mod 4), the score is ``Σ α·y``, maximised by pairing the α multiset ascending with y
+  ascending;
 - even class: word values (descending) go on the support |x| (descending), free values and zeros on
-  the off-support |x| (descending), signs follow x; if the number of negative word values then has the
-  wrong parity, the smallest word value (already on the smallest support |x|) is flipped, costing
-  ``2·w_min·min_support|x|`` (the single-flip repair).
+  the off-support |x| (descending), signs follow x; if the number of negative word values then has
+  the wrong parity, the smallest word value (already on the smallest support |x|) is flipped,
+  costing ``2·w_min·min_support|x|`` (the single-flip repair).
 
 Classes are visited by decreasing support-blind upper bound (class magnitudes paired with the global
 |x|, both descending) and the scan stops when no remaining class can reach the incumbent.
 
-Ties (§4.4, normative for leechq). The winner is, among the points of maximal score, the one with the
-smallest v1 index, scores being ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in float64 (x widened
-exactly). The index orders points by class, then codeword rank, then the local digits (§3.6). So the
-search keeps every (class, codeword) pair whose closed-form maximum is within a small tolerance of the
-best, builds each pair's smallest-index maximiser (:func:`class_maximizer`: among equal |x| (or equal
-y) larger magnitudes go to lower coordinates; zero coordinates take positive signs; a parity repair
-goes where it lowers the sign digit most), scores those points with the formula above and keeps the
-largest score, ties to the smallest (class, codeword). Equal-score maximisers inside one (class,
-codeword) pair are compared in exact arithmetic, which coincides with the float rule whenever the
-products and partial sums are exact (always for float32 inputs of moderate range).
+Ties (§4.4, normative for leechq). The winner is, among the points of maximal score, the one with
+the smallest v1 index, scores being ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in float64 (x
+widened exactly). The index orders points by class, then codeword rank, then the local digits
+(§3.6). So the search keeps every (class, codeword) pair whose closed-form maximum is within a small
+tolerance of the best, builds each pair's smallest-index maximiser (:func:`class_maximizer`: among
+equal |x| (or equal y) larger magnitudes go to lower coordinates; zero coordinates take positive
+signs; a parity repair goes where it lowers the sign digit most), scores those points with the
+formula above and keeps the largest score, ties to the smallest (class, codeword). Equal-score
+maximisers inside one (class, codeword) pair are compared in exact arithmetic, which coincides with
+the float rule whenever the products and partial sums are exact (always for float32 inputs of
+moderate range).
 
 Scale. x is first multiplied by an exact power of two so that max|x_i| ∈ [1, 2); reported scores are
-scaled back. This is the identity on every score unless the unscaled float64 formula would overflow or
-fall into subnormals (only possible for float64 inputs beyond about 1e±290).
+scaled back. This is the identity on every score unless the unscaled float64 formula would overflow
+or fall into subnormals (only possible for float64 inputs beyond about 1e±290).
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ TIE_TOLERANCE = 2.0**-36
 """Closed-form maxima within ``TIE_TOLERANCE·‖x‖₁`` (after scaling) of the best are re-scored."""
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Per-class constants
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class ClassSearchData:
 
 
 def _alpha(a: int) -> int:
-    """Signed value of an odd magnitude on a codeword position (§3.1): +a if a ≡ 3 mod 4, else −a."""
+    """Signed value of odd magnitude a on a codeword position (§3.1): +a if a ≡ 3 mod 4, else −a."""
     return a if a % 4 == 3 else -a
 
 
@@ -133,9 +135,9 @@ def _codeword_bits() -> np.ndarray:
     return codeword_bits(golay_code().words).astype(bool)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Input handling
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def as_block(x: np.ndarray | list[float], what: str = "x") -> np.ndarray:
@@ -172,9 +174,9 @@ def reference_score(x: np.ndarray, point: np.ndarray) -> float:
     return total / math.sqrt(float(norm2))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Closed-form maxima per (class, codeword)
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class _Query:
@@ -274,9 +276,9 @@ def spherical_error(x: np.ndarray, beta: float, max_shell: int = 13) -> float:
     return float(min(norm2, np.min(norm2 + 16.0 * shells * beta * beta - 2.0 * beta * d)))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The smallest-index maximiser of one (class, codeword) pair
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def class_maximizer(x: np.ndarray, cls: LatticeClass, codeword_rank: int) -> np.ndarray:
@@ -299,7 +301,9 @@ def class_maximizer(x: np.ndarray, cls: LatticeClass, codeword_rank: int) -> np.
         _place_odd(xb, cls, on, point)
     else:
         if sum(on) != cls.weight:
-            raise InvalidInput(f"codeword rank {codeword_rank} has weight {sum(on)}, class needs {cls.weight}")
+            raise InvalidInput(
+                f"codeword rank {codeword_rank} has weight {sum(on)}, class needs {cls.weight}"
+            )
         _place_even(xb, cls, on, point)
     return point.astype(np.int32)
 
@@ -343,9 +347,9 @@ def _place_even(x: np.ndarray, cls: LatticeClass, on: list[bool], point: np.ndar
 def _repair_position(x: np.ndarray, point: np.ndarray, support: list[int]) -> int:
     """The support position whose sign flip fixes the parity at least cost and smallest sign digit.
 
-    ``support`` is ascending. The sign digit r_sw stores bit j = (j-th support position negative) for
-    all but the last position, so flipping a negative non-last position lowers it by 2^j, flipping the
-    last leaves it unchanged and flipping a positive one raises it by 2^j.
+    ``support`` is ascending. The sign digit r_sw stores bit j = (j-th support position negative)
+    for all but the last position, so flipping a negative non-last position lowers it by 2^j,
+    flipping the last leaves it unchanged and flipping a positive one raises it by 2^j.
     """
     zeros = [i for i in support if x[i] == 0.0]
     if zeros:  # flipping a value at x_i = 0 is free
@@ -361,9 +365,9 @@ def _repair_position(x: np.ndarray, point: np.ndarray, support: list[int]) -> in
     return cheapest[0]
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The search
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -445,8 +449,8 @@ def search(x: np.ndarray, max_shell: int = 12) -> tuple[np.ndarray, float]:
         max_shell: M, 2..13 (12 for the shipped 47-bit code, 13 for the 48-bit ball).
 
     Returns:
-        (point, score): the int32 [24] point of Λ24(M) \\ {0} maximising ⟨x,v⟩/‖v‖ under the tie rule
-        of the module docstring, and that float64 score. A zero block gives (zeros, 0.0).
+        (point, score): the int32 [24] point of Λ24(M) \\ {0} maximising ⟨x,v⟩/‖v‖ under the tie
+        rule of the module docstring, and that float64 score. A zero block gives (zeros, 0.0).
 
     Raises:
         InvalidInput: wrong shape, non-real dtype or non-finite values; max_shell outside [2, 13].
