@@ -20,8 +20,10 @@ class WordTokenizer:
     """Deterministic toy tokenizer: whitespace-attached words → stable ids (hash based)."""
 
     def encode(self, text: str) -> list[int]:
-        return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "little") % 50000
-                for w in re.findall(r"\s*\S+", text)]
+        return [
+            int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "little") % 50000
+            for w in re.findall(r"\s*\S+", text)
+        ]
 
 
 def make_sources(root: Path, n: int = 60) -> Path:
@@ -29,7 +31,9 @@ def make_sources(root: Path, n: int = 60) -> Path:
     for i in range(n):
         sub = src / ("library" if i % 2 else "howto")
         sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"doc{i:03d}.rst.txt").write_text(f"\n  Title {i}\n=====\n\nBody text number {i}. " * 3 + "\n")
+        (sub / f"doc{i:03d}.rst.txt").write_text(
+            f"\n  Title {i}\n=====\n\nBody text number {i}. " * 3 + "\n"
+        )
     return src
 
 
@@ -75,7 +79,10 @@ def make_deb(path: Path, files: dict[str, bytes], version: str = "3.11.2-6+test1
     """A minimal .deb (ar archive: debian-binary, control.tar.xz, data.tar.xz)."""
     members = [
         ("debian-binary", b"2.0\n"),
-        ("control.tar.xz", _tar_xz({"./control": f"Package: python3.11-doc\nVersion: {version}\n".encode()})),
+        (
+            "control.tar.xz",
+            _tar_xz({"./control": f"Package: python3.11-doc\nVersion: {version}\n".encode()}),
+        ),
         ("data.tar.xz", _tar_xz(files)),
     ]
     out = bytearray(b"!<arch>\n")
@@ -91,32 +98,45 @@ def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("LEECHQ_PYDOC_SOURCES", raising=False)
     monkeypatch.setattr(corpus, "PYDOC_SYSTEM_SOURCES", tmp_path / "not-installed")
     prefix = "./usr/share/doc/python3.11/html/_sources/"
-    deb = make_deb(tmp_path / "python3.11-doc_test_all.deb", {
-        prefix + "library/os.rst.txt": b"os module docs",
-        prefix + "library/heapq.rst.txt": b"heapq docs",
-        prefix + "index.rst.txt": b"index",
-        "./usr/share/doc/python3.11/html/index.html": b"<html>",
-    })
+    deb = make_deb(
+        tmp_path / "python3.11-doc_test_all.deb",
+        {
+            prefix + "library/os.rst.txt": b"os module docs",
+            prefix + "library/heapq.rst.txt": b"heapq docs",
+            prefix + "index.rst.txt": b"index",
+            "./usr/share/doc/python3.11/html/index.html": b"<html>",
+        },
+    )
     with pytest.raises(ArtifactError, match="no copy"):
         corpus.pydoc_sources_dir(fetch=False)
     src = corpus.fetch_pydoc(deb)
     assert src == tmp_path / "cache" / "pydoc" / "python3.11-doc" / "_sources"
-    assert corpus.corpus_files(src) == ["index.rst.txt", "library/heapq.rst.txt", "library/os.rst.txt"]
+    assert corpus.corpus_files(src) == [
+        "index.rst.txt",
+        "library/heapq.rst.txt",
+        "library/os.rst.txt",
+    ]
     manifest = json.loads((src.parent / "manifest.json").read_text())
-    assert manifest["version"] == "3.11.2-6+test1" and manifest["deb_sha256"] == corpus._sha256_file(deb)
+    assert manifest["version"] == "3.11.2-6+test1" and manifest[
+        "deb_sha256"
+    ] == corpus._sha256_file(deb)
     assert corpus.pydoc_sources_dir(fetch=False) == src
     assert corpus.corpus_info(src)["version"] == "3.11.2-6+test1"
-    contents = {"index.rst.txt": "index", "library/heapq.rst.txt": "heapq docs",
-                "library/os.rst.txt": "os module docs"}
+    contents = {
+        "index.rst.txt": "index",
+        "library/heapq.rst.txt": "heapq docs",
+        "library/os.rst.txt": "os module docs",
+    }
     assert corpus.evaluation_text(src) == "\n\n".join(
-        v for k, v in sorted(contents.items()) if corpus.split_of(k) == "evaluation")
+        v for k, v in sorted(contents.items()) if corpus.split_of(k) == "evaluation"
+    )
     assert "heapq docs" in corpus.evaluation_text(src)
     assert deb.exists()  # a user-supplied .deb is left alone
     hostile = make_deb(tmp_path / "bad.deb", {prefix + "../../../../evil.txt": b"x"})
     with pytest.raises(ArtifactError, match="unsafe member path"):
         corpus._extract_sources(hostile, tmp_path / "out")
     empty = make_deb(tmp_path / "empty.deb", {"./usr/share/doc/other.txt": b"x"})
-    with pytest.raises(ArtifactError, match="no usr/share/doc/python3.11/html/_sources"):
+    with pytest.raises(ArtifactError, match=r"no usr/share/doc/python3\.11/html/_sources"):
         corpus._extract_sources(empty, tmp_path / "out2")
     not_deb = tmp_path / "x.deb"
     not_deb.write_bytes(b"hello")
@@ -175,7 +195,9 @@ def test_fingerprint_properties() -> None:
 
 def test_encode_accepts_hf_style_and_plain() -> None:
     class HFStyle:
-        def encode(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> list[int]:
+        def encode(
+            self, text: str, add_special_tokens: bool = True, verbose: bool = True
+        ) -> list[int]:
             return ([1] if add_special_tokens else []) + [len(w) for w in text.split()]
 
     assert corpus.encode(HFStyle(), "ab cde") == [2, 3]
@@ -207,10 +229,15 @@ def test_load_text_local_files_through_datasets(tmp_path: Path) -> None:
     rows = [{"text": " = Title = \n"}, {"text": ""}, {"text": " Body one .\n"}]
     f = tmp_path / "wiki.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert corpus.load_text("wikitext2", "test", data_files=str(f)) == "\n\n".join(r["text"] for r in rows)
+    assert corpus.load_text("wikitext2", "test", data_files=str(f)) == "\n\n".join(
+        r["text"] for r in rows
+    )
     c4 = tmp_path / "c4.json"
     c4.write_text("".join(json.dumps({"text": "x" * 10, "url": "u"}) + "\n" for _ in range(10)))
-    assert corpus.load_text("c4", "evaluation", data_files=str(c4), max_chars=30) == ("x" * 10 + "\n\n") * 2 + "x" * 6
+    assert (
+        corpus.load_text("c4", "evaluation", data_files=str(c4), max_chars=30)
+        == ("x" * 10 + "\n\n") * 2 + "x" * 6
+    )
 
 
 @pytest.mark.slow

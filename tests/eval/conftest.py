@@ -22,7 +22,9 @@ class ToyTokenizer:
         self.vocab: dict[str, int] = {"<eos>": 0}
         self.pieces: list[str] = ["<eos>"]
 
-    def encode(self, text: str, add_special_tokens: bool = False, verbose: bool = False) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = False, verbose: bool = False
+    ) -> list[int]:
         out = []
         for piece in re.findall(r"\s*\S+", text):
             if piece not in self.vocab:
@@ -40,15 +42,30 @@ def toy_tokenizer() -> ToyTokenizer:
     return ToyTokenizer()
 
 
-def tiny_model(kind: str = "llama", *, vocab: int = 96, hidden: int = 64, layers: int = 2,
-               dtype: torch.dtype = torch.float32, seed: int = 0, tie: bool = False) -> Any:
+def tiny_model(
+    kind: str = "llama",
+    *,
+    vocab: int = 96,
+    hidden: int = 64,
+    layers: int = 2,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    tie: bool = False,
+) -> Any:
     """A tiny random ``*ForCausalLM`` of the given family (no download)."""
     import transformers
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  tie_word_embeddings=tie, max_position_embeddings=256)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+        max_position_embeddings=256,
+    )
     cfg_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),

@@ -26,7 +26,7 @@ def test_rtn_grid_and_error_bound() -> None:
     slack = (lo - m).abs() + 3 * ((hi - lo) / 3 - s).abs() + 1e-6
     assert ((wg - hg).abs() <= 0.5 * s + slack).all()
     # Gaussian weights, 4 levels over each group's range: relative MSE ≈ step²/12 / σ² ≈ 0.2
-    rel = float(((w - w_hat) ** 2).mean() / (w ** 2).mean())
+    rel = float(((w - w_hat) ** 2).mean() / (w**2).mean())
     assert 0.14 < rel < 0.26, rel
 
 
@@ -43,7 +43,9 @@ def test_rtn_exact_on_grid_values_and_rejects_bad_width() -> None:
 def _correlated_hessian(d: int, n: int = 4096, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     mix = torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5
-    x = torch.randn(n, d, generator=g, dtype=torch.float64) @ (torch.eye(d, dtype=torch.float64) + 2 * mix)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) @ (
+        torch.eye(d, dtype=torch.float64) + 2 * mix
+    )
     return x.T @ x / n
 
 
@@ -81,13 +83,17 @@ def test_model_drivers(kind: str, make_tiny_model) -> None:
     model = make_tiny_model(kind, hidden=64, layers=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rtn = bl.rtn_model(model)
-    gptq = bl.gptq_model(model, torch.randint(0, 96, (4, 32), generator=torch.Generator().manual_seed(6)))
+    gptq = bl.gptq_model(
+        model, torch.randint(0, 96, (4, 32), generator=torch.Generator().manual_seed(6))
+    )
     for k, v in model.state_dict().items():  # the original is untouched
         assert torch.equal(v, before[k]), k
     for res in (rtn, gptq):
         assert len(res.layers) == 14
         acc = res.accounting
-        assert acc.bits_per_weight == 2.5 and acc.n_quantized == 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128)  # q,o + k,v (GQA) + MLP
+        assert acc.bits_per_weight == 2.5 and acc.n_quantized == 2 * (
+            2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128
+        )  # q,o + k,v (GQA) + MLP
         assert 2.5 < acc.bits_per_param < 16
         sd = res.model.state_dict()
         for k, v in sd.items():

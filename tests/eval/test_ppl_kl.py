@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -29,7 +30,7 @@ def hand_ppl(table: list[list[float]], windows: list[list[int]]) -> float:
     """exp(mean NLL) with plain Python floats and math.log/exp."""
     nll, n = 0.0, 0
     for w in windows:
-        for prev, nxt in zip(w[:-1], w[1:]):
+        for prev, nxt in itertools.pairwise(w):
             row = table[prev]
             m = max(row)
             log_z = m + math.log(sum(math.exp(v - m) for v in row))
@@ -49,7 +50,9 @@ def test_ppl_equals_hand_computation() -> None:
     assert res.tokens_fingerprint == token_fingerprint(windows)
     assert math.exp(sum(res.window_nll) / 3) == pytest.approx(expected, rel=1e-12)
     # uniform model: ppl is exactly the vocabulary size
-    assert perplexity(Bigram(torch.zeros(7, 7, dtype=torch.float64)), windows).ppl == pytest.approx(7.0, rel=1e-12)
+    assert perplexity(Bigram(torch.zeros(7, 7, dtype=torch.float64)), windows).ppl == pytest.approx(
+        7.0, rel=1e-12
+    )
 
 
 def test_ppl_of_tiny_llama_matches_direct_computation(make_tiny_model) -> None:
@@ -71,7 +74,9 @@ def test_logits_fn_validates() -> None:
         logits_fn(lambda ids: {"x": 1})(torch.zeros(1, 3, dtype=torch.int64))
     with pytest.raises(InvalidInput, match="shape"):
         logits_fn(lambda ids: torch.zeros(1, 2, 5))(torch.zeros(1, 3, dtype=torch.int64))
-    assert logits_fn(lambda ids: (torch.zeros(1, 3, 5),))(torch.zeros(1, 3, dtype=torch.int64)).shape == (1, 3, 5)
+    assert logits_fn(lambda ids: (torch.zeros(1, 3, 5),))(
+        torch.zeros(1, 3, dtype=torch.int64)
+    ).shape == (1, 3, 5)
     with pytest.raises(InvalidInput, match="int64"):
         perplexity(lambda ids: ids, torch.zeros(2, 3, dtype=torch.int32))
 
@@ -84,7 +89,9 @@ def test_kl_zero_with_itself_positive_after_perturbation(make_tiny_model) -> Non
     assert same.ref_ppl == same.model_ppl == pytest.approx(perplexity(model, ids).ppl, rel=1e-12)
     other = make_tiny_model("qwen2")
     with torch.no_grad():
-        other.model.layers[0].mlp.down_proj.weight.add_(0.3 * torch.randn_like(other.model.layers[0].mlp.down_proj.weight))
+        other.model.layers[0].mlp.down_proj.weight.add_(
+            0.3 * torch.randn_like(other.model.layers[0].mlp.down_proj.weight)
+        )
     res = kl_to_reference(model, other, ids, batch_size=2, chunk=5)
     assert res.kl > 1e-4 and res.kl_max >= res.kl and res.n_tokens == 3 * 23
     # dense f64 check of the definition
@@ -102,7 +109,11 @@ def test_kl_of_logits_hand_example() -> None:
     q = torch.tensor([[[0.0, 0.0], [5.0, 1.0]]], dtype=torch.float64)  # q = (1/2, 1/2); last unused
     kl, m = kl_of_logits(ref, q)
     expected = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
-    assert kl.shape == (1, 1) and float(kl[0, 0]) == pytest.approx(expected, rel=1e-12) and m == float(kl[0, 0])
+    assert (
+        kl.shape == (1, 1)
+        and float(kl[0, 0]) == pytest.approx(expected, rel=1e-12)
+        and m == float(kl[0, 0])
+    )
     with pytest.raises(InvalidInput, match="differ in shape"):
         kl_of_logits(ref, q[:, :1])
 

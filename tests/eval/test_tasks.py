@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from leechq.errors import ArtifactError, InvalidInput
-from leechq.eval.tasks import TASKS, GSM8KTask, MMLUTask
+from leechq.eval.tasks import TASKS, GSM8KTask, MMLUTask, mmlu
 from leechq.eval.tasks import gsm8k as g8
-from leechq.eval.tasks import mmlu
 from leechq.utils.splitmix import SplitMix64
 
 VOCAB = 4096
@@ -43,7 +42,9 @@ def write_mmlu_csv(root: Path) -> Path:
             with (root / split / f"{subject}_{split}.csv").open("w", newline="") as fh:
                 w = csv.writer(fh)
                 for i, a in enumerate(rows):
-                    w.writerow([f"{subject} {split} question {i}?", "one", "two", "three", "four", a])
+                    w.writerow(
+                        [f"{subject} {split} question {i}?", "one", "two", "three", "four", a]
+                    )
     return root
 
 
@@ -54,9 +55,17 @@ def write_mmlu_jsonl(root: Path) -> Path:
             for subject, answers in ANSWERS.items():
                 rows = "ABCDA" if split == "dev" else answers
                 for i, a in enumerate(rows):
-                    fh.write(json.dumps({"question": f"{subject} {split} question {i}?", "subject": subject,
-                                         "choices": ["one", "two", "three", "four"],
-                                         "answer": "ABCD".index(a)}) + "\n")
+                    fh.write(
+                        json.dumps(
+                            {
+                                "question": f"{subject} {split} question {i}?",
+                                "subject": subject,
+                                "choices": ["one", "two", "three", "four"],
+                                "answer": "ABCD".index(a),
+                            }
+                        )
+                        + "\n"
+                    )
     return root
 
 
@@ -65,13 +74,16 @@ def test_mmlu_loaders_agree(tmp_path: Path) -> None:
     b = mmlu.load_mmlu(write_mmlu_jsonl(tmp_path / "jsonl"))
     assert a == b
     assert len(a["test"]) == 31 and len(a["dev"]) == 10
-    assert a["test"][0] == mmlu.MMLUItem("abstract_algebra", "abstract_algebra test question 0?",
-                                         ("one", "two", "three", "four"), 1)
+    assert a["test"][0] == mmlu.MMLUItem(
+        "abstract_algebra", "abstract_algebra test question 0?", ("one", "two", "three", "four"), 1
+    )
     with pytest.raises(ArtifactError, match="no MMLU dev data"):
         mmlu.load_mmlu(tmp_path / "empty")
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "dev.jsonl").write_text(json.dumps({"question": "q", "subject": "s", "choices": ["a", "b"], "answer": 0}))
+    (bad / "dev.jsonl").write_text(
+        json.dumps({"question": "q", "subject": "s", "choices": ["a", "b"], "answer": 0})
+    )
     with pytest.raises(ArtifactError, match=r"dev\.jsonl:1: expected 4 choices"):
         mmlu.load_mmlu(bad)
 
@@ -93,9 +105,19 @@ def test_mmlu_scoring_micro_macro(tmp_path: Path, toy_tokenizer) -> None:
     res = MMLUTask(data=data, per_subject=None).run(model, toy_tokenizer)
     # always "B": algebra 5/10, law 20/21
     assert res.n == 31
-    assert res.details["subjects"]["abstract_algebra"] == {"right": 5, "scored": 10, "population": 10}
-    assert res.details["subjects"]["professional_law"] == {"right": 20, "scored": 21, "population": 21}
-    assert res.value == pytest.approx(25 / 31) and res.details["accuracy_pooled"] == pytest.approx(25 / 31)
+    assert res.details["subjects"]["abstract_algebra"] == {
+        "right": 5,
+        "scored": 10,
+        "population": 10,
+    }
+    assert res.details["subjects"]["professional_law"] == {
+        "right": 20,
+        "scored": 21,
+        "population": 21,
+    }
+    assert res.value == pytest.approx(25 / 31) and res.details["accuracy_pooled"] == pytest.approx(
+        25 / 31
+    )
     assert res.details["accuracy_macro"] == pytest.approx((0.5 + 20 / 21) / 2)
     assert res.details["micro_stderr"] == 0.0  # census
     # every prompt had 5 shots and ended at "Answer:"
@@ -118,11 +140,15 @@ def test_mmlu_sampling_is_seeded_fisher_yates(tmp_path: Path, toy_tokenizer) -> 
         idx[i], idx[j] = idx[j], idx[i]
     assert picked == [law[i] for i in idx[:4]]
     assert mmlu.sample_items("professional_law", law, 50) == law
-    res = MMLUTask(data=data).run(FixedLetter(toy_tokenizer.encode(" B")[0]), toy_tokenizer, limit=4)
+    res = MMLUTask(data=data).run(
+        FixedLetter(toy_tokenizer.encode(" B")[0]), toy_tokenizer, limit=4
+    )
     subj = res.details["subjects"]
     assert subj["professional_law"]["scored"] == 4 and subj["professional_law"]["population"] == 21
     rates = {k: v["right"] / v["scored"] for k, v in subj.items()}
-    assert res.value == pytest.approx((10 * rates["abstract_algebra"] + 21 * rates["professional_law"]) / 31)
+    assert res.value == pytest.approx(
+        (10 * rates["abstract_algebra"] + 21 * rates["professional_law"]) / 31
+    )
     assert res.details["micro_stderr"] > 0 or min(rates.values()) in (0.0, 1.0)
 
 
@@ -144,15 +170,18 @@ def test_mmlu_letters_must_be_single_tokens() -> None:
 # ---------------------------------------------------------------- GSM8K
 
 
-@pytest.mark.parametrize(("completion", "expected"), [
-    ("so the answer is \\boxed{1,234}. Then 7", ("1234", "boxed")),
-    ("\\boxed{\\frac{1}{2}} and \\boxed{x = 42.50}", ("42.5", "boxed")),
-    ("#### 18\nlater 99", ("18", "####")),
-    ("She has 3 apples and 5 pears, total 8.", ("8", "last")),
-    ("-0.0 is the answer", ("0", "last")),
-    ("no numbers here", (None, "none")),
-    ("\\boxed{12", ("12", "last")),  # unclosed box: not an answer box
-])
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("so the answer is \\boxed{1,234}. Then 7", ("1234", "boxed")),
+        ("\\boxed{\\frac{1}{2}} and \\boxed{x = 42.50}", ("42.5", "boxed")),
+        ("#### 18\nlater 99", ("18", "####")),
+        ("She has 3 apples and 5 pears, total 8.", ("8", "last")),
+        ("-0.0 is the answer", ("0", "last")),
+        ("no numbers here", (None, "none")),
+        ("\\boxed{12", ("12", "last")),  # unclosed box: not an answer box
+    ],
+)
 def test_gsm8k_extraction(completion: str, expected: tuple) -> None:
     assert g8.extract_answer(completion) == expected
 
@@ -196,7 +225,10 @@ class Scripted(torch.nn.Module):
 def write_gsm8k(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     train = [{"question": f"Train q {i}?", "answer": f"Work {i}.\n#### {i}"} for i in range(3)]
-    test = [{"question": f"Test q {i}?", "answer": f"Because.\n#### {v}"} for i, v in enumerate([42, 7, 42, 1000])]
+    test = [
+        {"question": f"Test q {i}?", "answer": f"Because.\n#### {v}"}
+        for i, v in enumerate([42, 7, 42, 1000])
+    ]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
     (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
     return root
@@ -207,8 +239,10 @@ def test_gsm8k_fewshot_exact_match(tmp_path: Path, toy_tokenizer) -> None:
     assert len(data["train"]) == 3 and len(data["test"]) == 4
     task = GSM8KTask(data=data, shots=2, max_new_tokens=20)
     prompt = task.prompt(data["test"][0], data["train"], toy_tokenizer)
-    assert prompt == ("Question: Train q 0?\nAnswer: Work 0.\n#### 0\n\n"
-                      "Question: Train q 1?\nAnswer: Work 1.\n#### 1\n\nQuestion: Test q 0?\nAnswer:")
+    assert prompt == (
+        "Question: Train q 0?\nAnswer: Work 0.\n#### 0\n\n"
+        "Question: Train q 1?\nAnswer: Work 1.\n#### 1\n\nQuestion: Test q 0?\nAnswer:"
+    )
     answer_tok = toy_tokenizer.encode("?\nAnswer:")[1]  # the prompt's last token
     script = toy_tokenizer.encode(" 6 times 7 is 42.\n\nQuestion: next")
     model = Scripted(answer_tok, script)
@@ -216,9 +250,15 @@ def test_gsm8k_fewshot_exact_match(tmp_path: Path, toy_tokenizer) -> None:
     assert res.value == pytest.approx(0.5) and res.n == 4
     items = res.details["items"]
     assert [r["correct"] for r in items] == [True, False, True, False]
-    assert items[0]["stop"] == "stop" and items[0]["extracted"] == "42" and items[0]["source"] == "last"
+    assert (
+        items[0]["stop"] == "stop"
+        and items[0]["extracted"] == "42"
+        and items[0]["source"] == "last"
+    )
     limited = task.run(model, toy_tokenizer, limit=2)
-    assert limited.n == 2 and [r["index"] for r in limited.details["items"]] == g8.sample_indices(4, 2)
+    assert limited.n == 2 and [r["index"] for r in limited.details["items"]] == g8.sample_indices(
+        4, 2
+    )
 
 
 def test_gsm8k_chat_mode_and_errors(tmp_path: Path, toy_tokenizer) -> None:
@@ -244,3 +284,24 @@ def test_gsm8k_chat_mode_and_errors(tmp_path: Path, toy_tokenizer) -> None:
 
 def test_task_registry() -> None:
     assert TASKS.get("mmlu") is MMLUTask and TASKS.get("gsm8k") is GSM8KTask
+
+
+def test_mmlu_parquet_through_datasets(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    ref = mmlu.load_mmlu(write_mmlu_jsonl(tmp_path / "jsonl"))
+    root = tmp_path / "parquet" / "all"
+    root.mkdir(parents=True)
+    for split in ("dev", "test"):
+        rows = [
+            {
+                "question": it.question,
+                "subject": it.subject,
+                "choices": list(it.choices),
+                "answer": it.answer,
+            }
+            for it in ref[split]
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), root / f"{split}-00000-of-00001.parquet")
+    assert mmlu.load_mmlu(tmp_path / "parquet") == ref

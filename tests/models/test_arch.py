@@ -12,8 +12,15 @@ from leechq.models.arch import ARCHITECTURES, arch_for_gguf, arch_for_model_type
 def _tiny(kind: str, tie: bool = False):
     import transformers
 
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+    common = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+    )
     classes = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
@@ -42,7 +49,9 @@ def test_projections_and_shapes(kind: str) -> None:
     for _, _, module, qualified in found:
         assert names[qualified] is module
     # q/k/v carry a bias exactly in Qwen2
-    assert (arch.block_linears(arch.layers(model)[0])["self_attn.q_proj"].bias is not None) == arch.qkv_bias
+    assert (
+        arch.block_linears(arch.layers(model)[0])["self_attn.q_proj"].bias is not None
+    ) == arch.qkv_bias
     for norm in arch.block_norms + arch.extra_norms:
         assert norm in dict(arch.layers(model)[0].named_modules())
     assert names[arch.final_norm_path] is not None
@@ -64,8 +73,10 @@ def test_shared_inputs_really_are_shared() -> None:
     arch = arch_of(model)
     block = arch.layers(model)[0]
     seen: dict[str, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: seen.__setitem__(n, a[0].clone()))
-             for n, m in arch.block_linears(block).items()]
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, a, n=n: seen.__setitem__(n, a[0].clone()))
+        for n, m in arch.block_linears(block).items()
+    ]
     model(torch.randint(0, 64, (1, 5)))
     for h in hooks:
         h.remove()
@@ -82,9 +93,9 @@ def test_tied_embeddings(tie: bool) -> None:
 
 
 def test_unsupported_architecture_message() -> None:
-    with pytest.raises(UnsupportedArchitecture, match="'gpt2'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArchitecture, match=r"'gpt2'.*llama, mistral, qwen2, qwen3"):
         arch_for_model_type("gpt2")
-    with pytest.raises(UnsupportedArchitecture, match="no config.model_type"):
+    with pytest.raises(UnsupportedArchitecture, match=r"no config\.model_type"):
         arch_of(object())
     with pytest.raises(UnsupportedArchitecture, match="GGUF architecture 'phi3'"):
         arch_for_gguf("phi3")
@@ -94,5 +105,5 @@ def test_unsupported_architecture_message() -> None:
 def test_missing_submodule_is_named() -> None:
     model = _tiny("llama")
     del model.model.layers[0].mlp.up_proj
-    with pytest.raises(UnsupportedArchitecture, match="mlp.up_proj"):
+    with pytest.raises(UnsupportedArchitecture, match=r"mlp\.up_proj"):
         list(arch_of(model).iter_linears(model))

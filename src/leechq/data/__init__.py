@@ -1,7 +1,8 @@
 """Layer 2: text data for calibration and evaluation (offline Python-docs corpus, online corpora).
 
 The offline default corpus, its fixed calibration/evaluation split, token windows and token
-fingerprints live in :mod:`leechq.data.corpus`; the shared cache location in :mod:`leechq.data.cache`.
+fingerprints live in :mod:`leechq.data.corpus`; the shared cache location in
+:mod:`leechq.data.cache`.
 Importing this package imports neither torch nor transformers.
 """
 
@@ -20,6 +21,13 @@ from leechq.data.corpus import (
 )
 
 __all__ = [
-    "TokenWindows", "cache_root", "calibration_text", "corpus_info", "describe_split",
-    "evaluation_text", "load_text", "token_fingerprint", "token_windows",
+    "TokenWindows",
+    "cache_root",
+    "calibration_text",
+    "corpus_info",
+    "describe_split",
+    "evaluation_text",
+    "load_text",
+    "token_fingerprint",
+    "token_windows",
 ]

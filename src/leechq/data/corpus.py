@@ -14,13 +14,13 @@ files, ~11 MB of English prose and code). Where it comes from, in order:
 Split (fixed, by file, disjoint): a file with posix path ``rel`` relative to ``_sources`` belongs to
 the *evaluation* split iff ``int.from_bytes(sha256(rel.encode()).digest()[:8], "big") % 10 == 0``,
 and to the *calibration* split otherwise. Within a split, files are read as UTF-8, stripped of
-surrounding whitespace, sorted by ``rel`` and joined with ``"\\n\\n"``. For 3.11.2-6+deb12u8 this gives
-56 evaluation files (1.36 MB) and 441 calibration files (9.69 MB). The rule depends only on the path,
-so it survives package updates; the text may change with the package version, which is why
-:func:`corpus_info` reports the version and a content fingerprint.
+surrounding whitespace, sorted by ``rel`` and joined with ``"\\n\\n"``. For 3.11.2-6+deb12u8 this
+gives 56 evaluation files (1.36 MB) and 441 calibration files (9.69 MB). The rule depends only on
+the path, so it survives package updates; the text may change with the package version, which is
+why :func:`corpus_info` reports the version and a content fingerprint.
 
-Windows (leech-core.md §6.4 protocol): the text is tokenized once without special tokens and cut into
-``n_windows`` contiguous, non-overlapping windows of ``window`` tokens from token 0. The token
+Windows (leech-core.md §6.4 protocol): the text is tokenized once without special tokens and cut
+into ``n_windows`` contiguous, non-overlapping windows of ``window`` tokens from token 0. The token
 fingerprint (:func:`token_fingerprint`) proves two arms saw the same tokens.
 
 Online corpora (WikiText-2, C4) go through the optional ``datasets`` package (:func:`load_text`).
@@ -58,10 +58,11 @@ KNOWN_CORPUS_FINGERPRINTS = {"3.11.2-6+deb12u8": "930d16cdb6d46cd5"}
 def describe_split() -> str:
     """One paragraph stating the calibration/evaluation split rule (for reports and provenance)."""
     return (
-        f"python3.11-doc html/_sources/**/*.txt; a file with posix path rel (relative to _sources) is "
-        f"in the evaluation split iff int.from_bytes(sha256(rel.encode('utf-8')).digest()[:8], 'big') "
-        f"% {EVAL_MODULUS} == 0, else in the calibration split; each split = its files read as UTF-8, "
-        f"stripped, sorted by rel, joined with '\\n\\n'"
+        "python3.11-doc html/_sources/**/*.txt; a file with posix path rel (relative to "
+        "_sources) is in the evaluation split iff "
+        "int.from_bytes(sha256(rel.encode('utf-8')).digest()[:8], 'big') "
+        f"% {EVAL_MODULUS} == 0, else in the calibration split; each split = its files read as "
+        "UTF-8, stripped, sorted by rel, joined with '\\n\\n'"
     )
 
 
@@ -125,7 +126,9 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
         deb_path = Path(deb) if deb else _apt_download(work)
         version = _extract_sources(deb_path, work / "_sources")
         manifest = {
-            "package": PYDOC_PACKAGE, "deb": deb_path.name, "version": version,
+            "package": PYDOC_PACKAGE,
+            "deb": deb_path.name,
+            "version": version,
             "deb_sha256": _sha256_file(deb_path),
         }
         (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -175,17 +178,17 @@ def _ar_members(data: bytes) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     pos = 8
     while pos + 60 <= len(data):
-        header = data[pos:pos + 60]
+        header = data[pos : pos + 60]
         name = header[:16].decode("ascii").strip().rstrip("/")
         size = int(header[48:58].decode("ascii").strip())
         pos += 60
-        out[name] = data[pos:pos + size]
+        out[name] = data[pos : pos + size]
         pos += size + (size & 1)
     return out
 
 
 def _extract_sources(deb: Path, dest: Path) -> str:
-    """Extract the ``*.txt`` files under html/_sources of a python3.11-doc .deb; return its version."""
+    """Extract the ``*.txt`` under html/_sources of a python3.11-doc .deb; return its version."""
     members = _ar_members(deb.read_bytes())
     data_name = next((n for n in members if n.startswith("data.tar")), None)
     if data_name is None:
@@ -206,7 +209,7 @@ def _extract_sources(deb: Path, dest: Path) -> str:
             name = m.name.removeprefix("./")
             if not (name.startswith(_DEB_SOURCES_PREFIX) and name.endswith(".txt") and m.isfile()):
                 continue
-            rel = name[len(_DEB_SOURCES_PREFIX):]
+            rel = name[len(_DEB_SOURCES_PREFIX) :]
             if rel.startswith("/") or ".." in rel.split("/"):
                 raise ArtifactError(f"{deb}: unsafe member path {m.name!r}")
             out = dest / rel
@@ -247,7 +250,9 @@ def split_text(split: str, root: Path | str | None = None) -> str:
 
 @cache
 def _split_text_cached(split: str, base: str) -> str:
-    parts = [(Path(base) / rel).read_text(encoding="utf-8").strip() for rel in split_files(split, base)]
+    parts = [
+        (Path(base) / rel).read_text(encoding="utf-8").strip() for rel in split_files(split, base)
+    ]
     return "\n\n".join(parts)
 
 
@@ -262,7 +267,7 @@ def evaluation_text(root: Path | str | None = None) -> str:
 
 
 def corpus_info(root: Path | str | None = None) -> dict[str, Any]:
-    """Provenance of the corpus: location, package version, per-split sizes and a content fingerprint.
+    """Provenance of the corpus: location, package version, per-split sizes, content fingerprint.
 
     The fingerprint is the first 16 hex digits of sha256 over, for every file in sorted order, the
     relative path, a NUL, the file bytes and a NUL.
@@ -284,7 +289,9 @@ def corpus_info(root: Path | str | None = None) -> dict[str, Any]:
         "package": PYDOC_PACKAGE,
         "version": version,
         "fingerprint": fp,
-        "known_fingerprint_match": KNOWN_CORPUS_FINGERPRINTS.get(version) == fp if version else None,
+        "known_fingerprint_match": KNOWN_CORPUS_FINGERPRINTS.get(version) == fp
+        if version
+        else None,
         "files": {s: sizes[s][0] for s in SPLITS},
         "bytes": {s: sizes[s][1] for s in SPLITS},
         "split_rule": describe_split(),
@@ -345,8 +352,8 @@ def load_text(
     Args:
         name: corpus name.
         split: split name (see above).
-        data_files: local files (parquet, JSON lines or JSON) to read through ``datasets`` instead of
-            the hub: a dataset with a ``text`` column, used as the requested split.
+        data_files: local files (parquet, JSON lines or JSON) to read through ``datasets``
+            instead of the hub: a dataset with a ``text`` column, used as the requested split.
         max_chars: truncate the result to this many characters.
 
     Raises:
@@ -369,7 +376,9 @@ def load_text(
             if split not in SPLITS:
                 raise InvalidInput(f"c4 split {split!r}; choices: {', '.join(SPLITS)}")
             shard = C4_EVAL_FILE if split == "evaluation" else C4_CALIB_FILE
-            ds = datasets.load_dataset("allenai/c4", data_files={"validation": shard}, split="validation")
+            ds = datasets.load_dataset(
+                "allenai/c4", data_files={"validation": shard}, split="validation"
+            )
         limit = max_chars if max_chars is not None else (C4_MAX_CHARS if name == "c4" else None)
         text = _join_rows(ds["text"], limit)
     else:
@@ -460,8 +469,11 @@ class TokenWindows:
     def protocol(self) -> dict[str, Any]:
         """JSON-friendly description (for provenance)."""
         return {
-            "source": self.source, "n_windows": self.n_windows, "window": self.window,
-            "tokens_fingerprint": self.fingerprint, "total_tokens": self.total_tokens,
+            "source": self.source,
+            "n_windows": self.n_windows,
+            "window": self.window,
+            "tokens_fingerprint": self.fingerprint,
+            "total_tokens": self.total_tokens,
         }
 
 
@@ -495,7 +507,8 @@ def token_windows(
     ids = _leading_tokens(tokenizer, text, need)
     if len(ids) < need:
         raise InvalidInput(
-            f"text has {len(ids)} tokens, fewer than n_windows·window = {n_windows}·{window} = {need}"
+            f"text has {len(ids)} tokens, fewer than n_windows·window = "
+            f"{n_windows}·{window} = {need}"
         )
     tensor = torch.tensor(ids[:need], dtype=torch.int64).reshape(n_windows, window)
     return TokenWindows(tensor, token_fingerprint(tensor), source, len(ids))
@@ -523,6 +536,4 @@ def _leading_tokens(tokenizer: Any, text: str, need: int) -> list[int]:
 
 def pydoc_windows(tokenizer: Any, split: str, n_windows: int, window: int) -> TokenWindows:
     """Windows of one split of the offline corpus (:func:`token_windows` of :func:`split_text`)."""
-    return token_windows(
-        tokenizer, split_text(split), n_windows, window, source=f"pydoc:{split}"
-    )
+    return token_windows(tokenizer, split_text(split), n_windows, window, source=f"pydoc:{split}")

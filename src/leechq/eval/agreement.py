@@ -40,15 +40,21 @@ class AgreementResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"rate": self.rate, "n_agree": self.n_agree, "n_tokens": self.n_tokens,
-                "tokens_fingerprint": self.tokens_fingerprint, "seconds": self.seconds}
+        return {
+            "rate": self.rate,
+            "n_agree": self.n_agree,
+            "n_tokens": self.n_tokens,
+            "tokens_fingerprint": self.tokens_fingerprint,
+            "seconds": self.seconds,
+        }
 
 
 def agreement_counts(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
     """``(agreeing positions, positions)`` over positions 0..T−2 of logits [B, T, V]."""
     if ref_logits.shape != logits.shape:
         raise InvalidInput(
-            f"reference logits {tuple(ref_logits.shape)} and model logits {tuple(logits.shape)} differ in shape"
+            f"reference logits {tuple(ref_logits.shape)} and model logits "
+            f"{tuple(logits.shape)} differ in shape"
         )
     a = ref_logits[:, :-1].argmax(dim=-1)
     b = logits[:, :-1].to(ref_logits.device).argmax(dim=-1)

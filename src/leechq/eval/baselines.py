@@ -25,6 +25,7 @@ leechq's lattice quantizer (``leechq.quant``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -73,7 +74,8 @@ class BaselineResult:
     """A fake-quantized model and how it was made.
 
     Attributes:
-        method: ``"rtn-int2-g64"``, ``"gptq-int2-g64"`` or ``"hqq-int2-g64"`` (bits/group substituted).
+        method: ``"rtn-int2-g64"``, ``"gptq-int2-g64"`` or ``"hqq-int2-g64"`` (with the actual
+            bits and group).
         model: the model copy with dequantized weights.
         accounting: :class:`BitAccounting`.
         layers: per quantized matrix, relative weight error ``‖W−Ŵ‖²/‖W‖²`` (and, for GPTQ, the
@@ -91,7 +93,8 @@ class BaselineResult:
         """JSON-friendly summary (no model)."""
         errs = [v["rel_err"] for v in self.layers.values()]
         return {
-            "method": self.method, "accounting": self.accounting.to_dict(),
+            "method": self.method,
+            "accounting": self.accounting.to_dict(),
             "mean_rel_err": sum(errs) / len(errs) if errs else float("nan"),
             "seconds": self.seconds,
         }
@@ -111,7 +114,7 @@ def _check_groups(w: torch.Tensor, group: int, name: str = "weight") -> None:
 
 
 def group_params(wg: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """f16-rounded ``(scale, offset)`` of groups ``wg [..., g]`` (returned as f32/f64 of ``wg``'s dtype).
+    """f16-rounded ``(scale, offset)`` of groups ``wg [..., g]``, returned in ``wg``'s dtype.
 
     ``scale = (max − min)/(2^bits − 1)``, ``offset = min``; a constant group gets scale 1 (its
     values are reproduced by the offset up to f16 rounding).
@@ -125,14 +128,18 @@ def group_params(wg: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     return scale, offset
 
 
-def quantize_with(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize_with(
+    w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int
+) -> torch.Tensor:
     """``clamp(round((w − offset)/scale), 0, 2^bits − 1)·scale + offset`` (broadcasting)."""
     levels = (1 << bits) - 1
     q = torch.clamp(torch.round((w - offset) / scale), 0, levels)
     return q * scale + offset
 
 
-def rtn_quantize(w: torch.Tensor, *, bits: int = 2, group: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rtn_quantize(
+    w: torch.Tensor, *, bits: int = 2, group: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest asymmetric group quantization of one matrix.
 
     Args:
@@ -155,7 +162,7 @@ def rtn_quantize(w: torch.Tensor, *, bits: int = 2, group: int = 64) -> tuple[to
 
 
 def proxy_loss(w: torch.Tensor, w_hat: torch.Tensor, h: torch.Tensor) -> float:
-    """GPTQ's layer objective ``tr((W − Ŵ) H (W − Ŵ)ᵀ)`` (= output MSE·N for ``H = Σxxᵀ/N``), f64."""
+    """GPTQ's layer objective ``tr((W − Ŵ) H (W − Ŵ)ᵀ)`` in f64 (output MSE for ``H = Σxxᵀ/N``)."""
     d = (w - w_hat).to(torch.float64)
     return float(torch.einsum("ij,jk,ik->", d, h.to(torch.float64), d))
 
@@ -204,6 +211,22 @@ def gptq_quantize(
         U = torch.linalg.cholesky(Hinv, upper=True)
     except RuntimeError as exc:  # torch.linalg.LinAlgError derives from RuntimeError
         raise InvalidInput(f"Hessian is not positive definite after damping {damp}: {exc}") from exc
+    # The column sweep is thousands of tiny ops; on CPU, intra-op threading only adds fork/join
+    # cost (30x slower on a busy 2-core machine), so it runs single-threaded.
+    threads = torch.get_num_threads()
+    if W.device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _gptq_sweep(W, U, bits, group, block).to(w.dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gptq_sweep(
+    W: torch.Tensor, U: torch.Tensor, bits: int, group: int, block: int
+) -> torch.Tensor:
+    """The GPTQ column sweep on f64 ``W`` [d_out, d_in] with ``H⁻¹ = UᵀU``; returns Ŵ (f64)."""
+    d_in = W.shape[1]
     Q = torch.zeros_like(W)
     for b0 in range(0, d_in, block):
         b1 = min(b0 + block, d_in)
@@ -213,22 +236,24 @@ def gptq_quantize(
         scale = offset = None
         for i in range(b1 - b0):
             if (b0 + i) % group == 0:  # enter a group: parameters from the corrected weights
-                scale, offset = group_params(W1[:, i:i + group], bits)
+                scale, offset = group_params(W1[:, i : i + group], bits)
             col = W1[:, i]
             q = quantize_with(col, scale, offset, bits)  # type: ignore[arg-type]
             Q[:, b0 + i] = q
             err = (col - q) / U1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
+            W1[:, i:].addr_(err, U1[i, i:], alpha=-1.0)
             E1[:, i] = err
         W[:, b1:] -= E1 @ U[b0:b1, b1:]
-    return Q.to(w.dtype)
+    return Q
 
 
 # ---------------------------------------------------------------------------------------------
 # Model-level drivers
 
 
-def _accounting(model: Any, arch: ArchSpec, bits: int, group: int, extra_bits_per_group: int) -> BitAccounting:
+def _accounting(
+    model: Any, arch: ArchSpec, bits: int, group: int, extra_bits_per_group: int
+) -> BitAccounting:
     quantized = {id(m.weight) for _, _, m, _ in arch.iter_linears(model)}
     n_q = sum(m.weight.numel() for _, _, m, _ in arch.iter_linears(model))
     seen: set[int] = set()
@@ -240,7 +265,11 @@ def _accounting(model: Any, arch: ArchSpec, bits: int, group: int, extra_bits_pe
         n_other += p.numel()
     q_bits = n_q * bits + (n_q // group) * extra_bits_per_group
     return BitAccounting(
-        bits=bits, group=group, n_quantized=n_q, quantized_bits=q_bits, n_other=n_other,
+        bits=bits,
+        group=group,
+        n_quantized=n_q,
+        quantized_bits=q_bits,
+        n_other=n_other,
         bits_per_weight=q_bits / n_q,
         bits_per_param=(q_bits + OTHER_PARAM_BITS * n_other) / (n_q + n_other),
     )
@@ -248,11 +277,13 @@ def _accounting(model: Any, arch: ArchSpec, bits: int, group: int, extra_bits_pe
 
 def _rel_err(w: torch.Tensor, w_hat: torch.Tensor) -> float:
     w64 = w.to(torch.float64)
-    return float(((w64 - w_hat.to(torch.float64)) ** 2).sum() / (w64 ** 2).sum().clamp_min(1e-300))
+    return float(((w64 - w_hat.to(torch.float64)) ** 2).sum() / (w64**2).sum().clamp_min(1e-300))
 
 
 @torch.no_grad()
-def rtn_model(model: Any, *, bits: int = 2, group: int = 64, inplace: bool = False) -> BaselineResult:
+def rtn_model(
+    model: Any, *, bits: int = 2, group: int = 64, inplace: bool = False
+) -> BaselineResult:
     """RTN-quantize every block projection of a transformers causal LM (see module docstring).
 
     Args:
@@ -271,14 +302,18 @@ def rtn_model(model: Any, *, bits: int = 2, group: int = 64, inplace: bool = Fal
         layers[name] = {"rel_err": _rel_err(w, w_hat)}
         lin.weight.data.copy_(w_hat.to(w.dtype))
     acc = _accounting(target, arch, bits, group, SCALE_BITS + ZERO_BITS)
-    return BaselineResult(f"rtn-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start)
+    return BaselineResult(
+        f"rtn-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start
+    )
 
 
 class _StopForward(Exception):
     pass
 
 
-def _capture_block_inputs(model: Any, arch: ArchSpec, ids: torch.Tensor) -> list[tuple[torch.Tensor, dict[str, Any]]]:
+def _capture_block_inputs(
+    model: Any, arch: ArchSpec, ids: torch.Tensor
+) -> list[tuple[torch.Tensor, dict[str, Any]]]:
     """Inputs (hidden states, keyword arguments) of block 0 for each calibration window."""
     first = arch.layers(model)[0]
     captured: list[tuple[torch.Tensor, dict[str, Any]]] = []
@@ -292,10 +327,8 @@ def _capture_block_inputs(model: Any, arch: ArchSpec, ids: torch.Tensor) -> list
     device = next(model.parameters()).device
     try:
         for row in ids:
-            try:
+            with contextlib.suppress(_StopForward):
                 model(input_ids=row.unsqueeze(0).to(device), use_cache=False)
-            except _StopForward:
-                pass
     finally:
         handle.remove()
     return captured
@@ -351,7 +384,13 @@ def gptq_model(
             hess[act] = torch.zeros(d_in, d_in, dtype=torch.float64, device=lin.weight.device)
             counts[act] = 0
 
-            def hook(_m: Any, args: tuple[Any, ...], act: int = act) -> None:
+            def hook(
+                _m: Any,
+                args: tuple[Any, ...],
+                act: int = act,
+                hess: Any = hess,
+                counts: Any = counts,
+            ) -> None:
                 x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
                 hess[act] += x.T @ x
                 counts[act] += x.shape[0]
@@ -365,10 +404,13 @@ def gptq_model(
                 h.remove()
         for act, names in groups.items():
             h = hess[act] / max(counts[act], 1)
-            for name in names:
-                lin = linears[name]
-                w = lin.weight.data
-                w_hat = gptq_quantize(w, h, bits=bits, group=group, damp=damp)
+            # GPTQ treats rows independently under one Hessian, so the matrices sharing this input
+            # are quantized as one row-stacked matrix (same result, fewer column sweeps)
+            weights = [linears[name].weight.data for name in names]
+            stacked = gptq_quantize(torch.cat(weights), h, bits=bits, group=group, damp=damp)
+            for name, w, w_hat in zip(
+                names, weights, stacked.split([w.shape[0] for w in weights]), strict=True
+            ):
                 w_rtn, _, _ = rtn_quantize(w.to(torch.float64), bits=bits, group=group)
                 loss_rtn = proxy_loss(w, w_rtn, h)
                 qualified = f"{arch.layers_path}.{index}.{name}"
@@ -376,11 +418,13 @@ def gptq_model(
                     "rel_err": _rel_err(w, w_hat),
                     "proxy_vs_rtn": proxy_loss(w, w_hat, h) / loss_rtn if loss_rtn > 0 else 1.0,
                 }
-                lin.weight.data.copy_(w_hat)
+                w.copy_(w_hat)
         # pass 2: advance through the quantized block
         inputs = [(_block_output(block, hidden, kwargs), kwargs) for hidden, kwargs in inputs]
     acc = _accounting(target, arch, bits, group, SCALE_BITS + ZERO_BITS)
-    return BaselineResult(f"gptq-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start)
+    return BaselineResult(
+        f"gptq-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start
+    )
 
 
 def hqq_available() -> bool:
@@ -393,7 +437,9 @@ def hqq_available() -> bool:
 
 
 @torch.no_grad()
-def hqq_model(model: Any, *, bits: int = 2, group: int = 64, inplace: bool = False) -> BaselineResult:
+def hqq_model(
+    model: Any, *, bits: int = 2, group: int = 64, inplace: bool = False
+) -> BaselineResult:
     """HQQ-quantize every block projection with the ``hqq`` package (calibration-free).
 
     Raises:
@@ -402,7 +448,9 @@ def hqq_model(model: Any, *, bits: int = 2, group: int = 64, inplace: bool = Fal
     try:
         from hqq.core.quantize import Quantizer
     except Exception as exc:
-        raise ImportError("the HQQ baseline needs the optional 'hqq' package: pip install hqq") from exc
+        raise ImportError(
+            "the HQQ baseline needs the optional 'hqq' package: pip install hqq"
+        ) from exc
     start = time.perf_counter()
     arch = arch_of(model)
     target = model if inplace else copy.deepcopy(model)
@@ -411,14 +459,24 @@ def hqq_model(model: Any, *, bits: int = 2, group: int = 64, inplace: bool = Fal
         w = lin.weight.data
         _check_groups(w, group, name)
         q, meta = Quantizer.quantize(
-            w.float(), nbits=bits, group_size=group, optimize=True, axis=1,
-            compute_dtype=torch.float32, device=str(w.device), round_zero=False,
+            w.float(),
+            nbits=bits,
+            group_size=group,
+            optimize=True,
+            axis=1,
+            compute_dtype=torch.float32,
+            device=str(w.device),
+            round_zero=False,
         )
+        for key in ("scale", "zero"):  # stored as f16 (the accounting below says so)
+            meta[key] = meta[key].to(torch.float16).to(torch.float32)
         w_hat = Quantizer.dequantize(q, meta).reshape(w.shape)
         layers[name] = {"rel_err": _rel_err(w, w_hat)}
         lin.weight.data.copy_(w_hat.to(w.dtype))
     acc = _accounting(target, arch, bits, group, SCALE_BITS + ZERO_BITS)
-    return BaselineResult(f"hqq-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start)
+    return BaselineResult(
+        f"hqq-int{bits}-g{group}", target, acc, layers, time.perf_counter() - start
+    )
 
 
 BASELINES = ("rtn-int2-g64", "gptq-int2-g64", "hqq-int2-g64")

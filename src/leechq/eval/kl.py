@@ -54,14 +54,21 @@ class KLResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {
-            "kl": self.kl, "kl_max": self.kl_max, "n_tokens": self.n_tokens,
-            "window_kl": self.window_kl, "agreement": self.agreement, "ref_ppl": self.ref_ppl,
-            "model_ppl": self.model_ppl, "tokens_fingerprint": self.tokens_fingerprint,
+            "kl": self.kl,
+            "kl_max": self.kl_max,
+            "n_tokens": self.n_tokens,
+            "window_kl": self.window_kl,
+            "agreement": self.agreement,
+            "ref_ppl": self.ref_ppl,
+            "model_ppl": self.model_ppl,
+            "tokens_fingerprint": self.tokens_fingerprint,
             "seconds": self.seconds,
         }
 
 
-def kl_of_logits(ref_logits: torch.Tensor, logits: torch.Tensor, *, chunk: int = 64) -> tuple[torch.Tensor, float]:
+def kl_of_logits(
+    ref_logits: torch.Tensor, logits: torch.Tensor, *, chunk: int = 64
+) -> tuple[torch.Tensor, float]:
     """Per-position KL(ref ‖ model) over positions 0..T−2, computed in f64 chunks.
 
     Args:
@@ -74,14 +81,17 @@ def kl_of_logits(ref_logits: torch.Tensor, logits: torch.Tensor, *, chunk: int =
     """
     if ref_logits.shape != logits.shape:
         raise InvalidInput(
-            f"reference logits {tuple(ref_logits.shape)} and model logits {tuple(logits.shape)} differ in shape"
+            f"reference logits {tuple(ref_logits.shape)} and model logits "
+            f"{tuple(logits.shape)} differ in shape"
         )
     b, t, _ = ref_logits.shape
     out = torch.empty(b, t - 1, dtype=torch.float64, device=ref_logits.device)
     for s in range(0, t - 1, chunk):
         e = min(t - 1, s + chunk)
         lr = torch.log_softmax(ref_logits[:, s:e].to(torch.float64), dim=-1)
-        lq = torch.log_softmax(logits[:, s:e].to(device=ref_logits.device, dtype=torch.float64), dim=-1)
+        lq = torch.log_softmax(
+            logits[:, s:e].to(device=ref_logits.device, dtype=torch.float64), dim=-1
+        )
         # exp(lr)·(lr − lq); clamp tiny negative round-off of a true zero
         out[:, s:e] = (lr.exp() * (lr - lq)).sum(dim=-1).clamp_min(0.0)
     return out, float(out.max()) if out.numel() else 0.0

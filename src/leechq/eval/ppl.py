@@ -7,9 +7,10 @@ log-softmax and summed in f64. The result carries the token fingerprint of the w
 arms can prove they scored identical tokens.
 
 A model is anything callable on ``int64 [B, T]`` token ids that returns logits ``[B, T, V]``: a
-plain tensor, an object with ``.logits`` (transformers outputs) or a tuple whose first element is the
-logits. transformers models are called with ``use_cache=False`` (no KV cache is built). This module
-also owns those small adapters, shared by :mod:`leechq.eval.kl` and :mod:`leechq.eval.agreement`.
+plain tensor, an object with ``.logits`` (transformers outputs) or a tuple whose first element is
+the logits. transformers models are called with ``use_cache=False`` (no KV cache is built). This
+module also owns those small adapters, shared by :mod:`leechq.eval.kl` and
+:mod:`leechq.eval.agreement`.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def iter_batches(ids: torch.Tensor, batch_size: int) -> Iterator[tuple[int, torc
     if batch_size <= 0:
         raise InvalidInput(f"batch_size must be positive, got {batch_size}")
     for start in range(0, ids.shape[0], batch_size):
-        yield start, ids[start:start + batch_size]
+        yield start, ids[start : start + batch_size]
 
 
 def score_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -135,15 +136,21 @@ class PerplexityResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {
-            "ppl": self.ppl, "nll_sum": self.nll_sum, "n_predicted": self.n_predicted,
-            "n_windows": self.n_windows, "window": self.window,
-            "tokens_fingerprint": self.tokens_fingerprint, "window_nll": self.window_nll,
+            "ppl": self.ppl,
+            "nll_sum": self.nll_sum,
+            "n_predicted": self.n_predicted,
+            "n_windows": self.n_windows,
+            "window": self.window,
+            "tokens_fingerprint": self.tokens_fingerprint,
+            "window_nll": self.window_nll,
             "seconds": self.seconds,
         }
 
 
 @torch.inference_mode()
-def perplexity(model: Any, windows: TokenWindows | torch.Tensor, *, batch_size: int = 1) -> PerplexityResult:
+def perplexity(
+    model: Any, windows: TokenWindows | torch.Tensor, *, batch_size: int = 1
+) -> PerplexityResult:
     """Perplexity of ``model`` on non-overlapping windows.
 
     Args:

@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 from leechq._version import __version__
-from leechq.data.corpus import SPLITS, TokenWindows, corpus_info, describe_split, load_text, token_windows
+from leechq.data.corpus import (
+    SPLITS,
+    TokenWindows,
+    corpus_info,
+    describe_split,
+    load_text,
+    token_windows,
+)
 from leechq.errors import InvalidInput
 from leechq.eval.kl import kl_to_reference
 from leechq.eval.ppl import model_device, perplexity
@@ -90,7 +97,7 @@ class ModelInfo:
 
 
 def artifact_sha256(path: str | Path) -> str:
-    """sha256 of a file, or of a directory (sha256 over sorted ``relpath\\0sha256(file)\\n`` lines)."""
+    """sha256 of a file, or of a directory (over its sorted ``relpath\\0sha256(file)\\n`` lines)."""
     p = Path(path)
     if p.is_file():
         return _sha_file(p)
@@ -165,7 +172,9 @@ def run_suite(
     info = model_info or ModelInfo(name=type(model).__name__)
     start = time.perf_counter()
     win = windows if windows is not None else eval_windows(tokenizer, config)
-    dtype = next((p.dtype for p in model.parameters()), None) if hasattr(model, "parameters") else None
+    dtype = (
+        next((p.dtype for p in model.parameters()), None) if hasattr(model, "parameters") else None
+    )
     provenance: dict[str, Any] = {
         "model": asdict(info),
         "artifact_sha256": artifact_sha256(info.artifact) if info.artifact else None,
@@ -174,7 +183,7 @@ def run_suite(
         "protocol": {
             **win.protocol(),
             "ppl": "exp(total NLL / predicted tokens); non-overlapping windows from token 0; "
-                   "window-1 predictions per window; no special tokens",
+            "window-1 predictions per window; no special tokens",
             "kl": "mean over predicted positions of KL(p_ref || p_model), f64",
             "split_rule": describe_split() if config.corpus == "pydoc" else None,
         },
@@ -183,15 +192,19 @@ def run_suite(
         "versions": _versions(),
         "device": str(model_device(model)),
         "dtype": str(dtype) if dtype is not None else None,
-        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     report: dict[str, Any] = {"schema": SCHEMA, "provenance": provenance}
     if reference is not None and config.kl:
         kl = kl_to_reference(reference, model, win, batch_size=config.batch_size)
         report["kl"] = kl.to_dict()
-        report["ppl"] = {"ppl": kl.model_ppl, "reference_ppl": kl.ref_ppl,
-                         "ratio": kl.model_ppl / kl.ref_ppl, "n_predicted": kl.n_tokens,
-                         "tokens_fingerprint": win.fingerprint}
+        report["ppl"] = {
+            "ppl": kl.model_ppl,
+            "reference_ppl": kl.ref_ppl,
+            "ratio": kl.model_ppl / kl.ref_ppl,
+            "n_predicted": kl.n_tokens,
+            "tokens_fingerprint": win.fingerprint,
+        }
     else:
         report["ppl"] = perplexity(model, win, batch_size=config.batch_size).to_dict()
     if config.tasks:
@@ -200,7 +213,13 @@ def run_suite(
         report["tasks"] = {}
         for name in config.tasks:
             cls = TASKS.get(name)
-            path = config.mmlu_path if name == "mmlu" else config.gsm8k_path if name == "gsm8k" else None
+            path = (
+                config.mmlu_path
+                if name == "mmlu"
+                else config.gsm8k_path
+                if name == "gsm8k"
+                else None
+            )
             task = cls(path)
             report["tasks"][name] = task.run(model, tokenizer, limit=config.task_limit).to_dict()
     report["seconds"] = time.perf_counter() - start
@@ -210,9 +229,15 @@ def run_suite(
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     from leechq.eval.baselines import BASELINES
 
-    ap = argparse.ArgumentParser(prog="python -m leechq.eval.runner", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="zoo alias, .gguf, transformers directory or hub id")
-    ap.add_argument("--baseline", choices=BASELINES, help="evaluate this baseline against the model")
+    ap = argparse.ArgumentParser(
+        prog="python -m leechq.eval.runner", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--model", required=True, help="zoo alias, .gguf, transformers directory or hub id"
+    )
+    ap.add_argument(
+        "--baseline", choices=BASELINES, help="evaluate this baseline against the model"
+    )
     ap.add_argument("--corpus", default="pydoc", choices=("pydoc", "wikitext2", "c4"))
     ap.add_argument("--split", default=None, help="corpus split (default: evaluation / test)")
     ap.add_argument("--windows", type=int, default=8, help="evaluation windows")
@@ -238,15 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus != "wikitext2" and split not in SPLITS:
         raise InvalidInput(f"split {split!r}; choices: {', '.join(SPLITS)}")
     config = SuiteConfig(
-        corpus=args.corpus, split=split, n_windows=args.windows, window=args.window,
-        tasks=tuple(t for t in args.tasks.split(",") if t), mmlu_path=args.mmlu,
-        gsm8k_path=args.gsm8k, task_limit=args.limit,
+        corpus=args.corpus,
+        split=split,
+        n_windows=args.windows,
+        window=args.window,
+        tasks=tuple(t for t in args.tasks.split(",") if t),
+        mmlu_path=args.mmlu,
+        gsm8k_path=args.gsm8k,
+        task_limit=args.limit,
     )
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     print(f"[eval] loaded {args.model} in {loaded.seconds:.1f}s", file=sys.stderr)
-    ref_info = ModelInfo(name=args.model, source=loaded.source.to_dict(),
-                         extra={"load_seconds": loaded.seconds})
+    ref_info = ModelInfo(
+        name=args.model, source=loaded.source.to_dict(), extra={"load_seconds": loaded.seconds}
+    )
     if args.baseline is None:
         report = run_suite(loaded.model, loaded.tokenizer, config, model_info=ref_info)
     else:
@@ -256,15 +287,31 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline.startswith("gptq"):
             calib_split = "train" if args.corpus == "wikitext2" else "calibration"
             text = load_text(args.corpus, calib_split)
-            calib = token_windows(loaded.tokenizer, text, args.calib_windows, args.calib_window,
-                                  source=f"{args.corpus}:{calib_split}")
+            calib = token_windows(
+                loaded.tokenizer,
+                text,
+                args.calib_windows,
+                args.calib_window,
+                source=f"{args.corpus}:{calib_split}",
+            )
         base = run_baseline(args.baseline, loaded.model, calib)
         print(f"[eval] {args.baseline} built in {base.seconds:.1f}s", file=sys.stderr)
-        info = ModelInfo(name=f"{args.model}+{args.baseline}", source=loaded.source.to_dict(),
-                         extra={**base.summary(),
-                                "calibration": calib.protocol() if calib is not None else None})
-        report = run_suite(base.model, loaded.tokenizer, config, reference=loaded.model,
-                           model_info=info, reference_info=ref_info)
+        info = ModelInfo(
+            name=f"{args.model}+{args.baseline}",
+            source=loaded.source.to_dict(),
+            extra={
+                **base.summary(),
+                "calibration": calib.protocol() if calib is not None else None,
+            },
+        )
+        report = run_suite(
+            base.model,
+            loaded.tokenizer,
+            config,
+            reference=loaded.model,
+            model_info=info,
+            reference_info=ref_info,
+        )
     report["wall_seconds"] = time.perf_counter() - t0
     text = json.dumps(report, sort_keys=True)
     if args.out:

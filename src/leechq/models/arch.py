@@ -3,13 +3,13 @@
 Owns, for each supported family (Llama, Mistral, Qwen2, Qwen3), where the decoder blocks live, the
 seven projections of a block and which of them read the same activation (leech-core.md §5.2: act 0
 = attention input for q/k/v, act 1 = attention output for o, act 2 = MLP input for gate/up, act 3 =
-``silu(gate)·up`` for down), the block and final norms, the embedding and head paths, and whether the
-head is tied to the embedding. Everything here is a fact about transformers' module tree
+``silu(gate)·up`` for down), the block and final norms, the embedding and head paths, and whether
+the head is tied to the embedding. Everything here is a fact about transformers' module tree
 (``LlamaForCausalLM`` and friends), looked up by ``config.model_type``; nothing is computed.
 
 It deliberately does not decide *policy* (which layers a recipe quantizes, lm_head precision); that
-belongs to the recipe. Unknown families raise :class:`~leechq.errors.UnsupportedArchitecture` with the
-list of supported ones.
+belongs to the recipe. Unknown families raise :class:`~leechq.errors.UnsupportedArchitecture` with
+the list of supported ones.
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ class ArchSpec:
     qkv_bias: bool = False
 
     def groups(self) -> dict[int, tuple[str, ...]]:
-        """Projection names by shared activation index: ``{0: (q, k, v), 1: (o,), 2: (gate, up), 3: (down,)}``."""
+        """Projection names by shared activation index.
+
+        ``{0: (q, k, v), 1: (o,), 2: (gate, up), 3: (down,)}`` for every supported family.
+        """
         out: dict[int, list[str]] = {}
         for proj in self.projections:
             out.setdefault(proj.act, []).append(proj.name)
@@ -103,7 +106,7 @@ class ArchSpec:
         return {p.name: _get_path(block, p.name, self.name) for p in self.projections}
 
     def iter_linears(self, model: Any) -> Iterator[tuple[int, Projection, Any, str]]:
-        """Yield ``(block index, projection, module, qualified name)`` for every block projection."""
+        """Yield ``(block index, projection, module, qualified name)`` for each block projection."""
         for index, block in enumerate(self.layers(model)):
             for proj in self.projections:
                 module = _get_path(block, proj.name, self.name)

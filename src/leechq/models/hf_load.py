@@ -9,8 +9,8 @@ GGUF sources: transformers reads a ``.gguf`` with ``from_pretrained(dir, gguf_fi
 model *is* the reference; it is not the original bf16 release of the model. Converting is slow (the
 tokenizer is rebuilt from the GGUF vocabulary and every tensor is dequantized: tens of seconds on
 CPU), so the first load writes the dequantized model as a plain safetensors directory under
-``<cache root>/converted/<gguf sha256[:16]>/`` (temp dir + rename) and later loads read that directory
-(a few seconds). The converted weights are the same f32 values bit for bit.
+``<cache root>/converted/<gguf sha256[:16]>/`` (temp dir + rename) and later loads read that
+directory (a few seconds). The converted weights are the same f32 values bit for bit.
 
 transformers is imported only inside functions (architecture.md §6.2).
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leechq.data.cache import cache_root
 from leechq.errors import InvalidInput
 from leechq.models.arch import ArchSpec, arch_of
-from leechq.data.cache import cache_root
 from leechq.models.zoo import ModelSource, resolve_model, sha256_file
 
 _CONVERTED_MARKER = "leechq-converted.json"
@@ -65,9 +65,16 @@ def _torch_dtype(dtype: Any) -> Any:
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16,
-             "f16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float64": torch.float64, "f64": torch.float64}
+    names = {
+        "float32": torch.float32,
+        "f32": torch.float32,
+        "float16": torch.float16,
+        "f16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float64": torch.float64,
+        "f64": torch.float64,
+    }
     if dtype not in names:
         raise InvalidInput(f"unknown dtype {dtype!r}; choices: {', '.join(sorted(names))}")
     return names[dtype]
@@ -95,10 +102,9 @@ def load_model(
         A :class:`LoadedModel` with the model in eval mode.
 
     Raises:
-        InvalidInput, ArtifactError, UnsupportedArchitecture: see :func:`~leechq.models.zoo.resolve_model`
-            and :func:`~leechq.models.arch.arch_of`.
+        InvalidInput, ArtifactError, UnsupportedArchitecture: see
+            :func:`~leechq.models.zoo.resolve_model` and :func:`~leechq.models.arch.arch_of`.
     """
-    import torch
 
     start = time.perf_counter()
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec, download=download)
@@ -165,13 +171,16 @@ def _load_dir(path: str, torch_dtype: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def write_converted(model: Any, tokenizer: Any, dest: Path, source: ModelSource, sha256: str) -> None:
+def write_converted(
+    model: Any, tokenizer: Any, dest: Path, source: ModelSource, sha256: str
+) -> None:
     """Write a dequantized GGUF model as a plain transformers directory (temp dir + rename).
 
-    transformers refuses ``save_pretrained`` on a model loaded from GGUF, so the directory is written
-    by hand: ``config.json`` without ``quantization_config``, ``model.safetensors`` with every tensor
-    (a tied head is stored once, under the embedding's name), the tokenizer files, the generation
-    config, and a marker JSON recording the GGUF's sha256 and the transformers version.
+    transformers refuses ``save_pretrained`` on a model loaded from GGUF, so the directory is
+    written by hand: ``config.json`` without ``quantization_config``, ``model.safetensors`` with
+    every tensor (a tied head is stored once, under the embedding's name), the tokenizer files,
+    the generation config, and a marker JSON recording the GGUF's sha256 and the transformers
+    version.
     """
     import transformers
     from safetensors.torch import save_file
@@ -197,8 +206,11 @@ def write_converted(model: Any, tokenizer: Any, dest: Path, source: ModelSource,
         gen = getattr(model, "generation_config", None)
         if gen is not None:
             gen.save_pretrained(str(tmp))
-        marker = {"gguf_sha256": sha256, "source": source.to_dict(),
-                  "transformers": transformers.__version__}
+        marker = {
+            "gguf_sha256": sha256,
+            "source": source.to_dict(),
+            "transformers": transformers.__version__,
+        }
         (tmp / _CONVERTED_MARKER).write_text(json.dumps(marker, indent=1))
         if (dest / _CONVERTED_MARKER).is_file():  # another process finished first; equally valid
             shutil.rmtree(tmp, ignore_errors=True)

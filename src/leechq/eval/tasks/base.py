@@ -42,8 +42,14 @@ class TaskResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"task": self.task, "metric": self.metric, "value": self.value, "n": self.n,
-                "prompts_fingerprint": self.prompts_fingerprint, "details": self.details}
+        return {
+            "task": self.task,
+            "metric": self.metric,
+            "value": self.value,
+            "n": self.n,
+            "prompts_fingerprint": self.prompts_fingerprint,
+            "details": self.details,
+        }
 
 
 class Task(Protocol):

@@ -6,8 +6,8 @@ Protocol:
   indices driven by SplitMix64(``0x65736D386B``), the first ``limit`` kept and sorted back into
   file order (the same problems for every arm; a smaller sample is a subset of a larger one);
 * prompt, mode ``"fewshot"`` (default, base or instruct models): the first ``shots`` (default 8)
-  items of the ``train`` split as ``"Question: {q}\\nAnswer: {a}\\n\\n"`` (the reference solutions end
-  with ``"#### N"``), then ``"Question: {q}\\nAnswer:"``; generation stops at a new
+  items of the ``train`` split as ``"Question: {q}\\nAnswer: {a}\\n\\n"`` (the reference solutions
+  end with ``"#### N"``), then ``"Question: {q}\\nAnswer:"``; generation stops at a new
   ``"Question:"`` or a blank-line pair, at EOS, or at ``max_new_tokens``;
 * prompt, mode ``"chat"`` (instruct models): the tokenizer's chat template with one user turn,
   ``"{q}\\nPlease reason step by step, and put your final answer within \\\\boxed{}."``, generation
@@ -56,7 +56,9 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             import datasets
         except ImportError as exc:
             raise ImportError("GSM8K parquet files need the optional 'datasets' package") from exc
-        return [dict(r) for r in datasets.load_dataset("parquet", data_files=str(path), split="train")]
+        return [
+            dict(r) for r in datasets.load_dataset("parquet", data_files=str(path), split="train")
+        ]
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
         return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -67,7 +69,8 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def load_gsm8k(path: str | Path | None = None) -> dict[str, list[GSM8KItem]]:
-    """``{"train": [...], "test": [...]}`` from a local directory or the hub (``train`` may be empty).
+    """``{"train": [...], "test": [...]}`` from a local directory or the hub (``train`` may be
+    empty).
 
     Raises:
         ArtifactError: no test file, or a record without ``question``/``answer``.
@@ -79,18 +82,27 @@ def load_gsm8k(path: str | Path | None = None) -> dict[str, list[GSM8KItem]]:
             raise ImportError(
                 "GSM8K from the hub needs the optional 'datasets' package; pass a local directory"
             ) from exc
-        return {split: [GSM8KItem(r["question"], r["answer"])
-                        for r in datasets.load_dataset("openai/gsm8k", "main", split=split)]
-                for split in ("train", "test")}
+        return {
+            split: [
+                GSM8KItem(r["question"], r["answer"])
+                for r in datasets.load_dataset("openai/gsm8k", "main", split=split)
+            ]
+            for split in ("train", "test")
+        }
     root = Path(path)
     out: dict[str, list[GSM8KItem]] = {"train": [], "test": []}
     for split in ("train", "test"):
-        candidates = [root / f"{split}.jsonl", root / f"{split}.json",
-                      *sorted(root.rglob(f"{split}-*.parquet"))]
+        candidates = [
+            root / f"{split}.jsonl",
+            root / f"{split}.json",
+            *sorted(root.rglob(f"{split}-*.parquet")),
+        ]
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             if split == "test":
-                raise ArtifactError(f"{root}: no GSM8K test data (test.jsonl, test.json, test-*.parquet)")
+                raise ArtifactError(
+                    f"{root}: no GSM8K test data (test.jsonl, test.json, test-*.parquet)"
+                )
             continue
         for i, row in enumerate(_read_rows(found)):
             if "question" not in row or "answer" not in row:
@@ -100,12 +112,19 @@ def load_gsm8k(path: str | Path | None = None) -> dict[str, list[GSM8KItem]]:
 
 
 def canonical_number(raw: str) -> str | None:
-    """One decimal spelling of a number: ``"1,000.50"`` → ``"1000.5"``, ``"-0.0"`` → ``"0"``; None if not a number."""
+    """One decimal spelling of a number, or None if ``raw`` is not one.
+
+    ``"1,000.50"`` → ``"1000.5"``, ``"-0.0"`` → ``"0"``, ``"007"`` → ``"7"``.
+    """
     t = raw.strip().replace(",", "")
     neg = t.startswith("-")
     body = t[1:] if neg else t
     whole, _, frac = body.partition(".")
-    if (not whole and not frac) or not (whole.isdigit() or whole == "") or not (frac.isdigit() or frac == ""):
+    if (
+        (not whole and not frac)
+        or not (whole.isdigit() or whole == "")
+        or not (frac.isdigit() or frac == "")
+    ):
         return None
     whole = whole.lstrip("0") or "0"
     frac = frac.rstrip("0")
@@ -131,7 +150,7 @@ def last_boxed(text: str) -> str | None:
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[start + len(key):i]
+                return text[start + len(key) : i]
     return None
 
 
@@ -150,7 +169,10 @@ def gold_answer(solution: str) -> str:
 
 
 def extract_answer(completion: str) -> tuple[str | None, str]:
-    """``(canonical number or None, source)``; source is ``"boxed"``, ``"####"``, ``"last"`` or ``"none"``."""
+    """``(canonical number or None, source)``.
+
+    ``source`` is ``"boxed"``, ``"####"``, ``"last"`` or ``"none"``.
+    """
     boxed = last_boxed(completion)
     if boxed is not None:
         nums = numbers(boxed)
@@ -202,11 +224,11 @@ class GSM8KTask:
         data: dict[str, list[GSM8KItem]] | None = None,
     ) -> None:
         """Args:
-            path: data directory (None: the hub through ``datasets``).
-            mode: ``"fewshot"`` or ``"chat"``.
-            shots: train examples in few-shot prompts.
-            max_new_tokens: generation cap.
-            data: already loaded ``{"train", "test"}`` items (overrides ``path``).
+        path: data directory (None: the hub through ``datasets``).
+        mode: ``"fewshot"`` or ``"chat"``.
+        shots: train examples in few-shot prompts.
+        max_new_tokens: generation cap.
+        data: already loaded ``{"train", "test"}`` items (overrides ``path``).
         """
         if mode not in ("fewshot", "chat"):
             raise InvalidInput(f"GSM8K mode {mode!r}; choices: fewshot, chat")
@@ -220,9 +242,12 @@ class GSM8KTask:
         """The prompt text for one problem."""
         if self.mode == "chat":
             messages = [{"role": "user", "content": f"{item.question.strip()}\n{INSTRUCTION}"}]
-            return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            return str(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            )
         shots = "".join(
-            f"Question: {s.question.strip()}\nAnswer: {s.answer.strip()}\n\n" for s in train[: self.shots]
+            f"Question: {s.question.strip()}\nAnswer: {s.answer.strip()}\n\n"
+            for s in train[: self.shots]
         )
         return f"{shots}Question: {item.question.strip()}\nAnswer:"
 
@@ -245,7 +270,10 @@ class GSM8KTask:
             ids = encode(tokenizer, self.prompt(item, data["train"], tokenizer))
             hasher.add(ids)
             gen, reason = greedy_generate(
-                model, ids, max_new_tokens=self.max_new_tokens, stop_ids=stops,
+                model,
+                ids,
+                max_new_tokens=self.max_new_tokens,
+                stop_ids=stops,
                 stop_check=stop_check if self.mode == "fewshot" else None,
             )
             completion = tokenizer.decode(gen)
@@ -255,8 +283,17 @@ class GSM8KTask:
             extracted, source = extract_answer(completion)
             correct = extracted == gold
             right += int(correct)
-            rows.append({"index": index, "gold": gold, "extracted": extracted, "source": source,
-                         "correct": correct, "stop": reason, "n_gen": len(gen)})
+            rows.append(
+                {
+                    "index": index,
+                    "gold": gold,
+                    "extracted": extracted,
+                    "source": source,
+                    "correct": correct,
+                    "stop": reason,
+                    "n_gen": len(gen),
+                }
+            )
         n = len(indices)
         return TaskResult(
             task=self.name,
@@ -264,8 +301,13 @@ class GSM8KTask:
             value=right / n if n else 0.0,
             n=n,
             prompts_fingerprint=hasher.hexdigest(),
-            details={"mode": self.mode, "shots": self.shots if self.mode == "fewshot" else 0,
-                     "max_new_tokens": self.max_new_tokens, "right": right, "items": rows},
+            details={
+                "mode": self.mode,
+                "shots": self.shots if self.mode == "fewshot" else 0,
+                "max_new_tokens": self.max_new_tokens,
+                "right": right,
+                "items": rows,
+            },
         )
 
 

@@ -5,14 +5,14 @@ Protocol (Hendrycks et al.; the configuration 2-bit papers report):
 * header ``"The following are multiple choice questions (with answers) about {subject}.\\n\\n"``,
   underscores of the subject name turned into spaces;
 * the shots are the first ``shots`` (default 5) items of the *dev* split of the same subject, in
-  file order, each ``"{question}\\nA. {a}\\nB. {b}\\nC. {c}\\nD. {d}\\nAnswer: {X}\\n\\n"`` (question and
-  choices stripped);
+  file order, each ``"{question}\\nA. {a}\\nB. {b}\\nC. {c}\\nD. {d}\\nAnswer: {X}\\n\\n"``
+  (question and choices stripped);
 * the scored question is the same block ending at ``"Answer:"``; the prompt is tokenized without
   special tokens and the prediction is the argmax, at the last position, of the logits of the four
   single tokens ``" A"``, ``" B"``, ``" C"``, ``" D"`` (one forward pass per question);
 * sampling: with ``per_subject`` below a subject's size, its test items are shuffled by
-  Fisher–Yates driven by SplitMix64 seeded with ``0x611B0 ^ len(subject name)`` (``j = next % (i+1)``
-  for ``i`` from n−1 down to 1) and the first ``per_subject`` kept;
+  Fisher–Yates driven by SplitMix64 seeded with ``0x611B0 ^ len(subject name)``
+  (``j = next % (i+1)`` for ``i`` from n−1 down to 1) and the first ``per_subject`` kept;
 * headline = **micro** accuracy: subject accuracies weighted by the subject's full test population
   (with every item scored this equals right/total; under sampling it is the stratified estimate of
   that quantity). Macro (one weight per subject) and pooled (right/scored) are reported alongside,
@@ -107,9 +107,11 @@ def _read_csv_dir(root: Path, split: str) -> list[MMLUItem]:
                 where = f"{path}:{n + 1}"
                 if len(row) != 6:
                     raise ArtifactError(f"{where}: expected 6 CSV columns, got {len(row)}")
-                items.append(_item(
-                    {"question": row[0], "choices": row[1:5], "answer": row[5]}, where, subject
-                ))
+                items.append(
+                    _item(
+                        {"question": row[0], "choices": row[1:5], "answer": row[5]}, where, subject
+                    )
+                )
     return items
 
 
@@ -173,7 +175,9 @@ def load_mmlu(path: str | Path | None = None) -> dict[str, list[MMLUItem]]:
 def format_block(item: MMLUItem, with_answer: bool) -> str:
     """One question block; ends at ``"Answer:"``, plus ``" X\\n\\n"`` when ``with_answer``."""
     lines = [item.question.strip()]
-    lines += [f"{letter}. {choice.strip()}" for letter, choice in zip(LETTERS, item.choices, strict=True)]
+    lines += [
+        f"{letter}. {choice.strip()}" for letter, choice in zip(LETTERS, item.choices, strict=True)
+    ]
     text = "\n".join(lines) + "\nAnswer:"
     return text + f" {LETTERS[item.answer]}\n\n" if with_answer else text
 
@@ -210,7 +214,10 @@ def letter_token_ids(tokenizer: Any) -> list[int]:
     for letter in LETTERS:
         toks = encode(tokenizer, f" {letter}")
         if len(toks) != 1:
-            raise InvalidInput(f"{' ' + letter!r} encodes to {toks}, not a single token; MMLU letter scoring needs one")
+            raise InvalidInput(
+                f"{' ' + letter!r} encodes to {toks}, not a single token; MMLU letter "
+                "scoring needs one"
+            )
         ids.append(toks[0])
     return ids
 
@@ -271,10 +278,10 @@ class MMLUTask:
         data: dict[str, list[MMLUItem]] | None = None,
     ) -> None:
         """Args:
-            path: data directory (None: the hub through ``datasets``).
-            shots: dev examples per prompt.
-            per_subject: test questions per subject (None: all).
-            data: already loaded ``{"dev", "test"}`` items (overrides ``path``).
+        path: data directory (None: the hub through ``datasets``).
+        shots: dev examples per prompt.
+        per_subject: test questions per subject (None: all).
+        data: already loaded ``{"dev", "test"}`` items (overrides ``path``).
         """
         self.path = path
         self.shots = shots
@@ -318,8 +325,10 @@ class MMLUTask:
                 "shots": self.shots,
                 "per_subject": per_subject,
                 "population": sum(s.population for s in scores),
-                "subjects": {s.subject: {"right": s.right, "scored": s.scored,
-                                         "population": s.population} for s in scores},
+                "subjects": {
+                    s.subject: {"right": s.right, "scored": s.scored, "population": s.population}
+                    for s in scores
+                },
             },
         )
 
