@@ -4,6 +4,7 @@ what leechq writes, bit for bit; hostile directories refused with a clear error.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,7 +38,8 @@ pytest.importorskip("llvq_tetra")
 from llvq_tetra.reader import PackedModel  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
-# a tiny Qwen3-shaped model: widths 88 = 3·24 + 16 (k = 11), 72 = 3·24 (k = 9), 64 = 2·24 + 16 (k = 1)
+# a tiny Qwen3-shaped model: widths 88 = 3·24 + 16 (k = 11), 72 = 3·24 (k = 9),
+# 64 = 2·24 + 16 (k = 1)
 
 
 def _qwen3_config() -> dict[str, Any]:
@@ -150,7 +152,13 @@ def test_round_trip_identity(written: tuple[Path, Any, Any, Any], tmp_path: Path
     assert d.files == TOKENIZER
     qc = d.quantization_config
     assert qc["tetra_fingerprint"] == "9c3060086c7a13e6" and qc["code_order"] == "msb_first_dense"
-    assert qc["artifact_sha256"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    model_bytes = (out / "model.safetensors").read_bytes()
+    assert qc["artifact_sha256"] == hashlib.sha256(model_bytes).hexdigest()
+    assert tetra_dir.tetra_dir_summary(d) == {
+        "tetra_records": 11, "int4_records": 3, "rotations": 6, "raw_tensors": 10,
+        "tetra_blocks": sum(r.d_out * r.n_blocks for r in records.values()
+                            if isinstance(r, QuantizedWeight)),
+        "quantized_weights": sum(r.d_out * r.d_in for r in records.values())}
     # k = 1 stores small = [[1.0]] (leech-core.md §5.3); rotations are de-duplicated by (n, seed).
     want_keys = {f"88_{rotation_seed(i, a):016x}" for i in (0, 1) for a in (0, 2)}
     want_keys |= {f"72_{rotation_seed(0, 3):016x}", f"64_{rotation_seed(1, 1):016x}"}
@@ -208,26 +216,33 @@ def test_packed_model_dequantize_is_bit_identical(written: tuple[Path, Any, Any,
             assert _bits_equal(m.dequantize_raw(name), ours.numpy()), name
 
 
-def _every_shell_record(rot: bool) -> QuantizedWeight:
-    """A record whose blocks cover the origin and shells 2..26 (all that 60,000 random labels reach,
-    plus label 1 = (1^23, -3) for m = 2 and the §1.3 vector of m = 26), each at many positions."""
+@functools.cache
+def _every_shell_labels() -> torch.Tensor:
+    """Labels covering the origin and shells 2..26 (all that 40,000 random labels reach, plus
+    label 1 = (1^23, -3) for m = 2 and the §1.3 vector of m = 26), each at many positions, as
+    [rows, 13] (d_in = 13·24 + 8 = 320 = 5·64: a tail, and a rotation with a 5×5 mix)."""
     from leechq.codebooks.tetra import decode
 
     g = torch.Generator().manual_seed(3)
-    pool = torch.randint(0, 1 << 47, (60000,), generator=g)
+    pool = torch.randint(0, 1 << 47, (40000,), generator=g)
     m = (decode(pool).long() ** 2).sum(-1) // 16
     picks = [torch.tensor([0, 1, 1, 0x7994070F3202, 0x7994070F3202, 0x7FFFFFFFFFFF])]
-    for shell in range(3, 26):
-        picks.append(pool[m == shell][:12])
+    picks += [pool[m == shell][:12] for shell in range(3, 26)]
     labels = torch.cat(picks)
-    nb = 13  # d_in = 13·24 + 8 = 320 = 5·64: a tail, and a rotation with a 5×5 mix
     labels = torch.cat([labels, labels.flip(0)])
-    labels = torch.cat([labels, labels[: -labels.numel() % nb]]).reshape(-1, nb)
-    d_out, d_in = labels.shape[0], nb * 24 + 8
+    labels = torch.cat([labels, labels[: -labels.numel() % 13]]).reshape(-1, 13)
     found = set(((decode(labels).long() ** 2).sum(-1) // 16).unique().tolist())
     assert {0, 2, 8, 19, 26} <= found and len(found) >= 18, found  # 2, 8, 19: torch's sqrt is off
+    return labels
+
+
+def _every_shell_record(rot: bool) -> QuantizedWeight:
+    labels = _every_shell_labels()
+    g = torch.Generator().manual_seed(4)
+    d_out, d_in = labels.shape[0], labels.shape[1] * 24 + 8
     return QuantizedWeight(
-        "tetra", d_out, d_in, labels, torch.randint(0, 2, labels.shape, generator=g).to(torch.uint8),
+        "tetra", d_out, d_in, labels,
+        torch.randint(0, 2, labels.shape, generator=g).to(torch.uint8),
         torch.rand(d_out, generator=g, dtype=torch.float64) + 0.1,
         torch.tensor([0.61, 1.37], dtype=torch.float64), torch.randn(d_out, 8, generator=g),
         generate_rotation(d_in, 0x110FEED) if rot else None)

@@ -791,8 +791,8 @@ def build_tetra_tensors(
             if rec.codebook != "tetra":
                 raise InvalidInput(
                     f"record {name} is coded with the {rec.codebook!r} codebook; the Tetra format "
-                    "carries only Tetra-coded records (47-bit labels of the Tetra map). Re-quantize "
-                    "with codebook='tetra' to export it"
+                    "carries only Tetra-coded records (47-bit labels of the Tetra map). "
+                    "Re-quantize with codebook='tetra' to export it"
                 )
             if rec.centroids.numel() != 1 << GAIN_BITS:
                 raise InvalidInput(f"record {name} has {rec.gain_bits} gain bit(s); the Tetra "
@@ -1006,7 +1006,7 @@ def write_tetra_dir(
         }
         cfg = dict(base)
         cfg["quantization_config"] = qc
-        _fsync_write(tmp / CONFIG_FILE, json.dumps(cfg, indent=2).encode())
+        _fsync_write(tmp / CONFIG_FILE, json.dumps(cfg, indent=2, default=str).encode())
         for name, data in files.items():
             _fsync_write(tmp / name, data)
         artifact = {"file": MODEL_FILE, "sha256": model_sha, "version": None}
@@ -1033,7 +1033,7 @@ def write_tetra_dir(
             "blobs": {n: {"sha256": hashlib.sha256(b).hexdigest(), "written_verbatim": True}
                       for n, b in files.items()},
             "config_base": base,
-        }, indent=2).encode())
+        }, indent=2, default=str).encode())
         if dest.exists():
             old = dest.parent / f".{dest.name}.old-{os.getpid()}"
             os.replace(dest, old)
