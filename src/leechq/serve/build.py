@@ -36,7 +36,10 @@ class ConcatLinear(nn.Module):
         self.members = nn.ModuleList(members)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([m(x) for m in self.members], dim=-1)
+        outs = [m(x) for m in self.members]
+        if len({o.dtype for o in outs}) > 1:  # a fused group's float32 beside a module's fp16
+            outs = [o.float() for o in outs]
+        return torch.cat(outs, dim=-1)
 
 
 class TiedHead(nn.Module):
@@ -95,25 +98,58 @@ def fuse_group(
 ) -> nn.Module:
     """One module for projections that read the same input (q|k|v, gate|up, or a single one).
 
-    Dense members become one ``nn.Linear``. Quantized members use leechq's fused group when the
-    ``nn`` layer provides one (one activation rotation and one segmented launch per group), else a
+    Dense members become one ``nn.Linear`` (rows concatenated). Consecutive quantized members that
+    run the fused Tetra kernel with one shared rotation become one
+    :class:`~leechq.serve.fused.TetraGroup` (one rotation, their packed tensors reused); any other
+    member (int4, ball, the dense reference path) runs as it is. Several parts are joined by a
     :class:`ConcatLinear`.
     """
     if all(_is_dense(m) for m in members):
         return dense_linear(
-            [m.weight for m in members],
-            [m.bias for m in members],
+            [m.weight for m in members],  # type: ignore[misc]
+            [m.bias for m in members],  # type: ignore[misc]
             dtype,
-            device,  # type: ignore[misc]
+            device,
         )
-    members = [m.to(device) for m in members]
-    try:  # the nn layer's fused group, when it exists
-        from leechq.nn import fuse_linears  # type: ignore[attr-defined]
-    except ImportError:
-        fuse_linears = None
-    if fuse_linears is not None:
-        return fuse_linears(list(members))
-    return members[0] if len(members) == 1 else ConcatLinear(members)
+    parts: list[nn.Module] = []
+    run: list[nn.Module] = []
+
+    def flush() -> None:
+        if run:
+            from leechq.serve.fused import TetraGroup
+
+            parts.append(TetraGroup.from_modules(list(run)))
+            run.clear()
+
+    for m in members:
+        if _fused_tetra(m) and (not run or _same_rotation(run[0], m)):
+            run.append(m)
+            continue
+        flush()
+        if _fused_tetra(m):
+            run.append(m)
+        else:
+            parts.append(m.to(device))
+    flush()
+    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
+
+
+def _fused_tetra(m: nn.Module) -> bool:
+    """Whether ``m`` is a finalized leechq module running the fused Triton tetra48 kernel."""
+    rec = getattr(m, "record", None)
+    kernel = getattr(getattr(m, "execution", None), "kernel", None) or ""
+    return (
+        getattr(rec, "codebook", None) == "tetra"
+        and getattr(getattr(m, "execution", None), "path", None) == "fused"
+        and "tetra48" in kernel
+        and "triton" in kernel
+    )
+
+
+def _same_rotation(a: nn.Module, b: nn.Module) -> bool:
+    from leechq.serve.fused import same_rotation
+
+    return same_rotation(a.record.rotation, b.record.rotation)  # type: ignore[union-attr]
 
 
 def _get(module: Any, path: str) -> Any:
@@ -311,9 +347,10 @@ def execution_paths(model: nn.Module) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
     for m in model.modules():
-        path = getattr(getattr(m, "execution", None), "path", None)
+        ex = getattr(m, "execution", None)
+        path = getattr(ex, "path", None)
         if isinstance(path, str):
-            counts[path] = counts.get(path, 0) + 1
+            counts[path] = counts.get(path, 0) + int(getattr(ex, "members", 1))
     return counts
 
 

@@ -227,8 +227,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Residual add then RMSNorm: returns ``(x + delta, rms_norm(x + delta))``."""
-    x = x + delta
+    """Residual add then RMSNorm: returns ``(x + delta, rms_norm(x + delta))``.
+
+    ``delta`` may be wider than ``x`` (float32 from a fused quantized projection); it is narrowed
+    to ``x.dtype`` first, inside the same fused kernel when compiled.
+    """
+    x = x + delta.to(x.dtype)
     return x, rms_norm(x, weight, eps)
 
 
@@ -257,6 +261,7 @@ def qkv_split_rope(
     """
     b, t, _ = qkv.shape
     groups = n_heads // n_kv_heads
+    qkv = qkv.to(cos.dtype)  # a fused quantized group hands over float32
     q, k, v = qkv.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim], dim=-1)
     q = q.reshape(b, t, n_heads, head_dim)
     k = k.reshape(b, t, n_kv_heads, head_dim)
@@ -279,10 +284,11 @@ def merge_heads(o: torch.Tensor, n_heads: int, t: int) -> torch.Tensor:
     return o.reshape(b, t, n_heads * hd)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on the fused gate|up output [..., 2·I] → [..., I]."""
+def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SwiGLU on the fused gate|up output [..., 2·I] → [..., I] of ``dtype`` (computed in the
+    input's dtype: float32 when a fused quantized group produced it)."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return (F.silu(gate) * up).to(dtype)
 
 
 def attention_mask(
@@ -503,7 +509,7 @@ class Transformer(nn.Module):
                 x, h = fns.add_rms_norm(x, delta, blk.attn_norm.weight, a.norm_eps)
             attn = blk.attention(h, cos, sin, mask, k_caches[i], v_caches[i], slots, fns)
             x, h = fns.add_rms_norm(x, attn, blk.mlp_norm.weight, a.norm_eps)
-            delta = blk.w2(fns.silu_mul(blk.w13(h)))
+            delta = blk.w2(fns.silu_mul(blk.w13(h), x.dtype))
         if last_only:
             x, delta = x[:, -1:], delta[:, -1:]  # type: ignore[index]
         _, h = fns.add_rms_norm(x, delta, self.norm.weight, a.norm_eps)

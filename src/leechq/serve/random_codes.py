@@ -25,7 +25,8 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
-from leechq.serve.build import TiedHead, dense_linear, finish_model, fuse_group
+from leechq.serve.build import TiedHead, dense_linear, finish_model
+from leechq.serve.fused import group_from_records
 from leechq.serve.model import Block, ModelArgs, Transformer
 
 LABEL_BITS = 47
@@ -172,7 +173,8 @@ def random_quantized_model(
         dtype: activation dtype.
         seed: makes the codes (and the dense embedding/head/norms) reproducible.
         int4_v: v_proj as int4 g128 instead of Tetra (the published recipe).
-        prefer: passed to ``LeechqLinear.finalize`` ("auto", "reference" or "fused").
+        prefer: "fused" (Tetra groups as :class:`~leechq.serve.fused.TetraGroup`, error if no
+            kernel), "auto" (fused where possible) or "reference" (``LeechqLinear`` dense path).
         rotate: give every lattice matrix its (block, activation) rotation.
         head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
         portable: draw the dense embedding/head on the CPU so the same seed gives the same model on
@@ -181,8 +183,6 @@ def random_quantized_model(
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
     """
-    from leechq.nn.replace import share_groups
-
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -195,39 +195,23 @@ def random_quantized_model(
             rots[key] = generate_rotation(n, rotation_seed(block, act))
         return rots[key]
 
+    def tetra(d_out: int, d_in: int, block: int, act: int) -> QuantizedWeight:
+        return random_tetra(d_out, d_in, g, rot(block, act, d_in))
+
     blocks = []
     for i in range(a.n_layers):
-        mods: dict[str, nn.Module] = {
-            "attn.q_proj": _leechq_linear(random_tetra(a.q_size, a.dim, g, rot(i, 0, a.dim))),
-            "attn.k_proj": _leechq_linear(random_tetra(a.kv_size, a.dim, g, rot(i, 0, a.dim))),
-            "attn.v_proj": _leechq_linear(
-                random_int4(a.kv_size, a.dim, g)
-                if int4_v
-                else random_tetra(a.kv_size, a.dim, g, rot(i, 0, a.dim))
-            ),
-            "attn.o_proj": _leechq_linear(random_tetra(a.dim, a.q_size, g, rot(i, 1, a.q_size))),
-            "mlp.gate_proj": _leechq_linear(
-                random_tetra(a.intermediate_size, a.dim, g, rot(i, 2, a.dim))
-            ),
-            "mlp.up_proj": _leechq_linear(
-                random_tetra(a.intermediate_size, a.dim, g, rot(i, 2, a.dim))
-            ),
-            "mlp.down_proj": _leechq_linear(
-                random_tetra(a.dim, a.intermediate_size, g, rot(i, 3, a.intermediate_size))
-            ),
-        }
-        for m in mods.values():
-            m.finalize(device, dtype, prefer=prefer)  # type: ignore[operator]
-        share_groups({f"layers.{i}.{k}": m for k, m in mods.items()})  # type: ignore[arg-type]
+        v = random_int4(a.kv_size, a.dim, g) if int4_v else tetra(a.kv_size, a.dim, i, 0)
+        qkv = [tetra(a.q_size, a.dim, i, 0), tetra(a.kv_size, a.dim, i, 0), v]
+        o = [tetra(a.dim, a.q_size, i, 1)]
+        gate_up = [tetra(a.intermediate_size, a.dim, i, 2) for _ in range(2)]
+        down = [tetra(a.dim, a.intermediate_size, i, 3)]
         blocks.append(
             Block(
                 a,
-                wqkv=fuse_group(
-                    [mods["attn.q_proj"], mods["attn.k_proj"], mods["attn.v_proj"]], dtype, device
-                ),
-                wo=fuse_group([mods["attn.o_proj"]], dtype, device),
-                w13=fuse_group([mods["mlp.gate_proj"], mods["mlp.up_proj"]], dtype, device),
-                w2=fuse_group([mods["mlp.down_proj"]], dtype, device),
+                wqkv=group_from_records(qkv, device, dtype, prefer),
+                wo=group_from_records(o, device, dtype, prefer),
+                w13=group_from_records(gate_up, device, dtype, prefer),
+                w2=group_from_records(down, device, dtype, prefer),
             )
         )
     # Dense parts: drawn on the CPU when `portable` (identical on every device: reference twins),

@@ -1,0 +1,315 @@
+"""Fused Tetra projection groups of the serving model: one rotation, one launch per group.
+
+Implements layouts-kernels-recipe.md §3.5 (q/k/v and gate/up concatenated by rows, one segmented
+launch) and §3.6 (the activation rotated once per shared input) on top of the kernels of
+:mod:`leechq.kernels.triton.ops`:
+
+1. the group's input ``x [M, d_in]`` is rotated straight into the *prepared* activation layout the
+   lattice matvec reads (one kernel; unrotated groups use the plain preparation kernel), into a
+   zero-filled buffer that persists per (device, width, M) so a CUDA graph never re-zeroes it;
+2. one ``tetra48`` matvec per part (8 activation rows per launch) writes its rows into one float32
+   output ``y [M, Σ d_out]``. A group built from records (:meth:`TetraGroup.from_records`) is a
+   single part: the members' words, scales, gain pairs and tails concatenated by rows. A group built
+   from already finalized ``LeechqLinear`` modules (:meth:`TetraGroup.from_modules`, e.g. a model
+   from ``leechq.load``) reuses each member's packed tensors as one part each: no copy, one launch
+   per member, one rotation for all.
+
+The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
+inside their own fused kernel. A group computes exactly what its members compute (rows partition
+``y``; layouts-kernels-recipe §3.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from leechq.errors import InvalidInput, KernelUnavailable
+from leechq.formats.quantized_weight import QuantizedWeight
+from leechq.formats.rotation import RotationTables
+
+KERNEL_ROWS = 8
+"""Activation rows per matvec launch (the kernels take 1..8)."""
+
+CACHED_ROWS = 64
+"""Prepared buffers are kept for row counts up to this (decode batches); larger ones are
+transient."""
+
+_PREPARED: dict[tuple[str, int, int], torch.Tensor] = {}
+
+
+@dataclass(frozen=True)
+class GroupExecution:
+    """How a :class:`TetraGroup` computes (the counterpart of ``LeechqLinear.execution``)."""
+
+    path: str = "fused"
+    kernel: str = "triton-tetra48-matvec"
+    members: int = 1
+
+
+def _prepared_buffer(device: torch.device, n_blocks: int, m_rows: int) -> torch.Tensor:
+    """A zero-filled float32 prepared-activation buffer for ``m_rows`` rows of ``n_blocks`` blocks.
+
+    Buffers of small row counts are shared by every group of that width (groups run one after the
+    other on one stream, and every call rewrites all data slots; pad slots stay zero).
+    """
+    from leechq.kernels import reference as ref
+
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+    if m_rows > CACHED_ROWS:
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    key = (str(device), n_blocks, m_rows)
+    buf = _PREPARED.get(key)
+    if buf is None:
+        buf = torch.zeros(shape, dtype=torch.float32, device=device)
+        _PREPARED[key] = buf
+    return buf
+
+
+def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
+    """Whether two rotations are the same matrix (both None, or equal width, signs and Q_odd)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(
+        a.n == b.n and np.array_equal(a.signs, b.signs) and np.array_equal(a.small, b.small)
+    )
+
+
+def fused_kernels_available(d_out: int, d_in: int, odd: int, device: torch.device) -> str | None:
+    """None when the Triton tetra48 matvec (and rotation, for ``odd`` > 0) serve this shape on
+    ``device``; otherwise the reason."""
+    from leechq.kernels.select import Shape, choose_kernel
+
+    try:
+        k = choose_kernel("matvec", "tetra48", Shape(d_out, d_in, KERNEL_ROWS), device)
+        if k.backend != "triton":
+            return f"the tetra48 matvec on {device} is {k.name}, not a fused kernel"
+        if odd:
+            r = choose_kernel("rotate", "rotation", Shape(0, d_in, 1, 0, odd), device)
+            if r.backend != "triton":
+                return f"the rotation on {device} is {r.name}, not a fused kernel"
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
+class TetraGroup(nn.Module):
+    """Tetra matrices that read one input, run as one rotation plus one matvec per part.
+
+    Args:
+        parts: ``Tetra48Weight`` records on one CUDA device, all ``d_in`` wide.
+        rotation: the input rotation shared by every part, or None.
+        bias: float [Σ d_out] or None.
+        members: the matrices the parts hold (default: one per part), for accounting.
+
+    ``forward``: x [..., d_in] (fp16/bf16/fp32) → float32 [..., Σ d_out].
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[Any],
+        rotation: RotationTables | None,
+        bias: torch.Tensor | None,
+        members: int = 0,
+    ) -> None:
+        super().__init__()
+        from leechq.kernels.tables import tetra_kernel_tables
+        from leechq.kernels.triton import ops
+
+        if not parts:
+            raise InvalidInput("TetraGroup needs at least one part")
+        self.d_in = parts[0].d_in
+        if any(p.d_in != self.d_in for p in parts):
+            raise InvalidInput(f"TetraGroup parts differ in d_in: {[p.d_in for p in parts]}")
+        self.parts = list(parts)
+        self.execution = GroupExecution(members=members or len(parts))
+        self.n_blocks = self.d_in // 24
+        self.offsets = np.cumsum([0] + [p.d_out for p in parts]).tolist()
+        self.d_out = int(self.offsets[-1])
+        device = parts[0].words.device
+        self._ops = ops
+        self.order = tetra_kernel_tables(device).order
+        self.rotation = rotation
+        self.rot = None if rotation is None else ops.DeviceRotation.from_tables(rotation, device)
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().to(device, torch.float32), False
+        )
+        # Packed tensors are registered so that memory accounting and .to() see them.
+        for i, p in enumerate(parts):
+            for name in ("words", "row_scales", "row_centroids", "tail"):
+                self.register_buffer(f"p{i}_{name}", getattr(p, name), persistent=False)
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Sequence[QuantizedWeight],
+        biases: Sequence[torch.Tensor | None],
+        device: torch.device | str,
+    ) -> TetraGroup:
+        """Pack Tetra records (one shared rotation) and concatenate them by rows: one part.
+
+        Raises:
+            KernelUnavailable: no fused kernel for this shape on ``device`` (the reason is given).
+            InvalidInput: the records are not Tetra, differ in width or in rotation.
+        """
+        from leechq.formats.layouts.tetra48 import concat_rows, pack
+
+        device = torch.device(device)
+        _check_members(records)
+        rot = records[0].rotation
+        why = fused_kernels_available(
+            sum(r.d_out for r in records), records[0].d_in, 0 if rot is None else rot.odd, device
+        )
+        if why is not None:
+            raise KernelUnavailable(why)
+        packed = concat_rows([pack(r) for r in records]).to(device)
+        return cls([packed], rot, _join_bias(biases, [r.d_out for r in records]), len(records))
+
+    @classmethod
+    def from_modules(cls, members: Sequence[nn.Module]) -> TetraGroup:
+        """A group over finalized ``LeechqLinear`` modules running the fused tetra48 kernel; their
+        packed tensors are reused (no copy), one part per member.
+
+        Raises:
+            InvalidInput: a member is not a fused Tetra ``LeechqLinear`` or the rotations differ.
+        """
+        from leechq.formats.layouts.tetra48 import Tetra48Weight
+
+        records = [getattr(m, "record", None) for m in members]
+        _check_members(records)
+        parts = []
+        for m, rec in zip(members, records, strict=True):
+            plan = getattr(m, "_fused", None)
+            name = getattr(plan, "kernel_name", "")
+            tensors = getattr(plan, "tensors", {})
+            if "tetra48" not in name or "words" not in tensors or "triton" not in name:
+                raise InvalidInput(f"{type(m).__name__} does not run the fused tetra48 kernel")
+            rs = tensors["row_scales"]
+            parts.append(
+                Tetra48Weight(
+                    d_out=rec.d_out,
+                    d_in=rec.d_in,
+                    words=tensors["words"],
+                    row_scales=rs,
+                    row_centroids=tensors["row_centroids"],
+                    tail=tensors["tail"],
+                    row_scales_f64=rs.new_empty(0),  # host-side exact copies: not needed here
+                    row_centroids_f64=rs.new_empty(0),
+                    rotation=rec.rotation,
+                )
+            )
+        biases = [getattr(m, "bias", None) for m in members]
+        return cls(parts, records[0].rotation, _join_bias(biases, [r.d_out for r in records]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from leechq.kernels.reference import prepared_rows
+
+        ops = self._ops
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_in)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        m = int(x2.shape[0])
+        xp = _prepared_buffer(x2.device, self.n_blocks, m)
+        if self.rot is not None:
+            ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
+        else:
+            ops.prepare_activation(x2, self.n_blocks, self.order, out=xp)
+        y = torch.empty(m, self.d_out, dtype=torch.float32, device=x2.device)
+        for part, off in zip(self.parts, self.offsets, strict=False):
+            for i in range(0, m, KERNEL_ROWS):
+                r = min(KERNEL_ROWS, m - i)
+                ops.tetra48_matvec_prepared(
+                    xp[i : i + prepared_rows(r)], part, r, out=y[i : i + r, off : off + part.d_out]
+                )
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.d_out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_in={self.d_in}, d_out={self.offsets[1:]}, parts={len(self.parts)}, "
+            f"rotated={self.rotation is not None}"
+        )
+
+
+def _check_members(records: Sequence[Any]) -> None:
+    for r in records:
+        if not isinstance(r, QuantizedWeight) or r.codebook != "tetra":
+            raise InvalidInput(f"TetraGroup members must be Tetra records, got {type(r).__name__}")
+    if len({r.d_in for r in records}) != 1:
+        raise InvalidInput(f"TetraGroup members differ in d_in: {[r.d_in for r in records]}")
+    if not all(same_rotation(records[0].rotation, r.rotation) for r in records):
+        raise InvalidInput("TetraGroup members must share one input rotation")
+
+
+def _join_bias(biases: Sequence[torch.Tensor | None], sizes: Sequence[int]) -> torch.Tensor | None:
+    if all(b is None for b in biases):
+        return None
+    parts = [
+        b.detach().float() if b is not None else torch.zeros(n)
+        for b, n in zip(biases, sizes, strict=True)
+    ]
+    device = next(b.device for b in biases if b is not None)
+    return torch.cat([p.to(device) for p in parts])
+
+
+def group_from_records(
+    records: Sequence[Any],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    prefer: str = "auto",
+    biases: Sequence[torch.Tensor | None] | None = None,
+) -> nn.Module:
+    """One module for canonical records that read the same input (q|k|v, gate|up, or one).
+
+    Runs of Tetra records with one rotation become a :class:`TetraGroup` (packed once, concatenated
+    by rows) when ``prefer`` is not "reference" and the fused kernels serve them on ``device``;
+    every other record becomes a ``LeechqLinear`` finalized with ``prefer``. Several parts are
+    joined by a :class:`~leechq.serve.build.ConcatLinear`.
+
+    Raises:
+        KernelUnavailable: ``prefer="fused"`` and some record has no fused kernel on ``device``.
+    """
+    from leechq.nn.linear import LeechqLinear
+    from leechq.serve.build import ConcatLinear
+
+    device = torch.device(device)
+    biases = list(biases) if biases is not None else [None] * len(records)
+    runs: list[list[int]] = []
+    for i, r in enumerate(records):
+        tetra = isinstance(r, QuantizedWeight) and r.codebook == "tetra"
+        prev = runs[-1] if runs else None
+        if (
+            tetra
+            and prev is not None
+            and _is_tetra(records[prev[0]])
+            and same_rotation(records[prev[0]].rotation, r.rotation)
+        ):
+            prev.append(i)
+        else:
+            runs.append([i])
+    parts: list[nn.Module] = []
+    for run in runs:
+        recs = [records[i] for i in run]
+        if _is_tetra(recs[0]) and prefer != "reference" and device.type == "cuda":
+            try:
+                parts.append(TetraGroup.from_records(recs, [biases[i] for i in run], device))
+                continue
+            except KernelUnavailable:
+                if prefer == "fused":
+                    raise
+        for i in run:
+            mod = LeechqLinear.from_record(records[i], biases[i])
+            mod.finalize(device, dtype, prefer=prefer)
+            parts.append(mod)
+    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
+
+
+def _is_tetra(r: Any) -> bool:
+    return isinstance(r, QuantizedWeight) and r.codebook == "tetra"

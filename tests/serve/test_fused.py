@@ -1,0 +1,103 @@
+"""Fused Tetra groups (one rotation, one launch per part) against the dense reference, through the
+Triton interpreter on the CPU (``TRITON_INTERPRET=1``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leechq.formats.rotation import generate_rotation
+from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
+from leechq.serve.random_codes import random_int4, random_tetra
+
+pytestmark = pytest.mark.interp
+
+
+def _records(rotated: bool, d_in: int = 72) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    rot = generate_rotation(d_in, 5) if rotated else None  # 72 = 8·9: a Hadamard and Q_odd part
+    return [random_tetra(16, d_in, g, rot), random_tetra(8, d_in, g, rot)]
+
+
+def _reference(x: torch.Tensor, records: list[Any], biases: list[Any]) -> torch.Tensor:
+    return torch.cat(
+        [F.linear(x, r.dequantize(torch.float32), b) for r, b in zip(records, biases, strict=True)],
+        dim=-1,
+    )
+
+
+@pytest.mark.parametrize("rotated", [True, False])
+@pytest.mark.parametrize("rows", [3, 11])
+def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
+    from leechq.serve.fused import TetraGroup
+
+    recs = _records(rotated)
+    biases = [torch.randn(16), None]
+    group = TetraGroup.from_records(recs, biases, "cpu")
+    assert execution_paths(group) == {"fused": 2}
+    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
+    y = group(x)
+    ref = _reference(x, recs, biases)
+    assert y.dtype == torch.float32 and y.shape == (rows, 24)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+@dataclass
+class _Exec:
+    path: str
+    kernel: str
+
+
+class _FinalizedStandIn(nn.Module):
+    """What ``fuse_group`` reads of a finalized fused ``LeechqLinear``: record, execution, plan."""
+
+    def __init__(self, record: Any, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        from leechq.kernels.select import plan_linear
+
+        self.record = record
+        self.bias = bias
+        self._fused = plan_linear(record, torch.device("cpu"), torch.float32)
+        self.execution = _Exec("fused", self._fused.kernel_name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._fused(x)
+        return y if self.bias is None else y + self.bias
+
+
+def test_group_from_finalized_modules_reuses_their_packing() -> None:
+    from leechq.serve.fused import TetraGroup
+
+    recs = _records(True)
+    g = torch.Generator().manual_seed(1)
+    v = random_int4(8, 72, g, group=24)
+    biases = [torch.randn(16), torch.randn(8)]
+    mods = [_FinalizedStandIn(r, b) for r, b in zip(recs, biases, strict=True)]
+    v_mod = nn.Linear(72, 8)  # a member without a fused kernel stays itself
+    v_mod.weight.data = v.dequantize(torch.float32)
+    fused = fuse_group([*mods, v_mod], torch.float32, "cpu")
+    assert isinstance(fused, ConcatLinear) and isinstance(fused.members[0], TetraGroup)
+    assert fused.members[0].parts[0].words.data_ptr() == mods[0]._fused.tensors["words"].data_ptr()
+    x = torch.randn(5, 72)
+    ref = torch.cat([_reference(x, recs, biases), v_mod(x)], dim=-1)
+    y = fused(x)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    concat = TetraGroup.from_records(recs, biases, "cpu")(x)
+    assert torch.equal(y[:, :24], concat)  # one part per member == rows concatenated: same bits
+
+
+def test_group_from_records_reference_path_on_cpu() -> None:
+    from leechq.serve.fused import group_from_records
+
+    recs = _records(True)
+    v = random_int4(8, 72, torch.Generator().manual_seed(2), group=24)
+    module = group_from_records([*recs, v], "cpu", torch.float32, prefer="auto")
+    assert execution_paths(module) == {"dense": 3}
+    x = torch.randn(2, 72)
+    ref = torch.cat([_reference(x, recs, [None, None]), F.linear(x, v.dequantize())], dim=-1)
+    assert (module(x) - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
