@@ -22,15 +22,15 @@ from leechq.models.quantize import quantize_model, quantize_model_in_place
 transformers = pytest.importorskip("transformers")
 
 
-def _llama(layers: int = 2):  # type: ignore[no-untyped-def]
+def _llama(layers: int = 2, hidden: int = 96):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=128,
-        hidden_size=96,
-        intermediate_size=192,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=hidden // 24,
+        num_key_value_heads=hidden // 48,
         max_position_embeddings=64,
     )
     return transformers.LlamaForCausalLM(cfg).eval()
@@ -156,7 +156,7 @@ def test_artifact_decodes_to_the_evaluated_model(tmp_path: Path, name: str) -> N
 
 
 def test_resume_after_crash_gives_the_same_bytes(tmp_path: Path) -> None:
-    template = _llama(layers=3)
+    template = _llama(layers=3, hidden=48)
     cfg = _cfg()
     clean = quantize_model(
         copy.deepcopy(template), None, _windows(), cfg, tmp_path / "clean", progress=False
