@@ -342,6 +342,80 @@ def test_transformers_load_through_llvq_tetra(written: tuple[Path, Any, Any, Any
         assert torch.equal(model.eval()(ids).logits, stock.eval()(ids).logits)
 
 
+def test_reads_a_directory_written_from_the_spec_alone(tmp_path: Path) -> None:
+    """A directory laid out as hfpack writes it (no safetensors metadata, artifact_version 5, a
+    Ball codebook_fingerprint, an upper-case tetra fingerprint, a foreign orthogonal ``small``,
+    an 88-wide int4 record, a 4-bit group-64 embedding), built with numpy only: the reader
+    recovers every field and dequantizes as llvq-tetra does."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(5)
+    d_out, d_in, nb = 8, 50, 2
+    labels = rng.integers(0, 1 << 47, size=(d_out, nb), dtype=np.int64)
+    gains = rng.integers(0, 2, size=(d_out, nb))
+    codes = b"".join(int((lab << 1) | g).to_bytes(6, "big")
+                     for lab, g in zip(labels.ravel().tolist(), gains.ravel().tolist()))
+    small = np.linalg.qr(rng.standard_normal((25, 25)))[0]  # any orthogonal Q_odd is legal
+    signs = np.where(rng.standard_normal(50) < 0, -1.0, 1.0)
+    key = "50_0000000000005eed"
+    q4 = rng.integers(0, 256, size=(4, 44), dtype=np.uint8)
+    emb_q = rng.integers(0, 256, size=(10, 44), dtype=np.uint8)
+    tensors = {
+        "blk.codes": np.frombuffer(codes, dtype=np.uint8).copy(),
+        "blk.row_scales": rng.random(d_out) + 0.1,
+        "blk.centroids": np.array([0.75, 1.25]),
+        "blk.tail": rng.standard_normal((d_out, 2)).astype(np.float32),
+        f"llvq.rotations.{key}.signs": signs, f"llvq.rotations.{key}.small": small,
+        "i4.qweight": q4, "i4.scales": (rng.random((4, 1)) * 0.01).astype(np.float16),
+        "i4.biases": (rng.random((4, 1)) - 0.5).astype(np.float16),
+        "emb.qweight": emb_q, "emb.scales": (rng.random((10, 2)) * 0.01).astype(np.float16),
+        "emb.biases": (rng.random((10, 2)) - 0.5).astype(np.float16),
+        "norm.weight": rng.random(88).astype(np.float16),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    qc = {
+        "quant_method": "llvq", "llvq_layout_version": 1, "artifact_version": 5,
+        "artifact_sha256": "ab" * 32, "artifact_kinds": "Tetra+Int4G128",
+        "codebook_fingerprint": "338f420f11866319", "tetra_fingerprint": "9C3060086C7A13E6",
+        "block_dim": 24, "code_order": "msb_first_dense",
+        "records": {
+            "blk.weight": {"kind": "tetra", "prefix": "blk", "d_out": d_out, "d_in": d_in,
+                           "shell_cap": 12, "n_centroids": 2, "index_bits": 47, "gain_bits": 1,
+                           "nblocks": nb, "tail_cols": 2, "code_bytes": 6 * d_out * nb,
+                           "rotation": key},
+            "i4.weight": {"kind": "int4g128", "prefix": "i4", "d_out": 4, "d_in": 88, "bits": 4,
+                          "group": 128, "groups_per_row": 1},
+        },
+        "rotations": {key: {"seed": str(0x5EED), "n": 50, "pow2": 2, "odd": 25}},
+        "raw": {
+            "emb.weight": {"encoding": "quant", "dims": [10, 88], "prefix": "emb", "bits": 4,
+                           "group": 64, "rows": 10, "groups_per_row": 2},
+            "norm.weight": {"encoding": "f16", "dims": [88], "tensor": "norm.weight"},
+        },
+    }
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "custom", "torch_dtype": "bfloat16", "quantization_config": qc}))
+    d = read_tetra_dir(tmp_path)
+    rec = d.records["blk"]
+    assert isinstance(rec, QuantizedWeight) and rec.rotation is not None
+    assert rec.labels.tolist() == labels.tolist() and rec.gains.tolist() == gains.tolist()
+    assert rec.rotation.seed == 0x5EED and _bits_equal(rec.rotation.small, small)
+    assert _bits_equal(rec.row_scales, tensors["blk.row_scales"])
+    assert _bits_equal(d.records["i4"].qweight, q4)  # type: ignore[union-attr]
+    emb = d.raw["emb.weight"]
+    assert isinstance(emb, GroupAffine) and (emb.bits, emb.group, emb.dims) == (4, 64, (10, 88))
+    with PackedModel(tmp_path) as m:
+        assert _bits_equal(m.dequantize("blk.weight"), dequantize_record(rec).numpy())
+        assert _bits_equal(m.dequantize("i4.weight"), dequantize_record(d.records["i4"]).numpy())
+        assert _bits_equal(m.dequantize_raw("emb.weight"), emb.dequantize().numpy())
+    # Writing it back keeps every field (the fingerprint is normalized to lower case).
+    again = read_tetra_dir(write_tetra_dir(tmp_path / "w", d.base_config, d.records, d.raw))
+    for name in d.records:
+        _assert_same_record(d.records[name], again.records[name])
+    assert again.quantization_config["tetra_fingerprint"] == "9c3060086c7a13e6"
+    assert again.base_config["torch_dtype"] == "bfloat16" and "dtype" not in again.base_config
+
+
 # --------------------------------------------------------------------------------------------------
 # hostile directories
 
