@@ -275,8 +275,6 @@ def test_dense_path_is_exact_on_every_shell(tmp_path: Path, rot: bool) -> None:
         hashlib.sha256(dequantize_record(rec).numpy().tobytes()).hexdigest()
 
 
-@pytest.mark.xfail(strict=False, reason="QuantizedWeight.dequantize_rotated divides by torch's f64 "
-                   "sqrt, which is 1 ulp off for sqrt(32), sqrt(128), sqrt(304) on torch 2.13 CPU")
 def test_quantized_weight_dequantize_matches_the_oracle_in_f64() -> None:
     rec = _every_shell_record(False)
     assert _bits_equal(rec.dequantize_rotated(), _oracle_f64(rec))

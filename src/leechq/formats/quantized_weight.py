@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from leechq.codebooks.base import BLOCK
+from leechq.codebooks.shape_gain import exact_norms
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.rotation import RotationTables, apply_rotation_transpose
 
@@ -118,11 +119,14 @@ class QuantizedWeight:
 
     def dequantize_rotated(self) -> torch.Tensor:
         """The matrix in the rotated basis: float64 [d_out, d_in], blocks then tail (exact f64 order)."""
-        pts = self.points().to(torch.float64)
-        n2 = (pts * pts).sum(dim=-1)  # exact: integers well below 2**53
+        points = self.points()
+        # Correctly rounded sqrt(‖y‖²): torch's vectorized CPU f64 sqrt is one ulp low for some
+        # shells (e.g. 32, 128, 304), which would break bit-exactness with other readers.
+        norms = exact_norms(points.reshape(-1, BLOCK)).reshape(self.d_out, self.n_blocks)
         picked = self.centroids[self.gains.long()] * self.row_scales[:, None]
-        scale = torch.where(n2 > 0, picked / torch.sqrt(n2), torch.zeros_like(picked))
-        blocks = pts * scale[..., None]
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+        scale = torch.where(norms > 0, picked / safe, torch.zeros_like(picked))
+        blocks = points.to(torch.float64) * scale[..., None]
         out = torch.empty(self.d_out, self.d_in, dtype=torch.float64)
         out[:, : self.n_blocks * BLOCK] = blocks.reshape(self.d_out, -1)
         out[:, self.n_blocks * BLOCK :] = self.tail.to(torch.float64)
