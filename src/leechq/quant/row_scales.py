@@ -12,8 +12,8 @@ rotated basis before un-rotation) and ``T`` the natural-basis decode of the tail
 the record's decode. This is the spec's ``λ ⊙ (x Pᵀ) + (1 − λ) ⊙ (tail term)`` with ``P = L + T``.
 
 Loss: ``KL(teacher ‖ student)`` on the full next-token distribution at every position, temperature
-``τ`` (×τ²), mean over positions, computed in f32 chunks of positions. Optimizer: AdamW (weight decay
-0 by default), linear warm-up to the peak learning rate, then cosine decay to a fraction of it
+``τ`` (×τ²), mean over positions, computed in f32 chunks of positions. Optimizer: AdamW (weight
+decay 0 by default), linear warm-up to the peak learning rate, then cosine decay to a fraction of it
 (:func:`learning_rate`). λ is kept ≥ 0 after every step (a row scale cannot be negative).
 
 Write-back (:func:`fold_row_scales`): ``σ_row ← f64(λ)·σ_row`` in f64 — the stored f64 scale is what
@@ -78,7 +78,7 @@ class RowScaleConfig:
         temperature: KL temperature τ (1); the loss is multiplied by τ².
         kl_chunk: positions per f32 log-softmax chunk of the loss.
         seed: seed of the window order.
-        probe_steps: forward+backward steps, without an update, that time a step when ``steps == 0``.
+        probe_steps: forward+backward steps without an update that time a step (``steps == 0``).
         checkpoint_every: commit a checkpoint every this many steps (0 = only at the end).
     """
 
@@ -454,7 +454,7 @@ class RowScaleCheckpoint:
         return None if total is None else int(total)
 
     def load(self) -> dict[str, Any]:
-        """The committed payload: ``{"scales": {name: λ}, "optimizer": state, "history": [...]}``."""
+        """The committed payload: ``{"scales": {name: λ}, "optimizer": ..., "history": [...]}``."""
         path = self.dir / f"step_{self.step:06d}.pt"
         try:
             return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,558 @@
+"""The ``bare`` and ``full`` quantization recipes as composable, recorded steps.
+
+Implements layouts-kernels-recipe.md §5 (the full-model recipe of the sealed Tetra files) on top of
+the lattice encoder, with every resolved setting and every measured decision recorded in the
+artifact (pitfall P4: the log line and the metadata come from the objects that ran, never from a
+hard-coded string):
+
+1. **encode** — the layer-wise lattice encoding (``quantize_fn``; int4 for ``forced_int4``);
+2. **int4 by sensitivity** (§5.2, §5.4) — for every lattice matrix, the KL reduction on
+   *calibration* windows when that matrix alone goes to int4 g128 (round-to-nearest of the original
+   tensor) in the encoded model (:mod:`leechq.quant.sensitivity`); a greedy choice under the
+   whole-model ``target_bpp`` budget; then a re-encode with that int4 set (``requantize``, faithful:
+   later lattice matrices are calibrated through the int4 ones) or a post-hoc swap of the records;
+3. **tables** (§5.5) — group-affine 4- or 8-bit token embedding (group 64, f16 scale and offset) and
+   a separate width for an untied head; a tied head is one table, stored once;
+4. **row scales** (§5.3) — λ per lattice row trained by KL to the teacher, folded into the f64 row
+   scales (:mod:`leechq.quant.row_scales`).
+
+The planned accounting (whole-model bits per parameter, rule 2 of §4.9) comes from
+:mod:`leechq.formats.accounting`; the written artifact's three rates come from
+:func:`leechq.formats.artifact.artifact_report`.
+
+This module is model-agnostic (layer ``quant``): the caller supplies ``quantize_fn`` (e.g.
+:func:`leechq.models.quantize.quantize_model_in_place`) and the embedding / head tensor names.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from leechq.config import QuantConfig
+from leechq.errors import InvalidInput
+from leechq.formats.accounting import ModelBits, record_served_bits, whole_model_bits
+from leechq.formats.artifact import GroupAffine
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.quant.row_scales import (
+    RowScaleConfig,
+    set_module_weights,
+    train_row_scales,
+)
+from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
+
+log = logging.getLogger("leechq.quant")
+
+RECIPE_NAMES = ("bare", "full")
+RECIPE_SCHEMA = 1
+DEFAULT_TARGET_BPP = 2.7
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A resolved recipe: which steps run, with which settings.
+
+    Attributes:
+        name: "bare", "full" or a free name for a custom composition.
+        int4_selection: run step 2 (int4 for the most sensitive lattice matrices).
+        target_bpp: whole-model bits-per-parameter budget of step 2 (rule 2 of §4.9).
+        requantize: step 2 re-encodes with the chosen int4 set (True) or swaps records post hoc.
+        forced_int4: module-name patterns kept int4 from the first encode (e.g. "self_attn.v_proj").
+        int4_group: int4 group size.
+        embedding_bits: step 3 width of the token embedding table (4 or 8; None keeps it).
+        head_bits: width of an *untied* head (4 or 8; None keeps it); a tied head follows the
+            embedding.
+        table_group: group size of the embedding/head tables.
+        row_scales: step 4 settings (None skips the step).
+        sensitivity_windows: calibration windows used to measure step 2's gains.
+        sensitivity_window_len: tokens per sensitivity window.
+        device: "auto" (CUDA when present), "cpu" or "cuda": where steps 2 and 4 run.
+        train_dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32" or "bfloat16".
+    """
+
+    name: str = "bare"
+    int4_selection: bool = False
+    target_bpp: float | None = None
+    requantize: bool = True
+    forced_int4: tuple[str, ...] = ()
+    int4_group: int = 128
+    embedding_bits: int | None = None
+    head_bits: int | None = None
+    table_group: int = 64
+    row_scales: RowScaleConfig | None = None
+    sensitivity_windows: int = 4
+    sensitivity_window_len: int = 256
+    device: str = "auto"
+    train_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "forced_int4", tuple(self.forced_int4))
+        checks = [
+            (isinstance(self.name, str) and bool(self.name), "name must be a string"),
+            (
+                not self.int4_selection
+                or (self.target_bpp is not None and self.target_bpp > 0),
+                "int4_selection needs a positive target_bpp",
+            ),
+            (self.embedding_bits in (None, 4, 8), "embedding_bits must be None, 4 or 8"),
+            (self.head_bits in (None, 4, 8), "head_bits must be None, 4 or 8"),
+            (self.table_group >= 2, "table_group must be >= 2"),
+            (self.int4_group >= 2 and self.int4_group % 2 == 0, "int4_group must be even >= 2"),
+            (self.sensitivity_windows >= 1, "sensitivity_windows must be >= 1"),
+            (self.sensitivity_window_len >= 2, "sensitivity_window_len must be >= 2"),
+            (self.device in ("auto", "cpu", "cuda"), "device must be auto, cpu or cuda"),
+            (
+                self.train_dtype in ("auto", "float32", "bfloat16"),
+                "train_dtype must be auto, float32 or bfloat16",
+            ),
+            (all(isinstance(p, str) and p for p in self.forced_int4), "forced_int4: names"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(f"Recipe: {message}")
+
+    @property
+    def steps(self) -> list[str]:
+        """The steps that run, in order."""
+        out = ["encode"]
+        if self.int4_selection:
+            out.append("int4_by_sensitivity")
+        if self.embedding_bits is not None or self.head_bits is not None:
+            out.append("tables")
+        if self.row_scales is not None:
+            out.append("row_scales")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (the row-scale settings nested)."""
+        out = dataclasses.asdict(self)
+        out["forced_int4"] = list(self.forced_int4)
+        out["row_scales"] = None if self.row_scales is None else self.row_scales.to_dict()
+        out["steps"] = self.steps
+        out["schema"] = RECIPE_SCHEMA
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data.pop("steps", None)
+        if data.pop("schema", RECIPE_SCHEMA) != RECIPE_SCHEMA:
+            raise InvalidInput("Recipe: unknown schema")
+        rs = data.get("row_scales")
+        if rs is not None:
+            data["row_scales"] = RowScaleConfig.from_dict(rs)
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line naming what this recipe does (P4: built from the fields, never hard-coded)."""
+        parts = [f"recipe {self.name}: lattice encode"]
+        if self.forced_int4:
+            parts.append(f"int4 g{self.int4_group} forced for {list(self.forced_int4)}")
+        if self.int4_selection:
+            how = "re-encoded" if self.requantize else "swapped post hoc"
+            parts.append(
+                f"int4 g{self.int4_group} for the most KL-sensitive matrices under "
+                f"{self.target_bpp:g} b/param ({how}; {self.sensitivity_windows}x"
+                f"{self.sensitivity_window_len} calibration tokens)"
+            )
+        if self.embedding_bits is not None:
+            parts.append(f"{self.embedding_bits}-bit g{self.table_group} embedding")
+        if self.head_bits is not None:
+            parts.append(f"{self.head_bits}-bit g{self.table_group} untied head")
+        if self.row_scales is not None:
+            rs = self.row_scales
+            steps = f"{rs.steps} steps" if rs.steps else f"{rs.time_budget_s:g} s budget"
+            parts.append(
+                f"row scales by KL (AdamW lr {rs.lr:g}, warm-up {rs.warmup_steps}, cosine to "
+                f"{rs.final_lr_fraction:g}, batch {rs.batch}, {steps})"
+            )
+        return "; ".join(parts)
+
+
+def resolve_recipe(
+    name: str, target_bpp: float | None = None, **overrides: Any
+) -> Recipe:
+    """The named recipe with its defaults, then ``overrides``.
+
+    * ``bare``: every projection on the lattice, tables kept as in the checkpoint.
+    * ``full``: int4 for the most sensitive matrices under ``target_bpp`` (default 2.7), a 4-bit
+      embedding (tied head included), an 8-bit untied head, row scales trained by KL.
+
+    Raises:
+        InvalidInput: an unknown name, or ``target_bpp`` given to ``bare``.
+    """
+    if name == "bare":
+        if target_bpp is not None:
+            raise InvalidInput("--target-bpp applies to the full recipe only")
+        return Recipe(name="bare", **overrides)
+    if name == "full":
+        base = Recipe(
+            name="full",
+            int4_selection=True,
+            target_bpp=DEFAULT_TARGET_BPP if target_bpp is None else float(target_bpp),
+            embedding_bits=4,
+            head_bits=8,
+            row_scales=RowScaleConfig(),
+        )
+        return base.replace(**overrides) if overrides else base
+    raise InvalidInput(f"unknown recipe {name!r}; choices: {', '.join(RECIPE_NAMES)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class RecipeResult:
+    """What :func:`run_recipe` produced.
+
+    Attributes:
+        model: the student model (its linears and tables hold exactly the stored values).
+        records: module name → record.
+        raw: every other stored tensor (dense or :class:`GroupAffine`).
+        tied: alias → stored tensor name.
+        config: the resolved :class:`QuantConfig` of the final encode (``int4_modules`` and
+            ``embedding_encoding`` as stored).
+        recipe: the resolved recipe.
+        metadata: the recipe record for the artifact's provenance (steps, times, evidence).
+        provenance: the encoder's provenance (model fingerprint, calibration digest, ...).
+    """
+
+    model: nn.Module
+    records: dict[str, QuantizedWeight | Int4Weight]
+    raw: dict[str, torch.Tensor | GroupAffine]
+    tied: dict[str, str]
+    config: QuantConfig
+    recipe: Recipe
+    metadata: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def bits(self, dense_projections: Sequence[str] = ()) -> ModelBits:
+        """Planned whole-model bits (rule 2); ``dense_projections``: see :func:`projected_bits`."""
+        return projected_bits(self.records, self.raw, dense_projections)
+
+    def write(
+        self,
+        out_dir: Any,
+        *,
+        base_config: Mapping[str, Any],
+        tokenizer: Any = None,
+        provenance: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Any:
+        """Write the artifact (:func:`leechq.formats.artifact.write_artifact`) with the recipe
+        record under ``provenance["recipe"]``."""
+        from leechq.formats.artifact import write_artifact
+
+        prov = dict(self.provenance)
+        prov.update(provenance or {})
+        prov["recipe"] = self.metadata
+        return write_artifact(
+            out_dir,
+            base_config=base_config,
+            quant_config=self.config,
+            records=self.records,
+            raw=self.raw,
+            tied=self.tied,
+            tokenizer=tokenizer,
+            provenance=prov,
+            overwrite=overwrite,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# accounting with projected dense projections
+
+
+def projected_bits(
+    records: Mapping[str, QuantizedWeight | Int4Weight],
+    raw: Mapping[str, torch.Tensor | GroupAffine],
+    dense_projections: Sequence[str] = (),
+) -> ModelBits:
+    """Whole-model bits, with the raw tensors named in ``dense_projections`` counted as if they were
+    quantized at the records' mean served rate.
+
+    ``dense_projections`` is for partial-depth runs (only some blocks encoded, to save time): it
+    estimates the full-depth rate of the same per-weight mix. Empty for a real run, where this is
+    exactly :func:`leechq.formats.accounting.whole_model_bits`.
+    """
+    actual = whole_model_bits(records, raw)
+    if not dense_projections:
+        return actual
+    rate = actual.record_bits / max(1, actual.record_weights)
+    moved_bits = 0.0
+    moved_weights = 0
+    for name in dense_projections:
+        t = raw.get(name)
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise InvalidInput(f"dense projection {name!r} is not a 2-D raw tensor")
+        moved_bits += 16.0 * t.numel()
+        moved_weights += t.numel()
+    served = actual.served_bits - moved_bits + rate * moved_weights
+    return ModelBits(
+        served, actual.parameters, actual.record_bits + rate * moved_weights,
+        actual.record_weights + moved_weights,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# steps
+
+
+def _device_dtype(recipe: Recipe) -> tuple[torch.device, torch.dtype]:
+    if recipe.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        if recipe.device == "cuda" and not torch.cuda.is_available():
+            raise InvalidInput("recipe.device is 'cuda' but no CUDA device is available")
+        device = torch.device(recipe.device)
+    if recipe.train_dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, recipe.train_dtype)
+    return device, dtype
+
+
+def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """``model`` itself when it already lives on ``device`` in ``dtype``, else a moved copy."""
+    p = next(model.parameters())
+    if p.device == device and p.dtype == dtype:
+        return model
+    return copy.deepcopy(model).to(device=device, dtype=dtype)
+
+
+def table_records(
+    raw: Mapping[str, torch.Tensor | GroupAffine],
+    tied: Mapping[str, str],
+    recipe: Recipe,
+    embed_name: str,
+    head_name: str | None,
+) -> dict[str, GroupAffine]:
+    """The group-affine tables step 3 stores: name → :class:`GroupAffine`.
+
+    A head tied to the embedding is an alias in ``tied`` and is not a separate table.
+
+    Raises:
+        InvalidInput: the embedding (or an untied head the recipe quantizes) is not a dense raw
+            tensor.
+    """
+    out: dict[str, GroupAffine] = {}
+    wanted = [(embed_name, recipe.embedding_bits)]
+    if head_name is not None and head_name not in tied:
+        wanted.append((head_name, recipe.head_bits))
+    for name, bits in wanted:
+        if bits is None:
+            continue
+        t = raw.get(name)
+        if isinstance(t, GroupAffine):
+            t = t.dequantize(torch.float32)
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise InvalidInput(f"table {name!r} is not a 2-D raw tensor of the model")
+        out[name] = GroupAffine.quantize(t, bits, recipe.table_group)
+    return out
+
+
+def apply_tables(model: nn.Module, tables: Mapping[str, GroupAffine]) -> None:
+    """Make ``model`` evaluate the stored tables (a tied head follows by sharing)."""
+    for name, ga in tables.items():
+        param = model.get_parameter(name)
+        with torch.no_grad():
+            param.copy_(ga.dequantize(torch.float32).to(param.dtype))
+
+
+def _encoding_of(bits: int | None) -> str:
+    return {None: "keep", 8: "int8", 4: "int4"}[bits]
+
+
+def _original_weights(reference: nn.Module, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    return {n: reference.get_submodule(n).weight.detach().to(torch.float32).cpu() for n in names}
+
+
+def run_recipe(
+    reference: nn.Module,
+    calib_windows: torch.Tensor,
+    base_config: QuantConfig,
+    recipe: Recipe,
+    *,
+    quantize_fn: Callable[[nn.Module, torch.Tensor, QuantConfig], Any],
+    embed_name: str,
+    head_name: str | None,
+    train_windows: torch.Tensor | None = None,
+    sensitivity_windows: torch.Tensor | None = None,
+    monitor_windows: torch.Tensor | None = None,
+    dense_projections: Sequence[str] = (),
+    checkpoint_dir: Any = None,
+    student: nn.Module | None = None,
+    encoded: Any = None,
+) -> RecipeResult:
+    """Run ``recipe`` on ``reference`` (left unchanged) and return the quantized model and records.
+
+    Args:
+        reference: the dense reference model (teacher of steps 2 and 4).
+        calib_windows: int64 [n, T] encoding calibration windows.
+        base_config: the encoder configuration (its ``int4_modules`` are replaced by the recipe's
+            ``forced_int4`` + chosen set, its ``embedding_encoding`` by the tables' width; it must
+            keep the embedding, "keep", because tables are a recipe step).
+        recipe: the resolved recipe.
+        quantize_fn: ``quantize_fn(model, calib_windows, config)`` quantizes ``model`` in place and
+            returns an object with ``records``, ``raw``, ``tied``, ``seconds`` and ``provenance``
+            (:func:`leechq.models.quantize.quantize_model_in_place` with ``progress`` bound).
+        embed_name: the token embedding's tensor name (e.g. ``model.embed_tokens.weight``).
+        head_name: the head's tensor name (``lm_head.weight``) or None.
+        train_windows: int64 [N, T] row-scale training windows (calibration split).
+        sensitivity_windows: int64 [M, T'] windows of step 2 (calibration split).
+        monitor_windows: fixed calibration windows on which step 4 reports KL before/after.
+        dense_projections: raw projection tensors of a partial-depth run (accounting only, see
+            :func:`projected_bits`).
+        checkpoint_dir: directory for the row-scale checkpoint (resumable).
+        student, encoded: a model already encoded with ``base_config`` (+ forced int4) and the
+            ``quantize_fn`` result that made it, to skip the first encode (benchmarks reuse one).
+
+    Returns:
+        :class:`RecipeResult`.
+    """
+    if base_config.embedding_encoding != "keep":
+        raise InvalidInput("run_recipe: the encoder must keep the tables (tables are step 3)")
+    if recipe.int4_selection and sensitivity_windows is None:
+        raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
+    if recipe.row_scales is not None and train_windows is None:
+        raise InvalidInput("run_recipe: row-scale training needs train_windows")
+    started = time.perf_counter()
+    log.info("leechq %s", recipe.describe())
+    steps: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {"recipe": recipe.to_dict(), "describe": recipe.describe(),
+                            "steps": steps}
+    config = base_config.replace(
+        int4_modules=tuple(recipe.forced_int4), int4_group=recipe.int4_group
+    )
+
+    def encode(cfg: QuantConfig) -> tuple[nn.Module, Any]:
+        model = copy.deepcopy(reference)
+        return model, quantize_fn(model, calib_windows, cfg)
+
+    # 1. encode
+    t0 = time.perf_counter()
+    if student is None or encoded is None:
+        student, enc = encode(config)
+    else:
+        enc = encoded
+    records: dict[str, QuantizedWeight | Int4Weight] = dict(enc.records)
+    raw: dict[str, torch.Tensor | GroupAffine] = dict(enc.raw)
+    tied = dict(enc.tied)
+    encode_seconds = float(getattr(enc, "seconds", time.perf_counter() - t0))
+    steps.append({"step": "encode", "seconds": time.perf_counter() - t0,
+                  "encoder_seconds": encode_seconds, "config_digest": config.digest()})
+    bare_bits = projected_bits(records, raw, dense_projections)
+    meta["bare_bits_per_param"] = bare_bits.bits_per_param
+
+    tables = table_records(raw, tied, recipe, embed_name, head_name)
+    device, dtype = _device_dtype(recipe)
+
+    # 2. int4 by sensitivity (measured with the final tables in place)
+    if recipe.int4_selection:
+        t0 = time.perf_counter()
+        apply_tables(student, tables)
+        lattice = [n for n, r in records.items() if isinstance(r, QuantizedWeight)]
+        originals = _original_weights(reference, lattice)
+        int4 = {n: Int4Weight.quantize(originals[n], group=recipe.int4_group) for n in lattice}
+        swaps = {n: rec.dequantize(torch.float32) for n, rec in int4.items()}
+        sens_model = _placed(student, device, dtype)
+        teacher = _placed(reference, device, dtype)
+        measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps)
+        del sens_model, teacher
+        planned_raw = {**raw, **tables}
+        plan_bits = projected_bits(records, planned_raw, dense_projections)
+        record_weights = sum(r.d_out * r.d_in for r in records.values())
+        scale = plan_bits.record_weights / max(1, record_weights)
+        budget = recipe.target_bpp * plan_bits.parameters - plan_bits.served_bits
+        candidates = [
+            Candidate(
+                name=n,
+                gain=measured[n].gain,
+                extra_bits=scale * (record_served_bits(int4[n]) - record_served_bits(records[n])),
+                weights=records[n].d_out * records[n].d_in,
+            )
+            for n in lattice
+        ]
+        selection = select_under_budget(candidates, budget)
+        chosen = selection.chosen
+        if chosen and recipe.requantize:
+            config = config.replace(int4_modules=tuple(recipe.forced_int4) + tuple(chosen))
+            student, enc = encode(config)
+            records = dict(enc.records)
+            raw = dict(enc.raw)
+            tied = dict(enc.tied)
+        elif chosen:
+            swapped = {n: int4[n] for n in chosen}
+            records.update(swapped)
+            set_module_weights(student, swapped)
+        meta["sensitivity"] = {
+            "mode": "restore: lattice -> int4 alone, in the encoded model with final tables",
+            "windows": list(sensitivity_windows.shape),
+            "kl_base": next(iter(measured.values())).kl_base if measured else None,
+            "matrices": {
+                c.name: {"gain": c.gain, "kl_swapped": measured[c.name].kl_swapped,
+                         "extra_bits": c.extra_bits, "weights": c.weights}
+                for c in candidates
+            },
+        }
+        meta["selection"] = {
+            **selection.to_dict(),
+            "target_bpp": recipe.target_bpp,
+            "applied": "re-encoded" if recipe.requantize else "post-hoc swap",
+            "cost_scale": scale,
+        }
+        steps.append({"step": "int4_by_sensitivity", "seconds": time.perf_counter() - t0,
+                      "chosen": len(chosen)})
+
+    # 3. tables
+    if tables:
+        t0 = time.perf_counter()
+        raw.update(tables)
+        apply_tables(student, tables)
+        config = config.replace(embedding_encoding=_encoding_of(recipe.embedding_bits))
+        steps.append({"step": "tables", "seconds": time.perf_counter() - t0,
+                      "tables": {n: {"bits": g.bits, "group": g.group, "dims": list(g.dims)}
+                                 for n, g in tables.items()},
+                      "tied": dict(tied)})
+
+    # 4. row scales
+    if recipe.row_scales is not None:
+        t0 = time.perf_counter()
+        train_model = _placed(student, device, dtype)
+        teacher = _placed(reference, device, dtype)
+        result = train_row_scales(
+            train_model, teacher, records, train_windows, recipe.row_scales,
+            checkpoint_dir=checkpoint_dir, monitor_windows=monitor_windows,
+        )
+        del teacher
+        records.update(result.records)
+        if train_model is not student:
+            set_module_weights(student, result.records)
+        meta["row_scales"] = result.summary()
+        meta["row_scales"]["train_windows"] = list(train_windows.shape)
+        meta["row_scales"]["device"] = str(device)
+        meta["row_scales"]["dtype"] = str(dtype).replace("torch.", "")
+        steps.append({"step": "row_scales", "seconds": time.perf_counter() - t0})
+
+    final = projected_bits(records, raw, dense_projections)
+    meta["whole_model_bits_per_param"] = final.bits_per_param
+    meta["projected"] = bool(dense_projections)
+    meta["seconds"] = time.perf_counter() - started
+    meta["config_digest"] = config.digest()
+    provenance = dict(getattr(enc, "provenance", {}) or {})
+    return RecipeResult(student, records, raw, tied, config, recipe, meta, provenance)
+

@@ -1,0 +1,212 @@
+"""The bare/full recipes: resolution and records, planned accounting against the artifact's report,
+and end-to-end runs on tiny models whose artifacts load (int4 records, 4/8-bit tables, tied
+head)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from leechq_tiny import int4_record, lattice_record  # noqa: E402
+
+from leechq.errors import InvalidInput  # noqa: E402
+from leechq.formats.accounting import record_served_bits, whole_model_bits  # noqa: E402
+from leechq.formats.artifact import (  # noqa: E402
+    GroupAffine,
+    artifact_report,
+    read_artifact,
+    write_artifact,
+)
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight  # noqa: E402
+from leechq.quant.recipe import (  # noqa: E402
+    Recipe,
+    projected_bits,
+    resolve_recipe,
+    run_recipe,
+    table_records,
+)
+from leechq.quant.row_scales import RowScaleConfig  # noqa: E402
+
+pytest.importorskip("transformers")
+
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def test_resolve_describe_and_round_trip() -> None:
+    bare = resolve_recipe("bare")
+    assert bare.steps == ["encode"] and bare.row_scales is None
+    full = resolve_recipe("full")
+    assert full.steps == ["encode", "int4_by_sensitivity", "tables", "row_scales"]
+    assert (full.target_bpp, full.embedding_bits, full.head_bits) == (2.7, 4, 8)
+    assert full.row_scales == RowScaleConfig()
+    assert resolve_recipe("full", 3.1).target_bpp == 3.1
+    custom = resolve_recipe("full", 2.5, embedding_bits=8, row_scales=None, requantize=False)
+    assert custom.steps == ["encode", "int4_by_sensitivity", "tables"]
+    text = custom.describe()
+    assert "2.5 b/param" in text and "swapped post hoc" in text and "8-bit g64 embedding" in text
+    assert "row scales" not in text and "row scales" in full.describe()
+    for r in (bare, full, custom):
+        assert Recipe.from_dict(r.to_dict()) == r
+    with pytest.raises(InvalidInput, match="full recipe only"):
+        resolve_recipe("bare", 2.7)
+    with pytest.raises(InvalidInput, match="unknown recipe"):
+        resolve_recipe("sealed")
+    for bad in ({"embedding_bits": 3}, {"int4_selection": True}, {"device": "tpu"},
+                {"int4_group": 3}):
+        with pytest.raises(InvalidInput):
+            Recipe(**bad)
+
+
+def test_planned_bits_equal_the_artifact_report(tmp_path: Path) -> None:
+    from leechq.config import QuantConfig
+
+    g = torch.Generator().manual_seed(0)
+    records = {
+        "model.layers.0.self_attn.q_proj": lattice_record("tetra", 32, 100, seed=1),
+        "model.layers.0.self_attn.v_proj": int4_record(24, 200, seed=3),
+    }
+    raw = {
+        EMBED: GroupAffine.quantize(torch.randn(40, 100, generator=g), 4, 64),
+        HEAD: GroupAffine.quantize(torch.randn(40, 100, generator=g), 8, 64),
+        "model.norm.weight": torch.randn(100, generator=g),
+        "model.layers.0.input_layernorm.weight": torch.randn(100, generator=g).half(),
+    }
+    bits = whole_model_bits(records, raw)
+    path = write_artifact(tmp_path / "a", base_config={"model_type": "llama"},
+                          quant_config=QuantConfig(codebook="tetra"), records=records, raw=raw)
+    report = artifact_report(path)
+    assert bits.bits_per_param == report["rates"]["whole_model_bits_per_param"]
+    assert bits.parameters == report["counts"]["parameters"]
+    assert projected_bits(records, raw) == bits
+    # by hand: tetra 48 bits a block + f16 tail + f32 row scale + 2 f32 centroids; int4 4 bits +
+    # f16 scale and offset per 128-group; tables code bits + 32 per 64-group; floats at 16 bits
+    q = 32 * 4 * 48 + 16 * 32 * 4 + 32 * 32 + 2 * 32
+    v = 24 * 200 * 4 + 32 * 24 * 2
+    tables = 40 * 100 * 4 + 32 * 40 * 2 + 40 * 100 * 8 + 32 * 40 * 2
+    assert bits.served_bits == q + v + tables + 16 * 200
+    assert record_served_bits(records["model.layers.0.self_attn.q_proj"]) == q
+
+
+def test_projected_bits_count_dense_projections_at_the_record_rate() -> None:
+    rec = lattice_record("tetra", 8, 48, seed=0)
+    rate = record_served_bits(rec) / (8 * 48)
+    raw = {"dense.weight": torch.randn(8, 48), "norm": torch.randn(48)}
+    p = projected_bits({"q": rec}, raw, ["dense.weight"])
+    assert p.parameters == 2 * 8 * 48 + 48
+    assert p.served_bits == pytest.approx(2 * rate * 8 * 48 + 16 * 48)
+    with pytest.raises(InvalidInput, match="2-D"):
+        projected_bits({"q": rec}, raw, ["norm"])
+
+
+def _target_between(arch: str, fraction: float) -> float:
+    """A whole-model budget that affords about ``fraction`` of all the int4 upgrades."""
+    from recipe_tiny import quantized
+
+    _, _, enc = quantized(arch)
+    recipe = resolve_recipe("full")
+    tables = table_records(enc.raw, enc.tied, recipe, EMBED, HEAD)
+    base = whole_model_bits(enc.records, {**enc.raw, **tables})
+    extra = 0.0
+    ref = quantized(arch)[0]
+    for name, rec in enc.records.items():
+        w = ref.get_submodule(name).weight.detach()
+        extra += record_served_bits(Int4Weight.quantize(w)) - record_served_bits(rec)
+    return (base.served_bits + fraction * extra) / base.parameters
+
+
+def test_full_recipe_end_to_end_writes_an_artifact_that_loads(tmp_path: Path) -> None:
+    from recipe_tiny import config, logits, quantize_fn, quantized, windows
+
+    from leechq.models.load import load
+
+    arch = "qwen3"  # untied head, ragged widths
+    reference = quantized(arch)[0]
+    target = _target_between(arch, 0.3)
+    recipe = resolve_recipe(
+        "full", target, sensitivity_windows=2,
+        row_scales=RowScaleConfig(steps=4, warmup_steps=1, lr=1e-2, batch=2),
+    )
+    res = run_recipe(
+        reference, windows(4, seed=100), config(), recipe, quantize_fn=quantize_fn,
+        embed_name=EMBED, head_name=HEAD, train_windows=windows(4, seed=7),
+        sensitivity_windows=windows(2, seed=8), monitor_windows=windows(2, seed=9),
+    )
+    meta = res.metadata
+    chosen = meta["selection"]["chosen"]
+    n_lattice = sum(isinstance(r, QuantizedWeight) for r in res.records.values())
+    assert 0 < len(chosen) < n_lattice + len(chosen)
+    assert sorted(n for n, r in res.records.items() if isinstance(r, Int4Weight)) == sorted(chosen)
+    assert meta["selection"]["spent_bits"] <= meta["selection"]["budget_bits"]
+    assert meta["whole_model_bits_per_param"] <= target + 1e-12
+    assert meta["whole_model_bits_per_param"] > meta["bare_bits_per_param"] - 10  # sanity
+    assert set(meta["sensitivity"]["matrices"]) >= set(chosen)
+    assert [s["step"] for s in meta["steps"]] == ["encode", "int4_by_sensitivity", "tables",
+                                                  "row_scales"]
+    assert meta["row_scales"]["steps"] == 4 and meta["row_scales"]["rows_changed"] > 0
+    assert res.config.int4_modules == tuple(chosen)  # re-encoded with the chosen set
+    assert res.config.embedding_encoding == "int4"
+    assert isinstance(res.raw[EMBED], GroupAffine) and res.raw[EMBED].bits == 4
+    assert isinstance(res.raw[HEAD], GroupAffine) and res.raw[HEAD].bits == 8
+
+    path = res.write(tmp_path / "full", base_config=reference.config.to_dict())
+    art = read_artifact(path)
+    assert art.quantization_config["provenance"]["recipe"]["selection"]["chosen"] == chosen
+    assert art.raw_quant[EMBED].bits == 4 and art.raw_quant[HEAD].bits == 8
+    report = artifact_report(path)
+    assert report["rates"]["whole_model_bits_per_param"] == meta["whole_model_bits_per_param"]
+    assert report["counts"]["int4_records"] == len(chosen)
+    loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
+    ids = windows(2, 16, seed=11)
+    torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
+    # the stored head is the 8-bit table, the embedding the 4-bit one
+    assert torch.equal(loaded.lm_head.weight, art.raw_quant[HEAD].dequantize())
+    assert torch.equal(loaded.model.embed_tokens.weight, art.raw_quant[EMBED].dequantize())
+
+
+def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
+    from recipe_tiny import config, logits, quantize_fn, quantized, windows
+
+    from leechq.models.load import load
+
+    reference, student, enc = quantized("qwen2")  # tied head, q/k/v biases
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD)
+    bare = run_recipe(reference, windows(4, seed=100), config(), resolve_recipe("bare"),
+                      student=student, encoded=enc, **kw)
+    assert [s["step"] for s in bare.metadata["steps"]] == ["encode"]
+    assert bare.records == enc.records and bare.raw == enc.raw
+    recipe = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
+                            row_scales=None, sensitivity_windows=2)
+    res = run_recipe(reference, windows(4, seed=100), config(), recipe,
+                     sensitivity_windows=windows(2, seed=8), **kw)
+    chosen = res.metadata["selection"]["chosen"]
+    assert chosen and res.metadata["selection"]["applied"] == "post-hoc swap"
+    assert res.config.int4_modules == ()  # the encode ran without them: recorded as it ran
+    for name in chosen:  # the swapped record is round-to-nearest of the original tensor
+        want = Int4Weight.quantize(reference.get_submodule(name).weight.detach())
+        assert torch.equal(res.records[name].qweight, want.qweight)
+    assert res.tied == {HEAD: EMBED}
+    assert HEAD not in res.raw and res.raw[EMBED].bits == 4
+    path = res.write(tmp_path / "tied", base_config=reference.config.to_dict())
+    loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    ids = windows(2, 16, seed=3)
+    torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
+
+
+def test_recipe_refuses_inconsistent_inputs() -> None:
+    from recipe_tiny import config, quantize_fn, quantized, windows
+
+    reference = quantized("llama")[0]
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD)
+    with pytest.raises(InvalidInput, match="keep the tables"):
+        run_recipe(reference, windows(4), config(embedding_encoding="int8"),
+                   resolve_recipe("bare"), **kw)
+    with pytest.raises(InvalidInput, match="sensitivity_windows"):
+        run_recipe(reference, windows(4), config(), resolve_recipe("full"), **kw)
+    with pytest.raises(InvalidInput, match="train_windows"):
+        run_recipe(reference, windows(4), config(), Recipe(row_scales=RowScaleConfig()), **kw)
