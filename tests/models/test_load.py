@@ -145,3 +145,23 @@ def _rewrite(out: Path, cfg: dict) -> None:
     data = path.read_bytes()
     man["files"]["config.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     man_path.write_text(json.dumps(man))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_load_on_cuda(tmp_path: Path, arch: str) -> None:
+    """On CUDA every lattice and int4 module runs a fused kernel; logits agree with the CPU load."""
+    out, _ = make_artifact(tmp_path, arch)
+    cpu, _ = load(out, device="cpu", dtype=torch.float32, tokenizer=False)
+    gpu, _ = load(out, device="cuda", dtype=torch.float32, tokenizer=False)
+    paths = {m.execution.path for m in gpu.modules() if isinstance(m, LeechqLinear)}
+    assert paths == {"fused"}
+    x = ids()
+    with torch.no_grad():
+        a = cpu(x).logits
+        b = gpu(x.cuda()).logits.cpu()
+    assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+    g16, _ = load(out, device="cuda", dtype=torch.bfloat16, tokenizer=False)
+    with torch.no_grad():
+        c = g16(x.cuda()).logits.float().cpu()
+    assert (a - c).abs().max() <= 5e-2 * a.abs().max()

@@ -143,7 +143,13 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default=None, help="artifact directory [default: a cache directory]")
     p.add_argument("--codebook", choices=("tetra", "ball"), default="tetra")
-    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where to quantize: cpu, cuda or auto [default: cpu]; the 2-bit model always answers "
+        "and is evaluated on the CPU",
+    )
+    p.add_argument("--calib-tokens", type=int, default=None, help="calibration tokens [4096]")
     p.add_argument("--prompt", default=None, help="prompt to answer")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--eval-windows", type=int, default=None, help="held-out windows for quality")
