@@ -278,7 +278,7 @@ class LeechqHfQuantizer(HfQuantizer):
         return out
 
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
-        from leechq.nn.replace import materialize_all, share_groups
+        from leechq.nn.replace import finalize_all, materialize_all, share_groups
 
         qc = self.quantization_config
         store = getattr(model, "leechq", None)
@@ -302,8 +302,7 @@ class LeechqHfQuantizer(HfQuantizer):
                 )
             ]
         dtype = self.dtype or torch.float32
-        for name, module in self.modules.items():
-            module.finalize(devices[name], dtype)
+        finalize_all(self.modules, devices, dtype)
         share_groups(self.modules)
         return model
 

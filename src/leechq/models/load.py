@@ -20,7 +20,6 @@ transformers is imported inside functions only (architecture.md §6.2).
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +157,12 @@ def load(
         UnsupportedArchitecture: a model type transformers cannot build, or records that do not fit.
     """
     from leechq.formats.artifact import read_artifact
-    from leechq.nn.replace import leechq_modules, replace_with_records, share_groups
+    from leechq.nn.replace import (
+        finalize_all,
+        leechq_modules,
+        replace_with_records,
+        share_groups,
+    )
 
     root = Path(path)
     dev = resolve_device(device)
@@ -194,11 +198,7 @@ def load(
 
     model.to(dev)
     modules = leechq_modules(model)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for module in modules.values():
-            module.finalize(dev, dt, prefer=prefer)
-    _summarize_warnings(caught)
+    finalize_all(modules, dev, dt, prefer=prefer)
     share_groups(modules)
     model.eval()
     model.requires_grad_(False)
@@ -206,25 +206,6 @@ def load(
     model.leechq_artifact = str(root)
     tok = load_tokenizer(root) if tokenizer else None
     return model, tok
-
-
-def _summarize_warnings(caught: list[warnings.WarningMessage]) -> None:
-    """Re-emit reference-path warnings once per distinct reason instead of once per module."""
-    from leechq.nn.linear import ReferencePathWarning
-
-    reasons: dict[str, int] = {}
-    for w in caught:
-        if issubclass(w.category, ReferencePathWarning):
-            reason = str(w.message).split(": ", 1)[-1]
-            reasons[reason] = reasons.get(reason, 0) + 1
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    for reason, count in reasons.items():
-        warnings.warn(
-            f"{count} quantized module(s) run the dense reference path: {reason}",
-            ReferencePathWarning,
-            stacklevel=3,
-        )
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:

@@ -28,11 +28,11 @@ from leechq.formats.rotation import RotationTables
 class SharedRotation:
     """One activation rotation shared by the modules that read the same input.
 
-    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when called
-    again with the same data: a view of the same storage (kept alive by a strong reference, so its
-    address cannot be recycled), same offset, shape, strides and dtype, at the same version counter
-    (which in-place writes to any view of that storage bump). Equal values in another tensor are
-    recomputed; this never keys on a bare address or a width.
+    ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when
+    called again with the same data: a view of the same storage (kept alive by a strong reference,
+    so its address cannot be recycled), same offset, shape, strides and dtype, at the same version
+    counter (which in-place writes to any view of that storage bump). Equal values in another tensor
+    are recomputed; this never keys on a bare address or a width.
     """
 
     def __init__(self, tables: RotationTables) -> None:

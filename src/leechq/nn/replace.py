@@ -152,6 +152,46 @@ def materialize_all(
         module.materialize(rotations)
 
 
+def finalize_all(
+    modules: Mapping[str, LeechqLinear],
+    device: torch.device | str | Mapping[str, torch.device],
+    dtype: torch.dtype,
+    prefer: str = "auto",
+) -> dict[str, int]:
+    """Finalize every module (see :meth:`LeechqLinear.finalize`), warning once per distinct reason.
+
+    Args:
+        modules: name → module.
+        device: one device for all, or name → device.
+        dtype: activation dtype.
+        prefer: kernel preference.
+
+    Returns:
+        Count of modules per execution path (``{"dense": n, "fused": m}``).
+    """
+    import warnings
+
+    from leechq.nn.linear import ReferencePathWarning
+
+    counts: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for name, module in modules.items():
+        dev = device[name] if isinstance(device, Mapping) else device
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReferencePathWarning)
+            ex = module.finalize(dev, dtype, prefer=prefer)
+        counts[ex.path] = counts.get(ex.path, 0) + 1
+        if ex.reason is not None:
+            reasons[ex.reason] = reasons.get(ex.reason, 0) + 1
+    for reason, count in reasons.items():
+        warnings.warn(
+            f"{count} quantized module(s) run the dense reference path: {reason}",
+            ReferencePathWarning,
+            stacklevel=2,
+        )
+    return counts
+
+
 def leechq_modules(model: nn.Module) -> dict[str, LeechqLinear]:
     """Every :class:`LeechqLinear` of ``model`` by name."""
     return {n: m for n, m in model.named_modules() if isinstance(m, LeechqLinear)}
