@@ -3,8 +3,7 @@
 Implements the configuration side of leech-core.md §5.1 (the recipe table) and pitfall P4 ("name and
 log the resolved configuration") / P14 (record the full resolved configuration in the artifact).
 :class:`QuantConfig` is a frozen dataclass: what a run does is exactly what ``to_dict()`` says, and
-a
-resumed run refuses to continue under a configuration whose :meth:`QuantConfig.digest` differs
+a resumed run refuses to continue under a configuration whose :meth:`QuantConfig.digest` differs
 (P12).
 
 This module is importable without torch (``import leechq.config`` stays lean).
@@ -45,8 +44,8 @@ class QuantConfig:
     Attributes:
         codebook: direction codebook name in :mod:`leechq.codebooks` ("ball" or "tetra").
         gain_bits: gain bits per 24-block (0, 1 or 2): ``2**gain_bits`` per-matrix centroids
-        relative
-            to the frozen row scale (leech-core.md §4.6, §5.4). 0 bits is one constant per matrix.
+            relative to the frozen row scale (leech-core.md §4.6, §5.4). 0 bits is one constant per
+            matrix.
         centroid_iters: Lloyd–Max iterations for the gain centroids (40 in the reference).
         damping: relative Hessian damping λ: ``H + λ·mean(diag H)·I`` (leech-core.md §5.2).
         rotate: apply the input-side incoherence rotation (leech-core.md §5.3).
@@ -62,15 +61,13 @@ class QuantConfig:
         hessian_dtype: accumulation dtype of the Hessians ("float32" on the device in the
         reference).
         int4_modules: module-name suffixes (e.g. "self_attn.v_proj") kept as int4 g128 instead of
-        the
-            lattice (layouts-kernels-recipe.md §5.2); may be qualified by layer as
+            the lattice (layouts-kernels-recipe.md §5.2); may be qualified by layer as
             "layers.12.mlp.down_proj".
         int4_group: int4 group size along the row.
         int4_gptq: GPTQ-compensate int4 matrices (False = round-to-nearest of the original tensor,
             as the published recipe does).
         embedding_encoding: "keep" (as stored in the checkpoint), "int8" or "int4" group-affine for
-        the
-            token embedding and an untied head (layouts-kernels-recipe.md §5.5).
+            the token embedding and an untied head (layouts-kernels-recipe.md §5.5).
         embedding_group: group size of the group-affine embedding encoding.
         calibration: free-form provenance of the calibration text (dataset, revision, split).
     """

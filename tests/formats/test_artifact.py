@@ -6,6 +6,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
-from standin_codebook import register
+from standin_codebook import NAME, register, registered
 
 from leechq.codebooks import names
 from leechq.config import QuantConfig
@@ -30,6 +31,12 @@ from leechq.formats.artifact import (
 )
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import generate_rotation, rotation_seed
+
+
+@pytest.fixture(autouse=True)
+def _standin() -> Iterator[str]:
+    with registered() as name:
+        yield name
 
 
 @pytest.mark.parametrize(
@@ -130,7 +137,7 @@ def _write(tmp: Path, codebook: str | None = None, **kw) -> Path:  # type: ignor
 
 
 def _available_codebooks() -> list[str]:
-    out = [register()]
+    out = [NAME]
     if "tetra" in names():
         out.append("tetra")
     return out

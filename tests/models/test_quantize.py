@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
-from standin_codebook import register
+from standin_codebook import register, registered
 
 from leechq.config import QuantConfig
 from leechq.errors import InvalidInput, UnsupportedArchitecture
@@ -20,6 +21,12 @@ from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.models.quantize import quantize_model, quantize_model_in_place
 
 transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _standin() -> Iterator[str]:
+    with registered() as name:
+        yield name
 
 
 def _llama(layers: int = 2, hidden: int = 96):  # type: ignore[no-untyped-def]

@@ -1,13 +1,16 @@
 """A tiny stand-in direction codebook for pipeline tests (not a lattice codebook).
 
 Label = 24-bit sign pattern (bit i set ⇔ coordinate i negative); point = 2·sign. Its angular
-encoder is
-exact (the best ±1 direction for x is sign(x)), batched and cheap, so the GPTQ loop, the artifact
-and
-the driver can be tested end to end without the Λ24 search. Registered once under ``standin-cube``.
+encoder is exact (the best ±1 direction for x is sign(x)), batched and cheap, so the GPTQ loop, the
+artifact and the driver can be tested end to end without the Λ24 search. Registered under
+``standin-cube`` only while a test runs (:func:`registered`, from an autouse fixture), never at
+collection time, so tests that enumerate the registry (codebook conformance) never see it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -40,3 +43,22 @@ def register() -> str:
     if NAME not in REGISTRY:
         REGISTRY.register(NAME, StandinCube)
     return NAME
+
+
+def unregister() -> None:
+    """Remove the stand-in again, so that tests which enumerate the registry never see it.
+
+    (The registry has no public removal: this test helper reaches into it on purpose.)
+    """
+    REGISTRY._factories.pop(NAME, None)
+    REGISTRY._instances.pop(NAME, None)
+
+
+@contextmanager
+def registered() -> Iterator[str]:
+    """The stand-in's name, registered inside the ``with`` block (for an autouse fixture)."""
+    register()
+    try:
+        yield NAME
+    finally:
+        unregister()

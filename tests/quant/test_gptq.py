@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
-from standin_codebook import register
+from standin_codebook import register, registered
 
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, UnsupportedShape
@@ -22,6 +24,12 @@ from leechq.formats.rotation import apply_rotation, generate_rotation, rotation_
 from leechq.quant.coders import IdentityCoder, ScalarRoundCoder, ShapeGainCoder, row_scales
 from leechq.quant.gptq import gptq_quantize, gptq_quantize_reference, proxy_loss, quantize_int4
 from leechq.quant.hessian import damp, inverse_cholesky_factor, prepare_factor, rotate_hessian
+
+
+@pytest.fixture(autouse=True)
+def _standin() -> Iterator[str]:
+    with registered() as name:
+        yield name
 
 
 def _problem(d_out: int, d_in: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

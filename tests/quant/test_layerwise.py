@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from standin_codebook import register
+from standin_codebook import NAME, registered
 
 from leechq.config import QuantConfig
 from leechq.errors import InvalidInput
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import rotation_seed
 from leechq.quant.layerwise import LinearSpec, Progress, quantize_blocks
+
+
+@pytest.fixture(autouse=True)
+def _standin() -> Iterator[str]:
+    with registered() as name:
+        yield name
 
 
 class ToyBlock:
@@ -50,7 +56,7 @@ def _states(seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(2, 16, 48, generator=g) for _ in range(3)]
 
 
-CFG = QuantConfig(codebook=register(), calib_windows=6, calib_window_len=16, device="cpu")
+CFG = QuantConfig(codebook=NAME, calib_windows=6, calib_window_len=16, device="cpu")
 
 
 def _run(tmp: Path | None, cfg: QuantConfig = CFG, on_block=None, n: int = 3):  # type: ignore[no-untyped-def]

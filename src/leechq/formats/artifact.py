@@ -1,30 +1,26 @@
-"""The leechq artifact: an HF-style directory holding a quantized model in canonical (layout-free)
-form.
+"""The leechq artifact: an HF-style directory holding a quantized model in canonical form.
 
 A directory holds
 
 * ``config.json`` — the base model config plus ``quantization_config`` = {``quant_method:
-  "leechq"``,
-  ``schema_version``, the resolved :class:`~leechq.config.QuantConfig`, codebook name + fingerprint,
-  ``records`` {module: descriptor}, ``rotations`` {key: descriptor}, ``raw`` {tensor: descriptor},
-  ``tied`` {alias: tensor}};
-* ``model.safetensors`` — per lattice record ``<module>.codes`` (U8: one big-endian integer
-  ``(label << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block,
-  row-major by
-  (row, block); for 47 + 1 bits this is exactly the published Tetra disk stream, 6 bytes a block,
+  "leechq"``, ``schema_version``, the resolved :class:`~leechq.config.QuantConfig`, codebook name +
+  fingerprint, ``records`` {module: descriptor}, ``rotations`` {key: descriptor}, ``raw`` {tensor:
+  descriptor}, ``tied`` {alias: tensor}};
+* ``model.safetensors`` — per lattice record ``<module>.codes`` (U8: one big-endian integer ``(label
+  << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block, row-major by (row,
+  block); for 47 + 1 bits this is exactly the published Tetra disk stream, 6 bytes a block,
   tetra-format.md §1.3), ``<module>.row_scales`` (F64), ``<module>.centroids`` (F64),
   ``<module>.tail`` (F32, rotated basis, only when ``d_in mod 24 > 0``); rotation tables
   ``leechq.rotations.<d_in>_<seed:016x>.signs`` (F64 ±1) and ``.small`` (F64 ``Q_odd``)
-  de-duplicated by
-  (width, effective seed); int4 records ``<module>.qweight/.scales/.biases`` (tetra-format.md §3.2);
-  every other tensor under its own name, as stored in the checkpoint, or group-affine quantized
-  (``<name>.qweight/.scales/.biases``) when the config asks for it;
+  de-duplicated by (width, effective seed); int4 records ``<module>.qweight/.scales/.biases``
+  (tetra-format.md §3.2); every other tensor under its own name, as stored in the checkpoint, or
+  group-affine quantized (``<name>.qweight/.scales/.biases``) when the config asks for it;
 * tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
 
 The directory is assembled under a hidden temporary name and renamed into place: the rename is the
 commit point, so a crash never leaves a directory that looks complete. Readers validate everything
-and
-name the file / tensor at fault. Kernels repack at load; nothing here depends on a served layout.
+and name the file / tensor at fault. Kernels repack at load; nothing here depends on a served
+layout.
 
 Three accounting rules, never mixed (layouts-kernels-recipe.md §4.9): :func:`artifact_report` gives
 kernel bits per quantized weight, whole-model bits per parameter, and the on-disk rate separately.
@@ -248,9 +244,8 @@ class Artifact:
 
     def dense_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Every tensor dense, under its model name (records as ``<module>.weight``, decoded
-        exactly;
-        tied aliases included). ``dtype`` casts float tensors (None keeps f32 records / stored
-        raw)."""
+        exactly; tied aliases included). ``dtype`` casts float tensors (None keeps f32 records and
+        stored raw tensors as they are)."""
         out: dict[str, torch.Tensor] = {}
         for name, rec in self.records.items():
             out[f"{name}.weight"] = rec.dequantize(torch.float32)
@@ -487,7 +482,9 @@ def write_artifact(
         save_file(
             tensors,
             str(tmp / MODEL_FILE),
-            metadata={"format": "pt", "leechq_schema_version": str(SCHEMA_VERSION)},
+            # One key only: safetensors writes the metadata map in hash order, so a second key
+            # would make two identical artifacts differ in bytes (the version is in config.json).
+            metadata={"format": "pt"},
         )
         _fsync_write(
             tmp / CONFIG_FILE, json.dumps(cfg, indent=2, sort_keys=True, default=str).encode()
@@ -879,19 +876,16 @@ def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Per-matrix rates and the three accounting rates of an artifact, reported separately.
 
     Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits
-    per
-    weight) and ``rates``:
+    per weight) and ``rates``:
 
-    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit
-      tail +
-      32-bit row scale), over the quantized projections only (tail columns in the denominator);
+    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit tail
+      + 32-bit row scale), over the quantized projections only (tail columns in the denominator);
     * ``whole_model_bits_per_param`` — every weight bit the served model keeps (f16 tails, f32 row
       scales, int4 with f16 scale/offset, group-affine tables, float tensors at 16 bits) over all
       parameters, embedding included and a tied head counted once;
     * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given
-      for
-      the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of the
-      records over the quantized weights.
+      for the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of
+      the records over the quantized weights.
     """
     art = read_artifact(directory, verify=False)
     from leechq.codebooks import get

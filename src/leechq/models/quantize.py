@@ -1,19 +1,17 @@
 """Model glue: quantize a transformers Llama/Qwen2/Qwen3-shaped causal LM block by block.
 
-Implements leech-core.md §5.2's sequential procedure for transformers models (5.x decoder-layer call
-signature: ``layer(hidden_states, attention_mask=..., position_ids=..., position_embeddings=(cos,
-sin))``)
-on top of the generic driver :func:`leechq.quant.layerwise.quantize_blocks`, then writes the
-artifact
+Implements leech-core.md §5.2's sequential procedure for transformers models, with the 5.x
+decoder-layer call signature ``layer(hidden_states, attention_mask=..., position_ids=...,
+position_embeddings=(cos, sin))``, on top of the generic driver
+:func:`leechq.quant.layerwise.quantize_blocks`, then writes the artifact
 (:mod:`leechq.formats.artifact`).
 
 How standalone decoder-layer calls get their extra arguments: every decoder layer is temporarily
 replaced by a capture stub and the model is run on one calibration batch; the stubs record what the
 model passes to each layer (the causal or sliding-window mask, the rotary ``(cos, sin)`` from
 ``model.model.rotary_emb``, the position ids) and the first stub records the embeddings. The last
-stub
-stops the forward, so the head never runs. Which modules are the blocks, which linears they hold and
-which activation each reads come from :mod:`leechq.models.arch`.
+stub stops the forward, so the head never runs. Which modules are the blocks, which linears they
+hold and which activation each reads come from :mod:`leechq.models.arch`.
 """
 
 from __future__ import annotations
@@ -167,8 +165,8 @@ def capture_layer_inputs(
         batches: int64 token windows, one tensor [b, seq] per forward batch.
 
     Returns:
-        (hidden states per batch [b, seq, d] in ``dtype`` on ``device``,
-         per layer: {batch size: kwargs} — kwargs captured from one batch of each size).
+        (hidden states per batch [b, seq, d] in ``dtype`` on ``device``, per layer: {batch size:
+         kwargs} — kwargs captured from one batch of each size).
     """
     layers = arch.layers(model)
     n = len(layers)
@@ -400,8 +398,7 @@ def quantize_model(
         out_dir: the artifact directory (written atomically).
         progress: tqdm progress bar.
         checkpoint_dir: resumable run directory; defaults to ``<out_dir>.ckpt``; removed after
-        success
-            unless ``keep_checkpoint``.
+            success unless ``keep_checkpoint``.
         model_id: recorded in the provenance.
         overwrite: replace an existing artifact.
 

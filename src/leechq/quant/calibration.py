@@ -2,10 +2,9 @@
 
 Implements the windowing of leech-core.md §5.2: the calibration text is tokenized once (no special
 tokens) and cut into ``n`` contiguous, non-overlapping windows of ``length`` tokens starting at
-token 0
-(the reference takes 64 × 2048 = 131 072 tokens). No hub access happens here: the text comes from
-the
-caller (``leechq.data``), and :func:`token_digest` pins the exact tokens a run used (pitfall P14).
+token 0 (the reference takes 64 × 2048 = 131 072 tokens). No hub access happens here: the text comes
+from the caller (``leechq.data``), and :func:`token_digest` pins the exact tokens a run used
+(pitfall P14).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Block coders: what the GPTQ loop calls to code one column group of 24 for every row at once.
 
 A coder turns ``v`` (float64 [rows, 24], the current error-compensated values of one 24-column
-group)
-into codes and the exact reconstruction the loop continues with (leech-core.md §5.5). Three kinds:
+group) into codes and the exact reconstruction the loop continues with (leech-core.md §5.5). Three
+kinds:
 
 * :class:`ShapeGainCoder` — the shipped rule (leech-core.md §4.6, §5.4) through
   :mod:`leechq.codebooks.shape_gain`: direction from a registered codebook (one batched
@@ -12,8 +12,7 @@ into codes and the exact reconstruction the loop continues with (leech-core.md �
 * :class:`IdentityCoder` — returns ``v`` unchanged (the control of §5.5: must leave a layer
   unchanged).
 * :class:`ScalarRoundCoder` — a uniform scalar grid relative to the row scale; a codebook-free
-  control
-  for tests of the loop itself.
+  control for tests of the loop itself.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
 
 * the weights are rotated ``W' = W Qᵀ`` (Q applied to every row) in f64;
 * row scales ``s_i`` are computed once on the full rotated row (tail included) and frozen; the
-  coder's
-  per-matrix parameters (gain centroids) are fitted on ``W'`` *before* the loop (pitfall P5);
+  coder's per-matrix parameters (gain centroids) are fitted on ``W'`` *before* the loop (pitfall
+  P5);
 * left → right over 24-column groups Q: every row's block of the group is coded in ONE batched coder
   call (the hot path), ``E = v − q`` against the *compensated* values, ``X = E·U_QQ⁻¹``, ``W'[:, R]
   −= X·U[Q, R]`` for all later columns R (tail included);
@@ -20,9 +20,8 @@ rows), so the batched loop and the per-row reference :func:`gptq_quantize_refere
 bit.
 
 The int4 path (:func:`quantize_int4`) keeps a matrix as the published ``int4g128`` record in the
-natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md
-§5.2), or
-optionally column-wise GPTQ against the natural-basis Hessian with the group scales frozen.
+natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md §5.2),
+or optionally column-wise GPTQ against the natural-basis Hessian with the group scales frozen.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ class GPTQResult:
         coder: name of the coder that produced it.
         lattice: whether ``labels``/``gains`` are codebook codes (a :class:`QuantizedWeight`).
         weight_rot: float64 [d_out, d_in], the evaluated matrix in the rotated basis (coded blocks
-        as
-            reconstructed in exact f64 order, tail rounded to f32).
+            as reconstructed in exact f64 order, tail rounded to f32).
         labels: int64 [d_out, n_blocks].
         gains: uint8 [d_out, n_blocks].
         row_scales: float64 [d_out].

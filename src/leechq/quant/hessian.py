@@ -7,10 +7,8 @@ Implements leech-core.md §5.2 ("Calibration and Hessians") and the Hessian half
 * rotated as ``H' = Q H Qᵀ`` by two passes of the fast transform (no dense Q is ever built);
 * damped as ``H + λ·mean(diag H)·I`` (λ = 0.01);
 * factored once per activation as the upper-triangular ``U`` with ``H⁻¹ = UᵀU`` (Cholesky → inverse
-  →
-  Cholesky, all f64). A Hessian that is not positive definite after damping is a hard error naming
-  the
-  matrix (dead channels or too little data).
+  → Cholesky, all f64). A Hessian that is not positive definite after damping is a hard error naming
+  the matrix (dead channels or too little data).
 """
 
 from __future__ import annotations

@@ -7,18 +7,15 @@ Implements the sequential procedure of leech-core.md §5.2. For transformer bloc
    input (act 0..3);
 2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once;
 3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits)
-   and
-   write the dequantized weights back into the module (the exact weights the artifact decodes to,
-   P13);
+   and write the dequantized weights back into the module (the exact weights the artifact decodes
+   to, P13);
 4. pass 2: advance the hidden states through the now-quantized block.
 
 The model glue describes each block as a :class:`Block` (its linears, which activation each reads, a
 forward over one batch of hidden states, and how to move it to the compute device). Memory is
-bounded
-by one block plus the hidden states. After each block the driver can commit a checkpoint (that
-block's
-records and the advanced hidden states, written atomically); a restarted run with the same run
-identity skips finished blocks, and a different identity is refused (pitfall P12).
+bounded by one block plus the hidden states. After each block the driver can commit a checkpoint
+(that block's records and the advanced hidden states, written atomically); a restarted run with the
+same run identity skips finished blocks, and a different identity is refused (pitfall P12).
 """
 
 from __future__ import annotations
@@ -278,10 +275,8 @@ class Checkpoint:
     """A resumable run directory.
 
     Layout: ``run.json`` (run identity, blocks done, per-block stats; the commit point, written
-    last),
-    ``block_NNNN.safetensors`` (that block's records), ``states_NNNN.safetensors`` (hidden states
-    after
-    block NNNN; only the latest is kept). A crash loses at most the block in flight.
+    last), ``block_NNNN.safetensors`` (that block's records), ``states_NNNN.safetensors`` (hidden
+    states after block NNNN; only the latest is kept). A crash loses at most the block in flight.
 
     Args:
         directory: where to keep the run (created if missing).
@@ -492,8 +487,8 @@ def quantize_blocks(
             batch; consumed (advanced in place of the list).
         config: the resolved configuration.
         checkpoint_dir: if given, commit each finished block there and resume from it.
-        run_id: identity of the run for the checkpoint (defaults to the config digest + block
-        layout).
+        run_id: identity of the run for the checkpoint (defaults to the config digest; the block
+            layout is always added).
         progress: show a tqdm bar.
         on_block: called with t after block t is committed (tests use it to simulate a crash).
 
