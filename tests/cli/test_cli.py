@@ -166,3 +166,27 @@ def test_demo_readiness_checks() -> None:
     ok, why = codebook_ready("no-such-codebook")
     assert not ok and "no-such-codebook" in why
     assert quantizer_ready() == (True, "")
+
+
+def test_chat_reads_turns_until_exit(artifact: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "leechq.cli.main",
+            "chat",
+            str(artifact),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "3",
+            "--temperature",
+            "0",
+        ],
+        input="the water\n/reset\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "leechq chat" in res.stdout and "(conversation reset)" in res.stdout
