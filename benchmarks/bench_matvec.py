@@ -121,7 +121,9 @@ def _lattice_weights(model: Model, arm: str, fused: bool, device: str, seed: int
 
 
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
-                  fused: bool, config, null: bool = False) -> Pass:
+                  fused: bool, config, null: bool = False, noprep: bool = False) -> Pass:
+    """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
+    rotation kernel writes them in a served model), so the pass is the matvec launches only."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -147,11 +149,18 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     else:
         mv = ops.tetra48_matvec_prepared if base == "tetra48" else ops.planes14_matvec_prepared
 
+    prepared = [{src: ops.prepare_activation(xs[b][src], nb_of[k], order)
+                 for k in first for src in [GROUP_INPUT[k.split("+")[0]]]}
+                for b in range(n_sets)] if noprep else None
+
     def run(b: int) -> None:
         for lw in layers:
             done = set()
             for k, w in lw.items():
                 src = GROUP_INPUT[k.split("+")[0]]
+                if prepared is not None:
+                    mv(prepared[b][src], w, batch, config, out=outs[k])
+                    continue
                 if src not in done:
                     ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
                     done.add(src)
@@ -160,8 +169,8 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
     if null:
         nbytes = sum(4 * (w.row_scales.numel() + w.tail.numel()) for lw in layers for w in lw.values())
-    launches = model.layers * (len(first) + 4)
-    name = ("null" if null else base) + ("-fused" if fused else "")
+    launches = model.layers * (len(first) + (0 if noprep else 4))
+    name = ("null" if null else base) + ("-fused" if fused else "") + ("-noprep" if noprep else "")
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -181,6 +190,45 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             bound = x[src].double().abs() @ dense.abs().T
             worst = max(worst, float(((y.double() - want).abs() / bound).max()))
             del dense
+        return worst
+
+    p.check = check  # type: ignore[attr-defined]
+    return p
+
+
+def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int) -> Pass:
+    """The activation rotations of a served pass: one per input group (4 per layer), each writing
+    the prepared layout the Tetra kernels read (so it replaces the preparation launch)."""
+    import torch
+
+    from leechq.formats.rotation import generate_rotation
+    from leechq.kernels import reference as ref
+    from leechq.kernels.tables import tetra_kernel_tables
+    from leechq.kernels.triton import ops
+
+    q = model.q_heads * model.head_dim
+    widths = {"attn": model.hidden, "o": q, "mlp": model.hidden, "down": model.intermediate}
+    tables = {n: generate_rotation(n, seed + n) for n in set(widths.values())}
+    rots = {n: ops.DeviceRotation.from_tables(t, device) for n, t in tables.items()}
+    order = tetra_kernel_tables(device).order
+    xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
+    outs = {src: torch.zeros(ref.prepared_rows(batch), ref.prepared_width(n // 24), device=device)
+            for src, n in widths.items()}
+
+    def run(b: int) -> None:
+        for _ in range(model.layers):
+            for src, n in widths.items():
+                ops.rotate(xs[b][src], rots[n], prepared_order=order, out=outs[src])
+
+    p = Pass("rotation", batch, run, 0, model.layers * 4)
+
+    def check() -> float:
+        worst = 0.0
+        for src, n in widths.items():
+            got = ops.rotate(xs[0][src], rots[n], prepared_order=order)
+            want = ref.prepare_activation(ref.rotate(xs[0][src].cpu(), tables[n]).to(device),
+                                          n // 24, order)
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -366,7 +414,7 @@ def git_rev() -> str:
 
 
 def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, sweep: list,
-                 workers: int) -> float:
+                 workers: int, arms: str = "tetra48,planes14,null,int4,rotation") -> float:
     """Compile every kernel specialization in parallel processes (fills Triton's disk cache)."""
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -377,8 +425,9 @@ def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, swe
         d_ins = sorted({i for _, _, i in m.linears()})
         for d_in in d_ins:
             for batch in batches:
-                for kind in ("tetra48", "planes14", "null", "int4"):
-                    jobs.append((kind, d_in, batch, configs[batch]))
+                for kind in ("tetra48", "planes14", "null", "int4", "rotation"):
+                    if kind in arms:
+                        jobs.append((kind, d_in, batch, configs[batch]))
         if name == "qwen3-8b":
             for cfg in sweep:
                 for d_in in d_ins:
@@ -414,7 +463,11 @@ def _warm_job(job) -> None:
     kind, d_in, batch, cfg = job
     dev = "cuda"
     x = torch.randn(batch, d_in, device=dev)
-    if kind == "int4":
+    if kind == "rotation":
+        from leechq.formats.rotation import generate_rotation
+
+        ops.rotate(x, generate_rotation(d_in, 1), prepared_order=tetra_kernel_tables(dev).order)
+    elif kind == "int4":
         w = Int4Weight(16, d_in, torch.zeros(16, d_in // 2, dtype=torch.uint8, device=dev),
                        torch.ones(16, d_in // 128, dtype=torch.float16, device=dev),
                        torch.zeros(16, d_in // 128, dtype=torch.float16, device=dev), 128)
@@ -440,6 +493,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sets", type=int, default=2, help="activation buffer sets (graphs) per arm")
+    ap.add_argument("--arms", default="fp16,null,null-fused,null-fused-noprep,tetra48,tetra48-fused,"
+                    "tetra48-fused-noprep,planes14,planes14-fused,int4,rotation")
     ap.add_argument("--sweep", action="store_true", help="pick the Tetra geometry on qwen3-8b first")
     ap.add_argument("--warm-workers", type=int, default=12)
     ap.add_argument("--no-sass", action="store_true")
@@ -459,15 +514,15 @@ def main() -> None:
     batches = tuple(int(b) for b in args.batches.split(","))
     models = args.models.split(",")
     configs = {b: default_config(b) for b in (1, 8)}
-    sweep = [MatvecConfig(16, 32, 4, False), MatvecConfig(16, 32, 4, True),
-             MatvecConfig(32, 32, 8, True), MatvecConfig(64, 32, 8, True)] if args.sweep else []
+    sweep = [MatvecConfig(16, 32, 4, True), MatvecConfig(32, 32, 8, True),
+             MatvecConfig(32, 32, 8, False)] if args.sweep else []
     if args.sass_only:
         Path(args.sass_only).write_text(json.dumps(sass_report(configs)) + "\n")
         return
     gpu = torch.cuda.get_device_name()
     print(f"# {gpu}, torch {torch.__version__}, triton {__import__('triton').__version__}",
           flush=True)
-    t_warm = warm_compile(models, batches, configs, sweep, args.warm_workers)
+    t_warm = warm_compile(models, batches, configs, sweep, args.warm_workers, args.arms)
     print(f"# parallel compile: {t_warm:.1f} s", flush=True)
     if args.warm_only:
         return
@@ -516,7 +571,14 @@ def main() -> None:
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
                                                         device, 6, True, cfg),
                 "int4": lambda: build_int4(model, batch, args.sets, device, 8),
+                "null-fused-noprep": lambda: build_lattice(model, "null", batch, args.sets, device,
+                                                           2, True, cfg, null=True, noprep=True),
+                "tetra48-fused-noprep": lambda: build_lattice(model, "tetra48", batch, args.sets,
+                                                              device, 4, True, cfg, noprep=True),
+                "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
+            wanted = args.arms.split(",")
+            builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
             for arm, build in builders.items():
                 try:
@@ -540,7 +602,7 @@ def main() -> None:
             for arm, gr in graphs.items():
                 ms = statistics.median(per_round[arm])
                 ratios = [f / a for f, a in zip(per_round["fp16"], per_round[arm])]
-                gbps = gr.p.bytes / (min(per_round[arm]) * 1e-3) / 1e9
+                gbps = gr.p.bytes / (min(per_round[arm]) * 1e-3) / 1e9 if gr.p.bytes else 0.0
                 results.append({
                     "model": name, "arm": arm, "batch": batch, "ms": round(ms, 4),
                     "ms_range": [round(min(per_round[arm]), 4), round(max(per_round[arm]), 4)],
@@ -551,6 +613,8 @@ def main() -> None:
                     "launches": gr.p.launches,
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
+                    "config": (configs[batch].__dict__ if arm.split("-")[0] in
+                               ("tetra48", "planes14", "null") else None),
                 })
                 r = results[-1]
                 print(f"{name:10s} M={batch} {arm:15s} {r['ms']:8.3f} ms  {r['gbps']:7.1f} GB/s  "

@@ -93,7 +93,7 @@ def intq_matvec_kernel(
         gi = rows_c[:, None] * G + (wi // WPG)[None, :]
         sc = tl.load(s_ptr + gi, mask=wok, other=0.0).to(tl.float32)
         bi = tl.load(b_ptr + gi, mask=wok, other=0.0).to(tl.float32)
-        xb = xt_ptr + wi
+        xb = xt_ptr + wi[None, :]
         q0 = z
         q1 = 0.0
         q2 = 0.0

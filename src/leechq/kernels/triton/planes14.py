@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import byte_to_f32, prmt, spread4_bytes
-from leechq.kernels.triton.tetra48 import _finish_row, _fma_rows
+from leechq.kernels.triton.tetra48 import _epilogue, _fma_rows, _tile_rows
 
 
 @triton.jit
@@ -104,12 +104,10 @@ def planes14_matvec_kernel(
     STRIDE: tl.constexpr = 7 * NP
     MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
     pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < d_out
-    rows_c = tl.where(row_ok, rows, 0)
-    cent0 = tl.load(cent_ptr + rows_c * 2)[:, None]
-    cent1 = tl.load(cent_ptr + rows_c * 2 + 1)[:, None]
-    z = tl.zeros((ROWS, BP), tl.float32)
+    rows_c, row_ok, pi = _tile_rows(pid, d_out, ROWS, BP)
+    cent0 = tl.load(cent_ptr + rows_c * 2)
+    cent1 = tl.load(cent_ptr + rows_c * 2 + 1)
+    z = tl.zeros((ROWS * BP,), tl.float32)
     a0 = z
     a1 = z
     a2 = z
@@ -118,14 +116,12 @@ def planes14_matvec_kernel(
     a5 = z
     a6 = z
     a7 = z
-    rrow = r_ptr + rows_c[:, None] * STRIDE
+    rrow = r_ptr + rows_c * STRIDE
     for p0 in range(0, NP, BP):
-        pair = p0 + tl.arange(0, BP)
-        ok_e = pair * 2 < N_BLOCKS
-        ok_o = pair * 2 + 1 < N_BLOCKS
-        pw = rrow + 7 * pair[None, :]
-        me = row_ok[:, None] & ok_e[None, :]
-        mo = row_ok[:, None] & ok_o[None, :]
+        pair = p0 + pi
+        me = row_ok & (pair * 2 < N_BLOCKS)
+        mo = row_ok & (pair * 2 + 1 < N_BLOCKS)
+        pw = rrow + 7 * pair
         w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
         w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
         w2 = tl.load(pw + 2, mask=me, other=0).to(tl.uint32)
@@ -141,15 +137,5 @@ def planes14_matvec_kernel(
             a0, a1, a2, a3, a4, a5, a6, a7, (w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
             (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, xb + 24 * NPP,
             NPP, XS, MP, USE_ASM)
-    sig = tl.load(scale_ptr + rows_c)
-    tc = tl.arange(0, 32)
-    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
-                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
-    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
+              stride_ym, TAIL_COLS, M, NPP, XS, ROWS, BP)

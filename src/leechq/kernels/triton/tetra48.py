@@ -2,7 +2,8 @@
 
 Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Triton (our design, §3.10):
 
-* A program owns ``ROWS`` output rows and walks their blocks two at a time (a *pair*: blocks 2i and
+* A program owns ``ROWS`` output rows (a flat [ROWS·BP] tile, see ``_tile_rows``) and walks their
+  blocks two at a time (a *pair*: blocks 2i and
   2i+1 are the three aligned u32 words 3i..3i+2 of the row, so no unaligned window is ever read).
   Each iteration decodes a ``[ROWS, BP]`` tile of even blocks, then the tile of odd blocks.
 * The activation arrives *prepared* (``leechq.kernels.triton.activation``): for block parity ``par``,
@@ -38,17 +39,17 @@ def _fma_rows(d0, d1, d2, d3, d4, d5, d6, d7, v, xb, XS: tl.constexpr, MP: tl.co
     """``d_m += v · x_m`` for the MP activation rows (row m of the prepared x at ``xb + m·XS``).
 
     Accumulators past MP stay scalar zeros (one compile-time specialization per MP)."""
-    d0 += v * tl.load(xb)[None, :]
+    d0 += v * tl.load(xb)
     if MP > 1:
-        d1 += v * tl.load(xb + XS)[None, :]
+        d1 += v * tl.load(xb + XS)
     if MP > 2:
-        d2 += v * tl.load(xb + 2 * XS)[None, :]
-        d3 += v * tl.load(xb + 3 * XS)[None, :]
+        d2 += v * tl.load(xb + 2 * XS)
+        d3 += v * tl.load(xb + 3 * XS)
     if MP > 4:
-        d4 += v * tl.load(xb + 4 * XS)[None, :]
-        d5 += v * tl.load(xb + 5 * XS)[None, :]
-        d6 += v * tl.load(xb + 6 * XS)[None, :]
-        d7 += v * tl.load(xb + 7 * XS)[None, :]
+        d4 += v * tl.load(xb + 4 * XS)
+        d5 += v * tl.load(xb + 5 * XS)
+        d6 += v * tl.load(xb + 6 * XS)
+        d7 += v * tl.load(xb + 7 * XS)
     return d0, d1, d2, d3, d4, d5, d6, d7
 
 
@@ -77,16 +78,14 @@ def _section(d0, d1, d2, d3, d4, d5, d6, d7, n2, row, c, ta_lo, ta_hi, tb_lo, tb
 
 @triton.jit
 def _gather_rows(rows_ptr, rows_src, i1, i2, i3, SMEM_ROWS: tl.constexpr):
+    """The three rank rows of a 1-D tile of blocks."""
     if SMEM_ROWS:
-        n0: tl.constexpr = i1.shape[0]
-        n1: tl.constexpr = i1.shape[1]
-        # One gather (one staging of the table) for the three rows. tl.join adds a last axis:
-        # idx[..., j, a] is (i1, i2)[j] for a = 0 and (i3, i3)[j] for a = 1 (a duplicate read).
+        n: tl.constexpr = i1.shape[0]
+        # One gather (one staging of the table in shared memory) for the three rows. tl.join adds
+        # a last axis: idx[e, j, a] is (i1, i2)[j] for a = 0 and (i3, i3)[j] for a = 1.
         idx = tl.join(tl.join(i1, i2), tl.join(i3, i3))
-        flat = tl.reshape(idx, (4 * n0 * n1,))
-        got = tl.gather(rows_src, flat.to(tl.int32), 0)
-        got = tl.reshape(got, (n0, n1, 2, 2))
-        g12, g33 = tl.split(got)
+        got = tl.gather(rows_src, tl.reshape(idx, (4 * n,)).to(tl.int32), 0)
+        g12, g33 = tl.split(tl.reshape(got, (n, 2, 2)))
         r1, r2 = tl.split(g12)
         r3, _dup = tl.split(g33)
     else:
@@ -170,13 +169,49 @@ def _block_pass(a0, a1, a2, a3, a4, a5, a6, a7, lo, hi, cent0, cent1, rows_ptr, 
 
 @triton.jit
 def _finish_row(acc, m, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M: tl.constexpr,
-                NPP: tl.constexpr, XS: tl.constexpr):
-    """Row result ``Σ_blocks · σ_row + tail · x_tail`` for activation row m, stored if m < M."""
+                NPP: tl.constexpr, XS: tl.constexpr, ROWS: tl.constexpr, BP: tl.constexpr):
+    """Row result ``Σ_blocks · σ_row + tail · x_tail`` for activation row m, stored if m < M.
+
+    ``acc`` is the flat [ROWS·BP] tile (element ``r·BP + i``: row r, pair column i)."""
     if m < M:
-        out = tl.sum(acc, axis=1) * sig
+        out = tl.sum(tl.reshape(acc, (ROWS, BP)), axis=1) * sig
         xt = tl.load(xp_ptr + m * XS + 48 * NPP + tc)
         out += tl.sum(tw * xt[None, :], axis=1)
         tl.store(y_ptr + m * stride_ym + rows, out, mask=row_ok)
+
+
+@triton.jit
+def _tile_rows(pid, d_out, ROWS: tl.constexpr, BP: tl.constexpr):
+    """The flat tile: element e = r·BP + i is row ``pid·ROWS + r``, pair column i.
+
+    A 1-D tile has one layout whatever the compiler version: thread t of a CTA holds the elements
+    t, t + 32·W, … — with BP = 32 that is one pair column (its lane) of ROWS/W rows, so each
+    activation value it loads serves all of them."""
+    e = tl.arange(0, ROWS * BP)
+    r = pid * ROWS + e // BP
+    ok = r < d_out
+    return tl.where(ok, r, 0), ok, e % BP
+
+
+@triton.jit
+def _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
+              stride_ym, TAIL_COLS: tl.constexpr, M: tl.constexpr, NPP: tl.constexpr,
+              XS: tl.constexpr, ROWS: tl.constexpr, BP: tl.constexpr):
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < d_out
+    rows_c = tl.where(row_ok, rows, 0)
+    sig = tl.load(scale_ptr + rows_c)
+    tc = tl.arange(0, 32)
+    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
+                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
+    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
+    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS, ROWS, BP)
 
 
 @triton.jit
@@ -196,16 +231,14 @@ def tetra48_matvec_kernel(
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
     pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < d_out
-    rows_c = tl.where(row_ok, rows, 0)
-    cent0 = tl.load(cent_ptr + rows_c * 2)[:, None]
-    cent1 = tl.load(cent_ptr + rows_c * 2 + 1)[:, None]
+    rows_c, row_ok, pi = _tile_rows(pid, d_out, ROWS, BP)
+    cent0 = tl.load(cent_ptr + rows_c * 2)
+    cent1 = tl.load(cent_ptr + rows_c * 2 + 1)
     if SMEM_ROWS:
         rows_src = tl.load(rows_ptr + tl.arange(0, 4096))
     else:
         rows_src = rows_ptr
-    z = tl.zeros((ROWS, BP), tl.float32)
+    z = tl.zeros((ROWS * BP,), tl.float32)
     a0 = z
     a1 = z
     a2 = z
@@ -214,17 +247,15 @@ def tetra48_matvec_kernel(
     a5 = z
     a6 = z
     a7 = z
-    wrow = w_ptr + rows_c[:, None] * STRIDE_W
+    wrow = w_ptr + rows_c * STRIDE_W
     for p0 in range(0, NP, BP):
-        pair = p0 + tl.arange(0, BP)
-        ok_e = pair * 2 < N_BLOCKS
-        ok_o = pair * 2 + 1 < N_BLOCKS
-        pw = wrow + 3 * pair[None, :]
-        me = row_ok[:, None] & ok_e[None, :]
-        mo = row_ok[:, None] & ok_o[None, :]
-        w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
-        w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
-        w2 = tl.load(pw + 2, mask=mo, other=0).to(tl.uint32)
+        pair = p0 + pi
+        ok_e = row_ok & (pair * 2 < N_BLOCKS)
+        ok_o = row_ok & (pair * 2 + 1 < N_BLOCKS)
+        pw = wrow + 3 * pair
+        w0 = tl.load(pw, mask=ok_e, other=0).to(tl.uint32)
+        w1 = tl.load(pw + 1, mask=ok_e, other=0).to(tl.uint32)
+        w2 = tl.load(pw + 2, mask=ok_o, other=0).to(tl.uint32)
         # even blocks (x parity 0), then odd blocks, whose word starts in the middle of w1
         xb = xp_ptr + pair
         a0, a1, a2, a3, a4, a5, a6, a7 = _block_pass(
@@ -233,18 +264,8 @@ def tetra48_matvec_kernel(
         a0, a1, a2, a3, a4, a5, a6, a7 = _block_pass(
             a0, a1, a2, a3, a4, a5, a6, a7, (w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1,
             rows_ptr, rows_src, cw_ptr, xb + 24 * NPP, NPP, XS, MP, USE_ASM, SMEM_ROWS)
-    sig = tl.load(scale_ptr + rows_c)
-    tc = tl.arange(0, 32)
-    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
-                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
-    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
+              stride_ym, TAIL_COLS, M, NPP, XS, ROWS, BP)
 
 
 @triton.jit
@@ -263,11 +284,9 @@ def null_matvec_kernel(
     XS: tl.constexpr = 48 * NPP + 32
     MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
     pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < d_out
-    rows_c = tl.where(row_ok, rows, 0)
-    ones = tl.full((ROWS, BP), 1.0, tl.float32)
-    z = tl.zeros((ROWS, BP), tl.float32)
+    rows_c, row_ok, pi = _tile_rows(pid, d_out, ROWS, BP)
+    ones = tl.where(row_ok, 1.0, 0.0)
+    z = tl.zeros((ROWS * BP,), tl.float32)
     a0 = z
     a1 = z
     a2 = z
@@ -277,20 +296,10 @@ def null_matvec_kernel(
     a6 = z
     a7 = z
     for p0 in range(0, NP, BP):
-        xb = xp_ptr + p0 + tl.arange(0, BP)
+        xb = xp_ptr + p0 + pi
         for par in tl.static_range(2):
             for t in tl.static_range(24):
                 a0, a1, a2, a3, a4, a5, a6, a7 = _fma_rows(
                     a0, a1, a2, a3, a4, a5, a6, a7, ones, xb + (par * 24 + t) * NPP, XS, MP)
-    sig = tl.load(scale_ptr + rows_c)
-    tc = tl.arange(0, 32)
-    tw = tl.load(tail_ptr + rows_c[:, None] * TAIL_COLS + tc[None, :],
-                 mask=row_ok[:, None] & (tc < TAIL_COLS)[None, :], other=0.0)
-    _finish_row(a0, 0, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a1, 1, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a2, 2, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a3, 3, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a4, 4, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a5, 5, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a6, 6, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
-    _finish_row(a7, 7, sig, tw, tc, rows, row_ok, xp_ptr, y_ptr, stride_ym, M, NPP, XS)
+    _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
+              stride_ym, TAIL_COLS, M, NPP, XS, ROWS, BP)
