@@ -12,8 +12,8 @@ What it does, in order:
    the fused path under CUDA graphs vs the reference path on the GPU and vs the float32 reference on
    the CPU (first difference must be at ≥ 32 tokens or a declared near-tie, layouts-kernels-recipe
    §3.9); graph vs eager tokens of the same engine (must be identical).
-2. **Timing**, for Qwen3-8B- and Qwen3-14B-shaped models with random codes (no download), per batch
-   size:
+2. **Timing**, for Qwen3-8B- and Qwen3-14B-shaped models with random codes drawn on the GPU (no
+   download; every 48-bit word is a legal Tetra word), per batch size:
    * ``tetra48``: every projection a Tetra matrix (fused kernels), fp16 embedding and head;
    * ``tetra48-q4``: v_proj and the head int4 g128 (closer to the published files, §5.2–5.4);
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -360,6 +360,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 prefer=PREFER,
                 int4_v=q4,
                 head_kind="int4" if q4 else "dense",
+                direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
             )
         info["paths"] = execution_paths(model)
     else:

@@ -122,3 +122,34 @@ def test_fused_logits_match_reference_logits() -> None:
     g_fused = Engine(fused).generate_ids([PROMPTS[0]], 32).tokens[0]
     g_ref = Engine(ref, graphs=False, compile=False).generate_ids([PROMPTS[0]], 32).tokens[0]
     assert g_fused == g_ref
+
+
+def _fused_or_skip() -> Any:
+    try:
+        return _tiny_quantized("fused", "cuda", torch.float16)
+    except KernelUnavailable as exc:
+        pytest.skip(f"no fused kernel on this device: {exc}")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 11])
+def test_fused_graph_tokens_equal_eager_tokens(batch: int) -> None:
+    model = _fused_or_skip()
+    prompts = [PROMPTS[i % 3][: 3 + i] for i in range(batch)]
+    graph = Engine(model, graphs=True, compile=True).generate_ids(prompts, 40).tokens
+    eager = Engine(model, graphs=False, compile=True).generate_ids(prompts, 40).tokens
+    assert graph == eager
+
+
+def test_fused_decode_step_never_syncs() -> None:
+    model = _fused_or_skip()
+    engine = Engine(model, graphs=False, compile=True)
+    engine.generate_ids(PROMPTS, 4)
+    sess = engine.session(len(PROMPTS), 0)
+    step = engine._make_step(sess, SamplingConfig().key())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

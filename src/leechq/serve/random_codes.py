@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from leechq.codebooks.base import BLOCK
-from leechq.errors import InvalidInput
+from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
 from leechq.serve.build import TiedHead, dense_linear, finish_model
@@ -164,6 +164,7 @@ def random_quantized_model(
     rotate: bool = True,
     head_kind: str = "dense",
     portable: bool = False,
+    direct: bool = False,
 ) -> Transformer:
     """A serving model of ``args``' shape whose projections are random Tetra matrices.
 
@@ -179,6 +180,9 @@ def random_quantized_model(
         head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
         portable: draw the dense embedding/head on the CPU so the same seed gives the same model on
             every device (slower for big vocabularies).
+        direct: draw the packed ``tetra48`` words on the device (no canonical records, no host
+            packing; seconds instead of a minute for a 14B shape). Needs the fused kernels; the
+            codes differ from the canonical path's for the same seed.
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
@@ -195,8 +199,15 @@ def random_quantized_model(
             rots[key] = generate_rotation(n, rotation_seed(block, act))
         return rots[key]
 
-    def tetra(d_out: int, d_in: int, block: int, act: int) -> QuantizedWeight:
+    def tetra(d_out: int, d_in: int, block: int, act: int) -> Any:
+        if direct:
+            return _DirectTetra(d_out, d_in, rot(block, act, d_in))
         return random_tetra(d_out, d_in, g, rot(block, act, d_in))
+
+    def group(records: list[Any], index: int) -> nn.Module:
+        if direct:
+            return _direct_group(records, device, dtype, seed * 1_000_003 + index)
+        return group_from_records(records, device, dtype, prefer)
 
     blocks = []
     for i in range(a.n_layers):
@@ -205,15 +216,8 @@ def random_quantized_model(
         o = [tetra(a.dim, a.q_size, i, 1)]
         gate_up = [tetra(a.intermediate_size, a.dim, i, 2) for _ in range(2)]
         down = [tetra(a.dim, a.intermediate_size, i, 3)]
-        blocks.append(
-            Block(
-                a,
-                wqkv=group_from_records(qkv, device, dtype, prefer),
-                wo=group_from_records(o, device, dtype, prefer),
-                w13=group_from_records(gate_up, device, dtype, prefer),
-                w2=group_from_records(down, device, dtype, prefer),
-            )
-        )
+        made = [group(recs, 4 * i + j) for j, recs in enumerate((qkv, o, gate_up, down))]
+        blocks.append(Block(a, wqkv=made[0], wo=made[1], w13=made[2], w2=made[3]))
     # Dense parts: drawn on the CPU when `portable` (identical on every device: reference twins),
     # else on the device (fast for large vocabularies).
     gen_dev = "cpu" if portable else device
@@ -234,3 +238,56 @@ def random_quantized_model(
         hw = torch.randn(a.vocab_size, a.dim, generator=dg, device=gen_dev) * a.dim**-0.5
         head = dense_linear([hw], [None], dtype, device)
     return finish_model(Transformer(a, embed, blocks, head), dtype, device)
+
+
+class _DirectTetra:
+    """A Tetra matrix still to be drawn on the device (``direct=True``): shape and rotation."""
+
+    def __init__(self, d_out: int, d_in: int, rotation: RotationTables | None) -> None:
+        self.d_out, self.d_in, self.rotation = d_out, d_in, rotation
+
+
+def _direct_group(
+    records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int
+) -> nn.Module:
+    """Device-drawn Tetra matrices (runs) and host-drawn int4 ones, as :func:`group_from_records`
+    would group them, with weights scaled to variance about ``1/d_in``."""
+    from leechq.formats.layouts.tetra48 import concat_rows, random_tetra48
+    from leechq.serve.build import ConcatLinear
+    from leechq.serve.fused import TetraGroup, fused_kernels_available
+
+    device = torch.device(device)
+    parts: list[nn.Module] = []
+    run: list[_DirectTetra] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        d_in, rot = run[0].d_in, run[0].rotation
+        why = fused_kernels_available(
+            sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device
+        )
+        if why is not None:
+            raise KernelUnavailable(why)
+        packs = []
+        for j, r in enumerate(run):
+            w = random_tetra48(r.d_out, d_in, seed=seed * 16 + j, device=device)
+            # random_tetra48 draws σ in [0.5, 1.5) and a unit tail: rescale to variance ~1/d_in.
+            w.row_scales.mul_(math.sqrt(BLOCK / d_in))
+            w.tail.mul_(d_in**-0.5)
+            packs.append(w)
+        parts.append(TetraGroup([concat_rows(packs)], rot, None, members=len(run)))
+        run.clear()
+
+    for r in records:
+        if isinstance(r, _DirectTetra):
+            if run and (run[0].d_in != r.d_in or run[0].rotation is not r.rotation):
+                flush()
+            run.append(r)
+        else:
+            flush()
+            mod = _leechq_linear(r)
+            mod.finalize(device, dtype, prefer="fused")  # type: ignore[operator]
+            parts.append(mod)
+    flush()
+    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
