@@ -21,6 +21,8 @@ inside their own fused kernel. A group computes exactly what its members compute
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +138,10 @@ class TetraGroup(nn.Module):
         self.order = tetra_kernel_tables(device).order
         self.rotation = rotation
         self.rot = None if rotation is None else ops.DeviceRotation.from_tables(rotation, device)
+        # The inverse of the trio order, computed once: ``ops.rotate`` recomputes it (an argsort
+        # and two casts: three extra launches) on every call, which :meth:`_rotate` avoids.
+        self.inv_order = torch.argsort(self.order.long()).to(torch.int32)
+        self._direct_rotate: bool | None = None  # None: untried; False: use ops.rotate
         self.register_buffer(
             "bias", None if bias is None else bias.detach().to(device, torch.float32), False
         )
@@ -217,7 +223,7 @@ class TetraGroup(nn.Module):
         m = int(x2.shape[0])
         xp = _prepared_buffer(x2.device, self.n_blocks, m)
         if self.rot is not None:
-            ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
+            self._rotate(x2, xp)
         else:
             ops.prepare_activation(x2, self.n_blocks, self.order, out=xp)
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=x2.device)
@@ -230,6 +236,61 @@ class TetraGroup(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.d_out)
+
+    def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
+        """``Q x`` into the prepared buffer: the rotation kernel launched with the cached inverse
+        order, falling back for good to ``ops.rotate`` if that launch is refused (a changed kernel
+        signature). The first call is never inside a graph capture (warm-up runs first)."""
+        if self._direct_rotate is not False:
+            try:
+                self._launch_rotate(x2, xp)
+                self._direct_rotate = True
+                return
+            except Exception as exc:  # only before the first success; then errors propagate
+                if self._direct_rotate:
+                    raise
+                warnings.warn(
+                    f"direct rotation launch refused ({type(exc).__name__}: {exc}); using "
+                    "leechq.kernels.triton.ops.rotate",
+                    stacklevel=3,
+                )
+                self._direct_rotate = False
+        self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
+
+    def _launch_rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
+        # The launch of ``ops.rotate`` (prepared output, our buffer), minus its per-call argsort.
+        from leechq.kernels.reference import prepared_pairs
+        from leechq.kernels.triton.activation import rotate_kernel
+
+        rot = self.rot
+        assert rot is not None
+        if x2.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise InvalidInput(f"x must be float32/16 or bfloat16, got {x2.dtype}")
+        m_rows, n = int(x2.shape[0]), rot.n
+        k, m = rot.odd, rot.pow2
+        scratch_shape = (m_rows, n) if k > 1 else (1, 1)
+        scratch = torch.empty(scratch_shape, dtype=torch.float32, device=x2.device)
+        rotate_kernel[(m_rows,)](
+            x2,
+            x2.stride(0),
+            rot.signs,
+            rot.small,
+            scratch,
+            scratch.stride(0),
+            xp,
+            xp.stride(0),
+            self.inv_order,
+            rot.inv_sqrt_m,
+            n,
+            self.n_blocks,
+            prepared_pairs(self.n_blocks),
+            K=k,
+            MW=m,
+            LOG2M=int(math.log2(m)),
+            CH=min(m, 1024),
+            PREPARED=True,
+            num_warps=8 if m >= 2048 else 4,
+        )
 
     def extra_repr(self) -> str:
         return (
