@@ -190,3 +190,63 @@ def test_chat_reads_turns_until_exit(artifact: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "leechq chat" in res.stdout and "(conversation reset)" in res.stdout
+
+
+@pytest.mark.slow
+def test_quantize_then_demo_on_a_tiny_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real pipeline (quantizer, artifact, load, generate, eval) on a tiny random model: the
+    quantize command, then the demo reusing nothing (its own cache)."""
+    from leechq.data.corpus import pydoc_sources_dir
+    from leechq.errors import ArtifactError
+
+    try:
+        pydoc_sources_dir(fetch=False)
+    except ArtifactError:
+        pytest.skip("offline corpus not fetched on this machine")
+    src = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "q"
+    assert (
+        main(
+            [
+                "quantize",
+                str(src),
+                str(out),
+                "--calib-tokens",
+                "512",
+                "--window",
+                "256",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    assert "on-disk rate" in capsys.readouterr().out
+    from leechq.cli.demo import main as demo_main
+
+    assert (
+        demo_main(
+            [
+                "--model",
+                str(src),
+                "--out",
+                str(tmp_path / "demo"),
+                "--calib-tokens",
+                "512",
+                "--max-new-tokens",
+                "4",
+                "--eval-windows",
+                "1",
+            ]
+        )
+        == 0
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(last)
+    assert summary["codebook"] == "tetra" and not summary["reused_artifact"]
+    assert summary["kl"]["kl"] >= 0 and summary["ppl"]["ratio"] > 0
+    assert summary["counts"]["lattice_records"] == 14
