@@ -380,13 +380,8 @@ def build_hf(name: str) -> Any:
     spec = SHAPES[shape(name)]
     cfg_dict = {k: v for k, v in spec.items() if k != "model_type"}
     cfg = transformers.AutoConfig.for_model(spec["model_type"], **cfg_dict)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float16)
-    try:
-        with DEVICE:
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
-    finally:
-        torch.set_default_dtype(old)
+    with DEVICE:  # parameters allocated (and randomly initialised) on the device directly
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
     return model.half().eval()
 
 

@@ -167,7 +167,7 @@ def test_memory_report_counts_weights_and_cache() -> None:
     assert mem["weights"] == 4 * n_params + rope
     assert mem["embed_head"] == 4 * hf.config.vocab_size * hf.config.hidden_size
     a = engine.model.args
-    assert mem["kv_cache"] == 2 * a.n_layers * 1 * a.n_kv_heads * 64 * a.head_dim * 4
+    assert mem["kv_cache"] == 2 * a.n_layers * 1 * a.n_kv_heads * 128 * a.head_dim * 4
 
 
 def test_reference_fallback_on_an_accelerator_is_announced() -> None:

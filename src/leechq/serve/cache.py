@@ -23,6 +23,18 @@ def round_slots(n: int) -> int:
     return -(-n // SLOT_ALIGN) * SLOT_ALIGN
 
 
+MIN_SESSION_SLOTS = 128
+
+
+def session_slots(n: int) -> int:
+    """Default cache size for ``n`` needed slots: the next power of two, at least 128.
+
+    Growing by doubling keeps re-allocation (and graph re-capture) rare while a conversation grows,
+    at the price of attending over at most twice the live length.
+    """
+    return max(MIN_SESSION_SLOTS, 1 << max(0, (n - 1).bit_length()))
+
+
 class KVCache:
     """Per-layer key and value tensors for ``batch`` rows and ``seq_len`` slots.
 

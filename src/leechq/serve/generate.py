@@ -30,7 +30,7 @@ import torch
 
 from leechq.errors import InvalidInput
 from leechq.serve.build import from_hf_model, warn_if_reference, weight_bytes
-from leechq.serve.cache import KVCache, round_slots
+from leechq.serve.cache import KVCache, session_slots
 from leechq.serve.graphs import CapturedStep, graph_pool
 from leechq.serve.model import EAGER, Pieces, Transformer
 from leechq.serve.sampling import SamplerState, SamplingConfig, select_tokens
@@ -220,7 +220,7 @@ class Engine:
             stop_ids: token ids that finish a row (at most :data:`MAX_STOP_IDS`).
             pad_id: id used for left padding and for the positions after a row finished.
             stream: called with ``(row, token_id)`` for each new token of each unfinished row.
-            seq_len: KV-cache slots (default: prompt + new tokens, rounded up to 64).
+            seq_len: KV-cache slots (default: prompt + new tokens, next power of two ≥ 128).
 
         Returns:
             :class:`GenerationOutput`.
@@ -234,7 +234,7 @@ class Engine:
         key = sampling.key()
         batch, lengths, width = self._check_prompts(prompts, max_new_tokens, stop_ids)
         need = width + max_new_tokens
-        slots = seq_len if seq_len is not None else round_slots(need)
+        slots = seq_len if seq_len is not None else session_slots(need)
         if need > slots:
             raise InvalidInput(
                 f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) needs "
