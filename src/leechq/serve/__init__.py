@@ -1,1 +1,17 @@
-"""Layer 6: inference (generation loop, static KV cache, CUDA graphs, chat)."""
+"""Layer 6: inference — the decode loop with a static KV cache and CUDA graphs (issue 6).
+
+Modules (architecture.md §2.4, §6.1; layouts-kernels-recipe.md §3.5–§3.6):
+
+* :mod:`~leechq.serve.model` — a small Llama/Qwen2/Qwen3 decoder over projection modules;
+* :mod:`~leechq.serve.build` — the decoder from a transformers model, state dict or random weights;
+* :mod:`~leechq.serve.fused` — Tetra projection groups: one rotation, one launch per group;
+* :mod:`~leechq.serve.cache` — the static KV cache;
+* :mod:`~leechq.serve.sampling` — greedy and sampled token selection (graph-safe);
+* :mod:`~leechq.serve.graphs` — CUDA-graph capture of the decode step;
+* :mod:`~leechq.serve.generate` — :class:`~leechq.serve.generate.Engine` and
+  :func:`~leechq.serve.generate.generate` (what ``leechq run`` calls);
+* :mod:`~leechq.serve.chat` — chat templates and the interactive loop of ``leechq chat``;
+* :mod:`~leechq.serve.random_codes` — real-shaped quantized models with random codes (benchmarks).
+
+Nothing is imported here: ``import leechq.serve`` stays free of torch work.
+"""
