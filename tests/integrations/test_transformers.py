@@ -168,3 +168,16 @@ def test_from_pretrained_on_cuda_matches_leechq_load(tmp_path: Path) -> None:
     x = ids().cuda()
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
+
+
+def test_dequantize_gives_plain_linears(tmp_path: Path) -> None:
+    out, _ = make_artifact(tmp_path, "qwen2", tokenizer=False)
+    hf = _from_pretrained(out, dtype=torch.float32)
+    x = ids()
+    with torch.no_grad():
+        before = hf(x).logits
+    hf = hf.dequantize()
+    assert not any(isinstance(m, LeechqLinear) for m in hf.modules())
+    assert not hasattr(hf.config, "quantization_config")
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, before, rtol=0, atol=0)

@@ -306,6 +306,37 @@ class LeechqHfQuantizer(HfQuantizer):
         share_groups(self.modules)
         return model
 
+    def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
+        """``model.dequantize()``: every LeechqLinear becomes an ``nn.Linear`` holding its exact
+        dequantized weight (:meth:`QuantizedWeight.dequantize`, f32 then ``dtype``)."""
+        from leechq.nn.replace import leechq_modules
+
+        for name, module in leechq_modules(model).items():
+            record = module.record
+            if record is None:
+                raise InvalidInput(f"{name}: LeechqLinear has no record")
+            device = (
+                module.bias.device
+                if module.bias is not None
+                else (
+                    module.weight_dense.device
+                    if module.weight_dense is not None
+                    else torch.device("cpu")
+                )
+            )
+            target = dtype or (module.execution.dtype if module.execution else torch.float32)
+            dense = nn.Linear(
+                record.d_in, record.d_out, bias=module.bias is not None, device="meta"
+            )
+            dense.weight = nn.Parameter(
+                record.dequantize(torch.float32).to(device, target), requires_grad=False
+            )
+            if module.bias is not None:
+                dense.bias = nn.Parameter(module.bias.detach().to(target), requires_grad=False)
+            parent_name, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, leaf, dense)
+        return model
+
     @property
     def is_trainable(self) -> bool:
         """Codes are frozen; nothing to train through a table lookup."""
