@@ -16,6 +16,8 @@ What it does, in order:
    download; every 48-bit word is a legal Tetra word), per batch size:
    * ``tetra48``: every projection a Tetra matrix (fused kernels), fp16 embedding and head;
    * ``tetra48-q4``: v_proj and the head int4 g128 (closer to the published files, §5.2–5.4);
+   * ``tetra48-norot`` (diagnostic, batch 1): ``tetra48`` without input rotations — the gap to
+     ``tetra48`` is what the rotation kernels cost;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
@@ -348,7 +350,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -360,6 +362,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 prefer=PREFER,
                 int4_v=q4,
                 head_kind="int4" if q4 else "dense",
+                rotate=arm != "tetra48-norot",
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
             )
         info["paths"] = execution_paths(model)
@@ -412,6 +415,9 @@ def time_hf(
     }
 
 
+DIAGNOSTIC_ARMS = ("tetra48-norot",)
+
+
 def bench_model(
     name: str,
     arms: list[str],
@@ -442,7 +448,8 @@ def bench_model(
                 log(f"{name} {arm}: profile {profiles[f'{name}/{arm}']}")
             except Exception as exc:  # profiling is informative only
                 profiles[f"{name}/{arm}"] = {"error": repr(exc)}
-        for b in batches:
+        arm_batches = [b for b in batches if b == 1] if arm in DIAGNOSTIC_ARMS else batches
+        for b in arm_batches:
             if over_budget(f"{name} {arm} batch {b}", results, model=name, arm=arm, batch=b):
                 continue
             try:
@@ -547,7 +554,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="8B (and 14B batch 1) only, fewer tokens")
     p.add_argument("--models", default=None, help="comma list of shapes (qwen3-8b,qwen3-14b)")
-    p.add_argument("--arms", default=None, help="comma list: fp16,tetra48,tetra48-q4,hf-fp16")
+    p.add_argument(
+        "--arms", default=None, help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,hf-fp16"
+    )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=None)
@@ -628,10 +637,14 @@ def main() -> int:
         gate_failed = record.get("gates", {}).get("status") == "FAIL"
         if gate_failed:
             log("correctness gate FAILED: quantized arms are timed but flagged")
-        arms = a.arms.split(",") if a.arms else ["fp16", "tetra48", "tetra48-q4", "hf-fp16"]
+        arms = (
+            a.arms.split(",")
+            if a.arms
+            else ["fp16", "tetra48", "tetra48-q4", "tetra48-norot", "hf-fp16"]
+        )
         if a.quick:
             plan = [("qwen3-8b", [1, 16], [1]), ("qwen3-14b", [1], [])]
-            arms = a.arms.split(",") if a.arms else ["fp16", "tetra48", "hf-fp16"]
+            arms = a.arms.split(",") if a.arms else ["fp16", "tetra48", "tetra48-norot", "hf-fp16"]
         else:
             plan = [
                 ("qwen3-8b", [1, 4, 16, 64], [1, 4, 16, 64]),
@@ -646,6 +659,8 @@ def main() -> int:
             plan = [(m, bs, [x for x in hb if x in bs]) for m, _, hb in plan]
         for name, batches, hf_batches in plan:
             model_arms = arms if hf_batches else [x for x in arms if x != "hf-fp16"]
+            if a.quick and name != "qwen3-8b" and not a.arms:
+                model_arms = [x for x in model_arms if x not in DIAGNOSTIC_ARMS]
             bench_model(name, model_arms, batches, hf_batches, a, results, profiles)
         for path in a.artifact:
             bench_artifact(path, [1, 16], a, results)
