@@ -152,7 +152,7 @@ def test_placeholder_materialize_round_trip() -> None:
 
 def test_shared_rotation_keys_on_identity_and_version() -> None:
     rec = lattice_record("tetra", 8, 48, seed=1)
-    slot = SharedRotation(rec.rotation)
+    slot = SharedRotation(rec.rotation)  # members=0: never dropped by count
     calls = []
 
     def fn(x: torch.Tensor) -> torch.Tensor:
@@ -175,6 +175,25 @@ def test_shared_rotation_keys_on_identity_and_version() -> None:
     y[0, 0] = 1.0  # written through another view: version bumped → recomputed
     slot.rotate(y.view(2, 48), fn)
     assert len(calls) == 4
+
+
+def test_shared_rotation_lives_one_round() -> None:
+    """With 3 members the slot is dropped after the third use: no activation is held between
+    passes, and a later pass over the same buffer recomputes."""
+    rec = lattice_record("tetra", 8, 48, seed=1)
+    slot = SharedRotation(rec.rotation, members=3)
+    calls = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return apply_rotation(x, rec.rotation)
+
+    x = torch.randn(2, 48)
+    for _ in range(3):
+        slot.rotate(x, fn)
+    assert len(calls) == 1 and slot._rotated is None and slot._x is None
+    slot.rotate(x, fn)
+    assert len(calls) == 2
 
 
 def _descriptor(rec: object) -> dict:

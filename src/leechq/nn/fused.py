@@ -26,20 +26,27 @@ from leechq.formats.rotation import RotationTables
 
 
 class SharedRotation:
-    """One activation rotation shared by the modules that read the same input.
+    """One activation rotation shared by the ``members`` modules that read the same input.
 
     ``rotate(x, fn)`` returns ``fn(x)`` (the rotated activation), reusing the last result when
     called again with the same data: a view of the same storage (kept alive by a strong reference,
     so its address cannot be recycled), same offset, shape, strides and dtype, at the same version
     counter (which in-place writes to any view of that storage bump). Equal values in another tensor
     are recomputed; this never keys on a bare address or a width.
+
+    The slot lives for one round: once all ``members`` have taken the rotation of an input it is
+    dropped, so the slot holds no activation memory between forward passes and can never serve a
+    rotation across passes (a buffer rewritten by a kernel or a graph replay does not bump the
+    version counter, so reuse across passes would not be safe).
     """
 
-    def __init__(self, tables: RotationTables) -> None:
+    def __init__(self, tables: RotationTables, members: int = 0) -> None:
         self.tables = tables
+        self.members = members
         self._x: torch.Tensor | None = None
         self._key: tuple[Any, ...] = ()
         self._rotated: torch.Tensor | None = None
+        self._uses = 0
 
     @staticmethod
     def _key_of(x: torch.Tensor) -> tuple[Any, ...]:
@@ -51,16 +58,21 @@ class SharedRotation:
         if torch.compiler.is_compiling():
             return fn(x)  # a traced graph has no storage identity to key on
         key = self._key_of(x)
-        if self._x is not None and self._rotated is not None and key == self._key:
-            return self._rotated
-        rotated = fn(x)
-        self._x, self._key, self._rotated = x, key, rotated
+        if self._rotated is not None and key == self._key:
+            rotated = self._rotated
+            self._uses += 1
+        else:
+            rotated = fn(x)
+            self._x, self._key, self._rotated, self._uses = x, key, rotated, 1
+        if self.members and self._uses >= self.members:
+            self.clear()
         return rotated
 
     def clear(self) -> None:
         """Drop the cached input and result (frees their memory)."""
         self._x = self._rotated = None
         self._key = ()
+        self._uses = 0
 
 
 def plan(
@@ -141,6 +153,7 @@ def share_member_rotations(members: list[torch.nn.Module]) -> int:
         if slot is None:
             slot = SharedRotation(rot)
             slots.append(slot)
+        slot.members += 1
         m.share_rotation(slot)
     return len(slots)
 

@@ -225,7 +225,7 @@ def share_groups(modules: Mapping[str, LeechqLinear]) -> list[list[str]]:
         same = [n for n in names if _same_tables(modules[n].record, first.rotation)]
         if len(same) < 2:
             continue
-        slot = SharedRotation(first.rotation)
+        slot = SharedRotation(first.rotation, members=len(same))
         for n in same:
             modules[n].share_rotation(slot)
         groups.append(same)
