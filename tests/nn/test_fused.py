@@ -78,6 +78,7 @@ def test_group_rotates_once_under_the_interpreter() -> None:
     x = torch.randn(2, 56)
     y = group(x)
     assert len(calls) == 1
-    ref = torch.cat([m(x) for m in members], dim=-1)  # each call: a fresh input? no: same x
-    assert len(calls) == 1  # the same input tensor again: still served from the slot
+    assert members[0]._shared_rotation._rotated is None  # the round is over: nothing held
+    ref = torch.cat([m(x) for m in members], dim=-1)
+    assert len(calls) == 2  # a new round: rotated once more, shared again
     torch.testing.assert_close(y, ref, rtol=0, atol=0)
