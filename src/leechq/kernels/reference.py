@@ -17,6 +17,8 @@ Contracts (shapes; docs/kernels.md has the tolerances):
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING
 
 import torch
@@ -125,6 +127,15 @@ def tetra48_dequantize_rotated(w: Tetra48Weight) -> torch.Tensor:
     return _blocks_to_matrix(w, pts, gains)
 
 
+def _correctly_rounded_sqrt(values: torch.Tensor) -> torch.Tensor:
+    """IEEE sqrt of a few distinct exact integers (torch's vectorized CPU f64 sqrt is 1 ulp low for
+    some squared norms, e.g. 32, 128, 304)."""
+    distinct, inverse = torch.unique(values, return_inverse=True)
+    roots = torch.tensor([math.sqrt(v) for v in distinct.tolist()], dtype=torch.float64,
+                         device=values.device)
+    return roots[inverse]
+
+
 def _blocks_to_matrix(w: Tetra48Weight | Planes14Weight, pts: torch.Tensor,
                       gains: torch.Tensor, n2: torch.Tensor | None = None) -> torch.Tensor:
     """Blocks ``y · (c_g · σ_row / √n2)`` (n2 = ‖y‖² unless given) then the tail: f64 [d_out, d_in]."""
@@ -132,7 +143,7 @@ def _blocks_to_matrix(w: Tetra48Weight | Planes14Weight, pts: torch.Tensor,
         n2 = (pts * pts).sum(-1)
     cent = w.row_centroids.to(torch.float64).gather(1, gains.long())  # [d_out, nb]
     picked = cent * w.row_scales.to(torch.float64)[:, None]
-    scale = torch.where(n2 > 0, picked / torch.sqrt(torch.clamp(n2, min=1.0)),
+    scale = torch.where(n2 > 0, picked / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0)),
                         torch.zeros_like(picked))
     out = torch.empty(w.d_out, w.d_in, dtype=torch.float64, device=pts.device)
     out[:, : w.n_blocks * BLOCK] = (pts * scale[..., None]).reshape(w.d_out, -1)
