@@ -86,6 +86,7 @@ class LeechqLinear(nn.Module):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.record: Record | None = None
+        self._canonical: dict[str, torch.Tensor] | None = None
         self.execution: Execution | None = None
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(
@@ -154,6 +155,8 @@ class LeechqLinear(nn.Module):
             delattr(self, s)
         del self.descriptor
         self.set_record(record)
+        # The loaded bytes are the canonical tensors: keep them (on the CPU) for state_dict.
+        self._canonical = {k: v.detach().to("cpu") for k, v in tensors.items()}
         return record
 
     def set_record(self, record: Record) -> None:
@@ -168,6 +171,7 @@ class LeechqLinear(nn.Module):
                 f"[{self.out_features}, {self.in_features}]"
             )
         self.record = record
+        self._canonical = None
         self.execution = None
         self.weight_dense = None
         self._fused = None
@@ -292,9 +296,11 @@ class LeechqLinear(nn.Module):
         # tensors the artifact holds, so save → load is byte-identical (architecture.md §7.1).
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.record is not None:
-            from leechq.nn.records import record_tensors
+            if self._canonical is None:  # packed once, then kept (about 2 bits per weight)
+                from leechq.nn.records import record_tensors
 
-            for name, tensor in record_tensors(self.record).items():
+                self._canonical = record_tensors(self.record)
+            for name, tensor in self._canonical.items():
                 destination[prefix + name] = tensor
 
     def extra_repr(self) -> str:
