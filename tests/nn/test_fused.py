@@ -82,3 +82,19 @@ def test_group_rotates_once_under_the_interpreter() -> None:
     ref = torch.cat([m(x) for m in members], dim=-1)
     assert len(calls) == 2  # a new round: rotated once more, shared again
     torch.testing.assert_close(y, ref, rtol=0, atol=0)
+
+
+@pytest.mark.interp
+def test_rotation_odd_factor_beyond_the_kernel_is_declined_with_reason() -> None:
+    """2576 = 16·161: the rotation kernel declines k > 64 and says so; the dense path stays exact
+    (on an accelerator "auto" takes it with a ReferencePathWarning carrying the same reason)."""
+    from leechq.errors import KernelUnavailable
+
+    rec = lattice_record("tetra", 4, 2576, seed=3)
+    mod = LeechqLinear.from_record(rec)
+    with pytest.raises(KernelUnavailable, match="k=161"):
+        mod.finalize("cpu", torch.float32, prefer="fused")
+    assert mod.finalize("cpu", torch.float32, prefer="auto").path == "dense"
+    x = torch.randn(2, 2576)
+    ref = torch.nn.functional.linear(x, rec.dequantize())
+    assert torch.allclose(mod(x), ref, rtol=1e-5, atol=1e-5)

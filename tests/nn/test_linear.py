@@ -208,7 +208,9 @@ def _descriptor(rec: object) -> dict:
 
 # ---------------------------------------------------------------------------------- GPU (the lead)
 
-GPU_SHAPES = [(2560, 256), (2576, 128), (9728, 64)]  # 4B-like widths, one with a 16-column tail
+# Real widths (tails of 16 and 8 columns; odd rotation factors 5, 19, 19). Widths whose odd factor
+# exceeds the rotation kernel's limit (e.g. 2576 = 16·161) fall back to the dense path instead.
+GPU_SHAPES = [(2560, 256), (4864, 128), (9728, 64)]
 
 
 def _gpu_record(kind: str, d_in: int, d_out: int):
