@@ -13,7 +13,7 @@ from typing import Any
 from leechq._version import __version__
 
 _SUBPACKAGES = {
-    "lattice", "codebooks", "quant", "formats", "kernels", "nn", "models", "serve", "eval",
+    "lattice", "codebooks", "quant", "formats", "data", "kernels", "nn", "models", "serve", "eval",
     "integrations", "cli", "utils", "errors", "registry",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
