@@ -120,10 +120,18 @@ def _lattice_weights(model: Model, arm: str, fused: bool, device: str, seed: int
     return layers
 
 
+def _config_of(config):
+    """``config`` is one MatvecConfig for every shape or a callable ``(d_out, d_in) -> config``."""
+    return config if callable(config) else (lambda d_out, d_in: config)
+
+
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
-                  fused: bool, config, null: bool = False, noprep: bool = False) -> Pass:
+                  fused: bool, config, null: bool = False, noprep: bool = False,
+                  rotate: bool = False) -> Pass:
     """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
-    rotation kernel writes them in a served model), so the pass is the matvec launches only."""
+    rotation kernel writes them in a served model), so the pass is the matvec launches only.
+    ``rotate``: the served pass — each input group is rotated straight into the prepared layout
+    (one rotation launch per group, as ``leechq.serve.fused.TetraGroup`` does), then the matvecs."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -152,6 +160,19 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     prepared = [{src: ops.prepare_activation(xs[b][src], nb_of[k], order)
                  for k in first for src in [GROUP_INPUT[k.split("+")[0]]]}
                 for b in range(n_sets)] if noprep else None
+    cfg_of = _config_of(config)
+    cfgs = {k: cfg_of(w.d_out, w.d_in) for k, w in first.items()}
+    rots = {}
+    if rotate:
+        from leechq.formats.rotation import generate_rotation
+
+        for k, w in first.items():
+            src = GROUP_INPUT[k.split("+")[0]]
+            rots[src] = ops.DeviceRotation.from_tables(generate_rotation(w.d_in, seed + w.d_in),
+                                                       device)
+        for src in preps:
+            preps[src].zero_()
+        inv = tetra_kernel_tables(device).inv_order
 
     def run(b: int) -> None:
         for lw in layers:
@@ -159,12 +180,16 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             for k, w in lw.items():
                 src = GROUP_INPUT[k.split("+")[0]]
                 if prepared is not None:
-                    mv(prepared[b][src], w, batch, config, out=outs[k])
+                    mv(prepared[b][src], w, batch, cfgs[k], out=outs[k])
                     continue
                 if src not in done:
-                    ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
+                    if rotate:
+                        ops.rotate(xs[b][src], rots[src], prepared_order=order, out=preps[src],
+                                   inverse_order=inv)
+                    else:
+                        ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
                     done.add(src)
-                mv(preps[src], w, batch, config, out=outs[k])
+                mv(preps[src], w, batch, cfgs[k], out=outs[k])
 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
     if null:
@@ -179,7 +204,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
         for k, w in first.items():
             src = GROUP_INPUT[k.split("+")[0]]
             xp = ops.prepare_activation(x[src], w.n_blocks, order)
-            y = mv(xp, w, batch, config)
+            y = mv(xp, w, batch, cfgs[k])
             if null:
                 if not bool(torch.isfinite(y).all()):
                     raise AssertionError("null kernel left outputs unwritten")
@@ -190,10 +215,73 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             bound = x[src].double().abs() @ dense.abs().T
             worst = max(worst, float(((y.double() - want).abs() / bound).max()))
             del dense
+        if rotate:  # the served pass's rotations, into the prepared layout, against f64
+            from leechq.formats.rotation import generate_rotation
+
+            for src, rot in rots.items():
+                n = rot.n
+                got = ops.rotate(x[src], rot, prepared_order=order)
+                want = ref.prepare_activation(
+                    ref.rotate(x[src].cpu(), generate_rotation(n, seed + n)).to(device),
+                    n // 24, order)
+                worst = max(worst, float((got - want).abs().max() / want.abs().max()) * 1e-2)
         return worst
 
     p.check = check  # type: ignore[attr-defined]
     return p
+
+
+def sweep_groups(model: Model, configs: list, n_sets: int, device: str, reps: int) -> dict:
+    """Time each projection group of ``model`` (36 distinct matrices of one shape, prepared input,
+    batch 1, one CUDA graph of its 36 launches) under every Tetra configuration; verify each
+    configuration on one matrix per shape first. Returns ``{group: [(ms, config dict), ...]}``."""
+    import torch
+
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.kernels import reference as ref
+    from leechq.kernels.tables import tetra_kernel_tables
+    from leechq.kernels.triton import ops
+
+    order = tetra_kernel_tables(device).order
+    shapes = {n: (o, i) for n, o, i in model.linears()}
+    table: dict = {}
+    for gi, grp in enumerate(model.groups()):
+        key = "+".join(grp)
+        d_out, d_in = sum(shapes[n][0] for n in grp), shapes[grp[0]][1]
+        ws = [random_tetra48(d_out, d_in, seed=1000 * gi + i, device=device)
+              for i in range(model.layers)]
+        xs = [ops.prepare_activation(torch.randn(1, d_in, device=device), ws[0].n_blocks, order)
+              for _ in range(n_sets)]
+        y = torch.empty(1, d_out, device=device)
+        dense = ref.tetra48_dequantize_rotated(ws[0])
+        x0 = torch.randn(1, d_in, device=device)
+        xp0 = ops.prepare_activation(x0, ws[0].n_blocks, order)
+        want = x0.double() @ dense.T
+        bound = x0.double().abs() @ dense.abs().T
+        rows = []
+        for cfg in configs:
+            try:
+                got = ops.tetra48_matvec_prepared(xp0, ws[0], 1, cfg)
+                err = float(((got.double() - want).abs() / bound).max())
+                if not err <= 1e-5:
+                    raise AssertionError(f"error {err:.2e}")
+
+                def run(b: int, cfg=cfg) -> None:
+                    for w in ws:
+                        ops.tetra48_matvec_prepared(xs[b], w, 1, cfg, out=y)
+
+                gr = Graphed(Pass("sweep", 1, run, 0, len(ws)), n_sets)
+                ms = statistics.median(gr.time(reps) for _ in range(3))
+                rows.append((round(ms, 4), cfg.__dict__, err))
+                print(f"# sweep {key} {d_out}x{d_in} {cfg}: {ms:.4f} ms (err {err:.1e})",
+                      flush=True)
+                del gr
+            except Exception as exc:
+                print(f"!! sweep {key} {cfg}: {exc!r}"[:1500], flush=True)
+        table[key] = {"shape": [d_out, d_in], "rows": sorted(rows, key=lambda r: r[0])}
+        del ws, dense
+        torch.cuda.empty_cache()
+    return table
 
 
 def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int) -> Pass:
@@ -351,15 +439,21 @@ def copy_bandwidth(device: str) -> float:
 
 
 def sass_report(configs: dict) -> dict:
-    """Instruction mix per decoded block (per weight word for int4) of the compiled kernels."""
+    """Instruction mix per decoded block (per 24 weights for int4) of the compiled kernels' hot
+    loops (sm_90, Triton's bundled ptxas; no GPU needed)."""
     from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton.activation import rotate_kernel
     from leechq.kernels.triton.intq import intq_matvec_kernel
     from leechq.kernels.triton.planes14 import planes14_matvec_kernel
     from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
+    from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
 
     lat = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
            "tail_ptr": "*fp32", "rows_ptr": "*i32", "cw_ptr": "*i32", "y_ptr": "*fp32",
            "stride_ym": "i32", "d_out": "i32"}
+    m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
+          "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+          "y_ptr": "*fp32", "d_out": "i32"}
     pl = {"xp_ptr": "*fp32", "r_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
           "tail_ptr": "*fp32", "tab_ptr": "*i32", "y_ptr": "*fp32", "stride_ym": "i32",
           "d_out": "i32"}
@@ -367,38 +461,66 @@ def sass_report(configs: dict) -> dict:
            "stride_ym": "i32", "d_out": "i32"}
     iq = {"xt_ptr": "*fp32", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp32",
           "stride_ym": "i32", "d_out": "i32"}
+    rot = {"x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
+           "out_ptr": "*fp32", "stride_om": "i32", "inv_ptr": "*i32", "inv_sqrt_m": "fp32",
+           "n_blocks": "i32", "NPP": "i32"}
     out = {}
+    jobs = {}
+    c1 = configs[1]
+    if c1.kernel == "m1":
+        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, m1, dict(
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
+            2, c1.num_warps)  # two blocks (one pair) per thread per iteration
+        jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
+            2, c1.num_warps)
     for batch in (1, 8):
-        cfg = configs[batch]
+        cfg = configs.get("tile1", configs[batch]) if batch == 1 else configs[batch]
         blocks_per_thread = cfg.rows * cfg.bp * 2 / (32 * cfg.num_warps)
-        jobs = {
-            f"tetra48/M{batch}": (tetra48_matvec_kernel, lat, dict(
+        jobs.update({
+            f"tetra48-tile/M{batch}": (tetra48_matvec_kernel, lat, dict(
                 N_BLOCKS=170, TAIL_COLS=16, M=batch, ROWS=cfg.rows, BP=cfg.bp, USE_ASM=True,
                 SMEM_ROWS=cfg.smem_rows), blocks_per_thread, cfg.num_warps),
             f"planes14/M{batch}": (planes14_matvec_kernel, pl, dict(
                 N_BLOCKS=170, TAIL_COLS=16, M=batch, ROWS=cfg.rows, BP=cfg.bp, USE_ASM=True),
                 blocks_per_thread, cfg.num_warps),
-            f"null/M{batch}": (null_matvec_kernel, nul, dict(
+            f"null-tile/M{batch}": (null_matvec_kernel, nul, dict(
                 N_BLOCKS=170, TAIL_COLS=16, M=batch, ROWS=cfg.rows, BP=cfg.bp),
                 blocks_per_thread, cfg.num_warps),
             f"int4/M{batch}": (intq_matvec_kernel, iq, dict(
                 D_IN=4096, GROUP=128, BITS=4, M=batch, ROWS=16, BW=32, USE_ASM=True),
                 16 * 32 / 128 * 8 / 24, 4),  # per 24 weights
-        }
-        for name, (k, sig, ce, per, nw) in jobs.items():
-            try:
-                c = I.compile_for(k, sig, ce, num_warps=nw)
-                mix = I.loop_mix(I.sass(c))
-                loop = mix["loop"]
-                out[name] = {
-                    "per_block_total": round(mix["loop_total"] / per, 1),
-                    "per_block": {op: round(n / per, 1) for op, n in loop.items()},
-                    "pipes_per_block": {k2: round(v / per, 1)
-                                        for k2, v in I.pipe_summary(loop).items()},
-                    "resources": I.resource_usage(c),
-                }
-            except Exception as exc:  # the report is informative; never fail the bench on it
-                out[name] = {"error": repr(exc)[:300]}
+        })
+    for name, (k, sig, ce, per, nw) in jobs.items():
+        try:
+            c = I.compile_for(k, sig, ce, num_warps=nw)
+            mix = I.hot_loop_mix(I.sass(c))
+            loop = mix["loop"]
+            out[name] = {
+                "per_block_total": round(mix["loop_total"] / per, 1),
+                "per_block": {op: round(n / per, 1) for op, n in loop.items()},
+                "pipes_per_block": {k2: round(v / per, 1)
+                                    for k2, v in I.pipe_summary(loop).items()},
+                "per_chunk_epilogue": mix["skipped"],
+                "kernel_total": mix["kernel_total"],
+                "resources": I.resource_usage(c),
+                "shared_bytes": getattr(c.metadata, "shared", None),
+            }
+        except Exception as exc:  # the report is informative; never fail the bench on it
+            out[name] = {"error": repr(exc)[:300]}
+    for k_odd, mw in ((1, 4096), (3, 4096), (17, 1024)):
+        try:
+            import math
+
+            c = I.compile_for(rotate_kernel, rot, dict(K=k_odd, MW=mw, LOG2M=int(math.log2(mw)),
+                                                       PREPARED=True),
+                              num_warps=8 if mw >= 2048 else 4)
+            text = I.sass(c)
+            out[f"rotate/k{k_odd}m{mw}"] = {
+                "kernel_total": len(I.instructions(text)),
+                "loop": I.loop_mix(text)["loop"], "resources": I.resource_usage(c)}
+        except Exception as exc:
+            out[f"rotate/k{k_odd}m{mw}"] = {"error": repr(exc)[:300]}
     return out
 
 
@@ -425,13 +547,19 @@ def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, swe
         d_ins = sorted({i for _, _, i in m.linears()})
         for d_in in d_ins:
             for batch in batches:
-                for kind in ("tetra48", "planes14", "null", "int4", "rotation"):
-                    if kind in arms:
-                        jobs.append((kind, d_in, batch, configs[batch]))
+                cfgs = [configs[batch]] + ([configs["tile1"]] if batch == 1 and "tile1" in configs
+                                           else [])
+                for cfg in cfgs:
+                    for kind in ("tetra48", "planes14", "null", "int4", "rotation"):
+                        if kind in arms or (kind == "rotation" and "served" in arms):
+                            jobs.append((kind, d_in, batch, cfg))
         if name == "qwen3-8b":
             for cfg in sweep:
                 for d_in in d_ins:
                     jobs.append(("tetra48", d_in, 1, cfg))
+                    if "null-m1" in arms and cfg.kernel == "m1":
+                        jobs.append(("null", d_in, 1, cfg))
+    jobs = list(dict.fromkeys(jobs))
     t0 = time.time()
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
@@ -486,6 +614,21 @@ def _warm_job(job) -> None:
     torch.cuda.synchronize()
 
 
+TILE1 = dict(rows=16, bp=32, num_warps=4, smem_rows=True, kernel="tile")
+"""The tiled Tetra kernel's batch-1 geometry of 2026-11-29 (the baseline arm ``tetra48-fused``)."""
+
+M1_SWEEP = [
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4),
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=5),
+    dict(rows=16, bp=32, num_warps=4, kernel="m1", ctas_per_sm=5),
+    dict(rows=32, bp=16, num_warps=4, kernel="m1", ctas_per_sm=5),
+    dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
+    dict(rows=32, bp=32, num_warps=8, kernel="m1", ctas_per_sm=2),
+    dict(rows=16, bp=16, num_warps=4, kernel="m1", ctas_per_sm=8),
+]
+"""Batch-1 geometries timed per projection group by ``--sweep`` (plus the tiled baseline)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3-8b,qwen3-4b,qwen3-14b")
@@ -493,9 +636,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sets", type=int, default=2, help="activation buffer sets (graphs) per arm")
-    ap.add_argument("--arms", default="fp16,null,null-fused,null-fused-noprep,tetra48,tetra48-fused,"
-                    "tetra48-fused-noprep,planes14,planes14-fused,int4,rotation")
-    ap.add_argument("--sweep", action="store_true", help="pick the Tetra geometry on qwen3-8b first")
+    ap.add_argument("--arms", default="fp16,null-fused,null-m1-fused-noprep,tetra48-fused,"
+                    "tetra48-m1-fused,tetra48-m1-fused-noprep,served,planes14-fused,rotation")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the batch-1 Tetra geometries per projection group of qwen3-8b first "
+                         "and use the best per shape")
     ap.add_argument("--warm-workers", type=int, default=12)
     ap.add_argument("--no-sass", action="store_true")
     ap.add_argument("--warm-only", action="store_true", help="compile every specialization, exit")
@@ -514,69 +659,68 @@ def main() -> None:
     batches = tuple(int(b) for b in args.batches.split(","))
     models = args.models.split(",")
     configs = {b: default_config(b) for b in (1, 8)}
-    sweep = [MatvecConfig(16, 32, 4, True), MatvecConfig(32, 32, 8, True),
-             MatvecConfig(32, 32, 8, False)] if args.sweep else []
+    tile1 = MatvecConfig(**TILE1)
+    sweep = [MatvecConfig(**c) for c in M1_SWEEP] + [tile1] if args.sweep else []
     if args.sass_only:
         Path(args.sass_only).write_text(json.dumps(sass_report(configs)) + "\n")
         return
     gpu = torch.cuda.get_device_name()
     print(f"# {gpu}, torch {torch.__version__}, triton {__import__('triton').__version__}",
           flush=True)
-    t_warm = warm_compile(models, batches, configs, sweep, args.warm_workers, args.arms)
+    t_warm = warm_compile(models, batches, {**configs, "tile1": tile1}, sweep, args.warm_workers,
+                          args.arms)
     print(f"# parallel compile: {t_warm:.1f} s", flush=True)
     if args.warm_only:
         return
     copy_gbps = copy_bandwidth(device)
     print(f"# copy bandwidth: {copy_gbps:.0f} GB/s (read + write)", flush=True)
 
-    sweep_rows = []
+    best_by_shape: dict = {}
+    sweep_table: dict = {}
     if sweep:
-        m = MODELS["qwen3-8b"]
-        for cfg in sweep:
-            try:
-                p = build_lattice(m, "tetra48", 1, args.sets, device, 7, True, cfg)
-                err = p.check()
-                gr = Graphed(p, args.sets)
-                ms = statistics.median(gr.time(args.reps) for _ in range(3))
-                sweep_rows.append({"config": cfg.__dict__, "ms": ms, "max_err": err})
-                print(f"# sweep {cfg}: {ms:.3f} ms (err {err:.1e})", flush=True)
-                del gr, p
-            except Exception as exc:
-                print(f"!! sweep {cfg}: {exc!r}"[:1500], flush=True)
-            torch.cuda.empty_cache()
-        sweep_rows = [r for r in sweep_rows if r["max_err"] <= 1e-5] or [
-            {"config": configs[1].__dict__, "ms": float("inf"), "max_err": 0.0}]
-        best = min(sweep_rows, key=lambda r: r["ms"])
-        configs[1] = MatvecConfig(**best["config"])
-        print(f"# using {configs[1]} at batch 1", flush=True)
+        sweep_table = sweep_groups(MODELS["qwen3-8b"], sweep, args.sets, device, args.reps)
+        for key, entry in sweep_table.items():
+            if entry["rows"]:
+                best_by_shape[tuple(entry["shape"])] = MatvecConfig(**entry["rows"][0][1])
+                print(f"# best {key}: {entry['rows'][0]}", flush=True)
+        _write(args.out, {"bench": "matvec", "gpu": gpu, "git": git_rev(), "partial": True,
+                          "sweep": sweep_table})
+
+    def cfg1(d_out: int, d_in: int):
+        return best_by_shape.get((d_out, d_in), configs[1])
 
     results = []
     checks = {}
     for name in models:
         model = MODELS[name]
         for batch in batches:
-            cfg = configs[batch]
+            tile = tile1 if batch == 1 else configs[batch]
+            m1 = cfg1 if batch == 1 else configs[batch]
             builders = {
                 "fp16": lambda: build_fp16(model, batch, args.sets, device, 1),
-                "null": lambda: build_lattice(model, "null", batch, args.sets, device, 2, False,
-                                              cfg, null=True),
                 "null-fused": lambda: build_lattice(model, "null", batch, args.sets, device, 2,
-                                                    True, cfg, null=True),
-                "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
-                                                 False, cfg),
+                                                    True, tile, null=True),
+                "null-m1-fused-noprep": lambda: build_lattice(
+                    model, "null", batch, args.sets, device, 2, True, m1, null=True, noprep=True),
                 "tetra48-fused": lambda: build_lattice(model, "tetra48", batch, args.sets, device,
-                                                       4, True, cfg),
-                "planes14": lambda: build_lattice(model, "planes14", batch, args.sets, device, 5,
-                                                  False, cfg),
+                                                       4, True, tile),
+                "tetra48-m1-fused": lambda: build_lattice(model, "tetra48", batch, args.sets,
+                                                          device, 4, True, m1),
+                "tetra48-m1-fused-noprep": lambda: build_lattice(
+                    model, "tetra48", batch, args.sets, device, 4, True, m1, noprep=True),
+                "served": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 4,
+                                                True, m1, rotate=True),
+                "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
+                                                 False, m1),
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
-                                                        device, 6, True, cfg),
+                                                        device, 6, True, tile),
                 "int4": lambda: build_int4(model, batch, args.sets, device, 8),
-                "null-fused-noprep": lambda: build_lattice(model, "null", batch, args.sets, device,
-                                                           2, True, cfg, null=True, noprep=True),
-                "tetra48-fused-noprep": lambda: build_lattice(model, "tetra48", batch, args.sets,
-                                                              device, 4, True, cfg, noprep=True),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
+            if batch > 1:  # the batch-1 kernels and their arms are not measured at M > 1
+                for arm in ("null-m1-fused-noprep", "tetra48-m1-fused", "tetra48-m1-fused-noprep",
+                            "served"):
+                    builders.pop(arm)
             wanted = args.arms.split(",")
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
@@ -603,6 +747,7 @@ def main() -> None:
                 ms = statistics.median(per_round[arm])
                 ratios = [f / a for f, a in zip(per_round["fp16"], per_round[arm])]
                 gbps = gr.p.bytes / (min(per_round[arm]) * 1e-3) / 1e9 if gr.p.bytes else 0.0
+                uses_m1 = "m1" in arm or arm in ("served", "tetra48")
                 results.append({
                     "model": name, "arm": arm, "batch": batch, "ms": round(ms, 4),
                     "ms_range": [round(min(per_round[arm]), 4), round(max(per_round[arm]), 4)],
@@ -613,17 +758,19 @@ def main() -> None:
                     "launches": gr.p.launches,
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
-                    "config": (configs[batch].__dict__ if arm.split("-")[0] in
-                               ("tetra48", "planes14", "null") else None),
+                    "config": (("per shape (sweep)" if best_by_shape else configs[1].__dict__)
+                               if uses_m1 and batch == 1 else
+                               (tile.__dict__ if arm.split("-")[0] in ("tetra48", "planes14",
+                                                                       "null") else None)),
                 })
                 r = results[-1]
-                print(f"{name:10s} M={batch} {arm:15s} {r['ms']:8.3f} ms  {r['gbps']:7.1f} GB/s  "
+                print(f"{name:10s} M={batch} {arm:24s} {r['ms']:8.3f} ms  {r['gbps']:7.1f} GB/s  "
                       f"{r['frac_copy_bw']:5.3f} of copy  {r['ratio_vs_fp16']:6.3f}x fp16 "
                       f"[{r['ratio_range'][0]}-{r['ratio_range'][1]}]", flush=True)
             del graphs
             torch.cuda.empty_cache()
             _write(args.out, {"bench": "matvec", "gpu": gpu, "git": git_rev(), "partial": True,
-                              "copy_gbps": round(copy_gbps, 1), "sweep": sweep_rows,
+                              "copy_gbps": round(copy_gbps, 1), "sweep": sweep_table,
                               "results": results})
 
     sass = {} if args.no_sass else sass_report(configs)
@@ -632,8 +779,11 @@ def main() -> None:
     doc = {
         "bench": "matvec", "gpu": gpu, "git": git_rev(), "date": DATE,
         "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "copy_gbps": round(copy_gbps, 1), "configs": {str(b): c.__dict__ for b, c in configs.items()},
-        "sweep": sweep_rows, "results": results, "sass": sass,
+        "copy_gbps": round(copy_gbps, 1),
+        "configs": {"1": configs[1].__dict__, "8": configs[8].__dict__, "tile1": tile1.__dict__,
+                    "best_by_shape": {f"{k[0]}x{k[1]}": v.__dict__
+                                      for k, v in best_by_shape.items()}},
+        "sweep": sweep_table, "results": results, "sass": sass,
         "protocol": f"one process; CUDA graph per arm and buffer set ({args.sets}); {args.rounds} "
                     f"rounds x median of {args.reps} replays; ratio = median of per-round ratios",
     }

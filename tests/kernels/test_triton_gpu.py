@@ -40,7 +40,7 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
     import triton
     import triton.language as tl
 
-    from leechq.kernels.triton._bits import byte_to_f32, dp4a_self, prmt, spread4_bytes
+    from leechq.kernels.triton._bits import byte_to_f32, dp4a, dp4a_self, prmt, spread4_bytes
 
     @triton.jit
     def k(a_ptr, b_ptr, s_ptr, out_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
@@ -50,10 +50,12 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
         b = tl.load(b_ptr + i, mask=ok).to(tl.uint32)
         s = tl.load(s_ptr + i, mask=ok).to(tl.uint32) & 0x7777  # selector nibbles < 8
         tl.store(out_ptr + 5 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
-        tl.store(out_ptr + 5 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
-        tl.store(out_ptr + 5 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
-        tl.store(out_ptr + 5 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
-        tl.store(out_ptr + 5 * i + 4, byte_to_f32(b, 0, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 7 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 7 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
+        tl.store(out_ptr + 7 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 7 * i + 4, byte_to_f32(b, 0, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 7 * i + 5, dp4a(a, b, s.to(tl.int32), False, ASM), mask=ok)
+        tl.store(out_ptr + 7 * i + 6, dp4a(a, b, s.to(tl.int32), True, ASM), mask=ok)
 
     n = 1 << 16
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -61,7 +63,7 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
                .to(torch.int32) for _ in range(3))
     outs = []
     for asm in (True, False):
-        o = torch.empty(5 * n, dtype=torch.int32, device=DEV)
+        o = torch.empty(7 * n, dtype=torch.int32, device=DEV)
         k[(n // 1024,)](a, b, s, o, n, ASM=asm, BLOCK=1024)
         outs.append(o)
     assert torch.equal(outs[0], outs[1])
@@ -86,6 +88,35 @@ def test_tetra48_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
         y = torch.full((m_rows, d_out), float("nan"), device=DEV)
         ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, out=y)
         assert _worst(y, x, dense) <= 1e-5, cfg
+
+
+M1_CONFIGS = [
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4),
+    dict(rows=16, bp=16, num_warps=4, kernel="m1", ctas_per_sm=0),
+    dict(rows=64, bp=8, num_warps=8, kernel="m1", ctas_per_sm=2),
+]
+
+
+@pytest.mark.parametrize(("d_out", "d_in"), [*SHAPES, (3000, 2560), (24, 4096 + 24 * 7)])
+def test_tetra48_m1_full_shapes(d_out: int, d_in: int) -> None:
+    """The batch-1 kernel (several geometries, repeated launches: the tickets must reset) against
+    the f64 reference, and its control writes every row."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out ^ d_in, device=DEV)
+    dense = ref.tetra48_dequantize_rotated(w)
+    for cfg in M1_CONFIGS:
+        for _ in range(2):
+            x = torch.randn(1, d_in, device=DEV) * (10.0 ** torch.randint(-3, 4, (1, d_in),
+                                                                         device=DEV))
+            xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
+            y = torch.full((1, d_out), float("nan"), device=DEV)
+            ops.tetra48_matvec_prepared(xp, w, 1, ops.MatvecConfig(**cfg), out=y)
+            assert _worst(y, x, dense) <= 1e-5, cfg
+        y = torch.full((1, d_out), float("nan"), device=DEV)
+        ops.null_matvec_prepared(xp, w, 1, ops.MatvecConfig(**cfg), out=y)
+        assert torch.isfinite(y).all()
+    torch.cuda.synchronize()
+    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 1), (4096, 12288, 8),
@@ -164,3 +195,16 @@ def test_no_local_memory() -> None:
             USE_ASM=True, SMEM_ROWS=False), num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
+    from leechq.kernels.triton.tetra48_m1 import tetra48_m1_kernel
+
+    m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
+          "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+          "y_ptr": "*fp32", "d_out": "i32"}
+    c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=32, NW=4, BP=32,
+                                                  USE_ASM=True), num_warps=4)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
+    # the staged table lives at the start of the reserved 32 KiB; no Triton shared memory may be
+    # used inside the hot loop (it would overwrite the table)
+    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix

@@ -54,6 +54,38 @@ def test_tetra48_matvec(m_rows: int, d_out: int, d_in: int, smem: bool) -> None:
     _bounded(y, x, ref.tetra48_dequantize_rotated(w))
 
 
+M1_SMALL = {"rows": 8, "bp": 8, "num_warps": 1, "kernel": "m1", "ctas_per_sm": 1}
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "cfg"), [
+    # 18 blocks = 9 pairs → 2 K-slices of 8 pairs; 3 chunks of 8 rows walked by 1 program per slice
+    (19, 18 * 24 + 5, M1_SMALL),
+    # odd block count, no tail, 2 rows per warp iteration, one program per (chunk, slice)
+    (8, 7 * 24, {**M1_SMALL, "bp": 16, "num_warps": 1, "rows": 8, "ctas_per_sm": 0}),
+])
+def test_tetra48_m1(d_out: int, d_in: int, cfg: dict) -> None:
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out)
+    x = torch.randn(1, d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    dense = ref.tetra48_dequantize_rotated(w)
+    for _ in range(2):  # the second launch checks that the tickets were reset
+        y = torch.full((1, d_out), float("nan"))
+        ops.tetra48_matvec_prepared(xp, w, 1, ops.MatvecConfig(**cfg), out=y)
+        _bounded(y, x, dense)
+    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
+
+
+def test_null_m1_geometry() -> None:
+    ops = _ops()
+    w = random_tetra48(11, 18 * 24 + 3, seed=0)
+    x = torch.randn(1, w.d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order("cpu"))
+    y = torch.full((1, 11), float("nan"))
+    ops.null_matvec_prepared(xp, w, 1, ops.MatvecConfig(**M1_SMALL), out=y)
+    assert torch.isfinite(y).all()  # every row written (no reference output by design)
+
+
 def test_tetra48_fused_rows_equal_separate() -> None:
     ops = _ops()
     a, b = random_tetra48(8, 50, seed=1), random_tetra48(8, 50, seed=2)
@@ -86,7 +118,7 @@ def test_null_control_geometry() -> None:
     assert torch.allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("n", "prepared"), [(96, False), (72, True)])
+@pytest.mark.parametrize(("n", "prepared"), [(96, False), (72, True), (64, True), (320, False)])
 def test_rotate(n: int, prepared: bool) -> None:
     ops = _ops()
     rot = generate_rotation(n, 3)

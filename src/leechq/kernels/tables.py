@@ -7,7 +7,16 @@
   trio-order pattern ``c1 | c2<<8 | c3<<16`` of a word is ``cw[a] ^ cw[128 + b]`` — two independent
   reads instead of the dependent prefix → branch → suffix chain. The split is checked against the
   trellis on all 4096 inputs when built.
-* ``order`` int32 [24] (trio → natural) for the activation preparation.
+* ``order`` int32 [24] (trio → natural) for the activation preparation, and its inverse
+  ``inv_order`` (cached, so a rotation into the prepared layout needs no per-call argsort).
+* The batch-1 Tetra table (:func:`tetra_m1_table`, one int32 tensor staged in shared memory by the
+  ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
+  ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
+  F2-linearity like ``cw`` (``SA[s8 | b1<<6] ^ SB[b2 | b3<<4]``, 4 words per entry), and ``invnorm``
+  (§2.6). With ``h = f ^ mask`` (nibble j of section k) a coordinate is
+  ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
+  pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
+  the codebook decoder in the tests).
 * Planes14: the 512-entry class table in its kernel form (``formats.layouts.planes14``).
 """
 
@@ -27,6 +36,7 @@ class TetraKernelTables:
     rows: torch.Tensor
     cw: torch.Tensor
     order: torch.Tensor
+    inv_order: torch.Tensor
 
 
 def tetra_pattern_split() -> np.ndarray:
@@ -64,12 +74,87 @@ def _tetra_tables_cached(device: str) -> TetraKernelTables:
     rows = torch.from_numpy(t.rows.astype(np.uint32).view(np.int32).copy())
     cw = torch.from_numpy(tetra_pattern_split().view(np.int32).copy())
     order = torch.from_numpy(t.order.astype(np.int32))
-    return TetraKernelTables(rows.to(device), cw.to(device), order.to(device))
+    inv = torch.from_numpy(np.argsort(t.order.astype(np.int64)).astype(np.int32))
+    return TetraKernelTables(rows.to(device), cw.to(device), order.to(device), inv.to(device))
 
 
 def tetra_kernel_tables(device: torch.device | str) -> TetraKernelTables:
     """The Tetra kernel tables on ``device`` (built once per device)."""
     return _tetra_tables_cached(str(torch.device(device)))
+
+
+M1_RANK_U = (0, 1, -1, 2, -2, 3, -3, 4)
+"""``u(ρ)``: ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with ``a = (0, 1, 2, −1)[o]``, ``σ = (1, −1, −1, 1)[o]``."""
+
+M1_SA_WORD = 4096
+"""Word offset of the 128 ``SA`` entries (4 words each) in the batch-1 table."""
+M1_SB_WORD = M1_SA_WORD + 4 * 128
+"""Word offset of the 32 ``SB`` entries."""
+M1_INVNORM_WORD = M1_SB_WORD + 4 * 32
+"""Word offset of ``1/‖y‖`` by squared norm: entry ``n2`` (0..511) holds the bits of
+``invnorm[n2 / 16]`` for multiples of 16 (0 for the origin and for impossible norms)."""
+M1_TABLE_WORDS = M1_INVNORM_WORD + 512
+
+
+def _spread_nibbles(byte: np.ndarray) -> np.ndarray:
+    """8-bit masks → 32-bit nibble masks (bit j set ⇒ nibble j = 0xF)."""
+    out = np.zeros(byte.shape, dtype=np.uint32)
+    for j in range(8):
+        out |= (((byte >> j) & 1).astype(np.uint32) * 0xF) << np.uint32(4 * j)
+    return out
+
+
+def tetra_m1_table_numpy() -> np.ndarray:
+    """The batch-1 Tetra table as uint32 [M1_TABLE_WORDS] (see the module docstring), verified:
+    the re-coded rows reproduce ``val(o, ρ)`` for every row, nibble and residue, and
+    ``SA ^ SB`` reproduces the trellis pattern for all 4096 ``(s8, b1, b2, b3)``."""
+    from leechq.codebooks.tetra_tables import tetra_tables
+
+    t = tetra_tables()
+    ranks = (t.rows.astype(np.int64)[:, None] >> (4 * np.arange(8))) & 15
+    u = np.asarray(M1_RANK_U, dtype=np.int64)[ranks]
+    f = 2 * u + 7
+    if f.min() < 0 or f.max() > 15:
+        raise AssertionError("re-coded rank nibble outside 0..15")
+    hrow = (f.astype(np.uint64) << (4 * np.arange(8, dtype=np.uint64))).sum(1).astype(np.uint32)
+    # val(o, ρ) = p + (−1)^p · 2 · (h − 7), h = f (pattern bit 0) or 15 − f (pattern bit 1), o = p + 2c
+    for p in (0, 1):
+        for c in (0, 1):
+            h = f if c == 0 else 15 - f
+            got = p + (1 - 2 * p) * 2 * (h - 7)
+            if not np.array_equal(got, t.values[p + 2 * c][ranks]):
+                raise AssertionError(f"re-coded rows disagree with val(o={p + 2 * c}, ρ)")
+    cw = tetra_pattern_split()
+    sa = np.zeros((128, 4), dtype=np.uint32)
+    sb = np.zeros((32, 4), dtype=np.uint32)
+    for k in range(3):
+        sa[:, k] = _spread_nibbles((cw[:128] >> np.uint32(8 * k)) & 0xFF)
+        sb[:, k] = _spread_nibbles((cw[128:160] >> np.uint32(8 * k)) & 0xFF)
+    x = np.arange(4096)
+    s8, b1, b2, b3 = x & 63, (x >> 6) & 1, (x >> 7) & 15, x >> 11
+    pattern = cw[s8 | (b1 << 6)] ^ cw[128 + (b2 | (b3 << 4))]
+    for k in range(3):
+        want = _spread_nibbles((pattern >> np.uint32(8 * k)) & 0xFF)
+        if not np.array_equal(sa[s8 | (b1 << 6), k] ^ sb[b2 | (b3 << 4), k], want):
+            raise AssertionError("split nibble masks disagree with the trellis pattern")
+    out = np.zeros(M1_TABLE_WORDS, dtype=np.uint32)
+    out[:4096] = hrow
+    out[M1_SA_WORD:M1_SB_WORD] = sa.reshape(-1)
+    out[M1_SB_WORD:M1_INVNORM_WORD] = sb.reshape(-1)
+    by_n2 = np.zeros(512, dtype=np.float32)
+    by_n2[0:512:16] = t.invnorm.astype(np.float32)
+    out[M1_INVNORM_WORD:] = by_n2.view(np.uint32)
+    return out
+
+
+@cache
+def _tetra_m1_cached(device: str) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
+
+
+def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
+    """The batch-1 Tetra table, int32 [M1_TABLE_WORDS], on ``device`` (built once per device)."""
+    return _tetra_m1_cached(str(torch.device(device)))
 
 
 @cache

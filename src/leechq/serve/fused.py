@@ -21,7 +21,6 @@ inside their own fused kernel. A group computes exactly what its members compute
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,39 +257,10 @@ class TetraGroup(nn.Module):
         self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
 
     def _launch_rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        # The launch of ``ops.rotate`` (prepared output, our buffer), minus its per-call argsort.
-        from leechq.kernels.reference import prepared_pairs
-        from leechq.kernels.triton.activation import rotate_kernel
-
-        rot = self.rot
-        assert rot is not None
-        if x2.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise InvalidInput(f"x must be float32/16 or bfloat16, got {x2.dtype}")
-        m_rows, n = int(x2.shape[0]), rot.n
-        k, m = rot.odd, rot.pow2
-        scratch_shape = (m_rows, n) if k > 1 else (1, 1)
-        scratch = torch.empty(scratch_shape, dtype=torch.float32, device=x2.device)
-        rotate_kernel[(m_rows,)](
-            x2,
-            x2.stride(0),
-            rot.signs,
-            rot.small,
-            scratch,
-            scratch.stride(0),
-            xp,
-            xp.stride(0),
-            self.inv_order,
-            rot.inv_sqrt_m,
-            n,
-            self.n_blocks,
-            prepared_pairs(self.n_blocks),
-            K=k,
-            MW=m,
-            LOG2M=int(math.log2(m)),
-            CH=min(m, 1024),
-            PREPARED=True,
-            num_warps=8 if m >= 2048 else 4,
-        )
+        # ``ops.rotate`` into our prepared buffer with the cached inverse order (no per-call argsort).
+        assert self.rot is not None
+        self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp,
+                         inverse_order=self.inv_order)
 
     def extra_repr(self) -> str:
         return (

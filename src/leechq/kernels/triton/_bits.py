@@ -89,3 +89,96 @@ def dp4a_self(q, acc, USE_ASM: tl.constexpr):
             b = tl.where(b >= 128, b - 256, b)
             out = out + b * b
     return out
+
+
+@triton.jit
+def dp4a(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
+    """``acc + Σ_i a_i·b_i`` over the 4 bytes of two uint32 tensors: ``a`` signed bytes, ``b``
+    unsigned bytes (``B_SIGNED = False``) or signed bytes; int32 accumulator (wrapping)."""
+    if USE_ASM:
+        if B_SIGNED:
+            out = tl.inline_asm_elementwise(
+                "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )
+        else:
+            out = tl.inline_asm_elementwise(
+                "dp4a.s32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )
+    else:
+        out = acc
+        for i in tl.static_range(4):
+            ai = ((a >> (8 * i)) & 0xFF).to(tl.int32)
+            ai = tl.where(ai >= 128, ai - 256, ai)
+            bi = ((b >> (8 * i)) & 0xFF).to(tl.int32)
+            if B_SIGNED:
+                bi = tl.where(bi >= 128, bi - 256, bi)
+            out = out + ai * bi
+    return out
+
+
+# Shared-memory tables (layouts-kernels-recipe.md §3.1: the decoder tables belong in on-chip memory,
+# not in L1 gathers). Triton has no shared-memory API, so the kernels that use these helpers reserve
+# the space with a never-taken gather (``reserve_smem``: Triton then sizes its dynamic shared memory
+# for it), copy the table into the start of ``global_smem`` (Triton's extern shared array) once per
+# program, and read it with ``ld.shared``. Nothing else in those kernels may use shared memory while
+# the table is live (checked on the SASS: no Triton STS/LDS inside the hot loop). Under the
+# interpreter (``USE_ASM = False``) the same lookups read the global table instead.
+
+
+@triton.jit
+def reserve_smem(tab_ptr, never, WORDS: tl.constexpr):
+    """Make Triton allocate ``4·WORDS`` bytes of dynamic shared memory (``never`` must be False at
+    run time; the branch only exists for the compiler's allocation)."""
+    if never:
+        e = tl.arange(0, WORDS)
+        g = tl.gather(tl.load(tab_ptr + e), e, 0)
+        tl.store(tab_ptr + e, g)
+
+
+@triton.jit
+def smem_base(anchor):
+    """The shared-space address of ``global_smem`` (int32 scalar; ``anchor``: any int32 scalar)."""
+    return tl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [anchor], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def smem_store32(addr, value):
+    """``*addr = value`` in shared memory (``addr``: byte address from :func:`smem_base`)."""
+    tl.inline_asm_elementwise(
+        "st.shared.u32 [$1], $2; mov.u32 $0, 0;", "=r,r,r", [addr, value], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def table_load32(tab_ptr, base, word, USE_ASM: tl.constexpr):
+    """Word ``word`` of the staged table (shared memory at ``base``) or of ``tab_ptr``
+    (interpreter): uint32."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "ld.shared.u32 $0, [$1];", "=r,r", [base + word * 4], dtype=tl.uint32, is_pure=False,
+            pack=1,
+        )
+    else:
+        out = tl.load(tab_ptr + word).to(tl.uint32)
+    return out
+
+
+@triton.jit
+def table_load128(tab_ptr, base, word, USE_ASM: tl.constexpr):
+    """Words ``word .. word+3`` (``word`` a multiple of 4) of the staged table: 4 × uint32."""
+    if USE_ASM:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+            "=r,=r,=r,=r,r", [base + word * 4], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+            is_pure=False, pack=1,
+        )
+    else:
+        a = tl.load(tab_ptr + word).to(tl.uint32)
+        b = tl.load(tab_ptr + word + 1).to(tl.uint32)
+        c = tl.load(tab_ptr + word + 2).to(tl.uint32)
+        d = tl.load(tab_ptr + word + 3).to(tl.uint32)
+    return a, b, c, d

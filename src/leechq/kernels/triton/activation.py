@@ -1,12 +1,15 @@
 """Activation-side kernels: the input rotation ``Q x`` and the *prepared* activation layout.
 
 Rotation (layouts-kernels-recipe.md §0.5, §3.6; tetra-format.md §1.6 forward semantics):
-``Q = (Q_odd ⊗ H_m)·D`` with ``n = k·m``. Phase 1, per group of ``m``: multiply by the ±1 signs,
-Walsh–Hadamard by butterflies (``(a, b) → (a+b, a−b)``; each stage pairs the lowest index bit and then
-rotates the index bits, so ``log2 m`` stages visit every bit), scale by ``1/√m`` (f32 of the f64
-reciprocal, passed in). Phase 2, ``k > 1``: ``out[g] = Σ_t Q_odd[g][t] · v[t]`` over groups, reading
-phase 1's result back from a scratch buffer after a CTA barrier. One program per activation row.
-The output is written either in natural order or directly in the prepared layout below.
+``Q = (Q_odd ⊗ H_m)·D`` with ``n = k·m``. Because ``(Q_odd ⊗ H_m)·v`` has group ``g`` equal to
+``H_m · Σ_t Q_odd[g][t] · v_t``, the groups are mixed *first* (k multiply-adds per coordinate on the
+sign-flipped input) and then transformed: one program per (activation row, group), each loading the
+whole row once, mixing, and running one Walsh–Hadamard transform by butterflies (``(a, b) → (a+b,
+a−b)``; each stage pairs the lowest index bit and then rotates the index bits, so ``log2 m`` stages
+visit every bit), scaled by ``1/√m`` (f32 of the f64 reciprocal, passed in). No scratch, no barrier,
+``M·k`` programs instead of one long program per row (the recipe's single-CTA design, §3.6, was a
+CUDA shared-memory choice). The output is written either in natural order or directly in the
+prepared layout below.
 
 Prepared layout (what the lattice matvec kernels read): for a row of ``n_blocks`` blocks, pairs
 are padded to ``NPP = 64·ceil(ceil(n_blocks/2) / 64)``; coordinate ``t`` of block ``b`` (parity
@@ -71,39 +74,25 @@ def _wht(v, MW: tl.constexpr, LOG2M: tl.constexpr):
 
 @triton.jit
 def rotate_kernel(
-    x_ptr, stride_xm, signs_ptr, small_ptr, scratch_ptr, stride_sm, out_ptr, stride_om,
-    inv_ptr, inv_sqrt_m, n, n_blocks, NPP,
-    K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, CH: tl.constexpr,
-    PREPARED: tl.constexpr,
+    x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_ptr, inv_sqrt_m, n_blocks, NPP,
+    K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, PREPARED: tl.constexpr,
 ):
-    """``Q x`` for activation row ``program_id(0)``; see the module docstring."""
+    """Group ``program_id(1)`` of ``Q x`` for activation row ``program_id(0)``; see the module
+    docstring. Grid ``(M, K)``."""
     row = tl.program_id(0)
+    g = tl.program_id(1)
     j = tl.arange(0, MW)
     xrow = x_ptr + row * stride_xm
     if K == 1:
-        v = tl.load(xrow + j).to(tl.float32) * tl.load(signs_ptr + j)
-        v = _wht(v, MW, LOG2M) * inv_sqrt_m
-        if PREPARED:
-            tl.store(out_ptr + row * stride_om + _prepared_pos(j, n_blocks, NPP, inv_ptr), v)
-        else:
-            tl.store(out_ptr + row * stride_om + j, v)
+        z = tl.load(xrow + j).to(tl.float32) * tl.load(signs_ptr + j)
     else:
-        srow = scratch_ptr + row * stride_sm
-        for g in range(K):
-            v = tl.load(xrow + g * MW + j).to(tl.float32) * tl.load(signs_ptr + g * MW + j)
-            v = _wht(v, MW, LOG2M) * inv_sqrt_m
-            tl.store(srow + g * MW + j, v)
-        tl.debug_barrier()
-        c = tl.arange(0, CH)
-        for c0 in range(0, MW, CH):
-            for g in range(K):
-                acc = tl.zeros((CH,), tl.float32)
-                for t in range(K):
-                    coef = tl.load(small_ptr + g * K + t)
-                    acc += coef * tl.load(srow + t * MW + c0 + c)
-                nat = g * MW + c0 + c
-                if PREPARED:
-                    tl.store(out_ptr + row * stride_om + _prepared_pos(nat, n_blocks, NPP, inv_ptr),
-                             acc)
-                else:
-                    tl.store(out_ptr + row * stride_om + nat, acc)
+        z = tl.zeros((MW,), tl.float32)
+        for t in range(K):
+            coef = tl.load(small_ptr + g * K + t)
+            z += coef * (tl.load(xrow + t * MW + j).to(tl.float32) * tl.load(signs_ptr + t * MW + j))
+    v = _wht(z, MW, LOG2M) * inv_sqrt_m
+    nat = g * MW + j
+    if PREPARED:
+        tl.store(out_ptr + row * stride_om + _prepared_pos(nat, n_blocks, NPP, inv_ptr), v)
+    else:
+        tl.store(out_ptr + row * stride_om + nat, v)

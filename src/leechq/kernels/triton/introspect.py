@@ -110,6 +110,39 @@ def loop_mix(text: str) -> dict[str, Any]:
     }
 
 
+def hot_loop_mix(text: str) -> dict[str, Any]:
+    """Like :func:`loop_mix`, minus the largest forward-branch region inside the loop (a per-chunk
+    epilogue such as the ``m1`` kernels' ticket and fixup, which runs once per chunk, not per
+    iteration); ``skipped`` is its instruction count."""
+    ins = instructions(text)
+    best = (0, 0)
+    for addr, op, args in ins:
+        if op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", args)
+            if m:
+                target = int(m.group(1), 16)
+                if target < addr and addr - target > best[1] - best[0]:
+                    best = (target, addr)
+    skip = (0, 0)
+    for addr, op, args in ins:
+        if best[0] <= addr <= best[1] and op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", args)
+            if m:
+                target = int(m.group(1), 16)
+                if addr < target <= best[1] and target - addr > skip[1] - skip[0]:
+                    skip = (addr, target)
+    body = [op for addr, op, _ in ins
+            if best[0] <= addr <= best[1] and not skip[0] < addr < skip[1]]
+    base = lambda op: op.split(".")[0]  # noqa: E731
+    return {
+        "loop_bytes": best[1] - best[0],
+        "loop": dict(Counter(base(op) for op in body).most_common()),
+        "loop_total": len(body),
+        "skipped": len([1 for addr, _, _ in ins if skip[0] < addr < skip[1]]),
+        "kernel_total": len([1 for _, op, _ in ins if op != "NOP"]),
+    }
+
+
 ALU_OPS = {"LOP3", "SHF", "PRMT", "IADD3", "ISETP", "SEL", "LEA", "FSEL", "IABS", "IMNMX", "SGXT",
            "BMSK", "BREV", "FLO", "POPC", "PLOP3", "P2R", "R2P", "VIADD", "VIMNMX", "MOV", "LEA.HI"}
 FMA_OPS = {"IMAD", "IDP", "IDP4A", "IMUL", "FFMA", "FMUL", "FADD", "HFMA2", "HADD2", "HMUL2", "FSETP",

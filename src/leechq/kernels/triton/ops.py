@@ -21,7 +21,12 @@ import triton
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.kernels import reference as ref
-from leechq.kernels.tables import natural_order, planes14_kernel_table, tetra_kernel_tables
+from leechq.kernels.tables import (
+    natural_order,
+    planes14_kernel_table,
+    tetra_kernel_tables,
+    tetra_m1_table,
+)
 from leechq.kernels.triton.activation import prepare_kernel, rotate_kernel
 from leechq.kernels.triton.intq import (
     code_transpose_kernel,
@@ -30,6 +35,7 @@ from leechq.kernels.triton.intq import (
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
+from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
 
 if TYPE_CHECKING:
     from leechq.formats.int8_weight import Int8Weight
@@ -85,22 +91,84 @@ class MatvecConfig:
     """Launch geometry of the lattice matvec kernels.
 
     Attributes:
-        rows: output rows per program. bp: block pairs per iteration. num_warps: warps per program.
-        smem_rows: Tetra only: stage the rank table in shared memory (``tl.gather``).
+        rows: output rows per program (``tile``) or per row chunk (``m1``).
+        bp: block pairs per iteration (``tile``) or per K-slice (``m1``: 8, 16 or 32).
+        num_warps: warps per program.
+        smem_rows: ``tile`` Tetra only: stage the rank table in shared memory (``tl.gather``).
+        kernel: ``"tile"`` (the tiled kernels, any M ≤ 8) or ``"m1"`` (the batch-1
+            activation-stationary Tetra kernel, :mod:`leechq.kernels.triton.tetra48_m1`; other
+            layouts and M > 1 run the tiled kernels with their defaults).
+        ctas_per_sm: ``m1``: persistent grid of ``SMs × ctas_per_sm`` programs (rounded to a
+            multiple of the K-slice count); 0 launches one program per (row chunk, K-slice).
     """
 
     rows: int = 16
     bp: int = 32
     num_warps: int = 4
     smem_rows: bool = False
+    kernel: str = "tile"
+    ctas_per_sm: int = 0
+
+
+M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4)
+"""The batch-1 Tetra geometry used when none is given (see docs/kernels.md for the sweep)."""
 
 
 def default_config(m_rows: int) -> MatvecConfig:
-    """The geometry used when none is given (best of the H200 sweep of 2026-11-29: the rank table
-    staged in shared memory beats L1 gathers by ~30 % at batch 1; docs/kernels.md)."""
+    """The geometry used when none is given: the ``m1`` kernel at batch 1 (Tetra), otherwise the
+    tiled kernel (best of the H200 sweep of 2026-11-29 for M > 1; docs/kernels.md)."""
     if m_rows == 1:
-        return MatvecConfig(rows=16, bp=32, num_warps=4, smem_rows=True)
-    return MatvecConfig(rows=8, bp=32, num_warps=4)
+        return M1_DEFAULT
+    return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
+
+
+def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
+    """The configuration the tiled kernels run with (an ``m1`` configuration falls back to the
+    tiled defaults of the 2026-11-29 sweep)."""
+    if cfg.kernel == "tile":
+        return cfg
+    if m_rows == 1:
+        return MatvecConfig(rows=16, bp=32, num_warps=4, smem_rows=True, kernel="tile")
+    return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
+
+
+_SM_COUNT: dict[str, int] = {}
+_TICKETS: dict[str, torch.Tensor] = {}
+TICKET_SLOTS = 1 << 16
+"""Row chunks per launch the ``m1`` kernels can track (a zeroed int32 counter each, reset by the
+program that consumes it, so one buffer per device serves every launch on one stream)."""
+
+
+def _sm_count(device: torch.device) -> int:
+    key = str(device)
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = (torch.cuda.get_device_properties(device).multi_processor_count
+                          if device.type == "cuda" else 2)
+    return _SM_COUNT[key]
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _TICKETS:
+        _TICKETS[key] = torch.zeros(TICKET_SLOTS, dtype=torch.int32, device=device)
+    return _TICKETS[key]
+
+
+def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
+    """(programs, K-slices) of an ``m1`` launch."""
+    if cfg.bp not in (8, 16, 32) or (cfg.num_warps * 32 // cfg.bp) > cfg.rows or (
+            cfg.rows % (cfg.num_warps * 32 // cfg.bp)):
+        raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32 and rows a multiple of "
+                           "num_warps·32/bp")
+    n_pairs = -(-n_blocks // 2)
+    ns = -(-n_pairs // cfg.bp)
+    chunks = -(-d_out // cfg.rows)
+    if chunks > TICKET_SLOTS:
+        raise UnsupportedShape(f"{d_out} rows / {cfg.rows} per chunk exceeds {TICKET_SLOTS} chunks")
+    per_slice = chunks
+    if cfg.ctas_per_sm > 0:
+        per_slice = min(chunks, max(1, cfg.ctas_per_sm * _sm_count(device) // ns))
+    return ns * per_slice, ns
 
 
 # ------------------------------------------------------------------------------------ activation
@@ -150,12 +218,14 @@ class DeviceRotation:
 
 
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
-           prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """``Q x`` row by row (twin of ``reference.rotate``).
+           prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           inverse_order: torch.Tensor | None = None) -> torch.Tensor:
+    """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     With ``prepared_order`` (int32 [24]) the result is written straight into the prepared layout of
     the lattice kernels (``out``, if given, must be zero-filled: only data slots are written).
+    ``inverse_order`` (int32 [24], ``argsort(prepared_order)``) saves the per-call argsort; the
+    Tetra tables' order has its inverse cached.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -171,23 +241,27 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     n_blocks = n // BLOCK
     if prepared_order is None:
         shape = (m_rows, n)
-        order = natural_order(x.device)
+        inv = natural_order(x.device)
     else:
         shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-        order = prepared_order
-    inv = torch.argsort(order.long()).to(torch.int32)
+        if inverse_order is not None:
+            inv = inverse_order
+        else:
+            tabs = tetra_kernel_tables(x.device)
+            inv = (tabs.inv_order if prepared_order is tabs.order
+                   else torch.argsort(prepared_order.long()).to(torch.int32))
     if out is None:
         out = (torch.zeros if prepared_order is not None else torch.empty)(
             shape, dtype=torch.float32, device=x.device)
     else:
         check_tensor(out, "out", torch.float32, shape, device=x.device)
-    scratch = torch.empty((m_rows, n) if k > 1 else (1, 1), dtype=torch.float32, device=x.device)
-    rotate_kernel[(m_rows,)](
-        x, x.stride(0), rotation.signs, rotation.small, scratch, scratch.stride(0), out,
-        out.stride(0), inv, rotation.inv_sqrt_m, n, n_blocks, ref.prepared_pairs(n_blocks),
-        K=k, MW=m, LOG2M=int(math.log2(m)), CH=min(m, 1024), PREPARED=prepared_order is not None,
-        num_warps=8 if m >= 2048 else 4,
-    )
+    if m_rows:
+        rotate_kernel[(m_rows, k)](
+            x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0), inv,
+            rotation.inv_sqrt_m, n_blocks, ref.prepared_pairs(n_blocks), K=k, MW=m,
+            LOG2M=int(math.log2(m)), PREPARED=prepared_order is not None,
+            num_warps=8 if m >= 2048 else 4,
+        )
     return out
 
 
@@ -218,15 +292,36 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     cfg = config or default_config(m_rows)
-    tabs = tetra_kernel_tables(w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
+    if m_rows == 1 and cfg.kernel == "m1":
+        _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
+        return y
+    cfg = _tile_config(cfg, m_rows)
+    tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
         xp, w.words, w.row_scales, w.row_centroids, w.tail, tabs.rows, tabs.cw, y, y.stride(0),
         w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, M=m_rows, ROWS=cfg.rows, BP=cfg.bp,
         USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
     )
     return y
+
+
+def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
+               cfg: MatvecConfig) -> None:
+    """Launch an ``m1`` kernel (Tetra, or its no-weights control) writing row 0 of ``y``."""
+    if y.dim() != 2 or y.shape[0] < 1 or y.stride(1) != 1:
+        raise InvalidInput(f"out must be [1, {w.d_out}] with unit column stride")
+    grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
+    part = torch.empty(ns, w.d_out, dtype=torch.float32, device=xp.device)
+    words = getattr(w, "words", None)
+    if words is None:
+        words = w.row_scales  # the control reads no weight words
+    kernel[(grid,)](
+        xp, words, w.row_scales, w.row_centroids, w.tail, tetra_m1_table(xp.device), part,
+        _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows,
+        NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
+    )
 
 
 def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
@@ -243,7 +338,7 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     """``y = W x`` from a prepared activation (natural order): float32 [M, d_out]."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
-    cfg = config or default_config(m_rows)
+    cfg = _tile_config(config or default_config(m_rows), m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     planes14_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -265,11 +360,16 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
 def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_rows: int,
                          config: MatvecConfig | None = None,
                          out: torch.Tensor | None = None) -> torch.Tensor:
-    """The no-weights control with the lattice kernels' geometry (no reference output)."""
+    """The no-weights control with the lattice kernels' geometry (no reference output): the ``m1``
+    control at batch 1 with an ``m1`` configuration, else the tiled control."""
     _check_prepared(xp, m_rows, w.n_blocks, xp.device)
     cfg = config or default_config(m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
+    if m_rows == 1 and cfg.kernel == "m1":
+        _launch_m1(null_m1_kernel, xp, w, y, cfg)
+        return y
+    cfg = _tile_config(cfg, m_rows)
     null_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
         xp, w.row_scales, w.tail, y, y.stride(0), w.d_out, N_BLOCKS=w.n_blocks,
         TAIL_COLS=w.tail_cols, M=m_rows, ROWS=cfg.rows, BP=cfg.bp, num_warps=cfg.num_warps,

@@ -1,0 +1,392 @@
+"""Batch-1 Tetra matvec over the ``tetra48`` layout: activation-stationary, integer dot products.
+
+Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3 for one activation row in a geometry of
+our own (§3.10 leaves it open):
+
+* **Activation-stationary split-K.** A program owns a K-slice of 32 block pairs (lane ℓ ↔ pair
+  ``32·s + ℓ``) and a chunk of ``ROWS`` output rows; each of its ``NW`` warps walks rows
+  ``w, w + NW, …`` of the chunk. The slice's activation is read once per program, converted once and
+  kept in registers for every row, so the hot loop reads only weight words and tables. A row's
+  partial (sum over the 32 lanes: warp shuffles) goes to a scratch ``[n_slices, d_out]``; the last
+  program of a chunk to finish (an acq_rel ticket per chunk, reset by that program) adds the slices
+  in slice order, applies ``σ_row`` and the tail and writes ``y`` — deterministic, one launch.
+* **Integer block dot.** Each block's 24 activation values become one exponent ``E_b = 2^e`` and
+  24-bit integers ``x̃ = rint(x / E_b)`` (``|x̃| ≤ 2^22``, relative rounding ≤ 2^-23 of the block's
+  largest value) split into three byte limbs, packed four coordinates per word in the nibble order
+  of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
+  (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
+  per-coordinate float conversion or FMA remains.
+* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ SA[s8, b1] ^ SB[b2, b3]`` per
+  section (three table words and two 16-byte table reads), then per 4-coordinate half-section the
+  value bytes ``p + (−1)^p·2·(h − 7) + 128`` come from one multiply-add on the nibbles; the block
+  scale is ``centroid[g] · invnorm[‖y‖²/16] · E_b``.
+* **Tables in shared memory**: the 18.6 KiB table is copied into shared memory once per program
+  (``_bits.reserve_smem`` / ``smem_store32``) and read with ``ld.shared``; under the interpreter the
+  same lookups read the global table.
+
+The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
+largest value) and f32 accumulation — far inside the 1e-5·Σ|w·x| row bound of docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from leechq.kernels.triton._bits import (
+    dp4a,
+    prmt,
+    reserve_smem,
+    smem_base,
+    smem_store32,
+    table_load32,
+    table_load128,
+)
+
+MAGIC_RINT = tl.constexpr(12582912.0)
+"""1.5·2^23: ``fma(x, s, MAGIC_RINT)`` has bits ``0x4B400000 + rint(x·s)`` for |x·s| < 2^22."""
+
+# Word offsets in the batch-1 table (leechq.kernels.tables.M1_*; checked equal in the tests).
+SA_WORD = tl.constexpr(4096)
+SB_WORD = tl.constexpr(4096 + 512)
+INVNORM_WORD = tl.constexpr(4096 + 512 + 128)
+TABLE_WORDS = tl.constexpr(4096 + 512 + 128 + 512)
+
+
+@triton.jit
+def _stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
+    """Copy the batch-1 table into shared memory (GPU) once per program; returns its base address
+    (0 under the interpreter, where lookups read ``tab_ptr``)."""
+    if USE_ASM:
+        reserve_smem(tab_ptr, d_out < 0, 8192)
+        base = smem_base(d_out)
+        e = tl.arange(0, 4096)
+        smem_store32(base + e * 4, tl.load(tab_ptr + e))
+        e2 = tl.arange(0, 2048)
+        ok = e2 < TABLE_WORDS - 4096
+        smem_store32(base + 16384 + e2 * 4, tl.load(tab_ptr + 4096 + e2, mask=ok, other=0))
+        tl.debug_barrier()
+    else:
+        base = d_out * 0
+    return base
+
+
+@triton.jit
+def _limbs_of_quad(xa, xb, xc, xd, USE_ASM: tl.constexpr):
+    """The three limb words of four rounded coordinates: word L holds byte L of x̃_a … x̃_d in bytes
+    0..3 (x̃ = b2·2^16 + b1·2^8 + b0: b0 and b1 unsigned bytes, b2 a signed byte). Seven byte
+    permutes: (a0 b0 a1 b1), (c0 d0 c1 d1) → limbs 0 and 1; (a2 b2), (c2 d2) → limb 2."""
+    a = xa.to(tl.uint32, bitcast=True)
+    b = xb.to(tl.uint32, bitcast=True)
+    c = xc.to(tl.uint32, bitcast=True)
+    d = xd.to(tl.uint32, bitcast=True)
+    s01 = tl.full(a.shape, 0x5140, tl.uint32)
+    ab = prmt(a, b, s01, USE_ASM)
+    cd = prmt(c, d, s01, USE_ASM)
+    l0 = prmt(ab, cd, tl.full(a.shape, 0x5410, tl.uint32), USE_ASM)
+    l1 = prmt(ab, cd, tl.full(a.shape, 0x7632, tl.uint32), USE_ASM)
+    s2 = tl.full(a.shape, 0x0062, tl.uint32)
+    l2 = prmt(prmt(a, b, s2, USE_ASM), prmt(c, d, s2, USE_ASM),
+              tl.full(a.shape, 0x5410, tl.uint32), USE_ASM)
+    return l0, l1, l2
+
+
+@triton.jit
+def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
+    """One block per lane of the prepared activation (parity PAR): the exponent ``E`` (float32)
+    and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them."""
+    base = xb + PAR * 24 * NPP
+    x0 = tl.load(base + 0 * NPP)
+    x1 = tl.load(base + 1 * NPP)
+    x2 = tl.load(base + 2 * NPP)
+    x3 = tl.load(base + 3 * NPP)
+    x4 = tl.load(base + 4 * NPP)
+    x5 = tl.load(base + 5 * NPP)
+    x6 = tl.load(base + 6 * NPP)
+    x7 = tl.load(base + 7 * NPP)
+    x8 = tl.load(base + 8 * NPP)
+    x9 = tl.load(base + 9 * NPP)
+    x10 = tl.load(base + 10 * NPP)
+    x11 = tl.load(base + 11 * NPP)
+    x12 = tl.load(base + 12 * NPP)
+    x13 = tl.load(base + 13 * NPP)
+    x14 = tl.load(base + 14 * NPP)
+    x15 = tl.load(base + 15 * NPP)
+    x16 = tl.load(base + 16 * NPP)
+    x17 = tl.load(base + 17 * NPP)
+    x18 = tl.load(base + 18 * NPP)
+    x19 = tl.load(base + 19 * NPP)
+    x20 = tl.load(base + 20 * NPP)
+    x21 = tl.load(base + 21 * NPP)
+    x22 = tl.load(base + 22 * NPP)
+    x23 = tl.load(base + 23 * NPP)
+    m0 = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
+    m1 = tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
+    m2 = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
+    m3 = tl.maximum(tl.maximum(tl.abs(x12), tl.abs(x13)), tl.maximum(tl.abs(x14), tl.abs(x15)))
+    m4 = tl.maximum(tl.maximum(tl.abs(x16), tl.abs(x17)), tl.maximum(tl.abs(x18), tl.abs(x19)))
+    m5 = tl.maximum(tl.maximum(tl.abs(x20), tl.abs(x21)), tl.maximum(tl.abs(x22), tl.abs(x23)))
+    mx = tl.maximum(tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3)), tl.maximum(m4, m5))
+    # biased exponent eb of the block maximum (clamped so both scales stay normal floats):
+    # s = 2^(148 − eb) maps the maximum into [2^21, 2^22); E = 1/s = 2^(eb − 148).
+    eb = tl.maximum((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF, 22)
+    s = ((275 - eb) << 23).to(tl.float32, bitcast=True)
+    e_blk = ((eb - 21) << 23).to(tl.float32, bitcast=True)
+    q0 = _rint(x0, s)
+    q1 = _rint(x1, s)
+    q2 = _rint(x2, s)
+    q3 = _rint(x3, s)
+    q4 = _rint(x4, s)
+    q5 = _rint(x5, s)
+    q6 = _rint(x6, s)
+    q7 = _rint(x7, s)
+    q8 = _rint(x8, s)
+    q9 = _rint(x9, s)
+    q10 = _rint(x10, s)
+    q11 = _rint(x11, s)
+    q12 = _rint(x12, s)
+    q13 = _rint(x13, s)
+    q14 = _rint(x14, s)
+    q15 = _rint(x15, s)
+    q16 = _rint(x16, s)
+    q17 = _rint(x17, s)
+    q18 = _rint(x18, s)
+    q19 = _rint(x19, s)
+    q20 = _rint(x20, s)
+    q21 = _rint(x21, s)
+    q22 = _rint(x22, s)
+    q23 = _rint(x23, s)
+    # half 0 of section k holds coordinates 8k + 0, 2, 4, 6 (the even nibbles), half 1 the odd ones
+    a00, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM)
+    a01, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM)
+    a10, b10, c10 = _limbs_of_quad(q8, q10, q12, q14, USE_ASM)
+    a11, b11, c11 = _limbs_of_quad(q9, q11, q13, q15, USE_ASM)
+    a20, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM)
+    a21, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM)
+    return (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+            c00, c01, c10, c11, c20, c21)
+
+
+@triton.jit
+def _rint(x, s):
+    """``rint(x·s)`` as int32 for |x·s| < 2^22 (the magic-number add; no F2I)."""
+    return tl.fma(x, s, MAGIC_RINT).to(tl.int32, bitcast=True) - 0x4B400000
+
+
+@triton.jit
+def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
+             USE_ASM: tl.constexpr):
+    """One section: nibbles of ``h`` → signed value bytes (even / odd coordinates) → dp4a with the
+    three limbs, and the squared norm."""
+    ev = ((h & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
+    od = (((h >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
+    acc0 = dp4a(ev, la0, acc0, False, USE_ASM)
+    acc0 = dp4a(od, la1, acc0, False, USE_ASM)
+    acc1 = dp4a(ev, lb0, acc1, False, USE_ASM)
+    acc1 = dp4a(od, lb1, acc1, False, USE_ASM)
+    acc2 = dp4a(ev, lc0, acc2, True, USE_ASM)
+    acc2 = dp4a(od, lc1, acc2, True, USE_ASM)
+    n2 = dp4a(ev, ev, n2, True, USE_ASM)
+    n2 = dp4a(od, od, n2, True, USE_ASM)
+    return acc0, acc1, acc2, n2
+
+
+@triton.jit
+def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a20, a21, b00, b01,
+               b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32)."""
+    p = lo & 1
+    r = (lo >> 1) & 1
+    v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
+    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, SA_WORD + (lo & 0x1FC), USE_ASM)
+    sb0, sb1, sb2, _sb3 = table_load128(
+        tab_ptr, base, SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 2), USE_ASM)
+    i1 = ((lo >> 9) & 2047) | (r << 11)
+    i2 = (v20 >> 4) & 2047
+    dl = (i2 >= 1240).to(tl.uint32)
+    i2 = i2 + dl * 808
+    i3 = ((v20 >> 16) & 2047) | ((p ^ r ^ dl) << 11)
+    h1 = table_load32(tab_ptr, base, i1, USE_ASM) ^ sa0 ^ sb0
+    h2 = table_load32(tab_ptr, base, i2, USE_ASM) ^ sa1 ^ sb1
+    h3 = table_load32(tab_ptr, base, i3, USE_ASM) ^ sa2 ^ sb2
+    # value bytes + 128 = 2h + 114 (p = 0) or 143 − 2h (p = 1): one multiply-add per 4 nibbles
+    mp = 2 - 4 * p
+    kp = 0x72727272 + p * 0x1D1D1D1D
+    z = tl.zeros(lo.shape, tl.int32)
+    acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
+    acc0, acc1, acc2, n2 = _section(h2, mp, kp, a10, a11, b10, b11, c10, c11, acc0, acc1, acc2, n2,
+                                    USE_ASM)
+    acc0, acc1, acc2, n2 = _section(h3, mp, kp, a20, a21, b20, b21, c20, c21, acc0, acc1, acc2, n2,
+                                    USE_ASM)
+    dot = (acc2 << 16) + (acc1 << 8) + acc0
+    invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
+        tl.float32, bitcast=True)
+    cent = tl.where(((v20 >> 27) & 1) != 0, cent1, cent0)
+    return dot.to(tl.float32) * (cent * invn * e_blk)
+
+
+@triton.jit
+def _geometry(N_BLOCKS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr):
+    """Program → K-slice ``pid % NS`` and its first row chunk ``pid // NS`` (the grid is a multiple
+    of NS, so a program keeps its slice); flat tile element → (row of the iteration, pair)."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NS: tl.constexpr = (NP + BP - 1) // BP
+    pid = tl.program_id(0)
+    sl = pid % NS
+    c0 = pid // NS
+    cstep = tl.num_programs(0) // NS
+    e = tl.arange(0, NW * 32)
+    sub = e // BP  # the NW·32/BP rows of one iteration
+    lane = e % BP
+    pair = sl * BP + lane
+    return sl, c0, cstep, e, sub, lane, pair
+
+
+@triton.jit
+def tetra48_m1_kernel(
+    xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
+    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """``y = W x`` for one activation row; see the module docstring. Launched with
+    ``num_warps = NW`` and a grid that is a multiple of ``NS = ceil(pairs / BP)``; program ``pid``
+    keeps K-slice ``pid % NS`` and walks row chunks ``pid // NS + k·(grid / NS)``."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NPP: tl.constexpr = ((NP + 63) // 64) * 64
+    NS: tl.constexpr = (NP + BP - 1) // BP
+    RI: tl.constexpr = NW * 32 // BP  # rows per iteration
+    IPC: tl.constexpr = ROWS // RI  # iterations per chunk
+    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    base = _stage_table(tab_ptr, d_out, USE_ASM)
+    xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
+    (e0, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+     c00, c01, c10, c11, c20, c21) = _x_limbs(xb, NPP, 0, USE_ASM)
+    (e1, o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21,
+     q00, q01, q10, q11, q20, q21) = _x_limbs(xb, NPP, 1, USE_ASM)
+    ok_e = pair * 2 < N_BLOCKS
+    ok_o = pair * 2 + 1 < N_BLOCKS
+    n_chunks = (d_out + ROWS - 1) // ROWS
+    n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
+    rows = c0 * ROWS + sub
+    w0, w1, w2 = _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+    for k in range(n_iter):
+        # the next iteration's rows (the next chunk of this program after the last of a chunk)
+        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + RI, rows + RI)
+        n0, n1, n2 = _load_words(w_ptr, tl.where(k + 1 < n_iter, nxt, d_out), pair, d_out, ok_e,
+                                 ok_o, STRIDE_W)
+        rc = tl.where(rows < d_out, rows, 0)
+        cent0 = tl.load(cent_ptr + rc * 2)
+        cent1 = tl.load(cent_ptr + rc * 2 + 1)
+        acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
+                         b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM)
+        acc += _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, e1,
+                          o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21, q00, q01,
+                          q10, q11, q20, q21, USE_ASM)
+        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
+        if k % IPC == IPC - 1:
+            chunk = c0 + (k // IPC) * cstep
+            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
+                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
+        rows = nxt
+        w0, w1, w2 = n0, n1, n2
+
+
+@triton.jit
+def _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr):
+    """The three u32 words of each element's block pair (zeros past ``d_out`` / the row's blocks)."""
+    row_ok = rows < d_out
+    pw = w_ptr + tl.where(row_ok, rows, 0) * STRIDE_W + 3 * pair
+    w0 = tl.load(pw, mask=row_ok & ok_e, other=0).to(tl.uint32)
+    w1 = tl.load(pw + 1, mask=row_ok & ok_e, other=0).to(tl.uint32)
+    w2 = tl.load(pw + 2, mask=row_ok & ok_o, other=0).to(tl.uint32)
+    return w0, w1, w2
+
+
+@triton.jit
+def _warp_bcast(v, NW: tl.constexpr):
+    """Per warp, the maximum of ``v`` (int32 flat tile) over its 32 lanes, broadcast back to every
+    lane (warp shuffles only — no shared memory)."""
+    m = tl.max(tl.reshape(v, (NW, 32)), axis=1)
+    return tl.reshape(tl.broadcast_to(m[:, None], (NW, 32)), (NW * 32,))
+
+
+@triton.jit
+def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr):
+    """Sum each row's BP lanes (shuffles) and store it from its first lane at ``out_ptr[row]``. The
+    sum is broadcast back to the flat tile so that no layout conversion (shared memory) is needed."""
+    R: tl.constexpr = NW * 32 // BP
+    tot = tl.sum(tl.reshape(acc, (R, BP)), axis=1)
+    flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
+    tl.store(out_ptr + rows, flat, mask=(lane == 0) & (rows < d_out))
+
+
+@triton.jit
+def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane, d_out,
+                  NS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr,
+                  TAIL_COLS: tl.constexpr, NPP: tl.constexpr):
+    """After a warp's last iteration on ``chunk``: each lane that stored partials takes a ticket
+    (acq_rel, after its own stores); the warp holding the last of the ``NS · ROWS / (rows per
+    storing lane)`` tickets adds the K-slices in slice order, applies σ_row and the tail, writes
+    ``y`` for the chunk's rows (one per lane) and resets the ticket counter. Everything is per warp:
+    no barrier, no shared memory."""
+    RI: tl.constexpr = NW * 32 // BP
+    TICKETS: tl.constexpr = NS * RI  # storing lanes per chunk, over all programs of the chunk
+    taker = lane == 0
+    old = tl.atomic_add(cnt_ptr + chunk + e * 0, 1, sem="acq_rel", scope="gpu", mask=taker)
+    last = _warp_bcast(tl.where(taker & (old == TICKETS - 1), 1, 0), NW)
+    lane32 = e % 32
+    rr = chunk * ROWS + lane32
+    for r0 in tl.static_range(0, ROWS, 32):
+        ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out)
+        tot = tl.zeros(e.shape, tl.float32)
+        for s in tl.static_range(NS):
+            tot += tl.load(part_ptr + s * d_out + rr + r0, mask=ok, other=0.0, cache_modifier=".cg")
+        out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
+        for c in tl.static_range(TAIL_COLS):
+            out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
+                    * tl.load(xp_ptr + 48 * NPP + c + e * 0))
+        tl.store(y_ptr + rr + r0, out, mask=ok)
+    tl.atomic_xchg(cnt_ptr + chunk + e * 0, 0, mask=(last != 0) & (e % 32 == 0))
+
+
+@triton.jit
+def null_m1_kernel(
+    xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
+    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """The no-weights control in the geometry of :func:`tetra48_m1_kernel` (layouts-kernels-recipe
+    §3.7): same grid, table staging, activation conversion, per-row centroid reads, lane reduction,
+    scratch, tickets and fixup — but no weight words and no decode (each row adds ``E·centroid``).
+    It has no reference output."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NPP: tl.constexpr = ((NP + 63) // 64) * 64
+    NS: tl.constexpr = (NP + BP - 1) // BP
+    RI: tl.constexpr = NW * 32 // BP
+    IPC: tl.constexpr = ROWS // RI
+    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    base = _stage_table(tab_ptr, d_out, USE_ASM)
+    xb = xp_ptr + pair
+    res0 = _x_limbs(xb, NPP, 0, USE_ASM)
+    res1 = _x_limbs(xb, NPP, 1, USE_ASM)
+    # keep every limb word live (the compiler must not drop the conversion)
+    keep = res0[1] ^ res1[1]
+    for i in tl.static_range(2, 19):
+        keep = keep ^ res0[i] ^ res1[i]
+    ek = res0[0] + res1[0] + (keep & 1).to(tl.float32) + table_load32(tab_ptr, base, lane,
+                                                                       USE_ASM).to(tl.float32)
+    n_chunks = (d_out + ROWS - 1) // ROWS
+    n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
+    rows = c0 * ROWS + sub
+    for k in range(n_iter):
+        rc = tl.where(rows < d_out, rows, 0)
+        acc = ek * tl.load(cent_ptr + rc * 2)
+        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
+        if k % IPC == IPC - 1:
+            chunk = c0 + (k // IPC) * cstep
+            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
+                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
+            rows += (cstep - 1) * ROWS + RI
+        else:
+            rows += RI
