@@ -49,7 +49,7 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
         a = tl.load(a_ptr + i, mask=ok).to(tl.uint32)
         b = tl.load(b_ptr + i, mask=ok).to(tl.uint32)
         s = tl.load(s_ptr + i, mask=ok).to(tl.uint32) & 0x7777  # selector nibbles < 8
-        tl.store(out_ptr + 5 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 7 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
         tl.store(out_ptr + 7 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
         tl.store(out_ptr + 7 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
         tl.store(out_ptr + 7 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
