@@ -137,7 +137,11 @@ def test_full_recipe_end_to_end_writes_an_artifact_that_loads(tmp_path: Path) ->
         sensitivity_windows=windows(2, seed=8), monitor_windows=windows(2, seed=9),
     )
     meta = res.metadata
-    chosen = meta["selection"]["chosen"]
+    chosen = meta["selection"]["int4"]
+    upgraded = meta["selection"]["tables_upgraded"]
+    assert meta["selection"]["chosen"] == [
+        n for n in meta["selection"]["chosen"] if n in chosen or n + ".weight" in upgraded
+    ]
     n_lattice = sum(isinstance(r, QuantizedWeight) for r in res.records.values())
     assert 0 < len(chosen) < n_lattice + len(chosen)
     assert sorted(n for n, r in res.records.items() if isinstance(r, Int4Weight)) == sorted(chosen)
@@ -149,21 +153,22 @@ def test_full_recipe_end_to_end_writes_an_artifact_that_loads(tmp_path: Path) ->
                                                   "row_scales"]
     assert meta["row_scales"]["steps"] == 4 and meta["row_scales"]["rows_changed"] > 0
     assert res.config.int4_modules == tuple(chosen)  # re-encoded with the chosen set
-    assert res.config.embedding_encoding == "int4"
-    assert isinstance(res.raw[EMBED], GroupAffine) and res.raw[EMBED].bits == 4
+    embed_bits = 8 if EMBED in upgraded else 4
+    assert res.config.embedding_encoding == f"int{embed_bits}"
+    assert isinstance(res.raw[EMBED], GroupAffine) and res.raw[EMBED].bits == embed_bits
     assert isinstance(res.raw[HEAD], GroupAffine) and res.raw[HEAD].bits == 8
 
     path = res.write(tmp_path / "full", base_config=reference.config.to_dict())
     art = read_artifact(path)
-    assert art.quantization_config["provenance"]["recipe"]["selection"]["chosen"] == chosen
-    assert art.raw_quant[EMBED].bits == 4 and art.raw_quant[HEAD].bits == 8
+    assert art.quantization_config["provenance"]["recipe"]["selection"]["int4"] == chosen
+    assert art.raw_quant[EMBED].bits == embed_bits and art.raw_quant[HEAD].bits == 8
     report = artifact_report(path)
     assert report["rates"]["whole_model_bits_per_param"] == meta["whole_model_bits_per_param"]
     assert report["counts"]["int4_records"] == len(chosen)
     loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
     ids = windows(2, 16, seed=11)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
-    # the stored head is the 8-bit table, the embedding the 4-bit one
+    # the stored head is the 8-bit table, the embedding its own
     assert torch.equal(loaded.lm_head.weight, art.raw_quant[HEAD].dequantize())
     assert torch.equal(loaded.model.embed_tokens.weight, art.raw_quant[EMBED].dequantize())
 
@@ -183,7 +188,7 @@ def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
                             row_scales=None, sensitivity_windows=2)
     res = run_recipe(reference, windows(4, seed=100), config(), recipe,
                      sensitivity_windows=windows(2, seed=8), **kw)
-    chosen = res.metadata["selection"]["chosen"]
+    chosen = res.metadata["selection"]["int4"]
     assert chosen and res.metadata["selection"]["applied"] == "post-hoc swap"
     assert res.config.int4_modules == ()  # the encode ran without them: recorded as it ran
     for name in chosen:  # the swapped record is round-to-nearest of the original tensor
@@ -191,11 +196,32 @@ def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
         assert torch.equal(res.records[name].qweight, want.qweight)
     assert res.tied == {HEAD: EMBED}
     assert HEAD not in res.raw and res.raw[EMBED].bits == 4
+    assert "model.embed_tokens" in res.metadata["sensitivity"]["matrices"]  # a measured candidate
+    assert res.metadata["selection"]["tables_upgraded"] == []  # too expensive for this budget
     path = res.write(tmp_path / "tied", base_config=reference.config.to_dict())
     loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
     ids = windows(2, 16, seed=3)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
+
+
+def test_a_generous_budget_buys_the_8_bit_table_first() -> None:
+    from recipe_tiny import config, quantize_fn, quantized, windows
+
+    reference, student, enc = quantized("qwen2")
+    recipe = resolve_recipe("full", 64.0, requantize=False, row_scales=None,
+                            sensitivity_windows=2)
+    res = run_recipe(reference, windows(4, seed=100), config(), recipe, quantize_fn=quantize_fn,
+                     embed_name=EMBED, head_name=HEAD, sensitivity_windows=windows(2, seed=8),
+                     student=student, encoded=enc)
+    sel = res.metadata["selection"]
+    assert sel["tables_upgraded"] == [EMBED]
+    assert res.raw[EMBED].bits == 8 and res.config.embedding_encoding == "int8"
+    gains = res.metadata["sensitivity"]["matrices"]
+    assert sel["chosen"][0] == max(gains, key=lambda n: gains[n]["gain"] / gains[n]["extra_bits"])
+    # every matrix whose int4 swap helped is int4 under this budget, the others are not
+    helped = sorted(n for n, v in gains.items() if v["gain"] > 0 and n != "model.embed_tokens")
+    assert sorted(sel["int4"]) == helped
 
 
 def test_recipe_refuses_inconsistent_inputs() -> None:

@@ -8,9 +8,11 @@ hard-coded string):
 1. **encode** — the layer-wise lattice encoding (``quantize_fn``; int4 for ``forced_int4``);
 2. **int4 by sensitivity** (§5.2, §5.4) — for every lattice matrix, the KL reduction on
    *calibration* windows when that matrix alone goes to int4 g128 (round-to-nearest of the original
-   tensor) in the encoded model (:mod:`leechq.quant.sensitivity`); a greedy choice under the
-   whole-model ``target_bpp`` budget; then a re-encode with that int4 set (``requantize``, faithful:
-   later lattice matrices are calibrated through the int4 ones) or a post-hoc swap of the records;
+   tensor) in the encoded model with the final tables (:mod:`leechq.quant.sensitivity`); likewise
+   for every 4-bit table, the reduction when it alone is 8-bit (``table_upgrades``); a greedy choice
+   by gain per bit under the whole-model ``target_bpp`` budget; then a re-encode with the chosen
+   int4 set (``requantize``, faithful: later lattice matrices are calibrated through the int4 ones)
+   or a post-hoc swap of the records;
 3. **tables** (§5.5) — group-affine 4- or 8-bit token embedding (group 64, f16 scale and offset) and
    a separate width for an untied head; a tied head is one table, stored once;
 4. **row scales** (§5.3) — λ per lattice row trained by KL to the teacher, folded into the f64 row
@@ -39,7 +41,12 @@ from torch import nn
 
 from leechq.config import QuantConfig
 from leechq.errors import InvalidInput
-from leechq.formats.accounting import ModelBits, record_served_bits, whole_model_bits
+from leechq.formats.accounting import (
+    ModelBits,
+    raw_served_bits,
+    record_served_bits,
+    whole_model_bits,
+)
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.quant.row_scales import (
@@ -70,6 +77,8 @@ class Recipe:
         embedding_bits: step 3 width of the token embedding table (4 or 8; None keeps it).
         head_bits: width of an *untied* head (4 or 8; None keeps it); a tied head follows the
             embedding.
+        table_upgrades: with ``int4_selection``, a 4-bit table is also a candidate for 8 bits,
+            bought from the same budget when its measured gain per bit is better.
         table_group: group size of the embedding/head tables.
         row_scales: step 4 settings (None skips the step).
         sensitivity_windows: calibration windows used to measure step 2's gains.
@@ -86,6 +95,7 @@ class Recipe:
     int4_group: int = 128
     embedding_bits: int | None = None
     head_bits: int | None = None
+    table_upgrades: bool = False
     table_group: int = 64
     row_scales: RowScaleConfig | None = None
     sensitivity_windows: int = 4
@@ -163,8 +173,9 @@ class Recipe:
             parts.append(f"int4 g{self.int4_group} forced for {list(self.forced_int4)}")
         if self.int4_selection:
             how = "re-encoded" if self.requantize else "swapped post hoc"
+            ups = ", 4-bit tables upgradable to 8" if self.table_upgrades else ""
             parts.append(
-                f"int4 g{self.int4_group} for the most KL-sensitive matrices under "
+                f"int4 g{self.int4_group} for the most KL-sensitive matrices{ups} under "
                 f"{self.target_bpp:g} b/param ({how}; {self.sensitivity_windows}x"
                 f"{self.sensitivity_window_len} calibration tokens)"
             )
@@ -189,7 +200,8 @@ def resolve_recipe(
 
     * ``bare``: every projection on the lattice, tables kept as in the checkpoint.
     * ``full``: int4 for the most sensitive matrices under ``target_bpp`` (default 2.7), a 4-bit
-      embedding (tied head included), an 8-bit untied head, row scales trained by KL.
+      embedding (tied head included) that the same budget may upgrade to 8 bits, an 8-bit untied
+      head, row scales trained by KL.
 
     Raises:
         InvalidInput: an unknown name, or ``target_bpp`` given to ``bare``.
@@ -205,6 +217,7 @@ def resolve_recipe(
             target_bpp=DEFAULT_TARGET_BPP if target_bpp is None else float(target_bpp),
             embedding_bits=4,
             head_bits=8,
+            table_upgrades=True,
             row_scales=RowScaleConfig(),
         )
         return base.replace(**overrides) if overrides else base
@@ -358,11 +371,16 @@ def table_records(
             continue
         t = raw.get(name)
         if isinstance(t, GroupAffine):
-            t = t.dequantize(torch.float32)
+            t = ga_source(t)
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise InvalidInput(f"table {name!r} is not a 2-D raw tensor of the model")
         out[name] = GroupAffine.quantize(t, bits, recipe.table_group)
     return out
+
+
+def ga_source(t: torch.Tensor | GroupAffine) -> torch.Tensor:
+    """The dense float32 tensor a table is quantized from (a stored table: its decode)."""
+    return t.dequantize(torch.float32) if isinstance(t, GroupAffine) else t.to(torch.float32)
 
 
 def apply_tables(model: nn.Module, tables: Mapping[str, GroupAffine]) -> None:
@@ -469,6 +487,14 @@ def run_recipe(
         originals = _original_weights(reference, lattice)
         int4 = {n: Int4Weight.quantize(originals[n], group=recipe.int4_group) for n in lattice}
         swaps = {n: rec.dequantize(torch.float32) for n, rec in int4.items()}
+        upgrades: dict[str, tuple[str, GroupAffine]] = {}  # module -> (tensor, 8-bit table)
+        if recipe.table_upgrades:
+            for tname, ga in tables.items():
+                if ga.bits == 4:
+                    up = GroupAffine.quantize(ga_source(raw[tname]), 8, recipe.table_group)
+                    module = tname.rsplit(".", 1)[0]
+                    upgrades[module] = (tname, up)
+                    swaps[module] = up.dequantize(torch.float32)
         sens_model = _placed(student, device, dtype)
         teacher = _placed(reference, device, dtype)
         measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps)
@@ -486,9 +512,21 @@ def run_recipe(
                 weights=records[n].d_out * records[n].d_in,
             )
             for n in lattice
+        ] + [
+            Candidate(  # a table is whole-model already: no depth scaling
+                name=m,
+                gain=measured[m].gain,
+                extra_bits=raw_served_bits(up)[0] - raw_served_bits(tables[t])[0],
+                weights=up.rows * up.cols,
+            )
+            for m, (t, up) in upgrades.items()
         ]
         selection = select_under_budget(candidates, budget)
-        chosen = selection.chosen
+        for m in selection.chosen:
+            if m in upgrades:
+                t, up = upgrades[m]
+                tables[t] = up
+        chosen = [n for n in selection.chosen if n not in upgrades]
         if chosen and recipe.requantize:
             config = config.replace(int4_modules=tuple(recipe.forced_int4) + tuple(chosen))
             student, enc = encode(config)
@@ -514,6 +552,8 @@ def run_recipe(
             "target_bpp": recipe.target_bpp,
             "applied": "re-encoded" if recipe.requantize else "post-hoc swap",
             "cost_scale": scale,
+            "int4": chosen,
+            "tables_upgraded": [upgrades[m][0] for m in selection.chosen if m in upgrades],
         }
         steps.append({"step": "int4_by_sensitivity", "seconds": time.perf_counter() - t0,
                       "chosen": len(chosen)})
@@ -523,7 +563,8 @@ def run_recipe(
         t0 = time.perf_counter()
         raw.update(tables)
         apply_tables(student, tables)
-        config = config.replace(embedding_encoding=_encoding_of(recipe.embedding_bits))
+        embed_bits = tables[embed_name].bits if embed_name in tables else None
+        config = config.replace(embedding_encoding=_encoding_of(embed_bits))
         steps.append({"step": "tables", "seconds": time.perf_counter() - t0,
                       "tables": {n: {"bits": g.bits, "group": g.group, "dims": list(g.dims)}
                                  for n, g in tables.items()},
