@@ -76,6 +76,22 @@ def test_tetra48_m1(d_out: int, d_in: int, cfg: dict) -> None:
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
+def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first-use check passes on a sound kernel and rejects (with a warning) a broken one; the
+    environment switch turns the kernel off."""
+    ops = _ops()
+    cfg = ops.MatvecConfig(**{**M1_SMALL, "rows": 4})
+    assert ops._check_m1(torch.device("cpu"), cfg)
+    good = ops.tetra_m1_table("cpu")
+    bad = good.clone()
+    bad[:4096] ^= 0x1  # corrupt the low nibble bit of every rank row
+    monkeypatch.setattr(ops, "tetra_m1_table", lambda device: bad)
+    with pytest.warns(UserWarning, match="first-use check"):
+        assert not ops._check_m1(torch.device("cpu"), cfg)
+    monkeypatch.setenv("LEECHQ_M1", "0")
+    assert not ops.m1_enabled(torch.device("cpu"), cfg)
+
+
 def test_null_m1_geometry() -> None:
     ops = _ops()
     w = random_tetra48(11, 18 * 24 + 3, seed=0)

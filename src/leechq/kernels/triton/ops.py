@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -154,6 +155,60 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return _TICKETS[key]
 
 
+_M1_CHECKED: dict[tuple[str, MatvecConfig], bool] = {}
+
+
+def m1_enabled(device: torch.device, cfg: MatvecConfig) -> bool:
+    """Whether the ``m1`` kernels may run on ``device`` with ``cfg``.
+
+    ``LEECHQ_M1=0`` disables them. On a GPU, each (device, geometry) is checked once, on first use
+    and outside any CUDA-graph capture, against the f64 reference on a small random record (two
+    K-slices, a tail, chunk walking, two launches so that the tickets must have reset); a failure
+    warns and falls back to the tiled kernel for good. Under a capture with no check yet, the tiled
+    kernel is used for that call."""
+    if os.environ.get("LEECHQ_M1", "1") == "0":
+        return False
+    if interpreting() or device.type != "cuda":
+        return True
+    key = (str(device), cfg)
+    if key not in _M1_CHECKED:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _M1_CHECKED[key] = _check_m1(device, cfg)
+    return _M1_CHECKED[key]
+
+
+def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
+    from leechq.formats.layouts.tetra48 import random_tetra48
+
+    try:
+        n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
+        w = random_tetra48(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
+        dense = ref.tetra48_dequantize_rotated(w)
+        worst = 0.0
+        for seed in (1, 2):
+            g = torch.Generator(device=device).manual_seed(seed)
+            x = torch.randn(1, w.d_in, generator=g, device=device)
+            xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
+            y = torch.full((1, w.d_out), float("nan"), device=device)
+            _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
+            want = x.double() @ dense.T
+            bound = x.double().abs() @ dense.abs().T
+            err = ((y.double() - want).abs() / bound).max()
+            worst = max(worst, float(err) if bool(torch.isfinite(y).all()) else math.inf)
+            if not worst <= 1e-5:
+                break
+        tickets_clean = int(_tickets(device).abs().sum()) == 0
+        if worst <= 1e-5 and tickets_clean:
+            return True
+        reason = f"error {worst:.2e}, tickets {'reset' if tickets_clean else 'NOT reset'}"
+    except Exception as exc:  # any failure means: do not use the kernel on this device
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+    warnings.warn(f"the batch-1 Tetra kernel (m1, {cfg}) failed its first-use check on {device} "
+                  f"({reason}); using the tiled kernel", stacklevel=3)
+    return False
+
+
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
     """(programs, K-slices) of an ``m1`` launch."""
     if cfg.bp not in (8, 16, 32) or (cfg.num_warps * 32 // cfg.bp) > cfg.rows or (
@@ -294,7 +349,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     cfg = config or default_config(m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if m_rows == 1 and cfg.kernel == "m1":
+    if m_rows == 1 and cfg.kernel == "m1" and m1_enabled(xp.device, cfg):
         _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
         return y
     cfg = _tile_config(cfg, m_rows)
@@ -366,7 +421,7 @@ def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_
     cfg = config or default_config(m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if m_rows == 1 and cfg.kernel == "m1":
+    if m_rows == 1 and cfg.kernel == "m1" and m1_enabled(xp.device, cfg):
         _launch_m1(null_m1_kernel, xp, w, y, cfg)
         return y
     cfg = _tile_config(cfg, m_rows)
