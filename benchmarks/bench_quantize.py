@@ -69,6 +69,28 @@ def build_model(name: str, layers: int) -> torch.nn.Module:
     return model.eval()
 
 
+def p13_spot_check(model: torch.nn.Module, records: dict, rows: int = 8) -> bool:
+    """Decode the first ``rows`` rows of every lattice record on the CPU (the artifact's decoder)
+    and compare them bit for bit with the weights the model now evaluates (which the pipeline
+    un-rotated on the device)."""
+    from leechq.formats.quantized_weight import QuantizedWeight
+
+    ok = True
+    for name, rec in records.items():
+        if not isinstance(rec, QuantizedWeight):
+            continue
+        part = QuantizedWeight(
+            codebook=rec.codebook, d_out=min(rows, rec.d_out), d_in=rec.d_in,
+            labels=rec.labels[:rows], gains=rec.gains[:rows], row_scales=rec.row_scales[:rows],
+            centroids=rec.centroids, tail=rec.tail[:rows], rotation=rec.rotation,
+        )
+        have = model.get_submodule(name).weight.detach()[:rows].float().cpu()
+        if not torch.equal(part.dequantize(), have):
+            print(f"P13 MISMATCH in {name}")
+            ok = False
+    return ok
+
+
 def main() -> None:
     from leechq.config import QuantConfig
     from leechq.models.quantize import quantize_model_in_place
@@ -87,8 +109,8 @@ def main() -> None:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     windows = torch.randint(0, vocab, (args.calib_windows, args.calib_len), generator=g)
-    config = QuantConfig(codebook=args.codebook, device=args.device, calib_windows=args.calib_windows,
-                         calib_window_len=args.calib_len)
+    config = QuantConfig(codebook=args.codebook, device=args.device,
+                         calib_windows=args.calib_windows, calib_window_len=args.calib_len)
     n_blocks = sum(
         m.weight.numel() // 24
         for name, m in model.named_modules()
@@ -98,6 +120,7 @@ def main() -> None:
         t0 = time.perf_counter()
         mq = quantize_model_in_place(model, windows, config, progress=False, checkpoint_dir=tmp)
         wall = time.perf_counter() - t0
+    p13 = p13_spot_check(model, mq.records)
     per_layer = mq.seconds / args.layers
     device = "cuda" if (args.device in ("auto", "cuda") and torch.cuda.is_available()) else "cpu"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
@@ -111,11 +134,15 @@ def main() -> None:
         "blocks_per_s": round(n_blocks / mq.seconds, 1),
         "projected_full_model_s": round(per_layer * depth + mq.capture_seconds, 1),
         "wall_s": round(wall, 2),
+        "phase_s": {k: round(v, 2) for k, v in mq.phase_seconds.items()},
+        "p13_spot_check": p13,
     }
     print(f"{'model':14s} {'codebook':8s} {'device':6s} {'s/layer':>9s} {'blocks/s':>10s} "
           f"{'full model (projected)':>24s}")
     print(f"{args.model:14s} {args.codebook:8s} {device:6s} {per_layer:9.2f} "
           f"{row['blocks_per_s']:10.0f} {row['projected_full_model_s']/60:21.1f} min")
+    print("phases (s, all layers): " + ", ".join(f"{k} {v:.2f}" for k, v in row["phase_s"].items()))
+    print(f"P13 spot check (record decode == evaluated weights): {p13}")
     print(json.dumps({"bench": "quantize", "git": _git_sha(), "results": [row]}))
 
 

@@ -223,6 +223,8 @@ class ModelQuantization:
         stats: per-matrix relative weight error and relative proxy loss.
         seconds: quantization wall time (blocks), capture time included in ``capture_seconds``.
         provenance: identity of the run (model fingerprint, calibration digest, versions).
+        phase_seconds: the blocks' wall time per driver phase
+            (:attr:`leechq.quant.layerwise.RunResult.phase_seconds`); not stored in the artifact.
     """
 
     records: dict[str, Record]
@@ -232,6 +234,7 @@ class ModelQuantization:
     seconds: float
     capture_seconds: float
     provenance: dict[str, Any] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _raw_tensors(
@@ -371,6 +374,7 @@ def quantize_model_in_place(
         seconds=result.seconds,
         capture_seconds=capture_seconds,
         provenance=provenance,
+        phase_seconds=dict(result.phase_seconds),
     )
 
 

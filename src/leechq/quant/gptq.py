@@ -6,7 +6,7 @@ Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
 * row scales ``s_i`` are computed once on the full rotated row (tail included) and frozen; the
   coder's per-matrix parameters (gain centroids) are fitted on ``W'`` *before* the loop (pitfall
   P5);
-* left → right over 24-column groups Q: every row's block of the group is coded in ONE batched coder
+* left → right over 24-column groups Q: every row's block of the group is coded in a batched coder
   call (the hot path), ``E = v − q`` against the *compensated* values, ``X = E·U_QQ⁻¹``, ``W'[:, R]
   −= X·U[Q, R]`` for all later columns R (tail included);
 * the ``d_in mod 24`` tail columns are never quantized but absorb every correction, then are rounded
@@ -14,10 +14,24 @@ Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
 * there is no retraction (a no-op for gain-reset coding, and it would cancel any gain code,
   §5.7/P3).
 
-Rows are independent. The update ``E·(U_QQ⁻¹·U[Q, R])`` is written as explicit element-wise f64
-multiplies and adds in a fixed order (no BLAS reduction whose order could depend on the number of
-rows), so the batched loop and the per-row reference :func:`gptq_quantize_reference` agree bit for
-bit.
+Speed (one GPU must quantize an 8B model in minutes): :func:`gptq_quantize_many` runs the loops of
+several matrices (all linears of a transformer block) concurrently, gathering the current column
+group of every matrix due into ONE coder call per global step (:func:`schedule`); the loop makes no
+host syncs on an accelerator; the ball's labels are computed once per matrix at the end (the loop
+only needs points and gains); and on an accelerator the error feedback uses GPTQ's lazy batch
+updates (matrix products, ``propagation="lazy"``).
+
+Bit-exactness. With ``propagation="exact"`` (the CPU default) the update ``E·(U_QQ⁻¹·U[Q, R])`` is
+written as explicit element-wise f64 multiplies and adds in a fixed order (no BLAS reduction whose
+order could depend on the number of rows), so the batched loop, the concurrent loop and the per-row
+reference :func:`gptq_quantize_reference` agree bit for bit. The lazy path sums the same correction
+in another order through matrix products whose blocking may depend on the row count: it agrees with
+the exact path to rounding (tested: tight tolerance, equal codes on seeded examples), not bit for
+bit, and on an accelerator the reductions inside the encoders are not promised to be batch
+invariant either. Whatever the path, the evaluated blocks are rebuilt from the stored codes with
+the decoder's own f64 sequence, so the record always decodes to exactly the evaluated weights
+(P13), and a run is deterministic for a given device, model and configuration (resume gives the
+same bytes).
 
 The int4 path (:func:`quantize_int4`) keeps a matrix as the published ``int4g128`` record in the
 natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md §5.2),
@@ -26,15 +40,24 @@ or optionally column-wise GPTQ against the natural-basis Hessian with the group 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from leechq.codebooks import shape_gain
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, apply_rotation, apply_rotation_transpose
 from leechq.quant.coders import BlockCoder, row_scales
+
+PROPAGATIONS = ("auto", "exact", "lazy")
+"""Error-feedback paths: "exact" element-wise (row-batch invariant), "lazy" matrix products over
+windows, "auto" = exact on the CPU, lazy elsewhere."""
+DEFAULT_WINDOW = 384
+"""Columns per lazy window (16 groups of 24): corrections inside the window are applied at each
+step, the rest of the matrix is corrected once per window by one matrix product."""
 
 
 @dataclass
@@ -90,9 +113,11 @@ class GPTQResult:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The natural-basis matrix the pipeline evaluates: un-rotate in f64, narrow to f32 once.
 
-        For a lattice coder this equals ``to_quantized_weight().dequantize()`` bit for bit (P13).
+        Computed on the device of ``weight_rot`` (the un-rotation is element-wise f64 adds and
+        multiplies in a fixed order, so every IEEE device gives the same bits). For a lattice coder
+        this equals ``to_quantized_weight().dequantize()`` bit for bit (P13).
         """
-        w = self.weight_rot.cpu()
+        w = self.weight_rot
         if self.rotation is not None:
             w = apply_rotation_transpose(w, self.rotation)
         return w.to(torch.float32).to(dtype)
@@ -110,7 +135,7 @@ def _check_weight(weight: torch.Tensor, name: str) -> None:
 def _propagate(
     w: torch.Tensor, err: torch.Tensor, u_qq: torch.Tensor, u_qr: torch.Tensor, start: int
 ) -> None:
-    """``W[:, R] −= X·U[Q, R]`` with ``X = E·U_QQ⁻¹``.
+    """Exact propagation: ``W[:, R] −= X·U[Q, R]`` with ``X = E·U_QQ⁻¹``.
 
     ``M = U_QQ⁻¹·U[Q, R]`` (24 × |R|) is shared by every row; the per-row product ``E·M`` is summed
     over the 24 rows of M in ascending order with element-wise f64 multiplies and adds, so a row's
@@ -121,34 +146,6 @@ def _propagate(
     for j in range(1, err.shape[1]):
         update = update + err[:, j : j + 1] * m[j : j + 1, :]
     w[:, start:] -= update
-
-
-def _loop(
-    w: torch.Tensor,
-    u: torch.Tensor | None,
-    coder: BlockCoder,
-    scales: torch.Tensor,
-    centroids: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The §5.5 loop on float64 rows ``w`` [rows, d_in] (modified in place). Returns labels,
-    gains."""
-    rows, d_in = w.shape
-    nb = d_in // BLOCK
-    labels = torch.zeros(rows, nb, dtype=torch.int64, device=w.device)
-    gains = torch.zeros(rows, nb, dtype=torch.uint8, device=w.device)
-    for b in range(nb):
-        lo, hi = b * BLOCK, (b + 1) * BLOCK
-        v = w[:, lo:hi].clone()
-        codes = coder.code(v, scales, centroids)
-        labels[:, b] = codes.labels.to(w.device)
-        gains[:, b] = codes.gains.to(w.device)
-        q = codes.values.to(device=w.device, dtype=torch.float64)
-        w[:, lo:hi] = q
-        err = v - q
-        # An exactly-zero error (identity control, all-zero rows) has nothing to propagate.
-        if u is not None and hi < d_in and bool(err.any()):
-            _propagate(w, err, u[lo:hi, lo:hi], u[lo:hi, hi:], hi)
-    return labels, gains
 
 
 def _setup(
@@ -184,6 +181,137 @@ def _setup(
     return w, u, scales, centroids
 
 
+def _resolve_propagation(propagation: str, device: torch.device) -> str:
+    if propagation not in PROPAGATIONS:
+        raise InvalidInput(f"propagation must be one of {PROPAGATIONS}, got {propagation!r}")
+    if propagation == "auto":
+        return "exact" if device.type == "cpu" else "lazy"
+    return propagation
+
+
+class _Matrix:
+    """The loop state of one matrix: its rotated rows (modified in place), codes, and the pending
+    corrections of the current lazy window."""
+
+    def __init__(
+        self,
+        w: torch.Tensor,
+        u: torch.Tensor | None,
+        scales: torch.Tensor,
+        centroids: torch.Tensor,
+        coder: BlockCoder,
+        propagation: str,
+        window: int,
+    ):
+        rows, d_in = w.shape
+        dev = w.device
+        self.w, self.u, self.scales, self.centroids = w, u, scales, centroids
+        self.rows, self.d_in, self.nb = rows, d_in, d_in // BLOCK
+        self.mode = _resolve_propagation(propagation, dev)
+        self.window = max(1, window // BLOCK)  # column groups per lazy window
+        self.step = 0  # next column group
+        self.row_levels = centroids.reshape(1, -1).expand(rows, -1)
+        self.deferred = bool(getattr(coder, "defers_labels", False))
+        self.labels = (
+            None if self.deferred else torch.zeros(rows, self.nb, dtype=torch.int64, device=dev)
+        )
+        self.gains = torch.zeros(rows, self.nb, dtype=torch.uint8, device=dev)
+        # Lattice points (|coordinate| ≤ 14 for the ball, ≤ 10 for Tetra; int16 leaves room), kept
+        # to rebuild the evaluated blocks from the codes at the end (P13) and for deferred labels.
+        self.points = (
+            torch.zeros(rows, self.nb, BLOCK, dtype=torch.int16, device=dev)
+            if coder.lattice
+            else None
+        )
+        self.pending = (
+            torch.zeros(rows, self.window * BLOCK, dtype=torch.float64, device=dev)
+            if self.mode == "lazy" and u is not None
+            else None
+        )
+
+    def columns(self) -> torch.Tensor:
+        """The current (compensated) values of the next column group: float64 [rows, 24]."""
+        lo = self.step * BLOCK
+        return self.w[:, lo : lo + BLOCK]
+
+    def apply(
+        self,
+        values: torch.Tensor,
+        gains: torch.Tensor,
+        labels: torch.Tensor | None,
+        points: torch.Tensor | None,
+    ) -> None:
+        """Store the codes of the next column group and propagate its error."""
+        b = self.step
+        lo, hi = b * BLOCK, (b + 1) * BLOCK
+        q = values.to(device=self.w.device, dtype=torch.float64)
+        err = self.w[:, lo:hi] - q
+        self.w[:, lo:hi] = q
+        self.gains[:, b] = gains.to(self.w.device)
+        if self.labels is not None:
+            if labels is None:
+                raise InvalidInput("the coder returned no labels and does not defer them")
+            self.labels[:, b] = labels.to(self.w.device)
+        if self.points is not None:
+            if points is None:
+                raise InvalidInput("a lattice coder must return its points")
+            self.points[:, b] = points.to(device=self.w.device, dtype=torch.int16)
+        self.step = b + 1
+        if self.u is None or hi >= self.d_in:
+            return
+        if self.mode == "exact":
+            # An exactly-zero error (identity control, all-zero rows) has nothing to propagate; the
+            # test costs a host sync, so it is only made on the CPU.
+            if self.w.device.type != "cpu" or bool(err.any()):
+                _propagate(self.w, err, self.u[lo:hi, lo:hi], self.u[lo:hi, hi:], hi)
+            return
+        self._propagate_lazy(b, err)
+
+    def _propagate_lazy(self, b: int, err: torch.Tensor) -> None:
+        """GPTQ's lazy batch update. ``X = E·U_QQ⁻¹`` corrects the rest of the current window of
+        column groups at once and is kept; when the window closes, every later column (tail
+        included) gets ``Σ_window X·U[Q, R]`` as one matrix product. The same total correction as
+        :func:`_propagate` step by step, summed in another order."""
+        assert self.pending is not None and self.u is not None
+        u, w = self.u, self.w
+        lo, hi = b * BLOCK, (b + 1) * BLOCK
+        x = torch.linalg.solve_triangular(u[lo:hi, lo:hi], err, upper=True, left=False)
+        first = (b // self.window) * self.window
+        last = min(first + self.window, self.nb)  # groups [first, last) form the window
+        end = last * BLOCK
+        if hi < end:
+            w[:, hi:end] -= x @ u[lo:hi, hi:end]
+        offset = (b - first) * BLOCK
+        self.pending[:, offset : offset + BLOCK] = x
+        if b + 1 == last and end < self.d_in:
+            width = (last - first) * BLOCK
+            w[:, end:] -= self.pending[:, :width] @ u[first * BLOCK : end, end:]
+
+    def finish(self, coder: BlockCoder, rotation: RotationTables | None) -> GPTQResult:
+        """Codes → result: deferred labels, the evaluated blocks rebuilt from the codes, the tail
+        rounded to its storage precision."""
+        w, nb = self.w, self.nb
+        labels = self.labels
+        if self.deferred:
+            assert self.points is not None
+            labels = coder.labels_of(self.points).to(w.device)  # type: ignore[attr-defined]
+        if labels is None:
+            labels = torch.zeros(self.rows, nb, dtype=torch.int64, device=w.device)
+        if self.points is not None and nb:
+            # P13 by construction: the evaluated blocks are the decoder's reconstruction of the
+            # stored codes (the loop's own values agree bit for bit; checked in the tests).
+            flat = shape_gain.reconstruct(
+                self.points.reshape(-1, BLOCK),
+                self.gains.reshape(-1),
+                self.scales[:, None].expand(-1, nb).reshape(-1),
+                self.centroids,
+            )
+            w[:, : nb * BLOCK] = flat.reshape(self.rows, nb * BLOCK)
+        self.points = None
+        self.pending = None
+        return _finish(w, labels, self.gains, self.scales, self.centroids, coder, rotation)
+
+
 def _finish(
     w: torch.Tensor,
     labels: torch.Tensor,
@@ -208,6 +336,114 @@ def _finish(
     )
 
 
+def schedule(n_groups: Sequence[int]) -> list[list[int]]:
+    """Which matrices take a column-group step at each global step of the concurrent loop.
+
+    The matrix with the most column groups (S) steps every time; a matrix with n groups takes its
+    step b at global step ⌊b·S/n⌋, so the short matrices are spread evenly over the long one
+    instead of all crowding the first steps (one coder call per global step, of about equal size).
+    The order never changes a matrix's own arithmetic, only which rows share a coder call.
+
+    Args:
+        n_groups: column groups per matrix.
+
+    Returns:
+        For each global step, the indices of the matrices stepping then (ascending).
+    """
+    total = max(n_groups, default=0)
+    steps: list[list[int]] = [[] for _ in range(total)]
+    for j, n in enumerate(n_groups):
+        for b in range(n):
+            steps[(b * total) // n].append(j)
+    return steps
+
+
+def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
+    """The concurrent §5.5 loop: at each global step, one coder call for the next column group of
+    every matrix due (rows stacked), then each matrix stores its codes and propagates its error."""
+    for active in schedule([m.nb for m in matrices]):
+        group = [matrices[j] for j in active]
+        if len(group) == 1:
+            m = group[0]
+            v = m.columns().clone()
+            codes = coder.code(v, m.scales, m.centroids)
+            m.apply(codes.values, codes.gains, codes.labels, codes.points)
+            continue
+        v = torch.cat([m.columns() for m in group])
+        scales = torch.cat([m.scales for m in group])
+        levels = torch.cat([m.row_levels for m in group])
+        codes = coder.code(v, scales, levels)
+        start = 0
+        for m in group:
+            rows = slice(start, start + m.rows)
+            start += m.rows
+            m.apply(
+                codes.values[rows],
+                codes.gains[rows],
+                None if codes.labels is None else codes.labels[rows],
+                None if codes.points is None else codes.points[rows],
+            )
+
+
+@dataclass
+class GPTQJob:
+    """One matrix for :func:`gptq_quantize_many`.
+
+    Attributes:
+        weight: [d_out, d_in] float, natural basis, on the compute device.
+        u: float64 [d_in, d_in] upper factor of the damped, rotated inverse Hessian, or None.
+        rotation: the input rotation (effective seed), or None.
+        tail_policy: "keep_exact" or "refuse".
+        name: used in error messages.
+    """
+
+    weight: torch.Tensor
+    u: torch.Tensor | None
+    rotation: RotationTables | None = None
+    tail_policy: str = "keep_exact"
+    name: str = "weight"
+
+
+def gptq_quantize_many(
+    jobs: Sequence[GPTQJob],
+    coder: BlockCoder,
+    *,
+    propagation: str = "auto",
+    window: int = DEFAULT_WINDOW,
+) -> list[GPTQResult]:
+    """Code several matrices with block GPTQ concurrently (leech-core.md §5.5).
+
+    Every matrix runs its own left → right loop with its own factor, rotation and centroids; at
+    each global step (:func:`schedule`) the next column group of every matrix due is coded in ONE
+    coder call (the encoders need tens of thousands of blocks per call to be efficient, while one
+    matrix offers only ``d_out``). Rows are independent, so on the CPU with exact propagation each
+    result equals :func:`gptq_quantize` of that matrix alone, bit for bit.
+
+    Args:
+        jobs: the matrices (may mix widths; all on one device).
+        coder: the block coder (row-independent).
+        propagation: "exact" (element-wise, row-batch invariant; the CPU default), "lazy" (GPTQ's
+            lazy batch updates with matrix products over windows of ``window`` columns; the
+            accelerator default: agrees with "exact" to rounding, but a matrix product's summation
+            order may depend on the number of rows, so bit-exact batch invariance is not promised),
+            or "auto".
+        window: lazy window width in columns (rounded down to a multiple of 24).
+
+    Returns:
+        One :class:`GPTQResult` per job, in order.
+    """
+    matrices = []
+    prepared = []
+    for job in jobs:
+        w, u, scales, centroids = _setup(
+            job.weight, job.u, coder, job.rotation, job.tail_policy, job.name
+        )
+        prepared.append(job.rotation)
+        matrices.append(_Matrix(w, u, scales, centroids, coder, propagation, window))
+    _run(matrices, coder)
+    return [m.finish(coder, rot) for m, rot in zip(matrices, prepared, strict=True)]
+
+
 def gptq_quantize(
     weight: torch.Tensor,
     u: torch.Tensor | None,
@@ -215,6 +451,9 @@ def gptq_quantize(
     rotation: RotationTables | None = None,
     tail_policy: str = "keep_exact",
     name: str = "weight",
+    *,
+    propagation: str = "auto",
+    window: int = DEFAULT_WINDOW,
 ) -> GPTQResult:
     """Code one matrix with block GPTQ (leech-core.md §5.5), all rows at once.
 
@@ -226,13 +465,13 @@ def gptq_quantize(
         rotation: the input rotation with its effective seed, or None.
         tail_policy: "keep_exact" or "refuse".
         name: the matrix name used in error messages.
+        propagation, window: see :func:`gptq_quantize_many`.
 
     Returns:
         The coded matrix (:class:`GPTQResult`).
     """
-    w, u, scales, centroids = _setup(weight, u, coder, rotation, tail_policy, name)
-    labels, gains = _loop(w, u, coder, scales, centroids)
-    return _finish(w, labels, gains, scales, centroids, coder, rotation)
+    job = GPTQJob(weight, u, rotation, tail_policy, name)
+    return gptq_quantize_many([job], coder, propagation=propagation, window=window)[0]
 
 
 def gptq_quantize_reference(
@@ -243,20 +482,24 @@ def gptq_quantize_reference(
     tail_policy: str = "keep_exact",
     name: str = "weight",
 ) -> GPTQResult:
-    """Reference twin of :func:`gptq_quantize`: the same loop run serially, one row at a time.
+    """Reference twin of :func:`gptq_quantize`: the same loop run serially, one row at a time, with
+    exact (element-wise) propagation.
 
-    It must agree with the batched loop bit for bit (rows are independent, §5.5).
+    On the CPU it agrees with the batched loop bit for bit (rows are independent, §5.5).
     """
     w, u, scales, centroids = _setup(weight, u, coder, rotation, tail_policy, name)
     nb = w.shape[1] // BLOCK
     labels = torch.zeros(w.shape[0], nb, dtype=torch.int64, device=w.device)
     gains = torch.zeros(w.shape[0], nb, dtype=torch.uint8, device=w.device)
     for i in range(w.shape[0]):
-        row = w[i : i + 1].clone()
-        lab, gai = _loop(row, u, coder, scales[i : i + 1], centroids)
-        w[i] = row[0]
-        labels[i] = lab[0]
-        gains[i] = gai[0]
+        row = _Matrix(
+            w[i : i + 1].clone(), u, scales[i : i + 1], centroids, coder, "exact", DEFAULT_WINDOW
+        )
+        _run([row], coder)
+        res = row.finish(coder, rotation)
+        w[i] = res.weight_rot[0]
+        labels[i] = res.labels[0]
+        gains[i] = res.gains[0]
     return _finish(w, labels, gains, scales, centroids, coder, rotation)
 
 

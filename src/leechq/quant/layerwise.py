@@ -8,7 +8,9 @@ Implements the sequential procedure of leech-core.md §5.2. For transformer bloc
 2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once;
 3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits)
    and write the dequantized weights back into the module (the exact weights the artifact decodes
-   to, P13);
+   to, P13). The GPTQ loops of all lattice linears of the block run concurrently
+   (:func:`leechq.quant.gptq.gptq_quantize_many`: one coder call per column step serves every
+   matrix), and the evaluated weights are un-rotated on the compute device;
 4. pass 2: advance the hidden states through the now-quantized block.
 
 The model glue describes each block as a :class:`Block` (its linears, which activation each reads, a
@@ -34,12 +36,13 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from leechq.codebooks.base import BLOCK
 from leechq.config import QuantConfig
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
 from leechq.quant.coders import BlockCoder, IdentityCoder, ScalarRoundCoder, ShapeGainCoder
-from leechq.quant.gptq import GPTQResult, gptq_quantize, quantize_int4
+from leechq.quant.gptq import GPTQJob, GPTQResult, gptq_quantize_many, quantize_int4
 from leechq.quant.hessian import HessianAccumulator, capture_inputs, prepare_factor
 
 log = logging.getLogger("leechq.quant")
@@ -377,12 +380,17 @@ class RunResult:
         stats: linear name → {"rel_err": ‖ΔW‖²/‖W‖², "proxy": Tr(ΔW H ΔWᵀ)/Tr(W H Wᵀ), "seconds"}.
         seconds: wall time of the blocks run in this call.
         resumed_blocks: blocks taken from the checkpoint.
+        phase_seconds: wall time per phase, summed over the blocks run in this call: "hessians"
+            (pass 1), "factor" (rotate, damp, factor), "gptq" (the concurrent loops, setup and
+            codes included), "records" (records, evaluated weights, stats), "forward" (pass 2),
+            "commit" (checkpoint).
     """
 
     records: dict[str, Record] = field(default_factory=dict)
     stats: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
     resumed_blocks: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _dense(record: Record) -> torch.Tensor:
@@ -397,6 +405,70 @@ def _set_weight(module: torch.nn.Module, dense: torch.Tensor) -> None:
         weight.copy_(dense.to(device=weight.device, dtype=weight.dtype))
 
 
+class PhaseTimer:
+    """Wall time per phase of the driver, summed over blocks (seconds).
+
+    On an accelerator the clock is read after a device synchronize, so a phase is charged with the
+    work it queued (a handful of syncs per block, nothing inside the loops).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """Restart the clock (nothing charged)."""
+        self._last = self._now()
+
+    def mark(self, phase: str) -> float:
+        """Charge the time since the last mark to ``phase``; returns it."""
+        now = self._now()
+        dt = now - self._last
+        self._last = now
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + dt
+        return dt
+
+
+@dataclass
+class _ActFactors:
+    h: torch.Tensor
+    tables: RotationTables | None
+    u_rot: torch.Tensor | None
+    u_nat: torch.Tensor | None
+
+
+def _factors(
+    t: int,
+    act: int,
+    specs: list[LinearSpec],
+    h: torch.Tensor,
+    config: QuantConfig,
+) -> _ActFactors:
+    """Rotation tables and factors of one activation's Hessian (shared by its linears)."""
+    names = ", ".join(s.name for s in specs)
+    needs_lattice = any(not s.int4 for s in specs)
+    needs_natural = any(s.int4 for s in specs) and config.int4_gptq
+    tables = (
+        generate_rotation(h.shape[0], rotation_seed(t, act, config.rotation_seed))
+        if config.rotate
+        else None
+    )
+    label = f"Hessian of block {t} act {act} ({names})"
+    u_rot = (
+        prepare_factor(h, tables, config.damping, label)
+        if needs_lattice and config.error_feedback
+        else None
+    )
+    u_nat = prepare_factor(h, None, config.damping, label) if needs_natural else None
+    return _ActFactors(h=h, tables=tables, u_rot=u_rot, u_nat=u_nat)
+
+
 def _quantize_block(
     block: Block,
     states: list[torch.Tensor],
@@ -404,15 +476,17 @@ def _quantize_block(
     coder: BlockCoder,
     device: torch.device,
     progress: Progress,
+    timer: PhaseTimer | None = None,
 ) -> tuple[dict[str, Record], dict[str, Any]]:
     t = block.index
+    timer = timer or PhaseTimer(device)
     hess_dtype = torch.float64 if config.hessian_dtype == "float64" else torch.float32
     by_act: dict[int, list[LinearSpec]] = {}
     for spec in block.linears:
         by_act.setdefault(spec.act, []).append(spec)
     records: dict[str, Record] = {}
     stats: dict[str, Any] = {}
-    # Pass 1: original weights, Hessians of the distinct inputs.
+    # Pass 1: original weights, Hessians of the distinct inputs (batched addmm on the device).
     accs = {
         a: HessianAccumulator(int(specs[0].module.weight.shape[1]), device, hess_dtype)
         for a, specs in by_act.items()
@@ -420,52 +494,66 @@ def _quantize_block(
     with torch.no_grad(), capture_inputs({a: specs[0].module for a, specs in by_act.items()}, accs):
         for batch in states:
             block.forward(batch.to(device))
+    timer.mark("hessians")
+    factors: dict[int, _ActFactors] = {}
     for act, specs in by_act.items():
-        names = ", ".join(s.name for s in specs)
         h = accs[act].finalize()
         del accs[act].sum
-        needs_lattice = any(not s.int4 for s in specs)
-        needs_natural = any(s.int4 for s in specs) and config.int4_gptq
-        tables = (
-            generate_rotation(h.shape[0], rotation_seed(t, act, config.rotation_seed))
-            if config.rotate
-            else None
+        factors[act] = _factors(t, act, specs, h, config)
+    timer.mark("factor")
+    # Every lattice matrix of the block runs its GPTQ loop concurrently: one coder call per step
+    # serves the current column group of all of them (gptq_quantize_many).
+    lattice = [s for s in block.linears if not s.int4]
+    jobs = [
+        GPTQJob(
+            weight=s.module.weight.detach().to(torch.float32),
+            u=factors[s.act].u_rot,
+            rotation=factors[s.act].tables,
+            tail_policy=config.tail_policy,
+            name=s.name,
         )
-        u_rot = (
-            prepare_factor(h, tables, config.damping, f"Hessian of block {t} act {act} ({names})")
-            if needs_lattice and config.error_feedback
-            else None
-        )
-        u_nat = (
-            prepare_factor(h, None, config.damping, f"Hessian of block {t} act {act} ({names})")
-            if needs_natural
-            else None
-        )
-        for spec in specs:
+        for s in lattice
+    ]
+    for s in lattice:
+        progress.matrix(".".join(s.name.split(".")[-2:]))
+    results = dict(zip([s.name for s in lattice], gptq_quantize_many(jobs, coder), strict=True))
+    loop_seconds = timer.mark("gptq")
+    loop_blocks = sum(int(j.weight.numel()) // BLOCK for j in jobs) or 1
+    del jobs
+    for spec in block.linears:
+        start = time.perf_counter()
+        w = spec.module.weight.detach().to(torch.float32)
+        fac = factors[spec.act]
+        rec: Record
+        share = 0.0
+        if spec.int4:
             progress.matrix(".".join(spec.name.split(".")[-2:]))
-            start = time.perf_counter()
-            w = spec.module.weight.detach().to(torch.float32)
-            rec: Record
-            if spec.int4:
-                rec = quantize_int4(w, u_nat, config.int4_group, name=spec.name)
-            else:
-                res = gptq_quantize(w, u_rot, coder, tables, config.tail_policy, name=spec.name)
-                rec = res.to_quantized_weight() if res.lattice else res
-            dense = _dense(rec).to(device)
-            delta = dense.to(torch.float64) - w.to(torch.float64)
-            w64 = w.to(torch.float64)
-            hd = h.to(device)
-            stats[spec.name] = {
-                "rel_err": float((delta * delta).sum() / (w64 * w64).sum().clamp_min(1e-300)),
-                "proxy": float(
-                    ((delta @ hd) * delta).sum() / ((w64 @ hd) * w64).sum().clamp_min(1e-300)
-                ),
-                "seconds": time.perf_counter() - start,
-            }
-            _set_weight(spec.module, dense)
-            records[spec.name] = rec
-            progress.step()
-        del h, u_rot, u_nat
+            rec = quantize_int4(w, fac.u_nat, config.int4_group, name=spec.name)
+            dense = rec.dequantize(torch.float32).to(device)
+        else:
+            res = results.pop(spec.name)
+            rec = res.to_quantized_weight() if res.lattice else res
+            # The evaluated matrix, un-rotated on the device; equal to rec.dequantize() (P13).
+            dense = res.dequantize(torch.float32).to(device)
+            share = loop_seconds * (int(w.numel()) // BLOCK) / loop_blocks
+            del res
+        delta = dense.to(torch.float64) - w.to(torch.float64)
+        w64 = w.to(torch.float64)
+        hd = fac.h.to(device)
+        stats[spec.name] = {
+            "rel_err": float((delta * delta).sum() / (w64 * w64).sum().clamp_min(1e-300)),
+            "proxy": float(
+                ((delta @ hd) * delta).sum() / ((w64 @ hd) * w64).sum().clamp_min(1e-300)
+            ),
+            # wall time: own finishing (and int4 coding) plus this matrix's share (by blocks) of
+            # the concurrent loop
+            "seconds": time.perf_counter() - start + share,
+        }
+        _set_weight(spec.module, dense)
+        records[spec.name] = rec
+        progress.step()
+    del factors
+    timer.mark("records")
     return records, stats
 
 
@@ -530,23 +618,27 @@ def quantize_blocks(
     initial = sum(len(b.linears) for b in blocks[:start_block])
     bar = Progress(len(blocks), total, enabled=progress, initial=initial)
     began = time.perf_counter()
+    timer = PhaseTimer(device)
     try:
         for t in range(start_block, len(blocks)):
             block = blocks[t]
             if block.index != t:
                 raise InvalidInput(f"block {t} reports index {block.index}")
             bar.block(t)
+            timer.start()
             with block.activate(device, dtype):
                 states[:] = [s.to(device=device, dtype=dtype) for s in states]
-                records, stats = _quantize_block(block, states, config, coder, device, bar)
+                records, stats = _quantize_block(block, states, config, coder, device, bar, timer)
                 with torch.no_grad():
                     states[:] = [
                         block.forward(s) for s in states
                     ]  # pass 2: through the quantized block
+                timer.mark("forward")
             result.records.update(records)
             result.stats.update(stats)
             if ckpt is not None:
                 ckpt.commit(t, records, states, stats)
+            timer.mark("commit")
             mean_err = sum(v["rel_err"] for v in stats.values()) / max(1, len(stats))
             log.info(
                 "block %d/%d done: mean relative weight error %.4g", t + 1, len(blocks), mean_err
@@ -556,6 +648,7 @@ def quantize_blocks(
     finally:
         bar.close()
     result.seconds = time.perf_counter() - began
+    result.phase_seconds = dict(timer.seconds)
     return result
 
 
