@@ -521,12 +521,26 @@ def _intra_op_threads(device: torch.device, threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+METHODS = ("auto", "fast", "exact")
+"""Inner-search implementations of :func:`encode`. Both find the exact nearest codebook point
+at each trial scale, so they return the same labels (up to float32 near-ties):
+
+* ``"fast"``: :mod:`leechq.codebooks.tetra_fast` (cache-sized tables, structured join; several
+  times faster on CPU);
+* ``"exact"``: the dynamic program of this module (large batched tensors; measured on CUDA);
+* ``"auto"`` (default): ``"fast"`` on CPU, ``"exact"`` on other devices (the fast search is
+  device-agnostic torch but has not been measured or checked on a GPU yet).
+"""
+
+
 def encode(
     x: torch.Tensor,
     *,
     norms: tuple[float, ...] = DEFAULT_NORMS,
     refine: int = DEFAULT_REFINE,
     chunk: int | None = None,
+    method: str = "auto",
+    threads: int = 1,
 ) -> torch.Tensor:
     """Best Tetra direction of each block: maximize ``⟨x, y⟩/‖y‖`` (approximately, see module).
 
@@ -534,15 +548,29 @@ def encode(
         x: float [..., 24] blocks (natural order), CPU or CUDA.
         norms: starting target norms ``‖z‖`` in lattice units (one search each).
         refine: Lloyd refinements after each start (each is one more search).
-        chunk: blocks per batch. Default 65536 on CUDA (about 8.5 GB of device memory at the
-            peak, in the join; 131072 is 4 % faster on an H200) and 256 on CPU (cache-sized).
+        chunk: blocks per batch. ``"exact"``: default 65536 on CUDA (about 8.5 GB of device
+            memory at the peak, in the join; 131072 is 4 % faster on an H200) and 256 on CPU.
+            ``"fast"``: default 512 on CPU, 65536 elsewhere.
+        method: ``"auto"`` (fast on CPU, exact elsewhere), ``"fast"`` or ``"exact"``; see
+            :data:`METHODS`.
+        threads: CPU worker threads for ``"fast"`` (each runs whole chunks single-threaded).
 
     Returns:
         int64 labels [...] on x's device; the zero block gets label 0 (the origin).
 
     Raises:
-        InvalidInput: wrong last dimension, non-float dtype, NaN or infinite entries.
+        InvalidInput: wrong last dimension, non-float dtype, NaN or infinite entries, an unknown
+            method.
     """
+    if method not in METHODS:
+        raise InvalidInput(f"method must be one of {METHODS}, got {method!r}")
+    if method == "auto":
+        device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+        method = "fast" if device.type == "cpu" else "exact"
+    if method == "fast":
+        from leechq.codebooks import tetra_fast
+
+        return tetra_fast.encode(x, norms=norms, refine=refine, chunk=chunk, threads=threads)
     unit, nonzero, shape = _prepare(x)
     k = _constants(str(unit.device))
     if chunk is None:
@@ -683,6 +711,7 @@ def cosine_of(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "DEFAULT_NORMS",
     "DEFAULT_REFINE",
+    "METHODS",
     "QUALITY_NORMS",
     "cosine_of",
     "encode",
