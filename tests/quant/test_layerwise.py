@@ -175,3 +175,32 @@ def test_bad_arguments() -> None:
         quantize_blocks([ToyBlock(0)], [], CFG, progress=False)
     with pytest.raises(InvalidInput, match="reports index"):
         quantize_blocks([ToyBlock(1)], _states(), CFG, progress=False)
+
+
+def test_background_commit_errors_reach_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoint writes overlap the next block; a failed write is raised, never swallowed, and
+    every block reported by on_block is on disk."""
+    from leechq.quant.layerwise import Checkpoint
+
+    seen: list[int] = []
+    calls = {"n": 0}
+    real_write = Checkpoint.write
+
+    def flaky(self, *job):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        real_write(self, *job)
+
+    monkeypatch.setattr(Checkpoint, "write", flaky)
+
+    def record(t: int) -> None:
+        seen.append(t)
+        assert json.loads((tmp_path / "ck" / "run.json").read_text())["done"] == t + 1
+
+    with pytest.raises(OSError, match="disk full"):
+        _run(tmp_path / "ck", on_block=record)
+    assert seen == [0]
+    assert json.loads((tmp_path / "ck" / "run.json").read_text())["done"] == 1
