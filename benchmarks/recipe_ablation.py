@@ -60,6 +60,15 @@ from leechq.quant.recipe import Recipe, resolve_recipe, run_recipe
 from leechq.quant.row_scales import RowScaleConfig, set_module_weights
 
 
+ARMS = ("bare", "+rows", "+int4", "+int4+rows", "+tables8", "+tables4", "+int4+tables4", "full",
+        "dense+tables8", "dense+tables4")
+DEPENDS = {
+    "+int4": {"full", "bare"},
+    "+int4+rows": {"full", "bare", "+int4"},
+    "+int4+tables4": {"full", "+tables4"},
+}
+
+
 def _cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -142,15 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON to this file")
     p.add_argument("--keep-artifact", default=None, help="write the full artifact here")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"arms to run (of {', '.join(ARMS)})")
     p.add_argument("--encode-checkpoint", default=None,
                    help="keep the encoder's resumable checkpoint here (reruns reuse it)")
     args = p.parse_args(argv)
+    want = set(args.arms.split(","))
+    if want - set(ARMS):
+        p.error(f"unknown arms {sorted(want - set(ARMS))}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from leechq.data import calibration_text, evaluation_text, token_windows
     from leechq.models.hf_load import load_model
-    from leechq.models.load import load
 
     load_start = _load()
     t_all, cpu_all = time.perf_counter(), _cpu_seconds()
@@ -211,17 +223,29 @@ def main(argv: list[str] | None = None) -> int:
     full_recipe = resolve_recipe("full", args.target_bpp, requantize=False, row_scales=rows_cfg,
                                  sensitivity_windows=args.sens_windows,
                                  sensitivity_window_len=args.sens_window, device="cpu")
+    order = [a for a in ARMS if a in want]
+    need = set(order)
+    for a in order:
+        need |= DEPENDS.get(a, set())
     results: dict[str, Any] = {}
-    print("[ablation] full recipe", file=sys.stderr)
-    results["full"] = arm(full_recipe)
-    chosen = results["full"].metadata["selection"]["int4"]
-    results["bare"] = arm(Recipe(name="bare", device="cpu"))
-    print("[ablation] +rows", file=sys.stderr)
-    results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device="cpu"))
-    results["+tables8"] = arm(Recipe(name="tables8", embedding_bits=8, head_bits=8))
-    results["+tables4"] = arm(Recipe(name="tables4", embedding_bits=4, head_bits=8))
+    chosen: list[str] = []
+    if "full" in need:
+        print("[ablation] full recipe", file=sys.stderr)
+        results["full"] = arm(full_recipe)
+        chosen = results["full"].metadata["selection"]["int4"]
+    if "bare" in need:
+        results["bare"] = arm(Recipe(name="bare", device="cpu"))
+    if "+rows" in need:
+        print("[ablation] +rows", file=sys.stderr)
+        results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device="cpu"))
+    for bits in (8, 4):
+        if f"+tables{bits}" in need:
+            results[f"+tables{bits}"] = arm(Recipe(name=f"tables{bits}", embedding_bits=bits,
+                                                   head_bits=8))
     # +int4 and +int4+tables4 reuse the full recipe's choice (same records, post hoc)
     for name, base in (("+int4", "bare"), ("+int4+tables4", "+tables4")):
+        if name not in need:
+            continue
         src = results[base]
         model = copy.deepcopy(src.model)
         recs = dict(src.records)
@@ -230,24 +254,27 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = SimpleNamespace(model=model, records=recs, raw=src.raw, tied=src.tied,
                                         metadata={"int4": chosen},
                                         bits=lambda d=(), r=recs, w=src.raw: _bits(r, w, d))
-
-    print("[ablation] +int4+rows", file=sys.stderr)
-    src = results["+int4"]
-    t, c = time.perf_counter(), _cpu_seconds()
-    res = run_recipe(reference, calib, base_cfg, Recipe(name="int4+rows", row_scales=rows_cfg,
-                                                        device="cpu"),
-                     student=copy.deepcopy(src.model),
-                     encoded=SimpleNamespace(records=src.records, raw=src.raw, tied=src.tied,
-                                             seconds=0.0, provenance={}), **common)
-    res.metadata["arm_seconds"] = time.perf_counter() - t
-    res.metadata["arm_cpu_seconds"] = _cpu_seconds() - c
-    results["+int4+rows"] = res
+    if "+int4+rows" in need:
+        print("[ablation] +int4+rows", file=sys.stderr)
+        src = results["+int4"]
+        t, c = time.perf_counter(), _cpu_seconds()
+        res = run_recipe(reference, calib, base_cfg,
+                         Recipe(name="int4+rows", row_scales=rows_cfg, device="cpu"),
+                         student=copy.deepcopy(src.model),
+                         encoded=SimpleNamespace(records=src.records, raw=src.raw,
+                                                 tied=src.tied, seconds=0.0, provenance={}),
+                         **common)
+        res.metadata["arm_seconds"] = time.perf_counter() - t
+        res.metadata["arm_cpu_seconds"] = _cpu_seconds() - c
+        results["+int4+rows"] = res
     # The table step alone on the dense reference (full depth, exact).
     from leechq.models.quantize import _raw_tensors
     from leechq.quant.recipe import apply_tables, table_records
 
     dense_raw, dense_tied = _raw_tensors(reference, arch, {}, base_cfg)
     for bits in (8, 4):
+        if f"dense+tables{bits}" not in need:
+            continue
         model = copy.deepcopy(reference)
         tables = table_records(dense_raw, dense_tied, Recipe(embedding_bits=bits, head_bits=8),
                                embed_name, head_name)
@@ -258,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             bits=lambda d=(), w=raw: _bits({}, w, ()))
 
     rows: dict[str, dict[str, Any]] = {}
-    order = ["bare", "+rows", "+int4", "+int4+rows", "+tables8", "+tables4", "+int4+tables4",
-             "full", "dense+tables8", "dense+tables4"]
+    order = [a for a in ARMS if a in want or (a == "bare" and a in results)]
     for name in order:
         res = results[name]
         ev = evaluate(reference, res.model, eval_w)
@@ -272,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"[ablation] {name}: KL {ev['kl']:.5f}", file=sys.stderr)
     for name in order:
-        base = "bare" if not name.startswith("dense") else None
+        base = "bare" if not name.startswith("dense") and "bare" in rows else None
         if base is None:
             rows[name]["kl_minus_bare"] = rows[name]["kl_minus_bare_ci95"] = float("nan")
             continue
@@ -280,8 +306,69 @@ def main(argv: list[str] | None = None) -> int:
         rows[name]["kl_minus_bare"] = m
         rows[name]["kl_minus_bare_ci95"] = hw
 
-    # The full arm as a file: write, read back, load, and check it evaluates the same logits.
-    full = results["full"]
+    file_check: dict[str, Any] = {}
+    if "full" in results:
+        file_check = check_file(results["full"], reference, tok, eval_w, args, k)
+    meta = results["full"].metadata if "full" in results else {}
+    summary = {
+        "model": args.model,
+        "codebook": args.codebook,
+        "blocks_encoded": k,
+        "blocks_total": n_layers,
+        "threads": args.threads,
+        "loadavg_start": load_start,
+        "loadavg_end": _load(),
+        "windows": {"calib": list(calib.shape), "sensitivity": list(sens.shape),
+                    "train": list(train.shape), "eval": [eval_w.n_windows, eval_w.window],
+                    "eval_fingerprint": eval_w.fingerprint},
+        "encode": encode,
+        "row_scales_settings": rows_cfg.to_dict(),
+        "full_steps": meta.get("steps"),
+        "full_recipe": meta.get("describe"),
+        "selection": {k2: meta["selection"][k2] for k2 in (
+            "chosen", "int4", "tables_upgraded", "budget_bits", "spent_bits", "predicted_gain",
+            "cost_scale")} if meta else None,
+        "sensitivity_top": sorted(
+            ((n, v["gain"], v["extra_bits"]) for n, v in meta["sensitivity"]["matrices"].items()),
+            key=lambda x: -x[1])[:12] if meta else None,
+        "row_scales": {n: results[n].metadata.get("row_scales") for n in
+                       ("full", "+rows", "+int4+rows") if n in results},
+        "arms": {n: {k2: v for k2, v in r.items() if k2 != "window_kl"} for n, r in rows.items()},
+        "file": file_check,
+        "seconds": time.perf_counter() - t_all,
+        "cpu_seconds": _cpu_seconds() - cpu_all,
+    }
+
+    print(f"\n{args.model}: {k}/{n_layers} blocks encoded ({args.codebook}), eval "
+          f"{eval_w.n_windows}x{eval_w.window} held-out tokens, "
+          f"ref ppl {rows[order[0]]['ref_ppl']:.3f}")
+    print(f"{'arm':<15} {'bpp_est':>8} {'bpp_file':>8} {'int4':>5} {'KL':>9} {'ΔKL vs bare':>20} "
+          f"{'ppl ratio':>9} {'agree':>7}")
+    for name in order:
+        r = rows[name]
+        print(f"{name:<15} {r['bpp_est']:8.4f} {r['bpp_file']:8.4f} {r['int4']:5d} {r['kl']:9.5f} "
+              f"{r['kl_minus_bare']:+10.5f}±{r['kl_minus_bare_ci95']:.5f} {r['ppl_ratio']:9.4f} "
+              f"{r['agreement']:7.4f}")
+    print(f"encode {encode['seconds']:.0f} s wall / {encode['cpu_seconds']:.0f} s CPU")
+    for n in ("full", "+rows", "+int4+rows"):
+        if n in results:
+            steps = ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in
+                              results[n].metadata["steps"])
+            print(f"  {n}: {steps}")
+    if file_check:
+        print(f"artifact: {file_check['rates']} (partial depth), logits max diff "
+              f"{file_check['max_logit_diff_vs_evaluated']:.2e}")
+    line = json.dumps(summary, default=str)
+    if args.out:
+        Path(args.out).write_text(line + "\n", encoding="utf-8")
+    print(line)
+    return 0
+
+
+def check_file(full: Any, reference: Any, tok: Any, eval_w: Any, args: Any, k: int) -> Any:
+    """Write the full arm as an artifact, read it back, load it, compare its logits."""
+    from leechq.models.load import load
+
     out_dir = Path(args.keep_artifact) if args.keep_artifact else \
         Path(tempfile.mkdtemp(prefix="leechq-ablation-")) / "full"
     full.write(out_dir, base_config=reference.config.to_dict(), tokenizer=tok,
@@ -302,55 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "whole_model_bits_per_param",
                                                      "on_disk_bits_per_param")},
     }
-    meta = full.metadata
-    summary = {
-        "model": args.model,
-        "codebook": args.codebook,
-        "blocks_encoded": k,
-        "blocks_total": n_layers,
-        "threads": args.threads,
-        "loadavg_start": load_start,
-        "loadavg_end": _load(),
-        "windows": {"calib": list(calib.shape), "sensitivity": list(sens.shape),
-                    "train": list(train.shape), "eval": [eval_w.n_windows, eval_w.window],
-                    "eval_fingerprint": eval_w.fingerprint},
-        "encode": encode,
-        "full_steps": meta["steps"],
-        "full_recipe": meta["describe"],
-        "selection": {k2: meta["selection"][k2] for k2 in (
-            "chosen", "int4", "tables_upgraded", "budget_bits", "spent_bits", "predicted_gain",
-            "cost_scale")},
-        "sensitivity_top": sorted(
-            ((n, v["gain"], v["extra_bits"]) for n, v in meta["sensitivity"]["matrices"].items()),
-            key=lambda x: -x[1])[:12],
-        "row_scales_full": meta.get("row_scales"),
-        "row_scales_only": results["+rows"].metadata.get("row_scales"),
-        "row_scales_int4": results["+int4+rows"].metadata.get("row_scales"),
-        "arms": {n: {k2: v for k2, v in r.items() if k2 != "window_kl"} for n, r in rows.items()},
-        "file": file_check,
-        "seconds": time.perf_counter() - t_all,
-        "cpu_seconds": _cpu_seconds() - cpu_all,
-    }
-
-    print(f"\n{args.model}: {k}/{n_layers} blocks encoded ({args.codebook}), eval "
-          f"{eval_w.n_windows}x{eval_w.window} held-out tokens, "
-          f"ref ppl {rows['bare']['ref_ppl']:.3f}")
-    print(f"{'arm':<15} {'bpp_est':>8} {'bpp_file':>8} {'int4':>5} {'KL':>9} {'ΔKL vs bare':>20} "
-          f"{'ppl ratio':>9} {'agree':>7}")
-    for name in order:
-        r = rows[name]
-        print(f"{name:<15} {r['bpp_est']:8.4f} {r['bpp_file']:8.4f} {r['int4']:5d} {r['kl']:9.5f} "
-              f"{r['kl_minus_bare']:+10.5f}±{r['kl_minus_bare_ci95']:.5f} {r['ppl_ratio']:9.4f} "
-              f"{r['agreement']:7.4f}")
-    print(f"encode {encode['seconds']:.0f} s wall / {encode['cpu_seconds']:.0f} s CPU; full recipe "
-          f"steps: " + ", ".join(f"{s['step']} {s['seconds']:.0f} s" for s in meta["steps"]))
-    print(f"artifact: {file_check['rates']} (partial depth), logits max diff "
-          f"{file_check['max_logit_diff_vs_evaluated']:.2e}")
-    line = json.dumps(summary, default=str)
-    if args.out:
-        Path(args.out).write_text(line + "\n", encoding="utf-8")
-    print(line)
-    return 0
+    return file_check
 
 
 def _bits(records: Any, raw: Any, dense: Any) -> Any:

@@ -275,6 +275,8 @@ class RowScaledLinear(nn.Module):
         self.scale = nn.Parameter(torch.ones(record.d_out, device=device, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # λ is an f32 master parameter; under bf16 compute its effect is visible once it moves by
+        # more than bf16's 2^-8 relative step (the reference trains thousands of steps in bf16).
         y = F.linear(x, self.lattice_weight) * self.scale.to(x.dtype)
         if self.tail_weight is not None:
             y = y + F.linear(x, self.tail_weight)
