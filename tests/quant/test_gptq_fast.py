@@ -116,7 +116,7 @@ def test_concurrent_coder_calls_are_gathered() -> None:
 
     coder = Counting()
     gptq_quantize_many(_jobs(), coder)
-    plan = schedule([4, 2, 9])
+    plan = schedule([4, 2, 9], [7, 5, 3])
     assert len(coder.rows) == 9
     assert coder.rows == [sum((7, 5, 3)[j] for j in step) for step in plan]
 
@@ -138,14 +138,21 @@ def test_loop_values_are_the_decoded_codes() -> None:
     assert torch.equal(torch.cat(seen, dim=1), res.weight_rot[:, : 4 * BLOCK])
 
 
-def test_schedule_spreads_and_covers() -> None:
-    plan = schedule([170, 170, 512, 3])
+def test_schedule_spreads_balances_and_covers() -> None:
+    n = [170, 170, 170, 170, 170, 170, 512]  # Qwen3-8B: q k v o gate up down
+    rows = [4096, 1024, 1024, 4096, 12288, 12288, 4096]
+    plan = schedule(n, rows)
     assert len(plan) == 512
-    for j, n in enumerate([170, 170, 512, 3]):
+    for j, nj in enumerate(n):
         steps = [s for s, due in enumerate(plan) if j in due]
-        assert len(steps) == n and steps[0] == 0
-        assert max(b - a for a, b in zip(steps, steps[1:], strict=False)) <= -(-512 // n)
-    assert schedule([]) == [] and schedule([1]) == [[0]]
+        assert len(steps) == nj  # every group once, in order (steps are distinct)
+        # step b lies in its window [⌊b·S/n⌋, ⌊(b+1)·S/n⌋)
+        assert all((b * 512) // nj <= s < ((b + 1) * 512) // nj for b, s in enumerate(steps))
+    loads = [sum(rows[j] for j in due) for due in plan]
+    assert max(loads) <= 16384  # the mean is 15 656; unbalanced it would be 38 912
+    assert schedule([]) == [] and schedule([1]) == [[0]] and schedule([2, 1]) == [[0, 1], [0]]
+    with pytest.raises(InvalidInput, match="row counts"):
+        schedule([1, 2], [3])
 
 
 @pytest.mark.parametrize("coder_kind", ["scalar", "standin"])

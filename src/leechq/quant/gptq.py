@@ -336,32 +336,45 @@ def _finish(
     )
 
 
-def schedule(n_groups: Sequence[int]) -> list[list[int]]:
+def schedule(n_groups: Sequence[int], rows: Sequence[int] | None = None) -> list[list[int]]:
     """Which matrices take a column-group step at each global step of the concurrent loop.
 
-    The matrix with the most column groups (S) steps every time; a matrix with n groups takes its
-    step b at global step ⌊b·S/n⌋, so the short matrices are spread evenly over the long one
-    instead of all crowding the first steps (one coder call per global step, of about equal size).
-    The order never changes a matrix's own arithmetic, only which rows share a coder call.
+    There are S = max(n_groups) global steps (the longest matrix steps every time). A matrix with
+    n groups takes its step b somewhere in the window ``[⌊b·S/n⌋, ⌊(b+1)·S/n⌋)`` — the windows are
+    consecutive and non-empty, so its steps stay in order and spread over the whole run — at the
+    least-loaded global step of that window (matrices placed heaviest first, ties to the earliest
+    step). This evens out the rows per coder call: small calls are latency-bound and large ones
+    throughput-bound, so equal calls are the cheapest (Qwen3-8B shapes: 512 calls of 9–16 k rows
+    instead of 170 of 39 k and 342 of 4 k). The schedule never changes a matrix's own arithmetic,
+    only which rows share a coder call.
 
     Args:
         n_groups: column groups per matrix.
+        rows: rows per matrix (the load of one of its steps); None → 1 each.
 
     Returns:
         For each global step, the indices of the matrices stepping then (ascending).
     """
+    rows = list(rows) if rows is not None else [1] * len(n_groups)
+    if len(rows) != len(n_groups):
+        raise InvalidInput(f"schedule: {len(n_groups)} matrices but {len(rows)} row counts")
     total = max(n_groups, default=0)
+    load = [0] * total
     steps: list[list[int]] = [[] for _ in range(total)]
-    for j, n in enumerate(n_groups):
+    for j in sorted(range(len(n_groups)), key=lambda j: (-rows[j] * n_groups[j], j)):
+        n = n_groups[j]
         for b in range(n):
-            steps[(b * total) // n].append(j)
-    return steps
+            window = range((b * total) // n, ((b + 1) * total) // n)
+            at = min(window, key=lambda s: (load[s], s))
+            load[at] += rows[j]
+            steps[at].append(j)
+    return [sorted(step) for step in steps]
 
 
 def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
     """The concurrent §5.5 loop: at each global step, one coder call for the next column group of
     every matrix due (rows stacked), then each matrix stores its codes and propagates its error."""
-    for active in schedule([m.nb for m in matrices]):
+    for active in schedule([m.nb for m in matrices], [m.rows for m in matrices]):
         group = [matrices[j] for j in active]
         if len(group) == 1:
             m = group[0]
