@@ -5,7 +5,10 @@ random weights (N(0, 0.02), as an untrained init) and random calibration tokens,
 pipeline (Hessians, rotation, per-matrix centroids, block GPTQ with the codebook search, pass 2)
 and reports seconds per transformer block, encoder blocks/s, and the projected time for the full
 depth. Quantization time does not depend on weight values beyond the encoder's data-dependent
-pruning, so random weights give a fair time (never a quality number).
+pruning, so random weights give a fair time (never a quality number). Also prints the time per
+driver phase (Hessians, factors, the concurrent GPTQ loops, records, pass 2, checkpoint) and a P13
+spot check: the first rows of every record, decoded on the CPU by the artifact's decoder, must equal
+the weights the model evaluates bit for bit (the pipeline un-rotates them on the device).
 
 Usage:
     python benchmarks/bench_quantize.py --model qwen3-8b --layers 1 --codebook tetra --device cuda
