@@ -306,6 +306,7 @@ class ShapeGainCoder:
         self.gain_bits = gain_bits
         self.iters = iters
         self._ball_shell = _ball_max_shell(self.codebook)
+        self._tetra_decode = _tetra_decoder(self.codebook)
 
     def fit(self, w_rot: torch.Tensor, row_scales: torch.Tensor) -> torch.Tensor:
         samples = block_gain_samples(w_rot, row_scales)
@@ -323,8 +324,11 @@ class ShapeGainCoder:
         if self._ball_shell is not None:
             points, _ = self.codebook.search(v)  # type: ignore[attr-defined]
             return None, points.to(v.device)
-        labels = self.codebook.encode(v)
-        return labels.to(torch.int64), self.codebook.decode(labels).to(v.device)
+        labels = self.codebook.encode(v).to(torch.int64)
+        if self._tetra_decode is not None:
+            # The encoder's own labels are in range: skip the range check (a host sync on CUDA).
+            return labels, self._tetra_decode(labels, validate=False).to(v.device)
+        return labels, self.codebook.decode(labels).to(v.device)
 
     def labels_of(self, points: torch.Tensor) -> torch.Tensor:
         """Labels of codebook points (int [..., 24]) → int64 [...] on the points' device (the origin
@@ -359,6 +363,15 @@ class ShapeGainCoder:
         return BlockCodes(
             labels=labels, gains=gains.to(torch.uint8), values=values, points=points
         )
+
+
+def _tetra_decoder(codebook: object):  # type: ignore[no-untyped-def]
+    """Tetra's module-level decode (it has a ``validate`` switch), or None for other codebooks."""
+    try:
+        from leechq.codebooks.tetra import TetraCodebook, decode
+    except ImportError:  # pragma: no cover - the Tetra module is optional
+        return None
+    return decode if isinstance(codebook, TetraCodebook) else None
 
 
 def _ball_max_shell(codebook: object) -> int | None:
