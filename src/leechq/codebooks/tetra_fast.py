@@ -171,7 +171,31 @@ def _np_constants() -> dict:
         mask[base + NT, [tuple(v) == plan.cut_first for v in hv]] = 0.0
         allowed = {pairs[a] + pairs[b] for a, b in plan.q_second}
         mask[base + NT + 1, [tuple(v) in allowed for v in hv]] = 0.0
-    c["hv"], c["hv_onehot"], c["hv_mask"] = hv, onehot, mask
+    # Each candidate set as at most 32 vector ids (padded with id len(hv), a dummy): score
+    # columns 5j + ρ_j of each candidate, and an additive 0/−inf mask.
+    width = int(np.isfinite(mask).sum(1).max())
+    assert width <= 32
+    cand_ids = np.full((len(mask), width), len(hv))
+    for row in range(len(mask)):
+        ids = np.flatnonzero(np.isfinite(mask[row]))
+        cand_ids[row, : ids.size] = ids
+    hv_ext = np.concatenate((hv, np.zeros((1, 4), dtype=np.int64)))
+    c["hv_ext"] = hv_ext
+    c["cand_ids"] = cand_ids
+    c["cand_cols"] = (5 * np.arange(4) + hv_ext[cand_ids]).reshape(len(mask), -1)  # [R, 4·width]
+    c["cand_pen"] = np.where(cand_ids < len(hv), 0.0, -np.inf)
+    # Per list: budget, sections served, offsets (in units of M) of its h' table in the packed
+    # buffer and of its Q tables, first mask row of its candidate sets.
+    c["plan_budget"] = np.array([pl.budget for pl in plans])
+    c["plan_nsec"] = np.array([2, 2, 1, 1])
+    sizes = (c["plan_budget"] + 1) * 2 * 16 * c["plan_nsec"]
+    c["plan_hq_off"] = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    c["hq_size"] = int(sizes.sum())
+    qsizes = np.array([2 * 16 * n if pl.tie else 0 for pl, n in zip(plans, c["plan_nsec"])])
+    c["plan_q_off"] = np.where(qsizes > 0, np.concatenate(([0], np.cumsum(qsizes)[:-1])), 0)
+    c["q_size"] = int(qsizes.sum())
+    c["plan_tie"] = np.array([pl.tie for pl in plans])
+    c["plan_mask_base"] = np.array([NT + 14 * li if pl.tie else 0 for li, pl in enumerate(plans)])
 
     # Nibbles grouped by parity: slot = parity·64 + hi·8 + lo (as tetra_encoder's byte_slot).
     nibs = [[v for v in range(16) if v.bit_count() % 2 == par] for par in (0, 1)]
@@ -203,16 +227,16 @@ def _np_constants() -> dict:
     # 12·ab + 4s + q, so that the first and second coordinates of all pairs are two blocks.
     c["abq_order"] = np.array([8 * s + 2 * q + ab for ab in range(2) for s in range(3) for q in range(4)])
     c["row_of_t"] = np.array([12 * (tt % 2) + 4 * (tt // 8) + (tt % 8) // 2 for tt in range(24)])
-    # Packed rows of each class, sorted, with their index inside the class.
-    packed = t.rows.astype(np.int64)
-    sorted_rows = np.zeros((2, CLASS_ROWS), dtype=np.int64)
-    sorted_index = np.zeros((2, CLASS_ROWS), dtype=np.int64)
-    for cls in (0, 1):
-        part = packed[cls * CLASS_ROWS : (cls + 1) * CLASS_ROWS]
-        order = np.argsort(part)
-        sorted_rows[cls], sorted_index[cls] = part[order], order
+    # Rows of f for the 6 half sections (first halves of sections 1..3, then second halves).
+    c["half_pos"] = np.array([c["row_of_t"][8 * s + 4 * h : 8 * s + 4 * h + 4] for h in (0, 1) for s in range(3)])
     assert (rows_ranks(t.rows) <= 4).all()
-    c["sorted_rows"], c["sorted_index"] = sorted_rows, sorted_index
+    # Row index by a dense base-5 key of the 8 ranks (all ≤ 4): 5^8 entries, −1 for non-rows.
+    ranks = rows_ranks(t.rows)
+    key = (ranks * (5 ** np.arange(8))).sum(1)
+    row_of_key = np.full(5**8, -1, dtype=np.int64)
+    row_of_key[key] = np.arange(2 * CLASS_ROWS) % CLASS_ROWS
+    c["row_of_key"] = row_of_key
+    c["key_weights"] = 5 ** np.arange(8)
     return c
 
 
@@ -223,7 +247,7 @@ def _constants(device: str) -> dict:
     npc = _np_constants()
     out: dict = {}
     for name, val in npc.items():
-        if not isinstance(val, np.ndarray):
+        if not isinstance(val, np.ndarray) or val.dtype == object:
             out[name] = val
         elif val.dtype == bool:
             out[name] = torch.as_tensor(val, device=dev)
@@ -231,6 +255,8 @@ def _constants(device: str) -> dict:
             out[name] = torch.as_tensor(val, dtype=torch.float32, device=dev)
         else:
             out[name] = torch.as_tensor(val, dtype=torch.int64, device=dev)
+    for name in ("plan_hq_off", "plan_q_off"):
+        out[name + "_py"] = [int(v) for v in npc[name]]
     v = out["V"][:, :, :, None, None]  # [5ρ, 2p, 2c, 1, 1]
     out["V2"], out["VV"] = 2.0 * v, v * v
     return out
@@ -242,18 +268,16 @@ def _constants(device: str) -> dict:
 
 def _group_max(src: torch.Tensor, groups: tuple, out: torch.Tensor) -> torch.Tensor:
     """``out[T] = max_{i ∈ groups[T]} src[i]`` (−inf for an empty group)."""
-    for tt, idx in enumerate(groups):
-        if tt >= out.shape[0]:
-            break
-        dst = out[tt]
+    srcs = src.unbind(0)
+    for dst, idx in zip(out.unbind(0), groups):
         if not idx:
             dst.fill_(NEG)
         elif len(idx) == 1:
-            dst.copy_(src[idx[0]])
+            dst.copy_(srcs[idx[0]])
         else:
-            torch.maximum(src[idx[0]], src[idx[1]], out=dst)
+            torch.maximum(srcs[idx[0]], srcs[idx[1]], out=dst)
             for i in idx[2:]:
-                torch.maximum(dst, src[i], out=dst)
+                torch.maximum(dst, srcs[i], out=dst)
     return out
 
 
@@ -262,7 +286,12 @@ def _budgets(groups: tuple) -> tuple[int, ...]:
 
 
 def _maxplus(
-    x: torch.Tensor, x_ts: tuple[int, ...], y: torch.Tensor, y_ts: tuple[int, ...], out: torch.Tensor
+    x: torch.Tensor,
+    x_ts: tuple[int, ...],
+    y: torch.Tensor,
+    y_ts: tuple[int, ...],
+    out: torch.Tensor,
+    accumulate: bool = False,
 ) -> torch.Tensor:
     """Budget max-plus product of two pair tables, one output budget at a time.
 
@@ -270,26 +299,32 @@ def _maxplus(
         x: [NT, 2p, 4a, ...] first pair, finite only at budgets ``x_ts``.
         y: [NT, 2p, 4b, ...] second pair, finite only at budgets ``y_ts``.
         out: [T_out, 2p, 4b, 4a, ...]: ``out[T] = max_{Ta + Tb = T} x[Ta] + y[Tb]``.
+        accumulate: take the max with ``out``'s current values instead of overwriting them.
 
     Working one output budget at a time keeps every operand cache-sized (a budget-at-once
     formulation was measured slower at chunk 256 and 512).
     """
+    # Views are built once: at chunk sizes of a few hundred blocks the Python-side cost of
+    # indexing is comparable to the arithmetic.
+    xs = {ta: x[ta].unsqueeze(1) for ta in x_ts}
+    ys = {tb: y[tb].unsqueeze(2) for tb in y_ts}
+    outs = out.unbind(0)
     tmp = None
-    for tt in range(out.shape[0]):
-        dst = out[tt]
-        combos = [(ta, tt - ta) for ta in x_ts if tt - ta in y_ts]
+    for tt, dst in enumerate(outs):
+        combos = [(ta, tt - ta) for ta in x_ts if tt - ta in ys]
         if not combos:
-            dst.fill_(NEG)
+            if not accumulate:
+                dst.fill_(NEG)
             continue
-        for i, (ta, tb) in enumerate(combos):
-            a, b = x[ta][:, None], y[tb][:, :, None]
-            if i == 0:
-                torch.add(a, b, out=dst)
-            else:
-                if tmp is None:
-                    tmp = torch.empty_like(dst)
-                torch.add(a, b, out=tmp)
-                torch.maximum(dst, tmp, out=dst)
+        if not accumulate:
+            ta, tb = combos[0]
+            torch.add(xs[ta], ys[tb], out=dst)
+            combos = combos[1:]
+        for ta, tb in combos:
+            if tmp is None:
+                tmp = torch.empty_like(dst)
+            torch.add(xs[ta], ys[tb], out=tmp)
+            torch.maximum(dst, tmp, out=dst)
     return out
 
 
@@ -305,14 +340,13 @@ def _combine(first: torch.Tensor, second: torch.Tensor, budget: int, out: torch.
         first: [≥ budget + 1, 2p, 2par, 8 lo, ...]; second: [≥ budget + 1, 2p, 2par, 8 hi, ...].
         out: [2p, 2par, 8 hi, 8 lo, ...] (overwritten).
     """
+    firsts = first[: budget + 1].unsqueeze(3).unbind(0)  # [2p, 2par, 1, 8 lo, ...]
+    seconds = second[: budget + 1].unsqueeze(4).unbind(0)  # [2p, 2par, 8 hi, 1, ...]
+    torch.add(firsts[0], seconds[budget], out=out)
     tmp = torch.empty_like(out)
-    for tp in range(budget + 1):
-        a, b = first[tp][:, :, None], second[budget - tp][:, :, :, None]
-        if tp == 0:
-            torch.add(a, b, out=out)
-        else:
-            torch.add(a, b, out=tmp)
-            torch.maximum(out, tmp, out=out)
+    for tp in range(1, budget + 1):
+        torch.add(firsts[tp], seconds[budget - tp], out=tmp)
+        torch.maximum(out, tmp, out=out)
 
 
 @dataclass
@@ -321,11 +355,10 @@ class _Tables:
 
     f: torch.Tensor  # [5ρ, 2p, 2c, 24, M] coordinate scores 2zv − v²
     h1: torch.Tensor  # [NT, 2p, 16, 3s, M] first halves
-    h2: torch.Tensor  # [NT, 2p, 16, 3s, M] second halves
-    cm2: torch.Tensor  # [NT, 2p, 16, 3s, M] parity prefix max of h2
-    hq: list  # per list: h' [B + 1, 2p, 16, S, M]
-    qf: list  # per tie list: [2p, 16, S, M]
-    qs: list
+    cm2: torch.Tensor  # [NT, 2p, 16, 3s, M] parity prefix max of the second halves
+    hq: torch.Tensor  # packed per list (offsets ``plan_hq_off``·M): h' [B + 1, 2p, 16, S, M]
+    qf: torch.Tensor  # packed per tie list (offsets ``plan_q_off``·M): [2p, 16, S, M]
+    qs: torch.Tensor
     ends: torch.Tensor  # [2p, 2cls, 128 slot, 2 (sections 1, 3), M]
     mid: torch.Tensor  # [2p, 2cls, 128 slot, M]
 
@@ -349,73 +382,83 @@ def _section_tables(zt: torch.Tensor, k: dict) -> _Tables:
     p_all = _group_max(ps, k["all_groups"], ps.new_empty((NT, *ps.shape[1:])))
     all_ts = _budgets(k["all_groups"])
 
-    # First halves per first-pair part, then H1 = max over the parts; second halves and C.
-    shape = (NT, 2, 4, 4, 3, m)
-    part_tabs: list[torch.Tensor | None] = []
-    h1 = None
-    for groups in k["parts"]:
-        if not _budgets(groups):
-            part_tabs.append(None)
-            continue
-        x = _group_max(ps[..., 0, :], groups, ps.new_empty((NT, 2, 4, 3, m)))
-        tab = _maxplus(x, _budgets(groups), p_all[..., 1, :], all_ts, ps.new_empty(shape))
-        part_tabs.append(tab)
-        h1 = tab.clone() if h1 is None else torch.maximum(h1, tab, out=h1)
-    h2 = _maxplus(p_all[..., 2, :], all_ts, p_all[..., 3, :], all_ts, ps.new_empty(shape))
-    h1, h2 = h1.flatten(2, 3), h2.flatten(2, 3)  # [NT, 2p, 16 (nibble = a + 4b), 3s, M]
-    part_tabs = [None if tab is None else tab.flatten(2, 3) for tab in part_tabs]
-    cm2 = h2.clone()
+    # First halves: the first-pair parts are accumulated into H1 in lexicographic order; after
+    # the parts below a list's cut pair, that list's L table is copied out (into its h' slot).
+    hq_all = zt.new_empty(k["hq_size"] * m)
+    slots = []
+    for li, (plan, sec) in enumerate(zip(k["plans"], _SECTIONS)):
+        n_sec = 2 if sec.step == 2 else 1
+        start = k["plan_hq_off_py"][li] * m
+        size = (plan.budget + 1) * 2 * 16 * n_sec * m
+        slots.append(hq_all[start : start + size].view(plan.budget + 1, 2, 16, n_sec, m))
+    h1 = ps.new_empty((NT, 2, 4, 4, 3, m))
+    h1n = h1.view(NT, 2, 16, 3, m)  # nibble = a + 4b
+    have_low = [False] * len(k["plans"])
+    started = False
+    for pi, groups in enumerate(k["parts"]):
+        if _budgets(groups):
+            x = _group_max(ps[..., 0, :], groups, ps.new_empty((NT, 2, 4, 3, m)))
+            _maxplus(x, _budgets(groups), p_all[..., 1, :], all_ts, h1, accumulate=started)
+            started = True
+        for li, plan in enumerate(k["plans"]):
+            if plan.tie and started and plan.lower_parts and max(plan.lower_parts) == pi:
+                slots[li].copy_(h1n[: plan.budget + 1, :, :, _SECTIONS[li]])
+                have_low[li] = True
+    h2 = _maxplus(p_all[..., 2, :], all_ts, p_all[..., 3, :], all_ts, ps.new_empty((NT, 2, 4, 4, 3, m)))
+    h1 = h1n
+    cm2 = h2.view(NT, 2, 16, 3, m)  # parity prefix max, in place
+    cms = cm2.unbind(0)
     for tt in range(2, NT):
-        torch.maximum(cm2[tt], cm2[tt - 2], out=cm2[tt])
+        torch.maximum(cms[tt], cms[tt - 2], out=cms[tt])
     cm2p = _by_parity(cm2, k)  # [NT, 2p, 2par, 8, 3s, M]
 
     ends = zt.new_empty((2, 2, 2, 8, 8, 2, m))  # [2p, 2cls, 2par, 8hi, 8lo, 2s, M]
     mid = zt.new_empty((2, 2, 2, 8, 8, m))
     outs = (ends[:, 0], ends[:, 1], mid[:, 0].unsqueeze(-2), mid[:, 1].unsqueeze(-2))
-    hqs, qfs, qss = [], [], []
-    for plan, sec, out in zip(k["plans"], _SECTIONS, outs):
+    qf_all = zt.new_empty(k["q_size"] * m)
+    qs_all = zt.new_empty(k["q_size"] * m)
+    for li, (plan, sec, out, hq) in enumerate(zip(k["plans"], _SECTIONS, outs, slots)):
         budget = plan.budget
-        if not plan.tie:
-            hq = h1[: budget + 1, :, :, sec]
-            _combine(_by_parity(hq, k), cm2p[..., sec, :], budget, out)
-            hqs.append(hq)
-            continue
         n_sec = 2 if sec.step == 2 else 1
-        low = ps.new_empty((budget + 1, 2, 16, n_sec, m))
-        lower = [part_tabs[i] for i in plan.lower_parts if part_tabs[i] is not None]
-        if lower:
-            low.copy_(lower[0][: budget + 1, :, :, sec])
-            for tab in lower[1:]:
-                torch.maximum(low, tab[: budget + 1, :, :, sec], out=low)
+        if not plan.tie:
+            hq.copy_(h1[: budget + 1, :, :, sec])
+            _combine(_by_parity(hq, k), cm2p[..., sec, :], budget, out)
+            continue
+        # h'[T'] = max(L[T'], H1[T' − 2]).
+        if have_low[li]:
+            torch.maximum(hq[2:], h1[: budget - 1, :, :, sec], out=hq[2:])
         else:
-            low.fill_(NEG)
+            hq[:2].fill_(NEG)
+            hq[2:].copy_(h1[: budget - 1, :, :, sec])
         # First pair equal to the cut's, second pair below the cut's: a shifted product.
-        eq = ps[plan.eq0][..., sec, 0, :]  # [2p, 4a, S, M]
+        eq = ps[plan.eq0][..., sec, 0, :].unsqueeze(1)  # [2p, 1, 4a, S, M]
         lt1 = _group_max(ps[..., sec, 1, :], plan.lt1, ps.new_empty((NT, 2, 4, n_sec, m)))
-        low4 = low.view(budget + 1, 2, 4, 4, n_sec, m)  # [.., 4b, 4a, ..]
+        hq4 = hq.view(budget + 1, 2, 4, 4, n_sec, m).unbind(0)  # [2p, 4b, 4a, S, M]
+        tmp = torch.empty_like(hq4[0])
         for tt in _budgets(plan.lt1):
             if tt + plan.eq0_t > budget:
                 break
-            dst = low4[tt + plan.eq0_t]
-            torch.maximum(dst, eq[:, None] + lt1[tt][:, :, None], out=dst)
-        hq = low  # h'[T'] = max(L[T'], H1[T' − 2]), in place
-        torch.maximum(hq[2:], h1[: budget - 1, :, :, sec], out=hq[2:])
+            torch.add(eq, lt1[tt].unsqueeze(2), out=tmp)
+            torch.maximum(hq4[tt + plan.eq0_t], tmp, out=hq4[tt + plan.eq0_t])
         _combine(_by_parity(hq, k), cm2p[..., sec, :], budget, out)
         # First half equal to the cut's first half, second half among the allowed ones.
         qa, qb = plan.q_first
-        qf = (ps[qa][..., sec, 0, :][:, None] + ps[qb][..., sec, 1, :][:, :, None]).flatten(1, 2)
-        qs = None
-        for ia, ib in plan.q_second:
-            term = ps[ia][..., sec, 2, :][:, None] + ps[ib][..., sec, 3, :][:, :, None]
-            qs = term if qs is None else torch.maximum(qs, term, out=qs)
-        qs = qs.flatten(1, 2)  # [2p, 16, S, M]
-        pq = _by_parity(torch.stack((qf, qs)), k)  # [2, 2p, 2par, 8, S, M]
-        torch.maximum(out, pq[0][:, :, None] + pq[1][:, :, :, None], out=out)
-        hqs.append(hq)
-        qfs.append(qf)
-        qss.append(qs)
+        q_start = k["plan_q_off_py"][li] * m
+        q_len = 2 * 16 * n_sec * m
+        qf = qf_all[q_start : q_start + q_len].view(2, 4, 4, n_sec, m)  # [2p, 4b, 4a, S, M]
+        torch.add(ps[qa][..., sec, 0, :][:, None], ps[qb][..., sec, 1, :][:, :, None], out=qf)
+        qs = qs_all[q_start : q_start + q_len].view(2, 4, 4, n_sec, m)
+        tmp = torch.empty_like(qs)
+        for i, (ia, ib) in enumerate(plan.q_second):
+            a, b = ps[ia][..., sec, 2, :][:, None], ps[ib][..., sec, 3, :][:, :, None]
+            torch.add(a, b, out=qs if i == 0 else tmp)
+            if i:
+                torch.maximum(qs, tmp, out=qs)
+        qfp = _by_parity(qf.flatten(1, 2)[None], k)[0]  # [2p, 2par, 8, S, M]
+        qsp = _by_parity(qs.flatten(1, 2)[None], k)[0]
+        torch.maximum(out, qfp[:, :, None] + qsp[:, :, :, None], out=out)
     return _Tables(
-        f=f, h1=h1, h2=h2, cm2=cm2, hq=hqs, qf=qfs, qs=qss,
+        f=f, h1=h1, cm2=cm2, hq=hq_all, qf=qf_all, qs=qs_all,
         ends=ends.flatten(2, 4), mid=mid.flatten(2, 4),
     )  # fmt: skip
 
@@ -439,52 +482,54 @@ def _join(ends: torch.Tensor, mid: torch.Tensor, k: dict) -> dict[str, torch.Ten
     """
     m = mid.shape[-1]
     dev = mid.device
-    e1 = _pair_max(ends[..., 0, :], k["prefix_slot0"], k["prefix_slot1"], 2)  # [2p, 2r, 64, M]
-    e3 = _pair_max(ends[..., 1, :], k["suffix_slot0"], k["suffix_slot1"], 2)  # [2p, 2k, 64, M]
-    m2 = _pair_max(mid, k["mid_slot0"], k["mid_slot1"], 2).view(2, 2, 8, 1, 8, m)
-    e3g = e3.index_select(2, k["s16_of"]).view(2, 2, 8, 8, 8, m)  # [2p, 2k, 8g, 8h, 8b, M]
-    v = mid.new_empty((2, 2, 8, 8, m))  # [2p, 2q, 8g, 8h, M] with q = r3 ⊕ δ
-    w = mid.new_empty((8, 8, 8, m))
-    tmp = mid.new_empty((8, 8, 8, m))
-    for p in range(2):
-        for q in range(2):
-            torch.add(m2[p, 0], e3g[p, q], out=w)
-            torch.add(m2[p, 1], e3g[p, 1 - q], out=tmp)
-            torch.maximum(w, tmp, out=w)
-            torch.amax(w, dim=2, out=v[p, q])
-    v = v.view(2, 2, 64, m)
-    # q = p ⊕ r: for p = 0 the classes line up, for p = 1 they swap.
-    total = mid.new_empty((2, 2, 64, m))
-    torch.add(e1[0], v[0], out=total[0])
-    torch.add(e1[1], v[1].flip(0), out=total[1])
+    # State-major copies: every gather below selects whole [2p, 2cls, M] slabs.
+    e_end = ends.permute(3, 2, 0, 1, 4).contiguous()  # [2s, 128 slot, 2p, 2cls, M]
+    e_mid = mid.permute(2, 0, 1, 3).contiguous()  # [128 slot, 2p, 2cls, M]
+    e1 = _pair_max(e_end[0], k["prefix_slot0"], k["prefix_slot1"], 0)  # [64 s8, 2p, 2r, M]
+    e3 = _pair_max(e_end[1], k["suffix_slot0"], k["suffix_slot1"], 0)  # [64 s16, 2p, 2k, M]
+    m2 = _pair_max(e_mid, k["mid_slot0"], k["mid_slot1"], 0)  # [64 (8g·8b), 2p, 2δ, M]
+    m2v = m2.view(8, 1, 8, 2, 2, m)
+    e3g = e3.index_select(0, k["s16_of"]).view(8, 8, 8, 2, 2, m)  # [8g, 8h, 8b, 2p, 2k, M]
+    v = mid.new_empty((8, 8, 2, 2, m))  # [8g, 8h, 2p, 2q, M] with q = r3 ⊕ δ = p ⊕ r
+    w = mid.new_empty((8, 8, 8, 2, m))
+    tmp = torch.empty_like(w)
+    for q in range(2):
+        torch.add(m2v[..., 0, :], e3g[..., q, :], out=w)
+        torch.add(m2v[..., 1, :], e3g[..., 1 - q, :], out=tmp)
+        torch.maximum(w, tmp, out=w)
+        torch.amax(w, dim=2, out=v[..., q, :])
+    v = v.view(64, 2, 2, m)
+    total = e1.clone()  # [64 s8, 2p, 2r, M]
+    total[:, 0] += v[:, 0]  # p = 0: q = r
+    total[:, 1, 0] += v[:, 1, 1]  # p = 1: q = 1 − r
+    total[:, 1, 1] += v[:, 1, 0]
     score, flat = total.view(256, m).t().max(1)
-    p, r, s8 = flat // 128, (flat // 64) % 2, flat % 64
+    s8, p, r = flat // 4, (flat // 2) % 2, flat % 2
     q = p ^ r
     g, h = s8 // 8, s8 % 8
     ar = torch.arange(m, device=dev)
     # Middle branch and class: 2 δ × 8 b candidates per block.
     delta = torch.arange(2, device=dev)[:, None, None]
     bb = torch.arange(8, device=dev)[None, :, None]
-    i_m = ((((p * 2 + delta) * 8 + g) * 8 + bb) * m) + ar  # [2, 8, M]
-    i_e = ((((((p * 2 + (q ^ delta)) * 8 + g) * 8 + h) * 8 + bb) * m) + ar)
+    i_m = ((((g * 8 + bb) * 2 + p) * 2 + delta) * m) + ar  # [2, 8, M]
+    i_e = (((((g * 8 + h) * 8 + bb) * 2 + p) * 2 + (q ^ delta)) * m) + ar
     cand = torch.take(m2, i_m) + torch.take(e3g, i_e)  # [2, 8, M]
     best = cand.view(16, m).argmax(0)
     dl, b = best // 8, best % 8
     k3 = q ^ dl
     s16 = k["s16_of"][(g * 8 + h) * 8 + b]
-    base = (p * 2 + dl) * 128
-    v0 = torch.take(mid, (base + k["mid_slot0"][g * 8 + b]) * m + ar)
-    v1 = torch.take(mid, (base + k["mid_slot1"][g * 8 + b]) * m + ar)
+
+    def at(table: torch.Tensor, slot: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        return torch.take(table, ((slot * 2 + p) * 2 + cls) * m + ar)
+
+    v0 = at(e_mid, k["mid_slot0"][g * 8 + b], dl)
+    v1 = at(e_mid, k["mid_slot1"][g * 8 + b], dl)
     b2 = torch.where(v1 > v0, 15 - b, b)
-    base1 = (p * 2 + r) * 128
-    pre0 = torch.take(ends, (base1 + k["prefix_slot0"][s8]) * 2 * m + ar)
-    pre1 = torch.take(ends, (base1 + k["prefix_slot1"][s8]) * 2 * m + ar)
-    base3 = (p * 2 + k3) * 128
-    suf0 = torch.take(ends, ((base3 + k["suffix_slot0"][s16]) * 2 + 1) * m + ar)
-    suf1 = torch.take(ends, ((base3 + k["suffix_slot1"][s16]) * 2 + 1) * m + ar)
+    b1 = at(e_end[0], k["prefix_slot1"][s8], r) > at(e_end[0], k["prefix_slot0"][s8], r)
+    b3 = at(e_end[1], k["suffix_slot1"][s16], k3) > at(e_end[1], k["suffix_slot0"][s16], k3)
     return {
-        "score": score, "p": p, "r": r, "delta": dl, "s8": s8, "b1": (pre1 > pre0).long(),
-        "b2": b2, "b3": (suf1 > suf0).long(), "s16": s16, "k3": k3,
+        "score": score, "p": p, "r": r, "delta": dl, "s8": s8, "b1": b1.long(), "b2": b2,
+        "b3": b3.long(), "s16": s16, "k3": k3,
     }  # fmt: skip
 
 
@@ -492,100 +537,95 @@ def _join(ends: torch.Tensor, mid: torch.Tensor, k: dict) -> dict[str, torch.Ten
 # Backtrack
 
 
-def _best_half(
-    f: torch.Tensor, mask_row: torch.Tensor, p: torch.Tensor, bits: torch.Tensor, t0: int, k: dict
+def _best_halves(
+    f: torch.Tensor, rows: torch.Tensor, p: torch.Tensor, bits: torch.Tensor, pos: torch.Tensor,
+    k: dict,
 ) -> torch.Tensor:
-    """Best half vector of each block among a candidate set.
+    """Best half vector of each (half, block) among a candidate set.
 
     Args:
-        f: [5ρ, 2p, 2c, 24, M] coordinate scores; mask_row: int64 [M] rows of ``hv_mask``;
-        p: int64 [M]; bits: int64 [4, M] pattern bits of the half; t0: its first trio position.
+        f: [5ρ, 2p, 2c, 24, M] coordinate scores; rows: int64 [H, M] candidate sets
+            (``cand_ids`` rows); p: int64 [M]; bits: int64 [H, 4, M] pattern bits;
+            pos: int64 [H, 4] rows of ``f``.
 
     Returns:
-        int64 [M, 4] ranks.
+        int64 [H, M, 4] ranks.
     """
-    m = p.shape[0]
+    h, m = rows.shape
     dev = p.device
-    pos = k["row_of_t"][t0 : t0 + 4, None]
-    base = ((p * 2 + bits) * 24 + pos) * m + torch.arange(m, device=dev)  # [4, M]
+    base = ((p * 2 + bits) * 24 + pos[:, :, None]) * m + torch.arange(m, device=dev)  # [H, 4, M]
     stride = 2 * 2 * 24 * m
-    idx = base.t()[:, :, None] + stride * torch.arange(5, device=dev)  # [M, 4, 5]
-    f4 = torch.take(f, idx).view(m, 20)
-    score = torch.mm(f4, k["hv_onehot"])  # [M, 176]
-    score += k["hv_mask"].index_select(0, mask_row)
-    return k["hv"].index_select(0, score.argmax(1))
+    idx = base.transpose(1, 2)[..., None] + stride * torch.arange(5, device=dev)  # [H, M, 4, 5]
+    f4 = torch.take(f, idx).view(h * m, 20)  # scores of ranks 0..4 at the 4 coordinates
+    flat = rows.reshape(-1)
+    cols = k["cand_cols"].index_select(0, flat)  # [H·M, 4·width]
+    score = torch.gather(f4, 1, cols).view(h * m, -1, 4).sum(2)
+    score += k["cand_pen"].index_select(0, flat)
+    best = score.max(1).indices  # (torch.max's indices are much faster than argmax on CPU)
+    ids = k["cand_ids"].index_select(0, flat).gather(1, best[:, None])[:, 0]
+    return k["hv_ext"].index_select(0, ids).view(h, m, 4)
 
 
 def _backtrack(
-    tabs: _Tables, section: int, p: torch.Tensor, byte: torch.Tensor, cls: torch.Tensor, k: dict
+    tabs: _Tables, p: torch.Tensor, bytes_: torch.Tensor, cls: torch.Tensor, k: dict
 ) -> torch.Tensor:
-    """Ranks of the best row of one section per block.
+    """Ranks of the best row of each section per block.
 
     Args:
-        section: 0, 1 or 2; p, byte, cls: int64 [M] parity, pattern byte, list class.
+        p: int64 [M] parity; bytes_, cls: int64 [3, M] pattern byte and class of each section.
 
     Returns:
-        int64 [8, M] ranks (trio order within the section).
+        int64 [3, 8, M] ranks (trio order within each section).
     """
     m = p.shape[0]
     dev = p.device
     ar = torch.arange(m, device=dev)
-    lo, hi = byte & 15, byte >> 4
-    plan_ids = (0, 1) if section != 1 else (2, 3)
-    s_idx = 0 if section != 2 else 1  # index among the list's sections
-    n_s = 2 if section != 1 else 1
-    chosen = []
-    for li in plan_ids:
-        plan = k["plans"][li]
-        budget = plan.budget
-        tp = torch.arange(budget + 1, device=dev)[:, None]  # [B + 1, 1]
-        i_hq = (((tp * 2 + p) * 16 + lo) * n_s + s_idx) * m + ar
-        i_c = ((((budget - tp) * 2 + p) * 16 + hi) * 3 + section) * m + ar
-        cand = torch.take(tabs.hq[li], i_hq) + torch.take(tabs.cm2, i_c)  # [B + 1, M]
-        best_val, t_split = cand.max(0)
-        if plan.tie:
-            qval = torch.take(tabs.qf[li], ((p * 16 + lo) * n_s + s_idx) * m + ar)
-            qval += torch.take(tabs.qs[li], ((p * 16 + hi) * n_s + s_idx) * m + ar)
-            use_q = qval > best_val
-            # h'[T'] came from H1[T' − 2] (any first half, strict part) if that term reaches it,
-            # otherwise from L (first half below the cut's, budget T').
-            hq_val = torch.take(tabs.hq[li], i_hq.gather(0, t_split[None])[0])
-            t_h1 = (t_split - 2).clamp_min(0)
-            h1_val = torch.take(tabs.h1, (((t_h1 * 2 + p) * 16 + lo) * 3 + section) * m + ar)
-            from_low = (h1_val < hq_val) | (t_split < 2)
-            t1 = torch.where(from_low, t_split, t_h1)
-            base = NT + 14 * li
-            row1 = torch.where(from_low, base + t1, t1)
-            row1 = torch.where(use_q, base + NT, row1)
-        else:
-            use_q = torch.zeros(m, dtype=torch.bool, device=dev)
-            row1 = t_split
-            base = 0
-        chosen.append((t_split, use_q, row1, budget, base))
-    pick = cls == 1
-    t_split = torch.where(pick, chosen[1][0], chosen[0][0])
-    use_q = torch.where(pick, chosen[1][1], chosen[0][1])
-    row1 = torch.where(pick, chosen[1][2], chosen[0][2])
-    budget = torch.where(pick, chosen[1][3], chosen[0][3])
-    base = torch.where(pick, chosen[1][4], chosen[0][4])
-    # Second half: the best budget ≤ B − T' of the right parity (C's argmax).
+    sec = torch.arange(3, device=dev)[:, None]  # [3, 1]
+    lo, hi = bytes_ & 15, bytes_ >> 4
+    plan = cls + 2 * (sec == 1)  # lists 0, 1 serve sections 1, 3; lists 2, 3 section 2
+    s_idx = (sec == 2).long()
+    budget = k["plan_budget"][plan]
+    n_sec = k["plan_nsec"][plan]
+    tie = k["plan_tie"][plan]
+    mask_base = k["plan_mask_base"][plan]
+    # The winning split T' of each section (or the Q term), from the stored tables.
+    tp = torch.arange(NT, device=dev)[:, None, None]  # [NT, 1, 1]
+    tpc = torch.minimum(tp, budget)
+    i_hq = k["plan_hq_off"][plan] * m + (((tpc * 2 + p) * 16 + lo) * n_sec + s_idx) * m + ar
+    i_c = ((((budget - tpc) * 2 + p) * 16 + hi) * 3 + sec) * m + ar
+    cand = torch.take(tabs.hq, i_hq) + torch.take(tabs.cm2, i_c)  # [NT, 3, M]
+    cand.masked_fill_(tp > budget, NEG)
+    best_val, t_split = cand.max(0)  # [3, M]
+    i_q = k["plan_q_off"][plan] * m + ((p * 16 + lo) * n_sec + s_idx) * m + ar
+    i_q2 = k["plan_q_off"][plan] * m + ((p * 16 + hi) * n_sec + s_idx) * m + ar
+    qval = torch.take(tabs.qf, i_q) + torch.take(tabs.qs, i_q2)
+    use_q = tie & (qval > best_val)
+    # h'[T'] came from H1[T' − 2] (any first half, strict part) if that term reaches it,
+    # otherwise from L (first half below the cut's first half, budget T').
+    hq_val = torch.take(tabs.hq, i_hq.gather(0, t_split[None])[0])
+    t_h1 = (t_split - 2).clamp_min(0)
+    h1_val = torch.take(tabs.h1, ((((t_h1 * 2 + p) * 16 + lo) * 3 + sec) * m) + ar)
+    from_low = (h1_val < hq_val) | (t_split < 2) | ~tie
+    row1 = torch.where(from_low, torch.where(tie, mask_base + t_split, t_split), t_h1)
+    row1 = torch.where(use_q, mask_base + NT, row1)
+    # Second half: the budget where C[B − T'] is reached first (C is a parity prefix max).
     room = budget - t_split
-    t2c = room[None] - 2 * torch.arange(6, device=dev)[:, None]  # [6, M]
-    i_h2 = (((t2c.clamp_min(0) * 2 + p) * 16 + hi) * 3 + section) * m + ar
-    h2v = torch.take(tabs.h2, i_h2).masked_fill_(t2c < 0, NEG)
-    row2 = t2c.gather(0, h2v.argmax(0)[None])[0]
-    row2 = torch.where(use_q, base + NT + 1, row2)
+    t2c = room - 2 * torch.arange(6, device=dev)[:, None, None]  # [6, 3, M]: room, room − 2, ..
+    i_c2 = ((((t2c.clamp_min(0) * 2 + p) * 16 + hi) * 3 + sec) * m) + ar
+    c2v = torch.take(tabs.cm2, i_c2)
+    reached = (c2v == c2v[:1]) & (t2c >= 0)
+    row2 = torch.where(reached, t2c, t2c[:1]).amin(0)
+    row2 = torch.where(use_q, mask_base + NT + 1, row2)
     j4 = torch.arange(4, device=dev)[:, None]
-    first = _best_half(tabs.f, row1, p, (lo[None] >> j4) & 1, 8 * section, k)
-    second = _best_half(tabs.f, row2, p, (hi[None] >> j4) & 1, 8 * section + 4, k)
-    return torch.cat((first, second), dim=1).t()
+    bits = torch.cat(((lo[:, None] >> j4) & 1, (hi[:, None] >> j4) & 1))  # [6, 4, M]
+    halves = _best_halves(tabs.f, torch.cat((row1, row2)), p, bits, k["half_pos"], k)  # [6, M, 4]
+    return torch.cat((halves[:3], halves[3:]), dim=2).transpose(1, 2)  # [3, 8, M]
 
 
-def _row_index(ranks: torch.Tensor, cls: torch.Tensor, k: dict) -> torch.Tensor:
-    """Index inside its class of each rank vector ([8, M] int64, a row of that class)."""
-    packed = (ranks << (4 * torch.arange(8, device=ranks.device))[:, None]).sum(0)
-    pos = [torch.searchsorted(k["sorted_rows"][c], packed).clamp_max(CLASS_ROWS - 1) for c in (0, 1)]
-    return torch.where(cls == 1, k["sorted_index"][1][pos[1]], k["sorted_index"][0][pos[0]])
+def _row_index(ranks: torch.Tensor, k: dict) -> torch.Tensor:
+    """Index inside its class of rows given by their ranks: int64 [..., 8, M] → int64 [..., M]."""
+    key = (ranks * k["key_weights"][:, None]).sum(-2)
+    return k["row_of_key"][key]
 
 
 def search(zt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -607,17 +647,17 @@ def search(zt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k["branch_c2"][j["s8"], j["b2"]],
         k["suffixes"][j["s16"], j["b3"]],
     )
-    classes = (j["r"], j["delta"], j["k3"])
-    ranks = [_backtrack(tabs, s, p, bytes_[s], classes[s], k) for s in range(3)]
-    i1 = _row_index(ranks[0], j["r"], k)
-    i2 = _row_index(ranks[1], j["delta"], k) + N0_MIXED * j["delta"]
-    i3 = _row_index(ranks[2], j["k3"], k)
+    bytes_ = torch.stack(bytes_)  # [3, M]
+    classes = torch.stack((j["r"], j["delta"], j["k3"]))
+    ranks = _backtrack(tabs, p, bytes_, classes, k)  # [3, 8, M]
+    rows = _row_index(ranks, k)
+    i2 = rows[1] + N0_MIXED * j["delta"]
     labels = pack_fields(
-        p=p, r=j["r"], s8=j["s8"], b1=j["b1"], i1=i1, b2=j["b2"], i2=i2, b3=j["b3"], i3=i3
+        p=p, r=j["r"], s8=j["s8"], b1=j["b1"], i1=rows[0], b2=j["b2"], i2=i2, b3=j["b3"], i3=rows[2]
     )
     shifts = torch.arange(8, device=p.device)[:, None]
-    bits = torch.cat([(c[None] >> shifts) & 1 for c in bytes_])  # [24, M]
-    points = k["V"][torch.cat(ranks), p[None].expand(24, -1), bits]
+    bits = ((bytes_[:, None] >> shifts) & 1).view(24, -1)  # [24, M]
+    points = k["V"][ranks.reshape(24, -1), p[None].expand(24, -1), bits]
     return labels, points
 
 
