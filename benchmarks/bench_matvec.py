@@ -664,7 +664,8 @@ def main() -> None:
     tile1 = MatvecConfig(**TILE1)
     sweep = [MatvecConfig(**c) for c in M1_SWEEP] + [tile1] if args.sweep else []
     if args.sass_only:
-        Path(args.sass_only).write_text(json.dumps(sass_report(configs)) + "\n")
+        report = sass_report({**configs, "tile1": tile1})
+        Path(args.sass_only).write_text(json.dumps(report) + "\n")
         return
     gpu = torch.cuda.get_device_name()
     print(f"# {gpu}, torch {torch.__version__}, triton {__import__('triton').__version__}",
@@ -775,7 +776,7 @@ def main() -> None:
                               "copy_gbps": round(copy_gbps, 1), "sweep": sweep_table,
                               "results": results})
 
-    sass = {} if args.no_sass else sass_report(configs)
+    sass = {} if args.no_sass else sass_report({**configs, "tile1": tile1})
     for k, v in sass.items():
         print(f"# sass {k}: {json.dumps(v)[:400]}")
     doc = {

@@ -22,10 +22,9 @@ def _decode_m1(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
     dl = (i2 >= 1240).astype(np.int64)
-    i2 = i2 + dl * 808
     i3 = ((v20 >> 16) & 2047) | ((p ^ r ^ dl) << 11)
     vals = np.zeros((len(words), 24), dtype=np.int64)
-    for k, idx in enumerate((i1, i2, i3)):
+    for k, idx in enumerate((i1, T.M1_MID_WORD + i2, i3)):
         h = tab[idx] ^ sa[:, k] ^ sb[:, k]
         nib = (h[:, None] >> (4 * np.arange(8))) & 15
         vals[:, 8 * k : 8 * k + 8] = p[:, None] + (1 - 2 * p[:, None]) * 2 * (nib - 7)
@@ -51,8 +50,9 @@ def test_m1_table_decodes_like_the_codebook() -> None:
 def test_m1_offsets_match_the_kernel() -> None:
     from leechq.kernels.triton import tetra48_m1 as K
 
-    assert (K.SA_WORD.value, K.SB_WORD.value, K.INVNORM_WORD.value, K.TABLE_WORDS.value) == (
-        T.M1_SA_WORD, T.M1_SB_WORD, T.M1_INVNORM_WORD, T.M1_TABLE_WORDS)
+    assert (K.SA_WORD.value, K.SB_WORD.value, K.INVNORM_WORD.value, K.MID_WORD.value,
+            K.TABLE_WORDS.value) == (T.M1_SA_WORD, T.M1_SB_WORD, T.M1_INVNORM_WORD, T.M1_MID_WORD,
+                                     T.M1_TABLE_WORDS)
     assert T.M1_TABLE_WORDS <= 8192  # the kernel reserves 32 KiB of shared memory
 
 

@@ -84,7 +84,7 @@ def tetra_kernel_tables(device: torch.device | str) -> TetraKernelTables:
 
 
 M1_RANK_U = (0, 1, -1, 2, -2, 3, -3, 4)
-"""``u(ρ)``: ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with ``a = (0, 1, 2, −1)[o]``, ``σ = (1, −1, −1, 1)[o]``."""
+"""``u(ρ)``: ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)``, ``a = (0, 1, 2, −1)[o]``, ``σ = (1, −1, −1, 1)[o]``."""
 
 M1_SA_WORD = 4096
 """Word offset of the 128 ``SA`` entries (4 words each) in the batch-1 table."""
@@ -93,7 +93,10 @@ M1_SB_WORD = M1_SA_WORD + 4 * 128
 M1_INVNORM_WORD = M1_SB_WORD + 4 * 32
 """Word offset of ``1/‖y‖`` by squared norm: entry ``n2`` (0..511) holds the bits of
 ``invnorm[n2 / 16]`` for multiples of 16 (0 for the origin and for impossible norms)."""
-M1_TABLE_WORDS = M1_INVNORM_WORD + 512
+M1_MID_WORD = M1_INVNORM_WORD + 512
+"""Word offset of the middle section's 2048 rows in its own (mixed-list) order: entry ``i2`` is row
+``i2`` (``i2 < 1240``, class 0) or ``2048 + i2 − 1240`` (class 1), so the kernel needs no remap."""
+M1_TABLE_WORDS = M1_MID_WORD + 2048
 
 
 def _spread_nibbles(byte: np.ndarray) -> np.ndarray:
@@ -108,7 +111,7 @@ def tetra_m1_table_numpy() -> np.ndarray:
     """The batch-1 Tetra table as uint32 [M1_TABLE_WORDS] (see the module docstring), verified:
     the re-coded rows reproduce ``val(o, ρ)`` for every row, nibble and residue, and
     ``SA ^ SB`` reproduces the trellis pattern for all 4096 ``(s8, b1, b2, b3)``."""
-    from leechq.codebooks.tetra_tables import tetra_tables
+    from leechq.codebooks.tetra_tables import N0_MIXED, tetra_tables
 
     t = tetra_tables()
     ranks = (t.rows.astype(np.int64)[:, None] >> (4 * np.arange(8))) & 15
@@ -117,7 +120,7 @@ def tetra_m1_table_numpy() -> np.ndarray:
     if f.min() < 0 or f.max() > 15:
         raise AssertionError("re-coded rank nibble outside 0..15")
     hrow = (f.astype(np.uint64) << (4 * np.arange(8, dtype=np.uint64))).sum(1).astype(np.uint32)
-    # val(o, ρ) = p + (−1)^p · 2 · (h − 7), h = f (pattern bit 0) or 15 − f (pattern bit 1), o = p + 2c
+    # val(o, ρ) = p + (−1)^p·2·(h − 7), h = f (pattern bit 0) or 15 − f (bit 1), o = p + 2c
     for p in (0, 1):
         for c in (0, 1):
             h = f if c == 0 else 15 - f
@@ -143,7 +146,9 @@ def tetra_m1_table_numpy() -> np.ndarray:
     out[M1_SB_WORD:M1_INVNORM_WORD] = sb.reshape(-1)
     by_n2 = np.zeros(512, dtype=np.float32)
     by_n2[0:512:16] = t.invnorm.astype(np.float32)
-    out[M1_INVNORM_WORD:] = by_n2.view(np.uint32)
+    out[M1_INVNORM_WORD:M1_MID_WORD] = by_n2.view(np.uint32)
+    i2 = np.arange(2048)
+    out[M1_MID_WORD:] = hrow[np.where(i2 < N0_MIXED, i2, 2048 + i2 - N0_MIXED)]
     return out
 
 

@@ -257,7 +257,7 @@ class TetraGroup(nn.Module):
         self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
 
     def _launch_rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        # ``ops.rotate`` into our prepared buffer with the cached inverse order (no per-call argsort).
+        # ``ops.rotate`` into our prepared buffer with the cached inverse order (no argsort).
         assert self.rot is not None
         self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp,
                          inverse_order=self.inv_order)

@@ -145,11 +145,12 @@ def smem_base(anchor):
 
 
 @triton.jit
-def smem_store32(addr, value):
-    """``*addr = value`` in shared memory (``addr``: byte address from :func:`smem_base`)."""
+def smem_store32(addr, value, ok):
+    """``*addr = value`` in shared memory where ``ok`` (``addr``: byte address from
+    :func:`smem_base`)."""
     tl.inline_asm_elementwise(
-        "st.shared.u32 [$1], $2; mov.u32 $0, 0;", "=r,r,r", [addr, value], dtype=tl.int32,
-        is_pure=False, pack=1,
+        "{ .reg .pred q; setp.ne.u32 q, $3, 0; @q st.shared.u32 [$1], $2; mov.u32 $0, 0; }",
+        "=r,r,r,r", [addr, value, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
     )
 
 

@@ -89,7 +89,8 @@ def rotate_kernel(
         z = tl.zeros((MW,), tl.float32)
         for t in range(K):
             coef = tl.load(small_ptr + g * K + t)
-            z += coef * (tl.load(xrow + t * MW + j).to(tl.float32) * tl.load(signs_ptr + t * MW + j))
+            xt = tl.load(xrow + t * MW + j).to(tl.float32)
+            z += coef * (xt * tl.load(signs_ptr + t * MW + j))
     v = _wht(z, MW, LOG2M) * inv_sqrt_m
     nat = g * MW + j
     if PREPARED:

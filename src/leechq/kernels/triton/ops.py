@@ -349,7 +349,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     cfg = config or default_config(m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if m_rows == 1 and cfg.kernel == "m1" and m1_enabled(xp.device, cfg):
+    if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
         _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
         return y
     cfg = _tile_config(cfg, m_rows)
@@ -360,6 +360,12 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
     )
     return y
+
+
+def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
+    """An ``m1`` configuration and a shape it can take (≥ 1 block, chunks within the tickets)."""
+    return (cfg.kernel == "m1" and w.n_blocks >= 1
+            and -(-w.d_out // max(cfg.rows, 1)) <= TICKET_SLOTS)
 
 
 def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
@@ -421,7 +427,7 @@ def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_
     cfg = config or default_config(m_rows)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if m_rows == 1 and cfg.kernel == "m1" and m1_enabled(xp.device, cfg):
+    if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
         _launch_m1(null_m1_kernel, xp, w, y, cfg)
         return y
     cfg = _tile_config(cfg, m_rows)

@@ -16,8 +16,8 @@ our own (§3.10 leaves it open):
   of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
   per-coordinate float conversion or FMA remains.
-* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ SA[s8, b1] ^ SB[b2, b3]`` per
-  section (three table words and two 16-byte table reads), then per 4-coordinate half-section the
+* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ SA[s8, b1] ^ SB[b2, b3]``
+  per section (three table words and two 16-byte table reads), then per 4-coordinate half-section the
   value bytes ``p + (−1)^p·2·(h − 7) + 128`` come from one multiply-add on the nibbles; the block
   scale is ``centroid[g] · invnorm[‖y‖²/16] · E_b``.
 * **Tables in shared memory**: the 18.6 KiB table is copied into shared memory once per program
@@ -50,7 +50,8 @@ MAGIC_RINT = tl.constexpr(12582912.0)
 SA_WORD = tl.constexpr(4096)
 SB_WORD = tl.constexpr(4096 + 512)
 INVNORM_WORD = tl.constexpr(4096 + 512 + 128)
-TABLE_WORDS = tl.constexpr(4096 + 512 + 128 + 512)
+MID_WORD = tl.constexpr(4096 + 512 + 128 + 512)
+TABLE_WORDS = tl.constexpr(4096 + 512 + 128 + 512 + 2048)
 
 
 @triton.jit
@@ -61,10 +62,11 @@ def _stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
         reserve_smem(tab_ptr, d_out < 0, 8192)
         base = smem_base(d_out)
         e = tl.arange(0, 4096)
-        smem_store32(base + e * 4, tl.load(tab_ptr + e))
-        e2 = tl.arange(0, 2048)
+        smem_store32(base + e * 4, tl.load(tab_ptr + e), e >= 0)
+        e2 = tl.arange(0, 4096)
         ok = e2 < TABLE_WORDS - 4096
-        smem_store32(base + 16384 + e2 * 4, tl.load(tab_ptr + 4096 + e2, mask=ok, other=0))
+        smem_store32(base + 16384 + e2 * 4, tl.load(tab_ptr + 4096 + e2, mask=ok, other=0),
+                     ok)
         tl.debug_barrier()
     else:
         base = d_out * 0
@@ -203,11 +205,10 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a
         tab_ptr, base, SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 2), USE_ASM)
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
-    dl = (i2 >= 1240).to(tl.uint32)
-    i2 = i2 + dl * 808
+    dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class (its row comes pre-remapped)
     i3 = ((v20 >> 16) & 2047) | ((p ^ r ^ dl) << 11)
     h1 = table_load32(tab_ptr, base, i1, USE_ASM) ^ sa0 ^ sb0
-    h2 = table_load32(tab_ptr, base, i2, USE_ASM) ^ sa1 ^ sb1
+    h2 = table_load32(tab_ptr, base, MID_WORD + i2, USE_ASM) ^ sa1 ^ sb1
     h3 = table_load32(tab_ptr, base, i3, USE_ASM) ^ sa2 ^ sb2
     # value bytes + 128 = 2h + 114 (p = 0) or 143 − 2h (p = 1): one multiply-add per 4 nibbles
     mp = 2 - 4 * p
@@ -294,7 +295,7 @@ def tetra48_m1_kernel(
 
 @triton.jit
 def _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr):
-    """The three u32 words of each element's block pair (zeros past ``d_out`` / the row's blocks)."""
+    """The three u32 words of each element's block pair (zeros past ``d_out``/the row's blocks)."""
     row_ok = rows < d_out
     pw = w_ptr + tl.where(row_ok, rows, 0) * STRIDE_W + 3 * pair
     w0 = tl.load(pw, mask=row_ok & ok_e, other=0).to(tl.uint32)
@@ -314,7 +315,8 @@ def _warp_bcast(v, NW: tl.constexpr):
 @triton.jit
 def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr):
     """Sum each row's BP lanes (shuffles) and store it from its first lane at ``out_ptr[row]``. The
-    sum is broadcast back to the flat tile so that no layout conversion (shared memory) is needed."""
+    sum is broadcast back to the flat tile so that no layout conversion (shared memory) is
+    needed."""
     R: tl.constexpr = NW * 32 // BP
     tot = tl.sum(tl.reshape(acc, (R, BP)), axis=1)
     flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
