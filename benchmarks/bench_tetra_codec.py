@@ -2,13 +2,17 @@
 
 Measures (tetra-format.md §1.5, layouts-kernels-recipe.md §2.8, leech-core.md §6.2):
 
-* correctness first: device decode == CPU reference decode on random labels; device encoder
-  cosines == CPU encoder cosines on 2000 Gaussian blocks;
-* decoder blocks/s (device and CPU), encoder blocks/s for a few chunk sizes;
-* per-stage time of one encoder search (end sections, middle section, join, backtrack, scoring);
-* retention of the device encoder on the §6.2 Gaussian protocol (1 gain bit, norm rule).
+* correctness first: device decode == CPU reference decode on random labels; for each encoder
+  method (``fast``: tetra_fast, ``exact``: tetra_encoder's DP) device labels/cosines against the
+  CPU ``exact`` encoder on 2000 Gaussian blocks;
+* decoder blocks/s (device and CPU); CPU encoder blocks/s with one intra-op thread
+  (``torch.set_num_threads(1)``) for ``fast`` at 1 and 2 worker threads and for ``exact``, with
+  the machine's load average at the time; on a GPU, encoder blocks/s per chunk size and method;
+* per-stage time of one ``exact`` search (end sections, middle section, join, backtrack, scoring);
+* retention of each method on the §6.2 Gaussian protocol (1 gain bit, norm rule).
 
-Usage: ``PYTHONPATH=src python benchmarks/bench_tetra_codec.py --device cuda --out result.json``.
+Usage: ``PYTHONPATH=src python benchmarks/bench_tetra_codec.py --device cuda --out result.json``
+(GPU) or ``--device cpu --decode-blocks 1048576 --chunks ""`` (CPU only: skips the chunk sweep).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", default="8192,32768,65536,131072")
     parser.add_argument("--eval-blocks", type=int, default=20_000)
     parser.add_argument("--seconds-per-point", type=float, default=4.0)
+    parser.add_argument("--cpu-blocks", type=int, default=16384)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -149,44 +155,82 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode {result['decode_blocks_per_s']:.3e} blocks/s on {device}, "
           f"{result['decode_cpu_blocks_per_s']:.3e} on CPU", flush=True)  # fmt: skip
 
-    # 3. Encoder agreement with the CPU encoder on 2000 Gaussian blocks.
+    # 3. Encoder agreement with the CPU exact encoder on 2000 Gaussian blocks, per method.
     train, ev = _gaussians(args.eval_blocks)
     x2k = torch.from_numpy(ev[:2000])
-    cpu_lab = te.encode(x2k)
-    dev_lab = te.encode(x2k.to(device)).cpu()
-    cos_cpu, cos_dev = te.cosine_of(x2k, cpu_lab), te.cosine_of(x2k, dev_lab)
-    result["encode_same_labels_fraction"] = float((cpu_lab == dev_lab).double().mean())
-    result["encode_max_abs_cos_diff"] = float((cos_cpu - cos_dev).abs().max())
-    agreement = result["encode_same_labels_fraction"], result["encode_max_abs_cos_diff"]
-    print("encode agreement (same labels, max |Δcos|):", agreement, flush=True)
-
+    cpu_lab = te.encode(x2k, method="exact")
+    cos_cpu = te.cosine_of(x2k, cpu_lab)
+    for method in ("exact", "fast"):
+        dev_lab = te.encode(x2k.to(device), method=method).cpu()
+        cos_dev = te.cosine_of(x2k, dev_lab)
+        same = float((cpu_lab == dev_lab).double().mean())
+        result[f"encode_{method}_same_labels_fraction"] = same
+        result[f"encode_{method}_max_abs_cos_diff"] = float((cos_cpu - cos_dev).abs().max())
+        agreement = (
+            result[f"encode_{method}_same_labels_fraction"],
+            result[f"encode_{method}_max_abs_cos_diff"],
+        )
+        print(f"{method} on {device} vs exact on CPU (same labels, max |Δcos|):", agreement)
     save(result, args.out)
 
-    # 4. Quality of the device encoder on the full §6.2 protocol.
-    for name, norms in (("default", te.DEFAULT_NORMS), ("quality", te.QUALITY_NORMS)):
-        start = time.perf_counter()
-        labels_ev = te.encode(torch.from_numpy(ev).to(device), norms=norms)
-        _sync(device)
-        seconds = time.perf_counter() - start
-        result[f"gaussian_{name}"] = {"norms": list(norms), "seconds": seconds}
-        result[f"gaussian_{name}"].update(retention(train, ev, labels_ev))
-        print(name, result[f"gaussian_{name}"], flush=True)
+    # 4. CPU encoder throughput, one intra-op thread per worker (the demo's setting).
+    cpu_rate: dict[str, object] = {"blocks": args.cpu_blocks}
+    xc = torch.from_numpy(np.random.default_rng(2).standard_normal((args.cpu_blocks, 24))).float()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        arms = (("fast_1_thread", "fast", 1), ("fast_2_threads", "fast", 2), ("exact", "exact", 1))
+        for name, method, threads in arms:
+            cpu_rate[f"load_before_{name}"] = os.getloadavg()[0]
+            n = args.cpu_blocks if method == "fast" else max(1024, args.cpu_blocks // 4)
+            t = _best_time(
+                lambda m=method, th=threads, n=n: te.encode(xc[:n], method=m, threads=th),
+                torch.device("cpu"),
+                repeats=2,
+            )
+            cpu_rate[name] = n / t
+            print(f"CPU encode {name}: {n / t:.0f} blocks/s", flush=True)
+    finally:
+        torch.set_num_threads(previous)
+    result["cpu_encode_blocks_per_s"] = cpu_rate
     save(result, args.out)
 
-    # 5. Encoder throughput per chunk size (default schedule: two searches per block); the
-    # block count is capped so that each measurement takes a few seconds.
+    # 5. Quality of each method on the device, full §6.2 protocol.
+    for method in ("exact", "fast"):
+        for name, norms in (("default", te.DEFAULT_NORMS), ("quality", te.QUALITY_NORMS)):
+            start = time.perf_counter()
+            labels_ev = te.encode(torch.from_numpy(ev).to(device), norms=norms, method=method)
+            _sync(device)
+            seconds = time.perf_counter() - start
+            key = f"gaussian_{method}_{name}"
+            result[key] = {"norms": list(norms), "seconds": seconds}
+            result[key].update(retention(train, ev, labels_ev))
+            print(key, result[key], flush=True)
+    save(result, args.out)
+
+    # 6. Device encoder throughput per chunk size and method (default schedule: two searches per
+    # block); the block count is capped so that each measurement takes a few seconds.
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    if not chunks:
+        print(json.dumps(result, indent=2))
+        return 0
     gen = np.random.default_rng(1)
     probe = torch.from_numpy(gen.standard_normal((16384, 24))).float().to(device)
-    rate = 16384 / _best_time(lambda: te.encode(probe), device, repeats=1)
+    rate = 16384 / _best_time(lambda: te.encode(probe, method="exact"), device, repeats=1)
     n_blocks = max(16384, min(args.encode_blocks, int(rate * args.seconds_per_point)))
     xs = torch.from_numpy(gen.standard_normal((n_blocks, 24))).float().to(device)
-    throughput = {"blocks": n_blocks}
-    for chunk in [int(c) for c in args.chunks.split(",") if c]:
-        t = _best_time(lambda chunk=chunk: te.encode(xs, chunk=chunk), device, repeats=2)
-        throughput[str(chunk)] = n_blocks / t
-        print(f"encode chunk {chunk}: {throughput[str(chunk)]:.3e} blocks/s", flush=True)
-        result["encode_blocks_per_s_by_chunk"] = throughput
-        save(result, args.out)
+    for method in ("exact", "fast"):
+        throughput = {"blocks": n_blocks}
+        for chunk in chunks:
+            t = _best_time(
+                lambda chunk=chunk, m=method: te.encode(xs, chunk=chunk, method=m),
+                device,
+                repeats=2,
+            )
+            throughput[str(chunk)] = n_blocks / t
+            print(f"{method} encode chunk {chunk}: {throughput[str(chunk)]:.3e} blocks/s")
+            result[f"encode_{method}_blocks_per_s_by_chunk"] = throughput
+            save(result, args.out)
     n_stage = min(n_blocks, 65536)
     unit = xs[:n_stage] / xs[:n_stage].norm(dim=-1, keepdim=True)
     stages = stage_times(unit * te.DEFAULT_NORMS[0])
