@@ -96,9 +96,10 @@ def test_encode_equals_exact_method_and_is_valid():
 
 def test_encode_threads_chunks_and_shapes_agree():
     x = torch.randn(3, 230, 24, generator=torch.Generator().manual_seed(3))
-    one = tf.encode(x)
+    one = tf.encode(x, threads=1)
     assert one.shape == (3, 230)
     assert torch.equal(tf.encode(x, threads=2, chunk=128), one)
+    assert torch.equal(tf.encode(x, threads=3, chunk=100), one)
     assert torch.equal(tf.encode(x.transpose(0, 1).contiguous().transpose(0, 1)), one)
     assert torch.equal(tf.encode(x.to(torch.float64)), tf.encode(x.to(torch.float64), chunk=77))
 

@@ -540,7 +540,7 @@ def encode(
     refine: int = DEFAULT_REFINE,
     chunk: int | None = None,
     method: str = "auto",
-    threads: int = 1,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """Best Tetra direction of each block: maximize ``⟨x, y⟩/‖y‖`` (approximately, see module).
 
@@ -553,7 +553,8 @@ def encode(
             ``"fast"``: default 512 on CPU, 65536 elsewhere.
         method: ``"auto"`` (fast on CPU, exact elsewhere), ``"fast"`` or ``"exact"``; see
             :data:`METHODS`.
-        threads: CPU worker threads for ``"fast"`` (each runs whole chunks single-threaded).
+        threads: CPU worker threads for ``"fast"`` (each runs whole chunks with one intra-op
+            thread); default ``torch.get_num_threads()``. ``"exact"`` always runs one thread.
 
     Returns:
         int64 labels [...] on x's device; the zero block gets label 0 (the origin).

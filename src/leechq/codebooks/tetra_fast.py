@@ -672,13 +672,17 @@ def nearest_labels(z: torch.Tensor) -> torch.Tensor:
     return search(zt)[0]
 
 
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
 def encode(
     x: torch.Tensor,
     *,
     norms: tuple[float, ...] | None = None,
     refine: int | None = None,
     chunk: int | None = None,
-    threads: int = 1,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """Best Tetra direction of each block, with the fast exact inner search.
 
@@ -689,9 +693,12 @@ def encode(
         x: float [..., 24] blocks (natural order), any device.
         norms: target norms ``‖z‖`` (default ``tetra_encoder.DEFAULT_NORMS``).
         refine: Lloyd refinements per start (default ``tetra_encoder.DEFAULT_REFINE``).
-        chunk: blocks per batch; default 512 on CPU (cache-sized tables), 65536 on CUDA.
-        threads: CPU worker threads, each running whole chunks with one intra-op thread
-            (torch releases the GIL inside operations). Ignored on CUDA.
+        chunk: most blocks per batch; default 512 on CPU (the per-block cost is flat from 256 to
+            2048, where tables outgrow the caches), 65536 on CUDA. Batches are balanced in size.
+        threads: CPU worker threads, each running whole batches with one intra-op thread (torch
+            releases the GIL inside operations); default ``torch.get_num_threads()``. Ignored on
+            other devices. Intra-op threading itself is never used: the search is hundreds of
+            mid-sized operations, and on a loaded machine per-operation barriers made it slower.
 
     Returns:
         int64 labels [...] on x's device; the zero block gets label 0.
@@ -703,45 +710,36 @@ def encode(
 
     norms = te.DEFAULT_NORMS if norms is None else tuple(norms)
     refine = te.DEFAULT_REFINE if refine is None else int(refine)
-    unit, nonzero, shape = te._prepare(x)
-    dev = unit.device
-    if chunk is None:
-        chunk = 65536 if unit.is_cuda else 512
-    out = torch.zeros(unit.shape[0], dtype=torch.int64, device=dev)
-    starts = list(range(0, unit.shape[0], chunk))
+    device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+    workers = torch.get_num_threads() if threads is None else int(threads)
+    with te._intra_op_threads(device, 1):
+        unit, nonzero, shape = te._prepare(x)
+        n = unit.shape[0]
+        if chunk is None:
+            chunk = 65536 if unit.is_cuda else 512
+        workers = max(1, workers) if device.type == "cpu" else 1
+        batches = max(1, -(-n // chunk))
+        if workers > 1 and batches > 1:
+            batches = -(-batches // workers) * workers  # whole rounds of equal batches
+        size = max(1, -(-n // batches))
+        out = torch.zeros(n, dtype=torch.int64, device=unit.device)
 
-    def run(start: int) -> None:
-        part = unit[start : start + chunk]
-        out[start : start + chunk] = te._trials(part, nearest_labels, norms, refine)
+        def run(start: int) -> None:
+            part = unit[start : start + size]
+            out[start : start + size] = te._trials(part, nearest_labels, norms, refine)
 
-    if dev.type != "cpu" or threads <= 1 or len(starts) <= 1:
-        with te._intra_op_threads(dev, 1):
+        starts = list(range(0, n, size))
+        if workers > 1 and len(starts) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # OpenMP's thread count is per calling thread: set it in each worker.
+            with ThreadPoolExecutor(max_workers=workers, initializer=_one_thread) as pool:
+                list(pool.map(run, starts))
+        else:
             for start in starts:
                 run(start)
-    else:
-        _run_threads(run, starts, threads)
-    out = torch.where(nonzero, out, torch.zeros_like(out))
+        out = torch.where(nonzero, out, torch.zeros_like(out))
     return out.reshape(shape)
-
-
-def _run_threads(run, starts: list[int], threads: int) -> None:
-    """Run ``run(start)`` for all starts on ``threads`` workers with one intra-op thread each."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    previous = torch.get_num_threads()
-
-    def worker(my: list[int]) -> None:
-        torch.set_num_threads(1)  # OpenMP's setting is per calling thread
-        for start in my:
-            run(start)
-
-    try:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = [pool.submit(worker, starts[i::threads]) for i in range(threads)]
-            for fut in futures:
-                fut.result()
-    finally:
-        torch.set_num_threads(previous)
 
 
 __all__ = ["encode", "nearest_labels", "search"]
