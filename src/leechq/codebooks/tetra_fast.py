@@ -150,6 +150,17 @@ def _np_constants() -> dict:
     # End class 0, end class 1, middle class 0 (tie lists), middle class 1 (T ≤ B − 1, no tie).
     plans.append(_ListPlan(budget=t.mixed_list.budget - 1, cls=1, tie=False))
     c["plans"] = tuple(plans)
+    # Largest budget each first-pair part is needed at: H1 is read at T ≤ max(B) − 2 (the strict
+    # parts, and middle class 1 at T ≤ its budget); L at T ≤ B of the lists it lies below.
+    h1_need = max(max(pl.budget for pl in plans if pl.tie) - 2, plans[3].budget)
+    part_tmax = [
+        max([h1_need] + [pl.budget for pl in plans if pl.tie and pi in pl.lower_parts])
+        for pi in range(len(parts))
+    ]
+    used = [pi for pi, part in enumerate(parts) if any(part)]
+    assert all(part_tmax[used[0]] >= part_tmax[pi] for pi in used), "first part must span the rest"
+    c["part_tmax"] = tuple(part_tmax)
+    c["h1_need"] = h1_need
 
     # Half vectors (4 ranks ≤ 4, T ≤ 11) for the backtrack: a one-hot score matrix and one
     # additive mask row (0 or −inf) per candidate set: row T = all vectors of budget T; per tie
@@ -384,6 +395,7 @@ def _section_tables(zt: torch.Tensor, k: dict) -> _Tables:
 
     # First halves: the first-pair parts are accumulated into H1 in lexicographic order; after
     # the parts below a list's cut pair, that list's L table is copied out (into its h' slot).
+    # H1 is complete only up to budget ``h1_need`` (all that is read).
     hq_all = zt.new_empty(k["hq_size"] * m)
     slots = []
     for li, (plan, sec) in enumerate(zip(k["plans"], _SECTIONS)):
@@ -398,7 +410,8 @@ def _section_tables(zt: torch.Tensor, k: dict) -> _Tables:
     for pi, groups in enumerate(k["parts"]):
         if _budgets(groups):
             x = _group_max(ps[..., 0, :], groups, ps.new_empty((NT, 2, 4, 3, m)))
-            _maxplus(x, _budgets(groups), p_all[..., 1, :], all_ts, h1, accumulate=started)
+            out = h1[: k["part_tmax"][pi] + 1]
+            _maxplus(x, _budgets(groups), p_all[..., 1, :], all_ts, out, accumulate=started)
             started = True
         for li, plan in enumerate(k["plans"]):
             if plan.tie and started and plan.lower_parts and max(plan.lower_parts) == pi:
@@ -672,6 +685,42 @@ def nearest_labels(z: torch.Tensor) -> torch.Tensor:
     return search(zt)[0]
 
 
+def _trials(unit: torch.Tensor, norms: tuple[float, ...], refine: int) -> torch.Tensor:
+    """The scale schedule of ``tetra_encoder._trials`` with the fast search.
+
+    Same rules (best ratio ``⟨u, y⟩/‖y‖`` over the trials, ties → earlier trial, Lloyd step
+    ``λ ← ⟨u, y⟩/‖y‖²``), computed from the search's points in trio order (no decode).
+
+    Args:
+        unit: float32 [M, 24] unit blocks, natural order.
+
+    Returns:
+        int64 labels [M].
+    """
+    k = _constants(str(unit.device))
+    ut = unit.t().index_select(0, k["order"]).contiguous()  # [24, M]
+    u64 = ut.to(torch.float64)
+    m = ut.shape[1]
+    best_labels = torch.zeros(m, dtype=torch.int64, device=ut.device)
+    best_ratio = torch.full((m,), NEG, dtype=torch.float64, device=ut.device)
+    for norm in norms:
+        z = ut * norm
+        for step in range(refine + 1):
+            labels, points = search(z)
+            y = points.to(torch.float64)
+            ip = (u64 * y).sum(0)
+            n2 = (y * y).sum(0)
+            ratio = torch.where(n2 > 0, ip / n2.clamp_min(1).sqrt(), torch.full_like(ip, NEG))
+            better = ratio > best_ratio
+            best_ratio = torch.where(better, ratio, best_ratio)
+            best_labels = torch.where(better, labels, best_labels)
+            if step < refine:
+                good = (ip > 0) & (n2 > 0)
+                factor = torch.where(good, n2 / ip.clamp_min(1e-30), torch.full_like(ip, norm))
+                z = ut * factor.to(torch.float32)[None, :]
+    return best_labels
+
+
 def _one_thread() -> None:
     torch.set_num_threads(1)
 
@@ -686,8 +735,8 @@ def encode(
 ) -> torch.Tensor:
     """Best Tetra direction of each block, with the fast exact inner search.
 
-    Same schedule and tie rules as :func:`leechq.codebooks.tetra_encoder.encode` (its
-    ``_trials``), so the labels equal ``method="exact"``'s up to float32 near-ties.
+    Same schedule and tie rules as :func:`leechq.codebooks.tetra_encoder.encode`, so the labels
+    equal ``method="exact"``'s up to float near-ties.
 
     Args:
         x: float [..., 24] blocks (natural order), any device.
@@ -726,7 +775,7 @@ def encode(
 
         def run(start: int) -> None:
             part = unit[start : start + size]
-            out[start : start + size] = te._trials(part, nearest_labels, norms, refine)
+            out[start : start + size] = _trials(part, norms, refine)
 
         starts = list(range(0, n, size))
         if workers > 1 and len(starts) > 1:
