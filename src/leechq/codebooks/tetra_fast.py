@@ -351,13 +351,17 @@ def _combine(first: torch.Tensor, second: torch.Tensor, budget: int, out: torch.
         first: [≥ budget + 1, 2p, 2par, 8 lo, ...]; second: [≥ budget + 1, 2p, 2par, 8 hi, ...].
         out: [2p, 2par, 8 hi, 8 lo, ...] (overwritten).
     """
-    firsts = first[: budget + 1].unsqueeze(3).unbind(0)  # [2p, 2par, 1, 8 lo, ...]
-    seconds = second[: budget + 1].unsqueeze(4).unbind(0)  # [2p, 2par, 8 hi, 1, ...]
-    torch.add(firsts[0], seconds[budget], out=out)
-    tmp = torch.empty_like(out)
-    for tp in range(1, budget + 1):
-        torch.add(firsts[tp], seconds[budget - tp], out=tmp)
-        torch.maximum(out, tmp, out=out)
+    # One parity p at a time: the output and its temporary then stay within a core's L2 cache
+    # at 512 blocks (measured 18 % faster than both parities at once).
+    for p in range(first.shape[1]):
+        firsts = first[: budget + 1, p].unsqueeze(2).unbind(0)  # [2par, 1, 8 lo, ...]
+        seconds = second[: budget + 1, p].unsqueeze(3).unbind(0)  # [2par, 8 hi, 1, ...]
+        dst = out[p]
+        torch.add(firsts[0], seconds[budget], out=dst)
+        tmp = torch.empty_like(dst)
+        for tp in range(1, budget + 1):
+            torch.add(firsts[tp], seconds[budget - tp], out=tmp)
+            torch.maximum(dst, tmp, out=dst)
 
 
 @dataclass
