@@ -28,12 +28,20 @@ operations (every table is ``[..., M]`` with the M blocks of a chunk innermost):
 
 The answer is the exact optimum, as for the reference search; labels can differ from
 :func:`leechq.codebooks.tetra_encoder.nearest` only where two points score within float32
-rounding of each other.
+rounding of each other. :func:`encode` runs the same scale schedule as
+:func:`leechq.codebooks.tetra_encoder.encode` (which dispatches here with ``method="fast"``, the
+CPU default). Measured on the 2-core development machine with one intra-op thread (its other
+core busy with other jobs, load 2.7–3): about 10 500 blocks/s against 2 500 for the
+``"exact"`` DP in the same process (4.1–4.6× across runs; at load 5, 4 100 against 1 100);
+leech-core §6.2 Gaussian retention 88.870 %, bit-identical MSE to ``"exact"`` (20 000 eval
+blocks). Cost per block and search is flat for chunks of 256 to 2048 blocks.
 
 The separable shortcut (nearest lattice point without row lists, then a membership check) was
 measured and rejected: at the default target norms it is a codebook point for only 47 %
 (‖z‖ = 12.75) and 4 % (‖z‖ = 15.25) of Gaussian blocks, and keeping only such points, at any
-scale, costs 0.006 in mean cosine (the list boundary is where the good points are).
+scale, costs 0.006 in mean cosine (the list boundary is where the good points are). Nor can the
+search be narrowed: keeping each section's 32 best bytes misses the optimum in 5–8 % of blocks,
+and restricting the second scale to the first one's parity costs 0.0007 in mean cosine.
 """
 
 from __future__ import annotations
@@ -97,7 +105,9 @@ def _np_constants() -> dict:
     c: dict = {}
     vals = t.values.astype(np.float64)
     # val(p + 2c, ρ) for ρ ≤ 4, as [5ρ, 2p, 2c].
-    c["V"] = np.array([[[vals[p + 2 * b, r] for b in range(2)] for p in range(2)] for r in range(5)])
+    c["V"] = np.array(
+        [[[vals[p + 2 * b, r] for b in range(2)] for p in range(2)] for r in range(5)]
+    )
     pairs = sorted(
         ((a, b) for a in range(5) for b in range(5) if TRI5[a] + TRI5[b] < NT),
         key=lambda pr: (_tri(pr), pr),
@@ -236,10 +246,14 @@ def _np_constants() -> dict:
     c["order"] = t.order.astype(np.int64)
     # Coordinate rows of the score table: trio position t = 8s + 2q + ab sits at row
     # 12·ab + 4s + q, so that the first and second coordinates of all pairs are two blocks.
-    c["abq_order"] = np.array([8 * s + 2 * q + ab for ab in range(2) for s in range(3) for q in range(4)])
+    c["abq_order"] = np.array(
+        [8 * s + 2 * q + ab for ab in range(2) for s in range(3) for q in range(4)]
+    )
     c["row_of_t"] = np.array([12 * (tt % 2) + 4 * (tt // 8) + (tt % 8) // 2 for tt in range(24)])
     # Rows of f for the 6 half sections (first halves of sections 1..3, then second halves).
-    c["half_pos"] = np.array([c["row_of_t"][8 * s + 4 * h : 8 * s + 4 * h + 4] for h in (0, 1) for s in range(3)])
+    c["half_pos"] = np.array(
+        [c["row_of_t"][8 * s + 4 * h : 8 * s + 4 * h + 4] for h in (0, 1) for s in range(3)]
+    )
     assert (rows_ranks(t.rows) <= 4).all()
     # Row index by a dense base-5 key of the 8 ranks (all ≤ 4): 5^8 entries, −1 for non-rows.
     ranks = rows_ranks(t.rows)
@@ -369,7 +383,7 @@ class _Tables:
     """What the join and the backtrack need from the section stage."""
 
     f: torch.Tensor  # [5ρ, 2p, 2c, 24, M] coordinate scores 2zv − v²
-    h1: torch.Tensor  # [NT, 2p, 16, 3s, M] first halves
+    h1: torch.Tensor  # [NT, 2p, 16, 3s, M] first halves (complete for T ≤ ``h1_need``)
     cm2: torch.Tensor  # [NT, 2p, 16, 3s, M] parity prefix max of the second halves
     hq: torch.Tensor  # packed per list (offsets ``plan_hq_off``·M): h' [B + 1, 2p, 16, S, M]
     qf: torch.Tensor  # packed per tie list (offsets ``plan_q_off``·M): [2p, 16, S, M]
@@ -421,7 +435,8 @@ def _section_tables(zt: torch.Tensor, k: dict) -> _Tables:
             if plan.tie and started and plan.lower_parts and max(plan.lower_parts) == pi:
                 slots[li].copy_(h1n[: plan.budget + 1, :, :, _SECTIONS[li]])
                 have_low[li] = True
-    h2 = _maxplus(p_all[..., 2, :], all_ts, p_all[..., 3, :], all_ts, ps.new_empty((NT, 2, 4, 4, 3, m)))
+    h2 = ps.new_empty((NT, 2, 4, 4, 3, m))
+    _maxplus(p_all[..., 2, :], all_ts, p_all[..., 3, :], all_ts, h2)
     h1 = h1n
     cm2 = h2.view(NT, 2, 16, 3, m)  # parity prefix max, in place
     cms = cm2.unbind(0)
