@@ -29,6 +29,7 @@ BASE_ROTATION_SEED = 0x110FEED
 
 TAIL_POLICIES = ("keep_exact", "refuse")
 DEVICES = ("auto", "cpu", "cuda")
+PROPAGATIONS = ("auto", "exact", "lazy")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 HESSIAN_DTYPES = ("float32", "float64")
 RAW_ENCODINGS = ("keep", "int8", "int4")
@@ -51,6 +52,10 @@ class QuantConfig:
         rotate: apply the input-side incoherence rotation (leech-core.md §5.3).
         rotation_seed: base seed; effective seed = ``base ⊕ (block << 32) ⊕ (act << 16)``.
         error_feedback: GPTQ error propagation (False = plain rounding with the same codebook).
+        propagation: how the error feedback is applied: "exact" (element-wise, row-batch
+            invariant, bit-reproducible), "lazy" (GPTQ's lazy batch updates with matrix products;
+            equal to "exact" up to rounding, several times faster) or "auto" (exact on the CPU,
+            lazy on accelerators).
         calib_windows: number of calibration windows (64 in the reference).
         calib_window_len: tokens per window (2048 in the reference).
         calib_batch: windows pushed through a block per forward call (numerics only).
@@ -79,6 +84,7 @@ class QuantConfig:
     rotate: bool = True
     rotation_seed: int = BASE_ROTATION_SEED
     error_feedback: bool = True
+    propagation: str = "auto"
     calib_windows: int = 64
     calib_window_len: int = 2048
     calib_batch: int = 4
@@ -118,6 +124,10 @@ class QuantConfig:
                 "rotation_seed must be a 64-bit unsigned integer",
             ),
             (isinstance(self.error_feedback, bool), "error_feedback must be a bool"),
+            (
+                self.propagation in PROPAGATIONS,
+                f"propagation must be one of {PROPAGATIONS}, got {self.propagation!r}",
+            ),
             (_is_int(self.calib_windows) and self.calib_windows >= 1, "calib_windows must be >= 1"),
             (
                 _is_int(self.calib_window_len) and self.calib_window_len >= 2,
@@ -204,7 +214,11 @@ class QuantConfig:
     def describe(self) -> str:
         """One line naming the resolved recipe, for logs (P4: never a hard-coded string)."""
         rot = f"rotation seed {self.rotation_seed:#x}" if self.rotate else "no rotation"
-        fb = "GPTQ error feedback" if self.error_feedback else "plain rounding (no feedback)"
+        fb = (
+            f"GPTQ error feedback ({self.propagation} propagation)"
+            if self.error_feedback
+            else "plain rounding (no feedback)"
+        )
         int4 = (
             f", int4 g{self.int4_group} for {list(self.int4_modules)}" if self.int4_modules else ""
         )

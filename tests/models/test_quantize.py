@@ -162,6 +162,27 @@ def test_artifact_decodes_to_the_evaluated_model(tmp_path: Path, name: str) -> N
         assert rec.rotation.seed >> 32 == layer  # the effective seed, never the base seed
 
 
+def test_lazy_propagation_on_cpu_keeps_p13_and_tracks_exact(tmp_path: Path) -> None:
+    """propagation="lazy" (the demo's CPU choice): the artifact still decodes to exactly the
+    evaluated model (P13), and its logits stay close to the exact-propagation run."""
+    ids = _windows(2, 16, seed=4)
+    runs = {}
+    for mode in ("exact", "lazy"):
+        model = MODELS["llama"]()
+        fresh = copy.deepcopy(model)
+        path = quantize_model(
+            model, _tokenizer(), _windows(), _cfg(propagation=mode), tmp_path / mode,
+            progress=False,
+        )
+        art = read_artifact(path)
+        assert art.quant_config.propagation == mode
+        fresh.load_state_dict(art.dense_state_dict(), strict=False)
+        runs[mode] = _logits(model, ids)
+        assert torch.equal(_logits(fresh, ids), runs[mode])
+    diff = (runs["lazy"] - runs["exact"]).abs().max() / runs["exact"].abs().max()
+    assert float(diff) < 0.05
+
+
 def test_resume_after_crash_gives_the_same_bytes(tmp_path: Path) -> None:
     template = _llama(layers=3, hidden=48)
     cfg = _cfg()

@@ -46,6 +46,7 @@ def test_digest_tracks_every_field() -> None:
         ("rotation_seed", -1),
         ("rotate", 1),
         ("embedding_encoding", "int2"),
+        ("propagation", "eager"),
     ],
 )
 def test_invalid_values_name_the_field(field: str, value: object) -> None:

@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
             None,
             f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
             f"fingerprint {windows.fingerprint}",
+            # Lazy batch updates: equal to the exact feedback up to rounding and several times
+            # faster on a CPU, where the element-wise update dominates the quantization time.
+            propagation="lazy",
         )
         _say(cfg.describe())
         work = copy.deepcopy(ref.model)  # quantize_model modifies its model in place

@@ -87,6 +87,14 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
     )
     p.add_argument(
+        "--propagation",
+        choices=("auto", "exact", "lazy"),
+        default="auto",
+        help="GPTQ error feedback: exact (bit-reproducible, element-wise), lazy (matrix "
+        "products, equal up to rounding, faster) or auto (exact on CPU, lazy on GPU) "
+        "[default: auto]",
+    )
+    p.add_argument(
         "--force", action="store_true", help="overwrite OUT if it already holds an artifact"
     )
 

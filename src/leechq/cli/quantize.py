@@ -29,7 +29,12 @@ def calibration_windows(tokenizer: Any, calib_tokens: int, window: int) -> Any:
 
 
 def quant_config(
-    codebook: str, windows: Any, device: str, seed: int | None, calibration: str
+    codebook: str,
+    windows: Any,
+    device: str,
+    seed: int | None,
+    calibration: str,
+    propagation: str = "auto",
 ) -> Any:
     """The resolved :class:`~leechq.config.QuantConfig` of the bare recipe."""
     from leechq.config import QuantConfig
@@ -41,6 +46,7 @@ def quant_config(
         calib_window_len=windows.window,
         device=device if device in ("cpu", "cuda") else "auto",
         calibration=calibration,
+        propagation=propagation,
         **extra,
     )
 
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         args.seed,
         f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
         f"fingerprint {windows.fingerprint}",
+        propagation=getattr(args, "propagation", "auto"),
     )
     print(f"[quantize] {cfg.describe()}", file=sys.stderr)
     path = quantize_model(

@@ -587,7 +587,8 @@ def _quantize_block(
     ]
     for s in lattice:
         progress.matrix(".".join(s.name.split(".")[-2:]))
-    results = dict(zip([s.name for s in lattice], gptq_quantize_many(jobs, coder), strict=True))
+    coded = gptq_quantize_many(jobs, coder, propagation=config.propagation)
+    results = dict(zip([s.name for s in lattice], coded, strict=True))
     loop_seconds = timer.mark("gptq")
     loop_blocks = sum(int(j.weight.numel()) // BLOCK for j in jobs) or 1
     del jobs
