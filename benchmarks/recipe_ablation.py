@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-window", type=int, default=256)
     p.add_argument("--target-bpp", type=float, default=2.7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where encoding, sensitivity and row-scale training run (evaluation: CPU)")
     p.add_argument("--out", default=None, help="also write the JSON to this file")
     p.add_argument("--keep-artifact", default=None, help="write the full artifact here")
     p.add_argument("--arms", default=",".join(ARMS), help=f"arms to run (of {', '.join(ARMS)})")
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     proj = [f"{arch.layers_path}.{i}.{pr.name}.weight" for i in range(k, n_layers)
             for pr in arch.projections]
     base_cfg = QuantConfig(codebook=args.codebook, calib_windows=args.calib_windows,
-                           calib_window_len=args.calib_window, calib_batch=4, device="cpu",
+                           calib_window_len=args.calib_window, calib_batch=4, device=args.device,
                            calibration=f"pydoc:calibration {args.calib_windows}x"
                                        f"{args.calib_window}")
     qfn = partial_quantize_fn(arch, k, progress=sys.stderr.isatty(),
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
     full_recipe = resolve_recipe("full", args.target_bpp, requantize=False, row_scales=rows_cfg,
                                  sensitivity_windows=args.sens_windows,
-                                 sensitivity_window_len=args.sens_window, device="cpu")
+                                 sensitivity_window_len=args.sens_window, device=args.device)
     order = [a for a in ARMS if a in want]
     need = set(order)
     for a in order:
@@ -234,10 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         results["full"] = arm(full_recipe)
         chosen = results["full"].metadata["selection"]["int4"]
     if "bare" in need:
-        results["bare"] = arm(Recipe(name="bare", device="cpu"))
+        results["bare"] = arm(Recipe(name="bare", device=args.device))
     if "+rows" in need:
         print("[ablation] +rows", file=sys.stderr)
-        results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device="cpu"))
+        results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device=args.device))
     for bits in (8, 4):
         if f"+tables{bits}" in need:
             results[f"+tables{bits}"] = arm(Recipe(name=f"tables{bits}", embedding_bits=bits,
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         src = results["+int4"]
         t, c = time.perf_counter(), _cpu_seconds()
         res = run_recipe(reference, calib, base_cfg,
-                         Recipe(name="int4+rows", row_scales=rows_cfg, device="cpu"),
+                         Recipe(name="int4+rows", row_scales=rows_cfg, device=args.device),
                          student=copy.deepcopy(src.model),
                          encoded=SimpleNamespace(records=src.records, raw=src.raw,
                                                  tied=src.tied, seconds=0.0, provenance={}),
@@ -313,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "model": args.model,
         "codebook": args.codebook,
+        "device": args.device,
         "blocks_encoded": k,
         "blocks_total": n_layers,
         "threads": args.threads,

@@ -250,3 +250,49 @@ def test_quantize_then_demo_on_a_tiny_model(
     assert summary["codebook"] == "tetra" and not summary["reused_artifact"]
     assert summary["kl"]["kl"] >= 0 and summary["ppl"]["ratio"] > 0
     assert summary["counts"]["lattice_records"] == 14
+
+
+def test_target_bpp_needs_the_full_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["quantize", "no-such-model", str(tmp_path / "q"), "--target-bpp", "3"]
+    assert main(argv) == 2
+    assert "--target-bpp applies to --recipe full only" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.slow
+def test_quantize_full_recipe_on_a_tiny_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales, all
+    recorded in the artifact, which loads and matches the recorded accounting."""
+    from leechq.data.corpus import pydoc_sources_dir
+    from leechq.errors import ArtifactError
+    from leechq.formats.artifact import artifact_report, read_artifact
+
+    try:
+        pydoc_sources_dir(fetch=False)
+    except ArtifactError:
+        pytest.skip("offline corpus not fetched on this machine")
+    src = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "q"
+    argv = ["quantize", str(src), str(out), "--recipe", "full", "--target-bpp", "6",
+            "--calib-tokens", "256", "--window", "128", "--train-steps", "3",
+            "--train-tokens", "512", "--device", "cpu"]
+    assert main(argv) == 0
+    assert "on-disk rate" in capsys.readouterr().out
+    art = read_artifact(out)
+    recipe = art.quantization_config["provenance"]["recipe"]
+    assert recipe["recipe"]["name"] == "full"
+    assert [s["step"] for s in recipe["steps"]] == [
+        "encode", "int4_by_sensitivity", "tables", "row_scales"]
+    assert recipe["row_scales"]["steps"] == 3
+    assert recipe["whole_model_bits_per_param"] <= 6.0 + 1e-9
+    report = artifact_report(out)
+    assert report is not None
+    assert not (tmp_path / "q.ckpt").exists() and not (tmp_path / "q.rows-ckpt").exists()
+    assert main(argv) == 2
+    assert "already exists" in capsys.readouterr().err

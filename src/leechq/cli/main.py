@@ -69,9 +69,39 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--recipe",
-        choices=("bare",),
+        choices=("bare", "full"),
         default="bare",
-        help="bare: every projection on the lattice, embeddings kept [default: bare]",
+        help="bare: every projection on the lattice, embeddings kept; full: + int4 for the most "
+        "KL-sensitive matrices under --target-bpp, 4-bit embedding, 8-bit untied head, row "
+        "scales trained by KL to the reference [default: bare]",
+    )
+    p.add_argument(
+        "--target-bpp",
+        type=float,
+        default=None,
+        help="full recipe: whole-model bits-per-parameter budget of the int4 choice [default: 2.7]",
+    )
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=100,
+        help="full recipe: row-scale AdamW steps (0 = as many as --train-seconds allows) "
+        "[default: 100]",
+    )
+    p.add_argument(
+        "--train-seconds",
+        type=float,
+        default=7200.0,
+        help="full recipe: row-scale time budget when --train-steps is 0 [default: 7200]",
+    )
+    p.add_argument(
+        "--train-lr", type=float, default=2e-3, help="full recipe: row-scale peak lr [default: 2e-3]"
+    )
+    p.add_argument(
+        "--train-tokens",
+        type=int,
+        default=32768,
+        help="full recipe: row-scale training tokens (windows of --window) [default: 32768]",
     )
     _device(p)
     p.add_argument(

@@ -4,7 +4,11 @@ A thin shell (architecture.md §6.1 ``cli/quantize.py``) over
 :func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the offline
 calibration split of :mod:`leechq.data` and :func:`leechq.models.quantize.quantize_model`. The
 "bare" recipe is the configuration's defaults: every block projection on the lattice with one gain
-bit and the input rotation, embeddings kept.
+bit and the input rotation, embeddings kept. The "full" recipe (layouts-kernels-recipe.md §5) runs
+:func:`leechq.quant.recipe.run_recipe` on top: int4 for the most KL-sensitive matrices under a
+whole-model bits-per-parameter budget, 4-bit embedding tables, row scales trained by KL to the
+reference. Its calibration text is cut into disjoint roles (encoding | sensitivity | row-scale
+training | monitor), all from the calibration split; the evaluation split is never read.
 """
 
 from __future__ import annotations
@@ -51,6 +55,133 @@ def quant_config(
     )
 
 
+def recipe_windows(
+    tokenizer: Any, sizes: list[tuple[int, int]]
+) -> tuple[list[Any], str]:
+    """Disjoint, consecutive token windows of the calibration split, one tensor per role.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        sizes: ``(n_windows, window)`` per role.
+
+    Returns:
+        (int64 tensors [n, window] in ``sizes`` order, fingerprint of the whole token stream).
+    """
+    from leechq.data import calibration_text, token_windows
+
+    total = sum(n * w for n, w in sizes)
+    stream = token_windows(tokenizer, calibration_text(), 1, total, source="pydoc:calibration")
+    flat = stream.ids.reshape(-1)
+    parts, pos = [], 0
+    for n, w in sizes:
+        parts.append(flat[pos : pos + n * w].reshape(n, w).clone())
+        pos += n * w
+    return parts, stream.fingerprint
+
+
+def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
+    """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales; writes ``args.out``.
+
+    Returns:
+        The artifact path.
+    """
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from leechq.errors import InvalidInput
+    from leechq.models.quantize import quantize_model_in_place
+    from leechq.quant.recipe import resolve_recipe, run_recipe
+    from leechq.quant.row_scales import RowScaleConfig
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise InvalidInput(f"{out} already exists (pass --force to replace it)")
+    if args.train_tokens < args.window or args.train_steps < 0:
+        raise InvalidInput("--train-tokens must hold one --window and --train-steps be >= 0")
+    steps = args.train_steps
+    rows = RowScaleConfig(
+        steps=steps,
+        time_budget_s=args.train_seconds,
+        lr=args.train_lr,
+        warmup_steps=max(1, steps // 10) if steps else 10,
+    )
+    recipe = resolve_recipe(
+        "full", args.target_bpp, row_scales=rows, device="cuda" if device == "cuda" else "cpu"
+    )
+    n_calib = -(-args.calib_tokens // args.window)
+    n_train = args.train_tokens // args.window
+    sizes = [
+        (n_calib, args.window),
+        (recipe.sensitivity_windows, recipe.sensitivity_window_len),
+        (n_train, args.window),
+        (2, args.window),
+    ]
+    (calib, sens, train, monitor), fingerprint = recipe_windows(loaded.tokenizer, sizes)
+    cfg = quant_config(
+        args.codebook,
+        SimpleNamespace(n_windows=n_calib, window=args.window),
+        device,
+        args.seed,
+        f"pydoc:calibration {n_calib}x{args.window} tokens (+ sensitivity "
+        f"{recipe.sensitivity_windows}x{recipe.sensitivity_window_len}, training "
+        f"{n_train}x{args.window}, monitor 2x{args.window}), stream fingerprint {fingerprint}",
+        propagation=getattr(args, "propagation", "auto"),
+    )
+    print(f"[quantize] {cfg.describe()}", file=sys.stderr)
+    print(f"[quantize] {recipe.describe()}", file=sys.stderr)
+    arch = loaded.arch
+    head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
+    encode_ckpt = out.with_name(out.name + ".ckpt")
+
+    def encode(model: Any, windows: Any, config: Any) -> Any:
+        # one resumable checkpoint per encoder configuration (the int4 re-encode differs)
+        return quantize_model_in_place(
+            model,
+            windows,
+            config,
+            progress=True,
+            checkpoint_dir=encode_ckpt / config.digest()[:16],
+            model_id=str(args.model),
+        )
+
+    result = run_recipe(
+        loaded.model,
+        calib,
+        cfg,
+        recipe,
+        quantize_fn=encode,
+        embed_name=f"{arch.embed_path}.weight",
+        head_name=head,
+        train_windows=train,
+        sensitivity_windows=sens,
+        monitor_windows=monitor,
+        checkpoint_dir=out.with_name(out.name + ".rows-ckpt"),
+    )
+    for step in result.metadata["steps"]:
+        print(f"[quantize] step {step['step']}: {step['seconds']:.1f} s", file=sys.stderr)
+    if "selection" in result.metadata:
+        sel = result.metadata["selection"]
+        print(
+            f"[quantize] int4 ({len(sel['int4'])}): {', '.join(sel['int4']) or 'none'}; "
+            f"tables upgraded to 8 bits: {sel['tables_upgraded'] or 'none'}",
+            file=sys.stderr,
+        )
+    if "row_scales" in result.metadata:
+        rs = result.metadata["row_scales"]
+        keys = ["steps", "seconds", "monitor_kl_before", "monitor_kl_after"]
+        print("[quantize] row scales: " + ", ".join(f"{k} {rs.get(k)}" for k in keys), file=sys.stderr)
+    base = loaded.model.config.to_dict()
+    base.pop("quantization_config", None)
+    path = result.write(
+        out, base_config=base, tokenizer=loaded.tokenizer, overwrite=args.force
+    )
+    import shutil
+
+    shutil.rmtree(encode_ckpt, ignore_errors=True)
+    shutil.rmtree(out.with_name(out.name + ".rows-ckpt"), ignore_errors=True)
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     """Quantize ``args.model`` into ``args.out``; prints the artifact's rates at the end."""
     import torch
@@ -60,13 +191,22 @@ def run(args: argparse.Namespace) -> int:
     from leechq.models.hf_load import load_model
     from leechq.models.quantize import quantize_model
 
+    if getattr(args, "recipe", "bare") != "full" and getattr(args, "target_bpp", None) is not None:
+        from leechq.errors import InvalidInput
+
+        raise InvalidInput("--target-bpp applies to --recipe full only")
     t0 = time.perf_counter()
     print(f"[quantize] loading {args.model}", file=sys.stderr)
     loaded = load_model(args.model, device="cpu", dtype="float32")
-    windows = calibration_windows(loaded.tokenizer, args.calib_tokens, args.window)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if getattr(args, "recipe", "bare") == "full":
+        path = run_full_recipe(args, loaded, device)
+        print(f"[quantize] wrote {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        print(format_report(artifact_report(path), str(path)))
+        return 0
+    windows = calibration_windows(loaded.tokenizer, args.calib_tokens, args.window)
     cfg = quant_config(
         args.codebook,
         windows,

@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,8 +66,24 @@ def tetra_pattern_split() -> np.ndarray:
     return cw
 
 
-@cache
-def _tetra_tables_cached(device: str) -> TetraKernelTables:
+def _memo(kind: str, device: torch.device | str, build: Any) -> Any:
+    """``build(device_str)`` once per (kind, device), kept in a plain dict.
+
+    A plain dict, not ``functools.cache``: torch.compile ignores the cache wrapper and would trace
+    the builder (numpy table construction) inside a compiled forward; a dict hit is traced as a
+    constant lookup, so a module whose tables were built eagerly compiles with ``fullgraph=True``.
+    """
+    key = (kind, str(torch.device(device)))
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = _MEMO[key] = build(key[1])
+    return hit
+
+
+_MEMO: dict[tuple[str, str], Any] = {}
+
+
+def _tetra_tables_build(device: str) -> TetraKernelTables:
     from leechq.codebooks.tetra_tables import tetra_tables
 
     t = tetra_tables()
@@ -80,7 +96,7 @@ def _tetra_tables_cached(device: str) -> TetraKernelTables:
 
 def tetra_kernel_tables(device: torch.device | str) -> TetraKernelTables:
     """The Tetra kernel tables on ``device`` (built once per device)."""
-    return _tetra_tables_cached(str(torch.device(device)))
+    return _memo("tetra", device, _tetra_tables_build)
 
 
 M1_RANK_U = (0, 1, -1, 2, -2, 3, -3, 4)
@@ -152,18 +168,16 @@ def tetra_m1_table_numpy() -> np.ndarray:
     return out
 
 
-@cache
-def _tetra_m1_cached(device: str) -> torch.Tensor:
+def _tetra_m1_build(device: str) -> torch.Tensor:
     return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
 
 
 def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
     """The batch-1 Tetra table, int32 [M1_TABLE_WORDS], on ``device`` (built once per device)."""
-    return _tetra_m1_cached(str(torch.device(device)))
+    return _memo("tetra_m1", device, _tetra_m1_build)
 
 
-@cache
-def _planes14_table_cached(device: str) -> torch.Tensor:
+def _planes14_table_build(device: str) -> torch.Tensor:
     from leechq.formats.layouts.planes14 import planes14_tables
 
     return torch.from_numpy(planes14_tables().kernel.copy()).to(device)
@@ -171,7 +185,7 @@ def _planes14_table_cached(device: str) -> torch.Tensor:
 
 def planes14_kernel_table(device: torch.device | str) -> torch.Tensor:
     """The Planes14 class table, int32 [512, 4], on ``device``."""
-    return _planes14_table_cached(str(torch.device(device)))
+    return _memo("planes14", device, _planes14_table_build)
 
 
 def natural_order(device: torch.device | str) -> torch.Tensor:

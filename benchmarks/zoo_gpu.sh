@@ -1,0 +1,52 @@
+#!/bin/bash
+# Zoo-model quality and timing runs on a GPU host that cannot reach PyPI (the `device` machine).
+#
+# The GGUF, the pydoc corpus and the pure-Python packages the GPU image lacks (gguf, accelerate)
+# arrive as carried files under gpu_carry/ (staged by the `stage` step into /tmp/zoo); the zoo
+# re-verifies the GGUF's pinned sha256 before use. Steps (one per call, each under 10 minutes):
+#   stage PART        copy one carried GGUF part (and, with the first, the corpus/packages)
+#   ball              leechq quantize --codebook ball on CUDA, then eval (CPU, f32, 8x512 held out)
+#   recipe            benchmarks/recipe_ablation.py at full depth on CUDA (Tetra), artifact kept
+#   serve             the kept artifact: leechq run/chat on CUDA; GPU tests of the model paths
+# Results go to $OUT.
+set -u
+step=$1
+Z=/tmp/zoo
+export LEECHQ_CACHE=$Z/cache LEECHQ_PYDOC_SOURCES=$Z/pydoc/_sources TQDM_DISABLE=1
+export PYTHONPATH=$PWD/src:$Z/site
+G=$LEECHQ_CACHE/zoo/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+L="python -m leechq.cli.main"
+mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
+case $step in
+stage)
+  part=$2
+  mv gpu_carry/$part $Z/
+  if [ -d gpu_carry/site ]; then cp -r gpu_carry/site/. $Z/site/; fi
+  if [ -f gpu_carry/pydoc.tar.xz ]; then mkdir -p $Z/pydoc && tar -xJf gpu_carry/pydoc.tar.xz -C $Z/pydoc; fi
+  ls -la $Z $Z/pydoc | head; python -c "import gguf, accelerate; print('gguf', gguf.__file__)"
+  if [ -f $Z/partA ] && [ -f $Z/partB ]; then cat $Z/partA $Z/partB > $G && rm $Z/partA $Z/partB; fi
+  ls -la $LEECHQ_CACHE/zoo/smollm2-135m; nvidia-smi -L
+  ;;
+ball)
+  /usr/bin/time -v -o $OUT/ball.time $L quantize $G $Z/smol-ball --codebook ball \
+    --device cuda > $OUT/ball-quantize.log 2>&1
+  tail -25 $OUT/ball-quantize.log; grep -E "Elapsed|Maximum resident" $OUT/ball.time
+  $L eval $Z/smol-ball --device cpu --dtype float32 --out $OUT/smol-ball-eval.json 2> $OUT/ball-eval.log | tail -3
+  ;;
+recipe)
+  python benchmarks/recipe_ablation.py --model $G --codebook tetra --blocks 0 \
+    --device cuda --threads 16 --calib-windows 32 --calib-window 512 --train-windows 128 \
+    --train-window 512 --train-steps 200 --train-lr 2e-3 --train-warmup 20 --sens-windows 4 \
+    --eval-windows 8 --eval-window 512 --keep-artifact $Z/smol-full \
+    --out $OUT/recipe-ablation.json > $OUT/recipe.log 2> $OUT/recipe.err
+  tail -25 $OUT/recipe.log; tail -5 $OUT/recipe.err
+  ;;
+serve)
+  A=$Z/smol-full
+  $L inspect $A > $OUT/inspect-full.txt 2>&1; tail -8 $OUT/inspect-full.txt
+  $L run $A --prompt "Write a Python function that reverses a string." --max-new-tokens 64 \
+    --device cuda > $OUT/run.txt 2> $OUT/run.err; cat $OUT/run.txt; tail -5 $OUT/run.err
+  printf 'What is a Python list?\n/exit\n' | $L chat $A --device cuda --max-new-tokens 48 \
+    --temperature 0 > $OUT/chat.txt 2> $OUT/chat.err; cat $OUT/chat.txt; tail -3 $OUT/chat.err
+  ;;
+esac
