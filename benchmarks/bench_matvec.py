@@ -21,7 +21,6 @@ Triton interpreter on the CPU (logic check only; no timing meaning).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics

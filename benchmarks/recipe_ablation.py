@@ -59,7 +59,6 @@ from leechq.formats.artifact import artifact_report, read_artifact
 from leechq.quant.recipe import Recipe, resolve_recipe, run_recipe
 from leechq.quant.row_scales import RowScaleConfig, set_module_weights
 
-
 ARMS = ("bare", "+rows", "+int4", "+int4+rows", "+tables8", "+tables4", "+int4+tables4", "full",
         "dense+tables8", "dense+tables4")
 DEPENDS = {

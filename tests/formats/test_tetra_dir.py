@@ -35,7 +35,7 @@ from leechq.formats.tetra_dir import (
 )
 
 pytest.importorskip("llvq_tetra")
-from llvq_tetra.reader import PackedModel  # noqa: E402
+from llvq_tetra.reader import PackedModel
 
 # --------------------------------------------------------------------------------------------------
 # a tiny Qwen3-shaped model: widths 88 = 3·24 + 16 (k = 11), 72 = 3·24 (k = 9),

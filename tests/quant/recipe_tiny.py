@@ -15,10 +15,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from leechq_tiny import tiny_model  # noqa: E402
-from standin_codebook import register  # noqa: E402
+from leechq_tiny import tiny_model
+from standin_codebook import register
 
-from leechq.config import QuantConfig  # noqa: E402
+from leechq.config import QuantConfig
 
 VOCAB = 96
 

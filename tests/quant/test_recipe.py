@@ -12,25 +12,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from leechq_tiny import int4_record, lattice_record  # noqa: E402
+from leechq_tiny import int4_record, lattice_record
 
-from leechq.errors import InvalidInput  # noqa: E402
-from leechq.formats.accounting import record_served_bits, whole_model_bits  # noqa: E402
-from leechq.formats.artifact import (  # noqa: E402
+from leechq.errors import InvalidInput
+from leechq.formats.accounting import record_served_bits, whole_model_bits
+from leechq.formats.artifact import (
     GroupAffine,
     artifact_report,
     read_artifact,
     write_artifact,
 )
-from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight  # noqa: E402
-from leechq.quant.recipe import (  # noqa: E402
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.quant.recipe import (
     Recipe,
     projected_bits,
     resolve_recipe,
     run_recipe,
     table_records,
 )
-from leechq.quant.row_scales import RowScaleConfig  # noqa: E402
+from leechq.quant.row_scales import RowScaleConfig
 
 pytest.importorskip("transformers")
 

@@ -14,11 +14,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from leechq_tiny import int4_record, lattice_record  # noqa: E402
+from leechq_tiny import int4_record, lattice_record
 
-from leechq.errors import InvalidInput  # noqa: E402
-from leechq.formats.quantized_weight import QuantizedWeight  # noqa: E402
-from leechq.quant.row_scales import (  # noqa: E402
+from leechq.errors import InvalidInput
+from leechq.formats.quantized_weight import QuantizedWeight
+from leechq.quant.row_scales import (
     RowScaleConfig,
     RowScaledLinear,
     fold_row_scales,

@@ -11,8 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from leechq.errors import InvalidInput  # noqa: E402
-from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget  # noqa: E402
+from leechq.errors import InvalidInput
+from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
 
 pytest.importorskip("transformers")
 

@@ -18,7 +18,6 @@ Contracts (shapes; docs/kernels.md has the tolerances):
 from __future__ import annotations
 
 import math
-
 from typing import TYPE_CHECKING
 
 import torch
