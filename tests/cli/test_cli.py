@@ -192,12 +192,9 @@ def test_chat_reads_turns_until_exit(artifact: Path) -> None:
     assert "leechq chat" in res.stdout and "(conversation reset)" in res.stdout
 
 
-@pytest.mark.slow
-def test_quantize_then_demo_on_a_tiny_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The real pipeline (quantizer, artifact, load, generate, eval) on a tiny random model: the
-    quantize command, then the demo reusing nothing (its own cache)."""
+def _tiny_llama_dir(tmp_path: Path) -> Path:
+    """A tiny random Llama saved as a transformers directory (skips without the offline corpus,
+    which quantization calibrates on)."""
     from leechq.data.corpus import pydoc_sources_dir
     from leechq.errors import ArtifactError
 
@@ -208,6 +205,16 @@ def test_quantize_then_demo_on_a_tiny_model(
     src = tmp_path / "tiny"
     tiny_model("llama").save_pretrained(src)
     tiny_tokenizer().save_pretrained(src)
+    return src
+
+
+@pytest.mark.slow
+def test_quantize_then_demo_on_a_tiny_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real pipeline (quantizer, artifact, load, generate, eval) on a tiny random model: the
+    quantize command, then the demo reusing nothing (its own cache)."""
+    src = _tiny_llama_dir(tmp_path)
     out = tmp_path / "q"
     assert (
         main(
@@ -267,28 +274,40 @@ def test_quantize_full_recipe_on_a_tiny_model(
 ) -> None:
     """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales, all
     recorded in the artifact, which loads and matches the recorded accounting."""
-    from leechq.data.corpus import pydoc_sources_dir
-    from leechq.errors import ArtifactError
     from leechq.formats.artifact import artifact_report, read_artifact
 
-    try:
-        pydoc_sources_dir(fetch=False)
-    except ArtifactError:
-        pytest.skip("offline corpus not fetched on this machine")
-    src = tmp_path / "tiny"
-    tiny_model("llama").save_pretrained(src)
-    tiny_tokenizer().save_pretrained(src)
+    src = _tiny_llama_dir(tmp_path)
     out = tmp_path / "q"
-    argv = ["quantize", str(src), str(out), "--recipe", "full", "--target-bpp", "6",
-            "--calib-tokens", "256", "--window", "128", "--train-steps", "3",
-            "--train-tokens", "512", "--device", "cpu"]
+    argv = [
+        "quantize",
+        str(src),
+        str(out),
+        "--recipe",
+        "full",
+        "--target-bpp",
+        "6",
+        "--calib-tokens",
+        "256",
+        "--window",
+        "128",
+        "--train-steps",
+        "3",
+        "--train-tokens",
+        "512",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert "on-disk rate" in capsys.readouterr().out
     art = read_artifact(out)
     recipe = art.quantization_config["provenance"]["recipe"]
     assert recipe["recipe"]["name"] == "full"
     assert [s["step"] for s in recipe["steps"]] == [
-        "encode", "int4_by_sensitivity", "tables", "row_scales"]
+        "encode",
+        "int4_by_sensitivity",
+        "tables",
+        "row_scales",
+    ]
     assert recipe["row_scales"]["steps"] == 3
     assert recipe["whole_model_bits_per_param"] <= 6.0 + 1e-9
     report = artifact_report(out)

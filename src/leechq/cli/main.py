@@ -95,7 +95,10 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         help="full recipe: row-scale time budget when --train-steps is 0 [default: 7200]",
     )
     p.add_argument(
-        "--train-lr", type=float, default=2e-3, help="full recipe: row-scale peak lr [default: 2e-3]"
+        "--train-lr",
+        type=float,
+        default=2e-3,
+        help="full recipe: row-scale peak lr [default: 2e-3]",
     )
     p.add_argument(
         "--train-tokens",

@@ -55,9 +55,7 @@ def quant_config(
     )
 
 
-def recipe_windows(
-    tokenizer: Any, sizes: list[tuple[int, int]]
-) -> tuple[list[Any], str]:
+def recipe_windows(tokenizer: Any, sizes: list[tuple[int, int]]) -> tuple[list[Any], str]:
     """Disjoint, consecutive token windows of the calibration split, one tensor per role.
 
     Args:
@@ -169,12 +167,12 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     if "row_scales" in result.metadata:
         rs = result.metadata["row_scales"]
         keys = ["steps", "seconds", "monitor_kl_before", "monitor_kl_after"]
-        print("[quantize] row scales: " + ", ".join(f"{k} {rs.get(k)}" for k in keys), file=sys.stderr)
+        print(
+            "[quantize] row scales: " + ", ".join(f"{k} {rs.get(k)}" for k in keys), file=sys.stderr
+        )
     base = loaded.model.config.to_dict()
     base.pop("quantization_config", None)
-    path = result.write(
-        out, base_config=base, tokenizer=loaded.tokenizer, overwrite=args.force
-    )
+    path = result.write(out, base_config=base, tokenizer=loaded.tokenizer, overwrite=args.force)
     import shutil
 
     shutil.rmtree(encode_ckpt, ignore_errors=True)
