@@ -153,3 +153,18 @@ def test_fused_decode_step_never_syncs() -> None:
             step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_graphs_survive_released_and_replaced_sessions() -> None:
+    """Capture after the graphs of an earlier session were freed (release, then a new batch size;
+    then a longer sequence that replaces a session): each session owns its graph pool."""
+    model = _cuda_model()
+    engine = Engine(model, graphs=True, compile=True)
+    eager = Engine(model, graphs=False, compile=True)
+    first = engine.generate_ids(PROMPTS[:1], 16).tokens
+    engine.release()
+    torch.cuda.empty_cache()
+    assert engine.generate_ids(PROMPTS, 16).tokens == eager.generate_ids(PROMPTS, 16).tokens
+    longer = engine.generate_ids(PROMPTS[:1], 96).tokens  # seq_len grows: session replaced
+    assert longer == eager.generate_ids(PROMPTS[:1], 96).tokens
+    assert longer[0][:16] == first[0]

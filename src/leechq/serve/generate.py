@@ -91,6 +91,11 @@ class _Session:
         self.seen = torch.zeros(batch, model.args.vocab_size, dtype=torch.bool, device=dev)
         self.sampler = SamplerState(dev)
         self.graphs: dict[tuple[Any, ...], CapturedStep] = {}
+        # One memory pool per session, shared by its graphs and dropped with them. A pool handle
+        # kept by the engine across sessions breaks: when the last graph of a pool is freed (a
+        # session replaced or released) the allocator deletes the pool, and a later capture into
+        # the stale handle fails an internal assertion.
+        self.pool: Any = None
 
     def snapshot(self) -> Callable[[], None]:
         """A function that restores the small state buffers to their current values."""
@@ -134,7 +139,6 @@ class Engine:
         self.dtype = self._activation_dtype()
         warn_if_reference(model, model.device)
         self._sessions: dict[int, _Session] = {}
-        self._pool = graph_pool() if self.use_graphs else None
 
     def _activation_dtype(self) -> torch.dtype:
         probe = self.model.embed(torch.zeros(1, 1, dtype=torch.int64, device=self.model.device))
@@ -195,7 +199,9 @@ class Engine:
             return step
         if key not in sess.graphs:
             sess.slot.zero_()  # warm-up writes slots 0 and 1, which the prefill rewrites
-            sess.graphs[key] = CapturedStep(step, sess.snapshot(), pool=self._pool)
+            if sess.pool is None:
+                sess.pool = graph_pool()
+            sess.graphs[key] = CapturedStep(step, sess.snapshot(), pool=sess.pool)
         return sess.graphs[key]
 
     # -- generation --------------------------------------------------------------------------------
