@@ -9,9 +9,13 @@ the module type, the replacement and the finalize step with the transformers int
 2. build the model skeleton from ``config.json`` with its parameters on the meta device (buffers
    such as RoPE frequencies are computed normally), in the serving dtype;
 3. replace the recorded linears by :class:`LeechqLinear` (:mod:`leechq.nn.replace`);
-4. assign the raw tensors (embedding, norms, biases; group-affine ones dequantized exactly) and tie
-   the head when the config says so; refuse any parameter left unloaded;
-5. move to the device and finalize every quantized module (dense reference path on CPU, fused
+4. a 4/8-bit group-affine embedding or head table stays packed: the module becomes a
+   :class:`~leechq.nn.embedding.PackedEmbedding` / :class:`~leechq.nn.embedding.PackedHead` (a tied
+   head reads the embedding's table, no copy), see :func:`install_packed_tables`;
+5. assign the other raw tensors (norms, biases, dense tables; any other group-affine tensor
+   dequantized exactly) and tie a dense head when the config says so; refuse any parameter left
+   unloaded;
+6. move to the device and finalize every quantized module (dense reference path on CPU, fused
    kernels on CUDA where they exist), then group q/k/v and gate/up for a shared activation rotation.
 
 transformers is imported inside functions only (architecture.md §6.2).
@@ -127,6 +131,75 @@ def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     parent._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
 
 
+def _module_name(model: torch.nn.Module, module: Any) -> str | None:
+    if module is None:
+        return None
+    for name, m in model.named_modules():
+        if m is module:
+            return name
+    return None
+
+
+def _replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, leaf, module)
+
+
+def install_packed_tables(
+    model: torch.nn.Module, art: Any, config: Any
+) -> tuple[list[torch.nn.Module], set[str]]:
+    """Put packed modules in place of the input embedding / output head stored as group-affine.
+
+    The embedding module becomes a :class:`PackedEmbedding` when ``<embedding>.weight`` is a
+    group-affine tensor of the artifact; the head becomes a :class:`PackedHead` reading that same
+    table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``), or one over its
+    own table when ``<head>.weight`` is group-affine. Dense tables are left to the dense path.
+
+    Returns:
+        ``(modules to finalize, embedding first; tensor names they took over)``.
+    """
+    from leechq.nn.embedding import PackedEmbedding, PackedHead
+
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    emb_name = _module_name(model, get_in() if get_in else None)
+    head_name = _module_name(model, get_out() if get_out else None)
+    emb_key = f"{emb_name}.weight" if emb_name is not None else None
+    head_key = f"{head_name}.weight" if head_name is not None else None
+    modules: list[torch.nn.Module] = []
+    handled: set[str] = set()
+    emb = None
+    if emb_key in art.raw_quant:
+        try:
+            emb = PackedEmbedding.from_group_affine(art.raw_quant[emb_key])
+        except InvalidInput as exc:
+            raise ArtifactError(f"group-affine table {emb_key}: {exc}") from exc
+        _replace_module(model, emb_name, emb)  # type: ignore[arg-type]
+        modules.append(emb)
+        handled.add(emb_key)  # type: ignore[arg-type]
+    if head_key is None:
+        return modules, handled
+    tied = art.tied.get(head_key) == emb_key or (
+        head_key not in art.raw
+        and head_key not in art.raw_quant
+        and bool(getattr(config, "tie_word_embeddings", False))
+    )
+    head = None
+    if emb is not None and tied:
+        head = PackedHead.tied_to(emb)
+    elif head_key in art.raw_quant:
+        try:
+            head = PackedHead.from_group_affine(art.raw_quant[head_key])
+        except InvalidInput as exc:
+            raise ArtifactError(f"group-affine table {head_key}: {exc}") from exc
+    if head is not None:
+        _replace_module(model, head_name, head)  # type: ignore[arg-type]
+        modules.append(head)
+        handled.add(head_key)
+    return modules, handled
+
+
 def load(
     path: str | os.PathLike[str],
     device: str | torch.device | None = "auto",
@@ -143,7 +216,8 @@ def load(
         device: "auto" (CUDA when present), "cpu", "cuda", "cuda:N" or a torch.device.
         dtype: activation dtype, "auto" = float32 on CPU, bfloat16 on CUDA.
         prefer: kernel preference for every quantized module: "auto", "reference" or "fused"
-            (see :meth:`LeechqLinear.finalize`).
+            (see :meth:`LeechqLinear.finalize`), packed embedding/head tables included
+            (:meth:`PackedEmbedding.finalize`, :meth:`PackedHead.finalize`).
         verify: check every file's sha256 against the manifest (sizes are always checked).
         tokenizer: also load the tokenizer stored in the directory.
 
@@ -172,15 +246,19 @@ def load(
     model = build_skeleton(config, dt)
     replace_with_records(model, art.records)
 
+    packed, handled = install_packed_tables(model, art, config)
     state: dict[str, torch.Tensor] = dict(art.raw)
     for name, ga in art.raw_quant.items():
-        state[name] = ga.dequantize(torch.float32)
+        if name not in handled:  # a group-affine tensor that is not an embedding/head table
+            state[name] = ga.dequantize(torch.float32)
     for name, tensor in state.items():
         _assign(model, name, tensor)
     tied_aliases = set(art.tied)
-    if getattr(config, "tie_word_embeddings", False) or tied_aliases:
+    if not packed and (getattr(config, "tie_word_embeddings", False) or tied_aliases):
         model.tie_weights()
     for alias, target in art.tied.items():
+        if alias in handled:
+            continue  # a packed tied head reads the embedding's table already
         # The artifact's word is final: an alias must end up sharing its target's storage.
         try:
             a, t = model.get_parameter(alias), model.get_parameter(target)
@@ -199,6 +277,8 @@ def load(
     model.to(dev)
     modules = leechq_modules(model)
     finalize_all(modules, dev, dt, prefer=prefer)
+    for module in packed:  # the embedding before a head that reads its table
+        module.finalize(dev, dt, prefer=prefer)
     share_groups(modules)
     model.eval()
     model.requires_grad_(False)
