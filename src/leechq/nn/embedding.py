@@ -57,6 +57,15 @@ def _check_finalize_args(dtype: torch.dtype, prefer: str, what: str) -> None:
         raise InvalidInput(f"prefer must be 'auto', 'reference' or 'fused', got {prefer!r}")
 
 
+def _target_device(device: torch.device | str | None, current: torch.device) -> torch.device:
+    """``device`` (default ``current``) with a CUDA index made explicit, so that it compares equal
+    to the device a tensor reports."""
+    dev = torch.device(device) if device is not None else current
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def _select(op: str, layout: str, shape: Any, device: torch.device, prefer: str
             ) -> tuple[Any, str | None]:
     """(Triton kernel class or None for the reference path, why no kernel when one was wanted).
@@ -108,6 +117,11 @@ class PackedEmbedding(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
+
+    @property
+    def prefer(self) -> str:
+        """The kernel preference of the last :meth:`finalize` ("auto" before any)."""
+        return self._prefer
 
     # ------------------------------------------------------------------ construction
 
@@ -199,7 +213,7 @@ class PackedEmbedding(nn.Module):
         from leechq.kernels.select import Shape
 
         _check_finalize_args(dtype, prefer, "PackedEmbedding")
-        device = torch.device(device) if device is not None else self.qweight.device
+        device = _target_device(device, self.qweight.device)
         if device.type == "meta":
             raise InvalidInput("PackedEmbedding.finalize: cannot finalize on the meta device")
         if self.qweight.device != device:
@@ -303,6 +317,11 @@ class PackedHead(nn.Module):
         self._max_rows = 0
         self._dtype = torch.float32
 
+    @property
+    def prefer(self) -> str:
+        """The kernel preference of the last :meth:`finalize` ("auto" before any)."""
+        return self._prefer
+
     @classmethod
     def tied_to(cls, embedding: PackedEmbedding, chunk_rows: int | None = None) -> PackedHead:
         """The head of a tied model: it reads ``embedding``'s table (no copy)."""
@@ -337,7 +356,7 @@ class PackedHead(nn.Module):
 
         _check_finalize_args(dtype, prefer, "PackedHead")
         t = self.table
-        device = torch.device(device) if device is not None else t.qweight.device
+        device = _target_device(device, t.qweight.device)
         if t.qweight.device != device:
             if self.tied:
                 raise InvalidInput(f"a tied PackedHead reads the embedding's table, which is on "
