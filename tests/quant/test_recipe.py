@@ -168,9 +168,10 @@ def test_full_recipe_end_to_end_writes_an_artifact_that_loads(tmp_path: Path) ->
     loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
     ids = windows(2, 16, seed=11)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
-    # the stored head is the 8-bit table, the embedding its own
-    assert torch.equal(loaded.lm_head.weight, art.raw_quant[HEAD].dequantize())
-    assert torch.equal(loaded.model.embed_tokens.weight, art.raw_quant[EMBED].dequantize())
+    # the stored head is the 8-bit table, the embedding its own (both kept packed by load)
+    assert torch.equal(loaded.lm_head.table.dequantize_rows(), art.raw_quant[HEAD].dequantize())
+    assert torch.equal(loaded.model.embed_tokens.dequantize_rows(),
+                       art.raw_quant[EMBED].dequantize())
 
 
 def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
@@ -200,7 +201,7 @@ def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
     assert res.metadata["selection"]["tables_upgraded"] == []  # too expensive for this budget
     path = res.write(tmp_path / "tied", base_config=reference.config.to_dict())
     loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
-    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert loaded.lm_head.table is loaded.model.embed_tokens  # one packed table
     ids = windows(2, 16, seed=3)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
 

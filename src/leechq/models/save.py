@@ -45,14 +45,16 @@ def raw_tensors(
     """Every stored tensor of ``model`` that is not part of a record, and the tied aliases.
 
     Returns:
-        ``(raw, tied)``: name → CPU tensor, and alias → target for parameters sharing storage
-        (e.g. a tied ``lm_head.weight``).
+        ``(raw, tied)``: name → CPU tensor (a :class:`GroupAffine` for a packed 4/8-bit embedding
+        or head table, under ``<module>.weight``), and alias → target for parameters sharing
+        storage (e.g. a tied ``lm_head.weight``).
     """
     from leechq.nn.linear import LeechqLinear
 
     leechq_prefixes = {name for name, m in model.named_modules() if isinstance(m, LeechqLinear)}
-    raw: dict[str, torch.Tensor] = {}
+    raw: dict[str, Any] = {}
     tied: dict[str, str] = {}
+    packed_owners = _packed_tables(model, raw, tied)
     seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
     named = list(model.named_parameters(remove_duplicate=False))
     named += [
@@ -62,6 +64,8 @@ def raw_tensors(
         owner = name.rpartition(".")[0]
         if owner in leechq_prefixes and not name.endswith(".bias"):
             continue  # the record's own state
+        if owner in packed_owners:
+            continue  # a packed table: written as one group-affine tensor above
         if tensor.device.type == "meta":
             raise InvalidInput(f"{name} is still on the meta device; load the model before saving")
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
@@ -71,6 +75,29 @@ def raw_tensors(
         seen[key] = name
         raw[name] = tensor.detach().to("cpu").contiguous()
     return raw, tied
+
+
+def _packed_tables(model: torch.nn.Module, raw: dict[str, Any], tied: dict[str, str]) -> set[str]:
+    """Add the packed embedding/head tables (:mod:`leechq.nn.embedding`) of ``model`` to ``raw``
+    (as :class:`GroupAffine` under ``<module>.weight``) and a tied head to ``tied``; return the
+    names of the modules owning their buffers."""
+    from leechq.nn.embedding import PackedEmbedding, PackedHead
+
+    named = list(model.named_modules(remove_duplicate=False))
+    owners = {n for n, m in named if isinstance(m, PackedEmbedding)}
+    heads = {n: m for n, m in named if isinstance(m, PackedHead)}
+    for name, module in named:
+        if isinstance(module, PackedEmbedding) and not any(name == f"{h}.table" for h in heads):
+            raw[f"{name}.weight"] = module.to_group_affine()
+    for name, head in heads.items():
+        if head.tied:
+            target = next((n for n, m in named if m is head.table and n != f"{name}.table"), None)
+            if target is None:
+                raise InvalidInput(f"{name}: a tied packed head whose embedding is not in the model")
+            tied[f"{name}.weight"] = f"{target}.weight"
+        else:
+            raw[f"{name}.weight"] = head.table.to_group_affine()
+    return owners
 
 
 def _persistent(model: torch.nn.Module, name: str) -> bool:

@@ -164,6 +164,18 @@ def _copy_norm(
     dst.weight = nn.Parameter(src.weight.detach().to(device, dtype), requires_grad=False)
 
 
+def _packed_on(module: nn.Module, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """A packed embedding/head (:mod:`leechq.nn.embedding`) finalized for ``dtype`` on ``device``,
+    kept packed (the module is reused, re-finalized only when it ran another dtype or device)."""
+    ex = getattr(module, "execution", None)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if ex is None or ex.dtype != dtype or torch.device(ex.device) != dev:
+        module.finalize(dev, dtype, prefer=module.prefer)  # type: ignore[operator]
+    return module
+
+
 def from_hf_model(
     hf_model: nn.Module,
     dtype: torch.dtype | None = None,
@@ -175,20 +187,30 @@ def from_hf_model(
         hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
             ``MistralForCausalLM``, dense or with leechq modules in place of its linears, embedding
             or head.
-        dtype: activation dtype (default: the embedding's dtype, or float16 for a quantized
-            embedding).
+        dtype: activation dtype (default: the embedding's dtype, the dtype a packed embedding
+            was finalized for, or float16 for another quantized embedding). A packed 4/8-bit
+            embedding or head (:mod:`leechq.nn.embedding`) is reused packed, re-finalized for
+            this dtype and device when needed.
         device: target device (default: where the embedding lives).
 
     Returns:
         The :class:`Transformer`, in eval mode.
     """
+    from leechq.nn.embedding import PackedEmbedding, PackedHead
+
     args = ModelArgs.from_hf_config(hf_model.config)
     embed = _get(hf_model, "model.embed_tokens")
     ref = getattr(embed, "weight", None)
+    if isinstance(embed, PackedEmbedding):  # a 4/8-bit table kept packed by leechq.load
+        ex = embed.execution
+        dtype = dtype or (ex.dtype if ex is not None else torch.float16)
+        device = device or embed.qweight.device
     dtype = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float16)
     device = device or (ref.device if ref is not None else "cpu")
     if isinstance(embed, nn.Embedding):
         new_embed: nn.Module = nn.Embedding.from_pretrained(embed.weight.detach().to(device, dtype))
+    elif isinstance(embed, PackedEmbedding):
+        new_embed = _packed_on(embed, dtype, device)
     else:
         new_embed = embed.to(device)
     head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
@@ -197,6 +219,8 @@ def from_hf_model(
         new_head: nn.Module = TiedHead(new_embed)  # type: ignore[arg-type]
     elif _is_dense(head):
         new_head = dense_linear([head.weight], [head.bias], dtype, device)
+    elif isinstance(head, PackedHead):  # tied: reads the (already moved) embedding's table
+        new_head = _packed_on(head, dtype, device)
     else:
         new_head = head.to(device)
     blocks = []
