@@ -1,8 +1,9 @@
 """Layer 4: torch modules (the quantized linear and module replacement).
 
 ``LeechqLinear`` (:mod:`leechq.nn.linear`), the replacement helpers (:mod:`leechq.nn.replace`) and
-``fuse_linears`` (:mod:`leechq.nn.fused`, used by the serving model to group q|k|v and gate|up) are
-imported on first access, so ``import leechq.nn`` stays cheap.
+``fuse_linears`` (:mod:`leechq.nn.fused`, used by the serving model to group q|k|v and gate|up) and
+the packed 4/8-bit embedding and head tables (:mod:`leechq.nn.embedding`) are imported on first
+access, so ``import leechq.nn`` stays cheap.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ _LAZY = {
     "replace_with_records": "leechq.nn.replace",
     "replace_with_placeholders": "leechq.nn.replace",
     "share_groups": "leechq.nn.replace",
+    "PackedEmbedding": "leechq.nn.embedding",
+    "PackedHead": "leechq.nn.embedding",
 }
 
 __all__ = sorted(_LAZY)

@@ -226,17 +226,17 @@ class PackedEmbedding(nn.Module):
         dim = self.embedding_dim
         if kernel is not None:
             fn = kernel.function()
-            self._lookup = lambda flat: fn(flat, table, out_dtype=dtype)  # noqa: E731
+            self._lookup = lambda flat: fn(flat, table, out_dtype=dtype)
             name: str | None = kernel.name
         elif device.type == "cpu":
             from leechq.kernels import reference
 
             fn = reference.int4_embedding if self.bits == 4 else reference.int8_embedding
-            self._lookup = lambda flat: fn(flat, table).to(dtype)  # noqa: E731
+            self._lookup = lambda flat: fn(flat, table).to(dtype)
             name = f"reference-int{self.bits}-embedding"
         else:  # the twin's range check reads the ids on the host: no sync here (CUDA graphs)
             q, s, b = self.qweight, self.scales, self.biases
-            self._lookup = lambda flat: self._dequantize(  # noqa: E731
+            self._lookup = lambda flat: self._dequantize(
                 q.index_select(0, flat), s.index_select(0, flat), b.index_select(0, flat)
             ).to(dtype).reshape(-1, dim)
             name = f"torch-int{self.bits}-embedding"
@@ -370,7 +370,7 @@ class PackedHead(nn.Module):
         name = "chunked-dequantize-matmul"
         if kernel is not None:
             fn, table = kernel.function(), t.table()
-            self._matvec = lambda x2: fn(x2, table)  # noqa: E731
+            self._matvec = lambda x2: fn(x2, table)
             self._max_rows = MAX_TRITON_ROWS
             name = f"{kernel.name} (≤{MAX_TRITON_ROWS} rows; chunked beyond)"
         self._dtype = dtype
