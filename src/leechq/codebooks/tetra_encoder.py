@@ -99,6 +99,23 @@ def _lists() -> tuple[_ListSpec, ...]:
     return (spec(t.class0_list, 0), spec(t.class1_list, 1), mid0, mid1)
 
 
+def nibble_byte_slots() -> tuple[np.ndarray, np.ndarray]:
+    """Even-weight bytes of the trellis in slot order.
+
+    Returns:
+        (nibbles int64 [16]: the 8 even-parity nibbles then the 8 odd ones; byte_slot int64 [256]:
+        byte ``hi·16 + lo`` with both nibbles of parity ``par`` → slot ``par·64 + ih·8 + il``,
+        where ``ih``/``il`` index ``hi``/``lo`` among their parity's nibbles; −1 for the others).
+    """
+    nibs = [[v for v in range(16) if v.bit_count() % 2 == par] for par in (0, 1)]
+    byte_slot = np.full(256, -1)
+    for par in (0, 1):
+        for ih, hi in enumerate(nibs[par]):
+            for il, lo in enumerate(nibs[par]):
+                byte_slot[hi * 16 + lo] = par * 64 + ih * 8 + il
+    return np.array(nibs[0] + nibs[1]), byte_slot
+
+
 @cache
 def _np_constants() -> dict[str, np.ndarray]:
     """Index tables of the dynamic program and of the backtrack (see the module docstring)."""
@@ -202,14 +219,7 @@ def _np_constants() -> dict[str, np.ndarray]:
     pj, rj, dj = np.meshgrid(np.arange(2), np.arange(2), np.arange(2), indexing="ij")
     c["join_p"], c["join_k3"] = pj, pj ^ rj ^ dj
     c["ar8"] = np.arange(8)
-    # Even-weight bytes only: nibbles grouped by parity; byte hi·16 + lo ↔ slot par·64 + ih·8 + il.
-    nibs = [[v for v in range(16) if v.bit_count() % 2 == par] for par in (0, 1)]
-    c["nibbles_by_parity"] = np.array(nibs[0] + nibs[1])
-    byte_slot = np.full(256, -1)
-    for par in (0, 1):
-        for ih, hi in enumerate(nibs[par]):
-            for il, lo in enumerate(nibs[par]):
-                byte_slot[hi * 16 + lo] = par * 64 + ih * 8 + il
+    c["nibbles_by_parity"], byte_slot = nibble_byte_slots()
     c["byte_slot"] = byte_slot
     c["prefix_slots"] = byte_slot[c["prefixes_flat"]]
     c["suffix_slots"] = byte_slot[c["suffixes_flat"]]

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from leechq.codebooks.tetra import pack_fields
+from leechq.codebooks.tetra_encoder import nibble_byte_slots
 from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED, rows_ranks, tetra_tables
 
 NT = 12
@@ -218,14 +219,7 @@ def _np_constants() -> dict:
     c["plan_tie"] = np.array([pl.tie for pl in plans])
     c["plan_mask_base"] = np.array([NT + 14 * li if pl.tie else 0 for li, pl in enumerate(plans)])
 
-    # Nibbles grouped by parity: slot = parity·64 + hi·8 + lo (as tetra_encoder's byte_slot).
-    nibs = [[v for v in range(16) if v.bit_count() % 2 == par] for par in (0, 1)]
-    c["nibbles_by_parity"] = np.array(nibs[0] + nibs[1])
-    byte_slot = np.full(256, -1)
-    for par in (0, 1):
-        for ih, hi in enumerate(nibs[par]):
-            for il, lo in enumerate(nibs[par]):
-                byte_slot[hi * 16 + lo] = par * 64 + ih * 8 + il
+    c["nibbles_by_parity"], byte_slot = nibble_byte_slots()
     # Trellis structure for the join (asserted, not assumed).
     pre = byte_slot[t.prefixes.astype(np.int64)]  # [64, 2]
     suf = byte_slot[t.suffixes.astype(np.int64)]

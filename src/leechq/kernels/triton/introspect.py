@@ -89,9 +89,9 @@ def instructions(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def loop_mix(text: str) -> dict[str, Any]:
-    """Opcode counts inside the largest loop (the widest backward ``BRA``), and in the whole kernel."""
-    ins = instructions(text)
+def widest_loop(ins: list[tuple[int, str, str]]) -> tuple[int, int]:
+    """(first, last) address of the widest backward ``BRA`` loop in :func:`instructions` output;
+    (0, 0) when there is none."""
     best = (0, 0)
     for addr, op, args in ins:
         if op.startswith("BRA"):
@@ -100,6 +100,13 @@ def loop_mix(text: str) -> dict[str, Any]:
                 target = int(m.group(1), 16)
                 if target < addr and addr - target > best[1] - best[0]:
                     best = (target, addr)
+    return best
+
+
+def loop_mix(text: str) -> dict[str, Any]:
+    """Opcode counts inside the largest loop (the widest backward ``BRA``), and in the whole kernel."""
+    ins = instructions(text)
+    best = widest_loop(ins)
     body = [op for addr, op, _ in ins if best[0] <= addr <= best[1]]
     base = lambda op: op.split(".")[0]  # noqa: E731
     return {
@@ -115,14 +122,7 @@ def hot_loop_mix(text: str) -> dict[str, Any]:
     epilogue such as the ``m1`` kernels' ticket and fixup, which runs once per chunk, not per
     iteration); ``skipped`` is its instruction count."""
     ins = instructions(text)
-    best = (0, 0)
-    for addr, op, args in ins:
-        if op.startswith("BRA"):
-            m = re.search(r"0x([0-9a-f]+)", args)
-            if m:
-                target = int(m.group(1), 16)
-                if target < addr and addr - target > best[1] - best[0]:
-                    best = (target, addr)
+    best = widest_loop(ins)
     skip = (0, 0)
     for addr, op, args in ins:
         if best[0] <= addr <= best[1] and op.startswith("BRA"):
