@@ -162,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from leechq.data import calibration_text, evaluation_text, token_windows
+    from leechq.data import (
+        calibration_text,
+        consecutive_windows,
+        evaluation_text,
+        token_windows,
+    )
     from leechq.models.hf_load import load_model
 
     load_start = _load()
@@ -173,16 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     k = n_layers if args.blocks <= 0 else min(args.blocks, n_layers)
 
     # Calibration text, cut into disjoint roles (encode | sensitivity | training | monitor).
-    cal_text = calibration_text()
     need = [(args.calib_windows, args.calib_window), (args.sens_windows, args.sens_window),
             (args.train_windows, args.train_window), (2, args.train_window)]
-    total = sum(n * w for n, w in need)
-    flat = token_windows(tok, cal_text, 1, total, source="pydoc:calibration").ids.reshape(-1)
-    parts, pos = [], 0
-    for n, w in need:
-        parts.append(flat[pos : pos + n * w].reshape(n, w).clone())
-        pos += n * w
-    calib, sens, train, monitor = parts
+    (calib, sens, train, monitor), _ = consecutive_windows(
+        tok, calibration_text(), need, source="pydoc:calibration")
     eval_w = token_windows(tok, evaluation_text(), args.eval_windows, args.eval_window,
                            source="pydoc:evaluation")
 

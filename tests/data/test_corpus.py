@@ -153,6 +153,17 @@ def test_sources_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         corpus.pydoc_sources_dir()
 
 
+def test_consecutive_windows_are_disjoint_runs_from_token_zero() -> None:
+    tok = WordTokenizer()
+    text = " ".join(f"w{i % 997}" for i in range(30000))
+    full = tok.encode(text)
+    sizes = [(3, 16), (2, 8), (1, 32)]
+    parts, fingerprint = corpus.consecutive_windows(tok, text, sizes, source="t")
+    assert [tuple(p.shape) for p in parts] == sizes
+    assert torch.cat([p.flatten() for p in parts]).tolist() == full[:96]
+    assert fingerprint == corpus.token_fingerprint(torch.tensor(full[:96]).reshape(1, 96))
+
+
 def test_token_windows_from_token_zero_and_prefix_exact() -> None:
     tok = WordTokenizer()
     text = " ".join(f"w{i % 997}" for i in range(30000))

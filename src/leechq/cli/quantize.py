@@ -55,28 +55,6 @@ def quant_config(
     )
 
 
-def recipe_windows(tokenizer: Any, sizes: list[tuple[int, int]]) -> tuple[list[Any], str]:
-    """Disjoint, consecutive token windows of the calibration split, one tensor per role.
-
-    Args:
-        tokenizer: the model's tokenizer.
-        sizes: ``(n_windows, window)`` per role.
-
-    Returns:
-        (int64 tensors [n, window] in ``sizes`` order, fingerprint of the whole token stream).
-    """
-    from leechq.data import calibration_text, token_windows
-
-    total = sum(n * w for n, w in sizes)
-    stream = token_windows(tokenizer, calibration_text(), 1, total, source="pydoc:calibration")
-    flat = stream.ids.reshape(-1)
-    parts, pos = [], 0
-    for n, w in sizes:
-        parts.append(flat[pos : pos + n * w].reshape(n, w).clone())
-        pos += n * w
-    return parts, stream.fingerprint
-
-
 def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales; writes ``args.out``.
 
@@ -86,6 +64,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     from pathlib import Path
     from types import SimpleNamespace
 
+    from leechq.data import calibration_text, consecutive_windows
     from leechq.errors import InvalidInput
     from leechq.models.quantize import quantize_model_in_place
     from leechq.quant.recipe import resolve_recipe, run_recipe
@@ -114,7 +93,9 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         (n_train, args.window),
         (2, args.window),
     ]
-    (calib, sens, train, monitor), fingerprint = recipe_windows(loaded.tokenizer, sizes)
+    (calib, sens, train, monitor), fingerprint = consecutive_windows(
+        loaded.tokenizer, calibration_text(), sizes, source="pydoc:calibration"
+    )
     cfg = quant_config(
         args.codebook,
         SimpleNamespace(n_windows=n_calib, window=args.window),

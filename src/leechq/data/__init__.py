@@ -12,6 +12,7 @@ from leechq.data.cache import cache_root
 from leechq.data.corpus import (
     TokenWindows,
     calibration_text,
+    consecutive_windows,
     corpus_info,
     describe_split,
     evaluation_text,
@@ -24,6 +25,7 @@ __all__ = [
     "TokenWindows",
     "cache_root",
     "calibration_text",
+    "consecutive_windows",
     "corpus_info",
     "describe_split",
     "evaluation_text",

@@ -514,6 +514,31 @@ def token_windows(
     return TokenWindows(tensor, token_fingerprint(tensor), source, len(ids))
 
 
+def consecutive_windows(
+    tokenizer: Any, text: str, sizes: list[tuple[int, int]], *, source: str = ""
+) -> tuple[list[Any], str]:
+    """Disjoint, consecutive runs of windows from token 0 of ``text``, one tensor per role (e.g.
+    encoding | sensitivity | training | monitor calibration windows).
+
+    Args:
+        tokenizer: see :func:`encode`.
+        text: the corpus text.
+        sizes: ``(n_windows, window)`` per role, in stream order.
+        source: description of the text.
+
+    Returns:
+        (int64 tensors [n, window] in ``sizes`` order, fingerprint of the whole token stream).
+    """
+    total = sum(n * w for n, w in sizes)
+    stream = token_windows(tokenizer, text, 1, total, source=source)
+    flat = stream.ids.reshape(-1)
+    parts, pos = [], 0
+    for n, w in sizes:
+        parts.append(flat[pos : pos + n * w].reshape(n, w).clone())
+        pos += n * w
+    return parts, stream.fingerprint
+
+
 def _leading_tokens(tokenizer: Any, text: str, need: int) -> list[int]:
     """At least ``need`` leading tokens of ``text`` (all of them if it has fewer), equal to the
     leading tokens of the whole text.
