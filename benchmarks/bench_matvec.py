@@ -620,12 +620,14 @@ TILE1 = dict(rows=16, bp=32, num_warps=4, smem_rows=True, kernel="tile")
 
 M1_SWEEP = [
     dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4),
-    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=5),
-    dict(rows=16, bp=32, num_warps=4, kernel="m1", ctas_per_sm=5),
-    dict(rows=32, bp=16, num_warps=4, kernel="m1", ctas_per_sm=5),
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
     dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
-    dict(rows=32, bp=32, num_warps=8, kernel="m1", ctas_per_sm=2),
-    dict(rows=16, bp=16, num_warps=4, kernel="m1", ctas_per_sm=8),
+    dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
+    dict(rows=128, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
+    dict(rows=128, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4, ilp=2),
+    dict(rows=16, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
 ]
 """Batch-1 geometries timed per projection group by ``--sweep`` (plus the tiled baseline)."""
 
@@ -688,8 +690,12 @@ def main() -> None:
         _write(args.out, {"bench": "matvec", "gpu": gpu, "git": git_rev(), "partial": True,
                           "sweep": sweep_table})
 
+    from leechq.kernels.triton.ops import m1_config
+
     def cfg1(d_out: int, d_in: int):
-        return best_by_shape.get((d_out, d_in), configs[1])
+        """The sweep's best geometry for this shape, else the library's per-shape rule."""
+        return best_by_shape.get((d_out, d_in)) or m1_config(d_out, d_in // 24,
+                                                             torch.device(device))
 
     results = []
     checks = {}
@@ -760,7 +766,7 @@ def main() -> None:
                     "launches": gr.p.launches,
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
-                    "config": (("per shape (sweep)" if best_by_shape else configs[1].__dict__)
+                    "config": (("per shape (sweep)" if best_by_shape else "per shape (ops.m1_config)")
                                if uses_m1 and batch == 1 else
                                (tile.__dict__ if arm.split("-")[0] in ("tetra48", "planes14",
                                                                        "null") else None)),

@@ -94,6 +94,9 @@ M1_CONFIGS = [
     dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4),
     dict(rows=16, bp=16, num_warps=4, kernel="m1", ctas_per_sm=0),
     dict(rows=64, bp=8, num_warps=8, kernel="m1", ctas_per_sm=2),
+    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
+    dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
+    dict(rows=32, bp=16, num_warps=4, kernel="m1", ctas_per_sm=4, ilp=2),
 ]
 
 
@@ -200,11 +203,12 @@ def test_no_local_memory() -> None:
     m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
           "y_ptr": "*fp32", "d_out": "i32"}
-    c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=32, NW=4, BP=32,
-                                                  USE_ASM=True), num_warps=4)
-    res = I.resource_usage(c)
-    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
-    # the staged table lives at the start of the reserved 32 KiB; no Triton shared memory may be
-    # used inside the hot loop (it would overwrite the table)
-    mix = I.hot_loop_mix(I.sass(c))["loop"]
-    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix
+    for ilp in (1, 2):
+        c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
+                                                      BP=32, USE_ASM=True, ILP=ilp), num_warps=4)
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (ilp, res)
+        # the staged table lives at the start of the reserved 32 KiB; no Triton shared memory may
+        # be used inside the hot loop (it would overwrite the table)
+        mix = I.hot_loop_mix(I.sass(c))["loop"]
+        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)

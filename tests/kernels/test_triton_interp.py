@@ -62,6 +62,9 @@ M1_SMALL = {"rows": 8, "bp": 8, "num_warps": 1, "kernel": "m1", "ctas_per_sm": 1
     (19, 18 * 24 + 5, M1_SMALL),
     # odd block count, no tail, 2 rows per warp iteration, one program per (chunk, slice)
     (8, 7 * 24, {**M1_SMALL, "bp": 16, "num_warps": 1, "rows": 8, "ctas_per_sm": 0}),
+    # two rows per warp and loop trip (ILP 2): chunk walking, a short last chunk, a tail
+    (19, 18 * 24 + 5, {**M1_SMALL, "ilp": 2}),
+    (13, 7 * 24, {**M1_SMALL, "bp": 16, "ilp": 2, "ctas_per_sm": 0}),
 ])
 def test_tetra48_m1(d_out: int, d_in: int, cfg: dict) -> None:
     ops = _ops()
@@ -184,3 +187,21 @@ def test_bad_inputs_are_named() -> None:
         ops.tetra48_matvec(torch.randn(1, 48), replace(w, row_scales=w.row_scales.double()))
     with pytest.raises(InvalidInput, match="xp"):
         ops.tetra48_matvec_prepared(torch.zeros(1, 10), w, 1)
+
+
+def test_m1_config_rule() -> None:
+    """Batch-1 geometry per shape: 64-row chunks only while ≥ 3 programs per SM remain (the CPU
+    counts 2 SMs), always one program per (chunk, slice) and two rows per loop trip; the result
+    runs and matches the reference (config None takes the rule)."""
+    ops = _ops()
+    cpu = torch.device("cpu")
+    big = ops.m1_config(24576, 170, cpu)
+    assert (big.rows, big.ilp, big.ctas_per_sm, big.kernel) == (64, 2, 0, "m1")
+    assert ops.m1_config(64, 64, cpu).rows == 32  # one 64-row chunk × one slice < 6 programs
+    assert ops.m1_config(6 * 64, 64, cpu).rows == 64
+    w = random_tetra48(40, 9 * 24 + 3, seed=40)
+    x = torch.randn(1, w.d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    y = torch.full((1, 40), float("nan"))
+    ops.tetra48_matvec_prepared(xp, w, 1, out=y)
+    _bounded(y, x, ref.tetra48_dequantize_rotated(w))

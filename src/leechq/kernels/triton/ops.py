@@ -101,6 +101,7 @@ class MatvecConfig:
             layouts and M > 1 run the tiled kernels with their defaults).
         ctas_per_sm: ``m1``: persistent grid of ``SMs × ctas_per_sm`` programs (rounded to a
             multiple of the K-slice count); 0 launches one program per (row chunk, K-slice).
+        ilp: ``m1``: rows a warp decodes per loop trip (1 or 2: two independent decode chains).
     """
 
     rows: int = 16
@@ -109,18 +110,37 @@ class MatvecConfig:
     smem_rows: bool = False
     kernel: str = "tile"
     ctas_per_sm: int = 0
+    ilp: int = 1
 
 
-M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4)
-"""The batch-1 Tetra geometry used when none is given (see docs/kernels.md for the sweep)."""
+M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2)
+"""The batch-1 Tetra geometry of :func:`default_config` (shape-blind callers); the matvec entry
+points use the per-shape rule :func:`m1_config`."""
 
 
 def default_config(m_rows: int) -> MatvecConfig:
-    """The geometry used when none is given: the ``m1`` kernel at batch 1 (Tetra), otherwise the
-    tiled kernel (best of the H200 sweep of 2026-11-29 for M > 1; docs/kernels.md)."""
+    """The geometry used when none is given and the shape is unknown: the ``m1`` kernel at batch 1
+    (Tetra), otherwise the tiled kernel (best of the H200 sweep of 2026-11-29 for M > 1;
+    docs/kernels.md)."""
     if m_rows == 1:
         return M1_DEFAULT
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
+
+
+def m1_config(d_out: int, n_blocks: int, device: torch.device) -> MatvecConfig:
+    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix (H200 sweep of 2026-11-30,
+    docs/kernels.md): one program per (row chunk, K-slice), two rows per warp and loop trip, and
+    64-row chunks when that still leaves at least three programs per SM (else 32-row chunks)."""
+    slices = ((n_blocks + 1) // 2 + 31) // 32
+    rows = 64 if (d_out + 63) // 64 * slices >= 3 * _sm_count(device) else 32
+    return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2)
+
+
+def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.device) -> MatvecConfig:
+    """``config`` if given, else the per-shape batch-1 rule or the batched default."""
+    if config is not None:
+        return config
+    return m1_config(w.d_out, w.n_blocks, device) if m_rows == 1 else default_config(m_rows)
 
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
@@ -211,10 +231,10 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
     """(programs, K-slices) of an ``m1`` launch."""
-    if cfg.bp not in (8, 16, 32) or (cfg.num_warps * 32 // cfg.bp) > cfg.rows or (
-            cfg.rows % (cfg.num_warps * 32 // cfg.bp)):
-        raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32 and rows a multiple of "
-                           "num_warps·32/bp")
+    if cfg.bp not in (8, 16, 32) or cfg.ilp not in (1, 2) or (
+            cfg.rows % (cfg.ilp * cfg.num_warps * 32 // cfg.bp)):
+        raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32, ilp 1 or 2 and rows a "
+                           "multiple of ilp·num_warps·32/bp")
     n_pairs = -(-n_blocks // 2)
     ns = -(-n_pairs // cfg.bp)
     chunks = -(-d_out // cfg.rows)
@@ -346,7 +366,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
-    cfg = config or default_config(m_rows)
+    cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
@@ -382,6 +402,7 @@ def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: t
         xp, words, w.row_scales, w.row_centroids, w.tail, tetra_m1_table(xp.device), part,
         _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows,
         NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
+        **({"ILP": cfg.ilp} if kernel is tetra48_m1_kernel else {}),
     )
 
 
@@ -424,7 +445,7 @@ def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_
     """The no-weights control with the lattice kernels' geometry (no reference output): the ``m1``
     control at batch 1 with an ``m1`` configuration, else the tiled control."""
     _check_prepared(xp, m_rows, w.n_blocks, xp.device)
-    cfg = config or default_config(m_rows)
+    cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):

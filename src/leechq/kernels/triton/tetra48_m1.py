@@ -247,16 +247,18 @@ def _geometry(N_BLOCKS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr):
 def tetra48_m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1,
 ):
     """``y = W x`` for one activation row; see the module docstring. Launched with
     ``num_warps = NW`` and a grid that is a multiple of ``NS = ceil(pairs / BP)``; program ``pid``
-    keeps K-slice ``pid % NS`` and walks row chunks ``pid // NS + k·(grid / NS)``."""
+    keeps K-slice ``pid % NS`` and walks row chunks ``pid // NS + k·(grid / NS)``. ``ILP`` (1 or 2)
+    is the number of rows a warp decodes per loop trip (two independent decode chains in flight);
+    ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
-    RI: tl.constexpr = NW * 32 // BP  # rows per iteration
-    IPC: tl.constexpr = ROWS // RI  # iterations per chunk
+    RI: tl.constexpr = NW * 32 // BP  # rows per row set
+    IPC: tl.constexpr = ROWS // (RI * ILP)  # loop trips per chunk
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = _stage_table(tab_ptr, d_out, USE_ASM)
@@ -270,27 +272,48 @@ def tetra48_m1_kernel(
     n_chunks = (d_out + ROWS - 1) // ROWS
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
-    w0, w1, w2 = _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+    w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+    if ILP == 2:
+        v0, v1, v2, va, vb = _load_row(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o,
+                                       STRIDE_W)
     for k in range(n_iter):
-        # the next iteration's rows (the next chunk of this program after the last of a chunk)
-        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + RI, rows + RI)
-        n0, n1, n2 = _load_words(w_ptr, tl.where(k + 1 < n_iter, nxt, d_out), pair, d_out, ok_e,
-                                 ok_o, STRIDE_W)
-        rc = tl.where(rows < d_out, rows, 0)
-        cent0 = tl.load(cent_ptr + rc * 2)
-        cent1 = tl.load(cent_ptr + rc * 2 + 1)
-        acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
+        # the next trip's rows (the next chunk of this program after the last trip of a chunk);
+        # words and centroids are loaded one trip ahead
+        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + ILP * RI, rows + ILP * RI)
+        nrow = tl.where(k + 1 < n_iter, nxt, d_out)
+        n0, n1, n2, na, nb = _load_row(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W)
+        if ILP == 2:
+            m0, m1, m2, ma, mb = _load_row(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
+                                           STRIDE_W)
+        acc = _block_dot(w0, w1, ca, cb, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
                          b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM)
-        acc += _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, e1,
+        acc += _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, ca, cb, tab_ptr, base, e1,
                           o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21, q00, q01,
                           q10, q11, q20, q21, USE_ASM)
+        if ILP == 2:
+            acc2 = _block_dot(v0, v1, va, vb, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
+                              b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM)
+            acc2 += _block_dot((v1 >> 16) | (v2 << 16), v2 >> 16, va, vb, tab_ptr, base, e1,
+                               o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21, q00,
+                               q01, q10, q11, q20, q21, USE_ASM)
+            _store_partial(acc2, rows + RI, lane, part_ptr + sl * d_out, d_out, NW, BP)
+            v0, v1, v2, va, vb = m0, m1, m2, ma, mb
         _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
                           d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
         rows = nxt
-        w0, w1, w2 = n0, n1, n2
+        w0, w1, w2, ca, cb = n0, n1, n2, na, nb
+
+
+@triton.jit
+def _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr):
+    """The words of each element's block pair and its row's centroid pair (zeros past ``d_out``;
+    issued one trip ahead of their use)."""
+    w0, w1, w2 = _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+    rc = tl.where(rows < d_out, rows, 0)
+    return w0, w1, w2, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)
 
 
 @triton.jit
