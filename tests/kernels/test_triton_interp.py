@@ -152,6 +152,48 @@ def test_rotate(n: int, prepared: bool) -> None:
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("n", "prepared"), [
+    (256, False),   # k = 1, m = 256: one 16×16 tile
+    (768, False),   # k = 3, m = 256
+    (512, False),   # m = 512: a 16×32 tile
+    (1536, True),   # k = 3, m = 512, straight into the prepared layout (Tetra order)
+    (4096, True),   # m = 4096: a 64×64 tile
+])
+def test_rotate_tensor_cores(n: int, prepared: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor-core transform (m ≥ 256) against f64 on rows of different scales and a zero row,
+    with every dot checked exact: float16 operands, a zero accumulator, and an f32 result equal to
+    the f64 product (so no tensor-core rounding mode can change it)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    ops = _ops()
+    create_dot = interpreter.InterpreterBuilder.create_dot
+    dots = []
+
+    def checked_dot(self, a, b, d, *args):  # the interpreter's InterpreterBuilder.create_dot
+        out = create_dot(self, a, b, d, *args)
+        exact = a.data.astype(np.float64) @ b.data.astype(np.float64)
+        dots.append(a.data.dtype == b.data.dtype == np.float16 and not d.data.any()
+                    and np.array_equal(out.data.astype(np.float64), exact))
+        return out
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", checked_dot)
+    rot = generate_rotation(n, 5)
+    scale = torch.tensor([[1.0], [2.0**10], [1.0]])  # compared in units of each row's scale
+    x = torch.randn(3, n) * scale
+    x[2] = 0.0
+    want = ref.rotate(x, rot)
+    if prepared:
+        order = ops.tetra_kernel_tables("cpu").order
+        got = ops.rotate(x, rot, prepared_order=order)
+        want = ref.prepare_activation(want, n // 24, order)
+        scale = torch.cat([scale, torch.ones(got.shape[0] - 3, 1)])
+    else:
+        got = ops.rotate(x, rot, out=torch.full((3, n), float("nan")))
+    assert torch.allclose(got / scale, want / scale, rtol=1e-5, atol=1e-6)
+    assert len(dots) == 6 * 3 * rot.small.shape[0] and all(dots)
+
+
 def test_int4_int8_matvec_and_embeddings() -> None:
     ops = _ops()
     torch.manual_seed(0)

@@ -4,12 +4,29 @@ Rotation (layouts-kernels-recipe.md §0.5, §3.6; tetra-format.md §1.6 forward 
 ``Q = (Q_odd ⊗ H_m)·D`` with ``n = k·m``. Because ``(Q_odd ⊗ H_m)·v`` has group ``g`` equal to
 ``H_m · Σ_t Q_odd[g][t] · v_t``, the groups are mixed *first* (k multiply-adds per coordinate on the
 sign-flipped input) and then transformed: one program per (activation row, group), each loading the
-whole row once, mixing, and running one Walsh–Hadamard transform by butterflies (``(a, b) → (a+b,
-a−b)``; each stage pairs the lowest index bit and then rotates the index bits, so ``log2 m`` stages
-visit every bit), scaled by ``1/√m`` (f32 of the f64 reciprocal, passed in). No scratch, no barrier,
-``M·k`` programs instead of one long program per row (the recipe's single-CTA design, §3.6, was a
-CUDA shared-memory choice). The output is written either in natural order or directly in the
-prepared layout below.
+whole row once, mixing, and running one Walsh–Hadamard transform ``H_m`` (Sylvester order, scaled by
+``1/√m``, f32 of the f64 reciprocal, passed in). ``M·k`` programs instead of one long program per
+row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). The output is written
+either in natural order or directly in the prepared layout below.
+
+The transform has two forms. Groups of ``256 ≤ m ≤ 4096`` (:data:`TC_MIN`, :data:`TC_MAX`) run it on
+tensor cores: with ``m = R·C`` (R = C = 64 for 4096, 32×64 for 2048, 32×32 for 1024, 16×32 for 512,
+16×16 for 256) the mixed vector is held as the row-major R×C tile ``V`` (``z[C·a + b] = V[a, b]``),
+and since ``H_m = H_R ⊗ H_C`` in Sylvester order, ``H_m z`` is ``H_R · V · H_C`` read back in the
+same order (``H`` symmetric, ``H[i, j] = (−1)^popcount(i & j)`` generated in the kernel, no table).
+Each product is made exact, so the result does not depend on how the tensor cores round or order
+their accumulation: the tile is scaled by a power of two so ``|V'| < 2**11`` (from the exponent of
+``max |V|``), then split three ways, ``V' ≈ hi + mid·2**-11 + lo·2**-22`` with integer parts
+(``hi = rint(V')``, ``mid = rint((V' − hi)·2**11)``, ``lo = rint(((V' − hi)·2**11 − mid)·2**11)``;
+every subtraction exact; the only loss, ``≤ 2**-23`` in ``V'`` (``2**-34`` of the power-of-two
+scale), falls on coordinates below ``2**-10`` of that scale). The parts are integers of magnitude
+≤ 2048, exact in float16, so each of the three ``float16 × (±1)`` products sums integers below
+``2**17``: exact in the f32 accumulator, in any order and any rounding mode. The three products
+are scaled and added in f32 (each scaled before the first addition: Triton would otherwise fold
+``dot + c`` into the dot's accumulator, which is not exact), and the same is done for ``· H_C``
+(``|H_R V'| / R < 2**11`` again). Smaller groups (tiny models) and larger ones keep butterflies
+(``(a, b) → (a+b, a−b)``; each stage pairs the lowest index bit and then rotates the index bits, so
+``log2 m`` stages visit every bit).
 
 Prepared layout (what the lattice matvec kernels read): for a row of ``n_blocks`` blocks, pairs
 are padded to ``NPP = 64·ceil(ceil(n_blocks/2) / 64)``; coordinate ``t`` of block ``b`` (parity
@@ -24,6 +41,14 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+TC_MIN = tl.constexpr(256)
+"""Smallest group size whose transform runs on tensor cores (a power of two ≥ 256: the R×C tile,
+``R = 2**floor(log2(m)/2)``, needs R, C ≥ 16 for float16 dots). Raise it before the first launch to
+run butterflies everywhere (A/B timing)."""
+TC_MAX = tl.constexpr(4096)
+"""Largest group size on tensor cores: a 64×128 tile (m = 8192) spills registers at 8 warps and
+m = 32768 needs more shared memory than an H200 block has, so larger groups keep the butterflies."""
 
 
 @triton.jit
@@ -64,7 +89,7 @@ def prepare_kernel(x_ptr, stride_xm, out_ptr, stride_om, order_ptr, M, n, n_bloc
 
 @triton.jit
 def _wht(v, MW: tl.constexpr, LOG2M: tl.constexpr):
-    """Unnormalized Walsh–Hadamard transform of a 1-D tensor of size MW = 2**LOG2M."""
+    """Unnormalized Walsh–Hadamard transform of a 1-D tensor of size MW = 2**LOG2M (butterflies)."""
     for _ in tl.static_range(LOG2M):
         a, b = tl.split(tl.reshape(v, (MW // 2, 2)))
         v = tl.reshape(tl.join(a + b, a - b), (MW // 2, 2))
@@ -73,25 +98,110 @@ def _wht(v, MW: tl.constexpr, LOG2M: tl.constexpr):
 
 
 @triton.jit
+def _hadamard(N: tl.constexpr):
+    """The N×N Sylvester Hadamard matrix as float16: ``H[i, j] = (−1)^popcount(i & j)`` (the parity
+    of ``i & j`` folded by shifts; N ≤ 2**16)."""
+    p = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+    if N > 256:
+        p ^= p >> 8
+    p ^= p >> 4
+    p ^= p >> 2
+    p ^= p >> 1
+    return (1 - 2 * (p & 1)).to(tl.float16)
+
+
+@triton.jit
+def _pow2(p):
+    """``2**p`` as float32 for an int32 ``p`` in [−126, 127] (built from the exponent bits)."""
+    return ((p + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rint(x):
+    """``x`` rounded to the nearest integer (ties to even), for ``|x| < 2**22``: adding 1.5·2**23
+    in f32 drops the fraction, subtracting it back is exact."""
+    return (x + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _split3(v):
+    """Integer-valued float16 parts of ``v`` (f32, ``|v| ≤ 2048``): ``hi + mid·2**-11 + lo·2**-22``
+    equals ``v`` to within ``2**-23``; every part is an integer of magnitude ≤ 2048 (exact in
+    float16). Each subtraction is exact (Sterbenz), each scaling a power of two."""
+    hi = _rint(v)
+    r = (v - hi) * 2048.0
+    mid = _rint(r)
+    lo = _rint((r - mid) * 2048.0)
+    return hi.to(tl.float16), mid.to(tl.float16), lo.to(tl.float16)
+
+
+@triton.jit
+def _join3(hi, mid, lo, scale):
+    """``(hi + mid·2**-11 + lo·2**-22)·scale`` from the three exact partial products. Every
+    product is scaled *before* any addition: Triton rewrites ``dot(a, b) + c`` into
+    ``dot(a, b, acc=c)``, which would accumulate inexactly inside the tensor cores; ``scale`` must
+    not be the literal 1."""
+    return (hi * scale + mid * (scale * (1.0 / 2048.0))) + lo * (scale * (1.0 / 4194304.0))
+
+
+@triton.jit
+def _h_left(h, v, scale):
+    """``h · v · scale`` for a ±1 float16 matrix ``h`` and an f32 tile ``v`` with ``|v| ≤ 2048``:
+    three float16 tensor-core products of the parts of :func:`_split3`, each exact (integers
+    below 2**24 whatever the accumulation order or rounding)."""
+    hi, mid, lo = _split3(v)
+    return _join3(tl.dot(h, hi), tl.dot(h, mid), tl.dot(h, lo), scale)
+
+
+@triton.jit
+def _h_right(v, h, scale):
+    """``v · h · scale``, the mirror of :func:`_h_left`."""
+    hi, mid, lo = _split3(v)
+    return _join3(tl.dot(hi, h), tl.dot(mid, h), tl.dot(lo, h), scale)
+
+
+@triton.jit
+def _wht_tc(v, inv_sqrt_m, R: tl.constexpr, C: tl.constexpr):
+    """``H_m z · inv_sqrt_m`` for ``z`` held as the row-major R×C tile ``v`` (``z[C·a + b] =
+    v[a, b]``, m = R·C, R, C ≥ 16): ``H_R · v · H_C`` on tensor cores; see the module docstring."""
+    # 2**(e − 126) is a power of two above max |v|; 2**(137 − e) scales v into |v'| < 2**11
+    e = tl.maximum((tl.max(tl.abs(v)).to(tl.int32, bitcast=True) >> 23) & 0xFF, 11)
+    y = _h_left(_hadamard(R), v * _pow2(137 - e), 1.0 / R)   # |y| < 2**11 again
+    return _h_right(y, _hadamard(C), inv_sqrt_m * R * _pow2(e - 137))
+
+
+@triton.jit
+def _mix(xrow, signs_ptr, small_ptr, g, j, K: tl.constexpr, MW: tl.constexpr):
+    """Group ``g`` of ``(Q_odd ⊗ I_m)·D x`` at offsets ``j`` (any shape) within the group (f32)."""
+    if K == 1:
+        z = tl.load(xrow + j).to(tl.float32) * tl.load(signs_ptr + j)
+    else:
+        z = tl.zeros(j.shape, tl.float32)
+        for t in range(K):
+            coef = tl.load(small_ptr + g * K + t)
+            xt = tl.load(xrow + t * MW + j).to(tl.float32)
+            z += coef * (xt * tl.load(signs_ptr + t * MW + j))
+    return z
+
+
+@triton.jit
 def rotate_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_ptr, inv_sqrt_m, n_blocks, NPP,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, PREPARED: tl.constexpr,
 ):
     """Group ``program_id(1)`` of ``Q x`` for activation row ``program_id(0)``; see the module
-    docstring. Grid ``(M, K)``."""
+    docstring. Grid ``(M, K)``. Tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``, else butterflies."""
     row = tl.program_id(0)
     g = tl.program_id(1)
-    j = tl.arange(0, MW)
     xrow = x_ptr + row * stride_xm
-    if K == 1:
-        z = tl.load(xrow + j).to(tl.float32) * tl.load(signs_ptr + j)
+    if MW >= TC_MIN and MW <= TC_MAX:
+        R: tl.constexpr = 1 << (LOG2M // 2)
+        C: tl.constexpr = MW // R
+        j = C * tl.arange(0, R)[:, None] + tl.arange(0, C)[None, :]
+        v = _wht_tc(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), inv_sqrt_m, R, C)
     else:
-        z = tl.zeros((MW,), tl.float32)
-        for t in range(K):
-            coef = tl.load(small_ptr + g * K + t)
-            xt = tl.load(xrow + t * MW + j).to(tl.float32)
-            z += coef * (xt * tl.load(signs_ptr + t * MW + j))
-    v = _wht(z, MW, LOG2M) * inv_sqrt_m
+        j = tl.arange(0, MW)
+        v = _wht(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), MW, LOG2M) * inv_sqrt_m
     nat = g * MW + j
     if PREPARED:
         tl.store(out_ptr + row * stride_om + _prepared_pos(nat, n_blocks, NPP, inv_ptr), v)
