@@ -463,8 +463,7 @@ def sass_report(configs: dict) -> dict:
     iq = {"xt_ptr": "*fp32", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp32",
           "stride_ym": "i32", "d_out": "i32"}
     rot = {"x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
-           "out_ptr": "*fp32", "stride_om": "i32", "inv_ptr": "*i32", "inv_sqrt_m": "fp32",
-           "n_blocks": "i32", "NPP": "i32"}
+           "out_ptr": "*fp32", "stride_om": "i32", "inv_sqrt_m": "fp32"}
     out = {}
     jobs = {}
     c1 = configs[1]
@@ -514,7 +513,7 @@ def sass_report(configs: dict) -> dict:
             import math
 
             c = I.compile_for(rotate_kernel, rot, dict(K=k_odd, MW=mw, LOG2M=int(math.log2(mw)),
-                                                       PREPARED=True),
+                                                       TC=False),
                               num_warps=8 if mw >= 2048 else 4)
             text = I.sass(c)
             out[f"rotate/k{k_odd}m{mw}"] = {

@@ -1,8 +1,6 @@
 """Time the activation rotation kernel per input width (issue 4: rotation ≤ 10 % of its projection).
 
-One process, one form of the transform: tensor cores for 256 ≤ m ≤ 4096 (the default) or, with
-``--butterflies``, the butterfly form everywhere (``activation.TC_MIN`` raised before the first
-launch; run the two forms in separate processes). Per width: 36 launches in one CUDA graph, written
+Both forms of the transform (butterflies, the default; tensor cores for 256 ≤ m ≤ 4096). Per width: 36 launches in one CUDA graph, written
 in the prepared layout (as a served model does) and in natural order, checked against the f64
 reference first. Prints a table and one JSON line. Needs CUDA.
 """
@@ -25,17 +23,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="4096,12288,2560,9728,5120,17408")
     ap.add_argument("--launches", type=int, default=36)
-    ap.add_argument("--butterflies", action="store_true")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
     import torch
-    import triton.language as tl
 
-    from leechq.kernels.triton import activation
-
-    if args.butterflies:
-        activation.TC_MIN = tl.constexpr(1 << 30)
     from leechq.formats.rotation import generate_rotation
     from leechq.kernels import reference as ref
     from leechq.kernels.tables import tetra_kernel_tables
@@ -43,33 +35,35 @@ def main() -> None:
 
     dev = "cuda"
     order = tetra_kernel_tables(dev).order
-    form = "butterflies" if args.butterflies else "tensor cores (256 <= m <= 4096)"
     rows = []
     for n in (int(w) for w in args.widths.split(",")):
         tables = generate_rotation(n, 5 + n)
         rot = ops.DeviceRotation.from_tables(tables, dev)
         xs = [torch.randn(1, n, device=dev) for _ in range(2)]
         want = ref.rotate(xs[0].cpu(), tables).to(dev)
-        got = ops.rotate(xs[0], rot)
-        err = float((got - want).abs().max() / want.abs().max())
+        err = max(float((ops.rotate(xs[0], rot, tensor_cores=tc) - want).abs().max()
+                        / want.abs().max()) for tc in (False, True))
         assert err <= 1e-5, (n, err)
-        for prepared in (True, False):
+        for tc, prepared in ((False, True), (False, False), (True, False)):
             out = (torch.zeros(ref.prepared_rows(1), ref.prepared_width(n // 24), device=dev)
                    if prepared else torch.empty(1, n, device=dev))
 
-            def run(b: int, out=out, prepared=prepared, rot=rot, xs=xs) -> None:
+            def run(b: int, out=out, prepared=prepared, rot=rot, xs=xs, tc=tc) -> None:
                 for _ in range(args.launches):
-                    ops.rotate(xs[b], rot, prepared_order=order if prepared else None, out=out)
+                    ops.rotate(xs[b], rot, prepared_order=order if prepared else None, out=out,
+                               tensor_cores=tc)
 
             gr = Graphed(Pass("rotation", 1, run, 0, args.launches), 2)
             ms = statistics.median(gr.time(7) for _ in range(3))
             r = {"n": n, "odd": rot.odd, "m": rot.pow2, "prepared": prepared,
+                 "form": "tensor cores" if tc else "butterflies",
                  "us_per_launch": round(1000 * ms / args.launches, 2), "err": f"{err:.1e}"}
             rows.append(r)
-            print(f"{n:6d} = {rot.odd:2d} x {rot.pow2:5d}  {'prepared' if prepared else 'natural '}"
+            print(f"{n:6d} = {rot.odd:2d} x {rot.pow2:5d}  {r['form']:12s} "
+                  f"{'prepared (+ prep launch)' if prepared else 'natural':24s}"
                   f"  {r['us_per_launch']:7.2f} us/launch  (err {err:.1e})", flush=True)
     doc = {"bench": "rotation", "gpu": torch.cuda.get_device_name(), "git": git_rev(),
-           "form": form, "results": rows}
+           "results": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(doc) + "\n")
     print(json.dumps(doc))

@@ -185,11 +185,11 @@ def test_rotate_tensor_cores(n: int, prepared: bool, monkeypatch: pytest.MonkeyP
     want = ref.rotate(x, rot)
     if prepared:
         order = ops.tetra_kernel_tables("cpu").order
-        got = ops.rotate(x, rot, prepared_order=order)
+        got = ops.rotate(x, rot, prepared_order=order, tensor_cores=True)
         want = ref.prepare_activation(want, n // 24, order)
         scale = torch.cat([scale, torch.ones(got.shape[0] - 3, 1)])
     else:
-        got = ops.rotate(x, rot, out=torch.full((3, n), float("nan")))
+        got = ops.rotate(x, rot, out=torch.full((3, n), float("nan")), tensor_cores=True)
     assert torch.allclose(got / scale, want / scale, rtol=1e-5, atol=1e-6)
     assert len(dots) == 6 * 3 * rot.small.shape[0] and all(dots)
 

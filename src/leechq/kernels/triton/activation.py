@@ -7,10 +7,18 @@ sign-flipped input) and then transformed: one program per (activation row, group
 whole row once, mixing, and running one Walsh–Hadamard transform ``H_m`` (Sylvester order, scaled by
 ``1/√m``, f32 of the f64 reciprocal, passed in). ``M·k`` programs instead of one long program per
 row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). The output is written
-either in natural order or directly in the prepared layout below.
+in natural order (coalesced); a served model then fills the prepared layout below with
+:func:`prepare_kernel` (coalesced on its output). Writing the prepared layout straight from the
+rotation — one scattered 4-byte store per coordinate, consecutive coordinates ``NPP`` words apart —
+cost 13–17 µs per launch on the H200 against 3–5 µs for the natural-order write (2026-11-30,
+``benchmarks/bench_rotation.py``), more than the extra launch.
 
-The transform has two forms. Groups of ``256 ≤ m ≤ 4096`` (:data:`TC_MIN`, :data:`TC_MAX`) run it on
-tensor cores: with ``m = R·C`` (R = C = 64 for 4096, 32×64 for 2048, 32×32 for 1024, 16×32 for 512,
+The transform has two forms: butterflies (the default) and, with ``TC``, for groups of
+``256 ≤ m ≤ 4096`` (:data:`TC_MIN`, :data:`TC_MAX`), two tensor-core products. On the H200 the
+butterflies were faster for 4 of the 6 Qwen3 widths (natural order, µs per launch, butterflies vs
+tensor cores: 4096: 3.1 vs 4.8; 12288: 3.9 vs 5.3; 2560: 2.7 vs 3.1; 5120: 3.2 vs 3.6; 9728: 4.8
+vs 4.5; 17408: 5.4 vs 4.6), so the tensor-core form is opt-in (``ops.rotate(tensor_cores=True)``).
+Tensor-core form: with ``m = R·C`` (R = C = 64 for 4096, 32×64 for 2048, 32×32 for 1024, 16×32 for 512,
 16×16 for 256) the mixed vector is held as the row-major R×C tile ``V`` (``z[C·a + b] = V[a, b]``),
 and since ``H_m = H_R ⊗ H_C`` in Sylvester order, ``H_m z`` is ``H_R · V · H_C`` read back in the
 same order (``H`` symmetric, ``H[i, j] = (−1)^popcount(i & j)`` generated in the kernel, no table).
@@ -43,24 +51,11 @@ import triton
 import triton.language as tl
 
 TC_MIN = tl.constexpr(256)
-"""Smallest group size whose transform runs on tensor cores (a power of two ≥ 256: the R×C tile,
-``R = 2**floor(log2(m)/2)``, needs R, C ≥ 16 for float16 dots). Raise it before the first launch to
-run butterflies everywhere (A/B timing)."""
+"""Smallest group size whose transform can run on tensor cores (a power of two ≥ 256: the R×C tile,
+``R = 2**floor(log2(m)/2)``, needs R, C ≥ 16 for float16 dots)."""
 TC_MAX = tl.constexpr(4096)
 """Largest group size on tensor cores: a 64×128 tile (m = 8192) spills registers at 8 warps and
 m = 32768 needs more shared memory than an H200 block has, so larger groups keep the butterflies."""
-
-
-@triton.jit
-def _prepared_pos(nat, n_blocks, NPP, inv_ptr):
-    """Position in the prepared layout of natural column ``nat`` (int32 tensor)."""
-    blk = nat // 24
-    j = nat - blk * 24
-    in_blocks = blk < n_blocks
-    t = tl.load(inv_ptr + j, mask=in_blocks, other=0)
-    pos_blk = ((blk & 1) * 24 + t) * NPP + (blk >> 1)
-    pos_tail = 48 * NPP + (nat - n_blocks * 24)
-    return tl.where(in_blocks, pos_blk, pos_tail)
 
 
 @triton.jit
@@ -186,15 +181,16 @@ def _mix(xrow, signs_ptr, small_ptr, g, j, K: tl.constexpr, MW: tl.constexpr):
 
 @triton.jit
 def rotate_kernel(
-    x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_ptr, inv_sqrt_m, n_blocks, NPP,
-    K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, PREPARED: tl.constexpr,
+    x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_sqrt_m,
+    K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
 ):
-    """Group ``program_id(1)`` of ``Q x`` for activation row ``program_id(0)``; see the module
-    docstring. Grid ``(M, K)``. Tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``, else butterflies."""
+    """Group ``program_id(1)`` of ``Q x`` for activation row ``program_id(0)``, natural order; see
+    the module docstring. Grid ``(M, K)``. With ``TC``, tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``;
+    otherwise (and always outside that range) butterflies."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     xrow = x_ptr + row * stride_xm
-    if MW >= TC_MIN and MW <= TC_MAX:
+    if TC and MW >= TC_MIN and MW <= TC_MAX:
         R: tl.constexpr = 1 << (LOG2M // 2)
         C: tl.constexpr = MW // R
         j = C * tl.arange(0, R)[:, None] + tl.arange(0, C)[None, :]
@@ -202,8 +198,4 @@ def rotate_kernel(
     else:
         j = tl.arange(0, MW)
         v = _wht(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), MW, LOG2M) * inv_sqrt_m
-    nat = g * MW + j
-    if PREPARED:
-        tl.store(out_ptr + row * stride_om + _prepared_pos(nat, n_blocks, NPP, inv_ptr), v)
-    else:
-        tl.store(out_ptr + row * stride_om + nat, v)
+    tl.store(out_ptr + row * stride_om + g * MW + j, v)

@@ -294,14 +294,18 @@ class DeviceRotation:
 
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           inverse_order: torch.Tensor | None = None) -> torch.Tensor:
+           inverse_order: torch.Tensor | None = None, tensor_cores: bool = False) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
-    With ``prepared_order`` (int32 [24]) the result is written straight into the prepared layout of
-    the lattice kernels (``out``, if given, must be zero-filled: only data slots are written).
-    ``inverse_order`` (int32 [24], ``argsort(prepared_order)``) saves the per-call argsort; the
-    Tetra tables' order has its inverse cached.
+    x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
+    ``prepared_order`` (int32 [24]), the prepared layout of the lattice kernels, float32
+    [MP, 48·NPP + 32]: the rotation is written in natural order to a scratch row and then laid out
+    by the coalesced preparation kernel (two launches; see :mod:`.activation` for why).
+    ``inverse_order`` is accepted for callers of the former one-launch form and not needed.
+    ``tensor_cores`` selects the tensor-core transform for groups of 256..4096 (opt-in: slower
+    than the butterflies on most H200 widths).
     """
+    del inverse_order  # the preparation kernel gathers through ``prepared_order`` itself
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
     n = rotation.n
@@ -313,31 +317,21 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     k, m = rotation.odd, rotation.pow2
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
-    n_blocks = n // BLOCK
     if prepared_order is None:
-        shape = (m_rows, n)
-        inv = natural_order(x.device)
+        nat = out if out is not None else torch.empty((m_rows, n), dtype=torch.float32,
+                                                      device=x.device)
+        check_tensor(nat, "out", torch.float32, (m_rows, n), device=x.device)
     else:
-        shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-        if inverse_order is not None:
-            inv = inverse_order
-        else:
-            tabs = tetra_kernel_tables(x.device)
-            inv = (tabs.inv_order if prepared_order is tabs.order
-                   else torch.argsort(prepared_order.long()).to(torch.int32))
-    if out is None:
-        out = (torch.zeros if prepared_order is not None else torch.empty)(
-            shape, dtype=torch.float32, device=x.device)
-    else:
-        check_tensor(out, "out", torch.float32, shape, device=x.device)
+        nat = torch.empty((m_rows, n), dtype=torch.float32, device=x.device)
     if m_rows:
         rotate_kernel[(m_rows, k)](
-            x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0), inv,
-            rotation.inv_sqrt_m, n_blocks, ref.prepared_pairs(n_blocks), K=k, MW=m,
-            LOG2M=int(math.log2(m)), PREPARED=prepared_order is not None,
+            x, x.stride(0), rotation.signs, rotation.small, nat, nat.stride(0),
+            rotation.inv_sqrt_m, K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores),
             num_warps=8 if m >= 2048 else 4,
         )
-    return out
+    if prepared_order is None:
+        return nat
+    return prepare_activation(nat, n // BLOCK, prepared_order, out=out)
 
 
 # ------------------------------------------------------------------------------------ lattice
