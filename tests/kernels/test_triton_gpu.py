@@ -212,3 +212,18 @@ def test_no_local_memory() -> None:
         # be used inside the hot loop (it would overwrite the table)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
+                         [(3000, 2560, 16), (1024, 12288 + 24 * 7 + 5, 512)])
+def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """The many-row path on the GPU: dequantization bit-exact against its twin (the table staged in
+    shared memory), the float16 GEMM within fp16 accuracy of the f64 product."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    got = ops.tetra48_dequantize_f16(w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"),
+                                                       dtype=torch.float16, device=DEV))
+    assert torch.equal(got, ref.tetra48_dequantize_f16(w))
+    x = torch.randn(m_rows, d_in, device=DEV)
+    y = ops.tetra48_matmul_dense(x, w)
+    assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3

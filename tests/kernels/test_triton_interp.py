@@ -247,3 +247,23 @@ def test_m1_config_rule() -> None:
     y = torch.full((1, 40), float("nan"))
     ops.tetra48_matvec_prepared(xp, w, 1, out=y)
     _bounded(y, x, ref.tetra48_dequantize_rotated(w))
+
+
+def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
+    """The many-row path: the dequantization kernel equals its reference twin bit for bit (values
+    rounded to float16 exactly as the kernel does), its column order maps back to the rotated basis,
+    and the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
+    ops = _ops()
+    w = random_tetra48(7, 9 * 24 + 5, seed=9)
+    got = ops.tetra48_dequantize_f16(w)
+    assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
+    assert torch.equal(got, ref.tetra48_dequantize_f16(w))
+    dense = ref.tetra48_dequantize_rotated(w)  # f64, σ_row included
+    idx = ops.dequant_natural_index(w.n_blocks, "cpu")
+    assert sorted(idx.tolist()) == list(range(9 * 24))
+    back = got.double() * w.row_scales.double()[:, None]
+    assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
+    x = torch.randn(13, w.d_in)
+    y = ops.tetra48_matmul_dense(x, w)
+    bound = x.double().abs() @ dense.abs().T
+    assert float(((y.double() - x.double() @ dense.T).abs() / bound).max()) <= 2e-3

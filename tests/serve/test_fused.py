@@ -13,6 +13,7 @@ from torch import nn
 
 from leechq.formats.rotation import generate_rotation
 from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
+from leechq.serve.fused import DENSE_MIN_ROWS
 from leechq.serve.random_codes import random_int4, random_tetra
 
 pytestmark = pytest.mark.interp
@@ -44,7 +45,10 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     y = group(x)
     ref = _reference(x, recs, biases)
     assert y.dtype == torch.float32 and y.shape == (rows, 24)
-    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    # 3 rows run the lattice kernels (f32 accuracy); 11 rows the float16 dequantized copy on the
+    # matmul path (DENSE_MIN_ROWS), as accurate as an fp16 model
+    tol = 1e-5 if rows < DENSE_MIN_ROWS else 2e-3
+    assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
 @dataclass

@@ -126,6 +126,34 @@ def tetra48_dequantize_rotated(w: Tetra48Weight) -> torch.Tensor:
     return _blocks_to_matrix(w, pts, gains)
 
 
+def dequant_column_order(order: torch.Tensor) -> torch.Tensor:
+    """int64 [24]: the natural coordinate of each column of a block in the dequantized float16
+    matrix: column ``8 s + 4 h + i`` holds trio coordinate ``t = 8 s + 2 i + h`` (section, half,
+    byte of the decoder's value words), i.e. natural coordinate ``order[t]``."""
+    cols = torch.arange(BLOCK)
+    s, h, i = cols // 8, (cols % 8) // 4, cols % 4
+    return order.to(torch.int64).cpu()[8 * s + 2 * i + h]
+
+
+def tetra48_dequantize_f16(w: Tetra48Weight) -> torch.Tensor:
+    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, in the column
+    order of :func:`dequant_column_order` — computed as the kernel does (the value in f32 times
+    ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook decoder."""
+    from leechq.codebooks.tetra import decode
+    from leechq.kernels.tables import tetra_kernel_tables
+
+    labels, gains = tetra48_labels_gains(w)
+    pts = decode(labels).to(torch.float64).cpu()  # [d_out, nb, 24] natural order
+    n2 = (pts * pts).sum(-1)
+    invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
+    invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
+    cent = w.row_centroids.cpu().gather(1, gains.cpu().long())  # float32 [d_out, nb]
+    scale = cent * invn
+    cols = dequant_column_order(tetra_kernel_tables("cpu").order)
+    vals = pts[:, :, cols].to(torch.float32) * scale[:, :, None]
+    return vals.to(torch.float16).reshape(w.d_out, -1).to(w.words.device)
+
+
 def _correctly_rounded_sqrt(values: torch.Tensor) -> torch.Tensor:
     """IEEE sqrt of a few distinct exact integers (torch's vectorized CPU f64 sqrt is 1 ulp low for
     some squared norms, e.g. 32, 128, 304)."""

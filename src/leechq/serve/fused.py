@@ -4,15 +4,19 @@ Implements layouts-kernels-recipe.md §3.5 (q/k/v and gate/up concatenated by ro
 launch) and §3.6 (the activation rotated once per shared input) on top of the kernels of
 :mod:`leechq.kernels.triton.ops`:
 
-1. the group's input ``x [M, d_in]`` is rotated straight into the *prepared* activation layout the
-   lattice matvec reads (one kernel; unrotated groups use the plain preparation kernel), into a
-   zero-filled buffer that persists per (device, width, M) so a CUDA graph never re-zeroes it;
+1. the group's input ``x [M, d_in]`` is rotated and laid out in the *prepared* activation layout
+   the lattice matvec reads (rotation + preparation kernels; unrotated groups use the preparation
+   kernel alone), into a buffer that persists per (device, width, M);
 2. one ``tetra48`` matvec per part (8 activation rows per launch) writes its rows into one float32
    output ``y [M, Σ d_out]``. A group built from records (:meth:`TetraGroup.from_records`) is a
    single part: the members' words, scales, gain pairs and tails concatenated by rows. A group built
    from already finalized ``LeechqLinear`` modules (:meth:`TetraGroup.from_modules`, e.g. a model
    from ``leechq.load``) reuses each member's packed tensors as one part each: no copy, one launch
    per member, one rotation for all.
+
+With ``M ≥ DENSE_MIN_ROWS`` rows (prefill, batches above 8) the group instead rotates once in
+natural order and multiplies a float16 dequantized copy of each part on cuBLAS
+(``ops.tetra48_matmul_dense``): one decode per call instead of one per 8 rows.
 
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
@@ -36,6 +40,11 @@ from leechq.formats.rotation import RotationTables
 
 KERNEL_ROWS = 8
 """Activation rows per matvec launch (the kernels take 1..8)."""
+
+DENSE_MIN_ROWS = KERNEL_ROWS + 1
+"""From this many activation rows on, a group runs its parts as float16 dequantized copies on
+cuBLAS (one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode
+every block once per 8 rows (``ops.tetra48_matmul_dense``; prefill and batches above 8)."""
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are
@@ -220,6 +229,8 @@ class TetraGroup(nn.Module):
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         m = int(x2.shape[0])
+        if m >= DENSE_MIN_ROWS:
+            return self._forward_dense(x2).reshape(*lead, self.d_out)
         xp = _prepared_buffer(x2.device, self.n_blocks, m)
         if self.rot is not None:
             self._rotate(x2, xp)
@@ -235,6 +246,16 @@ class TetraGroup(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.d_out)
+
+    def _forward_dense(self, x2: torch.Tensor) -> torch.Tensor:
+        """Many rows (a prompt, a large batch): rotate once in natural order, then each part as a
+        float16 dequantized copy times the rows on cuBLAS (``ops.tetra48_matmul_dense``)."""
+        ops = self._ops
+        xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
+        y = torch.cat([ops.tetra48_matmul_dense(xr, part) for part in self.parts], dim=-1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
 
     def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
         """``Q x`` into the prepared buffer: the rotation kernel launched with the cached inverse

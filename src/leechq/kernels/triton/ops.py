@@ -36,6 +36,7 @@ from leechq.kernels.triton.intq import (
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
+from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
 
 if TYPE_CHECKING:
@@ -406,6 +407,58 @@ def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
     m_rows = _check_x(x, w.d_in, w.words.device)
     xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(x.device).order)
     return tetra48_matvec_prepared(xp, w, m_rows, config)
+
+
+def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` in word column order, without
+    σ_row (twin of ``reference.tetra48_dequantize_f16``; :mod:`.tetra48_dequant`)."""
+    _check_lattice(w, w.words, "words")
+    dev = w.words.device
+    shape = (w.d_out, BLOCK * w.n_blocks)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float16, device=dev)
+    else:
+        check_tensor(out, "out", torch.float16, shape, device=dev)
+    if w.d_out and w.n_blocks:
+        nw = 4
+        items = w.d_out * ((w.n_blocks + 1) // 2)
+        grid = max(1, min(triton.cdiv(items, nw * 32), 8 * _sm_count(dev)))
+        tetra48_dequant_kernel[(grid,)](
+            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
+            N_BLOCKS=w.n_blocks, NW=nw, USE_ASM=_use_asm(), num_warps=nw, num_stages=1,
+        )
+    return out
+
+
+_DEQUANT_INDEX: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def dequant_natural_index(n_blocks: int, device: torch.device | str) -> torch.Tensor:
+    """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
+    :func:`tetra48_dequantize_f16` (cached per device and width)."""
+    key = (str(device), n_blocks)
+    if key not in _DEQUANT_INDEX:
+        per_block = ref.dequant_column_order(tetra_kernel_tables("cpu").order)
+        idx = (torch.arange(n_blocks)[:, None] * BLOCK + per_block[None, :]).reshape(-1)
+        _DEQUANT_INDEX[key] = idx.to(device)
+    return _DEQUANT_INDEX[key]
+
+
+def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
+    [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
+    (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
+    applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=w.words.device)
+    if x.dim() != 2 or x.shape[1] != w.d_in:
+        raise InvalidInput(f"x must be [M, {w.d_in}] for this matrix, got {list(x.shape)}")
+    nb = w.n_blocks
+    w16 = tetra48_dequantize_f16(w)
+    xq = x[:, dequant_natural_index(nb, x.device)].to(torch.float16)
+    y = (xq @ w16.T).float() * w.row_scales
+    if w.tail_cols:
+        y = y + x[:, BLOCK * nb:].float() @ w.tail.T
+    return y
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,

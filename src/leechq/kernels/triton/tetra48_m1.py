@@ -55,7 +55,7 @@ TABLE_WORDS = tl.constexpr(4096 + 512 + 128 + 512 + 2048)
 
 
 @triton.jit
-def _stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
+def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
     """Copy the batch-1 table into shared memory (GPU) once per program; returns its base address
     (0 under the interpreter, where lookups read ``tab_ptr``)."""
     if USE_ASM:
@@ -194,9 +194,10 @@ def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
 
 
 @triton.jit
-def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a20, a21, b00, b01,
-               b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM: tl.constexpr):
-    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32)."""
+def decode_nibbles(lo, hi, tab_ptr, base, USE_ASM: tl.constexpr):
+    """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
+    uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
+    gain bit."""
     p = lo & 1
     r = (lo >> 1) & 1
     v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
@@ -213,6 +214,14 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a
     # value bytes + 128 = 2h + 114 (p = 0) or 143 − 2h (p = 1): one multiply-add per 4 nibbles
     mp = 2 - 4 * p
     kp = 0x72727272 + p * 0x1D1D1D1D
+    return h1, h2, h3, mp, kp, (v20 >> 27) & 1
+
+
+@triton.jit
+def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a20, a21, b00, b01,
+               b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32)."""
+    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
     z = tl.zeros(lo.shape, tl.int32)
     acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
     acc0, acc1, acc2, n2 = _section(h2, mp, kp, a10, a11, b10, b11, c10, c11, acc0, acc1, acc2, n2,
@@ -222,7 +231,7 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a
     dot = (acc2 << 16) + (acc1 << 8) + acc0
     invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
         tl.float32, bitcast=True)
-    cent = tl.where(((v20 >> 27) & 1) != 0, cent1, cent0)
+    cent = tl.where(g != 0, cent1, cent0)
     return dot.to(tl.float32) * (cent * invn * e_blk)
 
 
@@ -261,7 +270,7 @@ def tetra48_m1_kernel(
     IPC: tl.constexpr = ROWS // (RI * ILP)  # loop trips per chunk
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = _stage_table(tab_ptr, d_out, USE_ASM)
+    base = stage_table(tab_ptr, d_out, USE_ASM)
     xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
     (e0, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = _x_limbs(xb, NPP, 0, USE_ASM)
@@ -391,7 +400,7 @@ def null_m1_kernel(
     RI: tl.constexpr = NW * 32 // BP
     IPC: tl.constexpr = ROWS // RI
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = _stage_table(tab_ptr, d_out, USE_ASM)
+    base = stage_table(tab_ptr, d_out, USE_ASM)
     xb = xp_ptr + pair
     res0 = _x_limbs(xb, NPP, 0, USE_ASM)
     res1 = _x_limbs(xb, NPP, 1, USE_ASM)
