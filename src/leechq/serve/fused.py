@@ -14,7 +14,7 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    from ``leechq.load``) reuses each member's packed tensors as one part each: no copy, one launch
    per member, one rotation for all.
 
-With ``M ≥ DENSE_MIN_ROWS`` rows (prefill, batches above 8) the group instead rotates once in
+With ``M ≥ DENSE_MIN_ROWS`` rows (prefill, batches above 16) the group instead rotates once in
 natural order and multiplies a float16 dequantized copy of each part on cuBLAS
 (``ops.tetra48_matmul_dense``): one decode per call instead of one per 8 rows.
 
@@ -41,10 +41,13 @@ from leechq.formats.rotation import RotationTables
 KERNEL_ROWS = 8
 """Activation rows per matvec launch (the kernels take 1..8)."""
 
-DENSE_MIN_ROWS = KERNEL_ROWS + 1
+DENSE_MIN_ROWS = 2 * KERNEL_ROWS + 1
 """From this many activation rows on, a group runs its parts as float16 dequantized copies on
 cuBLAS (one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode
-every block once per 8 rows (``ops.tetra48_matmul_dense``; prefill and batches above 8)."""
+every block once per 8 rows (``ops.tetra48_matmul_dense``). H200, Qwen3-8B shapes, 2026-11-30: the
+dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7 ms per 8 rows
+(batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled vs 84 ms
+dense), so up to 16 rows stay on the kernels."""
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are
