@@ -26,8 +26,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from leechq.kernels.triton._bits import dp4a, table_load32
-from leechq.kernels.triton.tetra48_m1 import INVNORM_WORD, decode_nibbles, stage_table
+from leechq.kernels.triton._bits import table_load32
+from leechq.kernels.triton.tetra48_m1 import (
+    INVNORM_WORD,
+    decode_nibbles,
+    section_values,
+    stage_table,
+)
 
 
 @triton.jit
@@ -52,19 +57,9 @@ def _store_words(ptr, word, scale, ok):
 def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, out, ok, USE_ASM: tl.constexpr):
     """Decode one block per element and store its 24 float16 values (12 int32) at ``out``."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
-    e1 = ((h1 & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    o1 = (((h1 >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    e2 = ((h2 & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    o2 = (((h2 >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    e3 = ((h3 & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    o3 = (((h3 >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    z = tl.zeros(lo.shape, tl.int32)
-    n2 = dp4a(e1, e1, z, True, USE_ASM)
-    n2 = dp4a(o1, o1, n2, True, USE_ASM)
-    n2 = dp4a(e2, e2, n2, True, USE_ASM)
-    n2 = dp4a(o2, o2, n2, True, USE_ASM)
-    n2 = dp4a(e3, e3, n2, True, USE_ASM)
-    n2 = dp4a(o3, o3, n2, True, USE_ASM)
+    e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
+    e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
+    e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
     invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
         tl.float32, bitcast=True)
     scale = tl.where(g != 0, cent1, cent0) * invn

@@ -176,20 +176,28 @@ def _rint(x, s):
 
 
 @triton.jit
-def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
-             USE_ASM: tl.constexpr):
-    """One section: nibbles of ``h`` → signed value bytes (even / odd coordinates) → dp4a with the
-    three limbs, and the squared norm."""
+def section_values(h, mp, kp, n2, USE_ASM: tl.constexpr):
+    """One section: nibbles of ``h`` → signed value bytes of its even and odd trio coordinates
+    (``ev``, ``od``: 4 bytes each) and ``n2`` plus their squared norm."""
     ev = ((h & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
     od = (((h >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
+    n2 = dp4a(ev, ev, n2, True, USE_ASM)
+    n2 = dp4a(od, od, n2, True, USE_ASM)
+    return ev, od, n2
+
+
+@triton.jit
+def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
+             USE_ASM: tl.constexpr):
+    """One section: its value bytes (:func:`section_values`) → dp4a with the three limbs, and the
+    squared norm."""
+    ev, od, n2 = section_values(h, mp, kp, n2, USE_ASM)
     acc0 = dp4a(ev, la0, acc0, False, USE_ASM)
     acc0 = dp4a(od, la1, acc0, False, USE_ASM)
     acc1 = dp4a(ev, lb0, acc1, False, USE_ASM)
     acc1 = dp4a(od, lb1, acc1, False, USE_ASM)
     acc2 = dp4a(ev, lc0, acc2, True, USE_ASM)
     acc2 = dp4a(od, lc1, acc2, True, USE_ASM)
-    n2 = dp4a(ev, ev, n2, True, USE_ASM)
-    n2 = dp4a(od, od, n2, True, USE_ASM)
     return acc0, acc1, acc2, n2
 
 
