@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import os
@@ -66,6 +67,9 @@ DEPENDS = {
     "+int4+rows": {"full", "bare", "+int4"},
     "+int4+tables4": {"full", "+tables4"},
 }
+MODEL_USERS = {"bare": {"+int4"}, "+tables4": {"+int4+tables4"}, "+int4": {"+int4+rows"}}
+"""Arms whose *model* another arm copies; every other arm's model (but ``full``'s, which the file
+check reads) is dropped as soon as it is evaluated, so memory holds a few models, not all."""
 
 
 def _cpu_seconds() -> float:
@@ -228,20 +232,47 @@ def main(argv: list[str] | None = None) -> int:
     for a in order:
         need |= DEPENDS.get(a, set())
     results: dict[str, Any] = {}
+    rows: dict[str, dict[str, Any]] = {}
+
+    def finish(name: str) -> None:
+        """Evaluate a finished arm (wanted ones, and ``bare``: the ΔKL base), then drop every
+        model no arm still to be built will copy."""
+        res = results[name]
+        if name in want or name == "bare":
+            ev = evaluate(reference, res.model, eval_w)
+            rows[name] = {
+                "bpp_est": (float("nan") if name.startswith("dense")
+                            else res.bits(proj).bits_per_param),
+                "bpp_file": res.bits(()).bits_per_param,
+                **{k2: ev[k2] for k2 in ("kl", "ppl", "ref_ppl", "ppl_ratio", "agreement")},
+                "window_kl": ev["window_kl"],
+                "int4": sum(type(r).__name__ == "Int4Weight" for r in res.records.values()),
+            }
+            print(f"[ablation] {name}: KL {ev['kl']:.5f}", file=sys.stderr)
+        pending = need - results.keys()
+        for done, r in results.items():
+            if done != "full" and not (MODEL_USERS.get(done, set()) & pending):
+                r.model = None
+        gc.collect()
+
     chosen: list[str] = []
     if "full" in need:
         print("[ablation] full recipe", file=sys.stderr)
         results["full"] = arm(full_recipe)
         chosen = results["full"].metadata["selection"]["int4"]
+        finish("full")
     if "bare" in need:
         results["bare"] = arm(Recipe(name="bare", device=args.device))
+        finish("bare")
     if "+rows" in need:
         print("[ablation] +rows", file=sys.stderr)
         results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device=args.device))
+        finish("+rows")
     for bits in (8, 4):
         if f"+tables{bits}" in need:
             results[f"+tables{bits}"] = arm(Recipe(name=f"tables{bits}", embedding_bits=bits,
                                                    head_bits=8))
+            finish(f"+tables{bits}")
     # +int4 and +int4+tables4 reuse the full recipe's choice (same records, post hoc)
     for name, base in (("+int4", "bare"), ("+int4+tables4", "+tables4")):
         if name not in need:
@@ -254,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = SimpleNamespace(model=model, records=recs, raw=src.raw, tied=src.tied,
                                         metadata={"int4": chosen},
                                         bits=lambda d=(), r=recs, w=src.raw: _bits(r, w, d))
+        finish(name)
     if "+int4+rows" in need:
         print("[ablation] +int4+rows", file=sys.stderr)
         src = results["+int4"]
@@ -267,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         res.metadata["arm_seconds"] = time.perf_counter() - t
         res.metadata["arm_cpu_seconds"] = _cpu_seconds() - c
         results["+int4+rows"] = res
+        finish("+int4+rows")
     # The table step alone on the dense reference (full depth, exact).
     from leechq.models.quantize import _raw_tensors
     from leechq.quant.recipe import apply_tables, table_records
@@ -283,20 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         results[f"dense+tables{bits}"] = SimpleNamespace(
             model=model, records={}, raw=raw, tied=dense_tied, metadata={},
             bits=lambda d=(), w=raw: _bits({}, w, ()))
+        finish(f"dense+tables{bits}")
 
-    rows: dict[str, dict[str, Any]] = {}
-    order = [a for a in ARMS if a in want or (a == "bare" and a in results)]
-    for name in order:
-        res = results[name]
-        ev = evaluate(reference, res.model, eval_w)
-        rows[name] = {
-            "bpp_est": float("nan") if name.startswith("dense") else res.bits(proj).bits_per_param,
-            "bpp_file": res.bits(()).bits_per_param,
-            **{k2: ev[k2] for k2 in ("kl", "ppl", "ref_ppl", "ppl_ratio", "agreement")},
-            "window_kl": ev["window_kl"],
-            "int4": sum(type(r).__name__ == "Int4Weight" for r in res.records.values()),
-        }
-        print(f"[ablation] {name}: KL {ev['kl']:.5f}", file=sys.stderr)
+    order = [a for a in ARMS if a in rows]
     for name in order:
         base = "bare" if not name.startswith("dense") and "bare" in rows else None
         if base is None:
