@@ -74,7 +74,7 @@ class _FinalizedStandIn(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def test_group_from_finalized_modules_reuses_their_packing() -> None:
+def test_group_from_finalized_modules_shares_one_concatenated_copy() -> None:
     from leechq.serve.fused import TetraGroup
 
     recs = _records(True)
@@ -82,17 +82,26 @@ def test_group_from_finalized_modules_reuses_their_packing() -> None:
     v = random_int4(8, 72, g, group=24)
     biases = [torch.randn(16), torch.randn(8)]
     mods = [_FinalizedStandIn(r, b) for r, b in zip(recs, biases, strict=True)]
+    x = torch.randn(5, 72)
+    before = [m(x) for m in mods]
     v_mod = nn.Linear(72, 8)  # a member without a fused kernel stays itself
     v_mod.weight.data = v.dequantize(torch.float32)
     fused = fuse_group([*mods, v_mod], torch.float32, "cpu")
     assert isinstance(fused, ConcatLinear) and isinstance(fused.members[0], TetraGroup)
-    assert fused.members[0].parts[0].words.data_ptr() == mods[0]._fused.tensors["words"].data_ptr()
-    x = torch.randn(5, 72)
+    group = fused.members[0]
+    assert len(group.parts) == 1 and group.execution.members == 2  # one launch for q|k
+    # the members now read row slices of the group's tensors: one copy in memory
+    words = group.parts[0].words
+    for m, off in zip(mods, (0, recs[0].d_out), strict=True):
+        view = m._fused.tensors["words"]
+        assert view.data_ptr() == words[off:].data_ptr()
+        assert m._fused.packed["w"].words.data_ptr() == view.data_ptr()
+    assert all(torch.equal(m(x), b) for m, b in zip(mods, before, strict=True))
     ref = torch.cat([_reference(x, recs, biases), v_mod(x)], dim=-1)
     y = fused(x)
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     concat = TetraGroup.from_records(recs, biases, "cpu")(x)
-    assert torch.equal(y[:, :24], concat)  # one part per member == rows concatenated: same bits
+    assert torch.equal(y[:, :24], concat)  # same bits as the group built from the records
 
 
 def test_group_from_records_reference_path_on_cpu() -> None:

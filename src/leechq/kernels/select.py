@@ -258,6 +258,9 @@ class LinearPlan:
         d_out, d_in: shape; dtype: the activation/output dtype.
         tensors: the packed device tensors (for memory accounting).
         shared: a group's shared rotation slot (set by ``nn``), or None.
+        packed: lattice records: ``{"w": packed record}``, the box ``run`` reads the packed record
+            from (a serving group re-points it to row views of its concatenated record, so both
+            share one copy); None otherwise.
     """
 
     kernel_name: str
@@ -268,6 +271,7 @@ class LinearPlan:
     dtype: torch.dtype
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: Any = None
+    packed: dict[str, Any] | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -338,5 +342,6 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
     tensors = {n: getattr(packed, n) for n in ("row_scales", "row_centroids", "tail")}
     tensors["words" if layout == "tetra48" else "records"] = (
         packed.words if layout == "tetra48" else packed.records)
-    return LinearPlan(k.name, _chunked(lambda x: fn(x.float(), packed), rows, dtype), rotate,
-                      record.d_out, record.d_in, dtype, tensors)
+    box = {"w": packed}
+    return LinearPlan(k.name, _chunked(lambda x: fn(x.float(), box["w"]), rows, dtype), rotate,
+                      record.d_out, record.d_in, dtype, tensors, packed=box)

@@ -11,8 +11,9 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    output ``y [M, Σ d_out]``. A group built from records (:meth:`TetraGroup.from_records`) is a
    single part: the members' words, scales, gain pairs and tails concatenated by rows. A group built
    from already finalized ``LeechqLinear`` modules (:meth:`TetraGroup.from_modules`, e.g. a model
-   from ``leechq.load``) reuses each member's packed tensors as one part each: no copy, one launch
-   per member, one rotation for all.
+   from ``leechq.load``) concatenates them the same way and then re-points each member's plan to
+   its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
+   members keep computing exactly what they did.
 
 With ``M ≥ DENSE_MIN_ROWS`` rows (prefill, batches above 16) the group instead rotates once in
 natural order and multiplies a float16 dequantized copy of each part on cuBLAS
@@ -189,8 +190,9 @@ class TetraGroup(nn.Module):
 
     @classmethod
     def from_modules(cls, members: Sequence[nn.Module]) -> TetraGroup:
-        """A group over finalized ``LeechqLinear`` modules running the fused tetra48 kernel; their
-        packed tensors are reused (no copy), one part per member.
+        """A group over finalized ``LeechqLinear`` modules running the fused tetra48 kernel: one
+        part, the members' packed tensors concatenated by rows; each member's plan is then
+        re-pointed to its rows of that part (views), so memory holds one copy.
 
         Raises:
             InvalidInput: a member is not a fused Tetra ``LeechqLinear`` or the rotations differ.
@@ -206,6 +208,10 @@ class TetraGroup(nn.Module):
             tensors = getattr(plan, "tensors", {})
             if "tetra48" not in name or "words" not in tensors or "triton" not in name:
                 raise InvalidInput(f"{type(m).__name__} does not run the fused tetra48 kernel")
+            box = getattr(plan, "packed", None)
+            if box is not None:  # the member's packed record itself (host f64 copies included)
+                parts.append(box["w"])
+                continue
             rs = tensors["row_scales"]
             parts.append(
                 Tetra48Weight(
@@ -221,7 +227,10 @@ class TetraGroup(nn.Module):
                 )
             )
         biases = [getattr(m, "bias", None) for m in members]
-        return cls(parts, records[0].rotation, _join_bias(biases, [r.d_out for r in records]))
+        if len(parts) > 1 and all(getattr(m._fused, "packed", None) for m in members):
+            parts = [_concat_and_share(members, parts)]
+        return cls(parts, records[0].rotation, _join_bias(biases, [r.d_out for r in records]),
+                   len(records))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from leechq.kernels.reference import prepared_rows
@@ -291,6 +300,28 @@ class TetraGroup(nn.Module):
             f"d_in={self.d_in}, d_out={self.offsets[1:]}, parts={len(self.parts)}, "
             f"rotated={self.rotation is not None}"
         )
+
+
+def _concat_and_share(members: Sequence[nn.Module], parts: list[Any]) -> Any:
+    """One record for the group (rows concatenated: one launch, a larger grid) whose storage the
+    members then share: each member's plan is re-pointed to its row slice of the concatenated
+    tensors (views), so its old tensors are freed and memory holds one copy."""
+    from dataclasses import replace
+
+    from leechq.formats.layouts.tetra48 import concat_rows
+
+    cat = concat_rows(parts)
+    off = 0
+    for m, p in zip(members, parts, strict=True):
+        plan = m._fused
+        rows = slice(off, off + p.d_out)
+        views = {n: getattr(cat, n)[rows] for n in ("words", "row_scales", "row_centroids", "tail")}
+        box = getattr(plan, "packed", None)
+        if box is not None:
+            box["w"] = replace(box["w"], **views)
+        plan.tensors.update(views)
+        off += p.d_out
+    return cat
 
 
 def _check_members(records: Sequence[Any]) -> None:
