@@ -212,6 +212,16 @@ def test_no_local_memory() -> None:
         # be used inside the hot loop (it would overwrite the table)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)
+    # the dequantization kernel stages the same table: same rule for its loop
+    from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
+
+    dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32", "d_out": "i32"}
+    c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=170, NW=4, USE_ASM=True),
+                      num_warps=4)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
+    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
