@@ -1,0 +1,49 @@
+#!/bin/bash
+# Kernel and serving re-measurement on the GPU host (the `device` machine), one step per call, each
+# under 10 minutes; results under $OUT. Steps:
+#   tests    GPU tests of the kernels (m1, rotation, dense path, no local memory) and the serving
+#            paths (graph vs eager, fused vs reference, packed tables)
+#   matvec   one token through the Qwen3-8B projections: fp16, the no-weights control, tetra48-m1
+#            with and without the preparation launches, the served pass, the rotations
+#   sweep    the same after timing every m1 geometry per projection group (bench_matvec --sweep)
+#   rotation the rotation kernel per width, both transform forms
+#   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
+# Note: the device copy's .git may show an older HEAD; record the local sha with the results.
+set -u
+step=$1
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+case $step in
+tests)
+  timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_gpu.py \
+    -k "m1 or rotation or no_local or tetra48_full or dense_path" 2>&1 | tail -5 | tee "$OUT/tests-kernels.log"
+  timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/serve tests/nn tests/models \
+    2>&1 | tail -5 | tee "$OUT/tests-serve.log"
+  ;;
+matvec | sweep)
+  extra=""
+  [ "$step" = sweep ] && extra="--sweep"
+  timeout 560 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 $extra \
+    --arms fp16,null-m1-fused-noprep,tetra48-m1-fused-noprep,tetra48-m1-fused,served,rotation \
+    --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
+  ;;
+rotation)
+  timeout 300 python benchmarks/bench_rotation.py --out "$OUT/rotation.json" 2>&1 \
+    | grep -v '^{"bench'
+  ;;
+e2e)
+  timeout 330 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
+    --batches 1,16 --no-profile --budget-s 230 --out "$OUT/e2e-8b.json" > "$OUT/e2e-8b.log" 2>&1
+  grep "tok/s\|status" "$OUT/e2e-8b.log" | cut -c1-200
+  timeout 240 python benchmarks/bench_e2e.py --quick --models qwen3-14b --arms fp16,tetra48 \
+    --batches 1 --skip-gates --no-profile --budget-s 200 --out "$OUT/e2e-14b.json" \
+    > "$OUT/e2e-14b.log" 2>&1
+  grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
+  ;;
+*)
+  echo "unknown step $step (tests | matvec | sweep | rotation | e2e)" >&2
+  exit 2
+  ;;
+esac
