@@ -216,12 +216,14 @@ def test_no_local_memory() -> None:
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 
     dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32", "d_out": "i32"}
-    c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=170, NW=4, USE_ASM=True),
-                      num_warps=4)
-    res = I.resource_usage(c)
-    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
-    mix = I.hot_loop_mix(I.sass(c))["loop"]
-    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix
+    for vec in (False, True):
+        c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=170, NW=4, USE_ASM=True,
+                                                           VEC=vec), num_warps=4)
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (vec, res)
+        mix = I.hot_loop_mix(I.sass(c))["loop"]
+        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (vec, mix)
+        assert mix.get("STG", 0) == (6 if vec else 24), (vec, mix)  # per block pair
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
@@ -234,6 +236,7 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     got = ops.tetra48_dequantize_f16(w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"),
                                                        dtype=torch.float16, device=DEV))
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
+    assert torch.equal(ops.tetra48_dequantize_f16(w, vector_stores=True), got)
     x = torch.randn(m_rows, d_in, device=DEV)
     y = ops.tetra48_matmul_dense(x, w)
     assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3

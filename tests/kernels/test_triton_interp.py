@@ -258,6 +258,7 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     got = ops.tetra48_dequantize_f16(w)
     assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
+    assert torch.equal(ops.tetra48_dequantize_f16(w, vector_stores=True), got)
     dense = ref.tetra48_dequantize_rotated(w)  # f64, σ_row included
     idx = ops.dequant_natural_index(w.n_blocks, "cpu")
     assert sorted(idx.tolist()) == list(range(9 * 24))

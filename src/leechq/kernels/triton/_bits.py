@@ -155,6 +155,25 @@ def smem_store32(addr, value, ok):
 
 
 @triton.jit
+def global_store128(ptr, a, b, c, d, ok, USE_ASM: tl.constexpr):
+    """``ptr[0..3] = a, b, c, d`` (int32 tensors; ``ptr`` 16-byte aligned) where ``ok``: one
+    ``st.global.v4`` per element on the GPU (Triton would otherwise emit four 4-byte stores or move
+    the data through shared memory); four masked stores under the interpreter."""
+    if USE_ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred q; setp.ne.u32 q, $6, 0; "
+            "@q st.global.v4.b32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0; }",
+            "=r,l,r,r,r,r,r", [ptr, a, b, c, d, ok.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1,
+        )
+    else:
+        tl.store(ptr, a, mask=ok)
+        tl.store(ptr + 1, b, mask=ok)
+        tl.store(ptr + 2, c, mask=ok)
+        tl.store(ptr + 3, d, mask=ok)
+
+
+@triton.jit
 def table_load32(tab_ptr, base, word, USE_ASM: tl.constexpr):
     """Word ``word`` of the staged table (shared memory at ``base``) or of ``tab_ptr``
     (interpreter): uint32."""

@@ -409,9 +409,14 @@ def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
     return tetra48_matvec_prepared(xp, w, m_rows, config)
 
 
-def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None) -> torch.Tensor:
+def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
+                           vector_stores: bool | None = None) -> torch.Tensor:
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` in word column order, without
-    σ_row (twin of ``reference.tetra48_dequantize_f16``; :mod:`.tetra48_dequant`)."""
+    σ_row (twin of ``reference.tetra48_dequantize_f16``; :mod:`.tetra48_dequant`).
+
+    ``vector_stores``: write each section's 16 bytes with one ``st.global.v4`` (6 stores per block
+    pair instead of 24 in the SASS) — not yet timed on a GPU, so off unless asked for or
+    ``LEECHQ_DEQUANT_V4=1``."""
     _check_lattice(w, w.words, "words")
     dev = w.words.device
     shape = (w.d_out, BLOCK * w.n_blocks)
@@ -423,9 +428,12 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None) ->
         nw = 4
         items = w.d_out * ((w.n_blocks + 1) // 2)
         grid = max(1, min(triton.cdiv(items, nw * 32), 8 * _sm_count(dev)))
+        if vector_stores is None:
+            vector_stores = os.environ.get("LEECHQ_DEQUANT_V4", "0") == "1"
         tetra48_dequant_kernel[(grid,)](
             w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=nw, USE_ASM=_use_asm(), num_warps=nw, num_stages=1,
+            N_BLOCKS=w.n_blocks, NW=nw, USE_ASM=_use_asm(), VEC=bool(vector_stores), num_warps=nw,
+            num_stages=1,
         )
     return out
 

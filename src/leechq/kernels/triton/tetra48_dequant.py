@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from leechq.kernels.triton._bits import table_load32
+from leechq.kernels.triton._bits import global_store128, table_load32
 from leechq.kernels.triton.tetra48_m1 import (
     INVNORM_WORD,
     decode_nibbles,
@@ -54,7 +54,20 @@ def _store_words(ptr, word, scale, ok):
 
 
 @triton.jit
-def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, out, ok, USE_ASM: tl.constexpr):
+def _store_section(ptr, ev, od, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """The 8 values of one section (even-nibble word, then odd): 16 bytes at ``ptr`` — one vector
+    store per element with ``VEC``, else four 4-byte stores."""
+    if VEC:
+        global_store128(ptr, _pack_f16_pair(ev, 0, scale), _pack_f16_pair(ev, 2, scale),
+                        _pack_f16_pair(od, 0, scale), _pack_f16_pair(od, 2, scale), ok, USE_ASM)
+    else:
+        _store_words(ptr, ev, scale, ok)
+        _store_words(ptr + 2, od, scale, ok)
+
+
+@triton.jit
+def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, out, ok, VEC: tl.constexpr,
+                   USE_ASM: tl.constexpr):
     """Decode one block per element and store its 24 float16 values (12 int32) at ``out``."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
@@ -63,17 +76,14 @@ def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, out, ok, USE_ASM: tl.con
     invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
         tl.float32, bitcast=True)
     scale = tl.where(g != 0, cent1, cent0) * invn
-    _store_words(out + 0, e1, scale, ok)
-    _store_words(out + 2, o1, scale, ok)
-    _store_words(out + 4, e2, scale, ok)
-    _store_words(out + 6, o2, scale, ok)
-    _store_words(out + 8, e3, scale, ok)
-    _store_words(out + 10, o3, scale, ok)
+    _store_section(out + 0, e1, o1, scale, ok, VEC, USE_ASM)
+    _store_section(out + 4, e2, o2, scale, ok, VEC, USE_ASM)
+    _store_section(out + 8, e3, o3, scale, ok, VEC, USE_ASM)
 
 
 @triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                           NW: tl.constexpr, USE_ASM: tl.constexpr):
+                           NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False):
     """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words; see the module
     docstring. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
@@ -97,6 +107,6 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
         out = out_ptr + row * OUT_W + 24 * pair
-        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, out, ok_e, USE_ASM)
+        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, out, ok_e, VEC, USE_ASM)
         _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, out + 12,
-                       ok_o, USE_ASM)
+                       ok_o, VEC, USE_ASM)
