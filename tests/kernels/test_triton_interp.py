@@ -229,6 +229,15 @@ def test_bad_inputs_are_named() -> None:
         ops.tetra48_matvec(torch.randn(1, 48), replace(w, row_scales=w.row_scales.double()))
     with pytest.raises(InvalidInput, match="xp"):
         ops.tetra48_matvec_prepared(torch.zeros(1, 10), w, 1)
+    # the many-row path names its problems too
+    with pytest.raises(InvalidInput, match=r"x must be \[M, 48\]"):
+        ops.tetra48_matmul_dense(torch.randn(20, 47), w)
+    with pytest.raises(InvalidInput, match="x"):
+        ops.tetra48_matmul_dense(torch.zeros(20, 48, dtype=torch.int64), w)
+    with pytest.raises(InvalidInput, match="out"):
+        ops.tetra48_dequantize_f16(w, out=torch.empty(8, 48, dtype=torch.float32))
+    with pytest.raises(InvalidInput, match="words"):
+        ops.tetra48_dequantize_f16(replace(w, words=w.words[:, :2].contiguous()))
 
 
 def test_m1_config_rule() -> None:
