@@ -240,3 +240,14 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     x = torch.randn(m_rows, d_in, device=DEV)
     y = ops.tetra48_matmul_dense(x, w)
     assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(6144, 4096, 16), (4096, 12288, 9),
+                                                       (1000, 2560 + 7, 64)])
+def test_tetra48_mma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """The tensor-core batched kernel (opt-in) at real shapes: within fp16 accuracy of f64."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    x = torch.randn(m_rows, d_in, device=DEV)
+    y = ops.tetra48_matmul_mma(x, w)
+    assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3

@@ -277,3 +277,22 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     y = ops.tetra48_matmul_dense(x, w)
     bound = x.double().abs() @ dense.abs().T
     assert float(((y.double() - x.double() @ dense.T).abs() / bound).max()) <= 2e-3
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ksplit"), [
+    (40, 9 * 24 + 5, 3, None),  # a tail, a short last row tile, the default K split
+    (64, 17 * 24, 16, 2),       # two K-slices, the last one short
+    (33, 5 * 24, 20, 1),        # M between 16 and 32 (BM = 32)
+])
+def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | None) -> None:
+    """The tensor-core batched kernel against the f64 product, within fp16 accuracy (float16
+    values and activations, f32 accumulation)."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out)
+    x = torch.randn(m_rows, d_in)
+    y = ops.tetra48_matmul_mma(x, w, ksplit=ksplit)
+    dense = ref.tetra48_dequantize_rotated(w)
+    bound = x.double().abs() @ dense.abs().T
+    assert float(((y.double() - x.double() @ dense.T).abs() / bound).max()) <= 2e-3
+    with pytest.raises(UnsupportedShape, match="1..64"):
+        ops.tetra48_matmul_mma(torch.randn(65, d_in), w)

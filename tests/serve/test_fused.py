@@ -51,6 +51,24 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
+def test_group_opt_in_tensor_core_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LEECHQ_MMA=1``: 9..64 rows take the batched tensor-core kernel (fp16 accuracy)."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.fused import TetraGroup
+
+    calls = []
+    real = ops.tetra48_matmul_mma
+    monkeypatch.setattr(ops, "tetra48_matmul_mma", lambda x, w: calls.append(1) or real(x, w))
+    monkeypatch.setenv("LEECHQ_MMA", "1")
+    recs = _records(True)
+    biases = [torch.randn(16), None]
+    group = TetraGroup.from_records(recs, biases, "cpu")
+    x = torch.randn(12, 72, generator=torch.Generator().manual_seed(12))
+    y = group(x)
+    ref = _reference(x, recs, biases)
+    assert calls and (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+
+
 @dataclass
 class _Exec:
     path: str

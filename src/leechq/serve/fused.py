@@ -26,6 +26,7 @@ inside their own fused kernel. A group computes exactly what its members compute
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -241,8 +242,10 @@ class TetraGroup(nn.Module):
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         m = int(x2.shape[0])
+        if KERNEL_ROWS < m <= 64 and os.environ.get("LEECHQ_MMA", "0") == "1":
+            return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
         if m >= DENSE_MIN_ROWS:
-            return self._forward_dense(x2).reshape(*lead, self.d_out)
+            return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
         xp = _prepared_buffer(x2.device, self.n_blocks, m)
         if self.rot is not None:
             self._rotate(x2, xp)
@@ -259,12 +262,14 @@ class TetraGroup(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.d_out)
 
-    def _forward_dense(self, x2: torch.Tensor) -> torch.Tensor:
-        """Many rows (a prompt, a large batch): rotate once in natural order, then each part as a
-        float16 dequantized copy times the rows on cuBLAS (``ops.tetra48_matmul_dense``)."""
+    def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
+        """Many rows (a prompt, a large batch): rotate once in natural order, then each part through
+        ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``)
+        or, opt-in with ``LEECHQ_MMA=1`` for 9..64 rows, the tensor-core kernel
+        (``ops.tetra48_matmul_mma``, not yet timed on a GPU)."""
         ops = self._ops
         xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
-        y = torch.cat([ops.tetra48_matmul_dense(xr, part) for part in self.parts], dim=-1)
+        y = torch.cat([matmul(xr, part) for part in self.parts], dim=-1)
         if self.bias is not None:
             y = y + self.bias
         return y

@@ -38,6 +38,7 @@ from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
+from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
 if TYPE_CHECKING:
     from leechq.formats.int8_weight import Int8Weight
@@ -464,6 +465,59 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     w16 = tetra48_dequantize_f16(w)
     xq = x[:, dequant_natural_index(nb, x.device)].to(torch.float16)
     y = (xq @ w16.T).float() * w.row_scales
+    if w.tail_cols:
+        y = y + x[:, BLOCK * nb:].float() @ w.tail.T
+    return y
+
+
+_MMA_INDEX: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """float16 [M, 32·n_blocks] for :func:`tetra48_matmul_mma`: block ``b`` of x (rotated basis) at
+    columns ``32 b + t`` in trio order ``t``, zeros at ``t ≥ 24``; the tail columns are not used."""
+    key = (str(x.device), n_blocks)
+    if key not in _MMA_INDEX:
+        order = tetra_kernel_tables("cpu").order.to(torch.int64)
+        t = torch.arange(32)
+        per_block = torch.where(t < BLOCK, order[torch.clamp(t, max=BLOCK - 1)], -1)
+        idx = torch.arange(n_blocks)[:, None] * BLOCK + per_block[None, :]
+        idx = torch.where(per_block[None, :] >= 0, idx, BLOCK * n_blocks)  # → the zero column
+        _MMA_INDEX[key] = idx.reshape(-1).to(x.device)
+    body = x[:, : BLOCK * n_blocks].to(torch.float16)
+    ext = torch.cat([body, body.new_zeros(x.shape[0], 1)], dim=1)
+    return ext[:, _MMA_INDEX[key]].contiguous()
+
+
+def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = None,
+                       bn: int = 32, bb: int = 4) -> torch.Tensor:
+    """``y = W x`` for 1..64 activation rows on tensor cores (:mod:`.tetra48_mma`): float32
+    [M, d_out] from x [M, d_in] (rotated basis). float16 values and activations, as
+    :func:`tetra48_matmul_dense` (twin: ``reference.tetra48_matvec`` within fp16 accuracy).
+    Opt-in and not yet timed on a GPU; ``ksplit`` K-slices (default: enough programs for ~4 per
+    SM), ``bn`` rows and ``bb`` blocks per iteration."""
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=w.words.device)
+    if x.dim() != 2 or x.shape[1] != w.d_in:
+        raise InvalidInput(f"x must be [M, {w.d_in}] for this matrix, got {list(x.shape)}")
+    m_rows = int(x.shape[0])
+    if not 1 <= m_rows <= 64:
+        raise UnsupportedShape(f"{m_rows} activation rows; the batched kernel takes 1..64")
+    _check_lattice(w, w.words, "words")
+    nb = w.n_blocks
+    dev = x.device
+    tiles = triton.cdiv(w.d_out, bn)
+    if ksplit is None:
+        ksplit = max(1, min(triton.cdiv(nb, bb), triton.cdiv(4 * _sm_count(dev), tiles)))
+    k_per = triton.cdiv(triton.cdiv(nb, ksplit), bb) * bb
+    ksplit = triton.cdiv(nb, k_per)
+    xm = mma_activation(x, nb)
+    part = torch.empty(ksplit, m_rows, w.d_out, dtype=torch.float32, device=dev)
+    bm = max(16, triton.next_power_of_2(m_rows))
+    tetra48_mma_kernel[(tiles, ksplit)](
+        xm, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, m_rows, k_per,
+        N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=4,
+    )
+    y = part.sum(0) * w.row_scales
     if w.tail_cols:
         y = y + x[:, BLOCK * nb:].float() @ w.tail.T
     return y
