@@ -7,6 +7,9 @@
 #            with and without the preparation launches, the served pass, the rotations
 #   sweep    the same after timing every m1 geometry per projection group (bench_matvec --sweep)
 #   rotation the rotation kernel per width, both transform forms
+#   batched  the many-row paths at M = 8 and 16: tiled kernels vs the tensor-core kernel (opt-in)
+#            vs the float16 dequantized copy on cuBLAS; then e2e 8B batch 16 with LEECHQ_MMA=1 and
+#            a prefill with LEECHQ_DEQUANT_V4=1 (both opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
@@ -29,6 +32,18 @@ matvec | sweep)
     --arms fp16,null-m1-fused-noprep,tetra48-m1-fused-noprep,tetra48-m1-fused,served,rotation \
     --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
   ;;
+batched)
+  timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-dense-fused \
+    --out "$OUT/matvec-m8.json" 2>&1 | grep -v '^{"bench' | tail -8
+  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 16 --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 --arms fp16,tetra48-mma-fused,tetra48-dense-fused \
+    --out "$OUT/matvec-m16.json" 2>&1 | grep -v '^{"bench' | tail -6
+  LEECHQ_MMA=1 LEECHQ_DEQUANT_V4=1 timeout 220 python benchmarks/bench_e2e.py --quick \
+    --models qwen3-8b --arms fp16,tetra48 --batches 16 --no-profile --budget-s 180 \
+    --out "$OUT/e2e-8b-mma.json" > "$OUT/e2e-8b-mma.log" 2>&1
+  grep "tok/s\|status" "$OUT/e2e-8b-mma.log" | cut -c1-200
+  ;;
 rotation)
   timeout 300 python benchmarks/bench_rotation.py --out "$OUT/rotation.json" 2>&1 \
     | grep -v '^{"bench'
@@ -43,7 +58,7 @@ e2e)
   grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | rotation | e2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | batched | rotation | e2e)" >&2
   exit 2
   ;;
 esac
