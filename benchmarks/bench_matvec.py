@@ -374,7 +374,7 @@ def build_int4(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
 
 
 def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
-                  seed: int) -> Pass:
+                  seed: int, tile: tuple[int, int, int] | None = None) -> Pass:
     """Fused Tetra groups through the many-row paths: ``kind`` "mma" (the tensor-core kernel,
     ops.tetra48_matmul_mma) or "dense" (a float16 dequantized copy on cuBLAS,
     ops.tetra48_matmul_dense); activations in the rotated basis, natural order."""
@@ -385,7 +385,13 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
 
     layers = _lattice_weights(model, "tetra48", True, device, seed)
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
-    fn = ops.tetra48_matmul_mma if kind == "mma" else ops.tetra48_matmul_dense
+    if kind == "mma":
+        bn, bb, nw = tile or (64, 2, 4)
+
+        def fn(x, w):
+            return ops.tetra48_matmul_mma(x, w, bn=bn, bb=bb, num_warps=nw)
+    else:
+        fn = ops.tetra48_matmul_dense
 
     def run(b: int) -> None:
         for lw in layers:
@@ -393,7 +399,8 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
                 fn(xs[b][GROUP_INPUT[k.split("+")[0]]], w)
 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
-    p = Pass(f"tetra48-{kind}-fused", batch, run, nbytes, model.layers * len(layers[0]))
+    name = f"tetra48-{kind}" + (f"{tile[0]}x{tile[1]}w{tile[2]}" if tile else "") + "-fused"
+    p = Pass(name, batch, run, nbytes, model.layers * len(layers[0]))
 
     def check() -> float:
         worst = 0.0
@@ -762,6 +769,10 @@ def main() -> None:
                                                            device, 10),
                 "tetra48-dense-fused": lambda: build_batched(model, "dense", batch, args.sets,
                                                              device, 11),
+                "tetra48-mma32x4w4-fused": lambda: build_batched(model, "mma", batch, args.sets,
+                                                                 device, 10, (32, 4, 4)),
+                "tetra48-mma128x2w8-fused": lambda: build_batched(model, "mma", batch, args.sets,
+                                                                  device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
             if batch > 1:  # the batch-1 kernels and their arms are not measured at M > 1
@@ -775,8 +786,8 @@ def main() -> None:
                 try:
                     p = build()
                     checks[f"{name}/{arm}/M{batch}"] = err = p.check()
-                    tol = 1e-3 if arm == "fp16" else 2e-3 if arm in (
-                        "tetra48-mma-fused", "tetra48-dense-fused") else 1e-5
+                    tol = 1e-3 if arm == "fp16" else 2e-3 if arm.startswith(
+                        ("tetra48-mma", "tetra48-dense")) else 1e-5
                     if not arm.startswith("null") and not err <= tol:
                         raise AssertionError(f"error {err:.2e} > {tol:g}; not timing")
                     graphs[arm] = Graphed(p, args.sets)

@@ -20,7 +20,8 @@ mkdir -p "$OUT"
 case $step in
 tests)
   timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_gpu.py \
-    -k "m1 or rotation or no_local or tetra48_full or dense_path" 2>&1 | tail -5 | tee "$OUT/tests-kernels.log"
+    -k "m1 or rotation or no_local or tetra48_full or dense_path or mma" 2>&1 | tail -5 \
+    | tee "$OUT/tests-kernels.log"
   timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/serve tests/nn tests/models \
     2>&1 | tail -5 | tee "$OUT/tests-serve.log"
   ;;
@@ -34,10 +35,12 @@ matvec | sweep)
   ;;
 batched)
   timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-dense-fused \
+    --no-sass --warm-workers 14 \
+    --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-mma32x4w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
     --out "$OUT/matvec-m8.json" 2>&1 | grep -v '^{"bench' | tail -8
   timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 16 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 --arms fp16,tetra48-mma-fused,tetra48-dense-fused \
+    --no-sass --warm-workers 14 \
+    --arms fp16,tetra48-mma-fused,tetra48-mma32x4w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
     --out "$OUT/matvec-m16.json" 2>&1 | grep -v '^{"bench' | tail -6
   LEECHQ_MMA=1 LEECHQ_DEQUANT_V4=1 timeout 220 python benchmarks/bench_e2e.py --quick \
     --models qwen3-8b --arms fp16,tetra48 --batches 16 --no-profile --budget-s 180 \

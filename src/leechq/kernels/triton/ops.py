@@ -490,12 +490,14 @@ def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
 
 
 def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = None,
-                       bn: int = 32, bb: int = 4) -> torch.Tensor:
+                       bn: int = 64, bb: int = 2, num_warps: int = 4) -> torch.Tensor:
     """``y = W x`` for 1..64 activation rows on tensor cores (:mod:`.tetra48_mma`): float32
     [M, d_out] from x [M, d_in] (rotated basis). float16 values and activations, as
     :func:`tetra48_matmul_dense` (twin: ``reference.tetra48_matvec`` within fp16 accuracy).
     Opt-in and not yet timed on a GPU; ``ksplit`` K-slices (default: enough programs for ~4 per
-    SM), ``bn`` rows and ``bb`` blocks per iteration."""
+    SM), ``bn`` rows and ``bb`` blocks per iteration (``bn·bb`` must be a multiple of
+    ``32·num_warps``; offline SASS per decoded block, Triton 3.6: (64, 2, 4 warps) 380 with
+    wgmma, (32, 4, 4) 461, (128, 2, 8) 337)."""
     check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=w.words.device)
     if x.dim() != 2 or x.shape[1] != w.d_in:
         raise InvalidInput(f"x must be [M, {w.d_in}] for this matrix, got {list(x.shape)}")
@@ -515,7 +517,7 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
     bm = max(16, triton.next_power_of_2(m_rows))
     tetra48_mma_kernel[(tiles, ksplit)](
         xm, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, m_rows, k_per,
-        N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=4,
+        N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=num_warps,
     )
     y = part.sum(0) * w.row_scales
     if w.tail_cols:
