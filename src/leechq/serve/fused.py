@@ -27,7 +27,6 @@ inside their own fused kernel. A group computes exactly what its members compute
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,10 +150,6 @@ class TetraGroup(nn.Module):
         self.order = tetra_kernel_tables(device).order
         self.rotation = rotation
         self.rot = None if rotation is None else ops.DeviceRotation.from_tables(rotation, device)
-        # The inverse of the trio order, computed once: ``ops.rotate`` recomputes it (an argsort
-        # and two casts: three extra launches) on every call, which :meth:`_rotate` avoids.
-        self.inv_order = torch.argsort(self.order.long()).to(torch.int32)
-        self._direct_rotate: bool | None = None  # None: untried; False: use ops.rotate
         self.register_buffer(
             "bias", None if bias is None else bias.detach().to(device, torch.float32), False
         )
@@ -275,30 +270,8 @@ class TetraGroup(nn.Module):
         return y
 
     def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        """``Q x`` into the prepared buffer: the rotation kernel launched with the cached inverse
-        order, falling back for good to ``ops.rotate`` if that launch is refused (a changed kernel
-        signature). The first call is never inside a graph capture (warm-up runs first)."""
-        if self._direct_rotate is not False:
-            try:
-                self._launch_rotate(x2, xp)
-                self._direct_rotate = True
-                return
-            except Exception as exc:  # only before the first success; then errors propagate
-                if self._direct_rotate:
-                    raise
-                warnings.warn(
-                    f"direct rotation launch refused ({type(exc).__name__}: {exc}); using "
-                    "leechq.kernels.triton.ops.rotate",
-                    stacklevel=3,
-                )
-                self._direct_rotate = False
+        """``Q x`` into the prepared buffer (the rotation kernel, then the preparation kernel)."""
         self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
-
-    def _launch_rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        # ``ops.rotate`` into our prepared buffer with the cached inverse order (no argsort).
-        assert self.rot is not None
-        self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp,
-                         inverse_order=self.inv_order)
 
     def extra_repr(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""Batched Tetra matmul on tensor cores: decode once per (row, block), multiply M rows with ``tl.dot``.
+"""Batched Tetra matmul on tensor cores: decode once per (row, block), M rows through ``tl.dot``.
 
 The tiled kernels (:mod:`.tetra48`) decode every block once per 8 activation rows and spend 8 × 24
 FMAs per block; the dense path (:mod:`.tetra48_dequant`) writes and re-reads a float16 copy. This
@@ -12,12 +12,12 @@ that amortizes over M rows"):
   shared memory for the dot operands). Nibble ``j`` of section word ``h_s`` is trio coordinate
   ``t = 8 s + j`` with value ``nib·(2 − 4p) − 14 + 29p``; the item's 24 values (plus 8 zero columns)
   form one 32-wide slice of the weight tile, scaled by ``c_g/‖y‖`` and rounded to float16.
-* The activation arrives as float16 ``[M, 32·n_blocks]``: block ``b`` at columns ``32 b + t`` in trio
-  order, zeros at ``t ≥ 24`` (:func:`leechq.kernels.triton.ops.mma_activation`). One ``tl.dot`` of
-  ``[BM, 32·BB] × [32·BB, BN]`` per iteration, f32 accumulation; partial sums per K-slice go to
-  ``part [KSPLIT, M, d_out]`` and the caller adds them, applies σ_row and the tail.
+* The activation arrives as float16 ``[M, 32·n_blocks]``: block ``b`` at columns ``32 b + t`` in
+  trio order, zeros at ``t ≥ 24`` (:func:`leechq.kernels.triton.ops.mma_activation`). One
+  ``tl.dot`` of ``[BN, 32·BB] × [32·BB, BM]`` per iteration, f32 accumulation; partial sums per
+  K-slice go to ``part [KSPLIT, M, d_out]`` and the caller adds them, applies σ_row and the tail.
 
-Accuracy: float16 weights values and activations (≲ 2^-11 relative per product), as for the dense
+Accuracy: float16 weight values and activations (≲ 2^-11 relative per product), as for the dense
 path. Opt-in (``ops.tetra48_matmul_mma``); not yet timed on a GPU.
 """
 
@@ -62,7 +62,8 @@ def _sq8(v0, v1, v2, v3, v4, v5, v6, v7):
 
 
 @triton.jit
-def _tile32(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, z):
+def _tile32(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17,
+            f18, f19, f20, f21, f22, f23, z):
     """``[items, 32]`` with column ``t`` = ``f_t`` (``z``, zeros, for t ≥ 24): joins only, so every
     item's 32 values stay in its own thread (the first join makes the slowest index bit)."""
     l1_0 = tl.join(f0, f16)
