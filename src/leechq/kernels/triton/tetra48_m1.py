@@ -226,9 +226,11 @@ def decode_nibbles(lo, hi, tab_ptr, base, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a20, a21, b00, b01,
-               b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM: tl.constexpr):
-    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32)."""
+def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32;
+    ``x``: the block's exponent and limb words, :func:`_x_limbs`)."""
+    (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+     c00, c01, c10, c11, c20, c21) = x
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
     z = tl.zeros(lo.shape, tl.int32)
     acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
@@ -241,6 +243,14 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, e_blk, a00, a01, a10, a11, a
         tl.float32, bitcast=True)
     cent = tl.where(g != 0, cent1, cent0)
     return dot.to(tl.float32) * (cent * invn * e_blk)
+
+
+@triton.jit
+def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, x_even, x_odd, USE_ASM: tl.constexpr):
+    """The sum of the two block dots of a block pair (its three words ``w0..w2``)."""
+    acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, x_even, USE_ASM)
+    return acc + _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, x_odd,
+                            USE_ASM)
 
 
 @triton.jit
@@ -280,10 +290,8 @@ def tetra48_m1_kernel(
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
     xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
-    (e0, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
-     c00, c01, c10, c11, c20, c21) = _x_limbs(xb, NPP, 0, USE_ASM)
-    (e1, o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21,
-     q00, q01, q10, q11, q20, q21) = _x_limbs(xb, NPP, 1, USE_ASM)
+    x_even = _x_limbs(xb, NPP, 0, USE_ASM)
+    x_odd = _x_limbs(xb, NPP, 1, USE_ASM)
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
@@ -302,17 +310,9 @@ def tetra48_m1_kernel(
         if ILP == 2:
             m0, m1, m2, ma, mb = _load_row(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                            STRIDE_W)
-        acc = _block_dot(w0, w1, ca, cb, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
-                         b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM)
-        acc += _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, ca, cb, tab_ptr, base, e1,
-                          o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21, q00, q01,
-                          q10, q11, q20, q21, USE_ASM)
+        acc = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, x_even, x_odd, USE_ASM)
         if ILP == 2:
-            acc2 = _block_dot(v0, v1, va, vb, tab_ptr, base, e0, a00, a01, a10, a11, a20, a21,
-                              b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21, USE_ASM)
-            acc2 += _block_dot((v1 >> 16) | (v2 << 16), v2 >> 16, va, vb, tab_ptr, base, e1,
-                               o00, o01, o10, o11, o20, o21, p00, p01, p10, p11, p20, p21, q00,
-                               q01, q10, q11, q20, q21, USE_ASM)
+            acc2 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, x_even, x_odd, USE_ASM)
             _store_partial(acc2, rows + RI, lane, part_ptr + sl * d_out, d_out, NW, BP)
             v0, v1, v2, va, vb = m0, m1, m2, ma, mb
         _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
