@@ -80,12 +80,14 @@ def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dt
     return t
 
 
-def _check_x(x: torch.Tensor, d_in: int, device: torch.device) -> int:
+def _check_x(x: torch.Tensor, d_in: int, device: torch.device, max_rows: int | None = MAX_ROWS,
+             what: str = "the matvec kernels take") -> int:
+    """Activation checks shared by the matvec entry points (``max_rows=None``: any row count)."""
     check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=device)
     if x.dim() != 2 or x.shape[1] != d_in:
         raise InvalidInput(f"x must be [M, {d_in}] for this matrix, got {list(x.shape)}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise UnsupportedShape(f"x has {x.shape[0]} rows; the matvec kernels take 1..{MAX_ROWS}")
+    if max_rows is not None and not 1 <= x.shape[0] <= max_rows:
+        raise UnsupportedShape(f"x has {x.shape[0]} rows; {what} 1..{max_rows}")
     return int(x.shape[0])
 
 
@@ -458,15 +460,17 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
     (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
     applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
-    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=w.words.device)
-    if x.dim() != 2 or x.shape[1] != w.d_in:
-        raise InvalidInput(f"x must be [M, {w.d_in}] for this matrix, got {list(x.shape)}")
-    nb = w.n_blocks
+    _check_x(x, w.d_in, w.words.device, max_rows=None)
     w16 = tetra48_dequantize_f16(w)
-    xq = x[:, dequant_natural_index(nb, x.device)].to(torch.float16)
-    y = (xq @ w16.T).float() * w.row_scales
+    xq = x[:, dequant_natural_index(w.n_blocks, x.device)].to(torch.float16)
+    return _scale_and_tail((xq @ w16.T).float(), x, w)
+
+
+def _scale_and_tail(y: torch.Tensor, x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
+    """σ_row and the tail columns on the blocks' product ``y`` (float32 [M, d_out])."""
+    y = y * w.row_scales
     if w.tail_cols:
-        y = y + x[:, BLOCK * nb:].float() @ w.tail.T
+        y = y + x[:, BLOCK * w.n_blocks:].float() @ w.tail.T
     return y
 
 
@@ -498,12 +502,7 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
     SM), ``bn`` rows and ``bb`` blocks per iteration (``bn·bb`` must be a multiple of
     ``32·num_warps``; offline SASS per decoded block, Triton 3.6: (64, 2, 4 warps) 380 with
     wgmma, (32, 4, 4) 461, (128, 2, 8) 337)."""
-    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=w.words.device)
-    if x.dim() != 2 or x.shape[1] != w.d_in:
-        raise InvalidInput(f"x must be [M, {w.d_in}] for this matrix, got {list(x.shape)}")
-    m_rows = int(x.shape[0])
-    if not 1 <= m_rows <= 64:
-        raise UnsupportedShape(f"{m_rows} activation rows; the batched kernel takes 1..64")
+    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=64, what="the batched kernel takes")
     _check_lattice(w, w.words, "words")
     nb = w.n_blocks
     dev = x.device
@@ -519,10 +518,7 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
         xm, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, m_rows, k_per,
         N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=num_warps,
     )
-    y = part.sum(0) * w.row_scales
-    if w.tail_cols:
-        y = y + x[:, BLOCK * nb:].float() @ w.tail.T
-    return y
+    return _scale_and_tail(part.sum(0), x, w)
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
