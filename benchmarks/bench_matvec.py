@@ -169,9 +169,6 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             src = GROUP_INPUT[k.split("+")[0]]
             rots[src] = ops.DeviceRotation.from_tables(generate_rotation(w.d_in, seed + w.d_in),
                                                        device)
-        for src in preps:
-            preps[src].zero_()
-        inv = tetra_kernel_tables(device).inv_order
 
     def run(b: int) -> None:
         for lw in layers:
@@ -183,8 +180,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                     continue
                 if src not in done:
                     if rotate:
-                        ops.rotate(xs[b][src], rots[src], prepared_order=order, out=preps[src],
-                                   inverse_order=inv)
+                        ops.rotate(xs[b][src], rots[src], prepared_order=order, out=preps[src])
                     else:
                         ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
                     done.add(src)

@@ -8,7 +8,7 @@
   reads instead of the dependent prefix → branch → suffix chain. The split is checked against the
   trellis on all 4096 inputs when built.
 * ``order`` int32 [24] (trio → natural) for the activation preparation, and its inverse
-  ``inv_order`` (cached, so a rotation into the prepared layout needs no per-call argsort).
+  ``inv_order`` (natural → trio position, cached).
 * The batch-1 Tetra table (:func:`tetra_m1_table`, one int32 tensor staged in shared memory by the
   ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by

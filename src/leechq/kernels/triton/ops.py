@@ -298,18 +298,16 @@ class DeviceRotation:
 
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           inverse_order: torch.Tensor | None = None, tensor_cores: bool = False) -> torch.Tensor:
+           tensor_cores: bool = False) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
     ``prepared_order`` (int32 [24]), the prepared layout of the lattice kernels, float32
     [MP, 48·NPP + 32]: the rotation is written in natural order to a scratch row and then laid out
     by the coalesced preparation kernel (two launches; see :mod:`.activation` for why).
-    ``inverse_order`` is accepted for callers of the former one-launch form and not needed.
     ``tensor_cores`` selects the tensor-core transform for groups of 256..4096 (opt-in: slower
     than the butterflies on most H200 widths).
     """
-    del inverse_order  # the preparation kernel gathers through ``prepared_order`` itself
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
     n = rotation.n
