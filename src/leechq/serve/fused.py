@@ -193,37 +193,18 @@ class TetraGroup(nn.Module):
         Raises:
             InvalidInput: a member is not a fused Tetra ``LeechqLinear`` or the rotations differ.
         """
-        from leechq.formats.layouts.tetra48 import Tetra48Weight
-
         records = [getattr(m, "record", None) for m in members]
         _check_members(records)
         parts = []
-        for m, rec in zip(members, records, strict=True):
+        for m in members:
             plan = getattr(m, "_fused", None)
             name = getattr(plan, "kernel_name", "")
-            tensors = getattr(plan, "tensors", {})
-            if "tetra48" not in name or "words" not in tensors or "triton" not in name:
-                raise InvalidInput(f"{type(m).__name__} does not run the fused tetra48 kernel")
             box = getattr(plan, "packed", None)
-            if box is not None:  # the member's packed record itself (host f64 copies included)
-                parts.append(box["w"])
-                continue
-            rs = tensors["row_scales"]
-            parts.append(
-                Tetra48Weight(
-                    d_out=rec.d_out,
-                    d_in=rec.d_in,
-                    words=tensors["words"],
-                    row_scales=rs,
-                    row_centroids=tensors["row_centroids"],
-                    tail=tensors["tail"],
-                    row_scales_f64=rs.new_empty(0),  # host-side exact copies: not needed here
-                    row_centroids_f64=rs.new_empty(0),
-                    rotation=rec.rotation,
-                )
-            )
+            if "tetra48" not in name or "triton" not in name or box is None:
+                raise InvalidInput(f"{type(m).__name__} does not run the fused tetra48 kernel")
+            parts.append(box["w"])  # the member's packed record (its host f64 copies included)
         biases = [getattr(m, "bias", None) for m in members]
-        if len(parts) > 1 and all(getattr(m._fused, "packed", None) for m in members):
+        if len(parts) > 1:
             parts = [_concat_and_share(members, parts)]
         return cls(parts, records[0].rotation, _join_bias(biases, [r.d_out for r in records]),
                    len(records))
@@ -294,9 +275,7 @@ def _concat_and_share(members: Sequence[nn.Module], parts: list[Any]) -> Any:
         plan = m._fused
         rows = slice(off, off + p.d_out)
         views = {n: getattr(cat, n)[rows] for n in ("words", "row_scales", "row_centroids", "tail")}
-        box = getattr(plan, "packed", None)
-        if box is not None:
-            box["w"] = replace(box["w"], **views)
+        plan.packed["w"] = replace(p, **views)
         plan.tensors.update(views)
         off += p.d_out
     return cat
