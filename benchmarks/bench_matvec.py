@@ -228,10 +228,16 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     return p
 
 
-def sweep_groups(model: Model, configs: list, n_sets: int, device: str, reps: int) -> dict:
+def _sms() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
     """Time each projection group of ``model`` (36 distinct matrices of one shape, prepared input,
-    batch 1, one CUDA graph of its 36 launches) under every Tetra configuration; verify each
-    configuration on one matrix per shape first. Returns ``{group: [(ms, config dict), ...]}``."""
+    batch 1, one CUDA graph of its 36 launches) under every geometry of :func:`sweep_configs`;
+    verify each on one matrix per shape first. Returns ``{group: [(ms, config dict), ...]}``."""
     import torch
 
     from leechq.formats.layouts.tetra48 import random_tetra48
@@ -256,7 +262,7 @@ def sweep_groups(model: Model, configs: list, n_sets: int, device: str, reps: in
         want = x0.double() @ dense.T
         bound = x0.double().abs() @ dense.abs().T
         rows = []
-        for cfg in configs:
+        for cfg in sweep_configs(d_out, d_in, _sms()):
             try:
                 got = ops.tetra48_matvec_prepared(xp0, ws[0], 1, cfg)
                 err = float(((got.double() - want).abs() / bound).max())
@@ -574,7 +580,7 @@ def git_rev() -> str:
         return os.environ.get("LEECHQ_GIT", "unknown")
 
 
-def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, sweep: list,
+def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, sweep: bool,
                  workers: int, arms: str = "tetra48,planes14,null,int4,rotation") -> float:
     """Compile every kernel specialization in parallel processes (fills Triton's disk cache)."""
     import concurrent.futures as cf
@@ -592,12 +598,13 @@ def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, swe
                     for kind in ("tetra48", "planes14", "null", "int4", "rotation"):
                         if kind in arms or (kind == "rotation" and "served" in arms):
                             jobs.append((kind, d_in, batch, cfg))
-        if name == "qwen3-8b":
-            for cfg in sweep:
-                for d_in in d_ins:
+        if name == "qwen3-8b" and sweep:
+            sms = _sms()
+            shapes = {n: (o, i) for n, o, i in m.linears()}
+            for grp in m.groups():
+                d_out, d_in = sum(shapes[n][0] for n in grp), shapes[grp[0]][1]
+                for cfg in sweep_configs(d_out, d_in, sms):
                     jobs.append(("tetra48", d_in, 1, cfg))
-                    if "null-m1" in arms and cfg.kernel == "m1":
-                        jobs.append(("null", d_in, 1, cfg))
     jobs = list(dict.fromkeys(jobs))
     t0 = time.time()
     ctx = mp.get_context("spawn")
@@ -657,17 +664,38 @@ TILE1 = dict(rows=16, bp=32, num_warps=4, smem_rows=True, kernel="tile")
 """The tiled Tetra kernel's batch-1 geometry of 2026-11-29 (the baseline arm ``tetra48-fused``)."""
 
 M1_SWEEP = [
-    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4),
-    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
-    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
-    dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
-    dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
-    dict(rows=128, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
-    dict(rows=128, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
-    dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=4, ilp=2),
-    dict(rows=16, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0),
+    dict(rows="rule"),
+    dict(rows="rule", maxnreg=96),
+    dict(rows="wave4"),
+    dict(rows="wave8"),
+    dict(rows="wave5", maxnreg=96),
+    dict(rows="wave10", maxnreg=96),
+    dict(rows="wave5", maxnreg=96, ilp=1),
+    dict(rows="wave6", maxnreg=80),
+    dict(rows="wave12", maxnreg=80),
 ]
-"""Batch-1 geometries timed per projection group by ``--sweep`` (plus the tiled baseline)."""
+"""Batch-1 geometries timed per projection group by ``--sweep`` (all ``m1``, 32 block pairs per
+K-slice, 4 warps, two rows per warp and trip unless ``ilp`` says otherwise). ``rows``: ``"rule"``
+is :func:`ops.m1_config`'s choice; ``"wave<P>"`` the chunk that gives about P programs per SM
+(:func:`ops.m1_wave_rows`; 4 programs of 4 warps fit an SM at the compiler's 127 registers, 5 at
+``maxnreg`` 96, 6 at 80)."""
+
+
+def sweep_configs(d_out: int, d_in: int, sms: int) -> list:
+    """The :data:`M1_SWEEP` geometries resolved for one ``d_out × d_in`` shape on ``sms`` SMs."""
+    import torch
+
+    from leechq.kernels.triton.ops import MatvecConfig, m1_config, m1_wave_rows
+
+    out = []
+    for entry in M1_SWEEP:
+        cfg = {**dict(bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2, maxnreg=0), **entry}
+        if cfg["rows"] == "rule":
+            cfg["rows"] = m1_config(d_out, d_in // 24, torch.device("cuda")).rows
+        else:
+            cfg["rows"] = m1_wave_rows(d_out, d_in // 24, int(cfg["rows"][4:]) * sms, cfg["ilp"])
+        out.append(MatvecConfig(**cfg))
+    return list(dict.fromkeys(out))
 
 
 def main() -> None:
@@ -699,9 +727,9 @@ def main() -> None:
     device = "cuda"
     batches = tuple(int(b) for b in args.batches.split(","))
     models = args.models.split(",")
-    configs = {b: default_config(b) for b in (1, 8)}
+    configs = {b: default_config(b) for b in (1, 8, *batches)}
     tile1 = MatvecConfig(**TILE1)
-    sweep = [MatvecConfig(**c) for c in M1_SWEEP] + [tile1] if args.sweep else []
+    sweep = args.sweep
     if args.sass_only:
         report = sass_report({**configs, "tile1": tile1})
         Path(args.sass_only).write_text(json.dumps(report) + "\n")
@@ -720,7 +748,7 @@ def main() -> None:
     best_by_shape: dict = {}
     sweep_table: dict = {}
     if sweep:
-        sweep_table = sweep_groups(MODELS["qwen3-8b"], sweep, args.sets, device, args.reps)
+        sweep_table = sweep_groups(MODELS["qwen3-8b"], args.sets, device, args.reps)
         for key, entry in sweep_table.items():
             if entry["rows"]:
                 best_by_shape[tuple(entry["shape"])] = MatvecConfig(**entry["rows"][0][1])

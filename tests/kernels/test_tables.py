@@ -10,15 +10,16 @@ from leechq.codebooks.tetra_tables import tetra_tables
 from leechq.kernels import tables as T
 
 
-def _decode_m1(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Decode 48-bit words with the batch-1 table exactly as the kernel does (numpy): trio-order
-    values [N, 24] and ‖y‖² [N]."""
+def _decode_m1(words: np.ndarray, copy: np.ndarray | int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Decode 48-bit words with the batch-1 table exactly as the kernel does (numpy), reading
+    ``SB`` copy ``copy`` (per word or one for all): trio-order values [N, 24] and ‖y‖² [N]."""
     tab = T.tetra_m1_table_numpy().astype(np.int64)
     lo, hi = words & 0xFFFFFFFF, words >> 32
     p, r = lo & 1, (lo >> 1) & 1
     v20 = ((lo >> 20) | (hi << 12)) & 0xFFFFFFFF
     sa = tab[T.M1_SA_WORD + (lo & 0x1FC)[:, None] + np.arange(3)]
-    sb = tab[T.M1_SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 2)[:, None] + np.arange(3)]
+    sb_entry = (v20 & 15) | ((v20 >> 11) & 16)
+    sb = tab[T.M1_SB_WORD + (((sb_entry << 3) + copy) << 2)[:, None] + np.arange(3)]
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
     dl = (i2 >= 1240).astype(np.int64)
@@ -35,13 +36,16 @@ def test_m1_table_decodes_like_the_codebook() -> None:
     rng = np.random.default_rng(7)
     words = rng.integers(0, 1 << 48, 20000, dtype=np.int64)
     words[:3] = [0, (1 << 48) - 1, 1 << 47]  # origin, all ones, gain bit only
-    vals, n2 = _decode_m1(words)
+    vals, n2 = _decode_m1(words, copy=np.arange(len(words)) % T.M1_SB_COPIES)
     pts = decode(torch.from_numpy(words & ((1 << 47) - 1))).numpy().astype(np.int64)
     order = tetra_tables().order.astype(np.int64)
     assert np.array_equal(vals, pts[:, order])
-    # the kernel's 1/‖y‖ lookup by squared norm
+    # every SB copy is the same table
     tab = T.tetra_m1_table_numpy()
-    invn = tab[T.M1_INVNORM_WORD + (n2 & 511)].view(np.float32)
+    sb = tab[T.M1_SB_WORD:T.M1_INVNORM_WORD].reshape(32, T.M1_SB_COPIES, 4)
+    assert (sb == sb[:, :1]).all() and sb[:, 0, :3].any()
+    # the kernel's 1/‖y‖ lookup by squared norm (one word per ‖y‖² / 16)
+    invn = tab[T.M1_INVNORM_WORD + ((n2 >> 4) & 31)].view(np.float32)
     want = np.where(n2 > 0, 1.0 / np.sqrt(np.maximum(n2, 1)), 0.0)
     assert np.allclose(invn, want, rtol=1e-7, atol=0)
     assert n2.max() < 512 and np.all(n2 % 16 == 0)

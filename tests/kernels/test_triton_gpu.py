@@ -97,6 +97,7 @@ M1_CONFIGS = [
     dict(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
     dict(rows=64, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2),
     dict(rows=32, bp=16, num_warps=4, kernel="m1", ctas_per_sm=4, ilp=2),
+    dict(rows=112, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2, maxnreg=96),
 ]
 
 
@@ -208,6 +209,19 @@ def test_no_local_memory() -> None:
                                                       BP=32, USE_ASM=True, ILP=ilp), num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (ilp, res)
+    # the register cap of ops.m1_config spills nothing where it is applied (Qwen3 4B/8B/14B and
+    # Llama-3-8B row widths, the widest chunks of the rule)
+    from leechq.kernels.triton import ops
+
+    for n_blocks, tail, rows in ((106, 5, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64),
+                                 (448, 23, 64), (512, 0, 256), (512, 0, 64)):
+        assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
+        c = I.compile_for(tetra48_m1_kernel, m1, dict(
+            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2),
+            num_warps=4, maxnreg=ops.M1_MAXNREG)
+        res = I.resource_usage(c)
+        assert res.get("registers") == ops.M1_MAXNREG, (n_blocks, res)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, rows, res)
         # the staged table lives at the start of the reserved 32 KiB; no Triton shared memory may
         # be used inside the hot loop (it would overwrite the table)
         mix = I.hot_loop_mix(I.sass(c))["loop"]

@@ -241,15 +241,26 @@ def test_bad_inputs_are_named() -> None:
 
 
 def test_m1_config_rule() -> None:
-    """Batch-1 geometry per shape: 64-row chunks only while ≥ 3 programs per SM remain (the CPU
-    counts 2 SMs), always one program per (chunk, slice) and two rows per loop trip; the result
+    """Batch-1 geometry per shape (the CPU counts 2 SMs): 64-row chunks only while ≥ 3 programs
+    per SM remain, larger chunks when one wave of five programs per SM needs them (capped), always
+    one program per (chunk, slice), two rows per loop trip and the 96-register cap; the result
     runs and matches the reference (config None takes the rule)."""
     ops = _ops()
     cpu = torch.device("cpu")
     big = ops.m1_config(24576, 170, cpu)
-    assert (big.rows, big.ilp, big.ctas_per_sm, big.kernel) == (64, 2, 0, "m1")
+    assert (big.rows, big.ilp, big.ctas_per_sm, big.kernel, big.maxnreg) == (
+        ops.M1_MAX_ROWS, 2, 0, "m1", 96)
     assert ops.m1_config(64, 64, cpu).rows == 32  # one 64-row chunk × one slice < 6 programs
     assert ops.m1_config(6 * 64, 64, cpu).rows == 64
+    assert ops.m1_config(12 * 64, 64, cpu).rows == 80  # 768 rows / 10 programs → 77 → trip of 8
+    # the H200 (132 SMs) choices of the 2026-11-30 sweep, Qwen3-8B groups
+    assert ops.m1_wave_rows(24576, 170, 5 * 132) == 112
+    assert ops.m1_wave_rows(6144, 170, 5 * 132) == 32
+    assert ops.m1_wave_rows(4096, 512, 5 * 132) == 56
+    assert ops.m1_wave_rows(4096, 512, 5 * 132, ilp=1) == 52
+    assert ops.m1_wave_rows(10, 4, 1000) == 8  # at least one trip
+    with pytest.raises(InvalidInput, match="maxnreg"):
+        ops.m1_grid(64, 64, ops.MatvecConfig(rows=32, kernel="m1", ilp=2, maxnreg=16), cpu)
     w = random_tetra48(40, 9 * 24 + 3, seed=40)
     x = torch.randn(1, w.d_in)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)

@@ -12,8 +12,8 @@
 * The batch-1 Tetra table (:func:`tetra_m1_table`, one int32 tensor staged in shared memory by the
   ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
-  F2-linearity like ``cw`` (``SA[s8 | b1<<6] ^ SB[b2 | b3<<4]``, 4 words per entry), and ``invnorm``
-  (§2.6). With ``h = f ^ mask`` (nibble j of section k) a coordinate is
+  F2-linearity like ``cw`` (``SA[s8 | b1<<6] ^ SB[b2 | b3<<4]``, 4 words per entry, ``SB`` in
+  eight bank-spread copies), and ``invnorm`` by ``‖y‖²/16`` (§2.6). With ``h = f ^ mask`` (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
   the codebook decoder in the tests).
@@ -104,12 +104,19 @@ M1_RANK_U = (0, 1, -1, 2, -2, 3, -3, 4)
 
 M1_SA_WORD = 4096
 """Word offset of the 128 ``SA`` entries (4 words each) in the batch-1 table."""
+M1_SB_COPIES = 8
+"""Copies of each ``SB`` entry, one per 16-byte bank group: a 16-byte shared load is served eight
+lanes at a time, and lane ``ℓ`` reading copy ``ℓ mod 8`` keeps those eight lanes on distinct banks
+whatever entries they read (random entries would conflict ~2.4-way; ncu on the H200 counted 63 % of
+the batch-1 kernel's shared-load wavefronts as conflicts)."""
 M1_SB_WORD = M1_SA_WORD + 4 * 128
-"""Word offset of the 32 ``SB`` entries."""
-M1_INVNORM_WORD = M1_SB_WORD + 4 * 32
-"""Word offset of ``1/‖y‖`` by squared norm: entry ``n2`` (0..511) holds the bits of
-``invnorm[n2 / 16]`` for multiples of 16 (0 for the origin and for impossible norms)."""
-M1_MID_WORD = M1_INVNORM_WORD + 512
+"""Word offset of the 32 ``SB`` entries, ``M1_SB_COPIES`` copies each: entry ``b``, copy ``c``
+at words ``M1_SB_WORD + 4·(8·b + c) …+3``."""
+M1_INVNORM_WORD = M1_SB_WORD + 4 * 32 * M1_SB_COPIES
+"""Word offset of ``1/‖y‖`` by squared norm: entry ``k`` (0..31) holds the bits of ``invnorm[k]``
+for ``‖y‖² = 16·k`` (every Tetra point has ‖y‖² ≡ 0 mod 16 and < 512; 0 for the origin and for
+impossible norms). One word per norm keeps distinct norms on distinct banks."""
+M1_MID_WORD = M1_INVNORM_WORD + 32
 """Word offset of the middle section's 2048 rows in its own (mixed-list) order: entry ``i2`` is row
 ``i2`` (``i2 < 1240``, class 0) or ``2048 + i2 − 1240`` (class 1), so the kernel needs no remap."""
 M1_TABLE_WORDS = M1_MID_WORD + 2048
@@ -159,10 +166,8 @@ def tetra_m1_table_numpy() -> np.ndarray:
     out = np.zeros(M1_TABLE_WORDS, dtype=np.uint32)
     out[:4096] = hrow
     out[M1_SA_WORD:M1_SB_WORD] = sa.reshape(-1)
-    out[M1_SB_WORD:M1_INVNORM_WORD] = sb.reshape(-1)
-    by_n2 = np.zeros(512, dtype=np.float32)
-    by_n2[0:512:16] = t.invnorm.astype(np.float32)
-    out[M1_INVNORM_WORD:M1_MID_WORD] = by_n2.view(np.uint32)
+    out[M1_SB_WORD:M1_INVNORM_WORD] = np.repeat(sb, M1_SB_COPIES, axis=0).reshape(-1)
+    out[M1_INVNORM_WORD:M1_MID_WORD] = t.invnorm.astype(np.float32).view(np.uint32)
     i2 = np.arange(2048)
     out[M1_MID_WORD:] = hrow[np.where(i2 < N0_MIXED, i2, 2048 + i2 - N0_MIXED)]
     return out

@@ -20,8 +20,9 @@ _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^
 
 
 def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any],
-                arch: int = 90, num_warps: int = 4) -> Any:
-    """Compile ``kernel`` for ``sm_<arch>`` without launching it."""
+                arch: int = 90, num_warps: int = 4, maxnreg: int = 0) -> Any:
+    """Compile ``kernel`` for ``sm_<arch>`` without launching it (``maxnreg``: register cap per
+    thread, 0 for the compiler's choice)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -30,7 +31,10 @@ def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, An
     for k in constexprs:
         sig[k] = "constexpr"
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    options: dict[str, Any] = {"num_warps": num_warps}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _tool(name: str) -> str:

@@ -106,6 +106,8 @@ class MatvecConfig:
         ctas_per_sm: ``m1``: persistent grid of ``SMs × ctas_per_sm`` programs (rounded to a
             multiple of the K-slice count); 0 launches one program per (row chunk, K-slice).
         ilp: ``m1``: rows a warp decodes per loop trip (1 or 2: two independent decode chains).
+        maxnreg: ``m1``: register cap per thread handed to ptxas (0: the compiler's choice). Fewer
+            registers let more programs share an SM (65536 registers / (cap · 32 · warps)).
     """
 
     rows: int = 16
@@ -115,9 +117,24 @@ class MatvecConfig:
     kernel: str = "tile"
     ctas_per_sm: int = 0
     ilp: int = 1
+    maxnreg: int = 0
 
 
-M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2)
+M1_MAXNREG = 96
+"""Register cap of the batch-1 geometry: ptxas fits the kernel in 96 registers without spilling
+(Triton 3.6, sm_90), so five 4-warp programs share an SM instead of four (H200 sweep of
+2026-11-30: 2–4 % faster per group at equal rows)."""
+
+def m1_maxnreg(n_blocks: int, tail_cols: int) -> int:
+    """The register cap for a row of ``n_blocks`` blocks and ``tail_cols`` tail columns: 96 where
+    ptxas (Triton 3.6, sm_90) keeps the kernel free of spills under it — rows of ≤ 448 blocks, or
+    512 with no tail (Qwen3-8B's down projection) — else 0 (the compiler's choice: 127 registers,
+    four programs per SM); wider rows spill into the hot loop under the cap."""
+    return M1_MAXNREG if n_blocks <= 448 or (n_blocks <= 512 and tail_cols == 0) else 0
+
+
+M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2,
+                          maxnreg=M1_MAXNREG)
 """The batch-1 Tetra geometry of :func:`default_config` (shape-blind callers); the matvec entry
 points use the per-shape rule :func:`m1_config`."""
 
@@ -131,20 +148,43 @@ def default_config(m_rows: int) -> MatvecConfig:
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
 
 
-def m1_config(d_out: int, n_blocks: int, device: torch.device) -> MatvecConfig:
-    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix (H200 sweep of 2026-11-30,
-    docs/kernels.md): one program per (row chunk, K-slice), two rows per warp and loop trip, and
-    64-row chunks when that still leaves at least three programs per SM (else 32-row chunks)."""
+M1_MAX_ROWS = 256
+"""Largest chunk :func:`m1_config` picks (the fixup unrolls ``rows / 32`` times)."""
+
+
+def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0) -> MatvecConfig:
+    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix (H200 sweeps of 2026-11-30,
+    docs/kernels.md): one program per (row chunk, K-slice), two rows per warp and loop trip,
+    the register cap of :func:`m1_maxnreg`, and the larger of two chunk sizes — 64 rows when that still leaves at least three
+    programs per SM (else 32), and the chunk that makes the launch about one wave of five programs
+    per SM (:func:`m1_wave_rows`; capped at :data:`M1_MAX_ROWS`), so that large matrices run
+    fewer, longer programs (each stages the 28.5 KiB table once)."""
+    sms = _sm_count(device)
     slices = ((n_blocks + 1) // 2 + 31) // 32
-    rows = 64 if (d_out + 63) // 64 * slices >= 3 * _sm_count(device) else 32
-    return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2)
+    rows = 64 if (d_out + 63) // 64 * slices >= 3 * sms else 32
+    rows = max(rows, min(m1_wave_rows(d_out, n_blocks, 5 * sms), M1_MAX_ROWS))
+    return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2,
+                        maxnreg=m1_maxnreg(n_blocks, tail_cols))
+
+
+def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_warps: int = 4,
+                 bp: int = 32) -> int:
+    """Chunk rows that cut a ``d_out × 24·n_blocks`` matrix into about ``programs`` (row chunk,
+    K-slice) programs — e.g. one full wave of ``SMs × resident programs per SM`` — rounded up to
+    the loop trip (``ilp · num_warps · 32 / bp`` rows)."""
+    trip = ilp * num_warps * 32 // bp
+    slices = ((n_blocks + 1) // 2 + bp - 1) // bp
+    rows = -(-d_out * slices // max(programs, 1))
+    return max(trip, -(-rows // trip) * trip)
 
 
 def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.device) -> MatvecConfig:
     """``config`` if given, else the per-shape batch-1 rule or the batched default."""
     if config is not None:
         return config
-    return m1_config(w.d_out, w.n_blocks, device) if m_rows == 1 else default_config(m_rows)
+    if m_rows == 1:
+        return m1_config(w.d_out, w.n_blocks, device, w.tail_cols)
+    return default_config(m_rows)
 
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
@@ -236,9 +276,10 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
     """(programs, K-slices) of an ``m1`` launch."""
     if cfg.bp not in (8, 16, 32) or cfg.ilp not in (1, 2) or (
-            cfg.rows % (cfg.ilp * cfg.num_warps * 32 // cfg.bp)):
-        raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32, ilp 1 or 2 and rows a "
-                           "multiple of ilp·num_warps·32/bp")
+            cfg.rows % (cfg.ilp * cfg.num_warps * 32 // cfg.bp)) or (
+            cfg.maxnreg and not 32 <= cfg.maxnreg <= 255):
+        raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32, ilp 1 or 2, rows a multiple "
+                           "of ilp·num_warps·32/bp and maxnreg 0 or 32..255")
     n_pairs = -(-n_blocks // 2)
     ns = -(-n_pairs // cfg.bp)
     chunks = -(-d_out // cfg.rows)
@@ -399,6 +440,7 @@ def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: t
         _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows,
         NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
         **({"ILP": cfg.ilp} if kernel is tetra48_m1_kernel else {}),
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
 
 
@@ -492,14 +534,15 @@ def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
 
 
 def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = None,
-                       bn: int = 64, bb: int = 2, num_warps: int = 4) -> torch.Tensor:
+                       bn: int = 32, bb: int = 4, num_warps: int = 4) -> torch.Tensor:
     """``y = W x`` for 1..64 activation rows on tensor cores (:mod:`.tetra48_mma`): float32
     [M, d_out] from x [M, d_in] (rotated basis). float16 values and activations, as
     :func:`tetra48_matmul_dense` (twin: ``reference.tetra48_matvec`` within fp16 accuracy).
-    Opt-in and not yet timed on a GPU; ``ksplit`` K-slices (default: enough programs for ~4 per
-    SM), ``bn`` rows and ``bb`` blocks per iteration (``bn·bb`` must be a multiple of
-    ``32·num_warps``; offline SASS per decoded block, Triton 3.6: (64, 2, 4 warps) 380 with
-    wgmma, (32, 4, 4) 461, (128, 2, 8) 337)."""
+    ``ksplit`` K-slices (default: enough programs for ~4 per SM), ``bn`` rows and ``bb`` blocks
+    per iteration (``bn·bb`` must be a multiple of ``32·num_warps``). H200, Qwen3-8B projections
+    at M = 8 (2026-11-30): (32, 4, 4 warps) 15.5 ms, (64, 2, 4) 16.4, (128, 2, 8) 17.4 — the
+    default is the fastest, though offline SASS counts per decoded block order them the other way
+    (461, 380 with wgmma, 337)."""
     m_rows = _check_x(x, w.d_in, w.words.device, max_rows=64, what="the batched kernel takes")
     _check_lattice(w, w.words, "words")
     nb = w.n_blocks

@@ -28,8 +28,9 @@ import triton.language as tl
 
 from leechq.kernels.triton._bits import global_store128, table_load32
 from leechq.kernels.triton.tetra48_m1 import (
-    INVNORM_WORD,
     decode_nibbles,
+    inv_norm,
+    sb_copy,
     section_values,
     stage_table,
 )
@@ -66,16 +67,14 @@ def _store_section(ptr, ev, od, scale, ok, VEC: tl.constexpr, USE_ASM: tl.conste
 
 
 @triton.jit
-def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, out, ok, VEC: tl.constexpr,
+def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, ok, VEC: tl.constexpr,
                    USE_ASM: tl.constexpr):
     """Decode one block per element and store its 24 float16 values (12 int32) at ``out``."""
-    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
+    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
-    invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
-        tl.float32, bitcast=True)
-    scale = tl.where(g != 0, cent1, cent0) * invn
+    scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, USE_ASM)
     _store_section(out + 0, e1, o1, scale, ok, VEC, USE_ASM)
     _store_section(out + 4, e2, o2, scale, ok, VEC, USE_ASM)
     _store_section(out + 8, e3, o3, scale, ok, VEC, USE_ASM)
@@ -92,6 +91,7 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
     LANES: tl.constexpr = NW * 32
     base = stage_table(tab_ptr, d_out, USE_ASM)
     e = tl.arange(0, LANES)
+    sb_rep = sb_copy(e)
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
         item = start + e
@@ -107,6 +107,6 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
         out = out_ptr + row * OUT_W + 24 * pair
-        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, out, ok_e, VEC, USE_ASM)
-        _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, out + 12,
-                       ok_o, VEC, USE_ASM)
+        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out, ok_e, VEC, USE_ASM)
+        _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
+                       out + 12, ok_o, VEC, USE_ASM)

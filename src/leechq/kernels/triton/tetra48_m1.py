@@ -17,10 +17,12 @@ our own (§3.10 leaves it open):
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
   per-coordinate float conversion or FMA remains.
 * **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ SA[s8, b1] ^ SB[b2, b3]``
-  per section (three table words and two 16-byte table reads), then per 4-coordinate half-section the
+  per section (three table words and two 16-byte table reads; ``SB`` in eight copies so that the
+  eight lanes of a 16-byte shared-load phase never share a bank, ``invnorm`` one word per norm),
+  then per 4-coordinate half-section the
   value bytes ``p + (−1)^p·2·(h − 7) + 128`` come from one multiply-add on the nibbles; the block
   scale is ``centroid[g] · invnorm[‖y‖²/16] · E_b``.
-* **Tables in shared memory**: the 18.6 KiB table is copied into shared memory once per program
+* **Tables in shared memory**: the 28.5 KiB table is copied into shared memory once per program
   (``_bits.reserve_smem`` / ``smem_store32``) and read with ``ld.shared``; under the interpreter the
   same lookups read the global table.
 
@@ -49,9 +51,9 @@ MAGIC_RINT = tl.constexpr(12582912.0)
 # Word offsets in the batch-1 table (leechq.kernels.tables.M1_*; checked equal in the tests).
 SA_WORD = tl.constexpr(4096)
 SB_WORD = tl.constexpr(4096 + 512)
-INVNORM_WORD = tl.constexpr(4096 + 512 + 128)
-MID_WORD = tl.constexpr(4096 + 512 + 128 + 512)
-TABLE_WORDS = tl.constexpr(4096 + 512 + 128 + 512 + 2048)
+INVNORM_WORD = tl.constexpr(4096 + 512 + 1024)
+MID_WORD = tl.constexpr(4096 + 512 + 1024 + 32)
+TABLE_WORDS = tl.constexpr(4096 + 512 + 1024 + 32 + 2048)
 
 
 @triton.jit
@@ -202,16 +204,24 @@ def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
 
 
 @triton.jit
-def decode_nibbles(lo, hi, tab_ptr, base, USE_ASM: tl.constexpr):
+def sb_copy(e):
+    """The ``SB`` copy offset (in words) of flat tile element ``e``: ``4 · (lane mod 8)`` — the
+    eight lanes of one 16-byte shared-load phase read eight different bank groups."""
+    return ((e % 8) * 4).to(tl.uint32)
+
+
+@triton.jit
+def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
     """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
     uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
-    gain bit."""
+    gain bit. ``sb_rep``: the element's ``SB`` copy offset (:func:`sb_copy`; any copy decodes
+    the same)."""
     p = lo & 1
     r = (lo >> 1) & 1
     v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
     sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, SA_WORD + (lo & 0x1FC), USE_ASM)
     sb0, sb1, sb2, _sb3 = table_load128(
-        tab_ptr, base, SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 2), USE_ASM)
+        tab_ptr, base, SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 5) + sb_rep, USE_ASM)
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
     dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class (its row comes pre-remapped)
@@ -226,12 +236,19 @@ def decode_nibbles(lo, hi, tab_ptr, base, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexpr):
+def inv_norm(n2, tab_ptr, base, USE_ASM: tl.constexpr):
+    """``1/‖y‖`` (float32) from ``n2 = ‖y‖²`` (int32, a multiple of 16 below 512; 0 → 0)."""
+    return table_load32(tab_ptr, base, INVNORM_WORD + ((n2 >> 4) & 31), USE_ASM).to(
+        tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x, USE_ASM: tl.constexpr):
     """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32;
     ``x``: the block's exponent and limb words, :func:`_x_limbs`)."""
     (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
-    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, USE_ASM)
+    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     z = tl.zeros(lo.shape, tl.int32)
     acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
     acc0, acc1, acc2, n2 = _section(h2, mp, kp, a10, a11, b10, b11, c10, c11, acc0, acc1, acc2, n2,
@@ -239,18 +256,18 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexpr):
     acc0, acc1, acc2, n2 = _section(h3, mp, kp, a20, a21, b20, b21, c20, c21, acc0, acc1, acc2, n2,
                                     USE_ASM)
     dot = (acc2 << 16) + (acc1 << 8) + acc0
-    invn = table_load32(tab_ptr, base, INVNORM_WORD + (n2 & 511), USE_ASM).to(
-        tl.float32, bitcast=True)
+    invn = inv_norm(n2, tab_ptr, base, USE_ASM)
     cent = tl.where(g != 0, cent1, cent0)
     return dot.to(tl.float32) * (cent * invn * e_blk)
 
 
 @triton.jit
-def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, x_even, x_odd, USE_ASM: tl.constexpr):
+def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, x_even, x_odd,
+              USE_ASM: tl.constexpr):
     """The sum of the two block dots of a block pair (its three words ``w0..w2``)."""
-    acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, x_even, USE_ASM)
-    return acc + _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, x_odd,
-                            USE_ASM)
+    acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, x_even, USE_ASM)
+    return acc + _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
+                            sb_rep, x_odd, USE_ASM)
 
 
 @triton.jit
@@ -289,6 +306,7 @@ def tetra48_m1_kernel(
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
+    sb_rep = sb_copy(e)
     xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
     x_even = _x_limbs(xb, NPP, 0, USE_ASM)
     x_odd = _x_limbs(xb, NPP, 1, USE_ASM)
@@ -310,9 +328,9 @@ def tetra48_m1_kernel(
         if ILP == 2:
             m0, m1, m2, ma, mb = _load_row(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                            STRIDE_W)
-        acc = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, x_even, x_odd, USE_ASM)
+        acc = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
         if ILP == 2:
-            acc2 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, x_even, x_odd, USE_ASM)
+            acc2 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
             _store_partial(acc2, rows + RI, lane, part_ptr + sl * d_out, d_out, NW, BP)
             v0, v1, v2, va, vb = m0, m1, m2, ma, mb
         _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
@@ -382,10 +400,10 @@ def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, 
     for r0 in tl.static_range(0, ROWS, 32):
         ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out)
         tot = tl.zeros(e.shape, tl.float32)
-        for s in tl.static_range(NS):
+        for s in range(NS):  # a loop, not unrolled: its register use must not grow with NS
             tot += tl.load(part_ptr + s * d_out + rr + r0, mask=ok, other=0.0, cache_modifier=".cg")
         out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
-        for c in tl.static_range(TAIL_COLS):
+        for c in range(TAIL_COLS):
             out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
                     * tl.load(xp_ptr + 48 * NPP + c + e * 0))
         tl.store(y_ptr + rr + r0, out, mask=ok)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from leechq.kernels.triton.tetra48_m1 import INVNORM_WORD, decode_nibbles
+from leechq.kernels.triton.tetra48_m1 import decode_nibbles, inv_norm
 
 
 @triton.jit
@@ -133,7 +133,7 @@ def tetra48_mma_kernel(
         blk = b0 + it % BB
         ok = row_ok & (blk < b_stop)
         lo, hi = _item_words(w_ptr, rc, blk, ok, STRIDE_W)
-        h1, h2, h3, _mp, _kp, g = decode_nibbles(lo, hi, tab_ptr, 0, False)
+        h1, h2, h3, _mp, _kp, g = decode_nibbles(lo, hi, tab_ptr, 0, 0, False)
         p = (lo & 1).to(tl.int32)
         mp = tl.where(ok, 2 - 4 * p, 0)  # value = nib·(2 − 4p) − 14 + 29p; 0 past the row
         kq = tl.where(ok, 29 * p - 14, 0)
@@ -142,8 +142,7 @@ def tetra48_mma_kernel(
         c0, c1, c2, c3, c4, c5, c6, c7 = _section_values(h3, mp, kq)
         n2 = (_sq8(a0, a1, a2, a3, a4, a5, a6, a7) + _sq8(b0_, b1, b2, b3, b4, b5, b6, b7)
               + _sq8(c0, c1, c2, c3, c4, c5, c6, c7))
-        invn = tl.load(tab_ptr + INVNORM_WORD + (n2 & 511)).to(tl.float32, bitcast=True)
-        scale = tl.where(g != 0, cent1, cent0) * invn
+        scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, False)
         sc = scale
         tile = _tile32(
             _scaled(a0, sc), _scaled(a1, sc), _scaled(a2, sc), _scaled(a3, sc), _scaled(a4, sc),

@@ -1,0 +1,40 @@
+"""One batch-1 Tetra launch (the ``m1`` kernel, ``ops.m1_config`` geometry) at a chosen shape, for a
+profiler: e.g. on the GPU host
+
+    ncu -k regex:tetra48_m1 --launch-skip 4 --launch-count 1 --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \\
+        python benchmarks/profile_m1.py 24576 4096
+
+(the first-use check launches the kernel twice and the loop five times; skip the first four). Prints
+the geometry and a checksum; random codes (kernel time does not depend on the weight values).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from leechq.formats.layouts.tetra48 import random_tetra48
+from leechq.kernels.triton import ops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("d_out", type=int)
+    ap.add_argument("d_in", type=int)
+    ap.add_argument("--launches", type=int, default=5)
+    args = ap.parse_args()
+    w = random_tetra48(args.d_out, args.d_in, seed=1, device="cuda")
+    x = torch.randn(1, args.d_in, device="cuda")
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cuda").order)
+    cfg = ops.m1_config(w.d_out, w.n_blocks, torch.device("cuda"), w.tail_cols)
+    print(cfg, flush=True)
+    for _ in range(args.launches):
+        y = ops.tetra48_matvec_prepared(xp, w, 1, cfg)
+    torch.cuda.synchronize()
+    print("checksum", float(y.abs().sum()))
+
+
+if __name__ == "__main__":
+    main()
