@@ -13,7 +13,7 @@ from torch import nn
 
 from leechq.formats.rotation import generate_rotation
 from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
-from leechq.serve.fused import DENSE_MIN_ROWS
+from leechq.serve.fused import DENSE_MIN_ROWS, MMA_ROWS
 from leechq.serve.random_codes import random_int4, random_tetra
 
 pytestmark = pytest.mark.interp
@@ -45,28 +45,40 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     y = group(x)
     ref = _reference(x, recs, biases)
     assert y.dtype == torch.float32 and y.shape == (rows, 24)
-    # 3 and 11 rows run the lattice kernels (f32 accuracy; 11 = two launches); 20 rows the float16
-    # dequantized copy on the matmul path (≥ DENSE_MIN_ROWS), as accurate as an fp16 model
-    tol = 1e-5 if rows < DENSE_MIN_ROWS else 2e-3
+    # 3 rows run the lattice kernel (f32 accuracy); 11 rows the batched tensor-core kernel and 20
+    # rows the float16 dequantized copy (≥ DENSE_MIN_ROWS), both as accurate as an fp16 model
+    assert MMA_ROWS[0] <= 11 <= MMA_ROWS[1] < DENSE_MIN_ROWS <= 20
+    tol = 1e-5 if rows < MMA_ROWS[0] else 2e-3
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
-def test_group_opt_in_tensor_core_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``LEECHQ_MMA=1``: 9..64 rows take the batched tensor-core kernel (fp16 accuracy)."""
+@pytest.mark.parametrize(("flag", "rows", "path"), [
+    ("", 8, "mma"), ("", 16, "mma"), ("", 7, "tile"), ("", 17, "dense"), ("1", 40, "mma"),
+    ("0", 12, "tile"), ("0", 17, "dense")])
+def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
+                                 path: str) -> None:
+    """8..16 rows take the batched tensor-core kernel by default; ``LEECHQ_MMA=1`` extends that to
+    64 rows, ``LEECHQ_MMA=0`` turns it off (12 rows: two 8-row lattice launches). Every path stays
+    within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import TetraGroup
 
-    calls = []
-    real = ops.tetra48_matmul_mma
-    monkeypatch.setattr(ops, "tetra48_matmul_mma", lambda x, w: calls.append(1) or real(x, w))
-    monkeypatch.setenv("LEECHQ_MMA", "1")
+    calls: list[str] = []
+    for name, tag in (("tetra48_matmul_mma", "mma"), ("tetra48_matmul_dense", "dense"),
+                      ("tetra48_matvec_prepared", "tile")):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _r=real, _t=tag, **k: calls.append(_t)
+                            or _r(*a, **k))
+    monkeypatch.setenv("LEECHQ_MMA", flag)
     recs = _records(True)
     biases = [torch.randn(16), None]
     group = TetraGroup.from_records(recs, biases, "cpu")
-    x = torch.randn(12, 72, generator=torch.Generator().manual_seed(12))
+    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
     y = group(x)
     ref = _reference(x, recs, biases)
-    assert calls and (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+    assert set(calls) == {path}, calls
+    tol = 1e-5 if path == "tile" else 2e-3
+    assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
 @dataclass

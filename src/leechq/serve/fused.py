@@ -15,9 +15,10 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
    members keep computing exactly what they did.
 
-With ``M ≥ DENSE_MIN_ROWS`` rows (prefill, batches above 16) the group instead rotates once in
-natural order and multiplies a float16 dequantized copy of each part on cuBLAS
-(``ops.tetra48_matmul_dense``): one decode per call instead of one per 8 rows.
+With 8..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part through
+the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
+(prefill, batches above 16) it multiplies a float16 dequantized copy of each part on cuBLAS
+(``ops.tetra48_matmul_dense``). Both decode each block once per call instead of once per 8 rows.
 
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
@@ -49,6 +50,22 @@ every block once per 8 rows (``ops.tetra48_matmul_dense``). H200, Qwen3-8B shape
 dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7 ms per 8 rows
 (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled vs 84 ms
 dense), so up to 16 rows stay on the kernels."""
+
+MMA_ROWS = (KERNEL_ROWS, 2 * KERNEL_ROWS)
+"""Activation rows (inclusive range) a group serves with the batched tensor-core kernel
+(``ops.tetra48_matmul_mma``: each block decoded once per call into a float16 tile, then ``tl.dot``)
+instead of the lattice matvec or the dequantized copy. H200, Qwen3-8B projections, 2026-11-30
+(BENCHMARKS.md §3): M = 8 15.5 ms vs 17.5 ms tiled; M = 16 15.5 ms vs 47.0 ms dequantized (the tiled
+kernel would take two 8-row launches). ``LEECHQ_MMA=1`` extends the range to 64 rows (correct there,
+not yet timed), ``LEECHQ_MMA=0`` turns the kernel off."""
+
+
+def mma_max_rows() -> int:
+    """The upper end of the tensor-core range under ``LEECHQ_MMA`` (read per call, on the host)."""
+    flag = os.environ.get("LEECHQ_MMA", "")
+    if flag == "0":
+        return 0
+    return 64 if flag == "1" else MMA_ROWS[1]
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are
@@ -218,7 +235,7 @@ class TetraGroup(nn.Module):
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         m = int(x2.shape[0])
-        if KERNEL_ROWS < m <= 64 and os.environ.get("LEECHQ_MMA", "0") == "1":
+        if MMA_ROWS[0] <= m <= mma_max_rows():
             return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
         if m >= DENSE_MIN_ROWS:
             return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
@@ -241,8 +258,7 @@ class TetraGroup(nn.Module):
     def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
         """Many rows (a prompt, a large batch): rotate once in natural order, then each part through
         ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``)
-        or, opt-in with ``LEECHQ_MMA=1`` for 9..64 rows, the tensor-core kernel
-        (``ops.tetra48_matmul_mma``, not yet timed on a GPU)."""
+        or, for :data:`MMA_ROWS` rows, the tensor-core kernel (``ops.tetra48_matmul_mma``)."""
         ops = self._ops
         xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
         y = torch.cat([matmul(xr, part) for part in self.parts], dim=-1)
