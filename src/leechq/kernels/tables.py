@@ -13,7 +13,8 @@
   ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
   F2-linearity like ``cw`` (``SA[s8 | b1<<6] ^ SB[b2 | b3<<4]``, 4 words per entry, ``SB`` in
-  eight bank-spread copies), and ``invnorm`` by ``‖y‖²/16`` (§2.6). With ``h = f ^ mask`` (nibble j of section k) a coordinate is
+  eight bank-spread copies), and ``invnorm`` by ``‖y‖²/16`` (§2.6). With ``h = f ^ mask``
+  (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
   the codebook decoder in the tests).

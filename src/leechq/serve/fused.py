@@ -15,8 +15,8 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
    members keep computing exactly what they did.
 
-With 8..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part through
-the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
+With 8..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part
+through the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
 (prefill, batches above 16) it multiplies a float16 dequantized copy of each part on cuBLAS
 (``ops.tetra48_matmul_dense``). Both decode each block once per call instead of once per 8 rows.
 

@@ -153,12 +153,13 @@ M1_MAX_ROWS = 256
 
 
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0) -> MatvecConfig:
-    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix (H200 sweeps of 2026-11-30,
-    docs/kernels.md): one program per (row chunk, K-slice), two rows per warp and loop trip,
-    the register cap of :func:`m1_maxnreg`, and the larger of two chunk sizes — 64 rows when that still leaves at least three
-    programs per SM (else 32), and the chunk that makes the launch about one wave of five programs
-    per SM (:func:`m1_wave_rows`; capped at :data:`M1_MAX_ROWS`), so that large matrices run
-    fewer, longer programs (each stages the 28.5 KiB table once)."""
+    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
+    (H200 sweeps of 2026-11-30, docs/kernels.md): one program per (row chunk, K-slice), two rows per
+    warp and loop trip, the register cap of :func:`m1_maxnreg`, and the larger of two chunk sizes:
+    64 rows when that still leaves at least three programs per SM (else 32), and the chunk that
+    makes the launch about one wave of five programs per SM (:func:`m1_wave_rows`; capped at
+    :data:`M1_MAX_ROWS`), so that large matrices run fewer, longer programs (each stages the
+    table once)."""
     sms = _sm_count(device)
     slices = ((n_blocks + 1) // 2 + 31) // 32
     rows = 64 if (d_out + 63) // 64 * slices >= 3 * sms else 32

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from leechq.kernels.triton._bits import global_store128, table_load32
+from leechq.kernels.triton._bits import global_store128
 from leechq.kernels.triton.tetra48_m1 import (
     decode_nibbles,
     inv_norm,
