@@ -7,9 +7,10 @@
 #            with and without the preparation launches, the served pass, the rotations
 #   sweep    the same after timing every m1 geometry per projection group (bench_matvec --sweep)
 #   rotation the rotation kernel per width, both transform forms
-#   batched  the many-row paths at M = 8 and 16: tiled kernels vs the tensor-core kernel (opt-in)
-#            vs the float16 dequantized copy on cuBLAS; then e2e 8B batch 16 with LEECHQ_MMA=1 and
-#            a prefill with LEECHQ_DEQUANT_V4=1 (both opt-in, untimed so far)
+#   batched  the many-row paths at M = 8 and 16: tiled kernel vs the tensor-core kernel (three
+#            tiles; 32x4 is the default for 8..16 rows) vs the float16 dequantized copy on
+#            cuBLAS; then e2e 8B batch 16 (tensor-core path) with the dequantization kernel's
+#            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
@@ -19,11 +20,13 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 case $step in
 tests)
-  timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_gpu.py \
-    -k "m1 or rotation or no_local or tetra48_full or dense_path or mma" 2>&1 | tail -5 \
-    | tee "$OUT/tests-kernels.log"
-  timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/serve tests/nn tests/models \
-    2>&1 | tail -5 | tee "$OUT/tests-serve.log"
+  # -v into files: a run cut off by its time limit still shows which tests passed
+  timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/kernels/test_triton_gpu.py \
+    -k "m1 or rotation or no_local or dense_path or mma" > "$OUT/tests-kernels.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-kernels.log" | cut -c1-150 | tail -30
+  timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/serve tests/nn tests/models \
+    > "$OUT/tests-serve.log" 2>&1
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-serve.log" | cut -c1-150 | tail -15
   ;;
 matvec | sweep)
   extra=""
@@ -34,18 +37,18 @@ matvec | sweep)
     --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
   ;;
 batched)
-  timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
+  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
     --no-sass --warm-workers 14 \
     --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-mma32x4w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
     --out "$OUT/matvec-m8.json" 2>&1 | grep -v '^{"bench' | tail -8
-  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 16 --rounds 3 --reps 5 \
+  timeout 120 python benchmarks/bench_matvec.py --models qwen3-8b --batches 16 --rounds 3 --reps 5 \
     --no-sass --warm-workers 14 \
     --arms fp16,tetra48-mma-fused,tetra48-mma32x4w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
     --out "$OUT/matvec-m16.json" 2>&1 | grep -v '^{"bench' | tail -6
-  LEECHQ_MMA=1 LEECHQ_DEQUANT_V4=1 timeout 220 python benchmarks/bench_e2e.py --quick \
+  LEECHQ_DEQUANT_V4=1 timeout 220 python benchmarks/bench_e2e.py --quick \
     --models qwen3-8b --arms fp16,tetra48 --batches 16 --no-profile --budget-s 180 \
-    --out "$OUT/e2e-8b-mma.json" > "$OUT/e2e-8b-mma.log" 2>&1
-  grep "tok/s\|status" "$OUT/e2e-8b-mma.log" | cut -c1-200
+    --out "$OUT/e2e-8b-b16.json" > "$OUT/e2e-8b-b16.log" 2>&1
+  grep "tok/s\|status" "$OUT/e2e-8b-b16.log" | cut -c1-200
   ;;
 rotation)
   timeout 300 python benchmarks/bench_rotation.py --out "$OUT/rotation.json" 2>&1 \
