@@ -103,22 +103,24 @@ M1_CONFIGS = [
 
 @pytest.mark.parametrize(("d_out", "d_in"), [*SHAPES, (3000, 2560), (24, 4096 + 24 * 7)])
 def test_tetra48_m1_full_shapes(d_out: int, d_in: int) -> None:
-    """The batch-1 kernel (several geometries, repeated launches: the tickets must reset) against
-    the f64 reference, and its control writes every row."""
+    """The batch-1 kernel (several geometries and the per-shape rule, repeated launches: the tickets
+    must reset) against the f64 reference, and its control writes every row (one geometry: each
+    geometry is a separate compile, and this test must stay inside a device run's time)."""
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out ^ d_in, device=DEV)
     dense = ref.tetra48_dequantize_rotated(w)
-    for cfg in M1_CONFIGS:
+    rule = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols)
+    for cfg in [ops.MatvecConfig(**c) for c in M1_CONFIGS] + [rule]:
         for _ in range(2):
             x = torch.randn(1, d_in, device=DEV) * (10.0 ** torch.randint(-3, 4, (1, d_in),
                                                                          device=DEV))
             xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
             y = torch.full((1, d_out), float("nan"), device=DEV)
-            ops.tetra48_matvec_prepared(xp, w, 1, ops.MatvecConfig(**cfg), out=y)
+            ops.tetra48_matvec_prepared(xp, w, 1, cfg, out=y)
             assert _worst(y, x, dense) <= 1e-5, cfg
-        y = torch.full((1, d_out), float("nan"), device=DEV)
-        ops.null_matvec_prepared(xp, w, 1, ops.MatvecConfig(**cfg), out=y)
-        assert torch.isfinite(y).all()
+    y = torch.full((1, d_out), float("nan"), device=DEV)
+    ops.null_matvec_prepared(xp, w, 1, rule, out=y)
+    assert torch.isfinite(y).all()
     torch.cuda.synchronize()
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 

@@ -123,7 +123,8 @@ class MatvecConfig:
 M1_MAXNREG = 96
 """Register cap of the batch-1 geometry: ptxas fits the kernel in 96 registers without spilling
 (Triton 3.6, sm_90), so five 4-warp programs share an SM instead of four (H200 sweep of
-2026-11-30: 2–4 % faster per group at equal rows)."""
+2026-11-30: 1–4 % faster per group at equal rows)."""
+
 
 def m1_maxnreg(n_blocks: int, tail_cols: int) -> int:
     """The register cap for a row of ``n_blocks`` blocks and ``tail_cols`` tail columns: 96 where

@@ -22,7 +22,7 @@ our own (§3.10 leaves it open):
   then per 4-coordinate half-section the
   value bytes ``p + (−1)^p·2·(h − 7) + 128`` come from one multiply-add on the nibbles; the block
   scale is ``centroid[g] · invnorm[‖y‖²/16] · E_b``.
-* **Tables in shared memory**: the 28.5 KiB table is copied into shared memory once per program
+* **Tables in shared memory**: the 30 KiB table is copied into shared memory once per program
   (``_bits.reserve_smem`` / ``smem_store32``) and read with ``ld.shared``; under the interpreter the
   same lookups read the global table.
 
