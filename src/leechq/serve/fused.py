@@ -49,7 +49,8 @@ cuBLAS (one decode per call, then a tensor-core GEMM) instead of the lattice ker
 every block once per 8 rows (``ops.tetra48_matmul_dense``). H200, Qwen3-8B shapes, 2026-11-30: the
 dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7 ms per 8 rows
 (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled vs 84 ms
-dense), so up to 16 rows stay on the kernels."""
+dense), so up to 16 rows stay on the kernels (8..16 of them on the tensor-core kernel,
+:data:`MMA_ROWS`)."""
 
 MMA_ROWS = (KERNEL_ROWS, 2 * KERNEL_ROWS)
 """Activation rows (inclusive range) a group serves with the batched tensor-core kernel
@@ -256,7 +257,7 @@ class TetraGroup(nn.Module):
         return y.reshape(*lead, self.d_out)
 
     def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
-        """Many rows (a prompt, a large batch): rotate once in natural order, then each part through
+        """8 or more rows (a prompt, a batch): rotate once in natural order, then each part through
         ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``)
         or, for :data:`MMA_ROWS` rows, the tensor-core kernel (``ops.tetra48_matmul_mma``)."""
         ops = self._ops

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -483,18 +484,35 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     return out
 
 
-_DEQUANT_INDEX: dict[tuple[str, int], torch.Tensor] = {}
+_BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def _block_index(kind: str, n_blocks: int, device: torch.device | str,
+                 per_block: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """int64 [len(per_block()) · n_blocks]: entry ``j`` of block ``b`` is column
+    ``24 b + per_block()[j]`` of a row, or ``24 · n_blocks`` where ``per_block()[j] < 0``; built
+    once per (kind, device, width)."""
+    key = (kind, str(device), n_blocks)
+    if key not in _BLOCK_INDEX:
+        pb = per_block().to(torch.int64)
+        idx = torch.arange(n_blocks)[:, None] * BLOCK + pb[None, :]
+        idx = torch.where(pb[None, :] >= 0, idx, BLOCK * n_blocks)
+        _BLOCK_INDEX[key] = idx.reshape(-1).to(device)
+    return _BLOCK_INDEX[key]
 
 
 def dequant_natural_index(n_blocks: int, device: torch.device | str) -> torch.Tensor:
     """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
     :func:`tetra48_dequantize_f16` (cached per device and width)."""
-    key = (str(device), n_blocks)
-    if key not in _DEQUANT_INDEX:
-        per_block = ref.dequant_column_order(tetra_kernel_tables("cpu").order)
-        idx = (torch.arange(n_blocks)[:, None] * BLOCK + per_block[None, :]).reshape(-1)
-        _DEQUANT_INDEX[key] = idx.to(device)
-    return _DEQUANT_INDEX[key]
+    return _block_index("dequant", n_blocks, device,
+                        lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
+
+
+def _mma_block_columns() -> torch.Tensor:
+    """int64 [32]: the natural coordinate of trio position ``t`` of a block (−1 for ``t ≥ 24``)."""
+    order = tetra_kernel_tables("cpu").order.to(torch.int64)
+    t = torch.arange(32)
+    return torch.where(t < BLOCK, order[torch.clamp(t, max=BLOCK - 1)], -1)
 
 
 def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
@@ -516,23 +534,13 @@ def _scale_and_tail(y: torch.Tensor, x: torch.Tensor, w: Tetra48Weight) -> torch
     return y
 
 
-_MMA_INDEX: dict[tuple[str, int], torch.Tensor] = {}
-
-
 def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """float16 [M, 32·n_blocks] for :func:`tetra48_matmul_mma`: block ``b`` of x (rotated basis) at
     columns ``32 b + t`` in trio order ``t``, zeros at ``t ≥ 24``; the tail columns are not used."""
-    key = (str(x.device), n_blocks)
-    if key not in _MMA_INDEX:
-        order = tetra_kernel_tables("cpu").order.to(torch.int64)
-        t = torch.arange(32)
-        per_block = torch.where(t < BLOCK, order[torch.clamp(t, max=BLOCK - 1)], -1)
-        idx = torch.arange(n_blocks)[:, None] * BLOCK + per_block[None, :]
-        idx = torch.where(per_block[None, :] >= 0, idx, BLOCK * n_blocks)  # → the zero column
-        _MMA_INDEX[key] = idx.reshape(-1).to(x.device)
+    idx = _block_index("mma", n_blocks, x.device, _mma_block_columns)  # −1 → the zero column
     body = x[:, : BLOCK * n_blocks].to(torch.float16)
     ext = torch.cat([body, body.new_zeros(x.shape[0], 1)], dim=1)
-    return ext[:, _MMA_INDEX[key]].contiguous()
+    return ext[:, idx].contiguous()
 
 
 def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = None,

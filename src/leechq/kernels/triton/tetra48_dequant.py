@@ -30,6 +30,7 @@ from leechq.kernels.triton._bits import global_store128
 from leechq.kernels.triton.tetra48_m1 import (
     decode_nibbles,
     inv_norm,
+    load_pair_words,
     sb_copy,
     section_values,
     stage_table,
@@ -100,10 +101,7 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
         pair = item - (item // NP) * NP
         ok_e = ok & (pair * 2 < N_BLOCKS)
         ok_o = ok & (pair * 2 + 1 < N_BLOCKS)
-        pw = w_ptr + row * STRIDE_W + 3 * pair
-        w0 = tl.load(pw, mask=ok_e, other=0).to(tl.uint32)
-        w1 = tl.load(pw + 1, mask=ok_e, other=0).to(tl.uint32)
-        w2 = tl.load(pw + 2, mask=ok_o, other=0).to(tl.uint32)
+        w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
         out = out_ptr + row * OUT_W + 24 * pair

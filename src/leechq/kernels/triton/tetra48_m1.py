@@ -346,19 +346,20 @@ def tetra48_m1_kernel(
 def _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr):
     """The words of each element's block pair and its row's centroid pair (zeros past ``d_out``;
     issued one trip ahead of their use)."""
-    w0, w1, w2 = _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
-    rc = tl.where(rows < d_out, rows, 0)
+    row_ok = rows < d_out
+    rc = tl.where(row_ok, rows, 0)
+    w0, w1, w2 = load_pair_words(w_ptr, rc, pair, row_ok & ok_e, row_ok & ok_o, STRIDE_W)
     return w0, w1, w2, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)
 
 
 @triton.jit
-def _load_words(w_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr):
-    """The three u32 words of each element's block pair (zeros past ``d_out``/the row's blocks)."""
-    row_ok = rows < d_out
-    pw = w_ptr + tl.where(row_ok, rows, 0) * STRIDE_W + 3 * pair
-    w0 = tl.load(pw, mask=row_ok & ok_e, other=0).to(tl.uint32)
-    w1 = tl.load(pw + 1, mask=row_ok & ok_e, other=0).to(tl.uint32)
-    w2 = tl.load(pw + 2, mask=row_ok & ok_o, other=0).to(tl.uint32)
+def load_pair_words(w_ptr, rows, pair, ok_e, ok_o, STRIDE_W: tl.constexpr):
+    """The three u32 words of each element's block pair of row ``rows`` (a valid row); zeros
+    where the even (``ok_e``) or odd (``ok_o``) block is absent."""
+    pw = w_ptr + rows * STRIDE_W + 3 * pair
+    w0 = tl.load(pw, mask=ok_e, other=0).to(tl.uint32)
+    w1 = tl.load(pw + 1, mask=ok_e, other=0).to(tl.uint32)
+    w2 = tl.load(pw + 2, mask=ok_o, other=0).to(tl.uint32)
     return w0, w1, w2
 
 

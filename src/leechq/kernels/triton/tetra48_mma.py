@@ -18,7 +18,8 @@ that amortizes over M rows"):
   K-slice go to ``part [KSPLIT, M, d_out]`` and the caller adds them, applies σ_row and the tail.
 
 Accuracy: float16 weight values and activations (≲ 2^-11 relative per product), as for the dense
-path. Opt-in (``ops.tetra48_matmul_mma``); not yet timed on a GPU.
+path. Served for 8..16 activation rows (``serve.fused.MMA_ROWS``; H200 timings in
+``ops.tetra48_matmul_mma``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from leechq.kernels.triton.tetra48_m1 import decode_nibbles, inv_norm
 @triton.jit
 def _item_words(w_ptr, rows, blk, ok, STRIDE_W: tl.constexpr):
     """The 48-bit word of block ``blk`` of row ``rows`` per item as (lo, hi) uint32."""
+    odd = (blk & 1) == 1
     pw = w_ptr + rows * STRIDE_W + 3 * (blk // 2)
     w0 = tl.load(pw, mask=ok, other=0).to(tl.uint32)
     w1 = tl.load(pw + 1, mask=ok, other=0).to(tl.uint32)
-    w2 = tl.load(pw + 2, mask=ok & ((blk & 1) == 1), other=0).to(tl.uint32)
-    odd = (blk & 1) == 1
+    w2 = tl.load(pw + 2, mask=ok & odd, other=0).to(tl.uint32)
     lo = tl.where(odd, (w1 >> 16) | (w2 << 16), w0)
     hi = tl.where(odd, w2 >> 16, w1)
     return lo, hi
@@ -142,8 +143,7 @@ def tetra48_mma_kernel(
         c0, c1, c2, c3, c4, c5, c6, c7 = _section_values(h3, mp, kq)
         n2 = (_sq8(a0, a1, a2, a3, a4, a5, a6, a7) + _sq8(b0_, b1, b2, b3, b4, b5, b6, b7)
               + _sq8(c0, c1, c2, c3, c4, c5, c6, c7))
-        scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, False)
-        sc = scale
+        sc = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, False)  # c_g / ‖y‖
         tile = _tile32(
             _scaled(a0, sc), _scaled(a1, sc), _scaled(a2, sc), _scaled(a3, sc), _scaled(a4, sc),
             _scaled(a5, sc), _scaled(a6, sc), _scaled(a7, sc), _scaled(b0_, sc), _scaled(b1, sc),
