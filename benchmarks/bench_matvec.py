@@ -378,8 +378,9 @@ def build_int4(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
 def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
                   seed: int, tile: tuple[int, int, int] | None = None) -> Pass:
     """Fused Tetra groups through the many-row paths: ``kind`` "mma" (the tensor-core kernel,
-    ops.tetra48_matmul_mma) or "dense" (a float16 dequantized copy on cuBLAS,
-    ops.tetra48_matmul_dense); activations in the rotated basis, natural order."""
+    ops.tetra48_matmul_mma; its default tile, or ``tile`` = (bn, bb, num_warps)) or "dense" (a
+    float16 dequantized copy on cuBLAS, ops.tetra48_matmul_dense); activations in the rotated
+    basis, natural order."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -388,10 +389,10 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
     layers = _lattice_weights(model, "tetra48", True, device, seed)
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     if kind == "mma":
-        bn, bb, nw = tile or (64, 2, 4)
+        geometry = {} if tile is None else dict(zip(("bn", "bb", "num_warps"), tile, strict=True))
 
         def fn(x, w):
-            return ops.tetra48_matmul_mma(x, w, bn=bn, bb=bb, num_warps=nw)
+            return ops.tetra48_matmul_mma(x, w, **geometry)
     else:
         fn = ops.tetra48_matmul_dense
 
@@ -793,8 +794,8 @@ def main() -> None:
                                                            device, 10),
                 "tetra48-dense-fused": lambda: build_batched(model, "dense", batch, args.sets,
                                                              device, 11),
-                "tetra48-mma32x4w4-fused": lambda: build_batched(model, "mma", batch, args.sets,
-                                                                 device, 10, (32, 4, 4)),
+                "tetra48-mma64x2w4-fused": lambda: build_batched(model, "mma", batch, args.sets,
+                                                                 device, 10, (64, 2, 4)),
                 "tetra48-mma128x2w8-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
