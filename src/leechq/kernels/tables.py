@@ -12,8 +12,9 @@
 * The batch-1 Tetra table (:func:`tetra_m1_table`, one int32 tensor staged in shared memory by the
   ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
-  F2-linearity like ``cw`` (``SA[s8 | b1<<6] ^ SB[b2 | b3<<4]``, 4 words per entry, ``SB`` in
-  eight bank-spread copies), and ``invnorm`` by ``‖y‖²/16`` (§2.6). With ``h = f ^ mask``
+  F2-linearity (the pattern is linear in all twelve bits ``s8, b1, b2, b3``, checked when built),
+  here as ``PA[s8] ^ PB[b1 | b2<<1 | b3<<5]``: 64 entries each, 4 words per entry, eight
+  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA`` (§2.6). With ``h = f ^ mask``
   (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
@@ -103,24 +104,24 @@ def tetra_kernel_tables(device: torch.device | str) -> TetraKernelTables:
 M1_RANK_U = (0, 1, -1, 2, -2, 3, -3, 4)
 """``u(ρ)``: ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)``, ``a = (0, 1, 2, −1)[o]``, ``σ = (1, −1, −1, 1)[o]``."""
 
-M1_SA_WORD = 4096
-"""Word offset of the 128 ``SA`` entries (4 words each) in the batch-1 table."""
-M1_SB_COPIES = 8
-"""Copies of each ``SB`` entry, one per 16-byte bank group: a 16-byte shared load is served eight
-lanes at a time, and lane ``ℓ`` reading copy ``ℓ mod 8`` keeps those eight lanes on distinct banks
-whatever entries they read (random entries would conflict ~2.4-way; ncu on the H200 counted 63 % of
-the batch-1 kernel's shared-load wavefronts as conflicts)."""
-M1_SB_WORD = M1_SA_WORD + 4 * 128
-"""Word offset of the 32 ``SB`` entries, ``M1_SB_COPIES`` copies each: entry ``b``, copy ``c``
-at words ``M1_SB_WORD + 4·(8·b + c) …+3``."""
-M1_INVNORM_WORD = M1_SB_WORD + 4 * 32 * M1_SB_COPIES
-"""Word offset of ``1/‖y‖`` by squared norm: entry ``k`` (0..31) holds the bits of ``invnorm[k]``
-for ``‖y‖² = 16·k`` (every Tetra point has ‖y‖² ≡ 0 mod 16 and < 512; 0 for the origin and for
-impossible norms). One word per norm keeps distinct norms on distinct banks."""
-M1_MID_WORD = M1_INVNORM_WORD + 32
-"""Word offset of the middle section's 2048 rows in its own (mixed-list) order: entry ``i2`` is row
-``i2`` (``i2 < 1240``, class 0) or ``2048 + i2 − 1240`` (class 1), so the kernel needs no remap."""
-M1_TABLE_WORDS = M1_MID_WORD + 2048
+M1_COPIES = 8
+"""Copies of each pattern-table entry, one per 16-byte bank group: a 16-byte shared load is served
+eight lanes at a time, and lane ``ℓ`` reading copy ``ℓ mod 8`` keeps those eight lanes on distinct
+banks whatever entries they read (random entries of one copy conflict ~2.3-way: ncu on the H200
+counted 63 % of the batch-1 kernel's shared-load wavefronts as conflicts with one copy)."""
+M1_PA_WORD = 4096
+"""Word offset of the pattern table ``PA`` (64 entries by ``s8``, word bits 2..7), ``M1_COPIES``
+copies each: entry ``a``, copy ``c`` at words ``M1_PA_WORD + 4·(8·a + c) …+3``; words 0..2 are the
+section masks, word 3 of entries ``k < 32`` holds ``1/‖y‖`` for ``‖y‖² = 16·k`` (every Tetra
+point has ‖y‖² ≡ 0 mod 16 and < 512; 0 for the origin and impossible norms)."""
+M1_PB_WORD = M1_PA_WORD + 4 * 64 * M1_COPIES
+"""Word offset of the pattern table ``PB`` (64 entries by ``b1 | b2<<1 | b3<<5``, word bits 8, 20..23
+and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
+M1_TABLE_WORDS = M1_PB_WORD + 4 * 64 * M1_COPIES
+"""8192 words: the 32 KiB the kernels reserve (five programs per H200 SM)."""
+M1_MID_SHIFT = 2048 - 1240
+"""The middle section's row is ``i2`` (``i2 < 1240``, class 0) or ``i2 + M1_MID_SHIFT`` (class 1,
+rows ``2048 + i2 − 1240``); 1240 is ``codebooks.tetra_tables.N0_MIXED`` (checked in the tests)."""
 
 
 def _spread_nibbles(byte: np.ndarray) -> np.ndarray:
@@ -135,7 +136,7 @@ def tetra_m1_table_numpy() -> np.ndarray:
     """The batch-1 Tetra table as uint32 [M1_TABLE_WORDS] (see the module docstring), verified:
     the re-coded rows reproduce ``val(o, ρ)`` for every row, nibble and residue, and
     ``SA ^ SB`` reproduces the trellis pattern for all 4096 ``(s8, b1, b2, b3)``."""
-    from leechq.codebooks.tetra_tables import N0_MIXED, tetra_tables
+    from leechq.codebooks.tetra_tables import tetra_tables
 
     t = tetra_tables()
     ranks = (t.rows.astype(np.int64)[:, None] >> (4 * np.arange(8))) & 15
@@ -152,25 +153,26 @@ def tetra_m1_table_numpy() -> np.ndarray:
             if not np.array_equal(got, t.values[p + 2 * c][ranks]):
                 raise AssertionError(f"re-coded rows disagree with val(o={p + 2 * c}, ρ)")
     cw = tetra_pattern_split()
-    sa = np.zeros((128, 4), dtype=np.uint32)
-    sb = np.zeros((32, 4), dtype=np.uint32)
+    a = np.arange(64)
+    pa_pat = cw[a]  # (s8 = a, b1 = 0, b2 = b3 = 0)
+    pb_pat = cw[(a & 1) << 6] ^ cw[128 + (((a >> 1) & 15) | ((a >> 5) << 4))]
+    pa = np.zeros((64, 4), dtype=np.uint32)
+    pb = np.zeros((64, 4), dtype=np.uint32)
     for k in range(3):
-        sa[:, k] = _spread_nibbles((cw[:128] >> np.uint32(8 * k)) & 0xFF)
-        sb[:, k] = _spread_nibbles((cw[128:160] >> np.uint32(8 * k)) & 0xFF)
+        pa[:, k] = _spread_nibbles((pa_pat >> np.uint32(8 * k)) & 0xFF)
+        pb[:, k] = _spread_nibbles((pb_pat >> np.uint32(8 * k)) & 0xFF)
+    pa[:32, 3] = t.invnorm.astype(np.float32).view(np.uint32)
     x = np.arange(4096)
     s8, b1, b2, b3 = x & 63, (x >> 6) & 1, (x >> 7) & 15, x >> 11
     pattern = cw[s8 | (b1 << 6)] ^ cw[128 + (b2 | (b3 << 4))]
     for k in range(3):
         want = _spread_nibbles((pattern >> np.uint32(8 * k)) & 0xFF)
-        if not np.array_equal(sa[s8 | (b1 << 6), k] ^ sb[b2 | (b3 << 4), k], want):
+        if not np.array_equal(pa[s8, k] ^ pb[b1 | (b2 << 1) | (b3 << 5), k], want):
             raise AssertionError("split nibble masks disagree with the trellis pattern")
     out = np.zeros(M1_TABLE_WORDS, dtype=np.uint32)
     out[:4096] = hrow
-    out[M1_SA_WORD:M1_SB_WORD] = sa.reshape(-1)
-    out[M1_SB_WORD:M1_INVNORM_WORD] = np.repeat(sb, M1_SB_COPIES, axis=0).reshape(-1)
-    out[M1_INVNORM_WORD:M1_MID_WORD] = t.invnorm.astype(np.float32).view(np.uint32)
-    i2 = np.arange(2048)
-    out[M1_MID_WORD:] = hrow[np.where(i2 < N0_MIXED, i2, 2048 + i2 - N0_MIXED)]
+    out[M1_PA_WORD:M1_PB_WORD] = np.repeat(pa, M1_COPIES, axis=0).reshape(-1)
+    out[M1_PB_WORD:] = np.repeat(pb, M1_COPIES, axis=0).reshape(-1)
     return out
 
 

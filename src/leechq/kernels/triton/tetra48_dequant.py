@@ -75,7 +75,7 @@ def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, ok, VEC: tl
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
-    scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, USE_ASM)
+    scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM)
     _store_section(out + 0, e1, o1, scale, ok, VEC, USE_ASM)
     _store_section(out + 4, e2, o2, scale, ok, VEC, USE_ASM)
     _store_section(out + 8, e3, o3, scale, ok, VEC, USE_ASM)

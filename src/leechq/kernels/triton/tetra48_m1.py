@@ -16,18 +16,20 @@ our own (§3.10 leaves it open):
   of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
   per-coordinate float conversion or FMA remains.
-* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ SA[s8, b1] ^ SB[b2, b3]``
-  per section (three table words and two 16-byte table reads; ``SB`` in eight copies so that the
-  eight lanes of a 16-byte shared-load phase never share a bank, ``invnorm`` one word per norm),
-  then per 4-coordinate half-section the
+* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
+  per section (three table words and two 16-byte table reads — the Golay pattern is F2-linear in
+  its twelve index bits, split six and six; both pattern tables in eight copies so that the eight
+  lanes of a 16-byte shared-load phase never share a bank; the middle section's class-1 rows
+  reached by one multiply-add), then per 4-coordinate half-section the
   value bytes ``p + (−1)^p·2·(h − 7) + 128`` come from one multiply-add on the nibbles; the block
-  scale is ``centroid[g] · invnorm[‖y‖²/16] · E_b``.
-* **Tables in shared memory**: the 30 KiB table is copied into shared memory once per program
+  scale is ``centroid[g] · rsqrt(‖y‖²) · E_b`` (the other decoders read ``1/‖y‖`` from the table).
+* **Tables in shared memory**: the 32 KiB table is copied into shared memory once per program
   (``_bits.reserve_smem`` / ``smem_store32``) and read with ``ld.shared``; under the interpreter the
   same lookups read the global table.
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
-largest value) and f32 accumulation — far inside the 1e-5·Σ|w·x| row bound of docs/kernels.md.
+largest value), the hardware reciprocal square root (≤ 2^-22.9 relative) and f32 accumulation —
+far inside the 1e-5·Σ|w·x| row bound of docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -49,11 +51,10 @@ MAGIC_RINT = tl.constexpr(12582912.0)
 """1.5·2^23: ``fma(x, s, MAGIC_RINT)`` has bits ``0x4B400000 + rint(x·s)`` for |x·s| < 2^22."""
 
 # Word offsets in the batch-1 table (leechq.kernels.tables.M1_*; checked equal in the tests).
-SA_WORD = tl.constexpr(4096)
-SB_WORD = tl.constexpr(4096 + 512)
-INVNORM_WORD = tl.constexpr(4096 + 512 + 1024)
-MID_WORD = tl.constexpr(4096 + 512 + 1024 + 32)
-TABLE_WORDS = tl.constexpr(4096 + 512 + 1024 + 32 + 2048)
+PA_WORD = tl.constexpr(4096)
+PB_WORD = tl.constexpr(4096 + 2048)
+TABLE_WORDS = tl.constexpr(8192)
+MID_SHIFT = tl.constexpr(2048 - 1240)
 
 
 @triton.jit
@@ -65,10 +66,7 @@ def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
         base = smem_base(d_out)
         e = tl.arange(0, 4096)
         smem_store32(base + e * 4, tl.load(tab_ptr + e), e >= 0)
-        e2 = tl.arange(0, 4096)
-        ok = e2 < TABLE_WORDS - 4096
-        smem_store32(base + 16384 + e2 * 4, tl.load(tab_ptr + 4096 + e2, mask=ok, other=0),
-                     ok)
+        smem_store32(base + 16384 + e * 4, tl.load(tab_ptr + 4096 + e), e >= 0)
         tl.debug_barrier()
     else:
         base = d_out * 0
@@ -205,8 +203,8 @@ def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
 
 @triton.jit
 def sb_copy(e):
-    """The ``SB`` copy offset (in words) of flat tile element ``e``: ``4 · (lane mod 8)`` — the
-    eight lanes of one 16-byte shared-load phase read eight different bank groups."""
+    """The pattern-table copy offset (in words) of flat tile element ``e``: ``4 · (lane mod 8)`` —
+    the eight lanes of one 16-byte shared-load phase read eight different bank groups."""
     return ((e % 8) * 4).to(tl.uint32)
 
 
@@ -214,20 +212,22 @@ def sb_copy(e):
 def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
     """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
     uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
-    gain bit. ``sb_rep``: the element's ``SB`` copy offset (:func:`sb_copy`; any copy decodes
-    the same)."""
+    gain bit. ``sb_rep``: the element's pattern-table copy offset (:func:`sb_copy`; any copy
+    decodes the same)."""
     p = lo & 1
     r = (lo >> 1) & 1
     v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
-    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, SA_WORD + (lo & 0x1FC), USE_ASM)
-    sb0, sb1, sb2, _sb3 = table_load128(
-        tab_ptr, base, SB_WORD + (((v20 & 15) | ((v20 >> 11) & 16)) << 5) + sb_rep, USE_ASM)
+    # PA by s8 (word bits 2..7), PB by b1 | b2<<1 | b3<<5 (word bits 8, 20..23, 35); 32 words/entry
+    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, PA_WORD + ((lo & 0xFC) << 3) + sb_rep,
+                                        USE_ASM)
+    pb = ((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400)
+    sb0, sb1, sb2, _sb3 = table_load128(tab_ptr, base, PB_WORD + pb + sb_rep, USE_ASM)
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
-    dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class (its row comes pre-remapped)
+    dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class: rows 0..1239 or 2048..2855
     i3 = ((v20 >> 16) & 2047) | ((p ^ r ^ dl) << 11)
     h1 = table_load32(tab_ptr, base, i1, USE_ASM) ^ sa0 ^ sb0
-    h2 = table_load32(tab_ptr, base, MID_WORD + i2, USE_ASM) ^ sa1 ^ sb1
+    h2 = table_load32(tab_ptr, base, i2 + dl * MID_SHIFT, USE_ASM) ^ sa1 ^ sb1
     h3 = table_load32(tab_ptr, base, i3, USE_ASM) ^ sa2 ^ sb2
     # value bytes + 128 = 2h + 114 (p = 0) or 143 − 2h (p = 1): one multiply-add per 4 nibbles
     mp = 2 - 4 * p
@@ -236,9 +236,10 @@ def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def inv_norm(n2, tab_ptr, base, USE_ASM: tl.constexpr):
-    """``1/‖y‖`` (float32) from ``n2 = ‖y‖²`` (int32, a multiple of 16 below 512; 0 → 0)."""
-    return table_load32(tab_ptr, base, INVNORM_WORD + ((n2 >> 4) & 31), USE_ASM).to(
+def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
+    """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
+    a multiple of 16 below 512; 0 → 0); ``sb_rep`` as in :func:`decode_nibbles`."""
+    return table_load32(tab_ptr, base, PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3, USE_ASM).to(
         tl.float32, bitcast=True)
 
 
@@ -256,7 +257,8 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x, USE_ASM: tl.const
     acc0, acc1, acc2, n2 = _section(h3, mp, kp, a20, a21, b20, b21, c20, c21, acc0, acc1, acc2, n2,
                                     USE_ASM)
     dot = (acc2 << 16) + (acc1 << 8) + acc0
-    invn = inv_norm(n2, tab_ptr, base, USE_ASM)
+    # 1/‖y‖ on the special-function unit (rel. error ≤ 2^-22.9; no shared-memory request)
+    invn = tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
     cent = tl.where(g != 0, cent1, cent0)
     return dot.to(tl.float32) * (cent * invn * e_blk)
 

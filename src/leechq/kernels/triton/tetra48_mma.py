@@ -143,7 +143,7 @@ def tetra48_mma_kernel(
         c0, c1, c2, c3, c4, c5, c6, c7 = _section_values(h3, mp, kq)
         n2 = (_sq8(a0, a1, a2, a3, a4, a5, a6, a7) + _sq8(b0_, b1, b2, b3, b4, b5, b6, b7)
               + _sq8(c0, c1, c2, c3, c4, c5, c6, c7))
-        sc = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, False)  # c_g / ‖y‖
+        sc = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, 0, False)  # c_g / ‖y‖
         tile = _tile32(
             _scaled(a0, sc), _scaled(a1, sc), _scaled(a2, sc), _scaled(a3, sc), _scaled(a4, sc),
             _scaled(a5, sc), _scaled(a6, sc), _scaled(a7, sc), _scaled(b0_, sc), _scaled(b1, sc),
