@@ -12,7 +12,8 @@ from leechq.kernels import tables as T
 
 def _decode_m1(words: np.ndarray, copy: np.ndarray | int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Decode 48-bit words with the batch-1 table exactly as the kernel does (numpy), reading
-    pattern-table copy ``copy`` (per word or one for all): trio-order values [N, 24] and ‖y‖² [N]."""
+    pattern-table copy ``copy`` (per word or one for all): trio-order values [N, 24] and
+    ‖y‖² [N]."""
     tab = T.tetra_m1_table_numpy().astype(np.int64)
     lo, hi = words & 0xFFFFFFFF, words >> 32
     p, r = lo & 1, (lo >> 1) & 1
@@ -55,9 +56,8 @@ def test_m1_table_decodes_like_the_codebook() -> None:
 
 
 def test_m1_offsets_match_the_kernel() -> None:
-    from leechq.kernels.triton import tetra48_m1 as K
-
     from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
+    from leechq.kernels.triton import tetra48_m1 as K
 
     assert (K.PA_WORD.value, K.PB_WORD.value, K.TABLE_WORDS.value, K.MID_SHIFT.value) == (
         T.M1_PA_WORD, T.M1_PB_WORD, T.M1_TABLE_WORDS, T.M1_MID_SHIFT)

@@ -14,8 +14,8 @@
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
   F2-linearity (the pattern is linear in all twelve bits ``s8, b1, b2, b3``, checked when built),
   here as ``PA[s8] ^ PB[b1 | b2<<1 | b3<<5]``: 64 entries each, 4 words per entry, eight
-  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA`` (§2.6). With ``h = f ^ mask``
-  (nibble j of section k) a coordinate is
+  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA`` (§2.6).
+  With ``h = f ^ mask`` (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
   the codebook decoder in the tests).
@@ -115,8 +115,8 @@ copies each: entry ``a``, copy ``c`` at words ``M1_PA_WORD + 4·(8·a + c) …+3
 section masks, word 3 of entries ``k < 32`` holds ``1/‖y‖`` for ``‖y‖² = 16·k`` (every Tetra
 point has ‖y‖² ≡ 0 mod 16 and < 512; 0 for the origin and impossible norms)."""
 M1_PB_WORD = M1_PA_WORD + 4 * 64 * M1_COPIES
-"""Word offset of the pattern table ``PB`` (64 entries by ``b1 | b2<<1 | b3<<5``, word bits 8, 20..23
-and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
+"""Word offset of the pattern table ``PB`` (64 entries by ``b1 | b2<<1 | b3<<5``: word bits 8,
+20..23 and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
 M1_TABLE_WORDS = M1_PB_WORD + 4 * 64 * M1_COPIES
 """8192 words: the 32 KiB the kernels reserve (five programs per H200 SM)."""
 M1_MID_SHIFT = 2048 - 1240
