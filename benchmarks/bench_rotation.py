@@ -1,8 +1,9 @@
 """Time the activation rotation kernel per input width (issue 4: rotation ≤ 10 % of its projection).
 
-Both forms of the transform (butterflies, the default; tensor cores for 256 ≤ m ≤ 4096). Per width: 36 launches in one CUDA graph, written
-in the prepared layout (as a served model does) and in natural order, checked against the f64
-reference first. Prints a table and one JSON line. Needs CUDA.
+Both forms of the transform (butterflies, the default; tensor cores for 256 ≤ m ≤ 4096). Per width:
+36 rotations in one CUDA graph, written in the prepared layout as a served model does (one launch,
+and the earlier rotation + preparation launches) and in natural order, each checked against the
+f64 reference first. Prints a table and one JSON line. Needs CUDA.
 """
 
 from __future__ import annotations
@@ -44,23 +45,31 @@ def main() -> None:
         err = max(float((ops.rotate(xs[0], rot, tensor_cores=tc) - want).abs().max()
                         / want.abs().max()) for tc in (False, True))
         assert err <= 1e-5, (n, err)
-        for tc, prepared in ((False, True), (False, False), (True, False)):
-            out = (torch.zeros(ref.prepared_rows(1), ref.prepared_width(n // 24), device=dev)
+        prep_want = ref.prepare_activation(want, n // 24, order)
+        for tc, prepared, one in ((False, True, True), (False, True, False), (False, False, True),
+                                  (True, False, True)):
+            out = (torch.full((ref.prepared_rows(1), ref.prepared_width(n // 24)), float("nan"),
+                              device=dev)
                    if prepared else torch.empty(1, n, device=dev))
+            if prepared:
+                got = ops.rotate(xs[0], rot, prepared_order=order, out=out, one_launch=one)
+                assert torch.allclose(got, prep_want, rtol=1e-5, atol=1e-6), (n, one)
 
-            def run(b: int, out=out, prepared=prepared, rot=rot, xs=xs, tc=tc) -> None:
+            def run(b: int, out=out, prepared=prepared, rot=rot, xs=xs, tc=tc, one=one) -> None:
                 for _ in range(args.launches):
                     ops.rotate(xs[b], rot, prepared_order=order if prepared else None, out=out,
-                               tensor_cores=tc)
+                               tensor_cores=tc, one_launch=one)
 
             gr = Graphed(Pass("rotation", 1, run, 0, args.launches), 2)
             ms = statistics.median(gr.time(7) for _ in range(3))
             r = {"n": n, "odd": rot.odd, "m": rot.pow2, "prepared": prepared,
+                 "launches": 1 if one or not prepared else 2,
                  "form": "tensor cores" if tc else "butterflies",
                  "us_per_launch": round(1000 * ms / args.launches, 2), "err": f"{err:.1e}"}
             rows.append(r)
-            print(f"{n:6d} = {rot.odd:2d} x {rot.pow2:5d}  {r['form']:12s} "
-                  f"{'prepared (+ prep launch)' if prepared else 'natural':24s}"
+            how = ("prepared, one launch" if one else "prepared (+ prep launch)") if prepared \
+                else "natural"
+            print(f"{n:6d} = {rot.odd:2d} x {rot.pow2:5d}  {r['form']:12s} {how:24s}"
                   f"  {r['us_per_launch']:7.2f} us/launch  (err {err:.1e})", flush=True)
     doc = {"bench": "rotation", "gpu": torch.cuda.get_device_name(), "git": git_rev(),
            "results": rows}

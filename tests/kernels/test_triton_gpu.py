@@ -146,8 +146,11 @@ def test_rotation_widths(n: int) -> None:
     got = ops.rotate(x, rot, out=torch.full((4, n), float("nan"), device=DEV))
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
     order = ops.tetra_kernel_tables(DEV).order
-    xp = ops.rotate(x, rot, prepared_order=order)
-    assert torch.allclose(xp, ref.prepare_activation(want, n // 24, order), rtol=1e-5, atol=1e-6)
+    prep = ref.prepare_activation(want, n // 24, order)
+    for one_launch in (True, False):
+        xp = ops.rotate(x, rot, prepared_order=order, one_launch=one_launch,
+                        out=torch.full(prep.shape, float("nan"), device=DEV))
+        assert torch.allclose(xp, prep, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("m_rows", [1, 8])

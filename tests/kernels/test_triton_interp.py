@@ -145,10 +145,37 @@ def test_rotate(n: int, prepared: bool) -> None:
     want = ref.rotate(x, rot)
     if prepared:
         order = ops.tetra_kernel_tables("cpu").order
-        got = ops.rotate(x, rot, prepared_order=order)
+        got = ops.rotate(x, rot, prepared_order=order, one_launch=False)
         want = ref.prepare_activation(want, n // 24, order)
     else:
         got = ops.rotate(x, rot, out=torch.full((2, n), float("nan")))
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "m_rows"), [
+    (72, 3),    # k = 9, m = 8: every block spans three groups; 3 rows → 4 prepared rows
+    (40, 1),    # k = 5, m = 8: one block and a 16-column tail over two groups
+    (64, 2),    # k = 1: two blocks and a 16-column tail
+    (312, 1),   # k = 39, m = 8: 13 blocks (an odd count: an empty odd slot)
+    (1152, 5),  # k = 9, m = 128: 48 blocks; pairs shared by neighbouring groups
+    (1536, 2),  # k = 3, m = 512
+    (1200, 1),  # k = 75 > 64: refused
+])
+def test_rotate_into_prepared_layout(n: int, m_rows: int) -> None:
+    """The one-launch rotation writes every slot of the prepared layout (poisoned first), equal to
+    the reference rotation laid out by the reference preparation, zeros included."""
+    ops = _ops()
+    rot = generate_rotation(n, 11)
+    if rot.odd > 64:
+        with pytest.raises(UnsupportedShape):
+            ops.rotate(torch.randn(1, n), rot, prepared_order=ops.tetra_kernel_tables("cpu").order)
+        return
+    order = ops.tetra_kernel_tables("cpu").order
+    x = torch.randn(m_rows, n)
+    want = ref.prepare_activation(ref.rotate(x, rot), n // 24, order)
+    out = torch.full(want.shape, float("nan"))
+    got = ops.rotate(x, rot, prepared_order=order, out=out)
+    assert got is out and not torch.isnan(got).any()
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -191,7 +218,8 @@ def test_rotate_tensor_cores(n: int, prepared: bool, monkeypatch: pytest.MonkeyP
     else:
         got = ops.rotate(x, rot, out=torch.full((3, n), float("nan")), tensor_cores=True)
     assert torch.allclose(got / scale, want / scale, rtol=1e-5, atol=1e-6)
-    assert len(dots) == 6 * 3 * rot.small.shape[0] and all(dots)
+    rows = got.shape[0] if prepared else 3  # the one-launch form also runs the zero pad row
+    assert len(dots) == 6 * rows * rot.small.shape[0] and all(dots)
 
 
 def test_int4_int8_matvec_and_embeddings() -> None:

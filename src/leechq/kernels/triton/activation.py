@@ -180,6 +180,24 @@ def _mix(xrow, signs_ptr, small_ptr, g, j, K: tl.constexpr, MW: tl.constexpr):
 
 
 @triton.jit
+def _group_transform(xrow, signs_ptr, small_ptr, g, inv_sqrt_m, K: tl.constexpr, MW: tl.constexpr,
+                     LOG2M: tl.constexpr, TC: tl.constexpr):
+    """Group ``g`` of ``Q x`` for one row as a 1-D float32 tensor [MW] in natural order: with
+    ``TC``, tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``; otherwise (and always outside that range)
+    butterflies."""
+    if TC and MW >= TC_MIN and MW <= TC_MAX:
+        R: tl.constexpr = 1 << (LOG2M // 2)
+        C: tl.constexpr = MW // R
+        j = C * tl.arange(0, R)[:, None] + tl.arange(0, C)[None, :]
+        v = tl.reshape(_wht_tc(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), inv_sqrt_m, R, C),
+                       (MW,))
+    else:
+        j = tl.arange(0, MW)
+        v = _wht(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), MW, LOG2M) * inv_sqrt_m
+    return v
+
+
+@triton.jit
 def rotate_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_sqrt_m,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
@@ -189,13 +207,54 @@ def rotate_kernel(
     otherwise (and always outside that range) butterflies."""
     row = tl.program_id(0)
     g = tl.program_id(1)
-    xrow = x_ptr + row * stride_xm
-    if TC and MW >= TC_MIN and MW <= TC_MAX:
-        R: tl.constexpr = 1 << (LOG2M // 2)
-        C: tl.constexpr = MW // R
-        j = C * tl.arange(0, R)[:, None] + tl.arange(0, C)[None, :]
-        v = _wht_tc(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), inv_sqrt_m, R, C)
-    else:
-        j = tl.arange(0, MW)
-        v = _wht(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), MW, LOG2M) * inv_sqrt_m
-    tl.store(out_ptr + row * stride_om + g * MW + j, v)
+    v = _group_transform(x_ptr + row * stride_xm, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
+                         LOG2M, TC)
+    tl.store(out_ptr + row * stride_om + g * MW + tl.arange(0, MW), v)
+
+
+@triton.jit
+def rotate_prepared_kernel(
+    x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, order_ptr, inv_sqrt_m, M,
+    N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
+    K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
+):
+    """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
+    the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
+    ``(MP, K)``; rows ``≥ M`` are written as zeros.
+
+    The group's columns ``[g·MW, (g+1)·MW)`` fall in the pairs ``p0 = ⌊g·MW/24⌋/2 …``; the program
+    covers the ``[48, PR]`` slots of those pairs in the 48 (parity, trio position) planes (``PR`` a
+    power of two ≥ ``⌈MW/48⌉ + 2`` plus the padding pairs, so the last group reaches ``NPP``), takes
+    each slot's value from its transformed group in registers (``tl.gather``, no global round
+    trip) and writes the slots it owns: those whose source column is in the group and, in the last
+    group, the empty ones. Every slot of the row is written exactly once."""
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    live = row < M
+    xrow = x_ptr + tl.minimum(row, M - 1) * stride_xm
+    v = _group_transform(xrow, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW, LOG2M, TC)
+    lo = g * MW
+    pl = tl.arange(0, 64)[:, None]  # plane: parity · 24 + trio position (48 used)
+    par = pl // 24
+    nat = tl.load(order_ptr + (pl - par * 24), mask=pl < 48, other=0)
+    pair = (lo // 24) // 2 + tl.arange(0, PR)[None, :]
+    blk = 2 * pair + par
+    src = blk * 24 + nat
+    slot = (pl < 48) & (pair < NPP)
+    full = slot & (blk < N_BLOCKS)
+    mine = full & (src >= lo) & (src < lo + MW)
+    idx = tl.reshape(tl.where(mine, src - lo, 0), (64 * PR,))
+    val = tl.reshape(tl.gather(v, idx, 0), (64, PR))
+    val = tl.where(mine & live, val, 0.0)
+    orow = out_ptr + row * stride_om
+    # (the last-group test is a full tile: the interpreter's int1 scalar broadcast makes int32)
+    empty_last = slot & (blk >= N_BLOCKS) & ((blk * 0 + g) == K - 1)
+    tl.store(orow + pl * NPP + pair, val, mask=mine | empty_last)
+    # tail column N_BLOCKS·24 + i at 48·NPP + i (i < 32): written by its group; the slots past
+    # the row (zeros) by the last group
+    i = tl.arange(0, 32)
+    tsrc = N_BLOCKS * 24 + i
+    tmine = (tsrc < N) & (tsrc >= lo) & (tsrc < lo + MW)
+    tval = tl.gather(v, tl.where(tmine, tsrc - lo, 0), 0)
+    tl.store(orow + 48 * NPP + i, tl.where(tmine & live, tval, 0.0),
+             mask=tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1)))

@@ -29,7 +29,11 @@ from leechq.kernels.tables import (
     tetra_kernel_tables,
     tetra_m1_table,
 )
-from leechq.kernels.triton.activation import prepare_kernel, rotate_kernel
+from leechq.kernels.triton.activation import (
+    prepare_kernel,
+    rotate_kernel,
+    rotate_prepared_kernel,
+)
 from leechq.kernels.triton.intq import (
     code_transpose_kernel,
     intq_embedding_kernel,
@@ -340,15 +344,28 @@ class DeviceRotation:
         )
 
 
+def _group_pair_span(k: int, m: int, npp: int) -> int:
+    """The most pairs of the prepared layout that one rotation group's program must cover: from the
+    pair of the group's first column to that of its last (the last group: to ``NPP``, so that it
+    also writes the padding pairs)."""
+    span = 0
+    for g in range(k):
+        first = (g * m // BLOCK) // 2
+        stop = npp if g == k - 1 else (((g + 1) * m - 1) // BLOCK) // 2 + 1
+        span = max(span, stop - first)
+    return span
+
+
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           tensor_cores: bool = False) -> torch.Tensor:
+           tensor_cores: bool = False, one_launch: bool = True) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
     ``prepared_order`` (int32 [24]), the prepared layout of the lattice kernels, float32
-    [MP, 48·NPP + 32]: the rotation is written in natural order to a scratch row and then laid out
-    by the coalesced preparation kernel (two launches; see :mod:`.activation` for why).
+    [MP, 48·NPP + 32]: by default in one launch (``activation.rotate_prepared_kernel``: each
+    program gathers its group's slots from registers); ``one_launch=False`` keeps the earlier two
+    launches (natural order to a scratch row, then the preparation kernel) for comparison.
     ``tensor_cores`` selects the tensor-core transform for groups of 256..4096 (opt-in: slower
     than the butterflies on most H200 widths).
     """
@@ -363,6 +380,25 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     k, m = rotation.odd, rotation.pow2
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
+    warps = 8 if m >= 2048 else 4
+    if prepared_order is not None and one_launch:
+        check_tensor(prepared_order, "prepared_order", torch.int32, (BLOCK,), device=x.device)
+        n_blocks = n // BLOCK
+        shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32, device=x.device)
+        else:
+            check_tensor(out, "out", torch.float32, shape, device=x.device)
+        npp = ref.prepared_pairs(n_blocks)
+        span = _group_pair_span(k, m, npp)
+        if m_rows:
+            rotate_prepared_kernel[(shape[0], k)](
+                x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
+                prepared_order, rotation.inv_sqrt_m, m_rows, N=n, N_BLOCKS=n_blocks, NPP=npp,
+                PR=triton.next_power_of_2(span), K=k, MW=m, LOG2M=int(math.log2(m)),
+                TC=bool(tensor_cores), num_warps=warps,
+            )
+        return out
     if prepared_order is None:
         nat = out if out is not None else torch.empty((m_rows, n), dtype=torch.float32,
                                                       device=x.device)
@@ -373,7 +409,7 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
         rotate_kernel[(m_rows, k)](
             x, x.stride(0), rotation.signs, rotation.small, nat, nat.stride(0),
             rotation.inv_sqrt_m, K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores),
-            num_warps=8 if m >= 2048 else 4,
+            num_warps=warps,
         )
     if prepared_order is None:
         return nat
