@@ -514,7 +514,8 @@ def sass_report(configs: dict) -> dict:
     jobs = {}
     c1 = configs[1]
     if c1.kernel == "m1":
-        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, m1, dict(
+        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
+                                                     "m_rows": "i32"}, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)  # two blocks (one pair) per thread per iteration
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(

@@ -387,15 +387,18 @@ def _warp_bcast(v, NW: tl.constexpr):
 @triton.jit
 def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr,
                    MB: tl.constexpr):
-    """Sum each row's BP lanes (shuffles) for each of the MB activation rows (``acc``:
-    [MB, NW·32]) and store it from the row's first lane at ``out_ptr[m·d_out + row]``. The sum is
-    broadcast back to the tile so that no layout conversion (shared memory) is needed."""
+    """For each of the MB activation rows (``acc``: [MB, NW·32], the rows held by each thread),
+    sum each output row's BP lanes (shuffles) and store it from the row's first lane at
+    ``out_ptr[m·d_out + row]``. Row ``m`` is taken out of the tile in-thread and the sum is
+    broadcast back to the flat tile, so that no layout conversion (shared memory, which holds the
+    staged table) is needed."""
     R: tl.constexpr = NW * 32 // BP
-    tot = tl.sum(tl.reshape(acc, (MB, R, BP)), axis=2)
-    flat = tl.reshape(tl.broadcast_to(tot[:, :, None], (MB, R, BP)), (MB, NW * 32))
     mrow = tl.arange(0, MB)[:, None]
-    tl.store(out_ptr + mrow * d_out + rows[None, :], flat,
-             mask=((lane == 0) & (rows < d_out))[None, :] & (mrow >= 0))
+    for m in tl.static_range(MB):
+        a = tl.sum(tl.where(mrow == m, acc, 0.0), axis=0)
+        tot = tl.sum(tl.reshape(a, (R, BP)), axis=1)
+        flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
+        tl.store(out_ptr + m * d_out + rows, flat, mask=(lane == 0) & (rows < d_out))
 
 
 @triton.jit
