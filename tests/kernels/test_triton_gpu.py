@@ -125,27 +125,6 @@ def test_tetra48_m1_full_shapes(d_out: int, d_in: int) -> None:
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 
 
-@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(24576, 4096, 2), (4096, 12288, 3),
-                                                       (6144, 4096, 8), (5120, 17408, 6)])
-def test_tetra48_m1_many_rows_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
-    """Several activation rows per launch (``ops.m1_config(m_rows=…)``: two rows in one launch, or
-    four at a time) against the f64 reference, every output written, rows past M untouched."""
-    ops = _ops()
-    w = random_tetra48(d_out, d_in, seed=d_out ^ d_in ^ m_rows, device=DEV)
-    dense = ref.tetra48_dequantize_rotated(w)
-    cfg = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols, m_rows=m_rows)
-    assert cfg.mb > 1 and ops.m1_enabled(torch.device(DEV), cfg)
-    for _ in range(2):
-        x = torch.randn(m_rows, d_in, device=DEV)
-        xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
-        y = torch.full((m_rows + 1, d_out), float("nan"), device=DEV)
-        ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, out=y[:m_rows])
-        assert _worst(y[:m_rows], x, dense) <= 1e-5
-        assert torch.isnan(y[m_rows]).all()
-    torch.cuda.synchronize()
-    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
-
-
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 1), (4096, 12288, 8),
                                                        (1024, 5120, 1)])
 def test_planes14_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
@@ -229,7 +208,7 @@ def test_no_local_memory() -> None:
 
     m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-          "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32"}
+          "y_ptr": "*fp32", "d_out": "i32"}
     for ilp in (1, 2):
         c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
                                                       BP=32, USE_ASM=True, ILP=ilp), num_warps=4)
@@ -252,16 +231,6 @@ def test_no_local_memory() -> None:
         # be used inside the hot loop (it would overwrite the table)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)
-    # several activation rows (ops.m1_config's mb 2 and 4 geometries): no spills, and no layout
-    # conversion through shared memory in the loop (an earlier form reduced a [MB, R, BP] tile)
-    for mb, ilp, rows in ((2, 2, 112), (4, 1, 64), (4, 1, 256)):
-        c = I.compile_for(tetra48_m1_kernel, m1, dict(
-            N_BLOCKS=170, TAIL_COLS=16, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=ilp, MB=mb),
-            num_warps=4)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (mb, res)
-        mix = I.hot_loop_mix(I.sass(c))["loop"]
-        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (mb, mix)
     # the dequantization kernel stages the same table: same rule for its loop
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 

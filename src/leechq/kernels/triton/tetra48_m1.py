@@ -192,8 +192,6 @@ def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
     """One section: its value bytes (:func:`section_values`) → dp4a with the three limbs, and the
     squared norm."""
     ev, od, n2 = section_values(h, mp, kp, n2, USE_ASM)
-    ev = ev[None, :]  # one decode, MB activation rows
-    od = od[None, :]
     acc0 = dp4a(ev, la0, acc0, False, USE_ASM)
     acc0 = dp4a(od, la1, acc0, False, USE_ASM)
     acc1 = dp4a(ev, lb0, acc1, False, USE_ASM)
@@ -252,10 +250,8 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x, USE_ASM: tl.const
     (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
-    z = tl.zeros(e_blk.shape, tl.int32)  # [MB, tile]: one accumulator per activation row
-    zn = tl.zeros(lo.shape, tl.int32)
-    acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, zn,
-                                    USE_ASM)
+    z = tl.zeros(lo.shape, tl.int32)
+    acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
     acc0, acc1, acc2, n2 = _section(h2, mp, kp, a10, a11, b10, b11, c10, c11, acc0, acc1, acc2, n2,
                                     USE_ASM)
     acc0, acc1, acc2, n2 = _section(h3, mp, kp, a20, a21, b20, b21, c20, c21, acc0, acc1, acc2, n2,
@@ -264,7 +260,7 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x, USE_ASM: tl.const
     # 1/‖y‖ on the special-function unit (rel. error ≤ 2^-22.9; no shared-memory request)
     invn = tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
     cent = tl.where(g != 0, cent1, cent0)
-    return dot.to(tl.float32) * ((cent * invn)[None, :] * e_blk)
+    return dot.to(tl.float32) * (cent * invn * e_blk)
 
 
 @triton.jit
@@ -296,18 +292,14 @@ def _geometry(N_BLOCKS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr):
 @triton.jit
 def tetra48_m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
-    stride_x, stride_y, m_rows,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1,
 ):
-    """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
-    ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
+    """``y = W x`` for one activation row; see the module docstring. Launched with
     ``num_warps = NW`` and a grid that is a multiple of ``NS = ceil(pairs / BP)``; program ``pid``
     keeps K-slice ``pid % NS`` and walks row chunks ``pid // NS + k·(grid / NS)``. ``ILP`` (1 or 2)
     is the number of rows a warp decodes per loop trip (two independent decode chains in flight);
-    ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``. Each decoded block meets the ``MB``
-    activation rows' limbs (kept in registers: ``19·MB`` words per block), so the decode is paid
-    once for all of them; the scratch holds ``[NS, MB, d_out]`` partials."""
+    ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -317,9 +309,7 @@ def tetra48_m1_kernel(
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
     sb_rep = sb_copy(e)
-    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
-    # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
-    xb = xp_ptr + tl.arange(0, MB)[:, None] * stride_x + pair[None, :]
+    xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
     x_even = _x_limbs(xb, NPP, 0, USE_ASM)
     x_odd = _x_limbs(xb, NPP, 1, USE_ASM)
     ok_e = pair * 2 < N_BLOCKS
@@ -327,7 +317,6 @@ def tetra48_m1_kernel(
     n_chunks = (d_out + ROWS - 1) // ROWS
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
-    part = part_ptr + sl * MB * d_out
     w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
     if ILP == 2:
         v0, v1, v2, va, vb = _load_row(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o,
@@ -344,13 +333,13 @@ def tetra48_m1_kernel(
         acc = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
         if ILP == 2:
             acc2 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
-            _store_partial(acc2, rows + RI, lane, part, d_out, NW, BP, MB)
+            _store_partial(acc2, rows + RI, lane, part_ptr + sl * d_out, d_out, NW, BP)
             v0, v1, v2, va, vb = m0, m1, m2, ma, mb
-        _store_partial(acc, rows, lane, part, d_out, NW, BP, MB)
+        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
+                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
         rows = nxt
         w0, w1, w2, ca, cb = n0, n1, n2, na, nb
 
@@ -385,32 +374,25 @@ def _warp_bcast(v, NW: tl.constexpr):
 
 
 @triton.jit
-def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr,
-                   MB: tl.constexpr):
-    """For each of the MB activation rows (``acc``: [MB, NW·32], the rows held by each thread),
-    sum each output row's BP lanes (shuffles) and store it from the row's first lane at
-    ``out_ptr[m·d_out + row]``. Row ``m`` is taken out of the tile in-thread and the sum is
-    broadcast back to the flat tile, so that no layout conversion (shared memory, which holds the
-    staged table) is needed."""
+def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr):
+    """Sum each row's BP lanes (shuffles) and store it from its first lane at ``out_ptr[row]``. The
+    sum is broadcast back to the flat tile so that no layout conversion (shared memory) is
+    needed."""
     R: tl.constexpr = NW * 32 // BP
-    mrow = tl.arange(0, MB)[:, None]
-    for m in tl.static_range(MB):
-        a = tl.sum(tl.where(mrow == m, acc, 0.0), axis=0)
-        tot = tl.sum(tl.reshape(a, (R, BP)), axis=1)
-        flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
-        tl.store(out_ptr + m * d_out + rows, flat, mask=(lane == 0) & (rows < d_out))
+    tot = tl.sum(tl.reshape(acc, (R, BP)), axis=1)
+    flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
+    tl.store(out_ptr + rows, flat, mask=(lane == 0) & (rows < d_out))
 
 
 @triton.jit
 def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane, d_out,
-                  stride_x, stride_y, m_rows, NS: tl.constexpr, ROWS: tl.constexpr,
-                  NW: tl.constexpr, BP: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-                  MB: tl.constexpr):
+                  NS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr,
+                  TAIL_COLS: tl.constexpr, NPP: tl.constexpr):
     """After a warp's last iteration on ``chunk``: each lane that stored partials takes a ticket
     (acq_rel, after its own stores); the warp holding the last of the ``NS · ROWS / (rows per
     storing lane)`` tickets adds the K-slices in slice order, applies σ_row and the tail, writes
-    ``y`` for the chunk's rows (one per lane) and each of the ``m_rows`` activation rows, and
-    resets the ticket counter. Everything is per warp: no barrier, no shared memory."""
+    ``y`` for the chunk's rows (one per lane) and resets the ticket counter. Everything is per warp:
+    no barrier, no shared memory."""
     RI: tl.constexpr = NW * 32 // BP
     TICKETS: tl.constexpr = NS * RI  # storing lanes per chunk, over all programs of the chunk
     taker = lane == 0
@@ -418,18 +400,16 @@ def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, 
     last = _warp_bcast(tl.where(taker & (old == TICKETS - 1), 1, 0), NW)
     lane32 = e % 32
     rr = chunk * ROWS + lane32
-    for m in tl.static_range(MB):
-        for r0 in tl.static_range(0, ROWS, 32):
-            ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out) & (e * 0 + m < m_rows)
-            tot = tl.zeros(e.shape, tl.float32)
-            for s in range(NS):  # a loop, not unrolled: its register use must not grow with NS
-                tot += tl.load(part_ptr + (s * MB + m) * d_out + rr + r0, mask=ok, other=0.0,
-                               cache_modifier=".cg")
-            out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
-            for c in range(TAIL_COLS):
-                out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
-                        * tl.load(xp_ptr + m * stride_x + 48 * NPP + c + e * 0))
-            tl.store(y_ptr + m * stride_y + rr + r0, out, mask=ok)
+    for r0 in tl.static_range(0, ROWS, 32):
+        ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out)
+        tot = tl.zeros(e.shape, tl.float32)
+        for s in range(NS):  # a loop, not unrolled: its register use must not grow with NS
+            tot += tl.load(part_ptr + s * d_out + rr + r0, mask=ok, other=0.0, cache_modifier=".cg")
+        out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
+        for c in range(TAIL_COLS):
+            out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
+                    * tl.load(xp_ptr + 48 * NPP + c + e * 0))
+        tl.store(y_ptr + rr + r0, out, mask=ok)
     tl.atomic_xchg(cnt_ptr + chunk + e * 0, 0, mask=(last != 0) & (e % 32 == 0))
 
 
@@ -450,7 +430,7 @@ def null_m1_kernel(
     IPC: tl.constexpr = ROWS // RI
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
-    xb = xp_ptr + pair[None, :]
+    xb = xp_ptr + pair
     res0 = _x_limbs(xb, NPP, 0, USE_ASM)
     res1 = _x_limbs(xb, NPP, 1, USE_ASM)
     # keep every limb word live (the compiler must not drop the conversion)
@@ -464,12 +444,12 @@ def null_m1_kernel(
     rows = c0 * ROWS + sub
     for k in range(n_iter):
         rc = tl.where(rows < d_out, rows, 0)
-        acc = ek * tl.load(cent_ptr + rc * 2)[None, :]
-        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP, 1)
+        acc = ek * tl.load(cent_ptr + rc * 2)
+        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
+                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
             rows += (cstep - 1) * ROWS + RI
         else:
             rows += RI
