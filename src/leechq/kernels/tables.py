@@ -119,6 +119,10 @@ M1_PB_WORD = M1_PA_WORD + 4 * 64 * M1_COPIES
 20..23 and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
 M1_TABLE_WORDS = M1_PB_WORD + 4 * 64 * M1_COPIES
 """8192 words: the 32 KiB the kernels reserve (five programs per H200 SM)."""
+M1_COMPACT_PB_WORD = M1_PA_WORD + 4 * 64
+"""``PB`` in the compact table (one copy per entry: entry ``b`` at ``M1_COMPACT_PB_WORD + 4·b``;
+``PA`` entry ``a`` at ``M1_PA_WORD + 4·a``)."""
+M1_COMPACT_WORDS = M1_COMPACT_PB_WORD + 4 * 64
 M1_MID_SHIFT = 2048 - 1240
 """The middle section's row is ``i2`` (``i2 < 1240``, class 0) or ``i2 + M1_MID_SHIFT`` (class 1,
 rows ``2048 + i2 − 1240``); 1240 is ``codebooks.tetra_tables.N0_MIXED`` (checked in the tests)."""
@@ -132,10 +136,10 @@ def _spread_nibbles(byte: np.ndarray) -> np.ndarray:
     return out
 
 
-def tetra_m1_table_numpy() -> np.ndarray:
-    """The batch-1 Tetra table as uint32 [M1_TABLE_WORDS] (see the module docstring), verified:
-    the re-coded rows reproduce ``val(o, ρ)`` for every row, nibble and residue, and
-    ``SA ^ SB`` reproduces the trellis pattern for all 4096 ``(s8, b1, b2, b3)``."""
+def _m1_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch-1 table's parts (uint32): re-coded rank rows [4096], ``PA`` [64, 4] and ``PB``
+    [64, 4], verified: the re-coded rows reproduce ``val(o, ρ)`` for every row, nibble and residue,
+    and ``PA ^ PB`` reproduces the trellis pattern for all 4096 ``(s8, b1, b2, b3)``."""
     from leechq.codebooks.tetra_tables import tetra_tables
 
     t = tetra_tables()
@@ -169,10 +173,21 @@ def tetra_m1_table_numpy() -> np.ndarray:
         want = _spread_nibbles((pattern >> np.uint32(8 * k)) & 0xFF)
         if not np.array_equal(pa[s8, k] ^ pb[b1 | (b2 << 1) | (b3 << 5), k], want):
             raise AssertionError("split nibble masks disagree with the trellis pattern")
-    out = np.zeros(M1_TABLE_WORDS, dtype=np.uint32)
+    return hrow, pa, pb
+
+
+def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
+    """The batch-1 Tetra table as uint32 (see the module docstring): [M1_TABLE_WORDS] with the
+    pattern tables in :data:`M1_COPIES` bank-spread copies (for kernels that stage it in shared
+    memory), or with ``compact`` [M1_COMPACT_WORDS], one copy of each entry (for kernels that read
+    it through L1: 32 lanes' random entries then touch 8 cache lines per table instead of 32)."""
+    hrow, pa, pb = _m1_parts()
+    copies = 1 if compact else M1_COPIES
+    pb_word = M1_COMPACT_PB_WORD if compact else M1_PB_WORD
+    out = np.zeros(pb_word + 4 * 64 * copies, dtype=np.uint32)
     out[:4096] = hrow
-    out[M1_PA_WORD:M1_PB_WORD] = np.repeat(pa, M1_COPIES, axis=0).reshape(-1)
-    out[M1_PB_WORD:] = np.repeat(pb, M1_COPIES, axis=0).reshape(-1)
+    out[M1_PA_WORD:pb_word] = np.repeat(pa, copies, axis=0).reshape(-1)
+    out[pb_word:] = np.repeat(pb, copies, axis=0).reshape(-1)
     return out
 
 
@@ -180,9 +195,19 @@ def _tetra_m1_build(device: str) -> torch.Tensor:
     return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
 
 
+def _tetra_m1_compact_build(device: str) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_table_numpy(compact=True).view(np.int32).copy()).to(device)
+
+
 def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
     """The batch-1 Tetra table, int32 [M1_TABLE_WORDS], on ``device`` (built once per device)."""
     return _memo("tetra_m1", device, _tetra_m1_build)
+
+
+def tetra_m1_table_compact(device: torch.device | str) -> torch.Tensor:
+    """The same table with one copy per pattern entry, int32 [M1_COMPACT_WORDS] (built once per
+    device): the layout for decoders that read it from global memory (the tensor-core kernel)."""
+    return _memo("tetra_m1_compact", device, _tetra_m1_compact_build)
 
 
 def _planes14_table_build(device: str) -> torch.Tensor:

@@ -28,6 +28,7 @@ from leechq.kernels.tables import (
     planes14_kernel_table,
     tetra_kernel_tables,
     tetra_m1_table,
+    tetra_m1_table_compact,
 )
 from leechq.kernels.triton.activation import (
     prepare_kernel,
@@ -602,7 +603,7 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
     part = torch.empty(ksplit, m_rows, w.d_out, dtype=torch.float32, device=dev)
     bm = max(16, triton.next_power_of_2(m_rows))
     tetra48_mma_kernel[(tiles, ksplit)](
-        xm, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, m_rows, k_per,
+        xm, w.words, w.row_centroids, tetra_m1_table_compact(dev), part, w.d_out, m_rows, k_per,
         N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=num_warps,
     )
     return _scale_and_tail(part.sum(0), x, w)

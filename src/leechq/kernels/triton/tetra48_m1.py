@@ -54,6 +54,7 @@ MAGIC_RINT = tl.constexpr(12582912.0)
 PA_WORD = tl.constexpr(4096)
 PB_WORD = tl.constexpr(4096 + 2048)
 TABLE_WORDS = tl.constexpr(8192)
+PB_WORD_COMPACT = tl.constexpr(4096 + 256)  # the compact (one-copy) table: tables.M1_COMPACT_*
 MID_SHIFT = tl.constexpr(2048 - 1240)
 
 
@@ -209,19 +210,25 @@ def sb_copy(e):
 
 
 @triton.jit
-def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
+def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr,
+                   COMPACT: tl.constexpr = False):
     """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
     uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
     gain bit. ``sb_rep``: the element's pattern-table copy offset (:func:`sb_copy`; any copy
-    decodes the same)."""
+    decodes the same). ``COMPACT``: the table is ``tables.tetra_m1_table_compact`` (one copy per
+    entry; ``sb_rep`` must be 0)."""
     p = lo & 1
     r = (lo >> 1) & 1
     v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
     # PA by s8 (word bits 2..7), PB by b1 | b2<<1 | b3<<5 (word bits 8, 20..23, 35); 32 words/entry
-    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, PA_WORD + ((lo & 0xFC) << 3) + sb_rep,
-                                        USE_ASM)
-    pb = ((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400)
-    sb0, sb1, sb2, _sb3 = table_load128(tab_ptr, base, PB_WORD + pb + sb_rep, USE_ASM)
+    if COMPACT:  # 4 words per entry
+        pa = lo & 0xFC
+        pb = PB_WORD_COMPACT + (((lo >> 6) & 4) | ((v20 << 3) & 0x78) | ((v20 >> 8) & 0x80))
+    else:  # 32 words per entry (eight copies)
+        pa = (lo & 0xFC) << 3
+        pb = PB_WORD + (((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400))
+    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, PA_WORD + pa + sb_rep, USE_ASM)
+    sb0, sb1, sb2, _sb3 = table_load128(tab_ptr, base, pb + sb_rep, USE_ASM)
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
     dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class: rows 0..1239 or 2048..2855
@@ -236,11 +243,12 @@ def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
+def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.constexpr = False):
     """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
-    a multiple of 16 below 512; 0 → 0); ``sb_rep`` as in :func:`decode_nibbles`."""
-    return table_load32(tab_ptr, base, PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3, USE_ASM).to(
-        tl.float32, bitcast=True)
+    a multiple of 16 below 512; 0 → 0); ``sb_rep`` and ``COMPACT`` as in :func:`decode_nibbles`."""
+    word = (PA_WORD + ((n2 >> 2) & 0x7C) + 3 if COMPACT
+            else PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3)
+    return table_load32(tab_ptr, base, word, USE_ASM).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -8,8 +8,10 @@ that amortizes over M rows"):
 * A program owns ``BN`` output rows and a K-slice (``grid = (ceil(d_out / BN), KSPLIT)``); each
   iteration takes ``BB`` consecutive blocks of those rows, one (row, block) item per lane.
 * Decode per item: the batch-1 kernel's header arithmetic and tables
-  (:func:`.tetra48_m1.decode_nibbles`), read from global memory (no staged table: Triton may use
-  shared memory for the dot operands). Nibble ``j`` of section word ``h_s`` is trio coordinate
+  (:func:`.tetra48_m1.decode_nibbles`), read from global memory in the compact layout
+  (``tables.tetra_m1_table_compact``: one copy per pattern entry, so a warp's random entries touch
+  8 cache lines per table rather than the 32 of the bank-spread copies; no staged table: Triton may
+  use shared memory for the dot operands). Nibble ``j`` of section word ``h_s`` is trio coordinate
   ``t = 8 s + j`` with value ``nib·(2 − 4p) − 14 + 29p``; the item's 24 values (plus 8 zero columns)
   form one 32-wide slice of the weight tile, scaled by ``c_g/‖y‖`` and rounded to float16.
 * The activation arrives as float16 ``[M, 32·n_blocks]``: block ``b`` at columns ``32 b + t`` in
@@ -134,7 +136,7 @@ def tetra48_mma_kernel(
         blk = b0 + it % BB
         ok = row_ok & (blk < b_stop)
         lo, hi = _item_words(w_ptr, rc, blk, ok, STRIDE_W)
-        h1, h2, h3, _mp, _kp, g = decode_nibbles(lo, hi, tab_ptr, 0, 0, False)
+        h1, h2, h3, _mp, _kp, g = decode_nibbles(lo, hi, tab_ptr, 0, 0, False, True)
         p = (lo & 1).to(tl.int32)
         mp = tl.where(ok, 2 - 4 * p, 0)  # value = nib·(2 − 4p) − 14 + 29p; 0 past the row
         kq = tl.where(ok, 29 * p - 14, 0)
@@ -143,7 +145,7 @@ def tetra48_mma_kernel(
         c0, c1, c2, c3, c4, c5, c6, c7 = _section_values(h3, mp, kq)
         n2 = (_sq8(a0, a1, a2, a3, a4, a5, a6, a7) + _sq8(b0_, b1, b2, b3, b4, b5, b6, b7)
               + _sq8(c0, c1, c2, c3, c4, c5, c6, c7))
-        sc = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, 0, False)  # c_g / ‖y‖
+        sc = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, 0, 0, False, True)  # c_g / ‖y‖
         tile = _tile32(
             _scaled(a0, sc), _scaled(a1, sc), _scaled(a2, sc), _scaled(a3, sc), _scaled(a4, sc),
             _scaled(a5, sc), _scaled(a6, sc), _scaled(a7, sc), _scaled(b0_, sc), _scaled(b1, sc),
