@@ -6,12 +6,13 @@ Rotation (layouts-kernels-recipe.md §0.5, §3.6; tetra-format.md §1.6 forward 
 sign-flipped input) and then transformed: one program per (activation row, group), each loading the
 whole row once, mixing, and running one Walsh–Hadamard transform ``H_m`` (Sylvester order, scaled by
 ``1/√m``, f32 of the f64 reciprocal, passed in). ``M·k`` programs instead of one long program per
-row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). The output is written
-in natural order (coalesced); a served model then fills the prepared layout below with
-:func:`prepare_kernel` (coalesced on its output). Writing the prepared layout straight from the
-rotation — one scattered 4-byte store per coordinate, consecutive coordinates ``NPP`` words apart —
-cost 13–17 µs per launch on the H200 against 3–5 µs for the natural-order write (2026-11-30,
-``benchmarks/bench_rotation.py``), more than the extra launch.
+row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). :func:`rotate_kernel`
+writes natural order (coalesced); :func:`rotate_prepared_kernel` writes the prepared layout below
+in the same launch, each group program gathering its slots from the transformed group in
+registers (``tl.gather``) and storing them coalesced along pairs. H200, µs per launch at 4096 /
+12288 (2026-11-30, ``benchmarks/bench_rotation.py``): one launch 3.40 / 3.91; natural order +
+:func:`prepare_kernel` 4.0 / 5.0; an earlier form that scattered one 4-byte store per coordinate
+(``NPP`` words apart) 13–17.
 
 The transform has two forms: butterflies (the default) and, with ``TC``, for groups of
 ``256 ≤ m ≤ 4096`` (:data:`TC_MIN`, :data:`TC_MAX`), two tensor-core products. On the H200 the
