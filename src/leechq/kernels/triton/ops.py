@@ -302,6 +302,16 @@ def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) 
 # ------------------------------------------------------------------------------------ activation
 
 
+def _prepared_out(out: torch.Tensor | None, m_rows: int, n_blocks: int,
+                  device: torch.device) -> torch.Tensor:
+    """``out`` checked as a prepared activation buffer (float32 [MP, 48·NPP + 32]), or a new one."""
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    check_tensor(out, "out", torch.float32, shape, device=device)
+    return out
+
+
 def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """Twin of :func:`leechq.kernels.reference.prepare_activation` (float32 [MP, 48·NPP + 32])."""
@@ -310,13 +320,9 @@ def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor,
     if x.dim() != 2 or x.shape[1] // BLOCK != n_blocks:
         raise InvalidInput(f"x must be [M, d_in] with d_in // 24 == {n_blocks}, got {list(x.shape)}")
     m_rows, d_in = x.shape
-    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float32, device=x.device)
-    else:
-        check_tensor(out, "out", torch.float32, shape, device=x.device)
+    out = _prepared_out(out, m_rows, n_blocks, x.device)
     npp = ref.prepared_pairs(n_blocks)
-    grid = (shape[0], triton.cdiv(shape[1], 1024))
+    grid = (out.shape[0], triton.cdiv(out.shape[1], 1024))
     prepare_kernel[grid](x, x.stride(0), out, out.stride(0), order, m_rows, d_in, n_blocks, npp,
                          BLOCK=1024)
     return out
@@ -385,15 +391,11 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     if prepared_order is not None and one_launch:
         check_tensor(prepared_order, "prepared_order", torch.int32, (BLOCK,), device=x.device)
         n_blocks = n // BLOCK
-        shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-        if out is None:
-            out = torch.empty(shape, dtype=torch.float32, device=x.device)
-        else:
-            check_tensor(out, "out", torch.float32, shape, device=x.device)
+        out = _prepared_out(out, m_rows, n_blocks, x.device)
         npp = ref.prepared_pairs(n_blocks)
         span = _group_pair_span(k, m, npp)
         if m_rows:
-            rotate_prepared_kernel[(shape[0], k)](
+            rotate_prepared_kernel[(out.shape[0], k)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
                 prepared_order, rotation.inv_sqrt_m, m_rows, N=n, N_BLOCKS=n_blocks, NPP=npp,
                 PR=triton.next_power_of_2(span), K=k, MW=m, LOG2M=int(math.log2(m)),
