@@ -5,8 +5,8 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
 :mod:`leechq.kernels.triton.ops`:
 
 1. the group's input ``x [M, d_in]`` is rotated and laid out in the *prepared* activation layout
-   the lattice matvec reads (rotation + preparation kernels; unrotated groups use the preparation
-   kernel alone), into a buffer that persists per (device, width, M);
+   the lattice matvec reads (one rotation launch that writes that layout; unrotated groups use the
+   preparation kernel alone), into a buffer that persists per (device, width, M);
 2. one ``tetra48`` matvec per part (8 activation rows per launch) writes its rows into one float32
    output ``y [M, Σ d_out]``. A group built from records (:meth:`TetraGroup.from_records`) is a
    single part: the members' words, scales, gain pairs and tails concatenated by rows. A group built
@@ -268,7 +268,7 @@ class TetraGroup(nn.Module):
         return y
 
     def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        """``Q x`` into the prepared buffer (the rotation kernel, then the preparation kernel)."""
+        """``Q x`` into the prepared buffer (one launch: ``activation.rotate_prepared_kernel``)."""
         self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
 
     def extra_repr(self) -> str:
