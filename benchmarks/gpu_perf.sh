@@ -7,8 +7,9 @@
 #            with and without the preparation launches, the served pass, the rotations
 #   sweep    the same after timing every m1 geometry per projection group (bench_matvec --sweep)
 #   rotation the rotation kernel per width, both transform forms
-#   batched  the many-row paths: M = 2 and 4 (tiled kernel), M = 8 and 16 (tiled kernel vs the
-#            tensor-core kernel, three tiles; tetra48-mma-fused is the default 32x4, served for
+#   smallm   M = 2 and 4: the tiled kernel (the default for 2..7 rows) vs the tensor-core kernel
+#   batched  the many-row paths at M = 8 and 16: tiled kernel vs the
+#            tensor-core kernel (three tiles; tetra48-mma-fused is the default 32x4, served for
 #            8..16 rows, reading the compact table since 103a155) vs the float16 dequantized copy
 #            on cuBLAS; then e2e 8B batch 16 (tensor-core path) with the dequantization kernel's
 #            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
@@ -37,10 +38,12 @@ matvec | sweep)
     --arms fp16,null-m1-fused-noprep,tetra48-m1-fused-noprep,tetra48-m1-fused,served,rotation \
     --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
   ;;
-batched)
-  timeout 120 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4 --rounds 3 --reps 5 \
+smallm)
+  timeout 240 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4 --rounds 3 --reps 5 \
     --no-sass --warm-workers 14 --arms fp16,tetra48-fused,tetra48-mma-fused \
     --out "$OUT/matvec-small-m.json" 2>&1 | grep -v '^{"bench' | tail -8
+  ;;
+batched)
   timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
     --no-sass --warm-workers 14 \
     --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-mma64x2w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
@@ -68,7 +71,7 @@ e2e)
   grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | batched | rotation | e2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e)" >&2
   exit 2
   ;;
 esac
