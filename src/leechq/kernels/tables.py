@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -191,12 +192,8 @@ def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
     return out
 
 
-def _tetra_m1_build(device: str) -> torch.Tensor:
-    return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
-
-
-def _tetra_m1_compact_build(device: str) -> torch.Tensor:
-    return torch.from_numpy(tetra_m1_table_numpy(compact=True).view(np.int32).copy()).to(device)
+def _tetra_m1_build(device: str, compact: bool = False) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_table_numpy(compact).view(np.int32).copy()).to(device)
 
 
 def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
@@ -207,7 +204,7 @@ def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
 def tetra_m1_table_compact(device: torch.device | str) -> torch.Tensor:
     """The same table with one copy per pattern entry, int32 [M1_COMPACT_WORDS] (built once per
     device): the layout for decoders that read it from global memory (the tensor-core kernel)."""
-    return _memo("tetra_m1_compact", device, _tetra_m1_compact_build)
+    return _memo("tetra_m1_compact", device, partial(_tetra_m1_build, compact=True))
 
 
 def _planes14_table_build(device: str) -> torch.Tensor:

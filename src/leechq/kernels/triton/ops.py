@@ -351,16 +351,22 @@ class DeviceRotation:
         )
 
 
+_PAIR_SPAN: dict[tuple[int, int, int], int] = {}
+
+
 def _group_pair_span(k: int, m: int, npp: int) -> int:
     """The most pairs of the prepared layout that one rotation group's program must cover: from the
     pair of the group's first column to that of its last (the last group: to ``NPP``, so that it
-    also writes the padding pairs)."""
-    span = 0
-    for g in range(k):
-        first = (g * m // BLOCK) // 2
-        stop = npp if g == k - 1 else (((g + 1) * m - 1) // BLOCK) // 2 + 1
-        span = max(span, stop - first)
-    return span
+    also writes the padding pairs). Computed once per shape (it runs on every rotation call)."""
+    key = (k, m, npp)
+    if key not in _PAIR_SPAN:
+        span = 0
+        for g in range(k):
+            first = (g * m // BLOCK) // 2
+            stop = npp if g == k - 1 else (((g + 1) * m - 1) // BLOCK) // 2 + 1
+            span = max(span, stop - first)
+        _PAIR_SPAN[key] = span
+    return _PAIR_SPAN[key]
 
 
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
