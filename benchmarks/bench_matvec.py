@@ -93,11 +93,15 @@ def _check_dense(model: Model, lw, x, outs) -> float:
     worst = 0.0
     for n, w in lw.items():
         xi = x[GROUP_INPUT[n]]
-        y = torch.matmul(xi, w.t())
-        want = xi.double() @ w.double().T
-        bound = xi.double().abs() @ w.double().abs().T
-        worst = max(worst, float(((y.double() - want).abs() / bound).max()))
+        worst = max(worst, _worst_rel_err(torch.matmul(xi, w.t()), xi, w))
     return worst
+
+
+def _worst_rel_err(y, x, dense) -> float:
+    """max over outputs of ``|y − x·Wᵀ| / (|x|·|W|ᵀ)`` against f64 (``dense``: W, any float)."""
+    want = x.double() @ dense.double().T
+    bound = x.double().abs() @ dense.double().abs().T
+    return float(((y.double() - want).abs() / bound).max())
 
 
 def _lattice_weights(model: Model, arm: str, fused: bool, device: str, seed: int):
@@ -206,9 +210,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 continue
             dense = (ref.tetra48_dequantize_rotated(w) if base == "tetra48"
                      else ref.planes14_dequantize_rotated(w))
-            want = x[src].double() @ dense.T
-            bound = x[src].double().abs() @ dense.abs().T
-            worst = max(worst, float(((y.double() - want).abs() / bound).max()))
+            worst = max(worst, _worst_rel_err(y, x[src], dense))
             del dense
         if rotate:  # the served pass's rotations, into the prepared layout, against f64
             from leechq.formats.rotation import generate_rotation
@@ -259,13 +261,11 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
         dense = ref.tetra48_dequantize_rotated(ws[0])
         x0 = torch.randn(1, d_in, device=device)
         xp0 = ops.prepare_activation(x0, ws[0].n_blocks, order)
-        want = x0.double() @ dense.T
-        bound = x0.double().abs() @ dense.abs().T
         rows = []
         for cfg in sweep_configs(d_out, d_in, _sms()):
             try:
                 got = ops.tetra48_matvec_prepared(xp0, ws[0], 1, cfg)
-                err = float(((got.double() - want).abs() / bound).max())
+                err = _worst_rel_err(got, x0, dense)
                 if not err <= 1e-5:
                     raise AssertionError(f"error {err:.2e}")
 
@@ -365,10 +365,7 @@ def build_int4(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
         for n, w in layers[0].items():
             x = xs[0][GROUP_INPUT[n]]
             y = ops.int4_matvec(x, w)
-            dense = w.dequantize().double()
-            want = x.double() @ dense.T
-            bound = x.double().abs() @ dense.abs().T
-            worst = max(worst, float(((y.double() - want).abs() / bound).max()))
+            worst = max(worst, _worst_rel_err(y, x, w.dequantize()))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -409,10 +406,7 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
         worst = 0.0
         for k, w in layers[0].items():
             x = xs[0][GROUP_INPUT[k.split("+")[0]]]
-            dense = ref.tetra48_dequantize_rotated(w)
-            want = x.double() @ dense.T
-            bound = x.double().abs() @ dense.abs().T
-            worst = max(worst, float(((fn(x, w).double() - want).abs() / bound).max()))
+            worst = max(worst, _worst_rel_err(fn(x, w), x, ref.tetra48_dequantize_rotated(w)))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
