@@ -508,7 +508,8 @@ def sass_report(configs: dict) -> dict:
     jobs = {}
     c1 = configs[1]
     if c1.kernel == "m1":
-        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, m1, dict(
+        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
+                                                     "m_rows": "i32"}, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)  # two blocks (one pair) per thread per iteration
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
@@ -593,6 +594,12 @@ def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, swe
                     for kind in ("tetra48", "planes14", "null", "int4", "rotation"):
                         if kind in arms or (kind == "rotation" and "served" in arms):
                             jobs.append((kind, d_in, batch, cfg))
+        if "m1" in arms or "served" in arms:  # the many-row m1 geometries, per group shape
+            shapes = {n: (o, i) for n, o, i in m.linears()}
+            for batch in (b for b in batches if b > 1):
+                for grp in m.groups():
+                    d_out, g_in = sum(shapes[n][0] for n in grp), shapes[grp[0]][1]
+                    jobs.append(("tetra48-m1", g_in, batch, (d_out, batch)))
         if name == "qwen3-8b" and sweep:
             sms = _sms()
             shapes = {n: (o, i) for n, o, i in m.linears()}
@@ -645,6 +652,11 @@ def _warm_job(job) -> None:
         w = random_planes14(64, d_in, device=dev)
         ops.planes14_matvec_prepared(ops.prepare_activation(x, w.n_blocks, natural_order(dev)), w,
                                      batch, cfg)
+    elif kind == "tetra48-m1":  # cfg = (d_out, batch): the library's many-row geometry
+        cfg = ops.m1_config(cfg[0], d_in // 24, torch.device(dev), m_rows=cfg[1])
+        w = random_tetra48(64, d_in, device=dev)
+        xp = ops.prepare_activation(x, w.n_blocks, tetra_kernel_tables(dev).order)
+        ops.tetra48_matvec_prepared(xp, w, batch, cfg)
     else:
         w = random_tetra48(64, d_in, device=dev)
         xp = ops.prepare_activation(x, w.n_blocks, tetra_kernel_tables(dev).order)
@@ -764,7 +776,9 @@ def main() -> None:
         model = MODELS[name]
         for batch in batches:
             tile = tile1 if batch == 1 else configs[batch]
-            m1 = cfg1 if batch == 1 else configs[batch]
+            m1 = cfg1 if batch == 1 else (
+                lambda d_out, d_in, b=batch: m1_config(d_out, d_in // 24, torch.device(device),
+                                                       m_rows=b))
             builders = {
                 "fp16": lambda: build_fp16(model, batch, args.sets, device, 1),
                 "null-fused": lambda: build_lattice(model, "null", batch, args.sets, device, 2,
@@ -794,10 +808,8 @@ def main() -> None:
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
-            if batch > 1:  # the batch-1 kernels and their arms are not measured at M > 1
-                for arm in ("null-m1-fused-noprep", "tetra48-m1-fused", "tetra48-m1-fused-noprep",
-                            "served"):
-                    builders.pop(arm)
+            if batch > 1:  # the no-weights control has one activation row
+                builders.pop("null-m1-fused-noprep")
             wanted = args.arms.split(",")
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
@@ -836,8 +848,9 @@ def main() -> None:
                     "launches": gr.p.launches,
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
-                    "config": (("per shape (sweep)" if best_by_shape else "per shape (ops.m1_config)")
-                               if uses_m1 and batch == 1 else
+                    "config": (("per shape (sweep)" if best_by_shape and batch == 1
+                                else "per shape (ops.m1_config)")
+                               if uses_m1 else
                                (tile.__dict__ if arm.split("-")[0] in ("tetra48", "planes14",
                                                                        "null") else None)),
                 })

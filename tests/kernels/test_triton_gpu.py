@@ -125,6 +125,27 @@ def test_tetra48_m1_full_shapes(d_out: int, d_in: int) -> None:
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(24576, 4096, 2), (4096, 12288, 3),
+                                                       (6144, 4096, 8), (5120, 17408, 6)])
+def test_tetra48_m1_many_rows_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """Several activation rows per launch (``ops.m1_config(m_rows=…)``: two rows in one launch, or
+    four at a time) against the f64 reference, every output written, rows past M untouched."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out ^ d_in ^ m_rows, device=DEV)
+    dense = ref.tetra48_dequantize_rotated(w)
+    cfg = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols, m_rows=m_rows)
+    assert cfg.mb > 1 and ops.m1_enabled(torch.device(DEV), cfg)
+    for _ in range(2):
+        x = torch.randn(m_rows, d_in, device=DEV)
+        xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
+        y = torch.full((m_rows + 1, d_out), float("nan"), device=DEV)
+        ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, out=y[:m_rows])
+        assert _worst(y[:m_rows], x, dense) <= 1e-5
+        assert torch.isnan(y[m_rows]).all()
+    torch.cuda.synchronize()
+    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
+
+
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 1), (4096, 12288, 8),
                                                        (1024, 5120, 1)])
 def test_planes14_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
@@ -206,12 +227,14 @@ def test_no_local_memory() -> None:
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
     from leechq.kernels.triton.tetra48_m1 import tetra48_m1_kernel
 
+    aligned = ("d_out", "stride_x", "stride_y")  # as a launch marks them (multiples of 16)
     m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-          "y_ptr": "*fp32", "d_out": "i32"}
+          "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32"}
     for ilp in (1, 2):
         c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
-                                                      BP=32, USE_ASM=True, ILP=ilp), num_warps=4)
+                                                      BP=32, USE_ASM=True, ILP=ilp, MB=1),
+                          num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (ilp, res)
     # the register cap of ops.m1_config spills nothing where it is applied (Qwen3 4B/8B/14B and
@@ -222,8 +245,8 @@ def test_no_local_memory() -> None:
                                  (448, 23, 64), (512, 0, 256), (512, 0, 64)):
         assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
         c = I.compile_for(tetra48_m1_kernel, m1, dict(
-            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2),
-            num_warps=4, maxnreg=ops.M1_MAXNREG)
+            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1),
+            num_warps=4, maxnreg=ops.M1_MAXNREG, aligned_ints=aligned)
         res = I.resource_usage(c)
         assert res.get("registers") == ops.M1_MAXNREG, (n_blocks, res)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, rows, res)
@@ -231,6 +254,19 @@ def test_no_local_memory() -> None:
         # be used inside the hot loop (it would overwrite the table)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)
+    # several activation rows (ops.m1_config's mb 2 and 4 geometries): no spills, and no layout
+    # conversion through shared memory in the loop. Compiled with the hints a launch gives
+    # (aligned pointers, d_out and strides multiples of 16): without them an earlier 2-D
+    # [rows, tile] form compiled clean here, while the launched kernel spread the rows over warps
+    # and converted layouts through shared memory, over the staged table
+    for mb, ilp, rows in ((2, 2, 112), (4, 1, 64), (4, 1, 256)):
+        c = I.compile_for(tetra48_m1_kernel, m1, dict(
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=ilp, MB=mb),
+            num_warps=4, aligned_ints=aligned)
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (mb, res)
+        mix = I.hot_loop_mix(I.sass(c))["loop"]
+        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (mb, mix)
     # the dequantization kernel stages the same table: same rule for its loop
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 

@@ -79,6 +79,32 @@ def test_tetra48_m1(d_out: int, d_in: int, cfg: dict) -> None:
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("m_rows", "mb", "d_out", "d_in", "ilp", "repeats"), [
+    (2, 2, 19, 18 * 24 + 5, 2, 2),  # two rows in one launch: chunks, slices, a tail; launched
+                                    # twice (the tickets must reset)
+    (3, 4, 13, 7 * 24, 1, 1),       # three real rows of four (the fourth is the zero pad row)
+    (5, 4, 8, 3 * 24, 1, 1),        # two launches: four rows, then one (the one-row kernel)
+])
+def test_tetra48_m1_many_rows(m_rows: int, mb: int, d_out: int, d_in: int, ilp: int,
+                              repeats: int) -> None:
+    """Several activation rows per launch (``MatvecConfig.mb``): one decode per block, every output
+    row written (poisoned first), other rows of ``out`` untouched, tickets reset. (Each case costs
+    15–35 s in the interpreter; the GPU tests cover the full shapes and 6-row calls.)"""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows)
+    x = torch.randn(m_rows, d_in)
+    x[1] = 0.0  # a zero activation row between others
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    dense = ref.tetra48_dequantize_rotated(w)
+    cfg = ops.MatvecConfig(**{**M1_SMALL, "bp": 8, "ilp": ilp, "mb": mb, "ctas_per_sm": 0})
+    for _ in range(repeats):
+        y = torch.full((m_rows + 1, d_out), float("nan"))
+        ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, out=y[:m_rows])
+        _bounded(y[:m_rows], x, dense)
+        assert torch.isnan(y[m_rows]).all()
+    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
+
+
 def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first-use check passes on a sound kernel and rejects (with a warning) a broken one; the
     environment switch turns the kernel off."""
@@ -289,6 +315,12 @@ def test_m1_config_rule() -> None:
     assert ops.m1_wave_rows(10, 4, 1000) == 8  # at least one trip
     with pytest.raises(InvalidInput, match="maxnreg"):
         ops.m1_grid(64, 64, ops.MatvecConfig(rows=32, kernel="m1", ilp=2, maxnreg=16), cpu)
+    with pytest.raises(InvalidInput, match="mb"):
+        ops.m1_grid(64, 64, ops.MatvecConfig(rows=32, kernel="m1", ilp=2, mb=3), cpu)
+    # several activation rows: two share a launch, three or more go four at a time, one loop row
+    # per trip for four (their limbs take the registers), no register cap
+    two, many = ops.m1_config(24576, 170, cpu, m_rows=2), ops.m1_config(24576, 170, cpu, m_rows=5)
+    assert (two.mb, two.ilp, two.maxnreg, many.mb, many.ilp, many.maxnreg) == (2, 2, 0, 4, 1, 0)
     w = random_tetra48(40, 9 * 24 + 3, seed=40)
     x = torch.randn(1, w.d_in)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)

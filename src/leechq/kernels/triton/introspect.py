@@ -20,9 +20,15 @@ _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^
 
 
 def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any],
-                arch: int = 90, num_warps: int = 4, maxnreg: int = 0) -> Any:
+                arch: int = 90, num_warps: int = 4, maxnreg: int = 0,
+                aligned_ints: tuple[str, ...] = ()) -> Any:
     """Compile ``kernel`` for ``sm_<arch>`` without launching it (``maxnreg``: register cap per
-    thread, 0 for the compiler's choice)."""
+    thread, 0 for the compiler's choice).
+
+    Like a launch with torch tensors, every pointer argument is marked 16-byte aligned, and so is
+    each integer argument named in ``aligned_ints`` (a launch marks the integers whose value is a
+    multiple of 16). These hints steer Triton's layout choices: a kernel compiled without them can
+    differ from the one a launch builds (e.g. in whether it moves data through shared memory)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -30,7 +36,10 @@ def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, An
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name, kind in signature.items()
+             if kind.startswith("*") or name in aligned_ints}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     options: dict[str, Any] = {"num_warps": num_warps}
     if maxnreg:
         options["maxnreg"] = maxnreg

@@ -114,6 +114,8 @@ class MatvecConfig:
         ilp: ``m1``: rows a warp decodes per loop trip (1 or 2: two independent decode chains).
         maxnreg: ``m1``: register cap per thread handed to ptxas (0: the compiler's choice). Fewer
             registers let more programs share an SM (65536 registers / (cap · 32 · warps)).
+        mb: ``m1``: activation rows per launch (1, 2 or 4): each decoded block meets all of
+            them (their limbs in registers); M rows take ``ceil(M / mb)`` launches.
     """
 
     rows: int = 16
@@ -124,6 +126,7 @@ class MatvecConfig:
     ctas_per_sm: int = 0
     ilp: int = 1
     maxnreg: int = 0
+    mb: int = 1
 
 
 M1_MAXNREG = 96
@@ -159,20 +162,31 @@ M1_MAX_ROWS = 256
 """Largest chunk :func:`m1_config` picks (the fixup unrolls ``rows / 32`` times)."""
 
 
-def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0) -> MatvecConfig:
-    """The batch-1 geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
-    (H200 sweeps of 2026-11-30, docs/kernels.md): one program per (row chunk, K-slice), two rows per
-    warp and loop trip, the register cap of :func:`m1_maxnreg`, and the larger of two chunk sizes:
-    64 rows when that still leaves at least three programs per SM (else 32), and the chunk that
-    makes the launch about one wave of five programs per SM (:func:`m1_wave_rows`; capped at
-    :data:`M1_MAX_ROWS`), so that large matrices run fewer, longer programs (each stages the
-    table once)."""
+M1_RESIDENT = {1: 5, 2: 3, 4: 2}
+"""Programs per H200 SM by activation rows per launch (``mb``): the register use of the
+``m1`` kernel (Triton 3.6, sm_90: 96 capped, ~168 and ~233 for two and four rows) over 65536."""
+
+
+def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
+              m_rows: int = 1) -> MatvecConfig:
+    """The ``m1`` geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
+    and ``m_rows`` activation rows (H200 sweeps of 2026-11-30, docs/kernels.md): one program per
+    (row chunk, K-slice), two rows per warp and loop trip, the register cap of
+    :func:`m1_maxnreg`, and the larger of two chunk sizes: 64 rows when that still leaves at least
+    three programs per SM (else 32), and the chunk that makes the launch about one wave of the
+    programs an SM holds (:func:`m1_wave_rows`; capped at :data:`M1_MAX_ROWS`), so that large
+    matrices run fewer, longer programs (each stages the table once). Several activation rows
+    share each decode: two rows in one launch, three or more four at a time (``mb``, one loop
+    row per trip for four: their limbs take the registers)."""
     sms = _sm_count(device)
+    mb = 1 if m_rows <= 1 else 2 if m_rows == 2 else 4
+    ilp = 1 if mb == 4 else 2
     slices = ((n_blocks + 1) // 2 + 31) // 32
     rows = 64 if (d_out + 63) // 64 * slices >= 3 * sms else 32
-    rows = max(rows, min(m1_wave_rows(d_out, n_blocks, 5 * sms), M1_MAX_ROWS))
-    return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2,
-                        maxnreg=m1_maxnreg(n_blocks, tail_cols))
+    wave = m1_wave_rows(d_out, n_blocks, M1_RESIDENT[mb] * sms, ilp=ilp)
+    rows = max(rows, min(wave, M1_MAX_ROWS))
+    return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=ilp,
+                        maxnreg=m1_maxnreg(n_blocks, tail_cols) if mb == 1 else 0, mb=mb)
 
 
 def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_warps: int = 4,
@@ -258,12 +272,13 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
         w = random_tetra48(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
         dense = ref.tetra48_dequantize_rotated(w)
         worst = 0.0
+        m_rows = max(1, cfg.mb - 1) if cfg.mb > 2 else cfg.mb  # mb = 4: a zero row too
         for seed in (1, 2):
             g = torch.Generator(device=device).manual_seed(seed)
-            x = torch.randn(1, w.d_in, generator=g, device=device)
+            x = torch.randn(m_rows, w.d_in, generator=g, device=device)
             xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
-            y = torch.full((1, w.d_out), float("nan"), device=device)
-            _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
+            y = torch.full((m_rows, w.d_out), float("nan"), device=device)
+            _launch_m1(tetra48_m1_kernel, xp, w, y, cfg, m_rows)
             want = x.double() @ dense.T
             bound = x.double().abs() @ dense.abs().T
             err = ((y.double() - want).abs() / bound).max()
@@ -285,9 +300,9 @@ def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) 
     """(programs, K-slices) of an ``m1`` launch."""
     if cfg.bp not in (8, 16, 32) or cfg.ilp not in (1, 2) or (
             cfg.rows % (cfg.ilp * cfg.num_warps * 32 // cfg.bp)) or (
-            cfg.maxnreg and not 32 <= cfg.maxnreg <= 255):
+            cfg.maxnreg and not 32 <= cfg.maxnreg <= 255) or cfg.mb not in (1, 2, 4):
         raise InvalidInput(f"m1 config {cfg}: bp must be 8/16/32, ilp 1 or 2, rows a multiple "
-                           "of ilp·num_warps·32/bp and maxnreg 0 or 32..255")
+                           "of ilp·num_warps·32/bp, maxnreg 0 or 32..255 and mb 1, 2 or 4")
     n_pairs = -(-n_blocks // 2)
     ns = -(-n_pairs // cfg.bp)
     chunks = -(-d_out // cfg.rows)
@@ -454,8 +469,8 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
-        _launch_m1(tetra48_m1_kernel, xp, w, y, cfg)
+    if _m1_applies(cfg, w) and (m_rows == 1 or cfg.mb > 1) and m1_enabled(xp.device, cfg):
+        _launch_m1(tetra48_m1_kernel, xp, w, y, cfg, m_rows)
         return y
     cfg = _tile_config(cfg, m_rows)
     tabs = tetra_kernel_tables(w.words.device)
@@ -474,22 +489,29 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
 
 
 def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
-               cfg: MatvecConfig) -> None:
-    """Launch an ``m1`` kernel (Tetra, or its no-weights control) writing row 0 of ``y``."""
-    if y.dim() != 2 or y.shape[0] < 1 or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [1, {w.d_out}] with unit column stride")
+               cfg: MatvecConfig, m_rows: int = 1) -> None:
+    """Launch an ``m1`` kernel (Tetra, or its no-weights control: row 0 only) writing rows
+    ``0..m_rows-1`` of ``y``: ``cfg.mb`` activation rows per launch (fewer for the last launch
+    when the prepared buffer has fewer rows left)."""
+    if y.dim() != 2 or y.shape[0] < m_rows or y.stride(1) != 1:
+        raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    part = torch.empty(ns, w.d_out, dtype=torch.float32, device=xp.device)
     words = getattr(w, "words", None)
     if words is None:
         words = w.row_scales  # the control reads no weight words
-    kernel[(grid,)](
-        xp, words, w.row_scales, w.row_centroids, w.tail, tetra_m1_table(xp.device), part,
-        _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows,
-        NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
-        **({"ILP": cfg.ilp} if kernel is tetra48_m1_kernel else {}),
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-    )
+    tetra = kernel is tetra48_m1_kernel
+    for i in range(0, m_rows if tetra else 1, cfg.mb if tetra else 1):
+        mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if tetra else 1
+        part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
+        rows_args = (xp.stride(0), y.stride(0), min(mb, m_rows - i)) if tetra else ()
+        kernel[(grid,)](
+            xp[i:], words, w.row_scales, w.row_centroids, w.tail, tetra_m1_table(xp.device), part,
+            _tickets(xp.device), y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks,
+            TAIL_COLS=w.tail_cols, ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
+            num_warps=cfg.num_warps, num_stages=1,
+            **({"ILP": cfg.ilp, "MB": mb} if tetra else {}),
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        )
 
 
 def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,

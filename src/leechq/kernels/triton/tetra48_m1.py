@@ -188,18 +188,24 @@ def section_values(h, mp, kp, n2, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _section(h, mp, kp, la0, la1, lb0, lb1, lc0, lc1, acc0, acc1, acc2, n2,
-             USE_ASM: tl.constexpr):
-    """One section: its value bytes (:func:`section_values`) → dp4a with the three limbs, and the
-    squared norm."""
-    ev, od, n2 = section_values(h, mp, kp, n2, USE_ASM)
-    acc0 = dp4a(ev, la0, acc0, False, USE_ASM)
-    acc0 = dp4a(od, la1, acc0, False, USE_ASM)
-    acc1 = dp4a(ev, lb0, acc1, False, USE_ASM)
-    acc1 = dp4a(od, lb1, acc1, False, USE_ASM)
-    acc2 = dp4a(ev, lc0, acc2, True, USE_ASM)
-    acc2 = dp4a(od, lc1, acc2, True, USE_ASM)
-    return acc0, acc1, acc2, n2
+def _row_dot(ev1, od1, ev2, od2, ev3, od3, x, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ / E_b`` of one activation row's block per element as int32 (its three limb sums
+    recombined; no wrap: ``Σ|y_i| ≤ √(24·‖y‖²) < 111`` and ``|x̃| ≤ 2^22``), from the block's value bytes
+    (:func:`section_values` of its three sections) and the row's limb words ``x``
+    (:func:`_x_limbs`)."""
+    (_e, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+     c00, c01, c10, c11, c20, c21) = x
+    z = tl.zeros(ev1.shape, tl.int32)
+    acc0 = dp4a(od1, a01, dp4a(ev1, a00, z, False, USE_ASM), False, USE_ASM)
+    acc1 = dp4a(od1, b01, dp4a(ev1, b00, z, False, USE_ASM), False, USE_ASM)
+    acc2 = dp4a(od1, c01, dp4a(ev1, c00, z, True, USE_ASM), True, USE_ASM)
+    acc0 = dp4a(od2, a11, dp4a(ev2, a10, acc0, False, USE_ASM), False, USE_ASM)
+    acc1 = dp4a(od2, b11, dp4a(ev2, b10, acc1, False, USE_ASM), False, USE_ASM)
+    acc2 = dp4a(od2, c11, dp4a(ev2, c10, acc2, True, USE_ASM), True, USE_ASM)
+    acc0 = dp4a(od3, a21, dp4a(ev3, a20, acc0, False, USE_ASM), False, USE_ASM)
+    acc1 = dp4a(od3, b21, dp4a(ev3, b20, acc1, False, USE_ASM), False, USE_ASM)
+    acc2 = dp4a(od3, c21, dp4a(ev3, c20, acc2, True, USE_ASM), True, USE_ASM)
+    return (acc2 << 16) + (acc1 << 8) + acc0
 
 
 @triton.jit
@@ -252,32 +258,69 @@ def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.const
 
 
 @triton.jit
-def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x, USE_ASM: tl.constexpr):
-    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one block per element (words ``lo``, ``hi``: uint32;
-    ``x``: the block's exponent and limb words, :func:`_x_limbs`)."""
-    (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
-     c00, c01, c10, c11, c20, c21) = x
+def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: tl.constexpr,
+               USE_ASM: tl.constexpr):
+    """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one block per element for the first ``MB`` (1, 2 or 4)
+    activation rows ``m`` (words ``lo``, ``hi``: uint32; ``x_m``: row m's block exponent and limb
+    words, :func:`_x_limbs`): one decode, then 18 ``dp4a`` per row. Every tensor stays 1-D in
+    the layout of one row — a 2-D [rows, tile] form lets Triton's layout passes (with the
+    launch-time divisibility hints) spread the rows over warps and convert layouts through shared
+    memory, over the staged table. The unused results (``m ≥ MB``) repeat row 0."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
-    z = tl.zeros(lo.shape, tl.int32)
-    acc0, acc1, acc2, n2 = _section(h1, mp, kp, a00, a01, b00, b01, c00, c01, z, z, z, z, USE_ASM)
-    acc0, acc1, acc2, n2 = _section(h2, mp, kp, a10, a11, b10, b11, c10, c11, acc0, acc1, acc2, n2,
-                                    USE_ASM)
-    acc0, acc1, acc2, n2 = _section(h3, mp, kp, a20, a21, b20, b21, c20, c21, acc0, acc1, acc2, n2,
-                                    USE_ASM)
-    dot = (acc2 << 16) + (acc1 << 8) + acc0
+    zn = tl.zeros(lo.shape, tl.int32)
+    ev1, od1, n2 = section_values(h1, mp, kp, zn, USE_ASM)
+    ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
+    ev3, od3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
     # 1/‖y‖ on the special-function unit (rel. error ≤ 2^-22.9; no shared-memory request)
     invn = tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
-    cent = tl.where(g != 0, cent1, cent0)
-    return dot.to(tl.float32) * (cent * invn * e_blk)
+    scale = tl.where(g != 0, cent1, cent0) * invn
+    d0 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    if MB >= 2:
+        d1 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x1, USE_ASM).to(tl.float32) * (scale * x1[0])
+    if MB >= 4:
+        d2 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x2, USE_ASM).to(tl.float32) * (scale * x2[0])
+        d3 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x3, USE_ASM).to(tl.float32) * (scale * x3[0])
+    return d0, d1, d2, d3
 
 
 @triton.jit
-def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, x_even, x_odd,
+def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.constexpr,
               USE_ASM: tl.constexpr):
-    """The sum of the two block dots of a block pair (its three words ``w0..w2``)."""
-    acc = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, x_even, USE_ASM)
-    return acc + _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
-                            sb_rep, x_odd, USE_ASM)
+    """The sums of the two block dots of a block pair (its three words ``w0..w2``) for each of
+    the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs, :func:`_row_limbs`)."""
+    (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
+    e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2, xe3,
+                                MB, USE_ASM)
+    o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
+                                sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM)
+    return e0 + o0, e1 + o1, e2 + o2, e3 + o3
+
+
+@triton.jit
+def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr):
+    """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` prepared activation rows
+    (``xr``: row 0's pointers per lane, rows ``stride_x`` apart), as one tuple
+    ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat row 0 (never used)."""
+    xe0 = _x_limbs(xr, NPP, 0, USE_ASM)
+    xo0 = _x_limbs(xr, NPP, 1, USE_ASM)
+    xe1 = xe0
+    xo1 = xo0
+    xe2 = xe0
+    xo2 = xo0
+    xe3 = xe0
+    xo3 = xo0
+    if MB >= 2:
+        xe1 = _x_limbs(xr + stride_x, NPP, 0, USE_ASM)
+        xo1 = _x_limbs(xr + stride_x, NPP, 1, USE_ASM)
+    if MB >= 4:
+        xe2 = _x_limbs(xr + 2 * stride_x, NPP, 0, USE_ASM)
+        xo2 = _x_limbs(xr + 2 * stride_x, NPP, 1, USE_ASM)
+        xe3 = _x_limbs(xr + 3 * stride_x, NPP, 0, USE_ASM)
+        xo3 = _x_limbs(xr + 3 * stride_x, NPP, 1, USE_ASM)
+    return xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3
 
 
 @triton.jit
@@ -300,14 +343,18 @@ def _geometry(N_BLOCKS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr):
 @triton.jit
 def tetra48_m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
+    stride_x, stride_y, m_rows,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
 ):
-    """``y = W x`` for one activation row; see the module docstring. Launched with
+    """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
+    ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
     ``num_warps = NW`` and a grid that is a multiple of ``NS = ceil(pairs / BP)``; program ``pid``
     keeps K-slice ``pid % NS`` and walks row chunks ``pid // NS + k·(grid / NS)``. ``ILP`` (1 or 2)
     is the number of rows a warp decodes per loop trip (two independent decode chains in flight);
-    ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``."""
+    ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``. Each decoded block meets the ``MB``
+    activation rows' limbs (kept in registers: ``19·MB`` words per block), so the decode is paid
+    once for all of them; the scratch holds ``[NS, MB, d_out]`` partials."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -317,14 +364,15 @@ def tetra48_m1_kernel(
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
     sb_rep = sb_copy(e)
-    xb = xp_ptr + pair  # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
-    x_even = _x_limbs(xb, NPP, 0, USE_ASM)
-    x_odd = _x_limbs(xb, NPP, 1, USE_ASM)
+    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
+    # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
+    xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
+    part = part_ptr + sl * MB * d_out
     w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
     if ILP == 2:
         v0, v1, v2, va, vb = _load_row(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o,
@@ -338,16 +386,16 @@ def tetra48_m1_kernel(
         if ILP == 2:
             m0, m1, m2, ma, mb = _load_row(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                            STRIDE_W)
-        acc = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
+        a0, a1, a2, a3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
         if ILP == 2:
-            acc2 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, sb_rep, x_even, x_odd, USE_ASM)
-            _store_partial(acc2, rows + RI, lane, part_ptr + sl * d_out, d_out, NW, BP)
+            b0, b1, b2, b3 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
+            _store_rows(b0, b1, b2, b3, rows + RI, lane, part, d_out, NW, BP, MB)
             v0, v1, v2, va, vb = m0, m1, m2, ma, mb
-        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
+        _store_rows(a0, a1, a2, a3, rows, lane, part, d_out, NW, BP, MB)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
+                          d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
         rows = nxt
         w0, w1, w2, ca, cb = n0, n1, n2, na, nb
 
@@ -383,9 +431,8 @@ def _warp_bcast(v, NW: tl.constexpr):
 
 @triton.jit
 def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr):
-    """Sum each row's BP lanes (shuffles) and store it from its first lane at ``out_ptr[row]``. The
-    sum is broadcast back to the flat tile so that no layout conversion (shared memory) is
-    needed."""
+    """Sum each output row's BP lanes of ``acc`` (shuffles) and store it from the row's first lane
+    at ``out_ptr[row]``."""
     R: tl.constexpr = NW * 32 // BP
     tot = tl.sum(tl.reshape(acc, (R, BP)), axis=1)
     flat = tl.reshape(tl.broadcast_to(tot[:, None], (R, BP)), (NW * 32,))
@@ -393,14 +440,28 @@ def _store_partial(acc, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.con
 
 
 @triton.jit
+def _store_rows(a0, a1, a2, a3, rows, lane, out_ptr, d_out, NW: tl.constexpr, BP: tl.constexpr,
+                MB: tl.constexpr):
+    """:func:`_store_partial` of the first ``MB`` activation rows' sums ``a0..a3`` at
+    ``out_ptr + m·d_out``."""
+    _store_partial(a0, rows, lane, out_ptr, d_out, NW, BP)
+    if MB >= 2:
+        _store_partial(a1, rows, lane, out_ptr + d_out, d_out, NW, BP)
+    if MB >= 4:
+        _store_partial(a2, rows, lane, out_ptr + 2 * d_out, d_out, NW, BP)
+        _store_partial(a3, rows, lane, out_ptr + 3 * d_out, d_out, NW, BP)
+
+
+@triton.jit
 def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane, d_out,
-                  NS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr,
-                  TAIL_COLS: tl.constexpr, NPP: tl.constexpr):
+                  stride_x, stride_y, m_rows, NS: tl.constexpr, ROWS: tl.constexpr,
+                  NW: tl.constexpr, BP: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
+                  MB: tl.constexpr):
     """After a warp's last iteration on ``chunk``: each lane that stored partials takes a ticket
     (acq_rel, after its own stores); the warp holding the last of the ``NS · ROWS / (rows per
     storing lane)`` tickets adds the K-slices in slice order, applies σ_row and the tail, writes
-    ``y`` for the chunk's rows (one per lane) and resets the ticket counter. Everything is per warp:
-    no barrier, no shared memory."""
+    ``y`` for the chunk's rows (one per lane) and each of the ``m_rows`` activation rows, and
+    resets the ticket counter. Everything is per warp: no barrier, no shared memory."""
     RI: tl.constexpr = NW * 32 // BP
     TICKETS: tl.constexpr = NS * RI  # storing lanes per chunk, over all programs of the chunk
     taker = lane == 0
@@ -408,16 +469,18 @@ def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, 
     last = _warp_bcast(tl.where(taker & (old == TICKETS - 1), 1, 0), NW)
     lane32 = e % 32
     rr = chunk * ROWS + lane32
-    for r0 in tl.static_range(0, ROWS, 32):
-        ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out)
-        tot = tl.zeros(e.shape, tl.float32)
-        for s in range(NS):  # a loop, not unrolled: its register use must not grow with NS
-            tot += tl.load(part_ptr + s * d_out + rr + r0, mask=ok, other=0.0, cache_modifier=".cg")
-        out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
-        for c in range(TAIL_COLS):
-            out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
-                    * tl.load(xp_ptr + 48 * NPP + c + e * 0))
-        tl.store(y_ptr + rr + r0, out, mask=ok)
+    for m in tl.static_range(MB):
+        for r0 in tl.static_range(0, ROWS, 32):
+            ok = (last != 0) & (lane32 + r0 < ROWS) & (rr + r0 < d_out) & (e * 0 + m < m_rows)
+            tot = tl.zeros(e.shape, tl.float32)
+            for s in range(NS):  # a loop, not unrolled: its register use must not grow with NS
+                tot += tl.load(part_ptr + (s * MB + m) * d_out + rr + r0, mask=ok, other=0.0,
+                               cache_modifier=".cg")
+            out = tot * tl.load(scale_ptr + rr + r0, mask=ok, other=0.0)
+            for c in range(TAIL_COLS):
+                out += (tl.load(tail_ptr + (rr + r0) * TAIL_COLS + c, mask=ok, other=0.0)
+                        * tl.load(xp_ptr + m * stride_x + 48 * NPP + c + e * 0))
+            tl.store(y_ptr + m * stride_y + rr + r0, out, mask=ok)
     tl.atomic_xchg(cnt_ptr + chunk + e * 0, 0, mask=(last != 0) & (e % 32 == 0))
 
 
@@ -457,7 +520,7 @@ def null_m1_kernel(
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, NS, ROWS, NW, BP, TAIL_COLS, NPP)
+                          d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
             rows += (cstep - 1) * ROWS + RI
         else:
             rows += RI
