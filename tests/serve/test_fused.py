@@ -53,19 +53,20 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
 
 
 @pytest.mark.parametrize(("flag", "rows", "path"), [
-    ("", 8, "mma"), ("", 16, "mma"), ("", 7, "tile"), ("", 17, "dense"), ("1", 40, "mma"),
-    ("0", 12, "tile"), ("0", 17, "dense")])
+    ("", 9, "mma"), ("", 16, "mma"), ("", 8, "matvec"), ("", 17, "dense"),
+    ("1", 40, "mma"), ("0", 12, "matvec"), ("0", 17, "dense")])
 def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
                                  path: str) -> None:
-    """8..16 rows take the batched tensor-core kernel by default; ``LEECHQ_MMA=1`` extends that to
-    64 rows, ``LEECHQ_MMA=0`` turns it off (12 rows: two 8-row lattice launches). Every path stays
+    """9..16 rows take the batched tensor-core kernel by default (up to 8 the lattice matvec);
+    ``LEECHQ_MMA=1`` extends that to 64 rows, ``LEECHQ_MMA=0`` turns it off (12 rows: two 8-row
+    lattice matvec calls). Every path stays
     within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import TetraGroup
 
     calls: list[str] = []
     for name, tag in (("tetra48_matmul_mma", "mma"), ("tetra48_matmul_dense", "dense"),
-                      ("tetra48_matvec_prepared", "tile")):
+                      ("tetra48_matvec_prepared", "matvec")):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _r=real, _t=tag, **k: calls.append(_t)
                             or _r(*a, **k))
@@ -77,7 +78,7 @@ def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, row
     y = group(x)
     ref = _reference(x, recs, biases)
     assert set(calls) == {path}, calls
-    tol = 1e-5 if path == "tile" else 2e-3
+    tol = 1e-5 if path == "matvec" else 2e-3
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 

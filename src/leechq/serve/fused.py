@@ -15,7 +15,7 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
    members keep computing exactly what they did.
 
-With 8..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part
+With 9..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part
 through the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
 (prefill, batches above 16) it multiplies a float16 dequantized copy of each part on cuBLAS
 (``ops.tetra48_matmul_dense``). Both decode each block once per call instead of once per 8 rows.
@@ -41,7 +41,8 @@ from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.formats.rotation import RotationTables
 
 KERNEL_ROWS = 8
-"""Activation rows per matvec launch (the kernels take 1..8)."""
+"""Activation rows per matvec call (the kernels take 1..8; the many-row ``m1`` runs them two or
+four per launch)."""
 
 DENSE_MIN_ROWS = 2 * KERNEL_ROWS + 1
 """From this many activation rows on, a group runs its parts as float16 dequantized copies on
@@ -52,12 +53,13 @@ dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels �
 dense), so up to 16 rows stay on the kernels (8..16 of them on the tensor-core kernel,
 :data:`MMA_ROWS`)."""
 
-MMA_ROWS = (KERNEL_ROWS, 2 * KERNEL_ROWS)
+MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
 """Activation rows (inclusive range) a group serves with the batched tensor-core kernel
 (``ops.tetra48_matmul_mma``: each block decoded once per call into a float16 tile, then ``tl.dot``)
 instead of the lattice matvec or the dequantized copy. H200, Qwen3-8B projections, 2026-11-30
-(BENCHMARKS.md §3): M = 8 15.5 ms vs 17.5 ms tiled; M = 16 15.5 ms vs 47.0 ms dequantized (the tiled
-kernel would take two 8-row launches). ``LEECHQ_MMA=1`` extends the range to 64 rows (correct there,
+(BENCHMARKS.md §3): the tensor-core kernel takes 15.0 ms at any M up to 16, the many-row ``m1``
+matvec 12.4 ms at M = 8 (so up to 8 rows stay on it) and one more launch per 4 rows beyond; the
+dequantized copy 46 ms. ``LEECHQ_MMA=1`` extends the range to 64 rows (correct there,
 not yet timed), ``LEECHQ_MMA=0`` turns the kernel off."""
 
 

@@ -201,12 +201,17 @@ def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_war
 
 
 def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.device) -> MatvecConfig:
-    """``config`` if given, else the per-shape batch-1 rule or the batched default."""
+    """``config`` if given, else the per-shape ``m1`` rule (:func:`m1_config`) for any row count:
+    H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), the many-row ``m1`` (two rows per
+    launch, or four) beats the tiled kernel at every M it serves: M = 2 4.01 vs 5.43 ms, M = 4 6.59
+    vs 8.77, M = 8 12.4 vs 17.8 (the tensor-core kernel: 15.0 at each). Under the interpreter
+    several rows keep the tiled default: the many-row ``m1`` costs ~10 s per launch there (its
+    own tests call it explicitly)."""
     if config is not None:
         return config
-    if m_rows == 1:
-        return m1_config(w.d_out, w.n_blocks, device, w.tail_cols)
-    return default_config(m_rows)
+    if m_rows > 1 and interpreting():
+        return default_config(m_rows)
+    return m1_config(w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows)
 
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
