@@ -7,10 +7,11 @@
 #            with and without the preparation launches, the served pass, the rotations
 #   sweep    the same after timing every m1 geometry per projection group (bench_matvec --sweep)
 #   rotation the rotation kernel per width, both transform forms
-#   smallm   M = 2 and 4: the tiled kernel (the default for 2..7 rows) vs the tensor-core kernel
+#   smallm   M = 2, 4 and 8: the many-row m1 (the default for 2..8 rows; with the rotation: served)
+#            vs the tiled kernel and the tensor-core kernel
 #   batched  the many-row paths at M = 8 and 16: tiled kernel vs the
 #            tensor-core kernel (three tiles; tetra48-mma-fused is the default 32x4, served for
-#            8..16 rows, reading the compact table since 103a155) vs the float16 dequantized copy
+#            9..16 rows, reading the compact table since 103a155) vs the float16 dequantized copy
 #            on cuBLAS; then e2e 8B batch 16 (tensor-core path) with the dequantization kernel's
 #            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
@@ -24,7 +25,7 @@ case $step in
 tests)
   # -v into files: a run cut off by its time limit still shows which tests passed
   timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/kernels/test_triton_gpu.py \
-    -k "m1 or rotation or no_local or dense_path or mma" > "$OUT/tests-kernels.log" 2>&1
+    -k "m1 or many_rows or rotation or no_local or dense_path or mma" > "$OUT/tests-kernels.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-kernels.log" | cut -c1-150 | tail -30
   timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/serve tests/nn tests/models \
     > "$OUT/tests-serve.log" 2>&1
@@ -39,9 +40,10 @@ matvec | sweep)
     --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
   ;;
 smallm)
-  timeout 240 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 --arms fp16,tetra48-fused,tetra48-mma-fused \
-    --out "$OUT/matvec-small-m.json" 2>&1 | grep -v '^{"bench' | tail -8
+  timeout 330 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \
+    --reps 5 --no-sass --warm-workers 14 \
+    --arms fp16,tetra48-fused,tetra48-m1-fused,served,tetra48-mma-fused \
+    --out "$OUT/matvec-small-m.json" 2>&1 | grep -v '^{"bench' | tail -16
   ;;
 batched)
   timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
