@@ -254,7 +254,8 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig) -> bool:
 
     ``LEECHQ_M1=0`` disables them. On a GPU, each (device, geometry) is checked once, on first use
     and outside any CUDA-graph capture, against the f64 reference on a small random record (two
-    K-slices, a tail, chunk walking, two launches so that the tickets must have reset); a failure
+    K-slices, a tail, chunk walking, two calls so that the tickets must have reset; for several
+    rows ``mb + 1`` and ``mb − 1`` of them: a one-row launch and a zero pad row); a failure
     warns and falls back to the tiled kernel for good. Under a capture with no check yet, the tiled
     kernel is used for that call."""
     if os.environ.get("LEECHQ_M1", "1") == "0":
@@ -277,8 +278,10 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
         w = random_tetra48(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
         dense = ref.tetra48_dequantize_rotated(w)
         worst = 0.0
-        m_rows = max(1, cfg.mb - 1) if cfg.mb > 2 else cfg.mb  # mb = 4: a zero row too
-        for seed in (1, 2):
+        # several rows: mb + 1 (a full launch, then a one-row launch with this geometry) and
+        # mb − 1 (a zero pad row for mb = 4); one row: twice (the tickets must have reset)
+        counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
+        for seed, m_rows in zip((1, 2), counts, strict=True):
             g = torch.Generator(device=device).manual_seed(seed)
             x = torch.randn(m_rows, w.d_in, generator=g, device=device)
             xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
