@@ -15,6 +15,7 @@
 #            on cuBLAS; then e2e 8B batch 16 (tensor-core path) with the dequantization kernel's
 #            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
+#   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -72,8 +73,14 @@ e2e)
     > "$OUT/e2e-14b.log" 2>&1
   grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
   ;;
+e2esmall)
+  timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
+    --batches 2,4,8 --skip-gates --no-profile --budget-s 330 --out "$OUT/e2e-8b-small.json" \
+    > "$OUT/e2e-8b-small.log" 2>&1
+  grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall)" >&2
   exit 2
   ;;
 esac
