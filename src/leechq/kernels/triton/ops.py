@@ -163,8 +163,11 @@ M1_MAX_ROWS = 256
 
 
 M1_RESIDENT = {1: 5, 2: 3, 4: 2}
-"""Programs per H200 SM by activation rows per launch (``mb``): the register use of the
-``m1`` kernel (Triton 3.6, sm_90: 96 capped, ~168 and ~233 for two and four rows) over 65536."""
+"""Programs per H200 SM by activation rows per launch (``mb``) that :func:`m1_config` sizes its
+chunks for. Registers per thread (Triton 3.6, sm_90, offline SASS with a launch's hints, Qwen3
+widths): 96 capped for one row; 128 for two rows (so four programs would fit: the 3 here is what
+the timings of 2026-11-30 ran with, 4 is untimed); 217–254 for four rows (two programs). Caps
+below those spill (two rows at 112: 56–80 bytes of stack; four rows at 168: 64–424)."""
 
 
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
