@@ -76,8 +76,3 @@ def test_m1_offsets_match_the_kernel() -> None:
                                          T.M1_MID_SHIFT, T.M1_COMPACT_PB_WORD)
     assert T.M1_MID_SHIFT == CLASS_ROWS - N0_MIXED
     assert T.M1_TABLE_WORDS == 8192  # the staging copies two 4096-word ranges; 32 KiB reserved
-
-
-def test_inverse_order_is_cached() -> None:
-    tabs = T.tetra_kernel_tables("cpu")
-    assert torch.equal(tabs.order[tabs.inv_order.long()], torch.arange(24, dtype=torch.int32))

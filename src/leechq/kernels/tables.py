@@ -7,8 +7,7 @@
   trio-order pattern ``c1 | c2<<8 | c3<<16`` of a word is ``cw[a] ^ cw[128 + b]`` — two independent
   reads instead of the dependent prefix → branch → suffix chain. The split is checked against the
   trellis on all 4096 inputs when built.
-* ``order`` int32 [24] (trio → natural) for the activation preparation, and its inverse
-  ``inv_order`` (natural → trio position, cached).
+* ``order`` int32 [24] (trio → natural) for the activation preparation.
 * The batch-1 Tetra table (:func:`tetra_m1_table`, one int32 tensor staged in shared memory by the
   ``tetra48_m1`` kernel): the rank rows re-coded as nibbles ``f = 2·u(ρ) + 7`` with
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
@@ -39,7 +38,6 @@ class TetraKernelTables:
     rows: torch.Tensor
     cw: torch.Tensor
     order: torch.Tensor
-    inv_order: torch.Tensor
 
 
 def tetra_pattern_split() -> np.ndarray:
@@ -93,8 +91,7 @@ def _tetra_tables_build(device: str) -> TetraKernelTables:
     rows = torch.from_numpy(t.rows.astype(np.uint32).view(np.int32).copy())
     cw = torch.from_numpy(tetra_pattern_split().view(np.int32).copy())
     order = torch.from_numpy(t.order.astype(np.int32))
-    inv = torch.from_numpy(np.argsort(t.order.astype(np.int64)).astype(np.int32))
-    return TetraKernelTables(rows.to(device), cw.to(device), order.to(device), inv.to(device))
+    return TetraKernelTables(rows.to(device), cw.to(device), order.to(device))
 
 
 def tetra_kernel_tables(device: torch.device | str) -> TetraKernelTables:
