@@ -146,6 +146,12 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     order = tetra_kernel_tables(device).order if base == "tetra48" else natural_order(device)
     first = layers[0]
+    cfg_of = _config_of(config)
+    cfgs = {k: cfg_of(w.d_out, w.d_in) for k, w in first.items()}
+    # Planes14 with m1 configurations: the batch-1 Planes14 kernel, which reads its own order
+    p14_m1 = base == "planes14" and not null and all(c.kernel == "m1" for c in cfgs.values())
+    if p14_m1:
+        order = ops.planes14_m1_order_tensor(device)
     d_in_of = {k: w.d_in for k, w in first.items()}
     nb_of = {k: w.n_blocks for k, w in first.items()}
     preps = {}
@@ -157,14 +163,15 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             for k, w in first.items()}
     if null:
         mv = ops.null_matvec_prepared
+    elif p14_m1:
+        def mv(xp, w, m, cfg, out=None):
+            return ops.planes14_matvec_m1_prepared(xp, w, cfg, out=out)
     else:
         mv = ops.tetra48_matvec_prepared if base == "tetra48" else ops.planes14_matvec_prepared
 
     prepared = [{src: ops.prepare_activation(xs[b][src], nb_of[k], order)
                  for k in first for src in [GROUP_INPUT[k.split("+")[0]]]}
                 for b in range(n_sets)] if noprep else None
-    cfg_of = _config_of(config)
-    cfgs = {k: cfg_of(w.d_out, w.d_in) for k, w in first.items()}
     rots = {}
     if rotate:
         from leechq.formats.rotation import generate_rotation
@@ -797,6 +804,8 @@ def main() -> None:
                                                  False, m1),
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
                                                         device, 6, True, tile),
+                "planes14-m1-fused": lambda m=model, b=batch: build_lattice(
+                    m, "planes14", b, args.sets, device, 6, True, cfg1),
                 "int4": lambda: build_int4(model, batch, args.sets, device, 8),
                 "tetra48-mma-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                            device, 10),
@@ -808,8 +817,9 @@ def main() -> None:
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
-            if batch > 1:  # the no-weights control has one activation row
+            if batch > 1:  # the no-weights control and the Planes14 m1 have one activation row
                 builders.pop("null-m1-fused-noprep")
+                builders.pop("planes14-m1-fused")
             wanted = args.arms.split(",")
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
@@ -911,6 +921,9 @@ def dry_run() -> None:
         p = build_lattice(tiny, "tetra48", 1, 1, "cpu", 0, True, m1, **kw)
         p.run(0)
         print("tetra48-m1", kw, "err", p.check())
+    p = build_lattice(tiny, "planes14", 1, 1, "cpu", 0, True, m1)
+    p.run(0)
+    print("planes14-m1 err", p.check())
     p = build_lattice(tiny, "null", 1, 1, "cpu", 0, True, m1, null=True, noprep=True)
     p.run(0)
     p.check()

@@ -16,6 +16,7 @@
 #            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
 #   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
+#   planes14 batch 1: the tiled Planes14 kernel vs the opt-in m1-geometry Planes14 kernel
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -73,6 +74,11 @@ e2e)
     > "$OUT/e2e-14b.log" 2>&1
   grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
   ;;
+planes14)
+  timeout 300 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
+    --out "$OUT/matvec-planes14.json" 2>&1 | grep -v '^{"bench' | tail -6
+  ;;
 e2esmall)
   timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
     --batches 2,4,8 --skip-gates --no-profile --budget-s 330 --out "$OUT/e2e-8b-small.json" \
@@ -80,7 +86,7 @@ e2esmall)
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14)" >&2
   exit 2
   ;;
 esac

@@ -158,6 +158,27 @@ def test_planes14_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
     assert _worst(y, x, ref.planes14_dequantize_rotated(w)) <= 1e-5
 
 
+@pytest.mark.parametrize(("d_out", "d_in"), [(4096, 4096), (4096, 12288), (5120, 17408),
+                                         (24, 4264)])
+def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
+    """The batch-1 Planes14 kernel (opt-in, ``kernel="m1"``) against the f64 reference in the
+    per-shape ``m1`` geometry, launched twice (the tickets must reset)."""
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out ^ d_in, device=DEV)
+    dense = ref.planes14_dequantize_rotated(w)
+    cfg = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols)
+    for _ in range(2):
+        x = torch.randn(1, d_in, device=DEV) * (10.0 ** torch.randint(-3, 4, (1, d_in),
+                                                                     device=DEV))
+        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor(DEV))
+        y = torch.full((1, d_out), float("nan"), device=DEV)
+        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y)
+        assert _worst(y, x, dense) <= 1e-5
+    assert ops._planes14_m1_applies(cfg, 1, torch.device(DEV))  # its first-use check passes
+    torch.cuda.synchronize()
+    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
+
+
 @pytest.mark.parametrize("n", [2560, 4096, 5120, 9728, 12288, 17408])
 def test_rotation_widths(n: int) -> None:
     ops = _ops()
@@ -267,6 +288,21 @@ def test_no_local_memory() -> None:
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (mb, res)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (mb, mix)
+    # the batch-1 Planes14 kernel stages its class table the same way: same rule, and the register
+    # cap of ops.m1_config spills nothing at Qwen3-8B's widths
+    from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel
+
+    p14 = {"xp_ptr": "*fp32", "r_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
+           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+           "y_ptr": "*fp32", "d_out": "i32"}
+    for n_blocks, tail, cap in ((170, 16, ops.M1_MAXNREG), (512, 0, ops.M1_MAXNREG), (725, 8, 0)):
+        c = I.compile_for(planes14_m1_kernel, p14, dict(
+            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True),
+            num_warps=4, maxnreg=cap, aligned_ints=("d_out",))
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, res)
+        mix = I.hot_loop_mix(I.sass(c))["loop"]
+        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (n_blocks, mix)
     # the dequantization kernel stages the same table: same rule for its loop
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 

@@ -105,6 +105,30 @@ def test_tetra48_m1_many_rows(m_rows: int, mb: int, d_out: int, d_in: int, ilp: 
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("d_out", "d_in", "bp", "rows"), [
+    (11, 18 * 24 + 3, 8, 4),  # two K-slices (the second short), chunks walked, a tail
+    (7, 5 * 24, 8, 8),        # an odd block count, no tail, one chunk
+])
+def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int) -> None:
+    """The batch-1 Planes14 kernel (``kernel="m1"``, opt-in) against the f64 reference, with
+    activations spanning seven decades; every output written, tickets reset."""
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out)
+    dense = ref.planes14_dequantize_rotated(w)
+    cfg = ops.MatvecConfig(rows=rows, bp=bp, num_warps=1, kernel="m1")
+    for _ in range(2):
+        x = torch.randn(1, d_in) * (10.0 ** torch.randint(-3, 4, (1, d_in)))
+        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor("cpu"))
+        y = torch.full((1, d_out), float("nan"))
+        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y)
+        _bounded(y, x, dense)
+    _bounded(ops.planes14_matvec(x, w, cfg), x, dense)  # the entry point picks the kernel
+    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
+    # the order it reads: prepared coordinate 8k + 2j + h holds quad 2k + h, element j
+    assert ops.planes14_m1_order_tensor("cpu").tolist() == [
+        8 * k + 4 * h + j for k in range(3) for j in range(4) for h in range(2)]
+
+
 def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first-use check passes on a sound kernel and rejects (with a warning) a broken one; the
     environment switch turns the kernel off."""

@@ -14,7 +14,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +41,7 @@ from leechq.kernels.triton.intq import (
     intq_matvec_kernel,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
+from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel, planes14_m1_order
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
@@ -669,10 +670,95 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
 
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
-    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``)."""
+    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). An ``m1``
+    configuration with one activation row runs the batch-1 kernel (:mod:`.planes14_m1`, opt-in:
+    not yet timed on a GPU); anything else the tiled kernel."""
     m_rows = _check_x(x, w.d_in, w.records.device)
+    if config is not None and _planes14_m1_applies(config, m_rows, x.device):
+        xp = prepare_activation(x, w.n_blocks, planes14_m1_order_tensor(x.device))
+        return planes14_matvec_m1_prepared(xp, w, config)
     xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
     return planes14_matvec_prepared(xp, w, m_rows, config)
+
+
+_P14_ORDER: dict[str, torch.Tensor] = {}
+_P14_M1_CHECKED: dict[tuple[str, MatvecConfig], bool] = {}
+
+
+def planes14_m1_order_tensor(device: torch.device | str) -> torch.Tensor:
+    """int32 [24]: the block-coordinate order the batch-1 Planes14 kernel reads
+    (:func:`.planes14_m1.planes14_m1_order`), cached per device."""
+    key = str(device)
+    if key not in _P14_ORDER:
+        _P14_ORDER[key] = torch.tensor(planes14_m1_order(), dtype=torch.int32, device=device)
+    return _P14_ORDER[key]
+
+
+def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
+    """Whether an explicit configuration asks for the batch-1 Planes14 kernel and it may run: one
+    activation row, ``LEECHQ_M1`` not 0, and on a GPU a passed first-use check per (device,
+    geometry) against the f64 reference (outside any CUDA-graph capture; a failure warns and
+    keeps the tiled kernel)."""
+    if cfg.kernel != "m1" or m_rows != 1 or os.environ.get("LEECHQ_M1", "1") == "0":
+        return False
+    if interpreting() or device.type != "cuda":
+        return True
+    key = (str(device), cfg)
+    if key not in _P14_M1_CHECKED:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _P14_M1_CHECKED[key] = _check_planes14_m1(device, cfg)
+    return _P14_M1_CHECKED[key]
+
+
+def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
+    from leechq.formats.layouts.planes14 import random_planes14
+
+    try:
+        n_blocks = 2 * cfg.bp + 6  # two K-slices, the second one short
+        w = random_planes14(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
+        dense = ref.planes14_dequantize_rotated(w)
+        worst = 0.0
+        for seed in (1, 2):  # two calls: the tickets must have reset
+            g = torch.Generator(device=device).manual_seed(seed)
+            x = torch.randn(1, w.d_in, generator=g, device=device)
+            xp = prepare_activation(x, w.n_blocks, planes14_m1_order_tensor(device))
+            y = planes14_matvec_m1_prepared(xp, w, cfg)
+            bound = x.double().abs() @ dense.abs().T
+            err = ((y.double() - x.double() @ dense.T).abs() / bound).max()
+            worst = max(worst, float(err) if bool(torch.isfinite(y).all()) else math.inf)
+        if worst <= 1e-5 and int(_tickets(device).abs().sum()) == 0:
+            return True
+        reason = f"error {worst:.2e} or tickets not reset"
+    except Exception as exc:  # any failure means: do not use the kernel on this device
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+    warnings.warn(f"the batch-1 Planes14 kernel ({cfg}) failed its first-use check on {device} "
+                  f"({reason}); using the tiled kernel", stacklevel=3)
+    return False
+
+
+def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
+                                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` for one activation row prepared in :func:`planes14_m1_order_tensor` order, by
+    the batch-1 Planes14 kernel in ``config``'s ``m1`` geometry (``rows``, ``bp``, ``num_warps``,
+    ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out]."""
+    _check_lattice(w, w.records, "records")
+    _check_prepared(xp, 1, w.n_blocks, w.records.device)
+    y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
+    if y.dim() != 2 or y.shape[0] < 1 or y.shape[1] != w.d_out or y.stride(1) != 1:
+        raise InvalidInput(f"out must be [1, {w.d_out}] with unit column stride")
+    cfg = replace(config, ilp=1)
+    grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
+    if w.d_out:
+        part = torch.empty(ns, w.d_out, dtype=torch.float32, device=xp.device)
+        planes14_m1_kernel[(grid,)](
+            xp, w.records, w.row_scales, w.row_centroids, w.tail, planes14_kernel_table(xp.device),
+            part, _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
+            ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
+            num_warps=cfg.num_warps, num_stages=1,
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        )
+    return y
 
 
 def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_rows: int,

@@ -1,0 +1,201 @@
+"""Batch-1 Planes14 matvec: the ``m1`` geometry and integer block dot for the ball codebook.
+
+Implements layouts-kernels-recipe.md §1.3 / §3.2 (the 14-byte bit-plane record, the 512-entry class
+table) in the geometry of :mod:`.tetra48_m1` (activation-stationary split-K, one K-slice of 32
+record pairs per program, row chunks walked by the warps, partials in a scratch reduced by the last
+program of a chunk through an acq_rel ticket) and with its integer block dot: each block's 24
+activation values are one exponent and 24-bit integers in three byte limbs (:func:`.tetra48_m1.
+_x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs × 6 quads).
+
+* **Activation order.** The limb words of :func:`.tetra48_m1._x_limbs` pack prepared coordinates
+  ``8k + 2j + h`` (``j = 0..3``) as word ``(k, h)``. The record's quad ``q`` holds natural
+  coordinates ``4q .. 4q + 3``; with the activation prepared in :func:`planes14_m1_order`
+  (``order[8k + 2j + h] = 8k + 4h + j``) word ``(k, h)`` is quad ``2k + h``.
+* **Decode per record** (as :mod:`.planes14`): the class entry (``128 + magnitude`` of levels 0..3
+  and of level 4 as bytes, ``1/√(16 m)``: one 16-byte read of the table staged in shared memory);
+  per quad the three level planes become level bytes, a byte permute reads the biased magnitudes,
+  the sign plane picks ``128 + mag`` or ``128 − mag``, and ``^ 0x80`` gives the signed value bytes.
+* Block: ``dot · centroid[g] · invnorm[class] · E_b``; row: the fixup applies ``σ_row`` and the
+  tail (:func:`.tetra48_m1._ticket_fixup`).
+
+The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
+largest value) and f32 accumulation. Opt-in (``MatvecConfig(kernel="m1")`` for a Planes14 record,
+one activation row); not yet timed on a GPU.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from leechq.kernels.triton._bits import (
+    dp4a,
+    prmt,
+    reserve_smem,
+    smem_base,
+    smem_store32,
+    spread4_bytes,
+    table_load128,
+)
+from leechq.kernels.triton.tetra48_m1 import (
+    _geometry,
+    _store_partial,
+    _ticket_fixup,
+    _x_limbs,
+)
+
+CLASS_WORDS = tl.constexpr(2048)
+"""The class table: 512 entries × 4 words (``formats.layouts.planes14``'s kernel form)."""
+
+
+@triton.jit
+def stage_class_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
+    """Copy the 8 KiB class table into shared memory once per program (GPU); its base address (0
+    under the interpreter, where lookups read ``tab_ptr``)."""
+    if USE_ASM:
+        reserve_smem(tab_ptr, d_out < 0, CLASS_WORDS)
+        base = smem_base(d_out)
+        e = tl.arange(0, CLASS_WORDS)
+        smem_store32(base + e * 4, tl.load(tab_ptr + e), e >= 0)
+        tl.debug_barrier()
+    else:
+        base = d_out * 0
+    return base
+
+
+@triton.jit
+def _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, Q: tl.constexpr, USE_ASM: tl.constexpr):
+    """Signed value bytes of quad ``Q`` (coordinates 4Q..4Q+3) of one record per element."""
+    b0 = (((p0 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+    b1 = (((p1 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+    b2 = (((p2 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+    lev = b0 | (b1 << 1) | (b2 << 2)  # level = P2 ? 4 : P0 + 2·P1, one byte per coordinate
+    nib = lev | (lev >> 4)
+    sel = prmt(nib, nib, tl.full(nib.shape, 0x0020, tl.uint32), USE_ASM)
+    pos = prmt(k0, k1, sel, USE_ASM)
+    neg = prmt(n0, n1, sel, USE_ASM)
+    m = spread4_bytes((sgn >> (4 * Q)) & 15, USE_ASM)
+    return ((pos & ~m) | (neg & m)) ^ 0x80808080
+
+
+@triton.jit
+def _quad_dot(qb, la, lb, lc, acc0, acc1, acc2, USE_ASM: tl.constexpr):
+    """The three limb sums of one quad (signed value bytes ``qb`` against limb words ``la..lc``)."""
+    acc0 = dp4a(qb, la, acc0, False, USE_ASM)
+    acc1 = dp4a(qb, lb, acc1, False, USE_ASM)
+    acc2 = dp4a(qb, lc, acc2, True, USE_ASM)
+    return acc0, acc1, acc2
+
+
+@triton.jit
+def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one record per element (record bits 0..31, 32..63,
+    64..95, 96..111 in ``A, B, C, D``: uint32; ``x``: the block's exponent and limb words in the
+    order of :func:`planes14_m1_order`)."""
+    (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+     c00, c01, c10, c11, c20, c21) = x
+    cid = A & 0x1FF
+    g = (A >> 9) & 1
+    sgn = ((A >> 10) | (B << 22)) & 0xFFFFFF
+    p0 = (B >> 2) & 0xFFFFFF
+    p1 = ((B >> 26) | (C << 6)) & 0xFFFFFF
+    p2 = ((C >> 18) | (D << 14)) & 0xFFFFFF
+    k0, k1, invw, _pad = table_load128(tab_ptr, base, cid * 4, USE_ASM)
+    # 256 − b per byte (no carries: every biased magnitude byte is ≥ 128)
+    n0 = (~k0) + 0x01010101
+    n1 = (~k1) + 0x01010101
+    z = tl.zeros(A.shape, tl.int32)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 0, USE_ASM),
+                                 a00, b00, c00, z, z, z, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 1, USE_ASM),
+                                 a01, b01, c01, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 2, USE_ASM),
+                                 a10, b10, c10, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 3, USE_ASM),
+                                 a11, b11, c11, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 4, USE_ASM),
+                                 a20, b20, c20, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 5, USE_ASM),
+                                 a21, b21, c21, acc0, acc1, acc2, USE_ASM)
+    dot = (acc2 << 16) + (acc1 << 8) + acc0
+    scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
+    return dot.to(tl.float32) * (scale * e_blk)
+
+
+@triton.jit
+def _pair_dot(w0, w1, w2, w3, w4, w5, w6, cent0, cent1, tab_ptr, base, x_even, x_odd,
+              USE_ASM: tl.constexpr):
+    """The two record dots of a record pair (its seven words ``w0..w6``)."""
+    acc = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, x_even, USE_ASM)
+    return acc + _record_dot((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
+                             (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
+                             x_odd, USE_ASM)
+
+
+@triton.jit
+def _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE: tl.constexpr):
+    """The seven words of each element's record pair and its row's centroid pair (zeros past
+    ``d_out`` or past the last record; issued one trip ahead of their use)."""
+    row_ok = rows < d_out
+    rc = tl.where(row_ok, rows, 0)
+    pw = r_ptr + rc * STRIDE + 7 * pair
+    me = row_ok & ok_e
+    mo = row_ok & ok_o
+    w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
+    w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
+    w2 = tl.load(pw + 2, mask=me, other=0).to(tl.uint32)
+    w3 = tl.load(pw + 3, mask=me, other=0).to(tl.uint32)
+    w4 = tl.load(pw + 4, mask=mo, other=0).to(tl.uint32)
+    w5 = tl.load(pw + 5, mask=mo, other=0).to(tl.uint32)
+    w6 = tl.load(pw + 6, mask=mo, other=0).to(tl.uint32)
+    return w0, w1, w2, w3, w4, w5, w6, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)
+
+
+@triton.jit
+def planes14_m1_kernel(
+    xp_ptr, r_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
+    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """``y = W x`` for one activation row prepared in :func:`planes14_m1_order`; the launch
+    contract of :func:`.tetra48_m1.tetra48_m1_kernel` with one row per warp and trip (grid a
+    multiple of ``NS = ceil(pairs / BP)``, ``ROWS`` a multiple of ``NW · 32 / BP``)."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    NPP: tl.constexpr = ((NP + 63) // 64) * 64
+    NS: tl.constexpr = (NP + BP - 1) // BP
+    RI: tl.constexpr = NW * 32 // BP  # rows per trip
+    IPC: tl.constexpr = ROWS // RI  # loop trips per chunk
+    STRIDE: tl.constexpr = 7 * NP
+    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    base = stage_class_table(tab_ptr, d_out, USE_ASM)
+    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
+    x_even = _x_limbs(xp_ptr + pair, NPP, 0, USE_ASM)
+    x_odd = _x_limbs(xp_ptr + pair, NPP, 1, USE_ASM)
+    ok_e = pair * 2 < N_BLOCKS
+    ok_o = pair * 2 + 1 < N_BLOCKS
+    n_chunks = (d_out + ROWS - 1) // ROWS
+    n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
+    rows = c0 * ROWS + sub
+    part = part_ptr + sl * d_out
+    w0, w1, w2, w3, w4, w5, w6, ca, cb = _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o,
+                                                   STRIDE)
+    for k in range(n_iter):
+        # the next trip's rows (the next chunk of this program after the last trip of a chunk)
+        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + RI, rows + RI)
+        nrow = tl.where(k + 1 < n_iter, nxt, d_out)
+        v0, v1, v2, v3, v4, v5, v6, va, vb = _load_row(r_ptr, cent_ptr, nrow, pair, d_out, ok_e,
+                                                       ok_o, STRIDE)
+        acc = _pair_dot(w0, w1, w2, w3, w4, w5, w6, ca, cb, tab_ptr, base, x_even, x_odd, USE_ASM)
+        _store_partial(acc, rows, lane, part, d_out, NW, BP)
+        if k % IPC == IPC - 1:
+            chunk = c0 + (k // IPC) * cstep
+            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
+                          d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
+        rows = nxt
+        w0, w1, w2, w3, w4, w5, w6, ca, cb = v0, v1, v2, v3, v4, v5, v6, va, vb
+
+
+def planes14_m1_order() -> list[int]:
+    """The block-coordinate order of the activation this kernel reads: prepared coordinate
+    ``8k + 2j + h`` holds natural coordinate ``8k + 4h + j`` (quad ``2k + h``, element ``j``)."""
+    return [8 * (t // 8) + 4 * (t % 2) + (t % 8) // 2 for t in range(24)]
