@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -264,24 +264,59 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig) -> bool:
     kernel is used for that call."""
     if os.environ.get("LEECHQ_M1", "1") == "0":
         return False
+    return _checked_once(_M1_CHECKED, device, cfg, _check_m1)
+
+
+def _checked_once(cache: dict, device: torch.device, cfg: MatvecConfig, check: Callable) -> bool:
+    """``check(device, cfg)`` once per (device, geometry) on a GPU, outside any CUDA-graph capture
+    (under a capture with no result yet: False for that call); True off the GPU."""
     if interpreting() or device.type != "cuda":
         return True
     key = (str(device), cfg)
-    if key not in _M1_CHECKED:
+    if key not in cache:
         if torch.cuda.is_current_stream_capturing():
             return False
-        _M1_CHECKED[key] = _check_m1(device, cfg)
-    return _M1_CHECKED[key]
+        cache[key] = check(device, cfg)
+    return cache[key]
+
+
+def _row_bound_error(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> float:
+    """The largest ``|y − x·Wᵀ| / Σ_j |w_j x_j|`` over the outputs (f64 reference ``dense``),
+    infinite when an output is not finite (the first-use checks' measure, docs/kernels.md)."""
+    if not bool(torch.isfinite(y).all()):
+        return math.inf
+    bound = x.double().abs() @ dense.abs().T
+    return float(((y.double() - x.double() @ dense.T).abs() / bound).max())
+
+
+def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator) -> bool:
+    """Run ``cases`` (a generator of ``(y, x, dense)``: kernel output, activation, f64 reference
+    matrix) and require every output within ``1e-5 · Σ|w·x|`` and the ticket counters reset; any
+    failure or exception warns and returns False (the caller keeps the tiled kernel)."""
+    try:
+        worst = 0.0
+        for y, x, dense in cases:
+            worst = max(worst, _row_bound_error(y, x, dense))
+            if not worst <= 1e-5:
+                break
+        tickets_clean = int(_tickets(device).abs().sum()) == 0
+        if worst <= 1e-5 and tickets_clean:
+            return True
+        reason = f"error {worst:.2e}, tickets {'reset' if tickets_clean else 'NOT reset'}"
+    except Exception as exc:  # any failure means: do not use the kernel on this device
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+    warnings.warn(f"the {what} ({cfg}) failed its first-use check on {device} ({reason}); using "
+                  "the tiled kernel", stacklevel=5)
+    return False
 
 
 def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
-    from leechq.formats.layouts.tetra48 import random_tetra48
+    def cases() -> Iterator:
+        from leechq.formats.layouts.tetra48 import random_tetra48
 
-    try:
         n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
         w = random_tetra48(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
         dense = ref.tetra48_dequantize_rotated(w)
-        worst = 0.0
         # several rows: mb + 1 (a full launch, then a one-row launch with this geometry) and
         # mb − 1 (a zero pad row for mb = 4); one row: twice (the tickets must have reset)
         counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
@@ -291,21 +326,9 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
             xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
             y = torch.full((m_rows, w.d_out), float("nan"), device=device)
             _launch_m1(tetra48_m1_kernel, xp, w, y, cfg, m_rows)
-            want = x.double() @ dense.T
-            bound = x.double().abs() @ dense.abs().T
-            err = ((y.double() - want).abs() / bound).max()
-            worst = max(worst, float(err) if bool(torch.isfinite(y).all()) else math.inf)
-            if not worst <= 1e-5:
-                break
-        tickets_clean = int(_tickets(device).abs().sum()) == 0
-        if worst <= 1e-5 and tickets_clean:
-            return True
-        reason = f"error {worst:.2e}, tickets {'reset' if tickets_clean else 'NOT reset'}"
-    except Exception as exc:  # any failure means: do not use the kernel on this device
-        reason = f"{type(exc).__name__}: {exc}"[:300]
-    warnings.warn(f"the batch-1 Tetra kernel (m1, {cfg}) failed its first-use check on {device} "
-                  f"({reason}); using the tiled kernel", stacklevel=3)
-    return False
+            yield y, x, dense
+
+    return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases())
 
 
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
@@ -701,40 +724,23 @@ def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -
     keeps the tiled kernel)."""
     if cfg.kernel != "m1" or m_rows != 1 or os.environ.get("LEECHQ_M1", "1") == "0":
         return False
-    if interpreting() or device.type != "cuda":
-        return True
-    key = (str(device), cfg)
-    if key not in _P14_M1_CHECKED:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _P14_M1_CHECKED[key] = _check_planes14_m1(device, cfg)
-    return _P14_M1_CHECKED[key]
+    return _checked_once(_P14_M1_CHECKED, device, cfg, _check_planes14_m1)
 
 
 def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
-    from leechq.formats.layouts.planes14 import random_planes14
+    def cases() -> Iterator:
+        from leechq.formats.layouts.planes14 import random_planes14
 
-    try:
         n_blocks = 2 * cfg.bp + 6  # two K-slices, the second one short
         w = random_planes14(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
         dense = ref.planes14_dequantize_rotated(w)
-        worst = 0.0
         for seed in (1, 2):  # two calls: the tickets must have reset
             g = torch.Generator(device=device).manual_seed(seed)
             x = torch.randn(1, w.d_in, generator=g, device=device)
             xp = prepare_activation(x, w.n_blocks, planes14_m1_order_tensor(device))
-            y = planes14_matvec_m1_prepared(xp, w, cfg)
-            bound = x.double().abs() @ dense.abs().T
-            err = ((y.double() - x.double() @ dense.T).abs() / bound).max()
-            worst = max(worst, float(err) if bool(torch.isfinite(y).all()) else math.inf)
-        if worst <= 1e-5 and int(_tickets(device).abs().sum()) == 0:
-            return True
-        reason = f"error {worst:.2e} or tickets not reset"
-    except Exception as exc:  # any failure means: do not use the kernel on this device
-        reason = f"{type(exc).__name__}: {exc}"[:300]
-    warnings.warn(f"the batch-1 Planes14 kernel ({cfg}) failed its first-use check on {device} "
-                  f"({reason}); using the tiled kernel", stacklevel=3)
-    return False
+            yield planes14_matvec_m1_prepared(xp, w, cfg), x, dense
+
+    return _first_use_check("batch-1 Planes14 kernel", device, cfg, cases())
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,

@@ -29,15 +29,23 @@ def _level_bytes(p0, p1, p2, Q: tl.constexpr):
 
 
 @triton.jit
-def _record_pass(a0, a1, a2, a3, a4, a5, a6, a7, A, B, C, D, cent0, cent1, tab_ptr, xb,
-                 NPP: tl.constexpr, XS: tl.constexpr, MP: tl.constexpr, USE_ASM: tl.constexpr):
-    """Decode a tile of records (record bits 0..31, 32..63, 64..95, 96..111 in A, B, C, D)."""
+def record_fields(A, B, C, D):
+    """The fields of a 14-byte record (bits 0..31, 32..63, 64..95, 96..111 in ``A, B, C, D``):
+    class id (9 bits), gain bit, sign plane and level planes 0, 1, 2 (24 bits each)."""
     cid = A & 0x1FF
     g = (A >> 9) & 1
     sgn = ((A >> 10) | (B << 22)) & 0xFFFFFF
     p0 = (B >> 2) & 0xFFFFFF
     p1 = ((B >> 26) | (C << 6)) & 0xFFFFFF
     p2 = ((C >> 18) | (D << 14)) & 0xFFFFFF
+    return cid, g, sgn, p0, p1, p2
+
+
+@triton.jit
+def _record_pass(a0, a1, a2, a3, a4, a5, a6, a7, A, B, C, D, cent0, cent1, tab_ptr, xb,
+                 NPP: tl.constexpr, XS: tl.constexpr, MP: tl.constexpr, USE_ASM: tl.constexpr):
+    """Decode a tile of records (record bits 0..31, 32..63, 64..95, 96..111 in A, B, C, D)."""
+    cid, g, sgn, p0, p1, p2 = record_fields(A, B, C, D)
     k0 = tl.load(tab_ptr + cid * 4).to(tl.uint32)
     k1 = tl.load(tab_ptr + cid * 4 + 1).to(tl.uint32)
     inv = tl.load(tab_ptr + cid * 4 + 2).to(tl.float32, bitcast=True)
@@ -92,6 +100,21 @@ def _record_pass(a0, a1, a2, a3, a4, a5, a6, a7, A, B, C, D, cent0, cent1, tab_p
 
 
 @triton.jit
+def load_record_pair(pw, me, mo):
+    """The seven u32 words of a pair of 14-byte records at ``pw`` (uint32; zeros where the even
+    record, ``me``, or the odd one, ``mo``, is absent: words 0..3 and 4..6 — word 3 is shared, its
+    low half the even record's)."""
+    w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
+    w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
+    w2 = tl.load(pw + 2, mask=me, other=0).to(tl.uint32)
+    w3 = tl.load(pw + 3, mask=me, other=0).to(tl.uint32)
+    w4 = tl.load(pw + 4, mask=mo, other=0).to(tl.uint32)
+    w5 = tl.load(pw + 5, mask=mo, other=0).to(tl.uint32)
+    w6 = tl.load(pw + 6, mask=mo, other=0).to(tl.uint32)
+    return w0, w1, w2, w3, w4, w5, w6
+
+
+@triton.jit
 def planes14_matvec_kernel(
     xp_ptr, r_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, y_ptr, stride_ym, d_out,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr,
@@ -121,14 +144,7 @@ def planes14_matvec_kernel(
         pair = p0 + pi
         me = row_ok & (pair * 2 < N_BLOCKS)
         mo = row_ok & (pair * 2 + 1 < N_BLOCKS)
-        pw = rrow + 7 * pair
-        w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
-        w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
-        w2 = tl.load(pw + 2, mask=me, other=0).to(tl.uint32)
-        w3 = tl.load(pw + 3, mask=me, other=0).to(tl.uint32)
-        w4 = tl.load(pw + 4, mask=mo, other=0).to(tl.uint32)
-        w5 = tl.load(pw + 5, mask=mo, other=0).to(tl.uint32)
-        w6 = tl.load(pw + 6, mask=mo, other=0).to(tl.uint32)
+        w0, w1, w2, w3, w4, w5, w6 = load_record_pair(rrow + 7 * pair, me, mo)
         xb = xp_ptr + pair
         a0, a1, a2, a3, a4, a5, a6, a7 = _record_pass(
             a0, a1, a2, a3, a4, a5, a6, a7, w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, xb,

@@ -37,6 +37,7 @@ from leechq.kernels.triton._bits import (
     spread4_bytes,
     table_load128,
 )
+from leechq.kernels.triton.planes14 import load_record_pair, record_fields
 from leechq.kernels.triton.tetra48_m1 import (
     _geometry,
     _store_partial,
@@ -94,12 +95,7 @@ def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexp
     order of :func:`planes14_m1_order`)."""
     (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
-    cid = A & 0x1FF
-    g = (A >> 9) & 1
-    sgn = ((A >> 10) | (B << 22)) & 0xFFFFFF
-    p0 = (B >> 2) & 0xFFFFFF
-    p1 = ((B >> 26) | (C << 6)) & 0xFFFFFF
-    p2 = ((C >> 18) | (D << 14)) & 0xFFFFFF
+    cid, g, sgn, p0, p1, p2 = record_fields(A, B, C, D)
     k0, k1, invw, _pad = table_load128(tab_ptr, base, cid * 4, USE_ASM)
     # 256 − b per byte (no carries: every biased magnitude byte is ≥ 128)
     n0 = (~k0) + 0x01010101
@@ -138,16 +134,8 @@ def _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE: tl.constex
     ``d_out`` or past the last record; issued one trip ahead of their use)."""
     row_ok = rows < d_out
     rc = tl.where(row_ok, rows, 0)
-    pw = r_ptr + rc * STRIDE + 7 * pair
-    me = row_ok & ok_e
-    mo = row_ok & ok_o
-    w0 = tl.load(pw, mask=me, other=0).to(tl.uint32)
-    w1 = tl.load(pw + 1, mask=me, other=0).to(tl.uint32)
-    w2 = tl.load(pw + 2, mask=me, other=0).to(tl.uint32)
-    w3 = tl.load(pw + 3, mask=me, other=0).to(tl.uint32)
-    w4 = tl.load(pw + 4, mask=mo, other=0).to(tl.uint32)
-    w5 = tl.load(pw + 5, mask=mo, other=0).to(tl.uint32)
-    w6 = tl.load(pw + 6, mask=mo, other=0).to(tl.uint32)
+    w0, w1, w2, w3, w4, w5, w6 = load_record_pair(r_ptr + rc * STRIDE + 7 * pair, row_ok & ok_e,
+                                                  row_ok & ok_o)
     return w0, w1, w2, w3, w4, w5, w6, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)
 
 
