@@ -17,6 +17,7 @@
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
 #   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
 #   planes14 batch 1: the tiled Planes14 kernel vs the opt-in m1-geometry Planes14 kernel
+#            (selectors from the table, then built in registers)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -75,9 +76,13 @@ e2e)
   grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
   ;;
 planes14)
-  timeout 300 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
+  timeout 330 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
     --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
     --out "$OUT/matvec-planes14.json" 2>&1 | grep -v '^{"bench' | tail -6
+  echo "# the same, selectors built in registers (LEECHQ_P14_SELECTORS=0)"
+  LEECHQ_P14_SELECTORS=0 timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b \
+    --batches 1 --rounds 3 --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-m1-fused \
+    --out "$OUT/matvec-planes14-regsel.json" 2>&1 | grep -v '^{"bench' | tail -3
   ;;
 e2esmall)
   timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \

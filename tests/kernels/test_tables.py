@@ -76,3 +76,15 @@ def test_m1_offsets_match_the_kernel() -> None:
                                          T.M1_MID_SHIFT, T.M1_COMPACT_PB_WORD)
     assert T.M1_MID_SHIFT == CLASS_ROWS - N0_MIXED
     assert T.M1_TABLE_WORDS == 8192  # the staging copies two 4096-word ranges; 32 KiB reserved
+
+
+def test_planes14_level_selectors() -> None:
+    """The selector table against the level code, on all 4096 plane-nibble triples."""
+    sel = T.planes14_level_selectors()
+    for u in range(4096):
+        for i in range(4):
+            p0, p1, p2 = (u >> i) & 1, (u >> (4 + i)) & 1, (u >> (8 + i)) & 1
+            assert (int(sel[u]) >> (4 * i)) & 15 == (4 if p2 else p0 + 2 * p1)
+    table = T.planes14_m1_table("cpu")
+    assert table.shape == (6144,) and T.P14_SELECTOR_WORD == 2048
+    assert torch.equal(table[:2048], T.planes14_kernel_table("cpu").reshape(-1))

@@ -171,9 +171,10 @@ def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
         x = torch.randn(1, d_in, device=DEV) * (10.0 ** torch.randint(-3, 4, (1, d_in),
                                                                      device=DEV))
         xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor(DEV))
-        y = torch.full((1, d_out), float("nan"), device=DEV)
-        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y)
-        assert _worst(y, x, dense) <= 1e-5
+        for sel in (True, False):
+            y = torch.full((1, d_out), float("nan"), device=DEV)
+            ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=sel)
+            assert _worst(y, x, dense) <= 1e-5, sel
     assert ops._planes14_m1_applies(cfg, 1, torch.device(DEV))  # its first-use check passes
     torch.cuda.synchronize()
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
@@ -296,13 +297,14 @@ def test_no_local_memory() -> None:
            "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
            "y_ptr": "*fp32", "d_out": "i32"}
     for n_blocks, tail, cap in ((170, 16, ops.M1_MAXNREG), (512, 0, ops.M1_MAXNREG), (725, 8, 0)):
-        c = I.compile_for(planes14_m1_kernel, p14, dict(
-            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True),
-            num_warps=4, maxnreg=cap, aligned_ints=("d_out",))
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, res)
-        mix = I.hot_loop_mix(I.sass(c))["loop"]
-        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (n_blocks, mix)
+        for sel in (True, False):
+            c = I.compile_for(planes14_m1_kernel, p14, dict(
+                N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True,
+                SEL_TABLE=sel), num_warps=4, maxnreg=cap, aligned_ints=("d_out",))
+            res = I.resource_usage(c)
+            assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, sel, res)
+            mix = I.hot_loop_mix(I.sass(c))["loop"]
+            assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (n_blocks, mix)
     # the dequantization kernel stages the same table: same rule for its loop
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 

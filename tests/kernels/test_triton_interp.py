@@ -105,11 +105,11 @@ def test_tetra48_m1_many_rows(m_rows: int, mb: int, d_out: int, d_in: int, ilp: 
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
-@pytest.mark.parametrize(("d_out", "d_in", "bp", "rows"), [
-    (11, 18 * 24 + 3, 8, 4),  # two K-slices (the second short), chunks walked, a tail
-    (7, 5 * 24, 8, 8),        # an odd block count, no tail, one chunk
+@pytest.mark.parametrize(("d_out", "d_in", "bp", "rows", "selectors"), [
+    (11, 18 * 24 + 3, 8, 4, True),  # two K-slices (the second short), chunks walked, a tail
+    (7, 5 * 24, 8, 8, False),       # an odd block count, no tail, one chunk; selectors in registers
 ])
-def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int) -> None:
+def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool) -> None:
     """The batch-1 Planes14 kernel (``kernel="m1"``, opt-in) against the f64 reference, with
     activations spanning seven decades; every output written, tickets reset."""
     ops = _ops()
@@ -120,7 +120,7 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int) -> None:
         x = torch.randn(1, d_in) * (10.0 ** torch.randint(-3, 4, (1, d_in)))
         xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor("cpu"))
         y = torch.full((1, d_out), float("nan"))
-        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y)
+        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=selectors)
         _bounded(y, x, dense)
     _bounded(ops.planes14_matvec(x, w, cfg), x, dense)  # the entry point picks the kernel
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0

@@ -215,6 +215,38 @@ def planes14_kernel_table(device: torch.device | str) -> torch.Tensor:
     return _memo("planes14", device, _planes14_table_build)
 
 
+P14_SELECTOR_WORD = 2048
+"""Word offset of the level-selector table in :func:`planes14_m1_table` (after the class table)."""
+
+
+def planes14_level_selectors() -> np.ndarray:
+    """uint32 [4096]: for the 12-bit index ``u`` holding one quad's level-plane bits (plane k's bit
+    i at bit ``4k + i``), the byte-permute selector of that quad: nibble i is the level of
+    coordinate i, ``4`` if its plane-2 bit is set, else ``P0 + 2·P1`` (the Planes14 level code,
+    layouts-kernels-recipe.md §1.3)."""
+    u = np.arange(4096, dtype=np.uint32)
+    sel = np.zeros(4096, dtype=np.uint32)
+    for i in range(4):
+        p0, p1, p2 = (u >> i) & 1, (u >> (4 + i)) & 1, (u >> (8 + i)) & 1
+        sel |= np.where(p2 == 1, 4, p0 + 2 * p1).astype(np.uint32) << (4 * i)
+    return sel
+
+
+def _planes14_m1_build(device: str) -> torch.Tensor:
+    from leechq.formats.layouts.planes14 import planes14_tables
+
+    words = np.concatenate([planes14_tables().kernel.reshape(-1).view(np.uint32),
+                            planes14_level_selectors()])
+    return torch.from_numpy(words.view(np.int32).copy()).to(device)
+
+
+def planes14_m1_table(device: torch.device | str) -> torch.Tensor:
+    """The batch-1 Planes14 kernel's table, int32 [6144] (built once per device): the class table
+    (512 × 4 words) then the level selectors (:func:`planes14_level_selectors`, 4096 words, at
+    :data:`P14_SELECTOR_WORD`), staged together in shared memory."""
+    return _memo("planes14_m1", device, _planes14_m1_build)
+
+
 def natural_order(device: torch.device | str) -> torch.Tensor:
     """int32 [24] identity permutation (Planes14 blocks are in natural order)."""
     return torch.arange(24, dtype=torch.int32, device=device)

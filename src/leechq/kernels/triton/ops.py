@@ -26,6 +26,7 @@ from leechq.kernels import reference as ref
 from leechq.kernels.tables import (
     natural_order,
     planes14_kernel_table,
+    planes14_m1_table,
     tetra_kernel_tables,
     tetra_m1_table,
     tetra_m1_table_compact,
@@ -744,24 +745,32 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
-                                out: torch.Tensor | None = None) -> torch.Tensor:
+                                out: torch.Tensor | None = None,
+                                selector_table: bool | None = None) -> torch.Tensor:
     """``y = W x`` for one activation row prepared in :func:`planes14_m1_order_tensor` order, by
     the batch-1 Planes14 kernel in ``config``'s ``m1`` geometry (``rows``, ``bp``, ``num_warps``,
-    ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out]."""
+    ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out].
+
+    ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
+    shared load per quad; 159 instead of 197 instructions per block offline, with random-address
+    shared loads) or built in registers; neither is timed yet, so both stay selectable (default:
+    the table, ``LEECHQ_P14_SELECTORS=0`` for the registers)."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, 1, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
     if y.dim() != 2 or y.shape[0] < 1 or y.shape[1] != w.d_out or y.stride(1) != 1:
         raise InvalidInput(f"out must be [1, {w.d_out}] with unit column stride")
     cfg = replace(config, ilp=1)
+    if selector_table is None:
+        selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
     if w.d_out:
         part = torch.empty(ns, w.d_out, dtype=torch.float32, device=xp.device)
         planes14_m1_kernel[(grid,)](
-            xp, w.records, w.row_scales, w.row_centroids, w.tail, planes14_kernel_table(xp.device),
+            xp, w.records, w.row_scales, w.row_centroids, w.tail, planes14_m1_table(xp.device),
             part, _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
             ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
-            num_warps=cfg.num_warps, num_stages=1,
+            SEL_TABLE=selector_table, num_warps=cfg.num_warps, num_stages=1,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
     return y

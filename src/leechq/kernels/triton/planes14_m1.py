@@ -35,6 +35,7 @@ from leechq.kernels.triton._bits import (
     smem_base,
     smem_store32,
     spread4_bytes,
+    table_load32,
     table_load128,
 )
 from leechq.kernels.triton.planes14 import load_record_pair, record_fields
@@ -45,19 +46,22 @@ from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
 )
 
-CLASS_WORDS = tl.constexpr(2048)
-"""The class table: 512 entries × 4 words (``formats.layouts.planes14``'s kernel form)."""
+TABLE_WORDS = tl.constexpr(6144)
+"""The staged table (``tables.planes14_m1_table``): the class table, 512 entries × 4 words
+(``formats.layouts.planes14``'s kernel form), then the 4096 level selectors."""
+SELECTOR_WORD = tl.constexpr(2048)  # tables.P14_SELECTOR_WORD
 
 
 @triton.jit
-def stage_class_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
-    """Copy the 8 KiB class table into shared memory once per program (GPU); its base address (0
-    under the interpreter, where lookups read ``tab_ptr``)."""
+def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
+    """Copy the 24 KiB table into shared memory once per program (GPU); its base address (0 under
+    the interpreter, where lookups read ``tab_ptr``)."""
     if USE_ASM:
-        reserve_smem(tab_ptr, d_out < 0, CLASS_WORDS)
+        reserve_smem(tab_ptr, d_out < 0, 8192)  # the gather's size must be a power of two
         base = smem_base(d_out)
-        e = tl.arange(0, CLASS_WORDS)
-        smem_store32(base + e * 4, tl.load(tab_ptr + e), e >= 0)
+        e = tl.arange(0, 2048)
+        for part in tl.static_range(3):
+            smem_store32(base + (part * 2048 + e) * 4, tl.load(tab_ptr + part * 2048 + e), e >= 0)
         tl.debug_barrier()
     else:
         base = d_out * 0
@@ -65,14 +69,28 @@ def stage_class_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, Q: tl.constexpr, USE_ASM: tl.constexpr):
-    """Signed value bytes of quad ``Q`` (coordinates 4Q..4Q+3) of one record per element."""
-    b0 = (((p0 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
-    b1 = (((p1 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
-    b2 = (((p2 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
-    lev = b0 | (b1 << 1) | (b2 << 2)  # level = P2 ? 4 : P0 + 2·P1, one byte per coordinate
-    nib = lev | (lev >> 4)
-    sel = prmt(nib, nib, tl.full(nib.shape, 0x0020, tl.uint32), USE_ASM)
+def _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, Q: tl.constexpr,
+                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Signed value bytes of quad ``Q`` (coordinates 4Q..4Q+3) of one record per element. The
+    byte-permute selector (nibble i = level of coordinate i) comes from the selector table indexed
+    by the quad's three level-plane nibbles (``SEL_TABLE``: one shared load) or is built from the
+    planes in registers (level bytes by multiply-spread, then packed by a byte permute)."""
+    if SEL_TABLE:
+        if Q == 0:
+            u = (p0 & 0xF) | ((p1 << 4) & 0xF0) | ((p2 << 8) & 0xF00)
+        elif Q == 1:
+            u = ((p0 >> 4) & 0xF) | (p1 & 0xF0) | ((p2 << 4) & 0xF00)
+        else:
+            u = (((p0 >> (4 * Q)) & 0xF) | ((p1 >> (4 * Q - 4)) & 0xF0)
+                 | ((p2 >> (4 * Q - 8)) & 0xF00))
+        sel = table_load32(tab_ptr, base, SELECTOR_WORD + u, USE_ASM)
+    else:
+        b0 = (((p0 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+        b1 = (((p1 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+        b2 = (((p2 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
+        lev = b0 | (b1 << 1) | (b2 << 2)  # level = P2 ? 4 : P0 + 2·P1, one byte per coordinate
+        nib = lev | (lev >> 4)
+        sel = prmt(nib, nib, tl.full(nib.shape, 0x0020, tl.uint32), USE_ASM)
     pos = prmt(k0, k1, sel, USE_ASM)
     neg = prmt(n0, n1, sel, USE_ASM)
     m = spread4_bytes((sgn >> (4 * Q)) & 15, USE_ASM)
@@ -89,7 +107,8 @@ def _quad_dot(qb, la, lb, lc, acc0, acc1, acc2, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexpr):
+def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, SEL_TABLE: tl.constexpr,
+                USE_ASM: tl.constexpr):
     """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one record per element (record bits 0..31, 32..63,
     64..95, 96..111 in ``A, B, C, D``: uint32; ``x``: the block's exponent and limb words in the
     order of :func:`planes14_m1_order`)."""
@@ -101,18 +120,18 @@ def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexp
     n0 = (~k0) + 0x01010101
     n1 = (~k1) + 0x01010101
     z = tl.zeros(A.shape, tl.int32)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 0, USE_ASM),
-                                 a00, b00, c00, z, z, z, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 1, USE_ASM),
-                                 a01, b01, c01, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 2, USE_ASM),
-                                 a10, b10, c10, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 3, USE_ASM),
-                                 a11, b11, c11, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 4, USE_ASM),
-                                 a20, b20, c20, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(_quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, 5, USE_ASM),
-                                 a21, b21, c21, acc0, acc1, acc2, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 0, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a00, b00, c00, z, z, z, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 1, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a01, b01, c01, acc0, acc1, acc2, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 2, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a10, b10, c10, acc0, acc1, acc2, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 3, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a11, b11, c11, acc0, acc1, acc2, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 4, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a20, b20, c20, acc0, acc1, acc2, USE_ASM)
+    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 5, SEL_TABLE, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(qb, a21, b21, c21, acc0, acc1, acc2, USE_ASM)
     dot = (acc2 << 16) + (acc1 << 8) + acc0
     scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
     return dot.to(tl.float32) * (scale * e_blk)
@@ -120,12 +139,13 @@ def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, USE_ASM: tl.constexp
 
 @triton.jit
 def _pair_dot(w0, w1, w2, w3, w4, w5, w6, cent0, cent1, tab_ptr, base, x_even, x_odd,
-              USE_ASM: tl.constexpr):
+              SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
     """The two record dots of a record pair (its seven words ``w0..w6``)."""
-    acc = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, x_even, USE_ASM)
+    acc = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, x_even, SEL_TABLE,
+                      USE_ASM)
     return acc + _record_dot((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
                              (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
-                             x_odd, USE_ASM)
+                             x_odd, SEL_TABLE, USE_ASM)
 
 
 @triton.jit
@@ -143,11 +163,12 @@ def _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE: tl.constex
 def planes14_m1_kernel(
     xp_ptr, r_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, SEL_TABLE: tl.constexpr = True,
 ):
     """``y = W x`` for one activation row prepared in :func:`planes14_m1_order`; the launch
     contract of :func:`.tetra48_m1.tetra48_m1_kernel` with one row per warp and trip (grid a
-    multiple of ``NS = ceil(pairs / BP)``, ``ROWS`` a multiple of ``NW · 32 / BP``)."""
+    multiple of ``NS = ceil(pairs / BP)``, ``ROWS`` a multiple of ``NW · 32 / BP``). ``SEL_TABLE``:
+    the permute selectors from the staged selector table (else built in registers)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -155,7 +176,7 @@ def planes14_m1_kernel(
     IPC: tl.constexpr = ROWS // RI  # loop trips per chunk
     STRIDE: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = stage_class_table(tab_ptr, d_out, USE_ASM)
+    base = stage_table(tab_ptr, d_out, USE_ASM)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
     x_even = _x_limbs(xp_ptr + pair, NPP, 0, USE_ASM)
     x_odd = _x_limbs(xp_ptr + pair, NPP, 1, USE_ASM)
@@ -173,7 +194,8 @@ def planes14_m1_kernel(
         nrow = tl.where(k + 1 < n_iter, nxt, d_out)
         v0, v1, v2, v3, v4, v5, v6, va, vb = _load_row(r_ptr, cent_ptr, nrow, pair, d_out, ok_e,
                                                        ok_o, STRIDE)
-        acc = _pair_dot(w0, w1, w2, w3, w4, w5, w6, ca, cb, tab_ptr, base, x_even, x_odd, USE_ASM)
+        acc = _pair_dot(w0, w1, w2, w3, w4, w5, w6, ca, cb, tab_ptr, base, x_even, x_odd,
+                        SEL_TABLE, USE_ASM)
         _store_partial(acc, rows, lane, part, d_out, NW, BP)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
