@@ -90,18 +90,13 @@ def build_fp16(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
 def _check_dense(model: Model, lw, x, outs) -> float:
     import torch
 
+    from leechq.kernels import reference as ref
+
     worst = 0.0
     for n, w in lw.items():
         xi = x[GROUP_INPUT[n]]
-        worst = max(worst, _worst_rel_err(torch.matmul(xi, w.t()), xi, w))
+        worst = max(worst, ref.row_bound_error(torch.matmul(xi, w.t()), xi, w))
     return worst
-
-
-def _worst_rel_err(y, x, dense) -> float:
-    """max over outputs of ``|y − x·Wᵀ| / (|x|·|W|ᵀ)`` against f64 (``dense``: W, any float)."""
-    want = x.double() @ dense.double().T
-    bound = x.double().abs() @ dense.double().abs().T
-    return float(((y.double() - want).abs() / bound).max())
 
 
 def _lattice_weights(model: Model, arm: str, fused: bool, device: str, seed: int):
@@ -217,7 +212,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 continue
             dense = (ref.tetra48_dequantize_rotated(w) if base == "tetra48"
                      else ref.planes14_dequantize_rotated(w))
-            worst = max(worst, _worst_rel_err(y, x[src], dense))
+            worst = max(worst, ref.row_bound_error(y, x[src], dense))
             del dense
         if rotate:  # the served pass's rotations, into the prepared layout, against f64
             from leechq.formats.rotation import generate_rotation
@@ -272,7 +267,7 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
         for cfg in sweep_configs(d_out, d_in, _sms()):
             try:
                 got = ops.tetra48_matvec_prepared(xp0, ws[0], 1, cfg)
-                err = _worst_rel_err(got, x0, dense)
+                err = ref.row_bound_error(got, x0, dense)
                 if not err <= 1e-5:
                     raise AssertionError(f"error {err:.2e}")
 
@@ -337,6 +332,7 @@ def build_int4(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
     import torch
 
     from leechq.formats.quantized_weight import Int4Weight
+    from leechq.kernels import reference as ref
     from leechq.kernels.triton import ops
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -372,7 +368,7 @@ def build_int4(model: Model, batch: int, n_sets: int, device: str, seed: int) ->
         for n, w in layers[0].items():
             x = xs[0][GROUP_INPUT[n]]
             y = ops.int4_matvec(x, w)
-            worst = max(worst, _worst_rel_err(y, x, w.dequantize()))
+            worst = max(worst, ref.row_bound_error(y, x, w.dequantize()))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -413,7 +409,7 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
         worst = 0.0
         for k, w in layers[0].items():
             x = xs[0][GROUP_INPUT[k.split("+")[0]]]
-            worst = max(worst, _worst_rel_err(fn(x, w), x, ref.tetra48_dequantize_rotated(w)))
+            worst = max(worst, ref.row_bound_error(fn(x, w), x, ref.tetra48_dequantize_rotated(w)))
         return worst
 
     p.check = check  # type: ignore[attr-defined]

@@ -80,3 +80,15 @@ def test_rotate_reference_is_orthogonal() -> None:
 def test_pattern_split_is_linear() -> None:
     cw = tetra_pattern_split()  # asserts the split against the trellis on all 4096 inputs
     assert cw[0] == 0 and cw.dtype == np.uint32 and not cw[160:].any()
+
+
+def test_row_bound_error() -> None:
+    """The kernels' measure: exact outputs score 0, an error is divided by Σ|w·x| of its row, and
+    a non-finite (unwritten) output scores infinity rather than vanishing in a max."""
+    w = torch.tensor([[1.0, -2.0], [0.5, 0.0]], dtype=torch.float64)
+    x = torch.tensor([[3.0, 1.0]])
+    y = (x.double() @ w.T).float()
+    assert ref.row_bound_error(y, x, w) == 0.0
+    assert ref.row_bound_error(y + torch.tensor([[0.5, 0.0]]), x, w) == 0.5 / 5.0
+    assert ref.row_bound_error(torch.full_like(y, float("nan")), x, w) == float("inf")
+    assert ref.row_bound_error(y, x, w.half()) == 0.0  # any float matrix, compared in f64

@@ -13,6 +13,8 @@ Contracts (shapes; docs/kernels.md has the tolerances):
 * ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
 * ``int4_matvec(x [M, d_in], w: Int4Weight) / int8_matvec(x, w: Int8Weight) -> [M, d_out] f32``.
 * ``int4_embedding(ids [T] int, table: Int4Weight) / int8_embedding -> [T, d] f32``.
+
+:func:`row_bound_error` is the measure the kernels are held to against these references.
 """
 
 from __future__ import annotations
@@ -232,6 +234,18 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     """``y = W x`` for a Planes14 record: float32 [M, d_out] (f64 inside)."""
     x = _as_matrix(x, w.d_in)
     return (x.to(torch.float64) @ planes14_dequantize_rotated(w).T).to(torch.float32)
+
+
+def row_bound_error(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> float:
+    """The largest ``|y − x·Wᵀ| / Σ_j |w_j x_j|`` over the outputs ``y [M, d_out]`` of a matvec
+    with ``x [M, d_in]`` and the matrix ``dense [d_out, d_in]`` (any float; compared in f64), or
+    infinity when an output is not finite (an unwritten, NaN-poisoned output fails). The kernels'
+    bound is 1e-5 (f32 paths) of this (layouts-kernels-recipe.md §3.9, docs/kernels.md)."""
+    if not bool(torch.isfinite(y).all()):
+        return math.inf
+    xd, wd = x.double(), dense.double()
+    bound = xd.abs() @ wd.abs().T
+    return float(((y.double() - xd @ wd.T).abs() / bound).max())
 
 
 # ------------------------------------------------------------------------------------ int4 / int8

@@ -281,15 +281,6 @@ def _checked_once(cache: dict, device: torch.device, cfg: MatvecConfig, check: C
     return cache[key]
 
 
-def _row_bound_error(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> float:
-    """The largest ``|y − x·Wᵀ| / Σ_j |w_j x_j|`` over the outputs (f64 reference ``dense``),
-    infinite when an output is not finite (the first-use checks' measure, docs/kernels.md)."""
-    if not bool(torch.isfinite(y).all()):
-        return math.inf
-    bound = x.double().abs() @ dense.abs().T
-    return float(((y.double() - x.double() @ dense.T).abs() / bound).max())
-
-
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator) -> bool:
     """Run ``cases`` (a generator of ``(y, x, dense)``: kernel output, activation, f64 reference
     matrix) and require every output within ``1e-5 · Σ|w·x|`` and the ticket counters reset; any
@@ -297,7 +288,7 @@ def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: 
     try:
         worst = 0.0
         for y, x, dense in cases:
-            worst = max(worst, _row_bound_error(y, x, dense))
+            worst = max(worst, ref.row_bound_error(y, x, dense))
             if not worst <= 1e-5:
                 break
         tickets_clean = int(_tickets(device).abs().sum()) == 0
