@@ -146,7 +146,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     # Planes14 with m1 configurations: the batch-1 Planes14 kernel, which reads its own order
     p14_m1 = base == "planes14" and not null and all(c.kernel == "m1" for c in cfgs.values())
     if p14_m1:
-        order = ops.planes14_m1_order_tensor(device)
+        order = ops.planes14_m1_order(device)
     d_in_of = {k: w.d_in for k, w in first.items()}
     nb_of = {k: w.n_blocks for k, w in first.items()}
     preps = {}

@@ -86,5 +86,7 @@ def test_planes14_level_selectors() -> None:
             p0, p1, p2 = (u >> i) & 1, (u >> (4 + i)) & 1, (u >> (8 + i)) & 1
             assert (int(sel[u]) >> (4 * i)) & 15 == (4 if p2 else p0 + 2 * p1)
     table = T.planes14_m1_table("cpu")
-    assert table.shape == (6144,) and T.P14_SELECTOR_WORD == 2048
+    from leechq.kernels.triton import planes14_m1 as P
+
+    assert table.shape == (P.TABLE_WORDS.value,) and P.SELECTOR_WORD.value == T.P14_SELECTOR_WORD
     assert torch.equal(table[:2048], T.planes14_kernel_table("cpu").reshape(-1))

@@ -170,7 +170,7 @@ def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
     for _ in range(2):
         x = torch.randn(1, d_in, device=DEV) * (10.0 ** torch.randint(-3, 4, (1, d_in),
                                                                      device=DEV))
-        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor(DEV))
+        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order(DEV))
         for sel in (True, False):
             y = torch.full((1, d_out), float("nan"), device=DEV)
             ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=sel)

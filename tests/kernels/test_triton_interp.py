@@ -118,14 +118,14 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool)
     cfg = ops.MatvecConfig(rows=rows, bp=bp, num_warps=1, kernel="m1")
     for _ in range(2):
         x = torch.randn(1, d_in) * (10.0 ** torch.randint(-3, 4, (1, d_in)))
-        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order_tensor("cpu"))
+        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order("cpu"))
         y = torch.full((1, d_out), float("nan"))
         ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=selectors)
         _bounded(y, x, dense)
     _bounded(ops.planes14_matvec(x, w, cfg), x, dense)  # the entry point picks the kernel
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
     # the order it reads: prepared coordinate 8k + 2j + h holds quad 2k + h, element j
-    assert ops.planes14_m1_order_tensor("cpu").tolist() == [
+    assert ops.planes14_m1_order("cpu").tolist() == [
         8 * k + 4 * h + j for k in range(3) for j in range(4) for h in range(2)]
 
 

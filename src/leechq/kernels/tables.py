@@ -247,6 +247,19 @@ def planes14_m1_table(device: torch.device | str) -> torch.Tensor:
     return _memo("planes14_m1", device, _planes14_m1_build)
 
 
+def _planes14_m1_order_build(device: str) -> torch.Tensor:
+    t = np.arange(24)
+    order = 8 * (t // 8) + 4 * (t % 2) + (t % 8) // 2
+    return torch.from_numpy(order.astype(np.int32)).to(device)
+
+
+def planes14_m1_order(device: torch.device | str) -> torch.Tensor:
+    """int32 [24]: the block-coordinate order of the activation the batch-1 Planes14 kernel reads
+    (``kernels.triton.planes14_m1``): prepared coordinate ``8k + 2j + h`` holds natural coordinate
+    ``8k + 4h + j`` (record quad ``2k + h``, element ``j``), built once per device."""
+    return _memo("planes14_m1_order", device, _planes14_m1_order_build)
+
+
 def natural_order(device: torch.device | str) -> torch.Tensor:
     """int32 [24] identity permutation (Planes14 blocks are in natural order)."""
     return torch.arange(24, dtype=torch.int32, device=device)

@@ -26,6 +26,7 @@ from leechq.kernels import reference as ref
 from leechq.kernels.tables import (
     natural_order,
     planes14_kernel_table,
+    planes14_m1_order,
     planes14_m1_table,
     tetra_kernel_tables,
     tetra_m1_table,
@@ -42,7 +43,7 @@ from leechq.kernels.triton.intq import (
     intq_matvec_kernel,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
-from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel, planes14_m1_order
+from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
@@ -690,23 +691,13 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     not yet timed on a GPU); anything else the tiled kernel."""
     m_rows = _check_x(x, w.d_in, w.records.device)
     if config is not None and _planes14_m1_applies(config, m_rows, x.device):
-        xp = prepare_activation(x, w.n_blocks, planes14_m1_order_tensor(x.device))
+        xp = prepare_activation(x, w.n_blocks, planes14_m1_order(x.device))
         return planes14_matvec_m1_prepared(xp, w, config)
     xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
     return planes14_matvec_prepared(xp, w, m_rows, config)
 
 
-_P14_ORDER: dict[str, torch.Tensor] = {}
 _P14_M1_CHECKED: dict[tuple[str, MatvecConfig], bool] = {}
-
-
-def planes14_m1_order_tensor(device: torch.device | str) -> torch.Tensor:
-    """int32 [24]: the block-coordinate order the batch-1 Planes14 kernel reads
-    (:func:`.planes14_m1.planes14_m1_order`), cached per device."""
-    key = str(device)
-    if key not in _P14_ORDER:
-        _P14_ORDER[key] = torch.tensor(planes14_m1_order(), dtype=torch.int32, device=device)
-    return _P14_ORDER[key]
 
 
 def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
@@ -729,7 +720,7 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
         for seed in (1, 2):  # two calls: the tickets must have reset
             g = torch.Generator(device=device).manual_seed(seed)
             x = torch.randn(1, w.d_in, generator=g, device=device)
-            xp = prepare_activation(x, w.n_blocks, planes14_m1_order_tensor(device))
+            xp = prepare_activation(x, w.n_blocks, planes14_m1_order(device))
             yield planes14_matvec_m1_prepared(xp, w, cfg), x, dense
 
     return _first_use_check("batch-1 Planes14 kernel", device, cfg, cases())
@@ -738,7 +729,7 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
                                 out: torch.Tensor | None = None,
                                 selector_table: bool | None = None) -> torch.Tensor:
-    """``y = W x`` for one activation row prepared in :func:`planes14_m1_order_tensor` order, by
+    """``y = W x`` for one activation row prepared in ``tables.planes14_m1_order`` order, by
     the batch-1 Planes14 kernel in ``config``'s ``m1`` geometry (``rows``, ``bp``, ``num_warps``,
     ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out].
 

@@ -9,7 +9,7 @@ _x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs
 
 * **Activation order.** The limb words of :func:`.tetra48_m1._x_limbs` pack prepared coordinates
   ``8k + 2j + h`` (``j = 0..3``) as word ``(k, h)``. The record's quad ``q`` holds natural
-  coordinates ``4q .. 4q + 3``; with the activation prepared in :func:`planes14_m1_order`
+  coordinates ``4q .. 4q + 3``; with the activation prepared in ``tables.planes14_m1_order``
   (``order[8k + 2j + h] = 8k + 4h + j``) word ``(k, h)`` is quad ``2k + h``.
 * **Decode per record** (as :mod:`.planes14`): the class entry (``128 + magnitude`` of levels 0..3
   and of level 4 as bytes, ``1/√(16 m)``: one 16-byte read of the table staged in shared memory);
@@ -111,7 +111,7 @@ def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, SEL_TABLE: tl.conste
                 USE_ASM: tl.constexpr):
     """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one record per element (record bits 0..31, 32..63,
     64..95, 96..111 in ``A, B, C, D``: uint32; ``x``: the block's exponent and limb words in the
-    order of :func:`planes14_m1_order`)."""
+    order of ``tables.planes14_m1_order``)."""
     (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
     cid, g, sgn, p0, p1, p2 = record_fields(A, B, C, D)
@@ -165,7 +165,7 @@ def planes14_m1_kernel(
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, SEL_TABLE: tl.constexpr = True,
 ):
-    """``y = W x`` for one activation row prepared in :func:`planes14_m1_order`; the launch
+    """``y = W x`` for one activation row prepared in ``tables.planes14_m1_order``; the launch
     contract of :func:`.tetra48_m1.tetra48_m1_kernel` with one row per warp and trip (grid a
     multiple of ``NS = ceil(pairs / BP)``, ``ROWS`` a multiple of ``NW · 32 / BP``). ``SEL_TABLE``:
     the permute selectors from the staged selector table (else built in registers)."""
@@ -203,9 +203,3 @@ def planes14_m1_kernel(
                           d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
         rows = nxt
         w0, w1, w2, w3, w4, w5, w6, ca, cb = v0, v1, v2, v3, v4, v5, v6, va, vb
-
-
-def planes14_m1_order() -> list[int]:
-    """The block-coordinate order of the activation this kernel reads: prepared coordinate
-    ``8k + 2j + h`` holds natural coordinate ``8k + 4h + j`` (quad ``2k + h``, element ``j``)."""
-    return [8 * (t // 8) + 4 * (t % 2) + (t % 8) // 2 for t in range(24)]
