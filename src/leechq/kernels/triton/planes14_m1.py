@@ -31,9 +31,6 @@ import triton.language as tl
 from leechq.kernels.triton._bits import (
     dp4a,
     prmt,
-    reserve_smem,
-    smem_base,
-    smem_store32,
     spread4_bytes,
     table_load32,
     table_load128,
@@ -44,28 +41,13 @@ from leechq.kernels.triton.tetra48_m1 import (
     _store_partial,
     _ticket_fixup,
     _x_limbs,
+    stage_table,
 )
 
 TABLE_WORDS = tl.constexpr(6144)
 """The staged table (``tables.planes14_m1_table``): the class table, 512 entries × 4 words
 (``formats.layouts.planes14``'s kernel form), then the 4096 level selectors."""
 SELECTOR_WORD = tl.constexpr(2048)  # tables.P14_SELECTOR_WORD
-
-
-@triton.jit
-def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
-    """Copy the 24 KiB table into shared memory once per program (GPU); its base address (0 under
-    the interpreter, where lookups read ``tab_ptr``)."""
-    if USE_ASM:
-        reserve_smem(tab_ptr, d_out < 0, 8192)  # the gather's size must be a power of two
-        base = smem_base(d_out)
-        e = tl.arange(0, 2048)
-        for part in tl.static_range(3):
-            smem_store32(base + (part * 2048 + e) * 4, tl.load(tab_ptr + part * 2048 + e), e >= 0)
-        tl.debug_barrier()
-    else:
-        base = d_out * 0
-    return base
 
 
 @triton.jit
@@ -176,7 +158,7 @@ def planes14_m1_kernel(
     IPC: tl.constexpr = ROWS // RI  # loop trips per chunk
     STRIDE: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = stage_table(tab_ptr, d_out, USE_ASM)
+    base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # TABLE_WORDS, staged
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
     x_even = _x_limbs(xp_ptr + pair, NPP, 0, USE_ASM)
     x_odd = _x_limbs(xp_ptr + pair, NPP, 1, USE_ASM)

@@ -59,15 +59,17 @@ MID_SHIFT = tl.constexpr(2048 - 1240)
 
 
 @triton.jit
-def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr):
-    """Copy the batch-1 table into shared memory (GPU) once per program; returns its base address
-    (0 under the interpreter, where lookups read ``tab_ptr``)."""
+def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr, PARTS: tl.constexpr = 2,
+                PART: tl.constexpr = 4096):
+    """Copy a table of ``PARTS · PART`` words (default: the batch-1 Tetra table) into shared memory
+    (GPU) once per program, reserving 32 KiB; returns its base address (0 under the interpreter,
+    where lookups read ``tab_ptr``)."""
     if USE_ASM:
         reserve_smem(tab_ptr, d_out < 0, 8192)
         base = smem_base(d_out)
-        e = tl.arange(0, 4096)
-        smem_store32(base + e * 4, tl.load(tab_ptr + e), e >= 0)
-        smem_store32(base + 16384 + e * 4, tl.load(tab_ptr + 4096 + e), e >= 0)
+        e = tl.arange(0, PART)
+        for k in tl.static_range(PARTS):
+            smem_store32(base + (k * PART + e) * 4, tl.load(tab_ptr + k * PART + e), e >= 0)
         tl.debug_barrier()
     else:
         base = d_out * 0
