@@ -307,6 +307,10 @@ def test_bad_inputs_are_named() -> None:
         ops.tetra48_matvec(torch.randn(1, 48), replace(w, row_scales=w.row_scales.double()))
     with pytest.raises(InvalidInput, match="xp"):
         ops.tetra48_matvec_prepared(torch.zeros(1, 10), w, 1)
+    order = ops.tetra_kernel_tables("cpu").order
+    xp = ops.prepare_activation(torch.randn(1, 48), w.n_blocks, order)
+    with pytest.raises(InvalidInput, match=r"out must be \[1, 8\]"):  # too few columns for y
+        ops.tetra48_matvec_prepared(xp, w, 1, out=torch.empty(1, 7))
     # the many-row path names its problems too
     with pytest.raises(InvalidInput, match=r"x must be \[M, 48\]"):
         ops.tetra48_matmul_dense(torch.randn(20, 47), w)

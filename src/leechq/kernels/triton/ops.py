@@ -15,7 +15,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -252,34 +252,30 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return _TICKETS[key]
 
 
-_M1_CHECKED: dict[tuple[str, MatvecConfig], bool] = {}
+_M1_CHECKED: dict[tuple[str, MatvecConfig, str], bool] = {}
 
 
-def m1_enabled(device: torch.device, cfg: MatvecConfig) -> bool:
+def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None = None) -> bool:
     """Whether the ``m1`` kernels may run on ``device`` with ``cfg``.
 
-    ``LEECHQ_M1=0`` disables them. On a GPU, each (device, geometry) is checked once, on first use
-    and outside any CUDA-graph capture, against the f64 reference on a small random record (two
+    ``LEECHQ_M1=0`` disables them. On a GPU, each (device, geometry, kernel) is checked once, on
+    first use and outside any CUDA-graph capture, by ``check(device, cfg)`` (default: the Tetra
+    kernel's, :func:`_check_m1`: against the f64 reference on a small random record — two
     K-slices, a tail, chunk walking, two calls so that the tickets must have reset; for several
     rows ``mb + 1`` and ``mb − 1`` of them: a one-row launch and a zero pad row); a failure
     warns and falls back to the tiled kernel for good. Under a capture with no check yet, the tiled
     kernel is used for that call."""
     if os.environ.get("LEECHQ_M1", "1") == "0":
         return False
-    return _checked_once(_M1_CHECKED, device, cfg, _check_m1)
-
-
-def _checked_once(cache: dict, device: torch.device, cfg: MatvecConfig, check: Callable) -> bool:
-    """``check(device, cfg)`` once per (device, geometry) on a GPU, outside any CUDA-graph capture
-    (under a capture with no result yet: False for that call); True off the GPU."""
     if interpreting() or device.type != "cuda":
         return True
-    key = (str(device), cfg)
-    if key not in cache:
+    check = check or _check_m1
+    key = (str(device), cfg, check.__name__)
+    if key not in _M1_CHECKED:
         if torch.cuda.is_current_stream_capturing():
             return False
-        cache[key] = check(device, cfg)
-    return cache[key]
+        _M1_CHECKED[key] = check(device, cfg)
+    return _M1_CHECKED[key]
 
 
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator) -> bool:
@@ -517,27 +513,30 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
 
 
 def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
-               cfg: MatvecConfig, m_rows: int = 1) -> None:
-    """Launch an ``m1`` kernel (Tetra, or its no-weights control: row 0 only) writing rows
-    ``0..m_rows-1`` of ``y``: ``cfg.mb`` activation rows per launch (fewer for the last launch
-    when the prepared buffer has fewer rows left)."""
-    if y.dim() != 2 or y.shape[0] < m_rows or y.stride(1) != 1:
+               cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
+    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: the Tetra kernel (``cfg.mb``
+    activation rows per launch, fewer for the last launch when the prepared buffer has fewer rows
+    left), its no-weights control or the Planes14 kernel (row 0; ``consts``: its constexprs)."""
+    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
         raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
+    if not w.d_out:
+        return
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    words = getattr(w, "words", None)
-    if words is None:
-        words = w.row_scales  # the control reads no weight words
     tetra = kernel is tetra48_m1_kernel
+    if kernel is planes14_m1_kernel:
+        data, table = w.records, planes14_m1_table(xp.device)
+    else:  # the Tetra kernel, or its control (which reads no weight words)
+        data, table = (w.words if tetra else w.row_scales), tetra_m1_table(xp.device)
     for i in range(0, m_rows if tetra else 1, cfg.mb if tetra else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if tetra else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
         rows_args = (xp.stride(0), y.stride(0), min(mb, m_rows - i)) if tetra else ()
         kernel[(grid,)](
-            xp[i:], words, w.row_scales, w.row_centroids, w.tail, tetra_m1_table(xp.device), part,
-            _tickets(xp.device), y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks,
-            TAIL_COLS=w.tail_cols, ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
+            xp[i:], data, w.row_scales, w.row_centroids, w.tail, table, part, _tickets(xp.device),
+            y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
+            ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
             num_warps=cfg.num_warps, num_stages=1,
-            **({"ILP": cfg.ilp, "MB": mb} if tetra else {}),
+            **({"ILP": cfg.ilp, "MB": mb} if tetra else {}), **consts,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -697,17 +696,10 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     return planes14_matvec_prepared(xp, w, m_rows, config)
 
 
-_P14_M1_CHECKED: dict[tuple[str, MatvecConfig], bool] = {}
-
-
 def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
     """Whether an explicit configuration asks for the batch-1 Planes14 kernel and it may run: one
-    activation row, ``LEECHQ_M1`` not 0, and on a GPU a passed first-use check per (device,
-    geometry) against the f64 reference (outside any CUDA-graph capture; a failure warns and
-    keeps the tiled kernel)."""
-    if cfg.kernel != "m1" or m_rows != 1 or os.environ.get("LEECHQ_M1", "1") == "0":
-        return False
-    return _checked_once(_P14_M1_CHECKED, device, cfg, _check_planes14_m1)
+    activation row and :func:`m1_enabled` with this kernel's first-use check."""
+    return cfg.kernel == "m1" and m_rows == 1 and m1_enabled(device, cfg, _check_planes14_m1)
 
 
 def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
@@ -740,21 +732,10 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, 1, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
-    if y.dim() != 2 or y.shape[0] < 1 or y.shape[1] != w.d_out or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [1, {w.d_out}] with unit column stride")
-    cfg = replace(config, ilp=1)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    if w.d_out:
-        part = torch.empty(ns, w.d_out, dtype=torch.float32, device=xp.device)
-        planes14_m1_kernel[(grid,)](
-            xp, w.records, w.row_scales, w.row_centroids, w.tail, planes14_m1_table(xp.device),
-            part, _tickets(xp.device), y, w.d_out, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
-            ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
-            SEL_TABLE=selector_table, num_warps=cfg.num_warps, num_stages=1,
-            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-        )
+    _launch_m1(planes14_m1_kernel, xp, w, y, replace(config, ilp=1),
+               SEL_TABLE=bool(selector_table))
     return y
 
 
