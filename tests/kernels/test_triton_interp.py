@@ -374,8 +374,7 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
     x = torch.randn(13, w.d_in)
     y = ops.tetra48_matmul_dense(x, w)
-    bound = x.double().abs() @ dense.abs().T
-    assert float(((y.double() - x.double() @ dense.T).abs() / bound).max()) <= 2e-3
+    assert ref.row_bound_error(y, x, dense) <= 2e-3
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ksplit"), [
@@ -391,7 +390,6 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     x = torch.randn(m_rows, d_in)
     y = ops.tetra48_matmul_mma(x, w, ksplit=ksplit)
     dense = ref.tetra48_dequantize_rotated(w)
-    bound = x.double().abs() @ dense.abs().T
-    assert float(((y.double() - x.double() @ dense.T).abs() / bound).max()) <= 2e-3
+    assert ref.row_bound_error(y, x, dense) <= 2e-3
     with pytest.raises(UnsupportedShape, match="1..64"):
         ops.tetra48_matmul_mma(torch.randn(65, d_in), w)
