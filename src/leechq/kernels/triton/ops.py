@@ -314,7 +314,7 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
             x = torch.randn(m_rows, w.d_in, generator=g, device=device)
             xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
             y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-            _launch_m1(tetra48_m1_kernel, xp, w, y, cfg, m_rows)
+            _launch_m1("tetra48", xp, w, y, cfg, m_rows)
             yield y, x, dense
 
     return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases())
@@ -494,7 +494,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     if _m1_applies(cfg, w) and (m_rows == 1 or cfg.mb > 1) and m1_enabled(xp.device, cfg):
-        _launch_m1(tetra48_m1_kernel, xp, w, y, cfg, m_rows)
+        _launch_m1("tetra48", xp, w, y, cfg, m_rows)
         return y
     cfg = _tile_config(cfg, m_rows)
     tabs = tetra_kernel_tables(w.words.device)
@@ -512,18 +512,22 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
             and -(-w.d_out // max(cfg.rows, 1)) <= TICKET_SLOTS)
 
 
-def _launch_m1(kernel, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
+def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
                cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
-    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: the Tetra kernel (``cfg.mb``
-    activation rows per launch, fewer for the last launch when the prepared buffer has fewer rows
-    left), its no-weights control or the Planes14 kernel (row 0; ``consts``: its constexprs)."""
+    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` (the
+    Tetra kernel, ``cfg.mb`` activation rows per launch, fewer for the last launch when the
+    prepared buffer has fewer rows left), ``"null"`` (its no-weights control) or ``"planes14"``
+    (the Planes14 kernel; row 0; ``consts``: its constexprs). The kernel is named by a string, not
+    compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels."""
     if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
         raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
     if not w.d_out:
         return
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    tetra = kernel is tetra48_m1_kernel
-    if kernel is planes14_m1_kernel:
+    kernel = {"tetra48": tetra48_m1_kernel, "null": null_m1_kernel,
+              "planes14": planes14_m1_kernel}[kind]
+    tetra = kind == "tetra48"
+    if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if tetra else w.row_scales), tetra_m1_table(xp.device)
@@ -734,7 +738,7 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    _launch_m1(planes14_m1_kernel, xp, w, y, replace(config, ilp=1),
+    _launch_m1("planes14", xp, w, y, replace(config, ilp=1),
                SEL_TABLE=bool(selector_table))
     return y
 
@@ -749,7 +753,7 @@ def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
-        _launch_m1(null_m1_kernel, xp, w, y, cfg)
+        _launch_m1("null", xp, w, y, cfg)
         return y
     cfg = _tile_config(cfg, m_rows)
     null_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
