@@ -655,11 +655,11 @@ def _warm_job(job) -> None:
         w = random_planes14(64, d_in, device=dev)
         ops.planes14_matvec_prepared(ops.prepare_activation(x, w.n_blocks, natural_order(dev)), w,
                                      batch, cfg)
-    elif kind == "tetra48-m1":  # cfg = (d_out, batch): the library's many-row geometry
-        cfg = ops.m1_config(cfg[0], d_in // 24, torch.device(dev), m_rows=cfg[1])
+    elif kind == "tetra48-m1":  # cfg = (d_out, batch): the library's geometry per row group
         w = random_tetra48(64, d_in, device=dev)
-        xp = ops.prepare_activation(x, w.n_blocks, tetra_kernel_tables(dev).order)
-        ops.tetra48_matvec_prepared(xp, w, batch, cfg)
+        for rows, c in ops.m1_plan(cfg[0], d_in // 24, torch.device(dev), d_in % 24, cfg[1]):
+            xp = ops.prepare_activation(x[:rows], w.n_blocks, tetra_kernel_tables(dev).order)
+            ops.tetra48_matvec_prepared(xp, w, rows, c)
     else:
         w = random_tetra48(64, d_in, device=dev)
         xp = ops.prepare_activation(x, w.n_blocks, tetra_kernel_tables(dev).order)
@@ -779,9 +779,9 @@ def main() -> None:
         model = MODELS[name]
         for batch in batches:
             tile = tile1 if batch == 1 else configs[batch]
-            m1 = cfg1 if batch == 1 else (
-                lambda d_out, d_in, b=batch: m1_config(d_out, d_in // 24, torch.device(device),
-                                                       m_rows=b))
+            # several rows: no configuration, i.e. the library's default (ops.m1_plan: a
+            # geometry per row group)
+            m1 = cfg1 if batch == 1 else (lambda d_out, d_in: None)
             builders = {
                 "fp16": lambda: build_fp16(model, batch, args.sets, device, 1),
                 "null-fused": lambda: build_lattice(model, "null", batch, args.sets, device, 2,
@@ -855,7 +855,8 @@ def main() -> None:
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
                     "config": (("per shape (sweep)" if best_by_shape and batch == 1
-                                else "per shape (ops.m1_config)")
+                                else "per shape (ops.m1_config)" if batch == 1
+                                else "per shape and row group (ops.m1_plan)")
                                if uses_m1 else
                                (tile.__dict__ if arm.split("-")[0] in ("tetra48", "planes14",
                                                                        "null") else None)),

@@ -129,6 +129,36 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool)
         8 * k + 4 * h + j for k in range(3) for j in range(4) for h in range(2)]
 
 
+def test_m1_row_groups() -> None:
+    ops = _ops()
+    assert [ops.m1_row_groups(m) for m in range(1, 10)] == [
+        [1], [2], [3], [4], [4, 1], [4, 2], [4, 3], [4, 4], [4, 4, 1]]
+    plan = ops.m1_plan(4096, 512, torch.device("cpu"), m_rows=6)
+    assert [(g, c.mb) for g, c in plan] == [(4, 4), (2, 2)]
+    assert plan[1][1] == ops.m1_config(4096, 512, torch.device("cpu"), m_rows=2)
+
+
+def test_tetra48_default_row_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default many-row path (GPU only; forced here) launches each row group in its own
+    geometry at its own offset: 6 rows = a four-row launch, then a two-row one."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "_config_for", lambda config, m_rows, w, device: ops.m1_config(
+        w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows))  # skip the interpreter's rule
+    launches = []
+    launch = ops._launch_m1
+    monkeypatch.setattr(ops, "_launch_m1", lambda k, xp, w, y, cfg, m_rows=1, **kw: (
+        launches.append((cfg.mb, m_rows, xp.shape[0], y.shape[0])),
+        launch(k, xp, w, y, cfg, m_rows, **kw))[1])
+    w = random_tetra48(7, 4 * 24 + 3, seed=3)
+    x = torch.randn(6, w.d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    y = torch.full((7, w.d_out), float("nan"))
+    ops.tetra48_matvec_prepared(xp, w, 6, out=y[:6])
+    assert launches == [(4, 4, 8, 6), (2, 2, 4, 2)]
+    _bounded(y[:6], x, ref.tetra48_dequantize_rotated(w))
+    assert torch.isnan(y[6]).all()
+
+
 def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first-use check passes on a sound kernel and rejects (with a warning) a broken one; the
     environment switch turns the kernel off."""

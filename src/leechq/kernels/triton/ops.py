@@ -168,9 +168,10 @@ M1_MAX_ROWS = 256
 M1_RESIDENT = {1: 5, 2: 3, 4: 2}
 """Programs per H200 SM by activation rows per launch (``mb``) that :func:`m1_config` sizes its
 chunks for. Registers per thread (Triton 3.6, sm_90, offline SASS with a launch's hints, Qwen3
-widths): 96 capped for one row; 128 for two rows (so four programs would fit: the 3 here is what
-the timings of 2026-11-30 ran with, 4 is untimed); 217–254 for four rows (two programs). Caps
-below those spill (two rows at 112: 56–80 bytes of stack; four rows at 168: 64–424)."""
+widths): 96 capped for one row; 128 for two rows (four programs would fit, but sizing for four
+was no faster on the H200, 2026-11-30: Qwen3-8B projections at M = 2 4.07 ms against 4.01 for
+three); 217–254 for four rows (two programs). Caps below those spill (two rows at 112: 56–80
+bytes of stack; four rows at 168: 64–424)."""
 
 
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
@@ -195,6 +196,25 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
                         maxnreg=m1_maxnreg(n_blocks, tail_cols) if mb == 1 else 0, mb=mb)
 
 
+def m1_row_groups(m_rows: int) -> list[int]:
+    """How :func:`tetra48_matvec_prepared` splits ``m_rows`` activation rows between ``m1``
+    launches when no configuration is given: four at a time, then the remainder (1, 2, or 3 — the
+    last on the four-row geometry with a zero pad row), each group in the geometry
+    :func:`m1_config` picks for its own row count. E.g. 5 → [4, 1], 6 → [4, 2], 8 → [4, 4]."""
+    groups = [4] * (m_rows // 4)
+    if m_rows % 4:
+        groups.append(m_rows % 4)
+    return groups
+
+
+def m1_plan(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
+            m_rows: int = 1) -> list[tuple[int, MatvecConfig]]:
+    """``(rows, configuration)`` per ``m1`` launch group for ``m_rows`` activation rows of a
+    ``d_out × 24·n_blocks`` matrix (:func:`m1_row_groups`, :func:`m1_config`)."""
+    return [(g, m1_config(d_out, n_blocks, device, tail_cols, m_rows=g))
+            for g in m1_row_groups(m_rows)]
+
+
 def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_warps: int = 4,
                  bp: int = 32) -> int:
     """Chunk rows that cut a ``d_out × 24·n_blocks`` matrix into about ``programs`` (row chunk,
@@ -210,9 +230,10 @@ def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.devic
     """``config`` if given, else the per-shape ``m1`` rule (:func:`m1_config`) for any row count:
     H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), the many-row ``m1`` (two rows per
     launch, or four) beats the tiled kernel at every M it serves: M = 2 4.01 vs 5.43 ms, M = 4 6.59
-    vs 8.77, M = 8 12.4 vs 17.8 (the tensor-core kernel: 15.0 at each). Under the interpreter
-    several rows keep the tiled default: the many-row ``m1`` costs ~10 s per launch there (its
-    own tests call it explicitly)."""
+    vs 8.77, M = 8 12.4 vs 17.8 (the tensor-core kernel: 15.0 at each); with no configuration
+    :func:`tetra48_matvec_prepared` then gives each row group its own (:func:`m1_plan`). Under the
+    interpreter several rows keep the tiled default: the many-row ``m1`` costs ~10 s per launch
+    there (its own tests call it explicitly)."""
     if config is not None:
         return config
     if m_rows > 1 and interpreting():
@@ -493,7 +514,17 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if _m1_applies(cfg, w) and (m_rows == 1 or cfg.mb > 1) and m1_enabled(xp.device, cfg):
+    if config is None and cfg.kernel == "m1":  # the default: one geometry per row group
+        # (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18 ms, 6 10.09, 7 12.30 against
+        # 6.59 for 4 and 12.44 for 8)
+        plan = m1_plan(w.d_out, w.n_blocks, xp.device, w.tail_cols, m_rows)
+        if all(_m1_applies(c, w) and m1_enabled(xp.device, c) for _, c in plan):
+            first = 0
+            for rows, c in plan:
+                _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
+                first += rows
+            return y
+    elif _m1_applies(cfg, w) and (m_rows == 1 or cfg.mb > 1) and m1_enabled(xp.device, cfg):
         _launch_m1("tetra48", xp, w, y, cfg, m_rows)
         return y
     cfg = _tile_config(cfg, m_rows)
