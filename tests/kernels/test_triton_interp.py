@@ -110,7 +110,7 @@ def test_tetra48_m1_many_rows(m_rows: int, mb: int, d_out: int, d_in: int, ilp: 
     (7, 5 * 24, 8, 8, False),       # an odd block count, no tail, one chunk; selectors in registers
 ])
 def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool) -> None:
-    """The batch-1 Planes14 kernel (``kernel="m1"``, opt-in) against the f64 reference, with
+    """The batch-1 Planes14 kernel (``kernel="m1"``) against the f64 reference, with
     activations spanning seven decades; every output written, tickets reset."""
     ops = _ops()
     w = random_planes14(d_out, d_in, seed=d_out)
@@ -127,6 +127,24 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool)
     # the order it reads: prepared coordinate 8k + 2j + h holds quad 2k + h, element j
     assert ops.planes14_m1_order("cpu").tolist() == [
         8 * k + 4 * h + j for k in range(3) for j in range(4) for h in range(2)]
+
+
+def test_planes14_matvec_default_is_m1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no configuration, one activation row runs the batch-1 Planes14 kernel in the per-shape
+    geometry (and agrees with the f64 reference); several rows keep the tiled kernel."""
+    ops = _ops()
+    w = random_planes14(13, 6 * 24 + 7, seed=5)
+    dense = ref.planes14_dequantize_rotated(w)
+    calls = []
+    m1 = ops.planes14_matvec_m1_prepared
+    monkeypatch.setattr(ops, "planes14_matvec_m1_prepared",
+                        lambda xp, w, cfg, **kw: calls.append(cfg) or m1(xp, w, cfg, **kw))
+    x = torch.randn(1, w.d_in)
+    _bounded(ops.planes14_matvec(x, w), x, dense)
+    assert calls == [ops.m1_config(w.d_out, w.n_blocks, torch.device("cpu"), w.tail_cols)]
+    x3 = torch.randn(3, w.d_in)
+    _bounded(ops.planes14_matvec(x3, w), x3, dense)
+    assert len(calls) == 1
 
 
 def test_m1_row_groups() -> None:

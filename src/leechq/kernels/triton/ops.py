@@ -720,13 +720,17 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
 
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
-    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). An ``m1``
-    configuration with one activation row runs the batch-1 kernel (:mod:`.planes14_m1`, opt-in:
-    not yet timed on a GPU); anything else the tiled kernel."""
+    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). One activation
+    row runs the batch-1 kernel (:mod:`.planes14_m1`) in ``config`` if that is an ``m1``
+    configuration, or by default in the per-shape geometry of :func:`m1_config`; anything else
+    the tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3): 3.85 ms for the
+    batch-1 kernel against 5.41 ms for the tiled one (cuBLAS fp16 4.66)."""
     m_rows = _check_x(x, w.d_in, w.records.device)
-    if config is not None and _planes14_m1_applies(config, m_rows, x.device):
+    m1 = config if config is not None else (
+        m1_config(w.d_out, w.n_blocks, x.device, w.tail_cols) if m_rows == 1 else None)
+    if m1 is not None and _m1_applies(m1, w) and _planes14_m1_applies(m1, m_rows, x.device):
         xp = prepare_activation(x, w.n_blocks, planes14_m1_order(x.device))
-        return planes14_matvec_m1_prepared(xp, w, config)
+        return planes14_matvec_m1_prepared(xp, w, m1)
     xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
     return planes14_matvec_prepared(xp, w, m_rows, config)
 
@@ -761,9 +765,9 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out].
 
     ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
-    shared load per quad; 159 instead of 197 instructions per block offline, with random-address
-    shared loads) or built in registers; neither is timed yet, so both stay selectable (default:
-    the table, ``LEECHQ_P14_SELECTORS=0`` for the registers)."""
+    shared load per quad; 159 instead of 197 instructions per block offline) or built in
+    registers (``LEECHQ_P14_SELECTORS=0``). H200, Qwen3-8B projections, 2026-11-30: 3.85 ms with
+    the table, 4.34 ms with the registers, so the table is the default."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, 1, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
