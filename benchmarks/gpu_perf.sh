@@ -16,8 +16,8 @@
 #            vector stores for the prefill (LEECHQ_DEQUANT_V4=1, opt-in, untimed so far)
 #   e2e      decode tokens/s, Qwen3-8B at batch 1 and 16 (gates included), then Qwen3-14B batch 1
 #   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
-#   planes14 batch 1: the tiled Planes14 kernel vs the opt-in m1-geometry Planes14 kernel
-#            (selectors from the table, then built in registers)
+#   planes14 batch 1: the tiled Planes14 kernel vs the m1-geometry Planes14 kernel (the default
+#            since 43f3e31; selectors from the table, then built in registers)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
