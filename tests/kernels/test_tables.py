@@ -89,4 +89,20 @@ def test_planes14_level_selectors() -> None:
     from leechq.kernels.triton import planes14_m1 as P
 
     assert table.shape == (P.TABLE_WORDS.value,) and P.SELECTOR_WORD.value == T.P14_SELECTOR_WORD
-    assert torch.equal(table[:2048], T.planes14_kernel_table("cpu").reshape(-1))
+    assert torch.equal(table[:2048], torch.from_numpy(
+        T.planes14_signed_classes().reshape(-1).view(np.int32)))
+
+
+def test_planes14_signed_classes() -> None:
+    """The signed class entries: a byte permute by level (0..4) of words 0 and 2 gives +|v_l|,
+    of word 1 and word 2 >> 8 gives −|v_l|, as int8; word 3 is the kernel form's 1/√(16 m)."""
+    from leechq.formats.layouts.planes14 import planes14_tables
+
+    tabs = planes14_tables()
+    ent = T.planes14_signed_classes()
+    for lvl in range(5):
+        pos = np.where(lvl < 4, ent[:, 0] >> (8 * lvl), ent[:, 2]) & 0xFF
+        neg = np.where(lvl < 4, ent[:, 1] >> (8 * lvl), ent[:, 2] >> 8) & 0xFF
+        assert np.array_equal(pos.astype(np.uint8).view(np.int8), tabs.magnitudes[:, lvl])
+        assert np.array_equal(neg.astype(np.uint8).view(np.int8), -tabs.magnitudes[:, lvl])
+    assert np.array_equal(ent[:, 3], tabs.kernel.view(np.uint32)[:, 2])

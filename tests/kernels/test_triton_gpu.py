@@ -159,8 +159,8 @@ def test_planes14_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
 @pytest.mark.parametrize(("d_out", "d_in"), [(4096, 4096), (4096, 12288), (5120, 17408),
                                          (24, 4264)])
 def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
-    """The batch-1 Planes14 kernel (opt-in, ``kernel="m1"``) against the f64 reference in the
-    per-shape ``m1`` geometry, launched twice (the tickets must reset)."""
+    """The batch-1 Planes14 kernel (``kernel="m1"``, the default at one row) against the f64
+    reference in the per-shape ``m1`` geometry, launched twice (the tickets must reset)."""
     ops = _ops()
     w = random_planes14(d_out, d_in, seed=d_out ^ d_in, device=DEV)
     dense = ref.planes14_dequantize_rotated(w)

@@ -232,18 +232,37 @@ def planes14_level_selectors() -> np.ndarray:
     return sel
 
 
-def _planes14_m1_build(device: str) -> torch.Tensor:
+def planes14_signed_classes() -> np.ndarray:
+    """uint32 [512, 4]: the class table in the batch-1 Planes14 kernel's signed form, per entry
+    word 0 = the magnitudes of levels 0..3 as bytes, word 1 = their negatives (two's complement
+    bytes), word 2 = level 4's magnitude in byte 0 and its negative in byte 1, word 3 = the f32
+    bits of ``1/√(16 m)`` (word 2 of ``planes14_tables().kernel``). A byte permute of words 0 and
+    2 (selector nibble = level 0..4) gives the positive value bytes, of word 1 and word 2 >> 8 the
+    negative ones — signed bytes as they are, no bias to remove."""
     from leechq.formats.layouts.planes14 import planes14_tables
 
-    words = np.concatenate([planes14_tables().kernel.reshape(-1).view(np.uint32),
-                            planes14_level_selectors()])
+    tabs = planes14_tables()
+    mags = tabs.magnitudes.astype(np.uint32)
+    negs = (256 - mags) & 0xFF
+    out = np.zeros((mags.shape[0], 4), dtype=np.uint32)
+    for lvl in range(4):
+        out[:, 0] |= mags[:, lvl] << (8 * lvl)
+        out[:, 1] |= negs[:, lvl] << (8 * lvl)
+    out[:, 2] = mags[:, 4] | (negs[:, 4] << 8)
+    out[:, 3] = tabs.kernel.view(np.uint32)[:, 2]
+    return out
+
+
+def _planes14_m1_build(device: str) -> torch.Tensor:
+    words = np.concatenate([planes14_signed_classes().reshape(-1), planes14_level_selectors()])
     return torch.from_numpy(words.view(np.int32).copy()).to(device)
 
 
 def planes14_m1_table(device: torch.device | str) -> torch.Tensor:
     """The batch-1 Planes14 kernel's table, int32 [6144] (built once per device): the class table
-    (512 × 4 words) then the level selectors (:func:`planes14_level_selectors`, 4096 words, at
-    :data:`P14_SELECTOR_WORD`), staged together in shared memory."""
+    in its signed form (:func:`planes14_signed_classes`, 512 × 4 words) then the level selectors
+    (:func:`planes14_level_selectors`, 4096 words, at :data:`P14_SELECTOR_WORD`), staged together
+    in shared memory."""
     return _memo("planes14_m1", device, _planes14_m1_build)
 
 

@@ -11,17 +11,21 @@ _x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs
   ``8k + 2j + h`` (``j = 0..3``) as word ``(k, h)``. The record's quad ``q`` holds natural
   coordinates ``4q .. 4q + 3``; with the activation prepared in ``tables.planes14_m1_order``
   (``order[8k + 2j + h] = 8k + 4h + j``) word ``(k, h)`` is quad ``2k + h``.
-* **Decode per record** (as :mod:`.planes14`): the class entry (``128 + magnitude`` of levels 0..3
-  and of level 4 as bytes, ``1/√(16 m)``: one 16-byte read of the table staged in shared memory);
-  per quad the three level planes become level bytes, a byte permute reads the biased magnitudes,
-  the sign plane picks ``128 + mag`` or ``128 − mag``, and ``^ 0x80`` gives the signed value bytes.
+* **Decode per record**: the class entry in its signed form (``tables.planes14_signed_classes``:
+  the magnitudes of levels 0..3 as bytes, their negatives, level 4's magnitude and negative,
+  ``1/√(16 m)``; one 16-byte read of the table staged in shared memory) and the planes regrouped
+  by quad parity (:func:`_plane_bytes`); per quad one permute gathers the three level-plane
+  nibbles that index the byte-permute selector, one permute reads the positive value bytes and
+  one the negative ones, and the sign plane picks between them: signed value bytes, no bias to
+  remove. Offline SASS (Triton 3.6, sm_90): 131.5 instructions per block (159 as timed below).
 * Block: ``dot · centroid[g] · invnorm[class] · E_b``; row: the fixup applies ``σ_row`` and the
   tail (:func:`.tetra48_m1._ticket_fixup`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value) and f32 accumulation. The default for one activation row of a Planes14 record
 (``ops.planes14_matvec``): H200, Qwen3-8B projections, 2026-11-30, 3.85 ms against the tiled
-kernel's 5.41 (cuBLAS fp16 4.66).
+kernel's 5.41 (cuBLAS fp16 4.66), measured before the signed class entries and the parity
+regrouping (untimed since).
 """
 
 from __future__ import annotations
@@ -47,37 +51,56 @@ from leechq.kernels.triton.tetra48_m1 import (
 
 TABLE_WORDS = tl.constexpr(6144)
 """The staged table (``tables.planes14_m1_table``): the class table, 512 entries × 4 words
-(``formats.layouts.planes14``'s kernel form), then the 4096 level selectors."""
+(its signed form, ``tables.planes14_signed_classes``), then the 4096 level selectors."""
 SELECTOR_WORD = tl.constexpr(2048)  # tables.P14_SELECTOR_WORD
 
 
 @triton.jit
-def _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, Q: tl.constexpr,
-                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
-    """Signed value bytes of quad ``Q`` (coordinates 4Q..4Q+3) of one record per element. The
-    byte-permute selector (nibble i = level of coordinate i) comes from the selector table indexed
-    by the quad's three level-plane nibbles (``SEL_TABLE``: one shared load) or is built from the
-    planes in registers (level bytes by multiply-spread, then packed by a byte permute)."""
+def _plane_bytes(p0, p1, p2, sgn):
+    """The level and sign planes regrouped by quad parity: byte ``j`` of ``ev01`` holds the
+    plane-0 and plane-1 nibbles of quad ``2j`` (plane 1 in the high half), of ``ev2`` its plane-2
+    nibble, of ``sev`` its sign nibble; ``od01``, ``od2`` and ``sod`` the same for quad ``2j + 1``.
+    Byte 3 of each is zero (24-bit planes)."""
+    ev01 = (p0 & 0x0F0F0F) | ((p1 << 4) & 0xF0F0F0)
+    od01 = ((p0 >> 4) & 0x0F0F0F) | (p1 & 0xF0F0F0)
+    return (ev01, od01, p2 & 0x0F0F0F, (p2 >> 4) & 0x0F0F0F, sgn & 0x0F0F0F,
+            (sgn >> 4) & 0x0F0F0F)
+
+
+@triton.jit
+def _quad_bytes(bits, planes, vals, tab_ptr, base, Q: tl.constexpr, SEL_TABLE: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """Signed value bytes of quad ``Q`` (coordinates 4Q..4Q+3) of one record per element
+    (``bits``: the planes ``p0, p1, p2, sgn``; ``planes``: :func:`_plane_bytes` of them;
+    ``vals``: the class entry's positive and negative level bytes and level 4's word and that
+    word ``>> 8``). The byte-permute selector (nibble i = level of coordinate i) comes from the
+    selector table (``SEL_TABLE``: one shared load), indexed by the quad's three level-plane
+    nibbles that one byte permute gathers from ``planes``, or is built from the planes in
+    registers (level bytes by multiply-spread, then packed by a byte permute)."""
+    p0, p1, p2, sgn = bits
+    ev01, od01, ev2, od2, sev, sod = planes
+    pos4, neg4, w4, w4n = vals
+    J: tl.constexpr = Q // 2
     if SEL_TABLE:
-        if Q == 0:
-            u = (p0 & 0xF) | ((p1 << 4) & 0xF0) | ((p2 << 8) & 0xF00)
-        elif Q == 1:
-            u = ((p0 >> 4) & 0xF) | (p1 & 0xF0) | ((p2 << 4) & 0xF00)
-        else:
-            u = (((p0 >> (4 * Q)) & 0xF) | ((p1 >> (4 * Q - 4)) & 0xF0)
-                 | ((p2 >> (4 * Q - 8)) & 0xF00))
+        # byte 0: planes 0 and 1 of the quad, byte 1: plane 2, bytes 2-3: byte 3 (zero)
+        gather = tl.full(p0.shape, J | ((4 + J) << 4) | 0x3300, tl.uint32)
+        u = prmt(ev01, ev2, gather, USE_ASM) if Q % 2 == 0 else prmt(od01, od2, gather, USE_ASM)
         sel = table_load32(tab_ptr, base, SELECTOR_WORD + u, USE_ASM)
+        # the sign nibble: byte J of its parity's sign word, zeros above
+        pick = tl.full(p0.shape, J | 0x3330, tl.uint32)
+        nib = prmt(sev, sev, pick, USE_ASM) if Q % 2 == 0 else prmt(sod, sod, pick, USE_ASM)
     else:
         b0 = (((p0 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
         b1 = (((p1 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
         b2 = (((p2 >> (4 * Q)) & 15) * 0x00204081) & 0x01010101
         lev = b0 | (b1 << 1) | (b2 << 2)  # level = P2 ? 4 : P0 + 2·P1, one byte per coordinate
-        nib = lev | (lev >> 4)
-        sel = prmt(nib, nib, tl.full(nib.shape, 0x0020, tl.uint32), USE_ASM)
-    pos = prmt(k0, k1, sel, USE_ASM)
-    neg = prmt(n0, n1, sel, USE_ASM)
-    m = spread4_bytes((sgn >> (4 * Q)) & 15, USE_ASM)
-    return ((pos & ~m) | (neg & m)) ^ 0x80808080
+        lev = lev | (lev >> 4)
+        sel = prmt(lev, lev, tl.full(lev.shape, 0x0020, tl.uint32), USE_ASM)
+        nib = (sgn >> (4 * Q)) & 15
+    pos = prmt(pos4, w4, sel, USE_ASM)
+    neg = prmt(neg4, w4n, sel, USE_ASM)
+    m = spread4_bytes(nib, USE_ASM)
+    return (pos & ~m) | (neg & m)
 
 
 @triton.jit
@@ -98,22 +121,22 @@ def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, SEL_TABLE: tl.conste
     (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
     cid, g, sgn, p0, p1, p2 = record_fields(A, B, C, D)
-    k0, k1, invw, _pad = table_load128(tab_ptr, base, cid * 4, USE_ASM)
-    # 256 − b per byte (no carries: every biased magnitude byte is ≥ 128)
-    n0 = (~k0) + 0x01010101
-    n1 = (~k1) + 0x01010101
+    pos4, neg4, w4, invw = table_load128(tab_ptr, base, cid * 4, USE_ASM)
+    bits = (p0, p1, p2, sgn)
+    planes = _plane_bytes(p0, p1, p2, sgn)
+    vals = (pos4, neg4, w4, w4 >> 8)  # w4 >> 8: level 4's negative in byte 0
     z = tl.zeros(A.shape, tl.int32)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 0, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 0, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a00, b00, c00, z, z, z, USE_ASM)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 1, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 1, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a01, b01, c01, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 2, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 2, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a10, b10, c10, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 3, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 3, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a11, b11, c11, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 4, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 4, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a20, b20, c20, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(p0, p1, p2, sgn, k0, k1, n0, n1, tab_ptr, base, 5, SEL_TABLE, USE_ASM)
+    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 5, SEL_TABLE, USE_ASM)
     acc0, acc1, acc2 = _quad_dot(qb, a21, b21, c21, acc0, acc1, acc2, USE_ASM)
     dot = (acc2 << 16) + (acc1 << 8) + acc0
     scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
