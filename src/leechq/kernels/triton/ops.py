@@ -765,9 +765,10 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out].
 
     ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
-    shared load per quad; 159 instead of 197 instructions per block offline) or built in
-    registers (``LEECHQ_P14_SELECTORS=0``). H200, Qwen3-8B projections, 2026-11-30: 3.85 ms with
-    the table, 4.34 ms with the registers, so the table is the default."""
+    shared load per quad; 131.5 instead of 190 instructions per block offline) or built in
+    registers (``LEECHQ_P14_SELECTORS=0``). H200, Qwen3-8B projections, 2026-11-30, at the
+    decode's previous 159 and 197 instructions: 3.85 ms with the table, 4.34 ms with the
+    registers, so the table is the default."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, 1, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
