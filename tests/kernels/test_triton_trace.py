@@ -32,6 +32,7 @@ from leechq.formats.layouts.planes14 import random_planes14
 from leechq.formats.layouts.tetra48 import random_tetra48
 from leechq.formats.rotation import generate_rotation
 from leechq.kernels.triton import ops
+from leechq.serve.random_codes import random_int4
 
 ops.interpreting = lambda: True  # CPU tensors pass the argument checks; kernels stay JITFunctions
 # several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
@@ -51,9 +52,11 @@ def backend(gm, inputs):
 tetra = random_tetra48(16, 4 * 24 + 3, seed=1)
 planes = random_planes14(16, 4 * 24 + 3, seed=1)
 rot = generate_rotation(96, 3)
+int4 = random_int4(16, 256, torch.Generator().manual_seed(0))
 order = ops.tetra_kernel_tables("cpu").order
 # the lazily built tables, as the eager first call of a served model builds them
 ops.tetra_m1_table("cpu"), ops.planes14_m1_table("cpu"), ops.planes14_kernel_table("cpu")
+ops.tetra_m1_table_compact("cpu")
 ops.planes14_m1_order("cpu")
 cases = [
     ("tetra48 M=1", lambda x: ops.tetra48_matvec(x, tetra), 1, tetra.d_in),
@@ -61,8 +64,11 @@ cases = [
     ("tetra48 M=6", lambda x: ops.tetra48_matvec(x, tetra), 6, tetra.d_in),
     ("planes14 M=1", lambda x: ops.planes14_matvec(x, planes), 1, planes.d_in),
     ("planes14 M=3", lambda x: ops.planes14_matvec(x, planes), 3, planes.d_in),
+    ("tetra48 mma M=9", lambda x: ops.tetra48_matmul_mma(x, tetra), 9, tetra.d_in),
+    ("tetra48 dense M=17", lambda x: ops.tetra48_matmul_dense(x, tetra), 17, tetra.d_in),
     ("rotate", lambda x: ops.rotate(x, ops.DeviceRotation.from_tables(rot, "cpu"),
                                     prepared_order=order), 2, 96),
+    ("int4 M=2", lambda x: ops.int4_matvec(x, int4), 2, 256),
 ]
 for name, fn, m_rows, d_in in cases:
     torch._dynamo.reset()
@@ -84,7 +90,7 @@ def test_entry_points_trace_fullgraph() -> None:
                           text=True, timeout=600, cwd=root)
     lines = [ln for ln in proc.stdout.splitlines() if ": " in ln]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == 6, proc.stdout + proc.stderr[-3000:]
+    assert len(lines) == 9, proc.stdout + proc.stderr[-3000:]
     for line in lines:
         result = line.split(": ", 1)[1]
         assert result.startswith("kernels=") and int(result.split("=")[1]) >= 1, line
