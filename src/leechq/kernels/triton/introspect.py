@@ -28,11 +28,21 @@ def compile_for(kernel: Any, signature: dict[str, str], constexprs: dict[str, An
     Like a launch with torch tensors, every pointer argument is marked 16-byte aligned, and so is
     each integer argument named in ``aligned_ints`` (a launch marks the integers whose value is a
     multiple of 16). These hints steer Triton's layout choices: a kernel compiled without them can
-    differ from the one a launch builds (e.g. in whether it moves data through shared memory)."""
+    differ from the one a launch builds (e.g. in whether it moves data through shared memory).
+
+    Constexpr parameters not in ``constexprs`` take their defaults, as in a launch (Triton's
+    ``ASTSource`` does not apply them: a branch on an unset constexpr compiles the wrong arm)."""
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    constexprs = dict(constexprs)
+    for name, param in inspect.signature(kernel.fn).parameters.items():
+        if (name not in constexprs and param.default is not inspect.Parameter.empty
+                and "constexpr" in str(param.annotation)):
+            constexprs[name] = param.default
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
