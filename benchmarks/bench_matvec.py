@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -160,7 +160,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
         mv = ops.null_matvec_prepared
     elif p14_m1:
         def mv(xp, w, m, cfg, out=None):
-            return ops.planes14_matvec_m1_prepared(xp, w, cfg, out=out)
+            return ops.planes14_matvec_m1_prepared(xp, w, cfg, out=out, m_rows=m)
     else:
         mv = ops.tetra48_matvec_prepared if base == "tetra48" else ops.planes14_matvec_prepared
 
@@ -490,7 +490,7 @@ def sass_report(configs: dict) -> dict:
     from leechq.kernels.triton.intq import intq_matvec_kernel
     from leechq.kernels.triton.planes14 import planes14_matvec_kernel
     from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
-    from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
+    from leechq.kernels.triton.tetra48_m1 import m1_kernel, null_m1_kernel
 
     lat = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
            "tail_ptr": "*fp32", "rows_ptr": "*i32", "cw_ptr": "*i32", "y_ptr": "*fp32",
@@ -511,10 +511,10 @@ def sass_report(configs: dict) -> dict:
     jobs = {}
     c1 = configs[1]
     if c1.kernel == "m1":
-        jobs["tetra48-m1/M1"] = (tetra48_m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
+        jobs["tetra48-m1/M1"] = (m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
                                                      "m_rows": "i32"}, dict(
-            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
-            2, c1.num_warps)  # two blocks (one pair) per thread per iteration
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
+            ILP=c1.ilp, MB=1), 2 * c1.ilp, c1.num_warps)  # ILP block pairs per thread per trip
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)
@@ -801,7 +801,9 @@ def main() -> None:
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
                                                         device, 6, True, tile),
                 "planes14-m1-fused": lambda m=model, b=batch: build_lattice(
-                    m, "planes14", b, args.sets, device, 6, True, cfg1),
+                    m, "planes14", b, args.sets, device, 6, True, cfg1 if b == 1 else (
+                        lambda d_out, d_in: m1_config(d_out, d_in // 24, torch.device(device),
+                                                      m_rows=b))),
                 "int4": lambda: build_int4(model, batch, args.sets, device, 8),
                 "tetra48-mma-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                            device, 10),
@@ -813,9 +815,8 @@ def main() -> None:
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
             }
-            if batch > 1:  # the no-weights control and the Planes14 m1 have one activation row
+            if batch > 1:  # the no-weights control has one activation row
                 builders.pop("null-m1-fused-noprep")
-                builders.pop("planes14-m1-fused")
             wanted = args.arms.split(",")
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
@@ -921,6 +922,9 @@ def dry_run() -> None:
     p = build_lattice(tiny, "planes14", 1, 1, "cpu", 0, True, m1)
     p.run(0)
     print("planes14-m1 err", p.check())
+    p = build_lattice(tiny, "planes14", 2, 1, "cpu", 0, True, replace(m1, mb=2))
+    p.run(0)
+    print("planes14-m1 M=2 err", p.check())
     p = build_lattice(tiny, "null", 1, 1, "cpu", 0, True, m1, null=True, noprep=True)
     p.run(0)
     p.check()

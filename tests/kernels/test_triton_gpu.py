@@ -245,14 +245,14 @@ def test_no_local_memory() -> None:
             USE_ASM=True, SMEM_ROWS=False), num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
-    from leechq.kernels.triton.tetra48_m1 import tetra48_m1_kernel
+    from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
     aligned = ("d_out", "stride_x", "stride_y")  # as a launch marks them (multiples of 16)
     m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
           "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32"}
     for ilp in (1, 2):
-        c = I.compile_for(tetra48_m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
+        c = I.compile_for(m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
                                                       BP=32, USE_ASM=True, ILP=ilp, MB=1),
                           num_warps=4)
         res = I.resource_usage(c)
@@ -264,7 +264,7 @@ def test_no_local_memory() -> None:
     for n_blocks, tail, rows in ((106, 5, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64),
                                  (448, 23, 64), (512, 0, 256), (512, 0, 64)):
         assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
-        c = I.compile_for(tetra48_m1_kernel, m1, dict(
+        c = I.compile_for(m1_kernel, m1, dict(
             N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1),
             num_warps=4, maxnreg=ops.M1_MAXNREG, aligned_ints=aligned)
         res = I.resource_usage(c)
@@ -280,25 +280,25 @@ def test_no_local_memory() -> None:
     # [rows, tile] form compiled clean here, while the launched kernel spread the rows over warps
     # and converted layouts through shared memory, over the staged table
     for mb, ilp, rows in ((2, 2, 112), (4, 1, 64), (4, 1, 256)):
-        c = I.compile_for(tetra48_m1_kernel, m1, dict(
+        c = I.compile_for(m1_kernel, m1, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=ilp, MB=mb),
             num_warps=4, aligned_ints=aligned)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (mb, res)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (mb, mix)
-    # the batch-1 Planes14 kernel stages its class table the same way: same rule, and the register
-    # cap of ops.m1_config spills nothing at Qwen3-8B's widths
-    from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel
+    # the Planes14 decode stages its class table the same way: same rule, and the register cap of
+    # ops.m1_config spills nothing at Qwen3-8B's widths (one row, both selector forms; two rows
+    # per launch at every width, four rows per launch up to 512 blocks)
+    from leechq.kernels.triton.tetra48_m1 import PLANES14
 
-    p14 = {"xp_ptr": "*fp32", "r_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
-           "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-           "y_ptr": "*fp32", "d_out": "i32"}
     for n_blocks, tail, cap in ((170, 16, ops.M1_MAXNREG), (512, 0, ops.M1_MAXNREG), (725, 8, 0)):
-        for sel in (True, False):
-            c = I.compile_for(planes14_m1_kernel, p14, dict(
-                N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True,
-                SEL_TABLE=sel), num_warps=4, maxnreg=cap, aligned_ints=("d_out",))
+        for sel, mb in ((True, 1), (False, 1), (True, 2)) + (((True, 4),) if n_blocks <= 512
+                                                              else ()):
+            c = I.compile_for(m1_kernel, m1, dict(
+                N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=1,
+                MB=mb, CODE=PLANES14.value, SEL_TABLE=sel), num_warps=4,
+                maxnreg=cap if mb == 1 else 0, aligned_ints=aligned)
             res = I.resource_usage(c)
             assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, sel, res)
             mix = I.hot_loop_mix(I.sass(c))["loop"]

@@ -129,6 +129,28 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool)
         8 * k + 4 * h + j for k in range(3) for j in range(4) for h in range(2)]
 
 
+@pytest.mark.parametrize(("mb", "m_rows"), [(2, 3), (4, 3)])
+def test_planes14_m1_many_rows(mb: int, m_rows: int) -> None:
+    """Several activation rows through the ``m1`` kernel with the Planes14 decode (opt-in
+    ``mb``): 3 rows = a two-row launch and a one-row launch, or one four-row launch with a zero pad
+    row; a zero activation row among them; every output written, the row past them untouched."""
+    ops = _ops()
+    w = random_planes14(11, 18 * 24 + 3, seed=mb)
+    dense = ref.planes14_dequantize_rotated(w)
+    x = torch.randn(m_rows, w.d_in)
+    x[1] = 0.0
+    xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order("cpu"))
+    cfg = ops.MatvecConfig(rows=4, bp=8, num_warps=1, kernel="m1", mb=mb)
+    y = torch.full((m_rows + 1, w.d_out), float("nan"))
+    ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y[:m_rows], m_rows=m_rows)
+    _bounded(y[:m_rows], x, dense)
+    assert torch.isnan(y[m_rows]).all()
+    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
+    with pytest.raises(InvalidInput, match="mb 2 or 4"):
+        ops.planes14_matvec_m1_prepared(xp, w, ops.MatvecConfig(rows=4, bp=8, num_warps=1,
+                                                                kernel="m1"), m_rows=m_rows)
+
+
 def test_planes14_matvec_default_is_m1(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no configuration, one activation row runs the batch-1 Planes14 kernel in the per-shape
     geometry (and agrees with the f64 reference); several rows keep the tiled kernel."""

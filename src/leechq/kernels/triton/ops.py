@@ -43,10 +43,9 @@ from leechq.kernels.triton.intq import (
     intq_matvec_kernel,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
-from leechq.kernels.triton.planes14_m1 import planes14_m1_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
-from leechq.kernels.triton.tetra48_m1 import null_m1_kernel, tetra48_m1_kernel
+from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, m1_kernel, null_m1_kernel
 from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
 if TYPE_CHECKING:
@@ -545,33 +544,34 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
 
 def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
                cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
-    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` (the
-    Tetra kernel, ``cfg.mb`` activation rows per launch, fewer for the last launch when the
-    prepared buffer has fewer rows left), ``"null"`` (its no-weights control) or ``"planes14"``
-    (the Planes14 kernel; row 0; ``consts``: its constexprs). The kernel is named by a string, not
-    compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels."""
+    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
+    ``"planes14"`` (``m1_kernel`` with that decode; ``cfg.mb`` activation rows per launch, fewer
+    for the last launch when the prepared buffer has fewer rows left; ``consts``: further
+    constexprs) or ``"null"`` (the no-weights control; row 0). The kernel is named by a string,
+    not compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels."""
     if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
         raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
     if not w.d_out:
         return
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    kernel = {"tetra48": tetra48_m1_kernel, "null": null_m1_kernel,
-              "planes14": planes14_m1_kernel}[kind]
-    tetra = kind == "tetra48"
+    lattice = kind != "null"  # the lattice kernel (several rows), not the control (row 0)
+    kernel = m1_kernel if lattice else null_m1_kernel
     if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
+        consts = {"CODE": PLANES14, **consts}
     else:  # the Tetra kernel, or its control (which reads no weight words)
-        data, table = (w.words if tetra else w.row_scales), tetra_m1_table(xp.device)
-    for i in range(0, m_rows if tetra else 1, cfg.mb if tetra else 1):
-        mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if tetra else 1
+        data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
+        consts = {"CODE": TETRA, **consts} if lattice else consts
+    for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
+        mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
-        rows_args = (xp.stride(0), y.stride(0), min(mb, m_rows - i)) if tetra else ()
+        rows_args = (xp.stride(0), y.stride(0), min(mb, m_rows - i)) if lattice else ()
         kernel[(grid,)](
             xp[i:], data, w.row_scales, w.row_centroids, w.tail, table, part, _tickets(xp.device),
             y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
             ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
             num_warps=cfg.num_warps, num_stages=1,
-            **({"ILP": cfg.ilp, "MB": mb} if tetra else {}), **consts,
+            **({"ILP": cfg.ilp, "MB": mb} if lattice else {}), **consts,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -721,24 +721,27 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
     """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). One activation
-    row runs the batch-1 kernel (:mod:`.planes14_m1`) in ``config`` if that is an ``m1``
-    configuration, or by default in the per-shape geometry of :func:`m1_config`; anything else
-    the tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3): 3.85 ms for the
-    batch-1 kernel against 5.41 ms for the tiled one (cuBLAS fp16 4.66)."""
+    row runs the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in ``config`` if
+    that is an ``m1`` configuration, or by default in the per-shape geometry of
+    :func:`m1_config`; several rows run it when ``config`` is an ``m1`` configuration with ``mb``
+    2 or 4 (opt-in, untimed); anything else the tiled kernel. H200, Qwen3-8B projections,
+    2026-11-30 (BENCHMARKS.md §3): 3.85 ms for the batch-1 kernel against 5.41 ms for the tiled
+    one (cuBLAS fp16 4.66)."""
     m_rows = _check_x(x, w.d_in, w.records.device)
     m1 = config if config is not None else (
         m1_config(w.d_out, w.n_blocks, x.device, w.tail_cols) if m_rows == 1 else None)
     if m1 is not None and _m1_applies(m1, w) and _planes14_m1_applies(m1, m_rows, x.device):
         xp = prepare_activation(x, w.n_blocks, planes14_m1_order(x.device))
-        return planes14_matvec_m1_prepared(xp, w, m1)
+        return planes14_matvec_m1_prepared(xp, w, m1, m_rows=m_rows)
     xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
     return planes14_matvec_prepared(xp, w, m_rows, config)
 
 
 def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
-    """Whether an explicit configuration asks for the batch-1 Planes14 kernel and it may run: one
-    activation row and :func:`m1_enabled` with this kernel's first-use check."""
-    return cfg.kernel == "m1" and m_rows == 1 and m1_enabled(device, cfg, _check_planes14_m1)
+    """Whether a configuration asks for the ``m1`` Planes14 kernel and it may run: one activation
+    row, or several with ``mb`` > 1, and :func:`m1_enabled` with this kernel's first-use check."""
+    return (cfg.kernel == "m1" and (m_rows == 1 or cfg.mb > 1)
+            and m1_enabled(device, cfg, _check_planes14_m1))
 
 
 def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
@@ -748,21 +751,27 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
         n_blocks = 2 * cfg.bp + 6  # two K-slices, the second one short
         w = random_planes14(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
         dense = ref.planes14_dequantize_rotated(w)
-        for seed in (1, 2):  # two calls: the tickets must have reset
+        # as the Tetra check (_check_m1): mb + 1 and mb − 1 rows, or one row twice
+        counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
+        for seed, m_rows in zip((1, 2), counts, strict=True):
             g = torch.Generator(device=device).manual_seed(seed)
-            x = torch.randn(1, w.d_in, generator=g, device=device)
+            x = torch.randn(m_rows, w.d_in, generator=g, device=device)
             xp = prepare_activation(x, w.n_blocks, planes14_m1_order(device))
-            yield planes14_matvec_m1_prepared(xp, w, cfg), x, dense
+            yield planes14_matvec_m1_prepared(xp, w, cfg, m_rows=m_rows), x, dense
 
-    return _first_use_check("batch-1 Planes14 kernel", device, cfg, cases())
+    return _first_use_check("m1 Planes14 kernel", device, cfg, cases())
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
                                 out: torch.Tensor | None = None,
-                                selector_table: bool | None = None) -> torch.Tensor:
-    """``y = W x`` for one activation row prepared in ``tables.planes14_m1_order`` order, by
-    the batch-1 Planes14 kernel in ``config``'s ``m1`` geometry (``rows``, ``bp``, ``num_warps``,
-    ``ctas_per_sm``, ``maxnreg``; one row per warp and trip): float32 [1, d_out].
+                                selector_table: bool | None = None,
+                                m_rows: int = 1) -> torch.Tensor:
+    """``y = W x`` for ``m_rows`` activation rows prepared in ``tables.planes14_m1_order`` order,
+    by the ``m1`` kernel with the Planes14 decode in ``config``'s geometry (``rows``, ``bp``,
+    ``num_warps``, ``ctas_per_sm``, ``maxnreg``, ``mb`` activation rows per launch; one row per
+    warp and trip): float32 [m_rows, d_out]. Several rows per launch (``mb`` 2 or 4: one decode
+    for all of them) are opt-in: offline SASS 86 and 56 instructions per row and block against
+    131.5 for one row, untimed on the GPU.
 
     ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
     shared load per quad; 131.5 instead of 190 instructions per block offline) or built in
@@ -770,11 +779,14 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     decode's previous 159 and 197 instructions: 3.85 ms with the table, 4.34 ms with the
     registers, so the table is the default."""
     _check_lattice(w, w.records, "records")
-    _check_prepared(xp, 1, w.n_blocks, w.records.device)
-    y = out if out is not None else torch.empty(1, w.d_out, dtype=torch.float32, device=xp.device)
+    _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
+    if m_rows > 1 and config.mb == 1:
+        raise InvalidInput(f"{m_rows} activation rows need a configuration with mb 2 or 4")
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
+                                                device=xp.device)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    _launch_m1("planes14", xp, w, y, replace(config, ilp=1),
+    _launch_m1("planes14", xp, w, y, replace(config, ilp=1), m_rows,
                SEL_TABLE=bool(selector_table))
     return y
 

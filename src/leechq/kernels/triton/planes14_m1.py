@@ -1,4 +1,4 @@
-"""Batch-1 Planes14 matvec: the ``m1`` geometry and integer block dot for the ball codebook.
+"""The Planes14 decode of the ``m1`` kernel: integer block dot for the ball codebook.
 
 Implements layouts-kernels-recipe.md §1.3 / §3.2 (the 14-byte bit-plane record, the 512-entry class
 table) in the geometry of :mod:`.tetra48_m1` (activation-stationary split-K, one K-slice of 32
@@ -20,6 +20,11 @@ _x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs
   remove. Offline SASS (Triton 3.6, sm_90): 131.5 instructions per block (159 as timed below).
 * Block: ``dot · centroid[g] · invnorm[class] · E_b``; row: the fixup applies ``σ_row`` and the
   tail (:func:`.tetra48_m1._ticket_fixup`).
+* **The kernel** is :func:`.tetra48_m1.m1_kernel` with ``CODE = PLANES14`` (its loop, geometry,
+  prefetch, scratch and tickets; this module gives the words it loads, :func:`load_row`, and the
+  pair dot, :func:`pair_dot`). Several activation rows per launch (``MB`` 2 or 4) share each
+  record's decode: offline SASS 86 and 56 instructions per row and block (one row: 131.5),
+  opt-in and untimed.
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value) and f32 accumulation. The default for one activation row of a Planes14 record
@@ -41,13 +46,6 @@ from leechq.kernels.triton._bits import (
     table_load128,
 )
 from leechq.kernels.triton.planes14 import load_record_pair, record_fields
-from leechq.kernels.triton.tetra48_m1 import (
-    _geometry,
-    _store_partial,
-    _ticket_fixup,
-    _x_limbs,
-    stage_table,
-)
 
 TABLE_WORDS = tl.constexpr(6144)
 """The staged table (``tables.planes14_m1_table``): the class table, 512 entries × 4 words
@@ -113,99 +111,82 @@ def _quad_dot(qb, la, lb, lc, acc0, acc1, acc2, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x, SEL_TABLE: tl.constexpr,
-                USE_ASM: tl.constexpr):
-    """``⟨y, x⟩ · centroid[g] / ‖y‖`` of one record per element (record bits 0..31, 32..63,
-    64..95, 96..111 in ``A, B, C, D``: uint32; ``x``: the block's exponent and limb words in the
-    order of ``tables.planes14_m1_order``)."""
-    (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
-     c00, c01, c10, c11, c20, c21) = x
+def _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+    """The signed value bytes of one record per element (record bits 0..31, 32..63, 64..95,
+    96..111 in ``A, B, C, D``: uint32), its six quads as a tuple, with its gain bit and the f32
+    bits of ``1/‖y‖``."""
     cid, g, sgn, p0, p1, p2 = record_fields(A, B, C, D)
     pos4, neg4, w4, invw = table_load128(tab_ptr, base, cid * 4, USE_ASM)
     bits = (p0, p1, p2, sgn)
     planes = _plane_bytes(p0, p1, p2, sgn)
     vals = (pos4, neg4, w4, w4 >> 8)  # w4 >> 8: level 4's negative in byte 0
-    z = tl.zeros(A.shape, tl.int32)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 0, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a00, b00, c00, z, z, z, USE_ASM)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 1, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a01, b01, c01, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 2, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a10, b10, c10, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 3, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a11, b11, c11, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 4, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a20, b20, c20, acc0, acc1, acc2, USE_ASM)
-    qb = _quad_bytes(bits, planes, vals, tab_ptr, base, 5, SEL_TABLE, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(qb, a21, b21, c21, acc0, acc1, acc2, USE_ASM)
-    dot = (acc2 << 16) + (acc1 << 8) + acc0
+    quads = (_quad_bytes(bits, planes, vals, tab_ptr, base, 0, SEL_TABLE, USE_ASM),
+             _quad_bytes(bits, planes, vals, tab_ptr, base, 1, SEL_TABLE, USE_ASM),
+             _quad_bytes(bits, planes, vals, tab_ptr, base, 2, SEL_TABLE, USE_ASM),
+             _quad_bytes(bits, planes, vals, tab_ptr, base, 3, SEL_TABLE, USE_ASM),
+             _quad_bytes(bits, planes, vals, tab_ptr, base, 4, SEL_TABLE, USE_ASM),
+             _quad_bytes(bits, planes, vals, tab_ptr, base, 5, SEL_TABLE, USE_ASM))
+    return quads, g, invw
+
+
+@triton.jit
+def _row_dot(quads, x, USE_ASM: tl.constexpr):
+    """``⟨y, x⟩ / E_b`` (int32) of one record per element from its value bytes ``quads`` and one
+    activation row's limb words ``x`` (:func:`.tetra48_m1._x_limbs`, read in the order of
+    ``tables.planes14_m1_order``: limb word ``(k, h)`` is quad ``2k + h``)."""
+    (_e, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+     c00, c01, c10, c11, c20, c21) = x
+    q0, q1, q2, q3, q4, q5 = quads
+    z = tl.zeros(q0.shape, tl.int32)
+    acc0, acc1, acc2 = _quad_dot(q0, a00, b00, c00, z, z, z, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q1, a01, b01, c01, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q2, a10, b10, c10, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q3, a11, b11, c11, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q4, a20, b20, c20, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q5, a21, b21, c21, acc0, acc1, acc2, USE_ASM)
+    return (acc2 << 16) + (acc1 << 8) + acc0
+
+
+@triton.jit
+def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x0, x1, x2, x3, MB: tl.constexpr,
+                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+    """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one record per element for the first ``MB`` (1, 2 or
+    4) activation rows ``m`` (one decode, 18 ``dp4a`` per row; the unused results repeat row 0)."""
+    quads, g, invw = _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE, USE_ASM)
     scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
-    return dot.to(tl.float32) * (scale * e_blk)
+    d0 = _row_dot(quads, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    if MB >= 2:
+        d1 = _row_dot(quads, x1, USE_ASM).to(tl.float32) * (scale * x1[0])
+    if MB >= 4:
+        d2 = _row_dot(quads, x2, USE_ASM).to(tl.float32) * (scale * x2[0])
+        d3 = _row_dot(quads, x3, USE_ASM).to(tl.float32) * (scale * x3[0])
+    return d0, d1, d2, d3
 
 
 @triton.jit
-def _pair_dot(w0, w1, w2, w3, w4, w5, w6, cent0, cent1, tab_ptr, base, x_even, x_odd,
-              SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
-    """The two record dots of a record pair (its seven words ``w0..w6``)."""
-    acc = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, x_even, SEL_TABLE,
-                      USE_ASM)
-    return acc + _record_dot((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
-                             (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
-                             x_odd, SEL_TABLE, USE_ASM)
+def pair_dot(words, cent0, cent1, tab_ptr, base, xs, MB: tl.constexpr, SEL_TABLE: tl.constexpr,
+             USE_ASM: tl.constexpr):
+    """The sums of the two record dots of a record pair (its seven words ``words``) for each of
+    the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs,
+    :func:`.tetra48_m1._row_limbs`)."""
+    w0, w1, w2, w3, w4, w5, w6 = words
+    (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
+    e0, e1, e2, e3 = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, xe0, xe1,
+                                 xe2, xe3, MB, SEL_TABLE, USE_ASM)
+    o0, o1, o2, o3 = _record_dot((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
+                                 (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
+                                 xo0, xo1, xo2, xo3, MB, SEL_TABLE, USE_ASM)
+    return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
 @triton.jit
-def _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE: tl.constexpr):
-    """The seven words of each element's record pair and its row's centroid pair (zeros past
-    ``d_out`` or past the last record; issued one trip ahead of their use)."""
+def load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE: tl.constexpr):
+    """The seven words of each element's record pair (a tuple) and its row's centroid pair (zeros
+    past ``d_out`` or past the last record; issued one trip ahead of their use)."""
     row_ok = rows < d_out
     rc = tl.where(row_ok, rows, 0)
-    w0, w1, w2, w3, w4, w5, w6 = load_record_pair(r_ptr + rc * STRIDE + 7 * pair, row_ok & ok_e,
-                                                  row_ok & ok_o)
-    return w0, w1, w2, w3, w4, w5, w6, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)
-
-
-@triton.jit
-def planes14_m1_kernel(
-    xp_ptr, r_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
-    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr, SEL_TABLE: tl.constexpr = True,
-):
-    """``y = W x`` for one activation row prepared in ``tables.planes14_m1_order``; the launch
-    contract of :func:`.tetra48_m1.tetra48_m1_kernel` with one row per warp and trip (grid a
-    multiple of ``NS = ceil(pairs / BP)``, ``ROWS`` a multiple of ``NW · 32 / BP``). ``SEL_TABLE``:
-    the permute selectors from the staged selector table (else built in registers)."""
-    NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    NPP: tl.constexpr = ((NP + 63) // 64) * 64
-    NS: tl.constexpr = (NP + BP - 1) // BP
-    RI: tl.constexpr = NW * 32 // BP  # rows per trip
-    IPC: tl.constexpr = ROWS // RI  # loop trips per chunk
-    STRIDE: tl.constexpr = 7 * NP
-    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # TABLE_WORDS, staged
-    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS)
-    x_even = _x_limbs(xp_ptr + pair, NPP, 0, USE_ASM)
-    x_odd = _x_limbs(xp_ptr + pair, NPP, 1, USE_ASM)
-    ok_e = pair * 2 < N_BLOCKS
-    ok_o = pair * 2 + 1 < N_BLOCKS
-    n_chunks = (d_out + ROWS - 1) // ROWS
-    n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
-    rows = c0 * ROWS + sub
-    part = part_ptr + sl * d_out
-    w0, w1, w2, w3, w4, w5, w6, ca, cb = _load_row(r_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o,
-                                                   STRIDE)
-    for k in range(n_iter):
-        # the next trip's rows (the next chunk of this program after the last trip of a chunk)
-        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + RI, rows + RI)
-        nrow = tl.where(k + 1 < n_iter, nxt, d_out)
-        v0, v1, v2, v3, v4, v5, v6, va, vb = _load_row(r_ptr, cent_ptr, nrow, pair, d_out, ok_e,
-                                                       ok_o, STRIDE)
-        acc = _pair_dot(w0, w1, w2, w3, w4, w5, w6, ca, cb, tab_ptr, base, x_even, x_odd,
-                        SEL_TABLE, USE_ASM)
-        _store_partial(acc, rows, lane, part, d_out, NW, BP)
-        if k % IPC == IPC - 1:
-            chunk = c0 + (k // IPC) * cstep
-            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
-        rows = nxt
-        w0, w1, w2, w3, w4, w5, w6, ca, cb = v0, v1, v2, v3, v4, v5, v6, va, vb
+    words = load_record_pair(r_ptr + rc * STRIDE + 7 * pair, row_ok & ok_e, row_ok & ok_o)
+    return words, tl.load(cent_ptr + rc * 2), tl.load(cent_ptr + rc * 2 + 1)

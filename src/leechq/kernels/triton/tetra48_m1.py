@@ -37,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from leechq.kernels.triton import planes14_m1
 from leechq.kernels.triton._bits import (
     dp4a,
     prmt,
@@ -342,12 +343,20 @@ def _geometry(N_BLOCKS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr):
     return sl, c0, cstep, e, sub, lane, pair
 
 
+TETRA = tl.constexpr(0)
+"""``m1_kernel``'s ``CODE`` for a ``tetra48`` matrix (3 words per block pair, the Tetra decode)."""
+PLANES14 = tl.constexpr(1)
+"""``m1_kernel``'s ``CODE`` for a ``planes14`` matrix (7 words per record pair, the decode of
+:mod:`.planes14_m1`; the activation prepared in ``tables.planes14_m1_order``)."""
+
+
 @triton.jit
-def tetra48_m1_kernel(
+def m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
     stride_x, stride_y, m_rows,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
+    CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -356,15 +365,21 @@ def tetra48_m1_kernel(
     is the number of rows a warp decodes per loop trip (two independent decode chains in flight);
     ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``. Each decoded block meets the ``MB``
     activation rows' limbs (kept in registers: ``19·MB`` words per block), so the decode is paid
-    once for all of them; the scratch holds ``[NS, MB, d_out]`` partials."""
+    once for all of them; the scratch holds ``[NS, MB, d_out]`` partials. ``CODE``: :data:`TETRA`
+    (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``) or
+    :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
+    ``SEL_TABLE``: the permute selectors from that table, else built in registers)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
     RI: tl.constexpr = NW * 32 // BP  # rows per row set
     IPC: tl.constexpr = ROWS // (RI * ILP)  # loop trips per chunk
-    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2 if CODE == 0 else 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = stage_table(tab_ptr, d_out, USE_ASM)
+    if CODE == 0:
+        base = stage_table(tab_ptr, d_out, USE_ASM)
+    else:
+        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     sb_rep = sb_copy(e)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
@@ -375,31 +390,60 @@ def tetra48_m1_kernel(
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
     part = part_ptr + sl * MB * d_out
-    w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+    w, ca, cb = _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W, CODE)
     if ILP == 2:
-        v0, v1, v2, va, vb = _load_row(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o,
-                                       STRIDE_W)
+        v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
+                                CODE)
     for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
         nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + ILP * RI, rows + ILP * RI)
         nrow = tl.where(k + 1 < n_iter, nxt, d_out)
-        n0, n1, n2, na, nb = _load_row(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W)
+        n, na, nb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE)
         if ILP == 2:
-            m0, m1, m2, ma, mb = _load_row(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
-                                           STRIDE_W)
-        a0, a1, a2, a3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
+            m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
+                                    STRIDE_W, CODE)
+        a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
+                                    USE_ASM)
         if ILP == 2:
-            b0, b1, b2, b3 = _pair_dot(v0, v1, v2, va, vb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
+            b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
+                                        SEL_TABLE, USE_ASM)
             _store_rows(b0, b1, b2, b3, rows + RI, lane, part, d_out, NW, BP, MB)
-            v0, v1, v2, va, vb = m0, m1, m2, ma, mb
+            v, va, vb = m, ma, mb
         _store_rows(a0, a1, a2, a3, rows, lane, part, d_out, NW, BP, MB)
         if k % IPC == IPC - 1:
             chunk = c0 + (k // IPC) * cstep
             _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
                           d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
         rows = nxt
-        w0, w1, w2, ca, cb = n0, n1, n2, na, nb
+        w, ca, cb = n, na, nb
+
+
+@triton.jit
+def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr,
+                CODE: tl.constexpr):
+    """The words of each element's block (record) pair as a tuple — 3 for Tetra, 7 for
+    Planes14 — and its row's centroid pair (zeros past ``d_out``)."""
+    if CODE == 0:
+        w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
+        words = (w0, w1, w2)
+    else:
+        words, ca, cb = planes14_m1.load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o,
+                                             STRIDE_W)
+    return words, ca, cb
+
+
+@triton.jit
+def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
+               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+    """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
+    if CODE == 0:
+        w0, w1, w2 = words
+        d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
+    else:
+        d0, d1, d2, d3 = planes14_m1.pair_dot(words, ca, cb, tab_ptr, base, xs, MB, SEL_TABLE,
+                                              USE_ASM)
+    return d0, d1, d2, d3
 
 
 @triton.jit
@@ -492,7 +536,7 @@ def null_m1_kernel(
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr,
 ):
-    """The no-weights control in the geometry of :func:`tetra48_m1_kernel` (layouts-kernels-recipe
+    """The no-weights control in the geometry of :func:`m1_kernel` (layouts-kernels-recipe
     §3.7): same grid, table staging, activation conversion, per-row centroid reads, lane reduction,
     scratch, tickets and fixup — but no weight words and no decode (each row adds ``E·centroid``).
     It has no reference output."""
