@@ -178,6 +178,27 @@ def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 
 
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 2), (4096, 12288, 3),
+                                                       (6144, 4096, 8)])
+def test_planes14_m1_many_rows_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """Several activation rows per launch through the Planes14 decode (opt-in ``mb`` of
+    ``ops.m1_config(m_rows=…)``) against the f64 reference, rows past M untouched."""
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out ^ d_in ^ m_rows, device=DEV)
+    dense = ref.planes14_dequantize_rotated(w)
+    cfg = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols, m_rows=m_rows)
+    assert cfg.mb > 1 and ops._planes14_m1_applies(cfg, m_rows, torch.device(DEV))
+    for _ in range(2):
+        x = torch.randn(m_rows, d_in, device=DEV)
+        xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order(DEV))
+        y = torch.full((m_rows + 1, d_out), float("nan"), device=DEV)
+        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y[:m_rows], m_rows=m_rows)
+        assert _worst(y[:m_rows], x, dense) <= 1e-5
+        assert torch.isnan(y[m_rows]).all()
+    torch.cuda.synchronize()
+    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
+
+
 @pytest.mark.parametrize("n", [2560, 4096, 5120, 9728, 12288, 17408])
 def test_rotation_widths(n: int) -> None:
     ops = _ops()
