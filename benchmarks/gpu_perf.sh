@@ -21,6 +21,8 @@
 #   pending  what session f could not re-check on the GPU, in one call: the Planes14 m1 kernel's
 #            cheaper decode (96346aa) at full shapes and timed, the fullgraph compile test after
 #            the launcher fix (b7c25b4), the 33-row fused linears
+#   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
+#            launch (opt-in since 8d3c209)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -97,6 +99,11 @@ pending)
     --no-sass --warm-workers 14 --arms fp16,tetra48-m1-fused,planes14-fused,planes14-m1-fused \
     --out "$OUT/matvec-planes14.json" 2>&1 | grep -v '^{"bench' | tail -6
   ;;
+p14rows)
+  timeout 400 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \
+    --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
+    --out "$OUT/matvec-planes14-rows.json" 2>&1 | grep -v '^{"bench' | tail -12
+  ;;
 e2esmall)
   timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
     --batches 2,4,8 --skip-gates --no-profile --budget-s 330 --out "$OUT/e2e-8b-small.json" \
@@ -104,7 +111,7 @@ e2esmall)
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows)" >&2
   exit 2
   ;;
 esac
