@@ -211,6 +211,14 @@ def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops, "tetra_m1_table", lambda device: bad)
     with pytest.warns(UserWarning, match="first-use check"):
         assert not ops._check_m1(torch.device("cpu"), cfg)
+    # the Planes14 decode's check: the same cases through its own entry point
+    p14 = ops.MatvecConfig(rows=4, bp=8, num_warps=1, kernel="m1")
+    assert ops._check_planes14_m1(torch.device("cpu"), p14)
+    bad14 = ops.planes14_m1_table("cpu").clone()
+    bad14[0:2048:4] ^= 0x01010101  # every class's level 0..3 magnitudes off by one
+    monkeypatch.setattr(ops, "planes14_m1_table", lambda device: bad14)
+    with pytest.warns(UserWarning, match="first-use check"):
+        assert not ops._check_planes14_m1(torch.device("cpu"), p14)
     monkeypatch.setenv("LEECHQ_M1", "0")
     assert not ops.m1_enabled(torch.device("cpu"), cfg)
 

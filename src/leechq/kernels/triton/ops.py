@@ -319,25 +319,34 @@ def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: 
     return False
 
 
+def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Callable,
+                    dequantize: Callable, order: Callable, run: Callable) -> Iterator:
+    """The first-use cases of an ``m1`` kernel (for :func:`_first_use_check`): a small random
+    record (``random_record``: two K-slices, the second one short; chunk walking; a tail), its f64
+    matrix (``dequantize``), and per call a NaN-poisoned output that ``run(xp, w, y, m_rows)``
+    fills from the activation prepared in ``order(device)``: for several rows ``mb + 1`` rows (a
+    full launch, then a one-row launch with this geometry) and ``mb − 1`` (a zero pad row for
+    ``mb`` = 4); for one row, one row twice (the tickets must have reset)."""
+    n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
+    w = random_record(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
+    dense = dequantize(w)
+    counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
+    for seed, m_rows in zip((1, 2), counts, strict=True):
+        g = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(m_rows, w.d_in, generator=g, device=device)
+        xp = prepare_activation(x, w.n_blocks, order(device))
+        y = torch.full((m_rows, w.d_out), float("nan"), device=device)
+        run(xp, w, y, m_rows)
+        yield y, x, dense
+
+
 def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
-    def cases() -> Iterator:
-        from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.formats.layouts.tetra48 import random_tetra48
 
-        n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
-        w = random_tetra48(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
-        dense = ref.tetra48_dequantize_rotated(w)
-        # several rows: mb + 1 (a full launch, then a one-row launch with this geometry) and
-        # mb − 1 (a zero pad row for mb = 4); one row: twice (the tickets must have reset)
-        counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
-        for seed, m_rows in zip((1, 2), counts, strict=True):
-            g = torch.Generator(device=device).manual_seed(seed)
-            x = torch.randn(m_rows, w.d_in, generator=g, device=device)
-            xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(device).order)
-            y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-            _launch_m1("tetra48", xp, w, y, cfg, m_rows)
-            yield y, x, dense
-
-    return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases())
+    cases = _m1_check_cases(device, cfg, random_tetra48, ref.tetra48_dequantize_rotated,
+                            lambda d: tetra_kernel_tables(d).order,
+                            lambda xp, w, y, m: _launch_m1("tetra48", xp, w, y, cfg, m))
+    return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases)
 
 
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
@@ -513,19 +522,19 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if config is None and cfg.kernel == "m1":  # the default: one geometry per row group
-        # (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18 ms, 6 10.09, 7 12.30 against
-        # 6.59 for 4 and 12.44 for 8)
-        plan = m1_plan(w.d_out, w.n_blocks, xp.device, w.tail_cols, m_rows)
-        if all(_m1_applies(c, w) and m1_enabled(xp.device, c) for _, c in plan):
+    if cfg.kernel == "m1":
+        # the default gives each row group its own geometry (H200, Qwen3-8B projections,
+        # 2026-11-30: M = 5 9.18 ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8); a
+        # given configuration serves all rows (several of them need its mb > 1)
+        plan = (m1_plan(w.d_out, w.n_blocks, xp.device, w.tail_cols, m_rows) if config is None
+                else [(m_rows, cfg)])
+        if all(_m1_applies(c, w) and (rows == 1 or c.mb > 1) and m1_enabled(xp.device, c)
+               for rows, c in plan):
             first = 0
             for rows, c in plan:
                 _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
                 first += rows
             return y
-    elif _m1_applies(cfg, w) and (m_rows == 1 or cfg.mb > 1) and m1_enabled(xp.device, cfg):
-        _launch_m1("tetra48", xp, w, y, cfg, m_rows)
-        return y
     cfg = _tile_config(cfg, m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -745,21 +754,12 @@ def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -
 
 
 def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
-    def cases() -> Iterator:
-        from leechq.formats.layouts.planes14 import random_planes14
+    from leechq.formats.layouts.planes14 import random_planes14
 
-        n_blocks = 2 * cfg.bp + 6  # two K-slices, the second one short
-        w = random_planes14(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
-        dense = ref.planes14_dequantize_rotated(w)
-        # as the Tetra check (_check_m1): mb + 1 and mb − 1 rows, or one row twice
-        counts = (cfg.mb + 1, cfg.mb - 1) if cfg.mb > 1 else (1, 1)
-        for seed, m_rows in zip((1, 2), counts, strict=True):
-            g = torch.Generator(device=device).manual_seed(seed)
-            x = torch.randn(m_rows, w.d_in, generator=g, device=device)
-            xp = prepare_activation(x, w.n_blocks, planes14_m1_order(device))
-            yield planes14_matvec_m1_prepared(xp, w, cfg, m_rows=m_rows), x, dense
-
-    return _first_use_check("m1 Planes14 kernel", device, cfg, cases())
+    cases = _m1_check_cases(
+        device, cfg, random_planes14, ref.planes14_dequantize_rotated, planes14_m1_order,
+        lambda xp, w, y, m: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m))
+    return _first_use_check("m1 Planes14 kernel", device, cfg, cases)
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
