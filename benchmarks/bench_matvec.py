@@ -856,7 +856,8 @@ def main() -> None:
                     "max_err": checks[f"{name}/{arm}/M{batch}"] if not arm.startswith("null")
                     else "not compared",
                     "config": (("per shape (sweep)" if best_by_shape and batch == 1
-                                else "per shape (ops.m1_config)" if batch == 1
+                                else "per shape (ops.m1_config)"
+                                if batch == 1 or arm.startswith("planes14")
                                 else "per shape and row group (ops.m1_plan)")
                                if uses_m1 else
                                (tile.__dict__ if arm.split("-")[0] in ("tetra48", "planes14",

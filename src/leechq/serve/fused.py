@@ -50,7 +50,7 @@ cuBLAS (one decode per call, then a tensor-core GEMM) instead of the lattice ker
 every block once per 8 rows (``ops.tetra48_matmul_dense``). H200, Qwen3-8B shapes, 2026-11-30: the
 dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7 ms per 8 rows
 (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled vs 84 ms
-dense), so up to 16 rows stay on the kernels (8..16 of them on the tensor-core kernel,
+dense), so up to 16 rows stay on the kernels (9..16 of them on the tensor-core kernel,
 :data:`MMA_ROWS`)."""
 
 MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
