@@ -26,6 +26,9 @@ our own (§3.10 leaves it open):
 * **Tables in shared memory**: the 32 KiB table is copied into shared memory once per program
   (``_bits.reserve_smem`` / ``smem_store32``) and read with ``ld.shared``; under the interpreter the
   same lookups read the global table.
+* **Several rows and the other layout**: :func:`m1_kernel` serves ``MB`` (1, 2 or 4) activation
+  rows per launch, one decode each block for all of them, and with ``CODE = PLANES14`` runs the
+  same loop over Planes14 records (the decode of :mod:`.planes14_m1`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value), the hardware reciprocal square root (≤ 2^-22.9 relative) and f32 accumulation —
