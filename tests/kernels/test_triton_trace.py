@@ -7,7 +7,8 @@ fused layer, but CI has no GPU. Here Dynamo only *traces* ``ops`` calls: in a su
 nodes), with Dynamo's Triton support switched on although no GPU is present, the device checks
 relaxed, and a backend that reports the traced graph instead of running it. A construct Dynamo
 cannot trace (e.g. ``kernel is other_kernel`` between two Triton kernels, which broke the GPU test
-once) fails here as ``Unsupported``.
+once) fails here as ``Unsupported``; so does a ``tl.constexpr`` object passed as a kernel argument
+(traced by torch 2.13, rejected by the GPU image's torch 2.11).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _SCRIPT = r"""
 import sys
 import torch
 import torch.utils._triton as dynamo_triton
+import triton.language as tl
+from torch._dynamo.variables.user_defined import UserDefinedObjectVariable
 
 dynamo_triton.has_triton = lambda: True  # record Triton kernels as kernel nodes without a GPU
 
@@ -47,6 +50,20 @@ class Traced(Exception):
 def backend(gm, inputs):
     kernels = sum("triton_kernel_wrapper" in str(n.target) for n in gm.graph.nodes)
     raise Traced(f"kernels={kernels}")
+
+
+# torch 2.13 unwraps a tl.constexpr object passed as a kernel argument; the GPU image's torch 2.11
+# rejects it ("Unexpected argument type for a Triton kernel"), so here it is rejected too
+_as_constant = UserDefinedObjectVariable.as_python_constant
+
+
+def _reject_constexpr_objects(self):
+    if isinstance(self.value, tl.constexpr):
+        raise TypeError(f"a tl.constexpr object ({self.value!r}) passed as a Triton argument")
+    return _as_constant(self)
+
+
+UserDefinedObjectVariable.as_python_constant = _reject_constexpr_objects
 
 
 tetra = random_tetra48(16, 4 * 24 + 3, seed=1)
