@@ -152,8 +152,9 @@ def test_planes14_m1_many_rows(mb: int, m_rows: int) -> None:
 
 
 def test_planes14_matvec_default_is_m1(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no configuration, one activation row runs the batch-1 Planes14 kernel in the per-shape
-    geometry (and agrees with the f64 reference); several rows keep the tiled kernel."""
+    """With no configuration, one activation row runs the ``m1`` Planes14 kernel in the per-shape
+    geometry (and agrees with the f64 reference); several rows keep the tiled kernel under the
+    interpreter."""
     ops = _ops()
     w = random_planes14(13, 6 * 24 + 7, seed=5)
     dense = ref.planes14_dequantize_rotated(w)
@@ -169,6 +170,24 @@ def test_planes14_matvec_default_is_m1(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1
 
 
+def test_planes14_matvec_default_row_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU (forced here) several rows with no configuration run the ``m1`` Planes14 kernel in
+    Tetra's row groups, each in its own geometry and at its own offset: 6 rows = a four-row launch,
+    then a two-row one; every output row is written and agrees with the f64 reference."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)
+    launches = []
+    launch = ops._launch_m1
+    monkeypatch.setattr(ops, "_launch_m1", lambda k, xp, w, y, cfg, m_rows=1, **kw: (
+        launches.append((k, cfg.mb, m_rows, xp.shape[0], y.shape[0])),
+        launch(k, xp, w, y, cfg, m_rows, **kw))[1])
+    w = random_planes14(7, 4 * 24 + 3, seed=3)
+    x = torch.randn(6, w.d_in)
+    y = ops.planes14_matvec(x, w)
+    assert launches == [("planes14", 4, 4, 4, 4), ("planes14", 2, 2, 2, 2)]
+    _bounded(y, x, ref.planes14_dequantize_rotated(w))
+
+
 def test_m1_row_groups() -> None:
     ops = _ops()
     assert [ops.m1_row_groups(m) for m in range(1, 10)] == [
@@ -182,8 +201,7 @@ def test_tetra48_default_row_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default many-row path (GPU only; forced here) launches each row group in its own
     geometry at its own offset: 6 rows = a four-row launch, then a two-row one."""
     ops = _ops()
-    monkeypatch.setattr(ops, "_config_for", lambda config, m_rows, w, device: ops.m1_config(
-        w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows))  # skip the interpreter's rule
+    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # skip the interpreter's rule
     launches = []
     launch = ops._launch_m1
     monkeypatch.setattr(ops, "_launch_m1", lambda k, xp, w, y, cfg, m_rows=1, **kw: (

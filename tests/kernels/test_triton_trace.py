@@ -39,8 +39,7 @@ from leechq.serve.random_codes import random_int4
 
 ops.interpreting = lambda: True  # CPU tensors pass the argument checks; kernels stay JITFunctions
 # several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
-ops._config_for = lambda config, m_rows, w, device: config if config is not None else (
-    ops.m1_config(w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows))
+ops._many_row_m1_default = lambda: True
 
 
 class Traced(Exception):

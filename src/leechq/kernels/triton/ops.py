@@ -235,9 +235,16 @@ def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.devic
     there (its own tests call it explicitly)."""
     if config is not None:
         return config
-    if m_rows > 1 and interpreting():
+    if m_rows > 1 and not _many_row_m1_default():
         return default_config(m_rows)
     return m1_config(w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows)
+
+
+def _many_row_m1_default() -> bool:
+    """Whether several activation rows with no configuration run the many-row ``m1`` kernel (on a
+    GPU) rather than the tiled one (under the interpreter, where a many-row ``m1`` launch costs
+    ~10 s; the tests that want it ask for it or patch this)."""
+    return not interpreting()
 
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
@@ -731,19 +738,30 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
 
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
-    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). One activation
-    row runs the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in ``config`` if
-    that is an ``m1`` configuration, or by default in the per-shape geometry of
-    :func:`m1_config`; several rows run it when ``config`` is an ``m1`` configuration with ``mb``
-    2 or 4 (opt-in, untimed); anything else the tiled kernel. H200, Qwen3-8B projections,
-    2026-11-30 (BENCHMARKS.md §3): 3.85 ms for the batch-1 kernel against 5.41 ms for the tiled
-    one (cuBLAS fp16 4.66)."""
+    """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). With no
+    ``config``, the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in the row groups
+    and per-shape geometry of :func:`m1_plan` (as Tetra: one row, two, or four per launch); with
+    an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
+    (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
+    tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), ``m1`` against tiled
+    (cuBLAS fp16 ≈ 4.7 ms): M = 1 3.37 vs 5.41 ms, M = 2 4.26 vs 5.44, M = 4 6.80 vs 9.92, M = 8
+    13.10 vs 14.57."""
     m_rows = _check_x(x, w.d_in, w.records.device)
-    m1 = config if config is not None else (
-        m1_config(w.d_out, w.n_blocks, x.device, w.tail_cols) if m_rows == 1 else None)
-    if m1 is not None and _m1_applies(m1, w) and _planes14_m1_applies(m1, m_rows, x.device):
+    if config is None:
+        plan = (None if m_rows > 1 and not _many_row_m1_default()
+                else m1_plan(w.d_out, w.n_blocks, x.device, w.tail_cols, m_rows))
+    else:
+        plan = [(m_rows, config)] if config.kernel == "m1" else None
+    if plan is not None and all(_m1_applies(c, w) and _planes14_m1_applies(c, rows, x.device)
+                                for rows, c in plan):
         xp = prepare_activation(x, w.n_blocks, planes14_m1_order(x.device))
-        return planes14_matvec_m1_prepared(xp, w, m1, m_rows=m_rows)
+        y = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=x.device)
+        first = 0
+        for rows, c in plan:
+            planes14_matvec_m1_prepared(xp[first:first + ref.prepared_rows(rows)], w, c,
+                                        out=y[first:first + rows], m_rows=rows)
+            first += rows
+        return y
     xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
     return planes14_matvec_prepared(xp, w, m_rows, config)
 
@@ -772,8 +790,8 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     by the ``m1`` kernel with the Planes14 decode in ``config``'s geometry (``rows``, ``bp``,
     ``num_warps``, ``ctas_per_sm``, ``maxnreg``, ``mb`` activation rows per launch; one row per
     warp and trip): float32 [m_rows, d_out]. Several rows per launch (``mb`` 2 or 4: one decode
-    for all of them) are opt-in: offline SASS 86 and 56 instructions per row and block against
-    131.5 for one row, untimed on the GPU.
+    for all of them; offline SASS 86 and 56 instructions per row and block against 131.5 for one
+    row) are :func:`planes14_matvec`'s default for 2..8 rows since 2026-11-30.
 
     ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
     shared load per quad; 131.5 instead of 190 instructions per block offline) or built in

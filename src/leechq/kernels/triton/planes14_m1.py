@@ -23,14 +23,14 @@ _x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs
 * **The kernel** is :func:`.tetra48_m1.m1_kernel` with ``CODE = PLANES14`` (its loop, geometry,
   prefetch, scratch and tickets; this module gives the words it loads, :func:`load_row`, and the
   pair dot, :func:`pair_dot`). Several activation rows per launch (``MB`` 2 or 4) share each
-  record's decode: offline SASS 86 and 56 instructions per row and block (one row: 131.5),
-  opt-in and untimed.
+  record's decode: offline SASS 86 and 56 instructions per row and block (one row: 131.5);
+  the default for 2..8 rows since 2026-11-30 (``ops.planes14_matvec``).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
-largest value) and f32 accumulation. The default for one activation row of a Planes14 record
-(``ops.planes14_matvec``): H200, Qwen3-8B projections, 2026-11-30, 3.85 ms against the tiled
-kernel's 5.41 (cuBLAS fp16 4.66), measured before the signed class entries and the parity
-regrouping (untimed since).
+largest value) and f32 accumulation. The default for 1..8 activation rows of a Planes14 record
+(``ops.planes14_matvec``, row groups as Tetra's). H200, Qwen3-8B projections, 2026-11-30, cuBLAS
+fp16 ≈ 4.7 ms: one row 3.37 ms with this decode (3.85 with the earlier 159-instruction one),
+against the tiled kernel's 5.41; M = 2, 4, 8: 4.26, 6.80, 13.10 ms against 5.44, 9.92, 14.57.
 """
 
 from __future__ import annotations
