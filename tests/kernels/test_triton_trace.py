@@ -23,11 +23,13 @@ import pytest
 pytest.importorskip("triton")
 
 _SCRIPT = r"""
+import re
 import sys
 import torch
 import torch.utils._triton as dynamo_triton
 import triton.language as tl
 from torch._dynamo.variables.user_defined import UserDefinedObjectVariable
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
 dynamo_triton.has_triton = lambda: True  # record Triton kernels as kernel nodes without a GPU
 
@@ -47,8 +49,17 @@ class Traced(Exception):
 
 
 def backend(gm, inputs):
-    kernels = sum("triton_kernel_wrapper" in str(n.target) for n in gm.graph.nodes)
-    raise Traced(f"kernels={kernels}")
+    nodes = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    # torch 2.11's Inductor fails at run time ("launcher() missing ... '_grid_1'") on a kernel
+    # call that leaves a parameter to its default, so every call must pass every parameter
+    for n in nodes:
+        kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+        passed = set(n.kwargs["kwargs"]) | set(
+            kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]))
+        missing = [a for a in getattr(kernel, "arg_names", []) if a not in passed]
+        if missing:
+            raise Traced(f"defaulted={','.join(missing)}")
+    raise Traced(f"kernels={len(nodes)}")
 
 
 # torch 2.13 unwraps a tl.constexpr object passed as a kernel argument; the GPU image's torch 2.11
@@ -93,7 +104,8 @@ for name, fn, m_rows, d_in in cases:
         print(f"{name}: ran without tracing?")
     except Exception as exc:  # the backend's Traced arrives wrapped
         text = str(exc)
-        print(f"{name}: " + (text[text.index("kernels="):].split()[0] if "Traced" in text
+        found = re.search(r"Traced: ((kernels|defaulted)=\S+)", text)
+        print(f"{name}: " + (found.group(1) if found
                              else type(exc).__name__ + " " + text[:1500].replace(chr(10), " | ")))
 """
 

@@ -564,9 +564,10 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     ``"planes14"`` (``m1_kernel`` with that decode; ``cfg.mb`` activation rows per launch, fewer
     for the last launch when the prepared buffer has fewer rows left; ``consts``: further
     constexprs) or ``"null"`` (the no-weights control; row 0). The kernel is named by a string,
-    not compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels; and
+    not compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels;
     ``CODE`` goes as a plain int (torch 2.11's Dynamo rejects a ``tl.constexpr`` object as a kernel
-    argument)."""
+    argument); and every parameter is passed (torch 2.11's Inductor fails on a call that leaves
+    one to its default)."""
     if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
         raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
     if not w.d_out:
@@ -579,7 +580,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         consts = {"CODE": PLANES14.value, **consts}
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
-        consts = {"CODE": TETRA.value, **consts} if lattice else consts
+        consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts} if lattice else consts
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
