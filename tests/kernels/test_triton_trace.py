@@ -96,6 +96,12 @@ cases = [
     ("rotate", lambda x: ops.rotate(x, ops.DeviceRotation.from_tables(rot, "cpu"),
                                     prepared_order=order), 2, 96),
     ("int4 M=2", lambda x: ops.int4_matvec(x, int4), 2, 256),
+    ("norm_rotate", lambda x: ops.norm_rotate(x.half(), torch.ones(96).half(), 1e-6,
+                                              ops.DeviceRotation.from_tables(rot, "cpu"), delta=x,
+                                              prepared_order=order)[1], 2, 96),
+    ("silu_mul_rotate", lambda x: ops.silu_mul_rotate(
+        x, torch.float16, ops.DeviceRotation.from_tables(rot, "cpu"), prepared_order=order),
+     2, 192),
 ]
 for name, fn, m_rows, d_in in cases:
     torch._dynamo.reset()
@@ -118,7 +124,7 @@ def test_entry_points_trace_fullgraph() -> None:
                           text=True, timeout=600, cwd=root)
     lines = [ln for ln in proc.stdout.splitlines() if ": " in ln]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == 9, proc.stdout + proc.stderr[-3000:]
+    assert len(lines) == 11, proc.stdout + proc.stderr[-3000:]
     for line in lines:
         result = line.split(": ", 1)[1]
         assert result.startswith("kernels=") and int(result.split("=")[1]) >= 1, line

@@ -158,3 +158,37 @@ def test_group_rotation_equals_ops_rotate() -> None:
     theirs = torch.zeros_like(ours)
     ops.rotate(x, group.rot, prepared_order=group.order, out=theirs)
     assert torch.equal(ours, theirs)
+
+
+def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The residual add + RMSNorm and the SwiGLU computed inside the rotation launch give what the
+    separate pieces followed by the group give: the same residual, outputs within the norm's one
+    rounding of the narrowed input (the kernel sums the squares in its own order)."""
+    from leechq.kernels.reference import rms_norm, silu_mul
+    from leechq.serve.fused import TetraGroup
+
+    group = TetraGroup.from_records(_records(True), [torch.randn(16), None], "cpu")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 3, 72, generator=g).half()
+    delta = torch.randn(1, 3, 72, generator=g)  # a fused group's float32 output
+    weight = (1 + 0.2 * torch.randn(72, generator=g)).half()
+    assert group.fuses_pre_ops(3)
+    r, y = group.forward_add_norm(x, delta, weight, 1e-6)
+    r_want = x + delta.half()
+    y_want = group(rms_norm(r_want, weight, 1e-6))
+    assert torch.equal(r, r_want) and y.shape == (1, 3, 24)
+    assert (y - y_want).abs().max().item() <= 2e-3 * y_want.abs().max().item()
+    r0, y0 = group.forward_add_norm(x, None, weight, 1e-6)
+    assert r0.data_ptr() == x.data_ptr() and torch.equal(r0, x)  # no copy without delta
+    y0_want = group(rms_norm(x, weight, 1e-6))
+    assert (y0 - y0_want).abs().max().item() <= 2e-3 * y0_want.abs().max().item()
+    gate_up = torch.randn(2, 144, generator=g) * 3
+    ys = group.forward_silu_mul(gate_up, torch.float16)
+    ys_want = group(silu_mul(gate_up, torch.float16))
+    assert (ys - ys_want).abs().max().item() <= 2e-3 * ys_want.abs().max().item()
+    # where the group does not take a pre-op: no rotation, the batched kernels, switched off
+    plain = TetraGroup.from_records(_records(False), [None, None], "cpu")
+    assert not plain.fuses_pre_ops(1)
+    assert not group.fuses_pre_ops(11) and not group.fuses_pre_ops(DENSE_MIN_ROWS)
+    monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
+    assert not group.fuses_pre_ops(1)

@@ -124,6 +124,38 @@ def test_fused_logits_match_reference_logits() -> None:
     assert g_fused == g_ref
 
 
+def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode step with the norms and the SwiGLU inside the rotation launches (the default)
+    against the same model with them as separate pieces (``LEECHQ_FUSE_PRE=0``): the fused
+    launches are taken (3 per layer at batch 1, none at 20 rows), and the logits agree to the
+    norm's rounding."""
+    from leechq.kernels.triton import ops
+
+    model = _fused_or_skip()
+    calls = []
+    for name in ("norm_rotate", "silu_mul_rotate"):
+        fn = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
+
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        cache = KVCache(model.args, tokens.shape[0], 64, torch.float16, "cuda")
+        slots = torch.arange(tokens.shape[1], device="cuda")
+        pad = torch.zeros(tokens.shape[0], dtype=torch.int64, device="cuda")
+        return model(tokens, slots, pad, cache.k, cache.v, last_only=False)
+
+    one = torch.tensor([PROMPTS[0][:1]], device="cuda")
+    fused = logits(one)
+    assert len(calls) == 3 * model.args.n_layers
+    prompt = torch.tensor([PROMPTS[0] * 3], device="cuda")[:, :20]  # 20 rows: the dense path
+    logits(prompt)
+    assert len(calls) == 3 * model.args.n_layers
+    monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
+    separate = logits(one)
+    assert len(calls) == 3 * model.args.n_layers
+    err = (fused - separate).abs().max().item()
+    assert err <= 1e-2 * separate.abs().max().item(), err
+
+
 def _fused_or_skip() -> Any:
     try:
         return _tiny_quantized("fused", "cuda", torch.float16)

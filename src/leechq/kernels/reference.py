@@ -8,6 +8,10 @@ result to float32 once. Works on any device (CPU tensors stay on the CPU).
 Contracts (shapes; docs/kernels.md has the tolerances):
 
 * ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (tetra-format.md §1.6, forward).
+* ``norm_rotate(x [M, n], weight [n], eps, rotation, delta=None)`` → ``(r, y)``: ``r = x + delta``
+  [M, n] in x's dtype, ``y = Q·rms_norm(r)`` [M, n] f32 (the pre-op the rotation kernels fuse,
+  layouts-kernels-recipe §3.6).
+* ``silu_mul_rotate(gate_up [M, 2n], dtype, rotation) -> [M, n] f32``: ``Q·silu_mul(gate_up)``.
 * ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``.
 * ``tetra48_matvec(x [M, d_in] f32, w: Tetra48Weight) -> [M, d_out] f32``, x in the rotated basis.
 * ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
@@ -52,6 +56,39 @@ def rotate(x: torch.Tensor, rotation: RotationTables) -> torch.Tensor:
 
     x = _as_matrix(x, rotation.n)
     return apply_rotation(x.to(torch.float64), rotation).to(torch.float32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm over the last dimension: normalise in f32, narrow to ``x.dtype``, multiply by
+    ``weight`` (the product in the promoted dtype). Shapes as ``x``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SwiGLU on a gate|up tensor [..., 2·I] → [..., I] of ``dtype`` (computed in the input's
+    dtype: float32 when a fused quantized group produced it)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(dtype)
+
+
+def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float, rotation: RotationTables,
+                delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r, Q·rms_norm(r))`` with ``r = x + delta`` narrowed to x's dtype (``x`` without
+    ``delta``): the norm in torch (:func:`rms_norm`), the rotation in float64 (:func:`rotate`).
+    x [M, n], weight [n], delta None or [M, n]; returns x's dtype [M, n] and float32 [M, n]."""
+    x = _as_matrix(x, rotation.n)
+    r = x if delta is None else x + delta.to(x.dtype)
+    return r, rotate(rms_norm(r, weight, eps), rotation)
+
+
+def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
+                    rotation: RotationTables) -> torch.Tensor:
+    """``Q·silu_mul(gate_up, dtype)``: SwiGLU in torch (:func:`silu_mul`), the rotation in float64.
+    gate_up [M, 2n] → float32 [M, n]."""
+    gate_up = _as_matrix(gate_up, 2 * rotation.n, "gate_up")
+    return rotate(silu_mul(gate_up, dtype), rotation)
 
 
 PAIR_PAD = 64

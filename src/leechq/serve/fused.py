@@ -15,6 +15,12 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
    members keep computing exactly what they did.
 
+On that matvec path the serving model also hands a group the *pre-op* that makes its input
+(:meth:`TetraGroup.forward_add_norm`: the residual add and RMSNorm before q|k|v and gate|up;
+:meth:`TetraGroup.forward_silu_mul`: the SwiGLU before down), and the rotation launch computes it
+on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
+never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
+
 With 9..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part
 through the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
 (prefill, batches above 16) it multiplies a float16 dequantized copy of each part on cuBLAS
@@ -103,6 +109,12 @@ def _prepared_buffer(device: torch.device, n_blocks: int, m_rows: int) -> torch.
         buf = torch.zeros(shape, dtype=torch.float32, device=device)
         _PREPARED[key] = buf
     return buf
+
+
+def _matvec_rows(m_rows: int) -> bool:
+    """Whether a group runs ``m_rows`` activation rows through the lattice matvec (the prepared
+    activation) rather than the tensor-core kernel or the dequantized copy."""
+    return m_rows < DENSE_MIN_ROWS and not MMA_ROWS[0] <= m_rows <= mma_max_rows()
 
 
 def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
@@ -230,8 +242,6 @@ class TetraGroup(nn.Module):
                    len(records))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from leechq.kernels.reference import prepared_rows
-
         ops = self._ops
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in)
@@ -247,16 +257,57 @@ class TetraGroup(nn.Module):
             self._rotate(x2, xp)
         else:
             ops.prepare_activation(x2, self.n_blocks, self.order, out=xp)
-        y = torch.empty(m, self.d_out, dtype=torch.float32, device=x2.device)
+        return self._matvecs(xp, m).reshape(*lead, self.d_out)
+
+    def fuses_pre_ops(self, m_rows: int) -> bool:
+        """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
+        rotation launch (:meth:`forward_add_norm`, :meth:`forward_silu_mul`) for ``m_rows`` rows: a
+        rotated group on its matvec path (not the tensor-core or dequantized one), unless
+        ``LEECHQ_FUSE_PRE=0`` (read per call, on the host)."""
+        return (self.rot is not None and _matvec_rows(m_rows)
+                and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0")
+
+    def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(r, self(rms_norm(r)))`` with ``r = x + delta`` (``delta`` narrowed to x's dtype;
+        ``r`` is ``x`` without ``delta``): the residual add, the norm and the rotation in one
+        launch (``ops.norm_rotate``), then the matvecs. x, delta [..., d_in]; weight [d_in].
+        Only where :meth:`fuses_pre_ops` holds."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_in).contiguous()
+        d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
+        m = int(x2.shape[0])
+        xp = _prepared_buffer(x2.device, self.n_blocks, m)
+        r, _ = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2,
+                                     prepared_order=self.order, out=xp)
+        return r.reshape(x.shape), self._matvecs(xp, m).reshape(*lead, self.d_out)
+
+    def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``self(silu_mul(gate_up, dtype))``: SwiGLU and the rotation in one launch
+        (``ops.silu_mul_rotate``), then the matvecs. gate_up [..., 2·d_in] (gate first).
+        Only where :meth:`fuses_pre_ops` holds."""
+        lead = gate_up.shape[:-1]
+        g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
+        m = int(g2.shape[0])
+        xp = _prepared_buffer(g2.device, self.n_blocks, m)
+        self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=self.order, out=xp)
+        return self._matvecs(xp, m).reshape(*lead, self.d_out)
+
+    def _matvecs(self, xp: torch.Tensor, m: int) -> torch.Tensor:
+        """Every part's matvec from the prepared activation ``xp`` (``m`` rows, 8 per launch
+        group) into one float32 [m, Σ d_out], plus the bias."""
+        from leechq.kernels.reference import prepared_rows
+
+        y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
         for part, off in zip(self.parts, self.offsets, strict=False):
             for i in range(0, m, KERNEL_ROWS):
                 r = min(KERNEL_ROWS, m - i)
-                ops.tetra48_matvec_prepared(
+                self._ops.tetra48_matvec_prepared(
                     xp[i : i + prepared_rows(r)], part, r, out=y[i : i + r, off : off + part.d_out]
                 )
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*lead, self.d_out)
+        return y
 
     def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
         """8 or more rows (a prompt, a batch): rotate once in natural order, then each part through

@@ -23,7 +23,9 @@ its pad slots. Pad queries attend to themselves only, which keeps every softmax 
 
 The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoPE, SiLU·mul) live in
 :class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise
-kernels) without tracing through the projections' own kernels.
+kernels) without tracing through the projections' own kernels. A rotated Tetra group on its matvec
+path instead takes the norm (with the residual add) or the SwiGLU before it into its rotation
+launch (:func:`norm_project`, :func:`silu_project`; ``leechq.serve.fused``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import InvalidInput, UnsupportedArchitecture
+from leechq.kernels.reference import rms_norm, silu_mul
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -216,14 +219,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 # The pure-tensor pieces between projections (compiled as units on the GPU decode path)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF RMSNorm: normalise in f32, narrow to ``x.dtype``, multiply by ``weight``. Shapes as
-    ``x``."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
 def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,13 +279,6 @@ def merge_heads(o: torch.Tensor, n_heads: int, t: int) -> torch.Tensor:
     return o.reshape(b, t, n_heads * hd)
 
 
-def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """SwiGLU on the fused gate|up output [..., 2·I] → [..., I] of ``dtype`` (computed in the
-    input's dtype: float32 when a fused quantized group produced it)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return (F.silu(gate) * up).to(dtype)
-
-
 def attention_mask(
     slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups: int
 ) -> torch.Tensor:
@@ -305,6 +293,37 @@ def attention_mask(
     self_only = keys[None, None, :] == slots[None, :, None]
     mask = (causal & real) | self_only  # [B, T, S]
     return mask[:, None].repeat(1, 1, groups, 1)
+
+
+def norm_project(
+    proj: nn.Module,
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    fns: Pieces,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r, proj(rms_norm(r)))`` with ``r = x + delta`` (``x`` when ``delta`` is None). A
+    projection that can (``proj.fuses_pre_ops(rows)``: a rotated Tetra group on its matvec path)
+    takes the add and the norm into its rotation launch; otherwise ``fns`` computes them."""
+    fuses = getattr(proj, "fuses_pre_ops", None)
+    if fuses is not None and fuses(x.numel() // x.shape[-1]):
+        return proj.forward_add_norm(x, delta, weight, eps)  # type: ignore[operator]
+    if delta is None:
+        h = fns.rms_norm(x, weight, eps)
+    else:
+        x, h = fns.add_rms_norm(x, delta, weight, eps)
+    return x, proj(h)
+
+
+def silu_project(proj: nn.Module, gate_up: torch.Tensor, dtype: torch.dtype,
+                 fns: Pieces) -> torch.Tensor:
+    """``proj(silu_mul(gate_up, dtype))``, the SwiGLU inside the projection's rotation launch when
+    it can (as :func:`norm_project`)."""
+    fuses = getattr(proj, "fuses_pre_ops", None)
+    if fuses is not None and fuses(gate_up.numel() // gate_up.shape[-1]):
+        return proj.forward_silu_mul(gate_up, dtype)  # type: ignore[operator]
+    return proj(fns.silu_mul(gate_up, dtype))
 
 
 @dataclass
@@ -411,7 +430,7 @@ class Block(nn.Module):
 
     def attention(
         self,
-        h: torch.Tensor,
+        qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor,
@@ -420,12 +439,12 @@ class Block(nn.Module):
         slots: torch.Tensor,
         fns: Pieces,
     ) -> torch.Tensor:
-        """Attention sub-layer on the normalised input h [B, T, dim] → [B, T, dim]; writes the
-        cache."""
+        """Attention sub-layer from the fused q|k|v projection ``qkv`` [B, T, q_size + 2·kv_size]
+        (``self.wqkv`` of the normalised input) → [B, T, dim]; writes the cache."""
         a = self.args
-        t = h.shape[1]
+        t = qkv.shape[1]
         q, k, v = fns.qkv_split_rope(
-            self.wqkv(h),
+            qkv,
             cos,
             sin,
             None if self.q_norm is None else self.q_norm.weight,
@@ -503,13 +522,10 @@ class Transformer(nn.Module):
         mask = mask.masked_fill(~visible, float("-inf"))
         delta: torch.Tensor | None = None
         for i, blk in enumerate(self.blocks):
-            if delta is None:
-                h = fns.rms_norm(x, blk.attn_norm.weight, a.norm_eps)
-            else:
-                x, h = fns.add_rms_norm(x, delta, blk.attn_norm.weight, a.norm_eps)
-            attn = blk.attention(h, cos, sin, mask, k_caches[i], v_caches[i], slots, fns)
-            x, h = fns.add_rms_norm(x, attn, blk.mlp_norm.weight, a.norm_eps)
-            delta = blk.w2(fns.silu_mul(blk.w13(h), x.dtype))
+            x, qkv = norm_project(blk.wqkv, x, delta, blk.attn_norm.weight, a.norm_eps, fns)
+            attn = blk.attention(qkv, cos, sin, mask, k_caches[i], v_caches[i], slots, fns)
+            x, gate_up = norm_project(blk.w13, x, attn, blk.mlp_norm.weight, a.norm_eps, fns)
+            delta = silu_project(blk.w2, gate_up, x.dtype, fns)
         if last_only:
             x, delta = x[:, -1:], delta[:, -1:]  # type: ignore[index]
         _, h = fns.add_rms_norm(x, delta, self.norm.weight, a.norm_eps)

@@ -166,58 +166,167 @@ def _wht_tc(v, inv_sqrt_m, R: tl.constexpr, C: tl.constexpr):
     return _h_right(y, _hadamard(C), inv_sqrt_m * R * _pow2(e - 137))
 
 
+PRE_NONE = tl.constexpr(0)
+"""``PRE``: the rotation reads ``x`` as it is."""
+PRE_NORM = tl.constexpr(1)
+"""``PRE``: the rotation reads ``rms_norm(x)`` (HF rounding: normalise in f32, narrow to x's dtype,
+multiply by the weight in the promoted dtype ``HDT``)."""
+PRE_ADD_NORM = tl.constexpr(2)
+"""``PRE``: the rotation reads ``rms_norm(x + aux)`` (``aux`` narrowed to x's dtype first) and the
+programs store the residual ``x + aux`` (each its own group's columns)."""
+PRE_SILU_MUL = tl.constexpr(3)
+"""``PRE``: ``x`` is a gate|up row of width 2·N; the rotation reads ``silu(gate)·up`` computed in
+x's dtype and narrowed to ``HDT``."""
+
+
 @triton.jit
-def _mix(xrow, signs_ptr, small_ptr, g, j, K: tl.constexpr, MW: tl.constexpr):
-    """Group ``g`` of ``(Q_odd ⊗ I_m)·D x`` at offsets ``j`` (any shape) within the group (f32)."""
+def _round(v, dt: tl.constexpr):
+    """``v`` (f32) rounded to nearest even in ``dt`` (float16, bfloat16 or float32), as ``dt``.
+    The bfloat16 rounding is done on the bits (finite inputs): the interpreter's f32 → bfloat16
+    conversion truncates, and its explicit round-to-nearest is inexact."""
+    if dt == tl.bfloat16:
+        b = v.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        r = b.to(tl.float32, bitcast=True).to(tl.bfloat16)  # exact: already a bfloat16 value
+    else:
+        r = v.to(dt)
+    return r
+
+
+@triton.jit
+def _narrow(v, HDT: tl.constexpr):
+    """``v`` (f32) rounded to the dtype coded by ``HDT`` (0 float32, 1 float16, 2 bfloat16) and
+    widened back."""
+    if HDT == 1:
+        v = _round(v, tl.float16).to(tl.float32)
+    elif HDT == 2:
+        v = _round(v, tl.bfloat16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _residual(xrow, auxrow, cols, PRE: tl.constexpr):
+    """``x`` (or ``x + aux`` narrowed to x's dtype, for :data:`PRE_ADD_NORM`) at ``cols``, in x's
+    dtype. The sum is taken in f32 and rounded once, as torch adds half tensors (and the
+    interpreter has no bfloat16 arithmetic)."""
+    v = tl.load(xrow + cols)
+    if PRE == 2:
+        dt = v.dtype
+        a = _round(tl.load(auxrow + cols).to(tl.float32), dt).to(tl.float32)
+        v = _round(v.to(tl.float32) + a, dt)
+    return v
+
+
+@triton.jit
+def _norm_scale(xrow, auxrow, eps, K: tl.constexpr, MW: tl.constexpr, PRE: tl.constexpr):
+    """``rsqrt(mean(r²) + eps)`` of the row's residual ``r`` (f32, for the norm pre-ops; 1.0
+    otherwise)."""
+    rs = 1.0
+    if PRE == 1 or PRE == 2:
+        acc = tl.zeros([MW], tl.float32)
+        for t in range(K):
+            r = _residual(xrow, auxrow, t * MW + tl.arange(0, MW), PRE).to(tl.float32)
+            acc += r * r
+        rs = tl.math.rsqrt(tl.sum(acc, 0) / (K * MW) + eps)
+    return rs
+
+
+@triton.jit
+def _load_h(xrow, auxrow, w_ptr, rs, cols, PRE: tl.constexpr, HDT: tl.constexpr,
+            N: tl.constexpr):
+    """The rotation's input at ``cols`` (any shape) as float32: ``x`` itself or its pre-op (see
+    :data:`PRE_NORM`, :data:`PRE_ADD_NORM`, :data:`PRE_SILU_MUL`)."""
+    if PRE == 0:
+        h = tl.load(xrow + cols).to(tl.float32)
+    elif PRE == 3:
+        gate = tl.load(xrow + cols)
+        dt = gate.dtype
+        gf = gate.to(tl.float32)
+        silu = _round(gf / (1.0 + tl.exp(-gf)), dt).to(tl.float32)
+        up = tl.load(xrow + N + cols).to(tl.float32)
+        h = _narrow(_round(silu * up, dt).to(tl.float32), HDT)
+    else:
+        r = _residual(xrow, auxrow, cols, PRE)
+        n = _round(r.to(tl.float32) * rs, r.dtype).to(tl.float32)
+        h = _narrow(n * tl.load(w_ptr + cols).to(tl.float32), HDT)
+    return h
+
+
+@triton.jit
+def _mix(xrow, auxrow, w_ptr, rs, signs_ptr, small_ptr, g, j, K: tl.constexpr,
+         MW: tl.constexpr, PRE: tl.constexpr, HDT: tl.constexpr):
+    """Group ``g`` of ``(Q_odd ⊗ I_m)·D h`` at offsets ``j`` (any shape) within the group (f32),
+    ``h`` the rotation's input (:func:`_load_h`)."""
     if K == 1:
-        z = tl.load(xrow + j).to(tl.float32) * tl.load(signs_ptr + j)
+        z = _load_h(xrow, auxrow, w_ptr, rs, j, PRE, HDT, MW) * tl.load(signs_ptr + j)
     else:
         z = tl.zeros(j.shape, tl.float32)
         for t in range(K):
             coef = tl.load(small_ptr + g * K + t)
-            xt = tl.load(xrow + t * MW + j).to(tl.float32)
+            xt = _load_h(xrow, auxrow, w_ptr, rs, t * MW + j, PRE, HDT, K * MW)
             z += coef * (xt * tl.load(signs_ptr + t * MW + j))
     return z
 
 
 @triton.jit
-def _group_transform(xrow, signs_ptr, small_ptr, g, inv_sqrt_m, K: tl.constexpr, MW: tl.constexpr,
-                     LOG2M: tl.constexpr, TC: tl.constexpr):
-    """Group ``g`` of ``Q x`` for one row as a 1-D float32 tensor [MW] in natural order: with
-    ``TC``, tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``; otherwise (and always outside that range)
-    butterflies."""
+def _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m,
+                     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
+                     PRE: tl.constexpr, HDT: tl.constexpr):
+    """Group ``g`` of ``Q h`` for one row as a 1-D float32 tensor [MW] in natural order (``h``:
+    the row or its pre-op, ``PRE``): with ``TC``, tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``;
+    otherwise (and always outside that range) butterflies."""
+    rs = _norm_scale(xrow, auxrow, eps, K, MW, PRE)
     if TC and MW >= TC_MIN and MW <= TC_MAX:
         R: tl.constexpr = 1 << (LOG2M // 2)
         C: tl.constexpr = MW // R
         j = C * tl.arange(0, R)[:, None] + tl.arange(0, C)[None, :]
-        v = tl.reshape(_wht_tc(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), inv_sqrt_m, R, C),
-                       (MW,))
+        v = tl.reshape(_wht_tc(_mix(xrow, auxrow, w_ptr, rs, signs_ptr, small_ptr, g, j, K, MW,
+                                    PRE, HDT), inv_sqrt_m, R, C), (MW,))
     else:
         j = tl.arange(0, MW)
-        v = _wht(_mix(xrow, signs_ptr, small_ptr, g, j, K, MW), MW, LOG2M) * inv_sqrt_m
+        v = _wht(_mix(xrow, auxrow, w_ptr, rs, signs_ptr, small_ptr, g, j, K, MW, PRE, HDT), MW,
+                 LOG2M) * inv_sqrt_m
     return v
+
+
+@triton.jit
+def _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, live, MW: tl.constexpr,
+                    PRE: tl.constexpr):
+    """For :data:`PRE_ADD_NORM`: the residual ``x + aux`` of the group's columns (live rows)."""
+    if PRE == 2:
+        cols = g * MW + tl.arange(0, MW)
+        tl.store(res_ptr + row * stride_rm + cols, _residual(xrow, auxrow, cols, PRE),
+                 mask=(cols * 0 + row) < live)
 
 
 @triton.jit
 def rotate_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_sqrt_m,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
+    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0,
 ):
-    """Group ``program_id(1)`` of ``Q x`` for activation row ``program_id(0)``, natural order; see
-    the module docstring. Grid ``(M, K)``. With ``TC``, tensor cores for ``TC_MIN ≤ MW ≤ TC_MAX``;
-    otherwise (and always outside that range) butterflies."""
+    """Group ``program_id(1)`` of ``Q h`` for activation row ``program_id(0)``, natural order; see
+    the module docstring. Grid ``(M, K)``. ``h`` is the row or its pre-op (``PRE``; ``aux``,
+    ``w``, ``res``, ``eps`` unused without one). With ``TC``, tensor cores for ``TC_MIN ≤ MW ≤
+    TC_MAX``; otherwise (and always outside that range) butterflies."""
     row = tl.program_id(0)
     g = tl.program_id(1)
-    v = _group_transform(x_ptr + row * stride_xm, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
-                         LOG2M, TC)
+    xrow = x_ptr + row * stride_xm
+    auxrow = aux_ptr + row * stride_am
+    v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
+                         LOG2M, TC, PRE, HDT)
     tl.store(out_ptr + row * stride_om + g * MW + tl.arange(0, MW), v)
+    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, row + 1, MW, PRE)
 
 
 @triton.jit
 def rotate_prepared_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, order_ptr, inv_sqrt_m, M,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps,
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
+    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -228,12 +337,16 @@ def rotate_prepared_kernel(
     power of two ≥ ``⌈MW/48⌉ + 2`` plus the padding pairs, so the last group reaches ``NPP``), takes
     each slot's value from its transformed group in registers (``tl.gather``, no global round
     trip) and writes the slots it owns: those whose source column is in the group and, in the last
-    group, the empty ones. Every slot of the row is written exactly once."""
+    group, the empty ones. Every slot of the row is written exactly once. ``h`` is the row or its
+    pre-op (``PRE``, as :func:`rotate_kernel`; live rows store their residual)."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     live = row < M
     xrow = x_ptr + tl.minimum(row, M - 1) * stride_xm
-    v = _group_transform(xrow, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW, LOG2M, TC)
+    auxrow = aux_ptr + tl.minimum(row, M - 1) * stride_am
+    v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
+                         LOG2M, TC, PRE, HDT)
+    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, M, MW, PRE)
     lo = g * MW
     pl = tl.arange(0, 64)[:, None]  # plane: parity · 24 + trio position (48 used)
     par = pl // 24

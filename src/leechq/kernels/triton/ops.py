@@ -444,6 +444,23 @@ def _group_pair_span(k: int, m: int, npp: int) -> int:
     return _PAIR_SPAN[key]
 
 
+_HALF_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+"""The kernels' ``HDT`` code of the dtype a pre-op's output is narrowed to."""
+
+
+@dataclass(frozen=True)
+class _PreOp:
+    """What the rotation kernels compute before rotating (``activation.PRE_*``): the code, the
+    ``aux`` (residual delta) and weight tensors, the residual output, ``eps``, the ``HDT`` code."""
+
+    code: int = 0
+    aux: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+    eps: float = 0.0
+    hdt: int = 0
+
+
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
            tensor_cores: bool = False, one_launch: bool = True) -> torch.Tensor:
@@ -459,16 +476,84 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
+    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
+    if x.dim() != 2 or x.shape[1] != rotation.n:
+        raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
+    return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch)
+
+
+def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                rotation: DeviceRotation | RotationTables, *, delta: torch.Tensor | None = None,
+                prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                tensor_cores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm (after the residual add) and the input rotation in one launch: twin of
+    ``reference.norm_rotate``.
+
+    x: the residual stream [M, n] float32/float16/bfloat16; delta: None or [M, n] (any float dtype;
+    narrowed to x's dtype before the add); weight: the norm weight [n] (float32 or x's dtype); eps.
+    Returns ``(r, y)``: ``r = x + delta`` in x's dtype (``x`` itself without ``delta``; a new
+    tensor, written by the same launch) and ``y = Q·rms_norm(r)`` with the HF rounding of
+    ``reference.rms_norm`` — float32 [M, n] in natural order, or with ``prepared_order`` the
+    prepared layout (see :func:`rotate`). The row's mean square is summed in f32 in the kernel's
+    order, so ``y`` can differ from the reference by one rounding of the narrowed norm.
+    """
+    if not isinstance(rotation, DeviceRotation):
+        rotation = DeviceRotation.from_tables(rotation, x.device)
     n = rotation.n
     check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
     if x.dim() != 2 or x.shape[1] != n:
         raise InvalidInput(f"x must be [M, {n}] for this rotation, got {list(x.shape)}")
+    check_tensor(weight, "weight", (torch.float32, x.dtype), (n,), device=x.device)
+    if delta is not None:
+        check_tensor(delta, "delta", (torch.float32, torch.float16, torch.bfloat16),
+                     tuple(x.shape), device=x.device)
+    if not math.isfinite(eps) or eps < 0:
+        raise InvalidInput(f"eps must be finite and ≥ 0, got {eps}")
+    r = x if delta is None else torch.empty_like(x)
+    pre = _PreOp(code=1 if delta is None else 2, aux=delta, weight=weight, residual=r,
+                 eps=float(eps), hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
+    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True)
+
+
+def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
+                    rotation: DeviceRotation | RotationTables, *,
+                    prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                    tensor_cores: bool = False) -> torch.Tensor:
+    """SwiGLU and the input rotation of the down projection in one launch: twin of
+    ``reference.silu_mul_rotate``.
+
+    gate_up: [M, 2n] float32/float16/bfloat16 (gate columns first); dtype: the activation dtype
+    ``silu(gate)·up`` (computed in gate_up's dtype) is narrowed to. Returns ``Q·silu_mul`` as
+    :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``).
+    """
+    if not isinstance(rotation, DeviceRotation):
+        rotation = DeviceRotation.from_tables(rotation, gate_up.device)
+    n = rotation.n
+    check_tensor(gate_up, "gate_up", (torch.float32, torch.float16, torch.bfloat16))
+    if gate_up.dim() != 2 or gate_up.shape[1] != 2 * n:
+        raise InvalidInput(f"gate_up must be [M, {2 * n}] for this rotation, "
+                           f"got {list(gate_up.shape)}")
+    if dtype not in _HALF_CODES:
+        raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return _rotate(gate_up, rotation, _PreOp(code=3, hdt=_HALF_CODES[dtype]), prepared_order, out,
+                   tensor_cores, True)
+
+
+def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
+            prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
+            one_launch: bool) -> torch.Tensor:
+    """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
+    n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
     m_rows = int(x.shape[0])
     k, m = rotation.odd, rotation.pow2
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
     warps = 8 if m >= 2048 else 4
+    aux = pre.aux if pre.aux is not None else x
+    res = pre.residual if pre.residual is not None else x
+    pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
+                res.stride(0), pre.eps)
     if prepared_order is not None and one_launch:
         check_tensor(prepared_order, "prepared_order", torch.int32, (BLOCK,), device=x.device)
         n_blocks = n // BLOCK
@@ -478,9 +563,9 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
         if m_rows:
             rotate_prepared_kernel[(out.shape[0], k)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
-                prepared_order, rotation.inv_sqrt_m, m_rows, N=n, N_BLOCKS=n_blocks, NPP=npp,
-                PR=triton.next_power_of_2(span), K=k, MW=m, LOG2M=int(math.log2(m)),
-                TC=bool(tensor_cores), num_warps=warps,
+                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, N=n, N_BLOCKS=n_blocks,
+                NPP=npp, PR=triton.next_power_of_2(span), K=k, MW=m, LOG2M=int(math.log2(m)),
+                TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, num_warps=warps,
             )
         return out
     if prepared_order is None:
@@ -492,8 +577,8 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     if m_rows:
         rotate_kernel[(m_rows, k)](
             x, x.stride(0), rotation.signs, rotation.small, nat, nat.stride(0),
-            rotation.inv_sqrt_m, K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores),
-            num_warps=warps,
+            rotation.inv_sqrt_m, *pre_args, K=k, MW=m, LOG2M=int(math.log2(m)),
+            TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, num_warps=warps,
         )
     if prepared_order is None:
         return nat

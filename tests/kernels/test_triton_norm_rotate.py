@@ -1,0 +1,179 @@
+"""The rotation kernels with a fused pre-op (``ops.norm_rotate``, ``ops.silu_mul_rotate``) against
+their reference twins, under the Triton interpreter.
+
+The kernels sum a row's squares in their own order, so the narrowed norm ``rms_norm(r)`` may round
+differently from the reference in a coordinate whose value sits on a rounding boundary. The test
+therefore undoes the rotation (float64, ``apply_rotation_transpose``) and holds every recovered
+coordinate to the reference's within two units in the last place of the narrowed dtype (the norm
+rounds twice: a normalised value one unit off moves the weight product by up to one unit more;
+plus the rotation's f32 error), and requires most of them to be equal; the residual output must be
+exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from leechq.errors import InvalidInput
+from leechq.formats.rotation import apply_rotation_transpose, generate_rotation
+from leechq.kernels import reference as ref
+
+pytest.importorskip("triton")
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+
+_EPS_BITS = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compiles anything
+    from leechq.kernels.triton import ops
+
+    return ops
+
+
+def _recover(y: torch.Tensor, rot) -> torch.Tensor:
+    return apply_rotation_transpose(y.cpu().to(torch.float64), rot)
+
+
+def _assert_close_inputs(got: torch.Tensor, want_h: torch.Tensor, rot, dtype: torch.dtype,
+                         units: int = 2) -> None:
+    """``Qᵀ got`` within ``units`` ulps of ``dtype`` (plus 1e-5 of the row's largest value for the
+    f32 rotation) of the reference input ``want_h``, and equal to it in at least 95 % of
+    coordinates."""
+    h = _recover(got, rot)
+    want = want_h.cpu().to(torch.float64)
+    scale = want.abs().amax(dim=-1, keepdim=True)
+    ulp = units * want.abs() * 2.0 ** (1 - _EPS_BITS[dtype])
+    err = (h - want).abs()
+    assert (err <= ulp + 1e-5 * scale).all(), float((err - ulp).max())
+    assert (err <= 1e-5 * scale).double().mean() >= 0.95
+
+
+@interp
+@pytest.mark.parametrize(("n", "m_rows", "dtype", "delta_dtype", "weight_dtype", "prepared"), [
+    (96, 1, torch.float16, torch.float32, torch.float16, True),      # k = 3, m = 32
+    (64, 3, torch.bfloat16, torch.bfloat16, torch.bfloat16, True),   # k = 1, 3 → 4 prepared rows
+    (72, 2, torch.float16, None, torch.float16, False),              # no residual add, k = 9
+    (96, 2, torch.float16, torch.float32, torch.float32, False),     # f32 weight: f32 product
+    (48, 1, torch.float32, torch.float32, torch.float32, True),
+])
+def test_norm_rotate(n: int, m_rows: int, dtype: torch.dtype, delta_dtype: torch.dtype | None,
+                     weight_dtype: torch.dtype, prepared: bool) -> None:
+    ops = _ops()
+    rot = generate_rotation(n, 5)
+    gen = torch.Generator().manual_seed(n + m_rows)
+    x = (torch.randn(m_rows, n, generator=gen) * 3).to(dtype)
+    delta = None if delta_dtype is None else torch.randn(m_rows, n, generator=gen).to(delta_dtype)
+    weight = (1 + 0.3 * torch.randn(n, generator=gen)).to(weight_dtype)
+    eps = 1e-6
+    want_r, _ = ref.norm_rotate(x, weight, eps, rot, delta=delta)
+    want_h = ref.rms_norm(want_r, weight, eps)
+    order = ops.tetra_kernel_tables("cpu").order
+    if prepared:
+        width = ref.prepared_width(n // 24)
+        out = torch.full((ref.prepared_rows(m_rows), width), float("nan"))
+        r, got = ops.norm_rotate(x, weight, eps, rot, delta=delta, prepared_order=order, out=out)
+        assert got is out and not torch.isnan(got).any()
+        # the prepared layout of the kernel's own natural-order output: every slot, zeros included
+        _, nat = ops.norm_rotate(x, weight, eps, rot, delta=delta)
+        assert torch.equal(got, ref.prepare_activation(nat, n // 24, order))
+        assert torch.equal(_natural(got, m_rows, n, order), nat)
+        got = nat
+    else:
+        r, got = ops.norm_rotate(x, weight, eps, rot, delta=delta)
+    assert r.dtype == dtype and torch.equal(r, want_r)
+    if delta is None:
+        assert r is x
+    _assert_close_inputs(got, want_h, rot, want_h.dtype)
+
+
+@interp
+@pytest.mark.parametrize(("n", "m_rows", "gu_dtype", "dtype"), [
+    (96, 2, torch.float32, torch.float16),    # k = 3: the fused group's float32 output
+    (64, 1, torch.float32, torch.bfloat16),
+    (72, 3, torch.float16, torch.float16),    # k = 9, SwiGLU in float16
+])
+def test_silu_mul_rotate(n: int, m_rows: int, gu_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    ops = _ops()
+    rot = generate_rotation(n, 7)
+    gate_up = (torch.randn(m_rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 4)
+    gate_up = gate_up.to(gu_dtype)
+    want_h = ref.silu_mul(gate_up, dtype)
+    got = ops.silu_mul_rotate(gate_up, dtype, rot)
+    _assert_close_inputs(got, want_h, rot, dtype)
+    order = ops.tetra_kernel_tables("cpu").order
+    prep = ops.silu_mul_rotate(gate_up, dtype, rot, prepared_order=order)
+    assert torch.equal(prep, ref.prepare_activation(got, n // 24, order))
+
+
+@interp
+def test_pre_op_inputs_are_checked() -> None:
+    ops = _ops()
+    rot = generate_rotation(48, 1)
+    x = torch.randn(2, 48, dtype=torch.float16)
+    w = torch.ones(48, dtype=torch.float16)
+    with pytest.raises(InvalidInput, match="weight"):
+        ops.norm_rotate(x, torch.ones(47, dtype=torch.float16), 1e-6, rot)
+    with pytest.raises(InvalidInput, match="weight"):
+        ops.norm_rotate(x, torch.ones(48, dtype=torch.bfloat16), 1e-6, rot)
+    with pytest.raises(InvalidInput, match="delta"):
+        ops.norm_rotate(x, w, 1e-6, rot, delta=torch.randn(1, 48))
+    with pytest.raises(InvalidInput, match="eps"):
+        ops.norm_rotate(x, w, float("nan"), rot)
+    with pytest.raises(InvalidInput, match="x must be"):
+        ops.norm_rotate(torch.randn(2, 24, dtype=torch.float16), w, 1e-6, rot)
+    with pytest.raises(InvalidInput, match="gate_up"):
+        ops.silu_mul_rotate(torch.randn(2, 48), torch.float16, rot)
+    with pytest.raises(InvalidInput, match="dtype"):
+        ops.silu_mul_rotate(torch.randn(2, 96), torch.int8, rot)
+
+
+def _natural(prepared: torch.Tensor, m_rows: int, n: int, order: torch.Tensor) -> torch.Tensor:
+    """The natural-order rows of a prepared activation (the slot of each column found by
+    preparing the column numbers; every other slot must hold 0)."""
+    cols = torch.arange(1, n + 1, dtype=torch.float64)[None].expand(m_rows, n)
+    where = ref.prepare_activation(cols, n // 24, order.cpu()).to(prepared.device)[:m_rows]
+    taken = where > 0
+    assert (prepared[:m_rows][~taken] == 0).all() and (prepared[m_rows:] == 0).all()
+    out = torch.empty(m_rows, n, dtype=prepared.dtype, device=prepared.device)
+    rows = torch.arange(m_rows, device=prepared.device)[:, None].expand_as(taken)
+    out[rows[taken], where[taken].long() - 1] = prepared[:m_rows][taken]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 12288, 9728, 17408, 2560, 5120])  # k = 1, 3, 19, 17, 5, 5
+@pytest.mark.parametrize("m_rows", [1, 8])
+def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int) -> None:
+    """The Qwen3 widths, into the prepared layout (poisoned first) as the serving groups call it:
+    the norm with a float32 residual delta, and the SwiGLU from a float32 gate|up."""
+    ops = _ops()
+    dev = "cuda"
+    rot = generate_rotation(n, 0x5EED ^ n)
+    gen = torch.Generator(device=dev).manual_seed(n + m_rows)
+    x = (torch.randn(m_rows, n, generator=gen, device=dev) * 2).half()
+    delta = torch.randn(m_rows, n, generator=gen, device=dev)
+    weight = (1 + 0.2 * torch.randn(n, generator=gen, device=dev)).half()
+    order = ops.tetra_kernel_tables(dev).order
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n // 24))
+    want_r, _ = ref.norm_rotate(x, weight, 1e-6, rot, delta=delta)
+    out = torch.full(shape, float("nan"), device=dev)
+    r, got = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, prepared_order=order, out=out)
+    assert got is out and torch.isfinite(got).all() and torch.equal(r, want_r)
+    _, nat = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta)
+    # two kernels (natural order, prepared layout), each within the norm's rounding of the twin
+    # (the two may sum the squares differently, so they need not agree bit for bit)
+    h = ref.rms_norm(want_r, weight, 1e-6)
+    _assert_close_inputs(nat, h, rot, torch.float16)
+    _assert_close_inputs(_natural(got, m_rows, n, order), h, rot, torch.float16)
+    gate_up = torch.randn(m_rows, 2 * n, generator=gen, device=dev) * 3
+    out = torch.full(shape, float("nan"), device=dev)
+    ops.silu_mul_rotate(gate_up, torch.float16, rot, prepared_order=order, out=out)
+    assert torch.isfinite(out).all()
+    nat = ops.silu_mul_rotate(gate_up, torch.float16, rot)
+    h = ref.silu_mul(gate_up, torch.float16)
+    _assert_close_inputs(nat, h, rot, torch.float16)
+    _assert_close_inputs(_natural(out, m_rows, n, order), h, rot, torch.float16)
