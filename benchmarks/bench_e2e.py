@@ -18,6 +18,8 @@ What it does, in order:
    * ``tetra48-q4``: v_proj and the head int4 g128 (closer to the published files, §5.2–5.4);
    * ``tetra48-norot`` (diagnostic, batch 1): ``tetra48`` without input rotations — the gap to
      ``tetra48`` is what the rotation kernels cost;
+   * ``tetra48-unfused`` (diagnostic): ``tetra48`` with ``LEECHQ_FUSE_PRE=0`` — the norms and the
+     SwiGLU as separate launches before the rotations, instead of inside them;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
@@ -350,7 +352,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -441,47 +443,9 @@ def bench_model(
             results.append({"model": name, "arm": arm, "skipped": f"KernelUnavailable: {exc}"})
             continue
         log(f"{name} {arm}: built in {info['build_s']} s, weights {info['weights_gb']} GB")
-        engine = Engine(model, graphs=not a.no_graphs, compile=not a.no_compile)
-        if a.profile:
-            try:
-                profiles[f"{name}/{arm}"] = profile_step(model, not a.no_compile, a.prompt_len)
-                log(f"{name} {arm}: profile {profiles[f'{name}/{arm}']}")
-            except Exception as exc:  # profiling is informative only
-                profiles[f"{name}/{arm}"] = {"error": repr(exc)}
-        arm_batches = [b for b in batches if b == 1] if arm in DIAGNOSTIC_ARMS else batches
-        for b in arm_batches:
-            if over_budget(f"{name} {arm} batch {b}", results, model=name, arm=arm, batch=b):
-                continue
-            try:
-                r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
-            except torch.cuda.OutOfMemoryError as exc:
-                log(f"{name} {arm} batch {b}: OOM ({exc})")
-                results.append({"model": name, "arm": arm, "batch": b, "skipped": "OOM"})
-                free()
-                continue
-            if arm == "fp16":
-                fp16_tok[b] = r["tok_s"]
-            row = {
-                "model": name,
-                "arm": arm,
-                "batch": b,
-                "tok_s": r["tok_s"],
-                "ratio_vs_fp16": round(r["tok_s"] / fp16_tok[b], 3) if b in fp16_tok else None,
-                "weights_gb": info["weights_gb"],
-                "peak_vram_gb": r["peak_vram_gb"],
-                **{k: v for k, v in r.items() if k not in ("tok_s", "peak_vram_gb")},
-                "embed_head_gb": info["embed_head_gb"],
-                "weights_counted_gb": info["weights_counted_gb"],
-                "build_s": info["build_s"],
-            }
-            if "paths" in info:
-                row["paths"] = info["paths"]
-            results.append(row)
-            log(
-                f"{name} {arm} batch {b}: {r['tok_s']} tok/s ({r['ms_per_step']} ms/step), "
-                f"ratio {row['ratio_vs_fp16']}, peak {r['peak_vram_gb']} GB"
-            )
-        del engine, model
+        with _fuse_pre(arm != "tetra48-unfused"):
+            _bench_engine(name, arm, model, info, batches, a, results, profiles, fp16_tok)
+        del model
         free()
     if "hf-fp16" in arms and not over_budget(f"{name} hf-fp16", results, model=name, arm="hf-fp16"):
         log(f"{name} hf-fp16: building")
@@ -506,6 +470,67 @@ def bench_model(
             log(f"{name} hf-fp16 batch {b}: {r['tok_s']} tok/s")
         del model
         free()
+
+
+@contextlib.contextmanager
+def _fuse_pre(on: bool):
+    """``LEECHQ_FUSE_PRE`` for one arm (the serving groups read it per call, on the host)."""
+    old = os.environ.get("LEECHQ_FUSE_PRE")
+    os.environ["LEECHQ_FUSE_PRE"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LEECHQ_FUSE_PRE", None)
+        else:
+            os.environ["LEECHQ_FUSE_PRE"] = old
+
+
+def _bench_engine(name: str, arm: str, model: Any, info: dict[str, Any], batches: list[int],
+                  a: argparse.Namespace, results: list[dict[str, Any]],
+                  profiles: dict[str, Any], fp16_tok: dict[int, float]) -> None:
+    """Profile (optionally) and time one built arm at each batch size into ``results``."""
+    engine = Engine(model, graphs=not a.no_graphs, compile=not a.no_compile)
+    if a.profile:
+        try:
+            profiles[f"{name}/{arm}"] = profile_step(model, not a.no_compile, a.prompt_len)
+            log(f"{name} {arm}: profile {profiles[f'{name}/{arm}']}")
+        except Exception as exc:  # profiling is informative only
+            profiles[f"{name}/{arm}"] = {"error": repr(exc)}
+    arm_batches = [b for b in batches if b == 1] if arm in DIAGNOSTIC_ARMS else batches
+    for b in arm_batches:
+        if over_budget(f"{name} {arm} batch {b}", results, model=name, arm=arm, batch=b):
+            continue
+        try:
+            r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
+        except torch.cuda.OutOfMemoryError as exc:
+            log(f"{name} {arm} batch {b}: OOM ({exc})")
+            results.append({"model": name, "arm": arm, "batch": b, "skipped": "OOM"})
+            free()
+            continue
+        if arm == "fp16":
+            fp16_tok[b] = r["tok_s"]
+        row = {
+            "model": name,
+            "arm": arm,
+            "batch": b,
+            "tok_s": r["tok_s"],
+            "ratio_vs_fp16": round(r["tok_s"] / fp16_tok[b], 3) if b in fp16_tok else None,
+            "weights_gb": info["weights_gb"],
+            "peak_vram_gb": r["peak_vram_gb"],
+            **{k: v for k, v in r.items() if k not in ("tok_s", "peak_vram_gb")},
+            "embed_head_gb": info["embed_head_gb"],
+            "weights_counted_gb": info["weights_counted_gb"],
+            "build_s": info["build_s"],
+        }
+        if "paths" in info:
+            row["paths"] = info["paths"]
+        results.append(row)
+        log(
+            f"{name} {arm} batch {b}: {r['tok_s']} tok/s ({r['ms_per_step']} ms/step), "
+            f"ratio {row['ratio_vs_fp16']}, peak {r['peak_vram_gb']} GB"
+        )
+    del engine
 
 
 def bench_artifact(
@@ -555,7 +580,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="8B (and 14B batch 1) only, fewer tokens")
     p.add_argument("--models", default=None, help="comma list of shapes (qwen3-8b,qwen3-14b)")
     p.add_argument(
-        "--arms", default=None, help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,hf-fp16"
+        "--arms",
+        default=None,
+        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

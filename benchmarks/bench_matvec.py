@@ -289,6 +289,83 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
     return table
 
 
+def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
+                  fused: bool) -> Pass:
+    """What a served decode step runs between projections to make their inputs, float16
+    activations. ``fused=False`` (arm ``norms``): per layer the two residual adds + RMSNorms and
+    the SwiGLU as the served model's compiled pieces (``Pieces.compiled()``), no rotation — what
+    any model runs. ``fused=True`` (arm ``norm-rotation``): per layer the two norms and the SwiGLU
+    inside their rotation launches (``ops.norm_rotate``, ``ops.silu_mul_rotate``) plus the o_proj
+    input's plain rotation, each into the prepared layout — what the served Tetra model runs (the
+    rotation's cost is the difference of the two arms)."""
+    import torch
+
+    from leechq.formats.rotation import generate_rotation
+    from leechq.kernels import reference as ref
+    from leechq.kernels.tables import tetra_kernel_tables
+    from leechq.kernels.triton import ops
+    from leechq.serve.model import Pieces, add_rms_norm
+
+    hid, inter, q = model.hidden, model.intermediate, model.q_heads * model.head_dim
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    eps = 1e-6
+    weights = [(1 + 0.1 * torch.randn(hid, generator=g)).half().to(device) for _ in range(2)]
+
+    def inputs() -> dict:
+        return {"x": torch.randn(batch, hid, device=device).half(),
+                "attn": torch.randn(batch, hid, device=device),
+                "mlp": torch.randn(batch, hid, device=device),
+                "o": torch.randn(batch, q, device=device).half(),
+                "gate_up": torch.randn(batch, 2 * inter, device=device)}
+
+    sets = [inputs() for _ in range(n_sets)]
+    tables = {n: generate_rotation(n, seed + n) for n in {hid, inter, q}}
+    rots = {n: ops.DeviceRotation.from_tables(t, device) for n, t in tables.items()}
+    order = tetra_kernel_tables(device).order
+    outs = {n: torch.zeros(ref.prepared_rows(batch), ref.prepared_width(n // 24), device=device)
+            for n in {hid, inter, q}}
+    fns = Pieces.compiled()
+
+    def run(b: int) -> None:
+        s = sets[b]
+        for _ in range(model.layers):
+            if fused:
+                x, _ = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"],
+                                       prepared_order=order, out=outs[hid])
+                ops.rotate(s["o"], rots[q], prepared_order=order, out=outs[q])
+                ops.norm_rotate(x, weights[1], eps, rots[hid], delta=s["mlp"],
+                                prepared_order=order, out=outs[hid])
+                ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter],
+                                    prepared_order=order, out=outs[inter])
+            else:
+                x, _ = fns.add_rms_norm(s["x"], s["attn"], weights[0], eps)
+                fns.add_rms_norm(x, s["mlp"], weights[1], eps)
+                fns.silu_mul(s["gate_up"], torch.float16)
+
+    p = Pass("norm-rotation" if fused else "norms", batch, run, 0, model.layers * (4 if fused
+                                                                                else 3))
+
+    def check() -> float:
+        """Largest error relative to the row's largest value: the fused launches against the
+        reference twins (the norm's one rounding of the narrowed input is the only difference),
+        the compiled pieces against the eager ones."""
+        s = sets[0]
+        if not fused:
+            _, h = fns.add_rms_norm(s["x"], s["attn"], weights[0], eps)
+            _, want = add_rms_norm(s["x"], s["attn"], weights[0], eps)
+            return float((h.float() - want.float()).abs().max() / want.float().abs().max())
+        _, got = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"])
+        _, want = ref.norm_rotate(s["x"].cpu(), weights[0].cpu(), eps, tables[hid],
+                                  delta=s["attn"].cpu())
+        err = float((got.cpu() - want).abs().max() / want.abs().max())
+        got = ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter])
+        want = ref.silu_mul_rotate(s["gate_up"].cpu(), torch.float16, tables[inter])
+        return max(err, float((got.cpu() - want).abs().max() / want.abs().max()))
+
+    p.check = check  # type: ignore[attr-defined]
+    return p
+
+
 def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int) -> Pass:
     """The activation rotations of a served pass: one per input group (4 per layer), each writing
     the prepared layout the Tetra kernels read (so it replaces the preparation launch)."""
@@ -506,7 +583,9 @@ def sass_report(configs: dict) -> dict:
     iq = {"xt_ptr": "*fp32", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp32",
           "stride_ym": "i32", "d_out": "i32"}
     rot = {"x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
-           "out_ptr": "*fp32", "stride_om": "i32", "inv_sqrt_m": "fp32"}
+           "out_ptr": "*fp32", "stride_om": "i32", "inv_sqrt_m": "fp32", "aux_ptr": "*fp32",
+           "stride_am": "i32", "w_ptr": "*fp32", "res_ptr": "*fp32", "stride_rm": "i32",
+           "eps": "fp32"}
     out = {}
     jobs = {}
     c1 = configs[1]
@@ -814,6 +893,10 @@ def main() -> None:
                 "tetra48-mma128x2w8-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
+                "norms": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device, 12,
+                                                                 False),
+                "norm-rotation": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device,
+                                                                         12, True),
             }
             if batch > 1:  # the no-weights control has one activation row
                 builders.pop("null-m1-fused-noprep")
@@ -824,8 +907,10 @@ def main() -> None:
                 try:
                     p = build()
                     checks[f"{name}/{arm}/M{batch}"] = err = p.check()
+                    # fp16 outputs (cuBLAS; the norms, compiled or fused, narrow to fp16 and
+                    # may round a coordinate one or two units apart from the eager reference)
                     tol = 1e-3 if arm == "fp16" else 2e-3 if arm.startswith(
-                        ("tetra48-mma", "tetra48-dense")) else 1e-5
+                        ("tetra48-mma", "tetra48-dense", "norm")) else 1e-5
                     if not arm.startswith("null") and not err <= tol:
                         raise AssertionError(f"error {err:.2e} > {tol:g}; not timing")
                     graphs[arm] = Graphed(p, args.sets)
@@ -936,6 +1021,9 @@ def dry_run() -> None:
         p = build_batched(tiny, kind, 12, 1, "cpu", 0)
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
+    p = build_pre_ops(tiny, 2, 1, "cpu", 0, fused=True)
+    p.run(0)
+    print("norm-rotation err", p.check())
     print(json.dumps({"bench": "matvec", "dry_run": True}))
 
 

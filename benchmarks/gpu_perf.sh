@@ -23,6 +23,10 @@
 #            the launcher fix (b7c25b4), the 33-row fused linears
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
+#   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
+#            silu_mul_rotate): GPU tests at the Qwen3 widths and in the served model, the fullgraph
+#            compile test; bench arms norms vs norm-rotation (the rotation's cost is their
+#            difference) beside served and rotation; e2e 8B batch 1, fused pre-ops vs separate
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -104,6 +108,20 @@ p14rows)
     --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
     --out "$OUT/matvec-planes14-rows.json" 2>&1 | grep -v '^{"bench' | tail -12
   ;;
+preops)
+  timeout 170 python -m pytest -m gpu -v -p no:cacheprovider \
+    tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
+    tests/kernels/test_triton_norm_rotate.py tests/serve/test_gpu.py > "$OUT/tests-preops.log" 2>&1
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-preops.log" | cut -c1-150 | tail -12
+  grep -E "^E " "$OUT/tests-preops.log" | cut -c1-300 | head -20
+  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1,2 --rounds 3 \
+    --reps 5 --no-sass --warm-workers 14 --arms fp16,served,rotation,norms,norm-rotation \
+    --out "$OUT/matvec-preops.json" 2>&1 | grep -v '^{"bench' | tail -12
+  timeout 250 python benchmarks/bench_e2e.py --quick --models qwen3-8b \
+    --arms fp16,tetra48,tetra48-unfused --batches 1 --skip-gates --no-profile --budget-s 220 \
+    --out "$OUT/e2e-8b-preops.json" > "$OUT/e2e-8b-preops.log" 2>&1
+  grep "tok/s" "$OUT/e2e-8b-preops.log" | cut -c1-200
+  ;;
 e2esmall)
   timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
     --batches 2,4,8 --skip-gates --no-profile --budget-s 330 --out "$OUT/e2e-8b-small.json" \
@@ -111,7 +129,7 @@ e2esmall)
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops)" >&2
   exit 2
   ;;
 esac
