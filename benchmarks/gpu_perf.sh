@@ -18,9 +18,9 @@
 #   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
 #   planes14 batch 1: the tiled Planes14 kernel vs the m1-geometry Planes14 kernel (the default
 #            since 43f3e31; selectors from the table, then built in registers)
-#   pending  what session f could not re-check on the GPU, in one call: the Planes14 m1 kernel's
-#            cheaper decode (96346aa) at full shapes and timed, the fullgraph compile test after
-#            the launcher fix (b7c25b4), the 33-row fused linears
+#   pending  what session g could not run on the GPU, in one call: the ball-coded served model
+#            through Planes14 groups (LatticeGroup; logits vs reference, graph == eager), then
+#            e2e 8B at batch 2, 4 and 8 with the fused pre-ops
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -94,14 +94,15 @@ planes14)
     --out "$OUT/matvec-planes14-regsel.json" 2>&1 | grep -v '^{"bench' | tail -3
   ;;
 pending)
-  # the Planes14 kernels, the 1-row ball linears (Planes14 m1 by default), the 33-row linears
-  timeout 240 python -m pytest -m gpu -v -p no:cacheprovider tests/kernels/test_triton_gpu.py \
-    tests/nn/test_linear.py -k "planes14 or compiles_fullgraph or [33- or ([1- and ball)" \
+  timeout 200 python -m pytest -m gpu -v -p no:cacheprovider \
+    tests/serve/test_gpu.py::test_fused_ball_model_matches_reference \
     > "$OUT/tests-pending.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-pending.log" | cut -c1-150 | tail -20
-  timeout 300 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 --arms fp16,tetra48-m1-fused,planes14-fused,planes14-m1-fused \
-    --out "$OUT/matvec-planes14.json" 2>&1 | grep -v '^{"bench' | tail -6
+  grep -E "^E " "$OUT/tests-pending.log" | cut -c1-300 | head -10
+  timeout 330 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
+    --batches 2,4,8 --skip-gates --no-profile --budget-s 300 --out "$OUT/e2e-8b-small.json" \
+    > "$OUT/e2e-8b-small.log" 2>&1
+  grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
 p14rows)
   timeout 400 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \

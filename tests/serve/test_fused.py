@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from leechq.errors import InvalidInput
 from leechq.formats.rotation import generate_rotation
 from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
 from leechq.serve.fused import DENSE_MIN_ROWS, MMA_ROWS
@@ -192,3 +193,80 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     assert not group.fuses_pre_ops(11) and not group.fuses_pre_ops(DENSE_MIN_ROWS)
     monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
     assert not group.fuses_pre_ops(1)
+
+
+def _ball_records(rotated: bool, d_in: int = 72) -> list[Any]:
+    from leechq.serve.random_codes import random_ball
+
+    g = torch.Generator().manual_seed(1)
+    rot = generate_rotation(d_in, 5) if rotated else None
+    return [random_ball(16, d_in, g, rot), random_ball(8, d_in, g, rot)]
+
+
+@pytest.mark.parametrize(("rotated", "rows"), [(True, 1), (True, 3), (False, 2), (True, 11)])
+def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
+    """Ball records group as Tetra ones do: one concatenated Planes14 part, one rotation into the
+    prepared layout of the kernel that serves the rows (the batch-1 ``m1`` kernel for one row
+    here, the tiled one for several under the interpreter; 11 rows = 8 + 3), f32 accuracy."""
+    from leechq.serve.fused import LatticeGroup
+
+    recs = _ball_records(rotated)
+    biases = [None, torch.randn(8)]
+    group = LatticeGroup.from_records(recs, biases, "cpu")
+    assert group.layout == "planes14" and len(group.parts) == 1
+    assert group.execution.kernel == "triton-planes14-matvec"
+    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
+    y = group(x)
+    ref = _reference(x, recs, biases)
+    assert y.dtype == torch.float32 and y.shape == (rows, 24)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
+    """A rotated ball group takes the norm and the SwiGLU into its rotation launch at any row
+    count (it has no tensor-core path); Tetra and ball records never share a group."""
+    from leechq.kernels.reference import rms_norm, silu_mul
+    from leechq.serve.fused import LatticeGroup, group_from_records
+
+    group = LatticeGroup.from_records(_ball_records(True), [None, None], "cpu")
+    assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 72, generator=g).half()
+    delta = torch.randn(1, 72, generator=g)
+    weight = (1 + 0.2 * torch.randn(72, generator=g)).half()
+    r, y = group.forward_add_norm(x, delta, weight, 1e-6)
+    y_want = group(rms_norm(r, weight, 1e-6))
+    assert torch.equal(r, x + delta.half())
+    assert (y - y_want).abs().max().item() <= 2e-3 * y_want.abs().max().item()
+    gate_up = torch.randn(1, 144, generator=g) * 3
+    ys = group.forward_silu_mul(gate_up, torch.float16)
+    ys_want = group(silu_mul(gate_up, torch.float16))
+    assert (ys - ys_want).abs().max().item() <= 2e-3 * ys_want.abs().max().item()
+    with pytest.raises(InvalidInput, match="mix codebooks"):
+        LatticeGroup.from_records([_records(True)[0], _ball_records(True)[0]], [None, None],
+                                  "cpu")
+    # on the CPU (no fused kernels) the records stay separate reference modules
+    mixed = group_from_records([_records(True)[0], _ball_records(True)[0]], "cpu",
+                               torch.float32)
+    assert isinstance(mixed, ConcatLinear) and execution_paths(mixed) == {"dense": 2}
+
+
+def test_ball_group_from_finalized_modules_shares_one_copy() -> None:
+    """``fuse_group`` over fused ball ``LeechqLinear`` modules: one Planes14 group whose members
+    read row views of its concatenated records, computing what they did (2 rows: tiled)."""
+    from leechq.serve.fused import LatticeGroup
+
+    recs = _ball_records(True)
+    mods = [_FinalizedStandIn(r, None) for r in recs]
+    assert all("planes14" in m.execution.kernel for m in mods)
+    x = torch.randn(2, 72)
+    before = [m(x) for m in mods]
+    group = fuse_group(mods, torch.float32, "cpu")
+    assert isinstance(group, LatticeGroup) and group.layout == "planes14"
+    assert len(group.parts) == 1 and group.execution.members == 2
+    records = group.parts[0].records
+    assert mods[1]._fused.tensors["records"].data_ptr() == records[recs[0].d_out:].data_ptr()
+    assert all(torch.equal(m(x), b) for m, b in zip(mods, before, strict=True))
+    y = group(x)
+    ref = _reference(x, recs, [None, None])
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()

@@ -86,7 +86,7 @@ def test_decode_step_never_syncs() -> None:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def _tiny_quantized(prefer: str, device: str, dtype: torch.dtype) -> Any:
+def _tiny_quantized(prefer: str, device: str, dtype: torch.dtype, codebook: str = "tetra") -> Any:
     args = ModelArgs(
         arch="qwen3",
         vocab_size=512,
@@ -100,7 +100,8 @@ def _tiny_quantized(prefer: str, device: str, dtype: torch.dtype) -> Any:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return random_quantized_model(args, device, dtype, seed=3, prefer=prefer, portable=True)
+        return random_quantized_model(args, device, dtype, seed=3, prefer=prefer, portable=True,
+                                      codebook=codebook)
 
 
 def test_fused_logits_match_reference_logits() -> None:
@@ -154,6 +155,36 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     assert len(calls) == 3 * model.args.n_layers
     err = (fused - separate).abs().max().item()
     assert err <= 1e-2 * separate.abs().max().item(), err
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_ball_model_matches_reference(batch: int) -> None:
+    """A ball-coded model serves through Planes14 groups (one rotation with the norm or SwiGLU
+    fused into it, one matvec launch group per projection group): logits against the dense
+    reference path, and graph tokens equal to eager tokens."""
+    from leechq.serve.fused import LatticeGroup
+
+    try:
+        fused = _tiny_quantized("fused", "cuda", torch.float16, codebook="ball")
+    except KernelUnavailable as exc:
+        pytest.skip(f"no fused kernel on this device: {exc}")
+    assert execution_paths(fused) == {"fused": 14}
+    assert isinstance(fused.blocks[0].wqkv, LatticeGroup)
+    assert fused.blocks[0].wqkv.layout == "planes14"
+    ref = _tiny_quantized("reference", "cuda", torch.float16, codebook="ball")
+    prompts = [PROMPTS[i % 3][: 3 + i] for i in range(batch)]
+    tokens = torch.tensor([p[:3] for p in prompts], device="cuda")
+    out = []
+    for m in (fused, ref):
+        cache = KVCache(m.args, batch, 64, torch.float16, "cuda")
+        slots = torch.arange(tokens.shape[1], device="cuda")
+        pad = torch.zeros(batch, dtype=torch.int64, device="cuda")
+        out.append(m(tokens, slots, pad, cache.k, cache.v, last_only=False))
+    err = (out[0] - out[1]).abs().max().item()
+    assert err <= 2e-2 * out[1].abs().max().item(), err
+    graph = Engine(fused, graphs=True, compile=True).generate_ids(prompts, 24).tokens
+    eager = Engine(fused, graphs=False, compile=True).generate_ids(prompts, 24).tokens
+    assert graph == eager
 
 
 def _fused_or_skip() -> Any:

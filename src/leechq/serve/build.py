@@ -99,9 +99,9 @@ def fuse_group(
     """One module for projections that read the same input (q|k|v, gate|up, or a single one).
 
     Dense members become one ``nn.Linear`` (rows concatenated). Consecutive quantized members that
-    run the fused Tetra kernel with one shared rotation become one
-    :class:`~leechq.serve.fused.TetraGroup` (one rotation, their packed tensors reused); any other
-    member (int4, ball, the dense reference path) runs as it is. Several parts are joined by a
+    run the fused kernel of one lattice layout (Tetra or ball) with one shared rotation become one
+    :class:`~leechq.serve.fused.LatticeGroup` (one rotation, their packed tensors reused); any other
+    member (int4, the dense reference path) runs as it is. Several parts are joined by a
     :class:`ConcatLinear`.
     """
     if all(_is_dense(m) for m in members):
@@ -116,17 +116,19 @@ def fuse_group(
 
     def flush() -> None:
         if run:
-            from leechq.serve.fused import TetraGroup
+            from leechq.serve.fused import LatticeGroup
 
-            parts.append(TetraGroup.from_modules(list(run)))
+            parts.append(LatticeGroup.from_modules(list(run)))
             run.clear()
 
     for m in members:
-        if _fused_tetra(m) and (not run or _same_rotation(run[0], m)):
+        layout = _fused_lattice(m)
+        if layout and (not run or (_fused_lattice(run[0]) == layout
+                                   and _same_rotation(run[0], m))):
             run.append(m)
             continue
         flush()
-        if _fused_tetra(m):
+        if layout:
             run.append(m)
         else:
             parts.append(m.to(device))
@@ -134,16 +136,21 @@ def fuse_group(
     return parts[0] if len(parts) == 1 else ConcatLinear(parts)
 
 
-def _fused_tetra(m: nn.Module) -> bool:
-    """Whether ``m`` is a finalized leechq module running the fused Triton tetra48 kernel."""
+def _fused_lattice(m: nn.Module) -> str | None:
+    """The layout ("tetra48" or "planes14") when ``m`` is a finalized leechq module running that
+    layout's fused Triton kernel, else None."""
+    from leechq.serve.fused import LAYOUTS
+
     rec = getattr(m, "record", None)
     kernel = getattr(getattr(m, "execution", None), "kernel", None) or ""
-    return (
-        getattr(rec, "codebook", None) == "tetra"
+    layout = LAYOUTS.get(getattr(rec, "codebook", None) or "")
+    fused = (
+        layout is not None
         and getattr(getattr(m, "execution", None), "path", None) == "fused"
-        and "tetra48" in kernel
+        and layout in kernel
         and "triton" in kernel
     )
+    return layout if fused else None
 
 
 def _same_rotation(a: nn.Module, b: nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""Fused Tetra projection groups of the serving model: one rotation, one launch per group.
+"""Fused lattice projection groups of the serving model: one rotation, one launch per group.
 
 Implements layouts-kernels-recipe.md §3.5 (q/k/v and gate/up concatenated by rows, one segmented
 launch) and §3.6 (the activation rotated once per shared input) on top of the kernels of
@@ -8,16 +8,16 @@ launch) and §3.6 (the activation rotated once per shared input) on top of the k
    the lattice matvec reads (one rotation launch that writes that layout; unrotated groups use the
    preparation kernel alone), into a buffer that persists per (device, width, M);
 2. one ``tetra48`` matvec per part (8 activation rows per launch) writes its rows into one float32
-   output ``y [M, Σ d_out]``. A group built from records (:meth:`TetraGroup.from_records`) is a
+   output ``y [M, Σ d_out]``. A group built from records (:meth:`LatticeGroup.from_records`) is a
    single part: the members' words, scales, gain pairs and tails concatenated by rows. A group built
-   from already finalized ``LeechqLinear`` modules (:meth:`TetraGroup.from_modules`, e.g. a model
+   from already finalized ``LeechqLinear`` modules (:meth:`LatticeGroup.from_modules`, e.g. a model
    from ``leechq.load``) concatenates them the same way and then re-points each member's plan to
    its row slice of the concatenated tensors: one launch for the group, one copy in memory, and the
    members keep computing exactly what they did.
 
 On that matvec path the serving model also hands a group the *pre-op* that makes its input
-(:meth:`TetraGroup.forward_add_norm`: the residual add and RMSNorm before q|k|v and gate|up;
-:meth:`TetraGroup.forward_silu_mul`: the SwiGLU before down), and the rotation launch computes it
+(:meth:`LatticeGroup.forward_add_norm`: the residual add and RMSNorm before q|k|v and gate|up;
+:meth:`LatticeGroup.forward_silu_mul`: the SwiGLU before down), and the rotation launch computes it
 on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
 never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
 
@@ -29,6 +29,12 @@ through the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M �
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
 ``y``; layouts-kernels-recipe §3.5).
+
+Ball-coded matrices (``planes14``) group the same way (:class:`LatticeGroup` with Planes14 parts):
+one rotation into the prepared layout of the Planes14 kernel, one matvec launch group per 8 rows
+(the ``m1`` kernel's row groups, or the tiled kernel where ``m1`` does not serve), the same
+pre-ops. They have no tensor-core or dequantized path: every row count runs the matvec, 8 rows at
+a time. ``TetraGroup`` is the class's earlier name (it served Tetra only).
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ _PREPARED: dict[tuple[str, int, int], torch.Tensor] = {}
 
 @dataclass(frozen=True)
 class GroupExecution:
-    """How a :class:`TetraGroup` computes (the counterpart of ``LeechqLinear.execution``)."""
+    """How a :class:`LatticeGroup` computes (the counterpart of ``LeechqLinear.execution``)."""
 
     path: str = "fused"
     kernel: str = "triton-tetra48-matvec"
@@ -126,15 +132,20 @@ def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
     )
 
 
-def fused_kernels_available(d_out: int, d_in: int, odd: int, device: torch.device) -> str | None:
-    """None when the Triton tetra48 matvec (and rotation, for ``odd`` > 0) serve this shape on
-    ``device``; otherwise the reason."""
+LAYOUTS = {"tetra": "tetra48", "ball": "planes14"}
+"""The served layout of each codebook a group can hold."""
+
+
+def fused_kernels_available(d_out: int, d_in: int, odd: int, device: torch.device,
+                            layout: str = "tetra48") -> str | None:
+    """None when the Triton matvec of ``layout`` (and the rotation, for ``odd`` > 0) serve this
+    shape on ``device``; otherwise the reason."""
     from leechq.kernels.select import Shape, choose_kernel
 
     try:
-        k = choose_kernel("matvec", "tetra48", Shape(d_out, d_in, KERNEL_ROWS), device)
+        k = choose_kernel("matvec", layout, Shape(d_out, d_in, KERNEL_ROWS), device)
         if k.backend != "triton":
-            return f"the tetra48 matvec on {device} is {k.name}, not a fused kernel"
+            return f"the {layout} matvec on {device} is {k.name}, not a fused kernel"
         if odd:
             r = choose_kernel("rotate", "rotation", Shape(0, d_in, 1, 0, odd), device)
             if r.backend != "triton":
@@ -144,11 +155,12 @@ def fused_kernels_available(d_out: int, d_in: int, odd: int, device: torch.devic
     return None
 
 
-class TetraGroup(nn.Module):
-    """Tetra matrices that read one input, run as one rotation plus one matvec per part.
+class LatticeGroup(nn.Module):
+    """Lattice matrices that read one input, run as one rotation plus one matvec per part.
 
     Args:
-        parts: ``Tetra48Weight`` records on one CUDA device, all ``d_in`` wide.
+        parts: ``Tetra48Weight`` or ``Planes14Weight`` records (one layout) on one CUDA device,
+            all ``d_in`` wide.
         rotation: the input rotation shared by every part, or None.
         bias: float [Σ d_out] or None.
         members: the matrices the parts hold (default: one per part), for accounting.
@@ -168,18 +180,24 @@ class TetraGroup(nn.Module):
         from leechq.kernels.triton import ops
 
         if not parts:
-            raise InvalidInput("TetraGroup needs at least one part")
+            raise InvalidInput("a lattice group needs at least one part")
         self.d_in = parts[0].d_in
         if any(p.d_in != self.d_in for p in parts):
-            raise InvalidInput(f"TetraGroup parts differ in d_in: {[p.d_in for p in parts]}")
+            raise InvalidInput(f"group parts differ in d_in: {[p.d_in for p in parts]}")
+        layouts = {_layout_of(p) for p in parts}
+        if len(layouts) != 1:
+            raise InvalidInput(f"group parts mix layouts: {sorted(layouts)}")
+        self.layout = layouts.pop()
         self.parts = list(parts)
-        self.execution = GroupExecution(members=members or len(parts))
+        self.execution = GroupExecution(kernel=f"triton-{self.layout}-matvec",
+                                        members=members or len(parts))
         self.n_blocks = self.d_in // 24
         self.offsets = np.cumsum([0] + [p.d_out for p in parts]).tolist()
         self.d_out = int(self.offsets[-1])
-        device = parts[0].words.device
+        device = parts[0].device
         self._ops = ops
-        self.order = tetra_kernel_tables(device).order
+        # Tetra: the trio order; Planes14: per call (the m1 kernel's order or natural)
+        self.order = tetra_kernel_tables(device).order if self.layout == "tetra48" else None
         self.rotation = rotation
         self.rot = None if rotation is None else ops.DeviceRotation.from_tables(rotation, device)
         self.register_buffer(
@@ -187,7 +205,7 @@ class TetraGroup(nn.Module):
         )
         # Packed tensors are registered so that memory accounting and .to() see them.
         for i, p in enumerate(parts):
-            for name in ("words", "row_scales", "row_centroids", "tail"):
+            for name in (_DATA[self.layout], "row_scales", "row_centroids", "tail"):
                 self.register_buffer(f"p{i}_{name}", getattr(p, name), persistent=False)
 
     @classmethod
@@ -196,44 +214,52 @@ class TetraGroup(nn.Module):
         records: Sequence[QuantizedWeight],
         biases: Sequence[torch.Tensor | None],
         device: torch.device | str,
-    ) -> TetraGroup:
-        """Pack Tetra records (one shared rotation) and concatenate them by rows: one part.
+    ) -> LatticeGroup:
+        """Pack lattice records (one codebook, one shared rotation) and concatenate them by rows:
+        one part.
 
         Raises:
             KernelUnavailable: no fused kernel for this shape on ``device`` (the reason is given).
-            InvalidInput: the records are not Tetra, differ in width or in rotation.
+            InvalidInput: the records are not Tetra or ball, mix them, differ in width or in
+                rotation.
         """
-        from leechq.formats.layouts.tetra48 import concat_rows, pack
+        from leechq.formats.layouts import get as get_layout
 
         device = torch.device(device)
         _check_members(records)
+        layout = LAYOUTS[records[0].codebook]
         rot = records[0].rotation
         why = fused_kernels_available(
-            sum(r.d_out for r in records), records[0].d_in, 0 if rot is None else rot.odd, device
+            sum(r.d_out for r in records), records[0].d_in, 0 if rot is None else rot.odd, device,
+            layout,
         )
         if why is not None:
             raise KernelUnavailable(why)
-        packed = concat_rows([pack(r) for r in records]).to(device)
+        mod = get_layout(layout)
+        packed = mod.concat_rows([mod.pack(r) for r in records]).to(device)
         return cls([packed], rot, _join_bias(biases, [r.d_out for r in records]), len(records))
 
     @classmethod
-    def from_modules(cls, members: Sequence[nn.Module]) -> TetraGroup:
-        """A group over finalized ``LeechqLinear`` modules running the fused tetra48 kernel: one
-        part, the members' packed tensors concatenated by rows; each member's plan is then
-        re-pointed to its rows of that part (views), so memory holds one copy.
+    def from_modules(cls, members: Sequence[nn.Module]) -> LatticeGroup:
+        """A group over finalized ``LeechqLinear`` modules running a fused lattice kernel (tetra48
+        or planes14, one of them): one part, the members' packed tensors concatenated by rows;
+        each member's plan is then re-pointed to its rows of that part (views), so memory holds
+        one copy.
 
         Raises:
-            InvalidInput: a member is not a fused Tetra ``LeechqLinear`` or the rotations differ.
+            InvalidInput: a member is not a fused lattice ``LeechqLinear``, the codebooks or the
+                rotations differ.
         """
         records = [getattr(m, "record", None) for m in members]
         _check_members(records)
+        layout = LAYOUTS[records[0].codebook]  # type: ignore[union-attr]
         parts = []
         for m in members:
             plan = getattr(m, "_fused", None)
             name = getattr(plan, "kernel_name", "")
             box = getattr(plan, "packed", None)
-            if "tetra48" not in name or "triton" not in name or box is None:
-                raise InvalidInput(f"{type(m).__name__} does not run the fused tetra48 kernel")
+            if layout not in name or "triton" not in name or box is None:
+                raise InvalidInput(f"{type(m).__name__} does not run the fused {layout} kernel")
             parts.append(box["w"])  # the member's packed record (its host f64 copies included)
         biases = [getattr(m, "bias", None) for m in members]
         if len(parts) > 1:
@@ -248,23 +274,25 @@ class TetraGroup(nn.Module):
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         m = int(x2.shape[0])
-        if MMA_ROWS[0] <= m <= mma_max_rows():
+        if self.layout == "tetra48" and MMA_ROWS[0] <= m <= mma_max_rows():
             return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
-        if m >= DENSE_MIN_ROWS:
+        if self.layout == "tetra48" and m >= DENSE_MIN_ROWS:
             return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
         xp = _prepared_buffer(x2.device, self.n_blocks, m)
+        order, plans = self._launch_plan(m, x2.device)
         if self.rot is not None:
-            self._rotate(x2, xp)
+            ops.rotate(x2, self.rot, prepared_order=order, out=xp)
         else:
-            ops.prepare_activation(x2, self.n_blocks, self.order, out=xp)
-        return self._matvecs(xp, m).reshape(*lead, self.d_out)
+            ops.prepare_activation(x2, self.n_blocks, order, out=xp)
+        return self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
         rotation launch (:meth:`forward_add_norm`, :meth:`forward_silu_mul`) for ``m_rows`` rows: a
         rotated group on its matvec path (not the tensor-core or dequantized one), unless
         ``LEECHQ_FUSE_PRE=0`` (read per call, on the host)."""
-        return (self.rot is not None and _matvec_rows(m_rows)
+        return (self.rot is not None
+                and (self.layout == "planes14" or _matvec_rows(m_rows))
                 and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0")
 
     def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -278,9 +306,10 @@ class TetraGroup(nn.Module):
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
         m = int(x2.shape[0])
         xp = _prepared_buffer(x2.device, self.n_blocks, m)
-        r, _ = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2,
-                                     prepared_order=self.order, out=xp)
-        return r.reshape(x.shape), self._matvecs(xp, m).reshape(*lead, self.d_out)
+        order, plans = self._launch_plan(m, x2.device)
+        r, _ = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
+                                     out=xp)
+        return r.reshape(x.shape), self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``self(silu_mul(gate_up, dtype))``: SwiGLU and the rotation in one launch
@@ -290,21 +319,38 @@ class TetraGroup(nn.Module):
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
         m = int(g2.shape[0])
         xp = _prepared_buffer(g2.device, self.n_blocks, m)
-        self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=self.order, out=xp)
-        return self._matvecs(xp, m).reshape(*lead, self.d_out)
+        order, plans = self._launch_plan(m, g2.device)
+        self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp)
+        return self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
 
-    def _matvecs(self, xp: torch.Tensor, m: int) -> torch.Tensor:
+    def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
+        """The prepared activation's order for ``m`` rows and, for Planes14, each (part, chunk
+        rows) → its ``m1`` launch groups (``ops.planes14_m1_groups``), or None per entry when any
+        chunk runs the tiled kernel (then all do, from the natural order)."""
+        if self.layout == "tetra48":
+            return self.order, None
+        ops = self._ops
+        chunks = {min(KERNEL_ROWS, m - i) for i in range(0, m, KERNEL_ROWS)}
+        plans = {(j, r): ops.planes14_m1_groups(p, r, device)
+                 for j, p in enumerate(self.parts) for r in chunks}
+        m1 = all(v is not None for v in plans.values())
+        return ops.planes14_order(device, m1), (plans if m1 else dict.fromkeys(plans))
+
+    def _matvecs(self, xp: torch.Tensor, m: int, plans: dict | None = None) -> torch.Tensor:
         """Every part's matvec from the prepared activation ``xp`` (``m`` rows, 8 per launch
-        group) into one float32 [m, Σ d_out], plus the bias."""
+        group) into one float32 [m, Σ d_out], plus the bias (``plans``: Planes14's, from
+        :meth:`_launch_plan`)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
-        for part, off in zip(self.parts, self.offsets, strict=False):
+        for j, (part, off) in enumerate(zip(self.parts, self.offsets, strict=False)):
             for i in range(0, m, KERNEL_ROWS):
                 r = min(KERNEL_ROWS, m - i)
-                self._ops.tetra48_matvec_prepared(
-                    xp[i : i + prepared_rows(r)], part, r, out=y[i : i + r, off : off + part.d_out]
-                )
+                chunk, out = xp[i : i + prepared_rows(r)], y[i : i + r, off : off + part.d_out]
+                if plans is None:
+                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out)
+                else:
+                    self._ops.planes14_matvec_planned(chunk, part, r, plans[(j, r)], out=out)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -321,12 +367,15 @@ class TetraGroup(nn.Module):
         return y
 
     def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        """``Q x`` into the prepared buffer (one launch: ``activation.rotate_prepared_kernel``)."""
-        self._ops.rotate(x2, self.rot, prepared_order=self.order, out=xp)
+        """``Q x`` into the prepared buffer in the group's order for ``x2``'s rows (one launch:
+        ``activation.rotate_prepared_kernel``)."""
+        order, _ = self._launch_plan(int(x2.shape[0]), x2.device)
+        self._ops.rotate(x2, self.rot, prepared_order=order, out=xp)
 
     def extra_repr(self) -> str:
         return (
-            f"d_in={self.d_in}, d_out={self.offsets[1:]}, parts={len(self.parts)}, "
+            f"layout={self.layout}, d_in={self.d_in}, d_out={self.offsets[1:]}, "
+            f"parts={len(self.parts)}, "
             f"rotated={self.rotation is not None}"
         )
 
@@ -337,28 +386,42 @@ def _concat_and_share(members: Sequence[nn.Module], parts: list[Any]) -> Any:
     tensors (views), so its old tensors are freed and memory holds one copy."""
     from dataclasses import replace
 
-    from leechq.formats.layouts.tetra48 import concat_rows
+    from leechq.formats.layouts import get as get_layout
 
-    cat = concat_rows(parts)
+    layout = _layout_of(parts[0])
+    cat = get_layout(layout).concat_rows(parts)
     off = 0
+    names = (_DATA[layout], "row_scales", "row_centroids", "tail")
     for m, p in zip(members, parts, strict=True):
         plan = m._fused
         rows = slice(off, off + p.d_out)
-        views = {n: getattr(cat, n)[rows] for n in ("words", "row_scales", "row_centroids", "tail")}
+        views = {n: getattr(cat, n)[rows] for n in names}
         plan.packed["w"] = replace(p, **views)
         plan.tensors.update(views)
         off += p.d_out
     return cat
 
 
+_DATA = {"tetra48": "words", "planes14": "records"}
+"""The packed code tensor of each layout."""
+
+
+def _layout_of(part: Any) -> str:
+    return "planes14" if hasattr(part, "records") else "tetra48"
+
+
 def _check_members(records: Sequence[Any]) -> None:
     for r in records:
-        if not isinstance(r, QuantizedWeight) or r.codebook != "tetra":
-            raise InvalidInput(f"TetraGroup members must be Tetra records, got {type(r).__name__}")
+        if not isinstance(r, QuantizedWeight) or r.codebook not in LAYOUTS:
+            raise InvalidInput(
+                f"group members must be Tetra or ball records, got {type(r).__name__}"
+                + (f" ({r.codebook})" if isinstance(r, QuantizedWeight) else ""))
+    if len({r.codebook for r in records}) != 1:
+        raise InvalidInput(f"group members mix codebooks: {[r.codebook for r in records]}")
     if len({r.d_in for r in records}) != 1:
-        raise InvalidInput(f"TetraGroup members differ in d_in: {[r.d_in for r in records]}")
+        raise InvalidInput(f"group members differ in d_in: {[r.d_in for r in records]}")
     if not all(same_rotation(records[0].rotation, r.rotation) for r in records):
-        raise InvalidInput("TetraGroup members must share one input rotation")
+        raise InvalidInput("group members must share one input rotation")
 
 
 def _join_bias(biases: Sequence[torch.Tensor | None], sizes: Sequence[int]) -> torch.Tensor | None:
@@ -381,8 +444,9 @@ def group_from_records(
 ) -> nn.Module:
     """One module for canonical records that read the same input (q|k|v, gate|up, or one).
 
-    Runs of Tetra records with one rotation become a :class:`TetraGroup` (packed once, concatenated
-    by rows) when ``prefer`` is not "reference" and the fused kernels serve them on ``device``;
+    Runs of lattice records of one codebook (Tetra or ball) with one rotation become a
+    :class:`LatticeGroup` (packed once, concatenated by rows) when ``prefer`` is not "reference"
+    and the fused kernels serve them on ``device``;
     every other record becomes a ``LeechqLinear`` finalized with ``prefer``. Several parts are
     joined by a :class:`~leechq.serve.build.ConcatLinear`.
 
@@ -396,12 +460,11 @@ def group_from_records(
     biases = list(biases) if biases is not None else [None] * len(records)
     runs: list[list[int]] = []
     for i, r in enumerate(records):
-        tetra = isinstance(r, QuantizedWeight) and r.codebook == "tetra"
         prev = runs[-1] if runs else None
         if (
-            tetra
+            _lattice(r)
             and prev is not None
-            and _is_tetra(records[prev[0]])
+            and _lattice(records[prev[0]]) == _lattice(r)
             and same_rotation(records[prev[0]].rotation, r.rotation)
         ):
             prev.append(i)
@@ -410,9 +473,9 @@ def group_from_records(
     parts: list[nn.Module] = []
     for run in runs:
         recs = [records[i] for i in run]
-        if _is_tetra(recs[0]) and prefer != "reference" and device.type == "cuda":
+        if _lattice(recs[0]) and prefer != "reference" and device.type == "cuda":
             try:
-                parts.append(TetraGroup.from_records(recs, [biases[i] for i in run], device))
+                parts.append(LatticeGroup.from_records(recs, [biases[i] for i in run], device))
                 continue
             except KernelUnavailable:
                 if prefer == "fused":
@@ -424,5 +487,10 @@ def group_from_records(
     return parts[0] if len(parts) == 1 else ConcatLinear(parts)
 
 
-def _is_tetra(r: Any) -> bool:
-    return isinstance(r, QuantizedWeight) and r.codebook == "tetra"
+def _lattice(r: Any) -> str | None:
+    """The codebook of a lattice record a group can hold ("tetra" or "ball"), else None."""
+    return r.codebook if isinstance(r, QuantizedWeight) and r.codebook in LAYOUTS else None
+
+
+TetraGroup = LatticeGroup
+"""The earlier name of :class:`LatticeGroup` (when it served Tetra only)."""

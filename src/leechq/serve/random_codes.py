@@ -137,6 +137,23 @@ def random_tetra(
     )
 
 
+def random_ball(
+    d_out: int, d_in: int, generator: torch.Generator, rotation: RotationTables | None = None
+) -> QuantizedWeight:
+    """A ball-codebook matrix (Λ24(12), the ``planes14`` layout) with uniformly random labels
+    (any of the ball's points, the origin included) and gain bits; shapes, scales and tail as
+    :func:`random_tetra`."""
+    from leechq.lattice.classes import ball_size
+
+    rec = random_tetra(d_out, d_in, generator, rotation)
+    labels = torch.randint(0, ball_size(12) + 1, rec.labels.shape, generator=generator,
+                           dtype=torch.int64)
+    return QuantizedWeight(
+        codebook="ball", d_out=d_out, d_in=d_in, labels=labels, gains=rec.gains,
+        row_scales=rec.row_scales, centroids=rec.centroids, tail=rec.tail, rotation=rotation,
+    )
+
+
 def random_int4(d_out: int, d_in: int, generator: torch.Generator, group: int = 128) -> Int4Weight:
     """An int4 g128 matrix with random codes; weights roughly uniform with variance about
     ``1/d_in``."""
@@ -165,8 +182,9 @@ def random_quantized_model(
     head_kind: str = "dense",
     portable: bool = False,
     direct: bool = False,
+    codebook: str = "tetra",
 ) -> Transformer:
-    """A serving model of ``args``' shape whose projections are random Tetra matrices.
+    """A serving model of ``args``' shape whose projections are random Tetra (or ball) matrices.
 
     Args:
         args: the shape.
@@ -174,7 +192,7 @@ def random_quantized_model(
         dtype: activation dtype.
         seed: makes the codes (and the dense embedding/head/norms) reproducible.
         int4_v: v_proj as int4 g128 instead of Tetra (the published recipe).
-        prefer: "fused" (Tetra groups as :class:`~leechq.serve.fused.TetraGroup`, error if no
+        prefer: "fused" (Tetra groups as :class:`~leechq.serve.fused.LatticeGroup`, error if no
             kernel), "auto" (fused where possible) or "reference" (``LeechqLinear`` dense path).
         rotate: give every lattice matrix its (block, activation) rotation.
         head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
@@ -183,13 +201,19 @@ def random_quantized_model(
         direct: draw the packed ``tetra48`` words on the device (no canonical records, no host
             packing; seconds instead of a minute for a 14B shape). Needs the fused kernels; the
             codes differ from the canonical path's for the same seed.
+        codebook: "tetra" or "ball" (the lattice matrices' codebook; ball needs ``direct=False``).
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
     """
+    if codebook not in ("tetra", "ball"):
+        raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
+    if direct and codebook != "tetra":
+        raise InvalidInput("direct=True draws tetra48 words; a ball model needs direct=False")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
+    draw = random_tetra if codebook == "tetra" else random_ball
 
     def rot(block: int, act: int, n: int) -> RotationTables | None:
         if not rotate:
@@ -202,7 +226,7 @@ def random_quantized_model(
     def tetra(d_out: int, d_in: int, block: int, act: int) -> Any:
         if direct:
             return _DirectTetra(d_out, d_in, rot(block, act, d_in))
-        return random_tetra(d_out, d_in, g, rot(block, act, d_in))
+        return draw(d_out, d_in, g, rot(block, act, d_in))
 
     def group(records: list[Any], index: int) -> nn.Module:
         if direct:
@@ -254,7 +278,7 @@ def _direct_group(
     would group them, with weights scaled to variance about ``1/d_in``."""
     from leechq.formats.layouts.tetra48 import concat_rows, random_tetra48
     from leechq.serve.build import ConcatLinear
-    from leechq.serve.fused import TetraGroup, fused_kernels_available
+    from leechq.serve.fused import LatticeGroup, fused_kernels_available
 
     device = torch.device(device)
     parts: list[nn.Module] = []
@@ -276,7 +300,7 @@ def _direct_group(
             w.row_scales.mul_(math.sqrt(BLOCK / d_in))
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
-        parts.append(TetraGroup([concat_rows(packs)], rot, None, members=len(run)))
+        parts.append(LatticeGroup([concat_rows(packs)], rot, None, members=len(run)))
         run.clear()
 
     for r in records:

@@ -833,23 +833,51 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     (cuBLAS fp16 ≈ 4.7 ms): M = 1 3.37 vs 5.41 ms, M = 2 4.26 vs 5.44, M = 4 6.80 vs 9.92, M = 8
     13.10 vs 14.57."""
     m_rows = _check_x(x, w.d_in, w.records.device)
+    plan = planes14_m1_groups(w, m_rows, x.device, config)
+    xp = prepare_activation(x, w.n_blocks, planes14_order(x.device, plan is not None))
+    return planes14_matvec_planned(xp, w, m_rows, plan, config)
+
+
+def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
+                       config: MatvecConfig | None = None) -> list[tuple[int, MatvecConfig]] | None:
+    """The ``(rows, configuration)`` launch groups of the ``m1`` Planes14 kernel for ``m_rows``
+    activation rows (1..8), or None when the tiled kernel serves them (see
+    :func:`planes14_matvec`; the prepared activation's order follows: :func:`planes14_order`)."""
     if config is None:
         plan = (None if m_rows > 1 and not _many_row_m1_default()
-                else m1_plan(w.d_out, w.n_blocks, x.device, w.tail_cols, m_rows))
+                else m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows))
     else:
         plan = [(m_rows, config)] if config.kernel == "m1" else None
-    if plan is not None and all(_m1_applies(c, w) and _planes14_m1_applies(c, rows, x.device)
+    if plan is not None and all(_m1_applies(c, w) and _planes14_m1_applies(c, rows, device)
                                 for rows, c in plan):
-        xp = prepare_activation(x, w.n_blocks, planes14_m1_order(x.device))
-        y = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=x.device)
-        first = 0
-        for rows, c in plan:
-            planes14_matvec_m1_prepared(xp[first:first + ref.prepared_rows(rows)], w, c,
-                                        out=y[first:first + rows], m_rows=rows)
-            first += rows
-        return y
-    xp = prepare_activation(x, w.n_blocks, natural_order(x.device))
-    return planes14_matvec_prepared(xp, w, m_rows, config)
+        return plan
+    return None
+
+
+def planes14_order(device: torch.device, m1: bool) -> torch.Tensor:
+    """The order a Planes14 activation is prepared in: ``tables.planes14_m1_order`` for the ``m1``
+    kernel, natural for the tiled one (int32 [24])."""
+    return planes14_m1_order(device) if m1 else natural_order(device)
+
+
+def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
+                            plan: list[tuple[int, MatvecConfig]] | None,
+                            config: MatvecConfig | None = None,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
+    :func:`planes14_m1_groups`): its ``m1`` launch groups, or with ``plan`` None the tiled kernel
+    (in ``config`` if that is a tiled configuration). float32 [m_rows, d_out]."""
+    if plan is None:
+        return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
+    _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
+                                                device=xp.device)
+    first = 0
+    for rows, c in plan:
+        planes14_matvec_m1_prepared(xp[first:first + ref.prepared_rows(rows)], w, c,
+                                    out=y[first:first + rows], m_rows=rows)
+        first += rows
+    return y
 
 
 def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
