@@ -290,14 +290,15 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
 
 
 def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
-                  fused: bool) -> Pass:
+                  fused: bool, splits: int = 1) -> Pass:
     """What a served decode step runs between projections to make their inputs, float16
     activations. ``fused=False`` (arm ``norms``): per layer the two residual adds + RMSNorms and
     the SwiGLU as the served model's compiled pieces (``Pieces.compiled()``), no rotation — what
     any model runs. ``fused=True`` (arm ``norm-rotation``): per layer the two norms and the SwiGLU
     inside their rotation launches (``ops.norm_rotate``, ``ops.silu_mul_rotate``) plus the o_proj
     input's plain rotation, each into the prepared layout — what the served Tetra model runs (the
-    rotation's cost is the difference of the two arms)."""
+    rotation's cost is the difference of the two arms). ``splits``: programs per (row, group)
+    writing the prepared layout (``ops.rotate_splits``; arm ``norm-rotation-s4``)."""
     import torch
 
     from leechq.formats.rotation import generate_rotation
@@ -331,19 +332,19 @@ def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
         for _ in range(model.layers):
             if fused:
                 x, _ = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"],
-                                       prepared_order=order, out=outs[hid])
-                ops.rotate(s["o"], rots[q], prepared_order=order, out=outs[q])
+                                       prepared_order=order, out=outs[hid], splits=splits)
+                ops.rotate(s["o"], rots[q], prepared_order=order, out=outs[q], splits=splits)
                 ops.norm_rotate(x, weights[1], eps, rots[hid], delta=s["mlp"],
-                                prepared_order=order, out=outs[hid])
+                                prepared_order=order, out=outs[hid], splits=splits)
                 ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter],
-                                    prepared_order=order, out=outs[inter])
+                                    prepared_order=order, out=outs[inter], splits=splits)
             else:
                 x, _ = fns.add_rms_norm(s["x"], s["attn"], weights[0], eps)
                 fns.add_rms_norm(x, s["mlp"], weights[1], eps)
                 fns.silu_mul(s["gate_up"], torch.float16)
 
-    p = Pass("norm-rotation" if fused else "norms", batch, run, 0, model.layers * (4 if fused
-                                                                                else 3))
+    arm = ("norm-rotation" + (f"-s{splits}" if splits > 1 else "")) if fused else "norms"
+    p = Pass(arm, batch, run, 0, model.layers * (4 if fused else 3))
 
     def check() -> float:
         """Largest error relative to the row's largest value: the fused launches against the
@@ -354,11 +355,15 @@ def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
             _, h = fns.add_rms_norm(s["x"], s["attn"], weights[0], eps)
             _, want = add_rms_norm(s["x"], s["attn"], weights[0], eps)
             return float((h.float() - want.float()).abs().max() / want.float().abs().max())
-        _, got = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"])
+        _, got = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"],
+                                 prepared_order=order, splits=splits)
+        got = _natural_rows(got, batch, hid, order)
         _, want = ref.norm_rotate(s["x"].cpu(), weights[0].cpu(), eps, tables[hid],
                                   delta=s["attn"].cpu())
         err = float((got.cpu() - want).abs().max() / want.abs().max())
-        got = ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter])
+        got = ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter], prepared_order=order,
+                                  splits=splits)
+        got = _natural_rows(got, batch, inter, order)
         want = ref.silu_mul_rotate(s["gate_up"].cpu(), torch.float16, tables[inter])
         return max(err, float((got.cpu() - want).abs().max() / want.abs().max()))
 
@@ -366,9 +371,27 @@ def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
     return p
 
 
-def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int) -> Pass:
+def _natural_rows(prepared, m_rows: int, n: int, order):
+    """Natural-order rows [m_rows, n] of a prepared activation (each column's slot found by
+    preparing the column numbers), so the checks hold the prepared write itself to the twin."""
+    import torch
+
+    from leechq.kernels import reference as ref
+
+    cols = torch.arange(1, n + 1, dtype=torch.float64)[None].expand(m_rows, n)
+    where = ref.prepare_activation(cols, n // 24, order.cpu())[:m_rows]
+    taken = where > 0
+    out = torch.empty(m_rows, n, dtype=prepared.dtype)
+    rows = torch.arange(m_rows)[:, None].expand_as(taken)
+    out[rows[taken], where[taken].long() - 1] = prepared.cpu()[:m_rows][taken]
+    return out
+
+
+def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int,
+                   splits: int = 1) -> Pass:
     """The activation rotations of a served pass: one per input group (4 per layer), each writing
-    the prepared layout the Tetra kernels read (so it replaces the preparation launch)."""
+    the prepared layout the Tetra kernels read (so it replaces the preparation launch);
+    ``splits`` programs per (row, group) write it (arm ``rotation-s4``)."""
     import torch
 
     from leechq.formats.rotation import generate_rotation
@@ -388,14 +411,15 @@ def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int
     def run(b: int) -> None:
         for _ in range(model.layers):
             for src, n in widths.items():
-                ops.rotate(xs[b][src], rots[n], prepared_order=order, out=outs[src])
+                ops.rotate(xs[b][src], rots[n], prepared_order=order, out=outs[src],
+                           splits=splits)
 
-    p = Pass("rotation", batch, run, 0, model.layers * 4)
+    p = Pass("rotation" + (f"-s{splits}" if splits > 1 else ""), batch, run, 0, model.layers * 4)
 
     def check() -> float:
         worst = 0.0
         for src, n in widths.items():
-            got = ops.rotate(xs[0][src], rots[n], prepared_order=order)
+            got = ops.rotate(xs[0][src], rots[n], prepared_order=order, splits=splits)
             want = ref.prepare_activation(ref.rotate(xs[0][src].cpu(), tables[n]).to(device),
                                           n // 24, order)
             worst = max(worst, float((got - want).abs().max() / want.abs().max()))
@@ -893,6 +917,10 @@ def main() -> None:
                 "tetra48-mma128x2w8-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
+                "rotation-s4": lambda m=model, b=batch: build_rotation(m, b, args.sets, device,
+                                                                        9, splits=4),
+                "norm-rotation-s4": lambda m=model, b=batch: build_pre_ops(
+                    m, b, args.sets, device, 12, True, splits=4),
                 "norms": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device, 12,
                                                                  False),
                 "norm-rotation": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device,
@@ -1021,9 +1049,13 @@ def dry_run() -> None:
         p = build_batched(tiny, kind, 12, 1, "cpu", 0)
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
-    p = build_pre_ops(tiny, 2, 1, "cpu", 0, fused=True)
+    for splits in (1, 4):
+        p = build_pre_ops(tiny, 2, 1, "cpu", 0, fused=True, splits=splits)
+        p.run(0)
+        print(f"norm-rotation splits={splits} err", p.check())
+    p = build_rotation(tiny, 2, 1, "cpu", 0, splits=4)
     p.run(0)
-    print("norm-rotation err", p.check())
+    print("rotation splits=4 err", p.check())
     print(json.dumps({"bench": "matvec", "dry_run": True}))
 
 

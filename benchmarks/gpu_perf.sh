@@ -21,6 +21,9 @@
 #   pending  what session g could not run on the GPU, in one call: the ball-coded served model
 #            through Planes14 groups (LatticeGroup; logits vs reference, graph == eager), then
 #            e2e 8B at batch 2, 4 and 8 with the fused pre-ops
+#   rotsplit several programs per (row, group) writing the prepared layout (ops.rotate_splits,
+#            untimed): GPU tests of the rotation and the pre-ops at 1 and 4 programs, then the
+#            arms rotation / norm-rotation against their -s4 forms (if -s4 wins: ROTATE_SPLITS)
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -104,6 +107,15 @@ pending)
     > "$OUT/e2e-8b-small.log" 2>&1
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
+rotsplit)
+  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_norm_rotate.py \
+    tests/kernels/test_triton_gpu.py -k "rotation_widths or pre_ops" > "$OUT/tests-rotsplit.log" 2>&1
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-rotsplit.log" | cut -c1-150 | tail -8
+  timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 \
+    --arms fp16,served,rotation,rotation-s4,norms,norm-rotation,norm-rotation-s4 \
+    --out "$OUT/matvec-rotsplit.json" 2>&1 | grep -v '^{"bench' | tail -10
+  ;;
 p14rows)
   timeout 400 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \
     --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
@@ -130,7 +142,7 @@ e2esmall)
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit)" >&2
   exit 2
   ;;
 esac

@@ -209,8 +209,8 @@ def test_rotation_widths(n: int) -> None:
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
     order = ops.tetra_kernel_tables(DEV).order
     prep = ref.prepare_activation(want, n // 24, order)
-    for one_launch in (True, False):
-        xp = ops.rotate(x, rot, prepared_order=order, one_launch=one_launch,
+    for one_launch, splits in ((True, 1), (True, 4), (False, 1)):
+        xp = ops.rotate(x, rot, prepared_order=order, one_launch=one_launch, splits=splits,
                         out=torch.full(prep.shape, float("nan"), device=DEV))
         assert torch.allclose(xp, prep, rtol=1e-5, atol=1e-6)
 

@@ -147,9 +147,11 @@ def _natural(prepared: torch.Tensor, m_rows: int, n: int, order: torch.Tensor) -
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [4096, 12288, 9728, 17408, 2560, 5120])  # k = 1, 3, 19, 17, 5, 5
 @pytest.mark.parametrize("m_rows", [1, 8])
-def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int) -> None:
+@pytest.mark.parametrize("splits", [1, 4])
+def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
     """The Qwen3 widths, into the prepared layout (poisoned first) as the serving groups call it:
-    the norm with a float32 residual delta, and the SwiGLU from a float32 gate|up."""
+    the norm with a float32 residual delta, and the SwiGLU from a float32 gate|up; one or four
+    programs per group writing the layout."""
     ops = _ops()
     dev = "cuda"
     rot = generate_rotation(n, 0x5EED ^ n)
@@ -161,7 +163,8 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int) -> None:
     shape = (ref.prepared_rows(m_rows), ref.prepared_width(n // 24))
     want_r, _ = ref.norm_rotate(x, weight, 1e-6, rot, delta=delta)
     out = torch.full(shape, float("nan"), device=dev)
-    r, got = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, prepared_order=order, out=out)
+    r, got = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, prepared_order=order, out=out,
+                             splits=splits)
     assert got is out and torch.isfinite(got).all() and torch.equal(r, want_r)
     _, nat = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta)
     # two kernels (natural order, prepared layout), each within the norm's rounding of the twin
@@ -171,9 +174,44 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int) -> None:
     _assert_close_inputs(_natural(got, m_rows, n, order), h, rot, torch.float16)
     gate_up = torch.randn(m_rows, 2 * n, generator=gen, device=dev) * 3
     out = torch.full(shape, float("nan"), device=dev)
-    ops.silu_mul_rotate(gate_up, torch.float16, rot, prepared_order=order, out=out)
+    ops.silu_mul_rotate(gate_up, torch.float16, rot, prepared_order=order, out=out, splits=splits)
     assert torch.isfinite(out).all()
     nat = ops.silu_mul_rotate(gate_up, torch.float16, rot)
     h = ref.silu_mul(gate_up, torch.float16)
     _assert_close_inputs(nat, h, rot, torch.float16)
     _assert_close_inputs(_natural(out, m_rows, n, order), h, rot, torch.float16)
+
+
+@interp
+@pytest.mark.parametrize(("n", "m_rows"), [(96, 3), (40, 1), (1152, 2), (64, 2)])
+@pytest.mark.parametrize("splits", [2, 4])
+def test_split_prepared_write_equals_one_program(n: int, m_rows: int, splits: int) -> None:
+    """Several programs per (row, group) writing shares of the prepared layout (``splits``): every
+    slot written (poisoned first), bit for bit what one program per group writes, for the plain
+    rotation and both pre-ops (the residual too). Groups of 8..128 columns (k = 1, 3, 5, 9), a
+    16-column tail, 3 rows in 4 prepared rows."""
+    ops = _ops()
+    rot = generate_rotation(n, 11)
+    order = ops.tetra_kernel_tables("cpu").order
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(m_rows, n, generator=gen)
+    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n // 24))
+
+    def poisoned() -> torch.Tensor:
+        return torch.full(shape, float("nan"))
+
+    one = ops.rotate(x, rot, prepared_order=order, splits=1)
+    got = ops.rotate(x, rot, prepared_order=order, out=poisoned(), splits=splits)
+    assert torch.equal(got, one)
+    xh, delta, w = x.half(), torch.randn(m_rows, n, generator=gen), torch.ones(n).half()
+    r1, one = ops.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order, splits=1)
+    r2, got = ops.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order,
+                              out=poisoned(), splits=splits)
+    assert torch.equal(got, one) and torch.equal(r2, r1)
+    gu = torch.randn(m_rows, 2 * n, generator=gen)
+    one = ops.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, splits=1)
+    got = ops.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, out=poisoned(),
+                              splits=splits)
+    assert torch.equal(got, one)
+    with pytest.raises(InvalidInput, match="power of two"):
+        ops.rotate(x, rot, prepared_order=order, splits=3)

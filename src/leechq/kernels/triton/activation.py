@@ -291,10 +291,11 @@ def _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt
 
 @triton.jit
 def _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, live, MW: tl.constexpr,
-                    PRE: tl.constexpr):
-    """For :data:`PRE_ADD_NORM`: the residual ``x + aux`` of the group's columns (live rows)."""
+                    PRE: tl.constexpr, part, SPLITS: tl.constexpr):
+    """For :data:`PRE_ADD_NORM`: the residual ``x + aux`` of the group's columns (live rows);
+    with ``SPLITS`` programs per group, program ``part`` stores its share of them."""
     if PRE == 2:
-        cols = g * MW + tl.arange(0, MW)
+        cols = g * MW + part * (MW // SPLITS) + tl.arange(0, MW // SPLITS)
         tl.store(res_ptr + row * stride_rm + cols, _residual(xrow, auxrow, cols, PRE),
                  mask=(cols * 0 + row) < live)
 
@@ -317,7 +318,7 @@ def rotate_kernel(
     v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
                          LOG2M, TC, PRE, HDT)
     tl.store(out_ptr + row * stride_om + g * MW + tl.arange(0, MW), v)
-    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, row + 1, MW, PRE)
+    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, row + 1, MW, PRE, 0, 1)
 
 
 @triton.jit
@@ -326,11 +327,14 @@ def rotate_prepared_kernel(
     aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps,
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
-    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0,
+    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
-    ``(MP, K)``; rows ``≥ M`` are written as zeros.
+    ``(MP, K, SPLITS)``; rows ``≥ M`` are written as zeros. With ``SPLITS`` > 1 each of the
+    group's ``SPLITS`` programs transforms the whole group (redundantly: the transform is short)
+    and writes ``1/SPLITS`` of its slots — the gather and the scattered stores, a third of a
+    one-row launch's time, spread over more SMs.
 
     The group's columns ``[g·MW, (g+1)·MW)`` fall in the pairs ``p0 = ⌊g·MW/24⌋/2 …``; the program
     covers the ``[48, PR]`` slots of those pairs in the 48 (parity, trio position) planes (``PR`` a
@@ -341,34 +345,37 @@ def rotate_prepared_kernel(
     pre-op (``PRE``, as :func:`rotate_kernel`; live rows store their residual)."""
     row = tl.program_id(0)
     g = tl.program_id(1)
+    part = tl.program_id(2)
     live = row < M
     xrow = x_ptr + tl.minimum(row, M - 1) * stride_xm
     auxrow = aux_ptr + tl.minimum(row, M - 1) * stride_am
     v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
                          LOG2M, TC, PRE, HDT)
-    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, M, MW, PRE)
+    _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, M, MW, PRE, part, SPLITS)
     lo = g * MW
+    PRS: tl.constexpr = PR // SPLITS
     pl = tl.arange(0, 64)[:, None]  # plane: parity · 24 + trio position (48 used)
     par = pl // 24
     nat = tl.load(order_ptr + (pl - par * 24), mask=pl < 48, other=0)
-    pair = (lo // 24) // 2 + tl.arange(0, PR)[None, :]
+    pair = (lo // 24) // 2 + part * PRS + tl.arange(0, PRS)[None, :]
     blk = 2 * pair + par
     src = blk * 24 + nat
     slot = (pl < 48) & (pair < NPP)
     full = slot & (blk < N_BLOCKS)
     mine = full & (src >= lo) & (src < lo + MW)
-    idx = tl.reshape(tl.where(mine, src - lo, 0), (64 * PR,))
-    val = tl.reshape(tl.gather(v, idx, 0), (64, PR))
+    idx = tl.reshape(tl.where(mine, src - lo, 0), (64 * PRS,))
+    val = tl.reshape(tl.gather(v, idx, 0), (64, PRS))
     val = tl.where(mine & live, val, 0.0)
     orow = out_ptr + row * stride_om
     # (the last-group test is a full tile: the interpreter's int1 scalar broadcast makes int32)
     empty_last = slot & (blk >= N_BLOCKS) & ((blk * 0 + g) == K - 1)
     tl.store(orow + pl * NPP + pair, val, mask=mine | empty_last)
     # tail column N_BLOCKS·24 + i at 48·NPP + i (i < 32): written by its group; the slots past
-    # the row (zeros) by the last group
+    # the row (zeros) by the last group; by the group's first program only
     i = tl.arange(0, 32)
     tsrc = N_BLOCKS * 24 + i
     tmine = (tsrc < N) & (tsrc >= lo) & (tsrc < lo + MW)
     tval = tl.gather(v, tl.where(tmine, tsrc - lo, 0), 0)
+    first = (i * 0 + part) == 0
     tl.store(orow + 48 * NPP + i, tl.where(tmine & live, tval, 0.0),
-             mask=tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1)))
+             mask=(tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1))) & first)

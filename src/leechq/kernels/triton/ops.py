@@ -461,9 +461,28 @@ class _PreOp:
     hdt: int = 0
 
 
+ROTATE_SPLITS = 1
+"""Programs per (row, group) of the one-launch rotation into the prepared layout
+(``activation.rotate_prepared_kernel``'s ``SPLITS``; ``LEECHQ_ROT_SPLITS`` overrides, read per
+call on the host). Each transforms the whole group and writes its share of the slots. Untimed
+above 1 (written 2026-11-30 without device time left; ``bench_matvec.py`` arms ``rotation-s4`` /
+``norm-rotation-s4`` compare)."""
+
+
+def rotate_splits(requested: int | None = None) -> int:
+    """The ``SPLITS`` a prepared rotation runs with: ``requested``, else ``LEECHQ_ROT_SPLITS``,
+    else :data:`ROTATE_SPLITS` (a power of two ≥ 1)."""
+    n = requested if requested is not None else int(os.environ.get("LEECHQ_ROT_SPLITS",
+                                                                    ROTATE_SPLITS))
+    if n < 1 or n & (n - 1):
+        raise InvalidInput(f"rotation splits must be a power of two ≥ 1, got {n}")
+    return n
+
+
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           tensor_cores: bool = False, one_launch: bool = True) -> torch.Tensor:
+           tensor_cores: bool = False, one_launch: bool = True,
+           splits: int | None = None) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
@@ -472,20 +491,22 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     program gathers its group's slots from registers); ``one_launch=False`` keeps the earlier two
     launches (natural order to a scratch row, then the preparation kernel) for comparison.
     ``tensor_cores`` selects the tensor-core transform for groups of 256..4096 (opt-in: slower
-    than the butterflies on most H200 widths).
+    than the butterflies on most H200 widths). ``splits``: programs per (row, group) of the
+    prepared write (:func:`rotate_splits`).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
     check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
     if x.dim() != 2 or x.shape[1] != rotation.n:
         raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
-    return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch)
+    return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits)
 
 
 def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 rotation: DeviceRotation | RotationTables, *, delta: torch.Tensor | None = None,
                 prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                tensor_cores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                tensor_cores: bool = False,
+                splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (after the residual add) and the input rotation in one launch: twin of
     ``reference.norm_rotate``.
 
@@ -512,13 +533,13 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     r = x if delta is None else torch.empty_like(x)
     pre = _PreOp(code=1 if delta is None else 2, aux=delta, weight=weight, residual=r,
                  eps=float(eps), hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
-    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True)
+    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits)
 
 
 def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                     rotation: DeviceRotation | RotationTables, *,
                     prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                    tensor_cores: bool = False) -> torch.Tensor:
+                    tensor_cores: bool = False, splits: int | None = None) -> torch.Tensor:
     """SwiGLU and the input rotation of the down projection in one launch: twin of
     ``reference.silu_mul_rotate``.
 
@@ -536,12 +557,12 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
     if dtype not in _HALF_CODES:
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     return _rotate(gate_up, rotation, _PreOp(code=3, hdt=_HALF_CODES[dtype]), prepared_order, out,
-                   tensor_cores, True)
+                   tensor_cores, True, splits)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
-            one_launch: bool) -> torch.Tensor:
+            one_launch: bool, splits: int | None = None) -> torch.Tensor:
     """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
     n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
@@ -559,13 +580,14 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
         n_blocks = n // BLOCK
         out = _prepared_out(out, m_rows, n_blocks, x.device)
         npp = ref.prepared_pairs(n_blocks)
-        span = _group_pair_span(k, m, npp)
+        pr = triton.next_power_of_2(_group_pair_span(k, m, npp))
+        parts = min(rotate_splits(splits), pr, m)
         if m_rows:
-            rotate_prepared_kernel[(out.shape[0], k)](
+            rotate_prepared_kernel[(out.shape[0], k, parts)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
                 prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, N=n, N_BLOCKS=n_blocks,
-                NPP=npp, PR=triton.next_power_of_2(span), K=k, MW=m, LOG2M=int(math.log2(m)),
-                TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, num_warps=warps,
+                NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores),
+                PRE=pre.code, HDT=pre.hdt, SPLITS=parts, num_warps=warps,
             )
         return out
     if prepared_order is None:
