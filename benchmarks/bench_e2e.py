@@ -20,6 +20,8 @@ What it does, in order:
      ``tetra48`` is what the rotation kernels cost;
    * ``tetra48-unfused`` (diagnostic): ``tetra48`` with ``LEECHQ_FUSE_PRE=0`` — the norms and the
      SwiGLU as separate launches before the rotations, instead of inside them;
+   * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
+     served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
@@ -352,7 +354,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -366,6 +368,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 head_kind="int4" if q4 else "dense",
                 rotate=arm != "tetra48-norot",
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
+                codebook="ball" if arm == "ball" else "tetra",
             )
         info["paths"] = execution_paths(model)
     else:
@@ -582,7 +585,7 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--arms",
         default=None,
-        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,hf-fp16",
+        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -20,7 +20,7 @@
 #            since 43f3e31; selectors from the table, then built in registers)
 #   pending  what session g could not run on the GPU, in one call: the ball-coded served model
 #            through Planes14 groups (LatticeGroup; logits vs reference, graph == eager), then
-#            e2e 8B at batch 2, 4 and 8 with the fused pre-ops
+#            e2e 8B at batch 2, 4 and 8 with the fused pre-ops, and the ball model at batch 1
 #   rotsplit several programs per (row, group) writing the prepared layout (ops.rotate_splits,
 #            untimed): GPU tests of the rotation and the pre-ops at 1 and 4 programs, then the
 #            arms rotation / norm-rotation against their -s4 forms (if -s4 wins: ROTATE_SPLITS)
@@ -97,15 +97,19 @@ planes14)
     --out "$OUT/matvec-planes14-regsel.json" 2>&1 | grep -v '^{"bench' | tail -3
   ;;
 pending)
-  timeout 200 python -m pytest -m gpu -v -p no:cacheprovider \
+  timeout 150 python -m pytest -m gpu -v -p no:cacheprovider \
     tests/serve/test_gpu.py::test_fused_ball_model_matches_reference \
     > "$OUT/tests-pending.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-pending.log" | cut -c1-150 | tail -20
   grep -E "^E " "$OUT/tests-pending.log" | cut -c1-300 | head -10
-  timeout 330 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
-    --batches 2,4,8 --skip-gates --no-profile --budget-s 300 --out "$OUT/e2e-8b-small.json" \
+  timeout 280 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
+    --batches 2,4,8 --skip-gates --no-profile --budget-s 250 --out "$OUT/e2e-8b-small.json" \
     > "$OUT/e2e-8b-small.log" 2>&1
   grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
+  timeout 150 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,ball \
+    --batches 1 --skip-gates --no-profile --budget-s 130 --out "$OUT/e2e-8b-ball.json" \
+    > "$OUT/e2e-8b-ball.log" 2>&1
+  grep "tok/s" "$OUT/e2e-8b-ball.log" | cut -c1-200
   ;;
 rotsplit)
   timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_norm_rotate.py \

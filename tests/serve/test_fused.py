@@ -270,3 +270,19 @@ def test_ball_group_from_finalized_modules_shares_one_copy() -> None:
     y = group(x)
     ref = _reference(x, recs, [None, None])
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_direct_ball_group_matches_its_records() -> None:
+    """``random_quantized_model(direct=True, codebook="ball")``'s groups: Planes14 records drawn
+    on the device, one group per run, computing ``W·Q x`` from its own records."""
+    from leechq.kernels import reference as kref
+    from leechq.serve.random_codes import _direct_group, _DirectLattice
+
+    rot = generate_rotation(72, 5)
+    group = _direct_group([_DirectLattice(16, 72, rot, "ball"), _DirectLattice(8, 72, rot, "ball")],
+                          "cpu", torch.float32, seed=2)
+    assert group.layout == "planes14" and group.execution.members == 2
+    x = torch.randn(1, 72, generator=torch.Generator().manual_seed(3))
+    want = kref.planes14_matvec(kref.rotate(x, rot), group.parts[0])
+    y = group(x)
+    assert (y - want).abs().max().item() <= 1e-5 * want.abs().max().item()

@@ -198,18 +198,16 @@ def random_quantized_model(
         head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
         portable: draw the dense embedding/head on the CPU so the same seed gives the same model on
             every device (slower for big vocabularies).
-        direct: draw the packed ``tetra48`` words on the device (no canonical records, no host
-            packing; seconds instead of a minute for a 14B shape). Needs the fused kernels; the
-            codes differ from the canonical path's for the same seed.
-        codebook: "tetra" or "ball" (the lattice matrices' codebook; ball needs ``direct=False``).
+        direct: draw the packed ``tetra48`` words (``planes14`` records for ball) on the device
+            (no canonical records, no host packing; seconds instead of a minute for a 14B shape).
+            Needs the fused kernels; the codes differ from the canonical path's for the same seed.
+        codebook: "tetra" or "ball" (the lattice matrices' codebook).
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
     """
     if codebook not in ("tetra", "ball"):
         raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
-    if direct and codebook != "tetra":
-        raise InvalidInput("direct=True draws tetra48 words; a ball model needs direct=False")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -225,7 +223,7 @@ def random_quantized_model(
 
     def tetra(d_out: int, d_in: int, block: int, act: int) -> Any:
         if direct:
-            return _DirectTetra(d_out, d_in, rot(block, act, d_in))
+            return _DirectLattice(d_out, d_in, rot(block, act, d_in), codebook)
         return draw(d_out, d_in, g, rot(block, act, d_in))
 
     def group(records: list[Any], index: int) -> nn.Module:
@@ -264,48 +262,55 @@ def random_quantized_model(
     return finish_model(Transformer(a, embed, blocks, head), dtype, device)
 
 
-class _DirectTetra:
-    """A Tetra matrix still to be drawn on the device (``direct=True``): shape and rotation."""
+class _DirectLattice:
+    """A lattice matrix still to be drawn on the device (``direct=True``): shape, rotation and
+    codebook ("tetra": ``tetra48`` words; "ball": ``planes14`` records)."""
 
-    def __init__(self, d_out: int, d_in: int, rotation: RotationTables | None) -> None:
-        self.d_out, self.d_in, self.rotation = d_out, d_in, rotation
+    def __init__(self, d_out: int, d_in: int, rotation: RotationTables | None,
+                 codebook: str = "tetra") -> None:
+        self.d_out, self.d_in, self.rotation, self.codebook = d_out, d_in, rotation, codebook
 
 
 def _direct_group(
     records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int
 ) -> nn.Module:
-    """Device-drawn Tetra matrices (runs) and host-drawn int4 ones, as :func:`group_from_records`
-    would group them, with weights scaled to variance about ``1/d_in``."""
-    from leechq.formats.layouts.tetra48 import concat_rows, random_tetra48
+    """Device-drawn lattice matrices (runs) and host-drawn int4 ones, as
+    :func:`group_from_records` would group them, with weights scaled to variance about
+    ``1/d_in``."""
+    from leechq.formats.layouts import planes14, tetra48
     from leechq.serve.build import ConcatLinear
     from leechq.serve.fused import LatticeGroup, fused_kernels_available
 
     device = torch.device(device)
     parts: list[nn.Module] = []
-    run: list[_DirectTetra] = []
+    run: list[_DirectLattice] = []
 
     def flush() -> None:
         if not run:
             return
         d_in, rot = run[0].d_in, run[0].rotation
+        layout = tetra48 if run[0].codebook == "tetra" else planes14
+        draw = tetra48.random_tetra48 if layout is tetra48 else planes14.random_planes14
         why = fused_kernels_available(
-            sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device
+            sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device,
+            "tetra48" if layout is tetra48 else "planes14",
         )
         if why is not None:
             raise KernelUnavailable(why)
         packs = []
         for j, r in enumerate(run):
-            w = random_tetra48(r.d_out, d_in, seed=seed * 16 + j, device=device)
-            # random_tetra48 draws σ in [0.5, 1.5) and a unit tail: rescale to variance ~1/d_in.
+            w = draw(r.d_out, d_in, seed=seed * 16 + j, device=device)
+            # both draw σ in [0.5, 1.5) and a unit tail: rescale to variance ~1/d_in.
             w.row_scales.mul_(math.sqrt(BLOCK / d_in))
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
-        parts.append(LatticeGroup([concat_rows(packs)], rot, None, members=len(run)))
+        parts.append(LatticeGroup([layout.concat_rows(packs)], rot, None, members=len(run)))
         run.clear()
 
     for r in records:
-        if isinstance(r, _DirectTetra):
-            if run and (run[0].d_in != r.d_in or run[0].rotation is not r.rotation):
+        if isinstance(r, _DirectLattice):
+            if run and (run[0].d_in != r.d_in or run[0].rotation is not r.rotation
+                        or run[0].codebook != r.codebook):
                 flush()
             run.append(r)
         else:
