@@ -173,7 +173,7 @@ def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
             y = torch.full((1, d_out), float("nan"), device=DEV)
             ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=sel)
             assert _worst(y, x, dense) <= 1e-5, sel
-    assert ops._planes14_m1_applies(cfg, 1, torch.device(DEV))  # its first-use check passes
+    assert ops._m1_runs(cfg, 1, torch.device(DEV), ops._check_planes14_m1)  # check passes
     torch.cuda.synchronize()
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0
 
@@ -181,13 +181,13 @@ def test_planes14_m1_full_shapes(d_out: int, d_in: int) -> None:
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(4096, 4096, 2), (4096, 12288, 3),
                                                        (6144, 4096, 8)])
 def test_planes14_m1_many_rows_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
-    """Several activation rows per launch through the Planes14 decode (opt-in ``mb`` of
+    """Several activation rows per launch through the Planes14 decode (the ``mb`` of
     ``ops.m1_config(m_rows=…)``) against the f64 reference, rows past M untouched."""
     ops = _ops()
     w = random_planes14(d_out, d_in, seed=d_out ^ d_in ^ m_rows, device=DEV)
     dense = ref.planes14_dequantize_rotated(w)
     cfg = ops.m1_config(d_out, w.n_blocks, torch.device(DEV), w.tail_cols, m_rows=m_rows)
-    assert cfg.mb > 1 and ops._planes14_m1_applies(cfg, m_rows, torch.device(DEV))
+    assert cfg.mb > 1 and ops._m1_runs(cfg, m_rows, torch.device(DEV), ops._check_planes14_m1)
     for _ in range(2):
         x = torch.randn(m_rows, d_in, device=DEV)
         xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order(DEV))

@@ -226,13 +226,9 @@ def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_war
 
 
 def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.device) -> MatvecConfig:
-    """``config`` if given, else the per-shape ``m1`` rule (:func:`m1_config`) for any row count:
-    H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), the many-row ``m1`` (two rows per
-    launch, or four) beats the tiled kernel at every M it serves: M = 2 4.01 vs 5.43 ms, M = 4 6.59
-    vs 8.77, M = 8 12.4 vs 17.8 (the tensor-core kernel: 15.0 at each); with no configuration
-    :func:`tetra48_matvec_prepared` then gives each row group its own (:func:`m1_plan`). Under the
-    interpreter several rows keep the tiled default: the many-row ``m1`` costs ~10 s per launch
-    there (its own tests call it explicitly)."""
+    """``config`` if given, else the per-shape ``m1`` rule (:func:`m1_config`), or the tiled
+    default for several rows under the interpreter (:func:`_many_row_m1_default`): the geometry of
+    the no-weights control, which follows the lattice kernels' (:func:`_m1_groups`)."""
     if config is not None:
         return config
     if m_rows > 1 and not _many_row_m1_default():
@@ -633,23 +629,16 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
-    cfg = _config_for(config, m_rows, w, xp.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if cfg.kernel == "m1":
-        # the default gives each row group its own geometry (H200, Qwen3-8B projections,
-        # 2026-11-30: M = 5 9.18 ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8); a
-        # given configuration serves all rows (several of them need its mb > 1)
-        plan = (m1_plan(w.d_out, w.n_blocks, xp.device, w.tail_cols, m_rows) if config is None
-                else [(m_rows, cfg)])
-        if all(_m1_applies(c, w) and (rows == 1 or c.mb > 1) and m1_enabled(xp.device, c)
-               for rows, c in plan):
-            first = 0
-            for rows, c in plan:
-                _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
-                first += rows
-            return y
-    cfg = _tile_config(cfg, m_rows)
+    plan = _m1_groups(w, m_rows, xp.device, config)
+    if plan is not None:
+        first = 0
+        for rows, c in plan:
+            _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
+            first += rows
+        return y
+    cfg = _tile_config(config or default_config(m_rows), m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
         xp, w.words, w.row_scales, w.row_centroids, w.tail, tabs.rows, tabs.cw, y, y.stride(0),
@@ -657,6 +646,35 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
     )
     return y
+
+
+def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device,
+               config: MatvecConfig | None, check: Callable | None = None
+               ) -> list[tuple[int, MatvecConfig]] | None:
+    """The ``(rows, configuration)`` launch groups of an ``m1`` kernel for ``m_rows`` activation
+    rows, or None when the tiled kernel serves them. With no ``config``: the row groups of
+    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18
+    ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8) — one row anywhere, several only on
+    a GPU (:func:`_many_row_m1_default`); an ``m1`` ``config`` serves all rows (several need its
+    ``mb`` > 1). Every group must fit the kernel and pass :func:`m1_enabled` with ``check`` (the
+    kernel's first-use check; default: Tetra's)."""
+    if config is None:
+        if m_rows > 1 and not _many_row_m1_default():
+            return None
+        plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows)
+    else:
+        plan = [(m_rows, config)]
+    if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
+        return plan
+    return None
+
+
+def _m1_runs(cfg: MatvecConfig, m_rows: int, device: torch.device,
+             check: Callable | None = None) -> bool:
+    """Whether ``cfg`` asks for an ``m1`` kernel that may serve ``m_rows`` rows: one row, or
+    several with ``mb`` > 1, and :func:`m1_enabled` with ``check``."""
+    return (cfg.kernel == "m1" and (m_rows == 1 or cfg.mb > 1)
+            and m1_enabled(device, cfg, check))
 
 
 def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
@@ -865,15 +883,7 @@ def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
     """The ``(rows, configuration)`` launch groups of the ``m1`` Planes14 kernel for ``m_rows``
     activation rows (1..8), or None when the tiled kernel serves them (see
     :func:`planes14_matvec`; the prepared activation's order follows: :func:`planes14_order`)."""
-    if config is None:
-        plan = (None if m_rows > 1 and not _many_row_m1_default()
-                else m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows))
-    else:
-        plan = [(m_rows, config)] if config.kernel == "m1" else None
-    if plan is not None and all(_m1_applies(c, w) and _planes14_m1_applies(c, rows, device)
-                                for rows, c in plan):
-        return plan
-    return None
+    return _m1_groups(w, m_rows, device, config, _check_planes14_m1)
 
 
 def planes14_order(device: torch.device, m1: bool) -> torch.Tensor:
@@ -900,13 +910,6 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                                     out=y[first:first + rows], m_rows=rows)
         first += rows
     return y
-
-
-def _planes14_m1_applies(cfg: MatvecConfig, m_rows: int, device: torch.device) -> bool:
-    """Whether a configuration asks for the ``m1`` Planes14 kernel and it may run: one activation
-    row, or several with ``mb`` > 1, and :func:`m1_enabled` with this kernel's first-use check."""
-    return (cfg.kernel == "m1" and (m_rows == 1 or cfg.mb > 1)
-            and m1_enabled(device, cfg, _check_planes14_m1))
 
 
 def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
