@@ -210,7 +210,7 @@ def _residual(xrow, auxrow, cols, PRE: tl.constexpr):
     dtype. The sum is taken in f32 and rounded once, as torch adds half tensors (and the
     interpreter has no bfloat16 arithmetic)."""
     v = tl.load(xrow + cols)
-    if PRE == 2:
+    if PRE == PRE_ADD_NORM:
         dt = v.dtype
         a = _round(tl.load(auxrow + cols).to(tl.float32), dt).to(tl.float32)
         v = _round(v.to(tl.float32) + a, dt)
@@ -222,7 +222,7 @@ def _norm_scale(xrow, auxrow, eps, K: tl.constexpr, MW: tl.constexpr, PRE: tl.co
     """``rsqrt(mean(r²) + eps)`` of the row's residual ``r`` (f32, for the norm pre-ops; 1.0
     otherwise)."""
     rs = 1.0
-    if PRE == 1 or PRE == 2:
+    if PRE == PRE_NORM or PRE == PRE_ADD_NORM:  # noqa: SIM109 (the jit compares constexprs)
         acc = tl.zeros([MW], tl.float32)
         for t in range(K):
             r = _residual(xrow, auxrow, t * MW + tl.arange(0, MW), PRE).to(tl.float32)
@@ -236,9 +236,9 @@ def _load_h(xrow, auxrow, w_ptr, rs, cols, PRE: tl.constexpr, HDT: tl.constexpr,
             N: tl.constexpr):
     """The rotation's input at ``cols`` (any shape) as float32: ``x`` itself or its pre-op (see
     :data:`PRE_NORM`, :data:`PRE_ADD_NORM`, :data:`PRE_SILU_MUL`)."""
-    if PRE == 0:
+    if PRE == PRE_NONE:
         h = tl.load(xrow + cols).to(tl.float32)
-    elif PRE == 3:
+    elif PRE == PRE_SILU_MUL:
         gate = tl.load(xrow + cols)
         dt = gate.dtype
         gf = gate.to(tl.float32)
@@ -294,7 +294,7 @@ def _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, live, MW: tl.const
                     PRE: tl.constexpr, part, SPLITS: tl.constexpr):
     """For :data:`PRE_ADD_NORM`: the residual ``x + aux`` of the group's columns (live rows);
     with ``SPLITS`` programs per group, program ``part`` stores its share of them."""
-    if PRE == 2:
+    if PRE == PRE_ADD_NORM:
         cols = g * MW + part * (MW // SPLITS) + tl.arange(0, MW // SPLITS)
         tl.store(res_ptr + row * stride_rm + cols, _residual(xrow, auxrow, cols, PRE),
                  mask=(cols * 0 + row) < live)

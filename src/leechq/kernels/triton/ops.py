@@ -33,6 +33,9 @@ from leechq.kernels.tables import (
     tetra_m1_table_compact,
 )
 from leechq.kernels.triton.activation import (
+    PRE_ADD_NORM,
+    PRE_NORM,
+    PRE_SILU_MUL,
     prepare_kernel,
     rotate_kernel,
     rotate_prepared_kernel,
@@ -449,7 +452,7 @@ class _PreOp:
     """What the rotation kernels compute before rotating (``activation.PRE_*``): the code, the
     ``aux`` (residual delta) and weight tensors, the residual output, ``eps``, the ``HDT`` code."""
 
-    code: int = 0
+    code: int = 0  # PRE_NONE
     aux: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     residual: torch.Tensor | None = None
@@ -527,8 +530,9 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if not math.isfinite(eps) or eps < 0:
         raise InvalidInput(f"eps must be finite and ≥ 0, got {eps}")
     r = x if delta is None else torch.empty_like(x)
-    pre = _PreOp(code=1 if delta is None else 2, aux=delta, weight=weight, residual=r,
-                 eps=float(eps), hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
+    pre = _PreOp(code=(PRE_NORM if delta is None else PRE_ADD_NORM).value, aux=delta,
+                 weight=weight, residual=r, eps=float(eps),
+                 hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
     return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits)
 
 
@@ -552,8 +556,8 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                            f"got {list(gate_up.shape)}")
     if dtype not in _HALF_CODES:
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return _rotate(gate_up, rotation, _PreOp(code=3, hdt=_HALF_CODES[dtype]), prepared_order, out,
-                   tensor_cores, True, splits)
+    pre = _PreOp(code=PRE_SILU_MUL.value, hdt=_HALF_CODES[dtype])
+    return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
