@@ -357,34 +357,18 @@ def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
             return float((h.float() - want.float()).abs().max() / want.float().abs().max())
         _, got = ops.norm_rotate(s["x"], weights[0], eps, rots[hid], delta=s["attn"],
                                  prepared_order=order, splits=splits)
-        got = _natural_rows(got, batch, hid, order)
+        got = ref.unprepare_activation(got, batch, hid, order)
         _, want = ref.norm_rotate(s["x"].cpu(), weights[0].cpu(), eps, tables[hid],
                                   delta=s["attn"].cpu())
         err = float((got.cpu() - want).abs().max() / want.abs().max())
         got = ops.silu_mul_rotate(s["gate_up"], torch.float16, rots[inter], prepared_order=order,
                                   splits=splits)
-        got = _natural_rows(got, batch, inter, order)
+        got = ref.unprepare_activation(got, batch, inter, order)
         want = ref.silu_mul_rotate(s["gate_up"].cpu(), torch.float16, tables[inter])
         return max(err, float((got.cpu() - want).abs().max() / want.abs().max()))
 
     p.check = check  # type: ignore[attr-defined]
     return p
-
-
-def _natural_rows(prepared, m_rows: int, n: int, order):
-    """Natural-order rows [m_rows, n] of a prepared activation (each column's slot found by
-    preparing the column numbers), so the checks hold the prepared write itself to the twin."""
-    import torch
-
-    from leechq.kernels import reference as ref
-
-    cols = torch.arange(1, n + 1, dtype=torch.float64)[None].expand(m_rows, n)
-    where = ref.prepare_activation(cols, n // 24, order.cpu())[:m_rows]
-    taken = where > 0
-    out = torch.empty(m_rows, n, dtype=prepared.dtype)
-    rows = torch.arange(m_rows)[:, None].expand_as(taken)
-    out[rows[taken], where[taken].long() - 1] = prepared.cpu()[:m_rows][taken]
-    return out
 
 
 def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int,

@@ -70,6 +70,17 @@ def test_prepare_activation_index_map() -> None:
     assert torch.allclose(xp.abs().sum(), x.abs().sum())
 
 
+def test_unprepare_activation_inverts_prepare() -> None:
+    """Natural order back from the prepared layout, exactly, for Tetra's trio order and the
+    natural one; odd and even block counts, with and without a tail."""
+    torch.manual_seed(4)
+    for order in (tetra_kernel_tables("cpu").order, torch.arange(24, dtype=torch.int32)):
+        for m_rows, d_in in ((3, 5 * 24 + 3), (1, 4 * 24), (2, 24 + 31)):
+            x = torch.randn(m_rows, d_in)
+            xp = ref.prepare_activation(x, d_in // 24, order)
+            assert torch.equal(ref.unprepare_activation(xp, m_rows, d_in, order), x)
+
+
 def test_rotate_reference_is_orthogonal() -> None:
     rot = generate_rotation(72, 11)
     x = torch.randn(2, 72, dtype=torch.float64)

@@ -132,16 +132,11 @@ def test_pre_op_inputs_are_checked() -> None:
 
 
 def _natural(prepared: torch.Tensor, m_rows: int, n: int, order: torch.Tensor) -> torch.Tensor:
-    """The natural-order rows of a prepared activation (the slot of each column found by
-    preparing the column numbers; every other slot must hold 0)."""
-    cols = torch.arange(1, n + 1, dtype=torch.float64)[None].expand(m_rows, n)
-    where = ref.prepare_activation(cols, n // 24, order.cpu()).to(prepared.device)[:m_rows]
-    taken = where > 0
-    assert (prepared[:m_rows][~taken] == 0).all() and (prepared[m_rows:] == 0).all()
-    out = torch.empty(m_rows, n, dtype=prepared.dtype, device=prepared.device)
-    rows = torch.arange(m_rows, device=prepared.device)[:, None].expand_as(taken)
-    out[rows[taken], where[taken].long() - 1] = prepared[:m_rows][taken]
-    return out
+    """The natural-order rows of a prepared activation; every other slot must hold 0 (preparing
+    them again gives back the whole buffer)."""
+    nat = ref.unprepare_activation(prepared, m_rows, n, order)
+    assert torch.equal(ref.prepare_activation(nat, n // 24, order), prepared)
+    return nat
 
 
 @pytest.mark.gpu

@@ -12,7 +12,8 @@ Contracts (shapes; docs/kernels.md has the tolerances):
   [M, n] in x's dtype, ``y = Q·rms_norm(r)`` [M, n] f32 (the pre-op the rotation kernels fuse,
   layouts-kernels-recipe §3.6).
 * ``silu_mul_rotate(gate_up [M, 2n], dtype, rotation) -> [M, n] f32``: ``Q·silu_mul(gate_up)``.
-* ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``.
+* ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``
+  (and its inverse, ``unprepare_activation``).
 * ``tetra48_matvec(x [M, d_in] f32, w: Tetra48Weight) -> [M, d_out] f32``, x in the rotated basis.
 * ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
 * ``int4_matvec(x [M, d_in], w: Int4Weight) / int8_matvec(x, w: Int8Weight) -> [M, d_out] f32``.
@@ -135,6 +136,24 @@ def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor) -> t
     out[:m_rows, : 48 * npp] = body
     tail = d_in - n_blocks * BLOCK
     out[:m_rows, 48 * npp : 48 * npp + tail] = xf[:, n_blocks * BLOCK :]
+    return out
+
+
+def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Tensor
+                         ) -> torch.Tensor:
+    """The first ``m_rows`` rows of a prepared activation back in natural order: the inverse of
+    :func:`prepare_activation` on its data slots (the zero slots are not read). xp [MP, width],
+    ``n`` the row width, ``order`` int [24]; returns [m_rows, n] of xp's dtype."""
+    n_blocks, tail = n // BLOCK, n % BLOCK
+    npp = prepared_pairs(n_blocks)
+    # [M, parity, t, pair] -> [M, pair, parity, t] -> blocks in position order [M, nb, 24]
+    body = xp[:m_rows, : 48 * npp].reshape(m_rows, 2, BLOCK, npp).permute(0, 3, 1, 2)
+    blocks = body.reshape(m_rows, 2 * npp, BLOCK)[:, :n_blocks]
+    natural = torch.empty_like(blocks)
+    natural[:, :, order.long().to(xp.device)] = blocks
+    out = torch.empty(m_rows, n, dtype=xp.dtype, device=xp.device)
+    out[:, : n_blocks * BLOCK] = natural.reshape(m_rows, -1)
+    out[:, n_blocks * BLOCK :] = xp[:m_rows, 48 * npp : 48 * npp + tail]
     return out
 
 
