@@ -155,7 +155,7 @@ def test_group_rotation_equals_ops_rotate() -> None:
     group = TetraGroup.from_records(_records(True), [None, None], "cpu")
     x = torch.randn(3, 72, dtype=torch.float16)
     ours = _prepared_buffer(torch.device("cpu"), group.n_blocks, 3)
-    group._rotate(x, ours)
+    group._fill(x, ours, group.order)
     theirs = torch.zeros_like(ours)
     ops.rotate(x, group.rot, prepared_order=group.order, out=theirs)
     assert torch.equal(ours, theirs)

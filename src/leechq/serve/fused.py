@@ -278,13 +278,7 @@ class LatticeGroup(nn.Module):
             return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
         if self.layout == "tetra48" and m >= DENSE_MIN_ROWS:
             return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
-        xp = _prepared_buffer(x2.device, self.n_blocks, m)
-        order, plans = self._launch_plan(m, x2.device)
-        if self.rot is not None:
-            ops.rotate(x2, self.rot, prepared_order=order, out=xp)
-        else:
-            ops.prepare_activation(x2, self.n_blocks, order, out=xp)
-        return self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
+        return self._prepared_matvecs(x2, self._fill)[1].reshape(*lead, self.d_out)
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
@@ -304,12 +298,10 @@ class LatticeGroup(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
-        m = int(x2.shape[0])
-        xp = _prepared_buffer(x2.device, self.n_blocks, m)
-        order, plans = self._launch_plan(m, x2.device)
-        r, _ = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                     out=xp)
-        return r.reshape(x.shape), self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
+        (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order: (
+            self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
+                                  out=xp)))
+        return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``self(silu_mul(gate_up, dtype))``: SwiGLU and the rotation in one launch
@@ -317,11 +309,20 @@ class LatticeGroup(nn.Module):
         Only where :meth:`fuses_pre_ops` holds."""
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
-        m = int(g2.shape[0])
-        xp = _prepared_buffer(g2.device, self.n_blocks, m)
-        order, plans = self._launch_plan(m, g2.device)
-        self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp)
-        return self._matvecs(xp, m, plans).reshape(*lead, self.d_out)
+        _, y = self._prepared_matvecs(g2, lambda g2, xp, order: (
+            self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp)))
+        return y.reshape(*lead, self.d_out)
+
+    def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
+        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order)`` writes the prepared
+        activation ``xp`` in the order the serving kernels read (one launch), then
+        :meth:`_matvecs`.
+        Returns what ``fill`` returned and the float32 [m, Σ d_out] output."""
+        m = int(inp.shape[0])
+        xp = _prepared_buffer(inp.device, self.n_blocks, m)
+        order, plans = self._launch_plan(m, inp.device)
+        filled = fill(inp, xp, order)
+        return filled, self._matvecs(xp, m, plans)
 
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
         """The prepared activation's order for ``m`` rows and, for Planes14, each (part, chunk
@@ -366,11 +367,13 @@ class LatticeGroup(nn.Module):
             y = y + self.bias
         return y
 
-    def _rotate(self, x2: torch.Tensor, xp: torch.Tensor) -> None:
-        """``Q x`` into the prepared buffer in the group's order for ``x2``'s rows (one launch:
-        ``activation.rotate_prepared_kernel``)."""
-        order, _ = self._launch_plan(int(x2.shape[0]), x2.device)
-        self._ops.rotate(x2, self.rot, prepared_order=order, out=xp)
+    def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor) -> None:
+        """``Q x`` (or ``x`` for an unrotated group) into the prepared buffer in ``order`` (one
+        launch: ``activation.rotate_prepared_kernel`` or the preparation kernel)."""
+        if self.rot is not None:
+            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp)
+        else:
+            self._ops.prepare_activation(x2, self.n_blocks, order, out=xp)
 
     def extra_repr(self) -> str:
         return (

@@ -23,7 +23,7 @@ its pad slots. Pad queries attend to themselves only, which keeps every softmax 
 
 The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoPE, SiLU·mul) live in
 :class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise
-kernels) without tracing through the projections' own kernels. A rotated Tetra group on its matvec
+kernels) without tracing through the projections' own kernels. A rotated lattice group on its matvec
 path instead takes the norm (with the residual add) or the SwiGLU before it into its rotation
 launch (:func:`norm_project`, :func:`silu_project`; ``leechq.serve.fused``).
 """
@@ -304,7 +304,7 @@ def norm_project(
     fns: Pieces,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(r, proj(rms_norm(r)))`` with ``r = x + delta`` (``x`` when ``delta`` is None). A
-    projection that can (``proj.fuses_pre_ops(rows)``: a rotated Tetra group on its matvec path)
+    projection that can (``proj.fuses_pre_ops(rows)``: a rotated lattice group on its matvec path)
     takes the add and the norm into its rotation launch; otherwise ``fns`` computes them."""
     fuses = getattr(proj, "fuses_pre_ops", None)
     if fuses is not None and fuses(x.numel() // x.shape[-1]):

@@ -279,7 +279,7 @@ def _direct_group(
     ``1/d_in``."""
     from leechq.formats.layouts import planes14, tetra48
     from leechq.serve.build import ConcatLinear
-    from leechq.serve.fused import LatticeGroup, fused_kernels_available
+    from leechq.serve.fused import LAYOUTS, LatticeGroup, fused_kernels_available
 
     device = torch.device(device)
     parts: list[nn.Module] = []
@@ -289,11 +289,11 @@ def _direct_group(
         if not run:
             return
         d_in, rot = run[0].d_in, run[0].rotation
-        layout = tetra48 if run[0].codebook == "tetra" else planes14
-        draw = tetra48.random_tetra48 if layout is tetra48 else planes14.random_planes14
+        name = LAYOUTS[run[0].codebook]
+        layout = tetra48 if name == "tetra48" else planes14
+        draw = tetra48.random_tetra48 if name == "tetra48" else planes14.random_planes14
         why = fused_kernels_available(
-            sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device,
-            "tetra48" if layout is tetra48 else "planes14",
+            sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device, name
         )
         if why is not None:
             raise KernelUnavailable(why)
