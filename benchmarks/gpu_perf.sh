@@ -36,114 +36,101 @@ step=$1
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+
+# gpu_tests NAME TIMEOUT PYTEST_ARGS...: `pytest -m gpu -v` into $OUT/NAME.log (a run cut off by
+# its time limit still shows which tests passed), then the outcome lines and the first errors
+gpu_tests() {
+  local log="$OUT/$1.log" limit=$2
+  shift 2
+  timeout "$limit" python -m pytest -m gpu -v -p no:cacheprovider "$@" > "$log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|passed|failed" "$log" | cut -c1-150 | tail -30
+  grep -E "^E " "$log" | cut -c1-300 | head -10
+}
+
+# matvec NAME TIMEOUT ARGS...: bench_matvec on Qwen3-8B shapes (3 rounds x 5 replays, no SASS
+# report) into $OUT/NAME.json; prints its table (not the JSON line)
+matvec() {
+  local out="$OUT/$1.json" limit=$2
+  shift 2
+  timeout "$limit" python benchmarks/bench_matvec.py --models qwen3-8b --rounds 3 --reps 5 \
+    --no-sass --warm-workers 14 "$@" --out "$out" 2>&1 | grep -v '^{"bench' | tail -30
+}
+
+# e2e NAME TIMEOUT ARGS...: bench_e2e --quick into $OUT/NAME.{json,log}; prints the rates
+e2e() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python benchmarks/bench_e2e.py --quick "$@" --out "$OUT/$name.json" \
+    > "$OUT/$name.log" 2>&1
+  grep "tok/s\|status" "$OUT/$name.log" | cut -c1-200
+}
+
 case $step in
 tests)
-  # -v into files: a run cut off by its time limit still shows which tests passed
-  timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/kernels/test_triton_gpu.py \
-    -k "m1 or many_rows or rotation or no_local or dense_path or mma" > "$OUT/tests-kernels.log" 2>&1
-  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-kernels.log" | cut -c1-150 | tail -30
-  timeout 280 python -m pytest -m gpu -v -p no:cacheprovider tests/serve tests/nn tests/models \
-    > "$OUT/tests-serve.log" 2>&1
-  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-serve.log" | cut -c1-150 | tail -15
+  gpu_tests tests-kernels 280 tests/kernels/test_triton_gpu.py \
+    -k "m1 or many_rows or rotation or no_local or dense_path or mma"
+  gpu_tests tests-serve 280 tests/serve tests/nn tests/models
   ;;
 matvec | sweep)
-  extra=""
-  [ "$step" = sweep ] && extra="--sweep"
-  timeout 560 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 $extra \
-    --arms fp16,null-m1-fused-noprep,tetra48-m1-fused-noprep,tetra48-m1-fused,served,rotation \
-    --out "$OUT/matvec.json" 2>&1 | grep -v '^{"bench' | tail -30
+  extra=()
+  [ "$step" = sweep ] && extra=(--sweep)
+  matvec matvec 560 --batches 1 "${extra[@]}" \
+    --arms fp16,null-m1-fused-noprep,tetra48-m1-fused-noprep,tetra48-m1-fused,served,rotation
   ;;
 smallm)
-  timeout 330 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \
-    --reps 5 --no-sass --warm-workers 14 \
-    --arms fp16,tetra48-fused,tetra48-m1-fused,served,tetra48-mma-fused \
-    --out "$OUT/matvec-small-m.json" 2>&1 | grep -v '^{"bench' | tail -16
+  matvec matvec-small-m 330 --batches 2,4,8 \
+    --arms fp16,tetra48-fused,tetra48-m1-fused,served,tetra48-mma-fused
   ;;
 batched)
-  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 8 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 \
-    --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-mma64x2w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
-    --out "$OUT/matvec-m8.json" 2>&1 | grep -v '^{"bench' | tail -8
-  timeout 120 python benchmarks/bench_matvec.py --models qwen3-8b --batches 16 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 \
-    --arms fp16,tetra48-mma-fused,tetra48-mma64x2w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused \
-    --out "$OUT/matvec-m16.json" 2>&1 | grep -v '^{"bench' | tail -6
-  LEECHQ_DEQUANT_V4=1 timeout 220 python benchmarks/bench_e2e.py --quick \
-    --models qwen3-8b --arms fp16,tetra48 --batches 16 --no-profile --budget-s 180 \
-    --out "$OUT/e2e-8b-b16.json" > "$OUT/e2e-8b-b16.log" 2>&1
-  grep "tok/s\|status" "$OUT/e2e-8b-b16.log" | cut -c1-200
+  matvec matvec-m8 150 --batches 8 \
+    --arms fp16,tetra48-fused,tetra48-mma-fused,tetra48-mma64x2w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused
+  matvec matvec-m16 120 --batches 16 \
+    --arms fp16,tetra48-mma-fused,tetra48-mma64x2w4-fused,tetra48-mma128x2w8-fused,tetra48-dense-fused
+  LEECHQ_DEQUANT_V4=1 e2e e2e-8b-b16 220 --models qwen3-8b --arms fp16,tetra48 --batches 16 \
+    --no-profile --budget-s 180
   ;;
 rotation)
   timeout 300 python benchmarks/bench_rotation.py --out "$OUT/rotation.json" 2>&1 \
     | grep -v '^{"bench'
   ;;
 e2e)
-  timeout 330 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
-    --batches 1,16 --no-profile --budget-s 230 --out "$OUT/e2e-8b.json" > "$OUT/e2e-8b.log" 2>&1
-  grep "tok/s\|status" "$OUT/e2e-8b.log" | cut -c1-200
-  timeout 240 python benchmarks/bench_e2e.py --quick --models qwen3-14b --arms fp16,tetra48 \
-    --batches 1 --skip-gates --no-profile --budget-s 200 --out "$OUT/e2e-14b.json" \
-    > "$OUT/e2e-14b.log" 2>&1
-  grep "tok/s" "$OUT/e2e-14b.log" | cut -c1-200
+  e2e e2e-8b 330 --models qwen3-8b --arms fp16,tetra48 --batches 1,16 --no-profile \
+    --budget-s 230
+  e2e e2e-14b 240 --models qwen3-14b --arms fp16,tetra48 --batches 1 --skip-gates --no-profile \
+    --budget-s 200
   ;;
 planes14)
-  timeout 330 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
-    --out "$OUT/matvec-planes14.json" 2>&1 | grep -v '^{"bench' | tail -6
+  matvec matvec-planes14 330 --batches 1 --arms fp16,planes14-fused,planes14-m1-fused
   echo "# the same, selectors built in registers (LEECHQ_P14_SELECTORS=0)"
-  LEECHQ_P14_SELECTORS=0 timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b \
-    --batches 1 --rounds 3 --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-m1-fused \
-    --out "$OUT/matvec-planes14-regsel.json" 2>&1 | grep -v '^{"bench' | tail -3
+  LEECHQ_P14_SELECTORS=0 matvec matvec-planes14-regsel 200 --batches 1 \
+    --arms fp16,planes14-m1-fused
   ;;
 pending)
-  timeout 150 python -m pytest -m gpu -v -p no:cacheprovider \
-    tests/serve/test_gpu.py::test_fused_ball_model_matches_reference \
-    > "$OUT/tests-pending.log" 2>&1
-  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/tests-pending.log" | cut -c1-150 | tail -20
-  grep -E "^E " "$OUT/tests-pending.log" | cut -c1-300 | head -10
-  timeout 280 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
-    --batches 2,4,8 --skip-gates --no-profile --budget-s 250 --out "$OUT/e2e-8b-small.json" \
-    > "$OUT/e2e-8b-small.log" 2>&1
-  grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
-  timeout 150 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,ball \
-    --batches 1 --skip-gates --no-profile --budget-s 130 --out "$OUT/e2e-8b-ball.json" \
-    > "$OUT/e2e-8b-ball.log" 2>&1
-  grep "tok/s" "$OUT/e2e-8b-ball.log" | cut -c1-200
+  gpu_tests tests-pending 150 tests/serve/test_gpu.py::test_fused_ball_model_matches_reference
+  e2e e2e-8b-small 280 --models qwen3-8b --arms fp16,tetra48 --batches 2,4,8 --skip-gates \
+    --no-profile --budget-s 250
+  e2e e2e-8b-ball 150 --models qwen3-8b --arms fp16,ball --batches 1 --skip-gates --no-profile \
+    --budget-s 130
   ;;
 rotsplit)
-  timeout 200 python -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_triton_norm_rotate.py \
-    tests/kernels/test_triton_gpu.py -k "rotation_widths or pre_ops" > "$OUT/tests-rotsplit.log" 2>&1
-  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-rotsplit.log" | cut -c1-150 | tail -8
-  timeout 200 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1 --rounds 3 --reps 5 \
-    --no-sass --warm-workers 14 \
-    --arms fp16,served,rotation,rotation-s4,norms,norm-rotation,norm-rotation-s4 \
-    --out "$OUT/matvec-rotsplit.json" 2>&1 | grep -v '^{"bench' | tail -10
+  gpu_tests tests-rotsplit 200 tests/kernels/test_triton_norm_rotate.py \
+    tests/kernels/test_triton_gpu.py -k "rotation_widths or pre_ops"
+  matvec matvec-rotsplit 200 --batches 1 \
+    --arms fp16,served,rotation,rotation-s4,norms,norm-rotation,norm-rotation-s4
   ;;
 p14rows)
-  timeout 400 python benchmarks/bench_matvec.py --models qwen3-8b --batches 2,4,8 --rounds 3 \
-    --reps 5 --no-sass --warm-workers 14 --arms fp16,planes14-fused,planes14-m1-fused \
-    --out "$OUT/matvec-planes14-rows.json" 2>&1 | grep -v '^{"bench' | tail -12
+  matvec matvec-planes14-rows 400 --batches 2,4,8 --arms fp16,planes14-fused,planes14-m1-fused
   ;;
 preops)
-  timeout 170 python -m pytest -m gpu -v -p no:cacheprovider \
-    tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
-    tests/kernels/test_triton_norm_rotate.py tests/serve/test_gpu.py > "$OUT/tests-preops.log" 2>&1
-  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-preops.log" | cut -c1-150 | tail -12
-  grep -E "^E " "$OUT/tests-preops.log" | cut -c1-300 | head -20
-  timeout 150 python benchmarks/bench_matvec.py --models qwen3-8b --batches 1,2 --rounds 3 \
-    --reps 5 --no-sass --warm-workers 14 --arms fp16,served,rotation,norms,norm-rotation \
-    --out "$OUT/matvec-preops.json" 2>&1 | grep -v '^{"bench' | tail -12
-  timeout 250 python benchmarks/bench_e2e.py --quick --models qwen3-8b \
-    --arms fp16,tetra48,tetra48-unfused --batches 1 --skip-gates --no-profile --budget-s 220 \
-    --out "$OUT/e2e-8b-preops.json" > "$OUT/e2e-8b-preops.log" 2>&1
-  grep "tok/s" "$OUT/e2e-8b-preops.log" | cut -c1-200
+  gpu_tests tests-preops 170 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
+    tests/kernels/test_triton_norm_rotate.py tests/serve/test_gpu.py
+  matvec matvec-preops 150 --batches 1,2 --arms fp16,served,rotation,norms,norm-rotation
+  e2e e2e-8b-preops 250 --models qwen3-8b --arms fp16,tetra48,tetra48-unfused --batches 1 \
+    --skip-gates --no-profile --budget-s 220
   ;;
 e2esmall)
-  timeout 400 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,tetra48 \
-    --batches 2,4,8 --skip-gates --no-profile --budget-s 330 --out "$OUT/e2e-8b-small.json" \
-    > "$OUT/e2e-8b-small.log" 2>&1
-  grep "tok/s" "$OUT/e2e-8b-small.log" | cut -c1-200
+  e2e e2e-8b-small 400 --models qwen3-8b --arms fp16,tetra48 --batches 2,4,8 --skip-gates \
+    --no-profile --budget-s 330
   ;;
 *)
   echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit)" >&2
