@@ -901,15 +901,16 @@ def main() -> None:
                 "tetra48-mma128x2w8-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                                   device, 10, (128, 2, 8)),
                 "rotation": lambda: build_rotation(model, batch, args.sets, device, 9),
-                "rotation-s4": lambda m=model, b=batch: build_rotation(m, b, args.sets, device,
-                                                                        9, splits=4),
-                "norm-rotation-s4": lambda m=model, b=batch: build_pre_ops(
-                    m, b, args.sets, device, 12, True, splits=4),
                 "norms": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device, 12,
                                                                  False),
                 "norm-rotation": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device,
                                                                          12, True),
             }
+            for n in (2, 4, 8):  # several programs per (row, group) write the prepared layout
+                builders[f"rotation-s{n}"] = lambda m=model, b=batch, n=n: build_rotation(
+                    m, b, args.sets, device, 9, splits=n)
+                builders[f"norm-rotation-s{n}"] = lambda m=model, b=batch, n=n: build_pre_ops(
+                    m, b, args.sets, device, 12, True, splits=n)
             if batch > 1:  # the no-weights control has one activation row
                 builders.pop("null-m1-fused-noprep")
             wanted = args.arms.split(",")

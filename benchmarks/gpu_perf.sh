@@ -21,9 +21,10 @@
 #   pending  what session g could not run on the GPU, in one call: the ball-coded served model
 #            through Planes14 groups (LatticeGroup; logits vs reference, graph == eager), then
 #            e2e 8B at batch 2, 4 and 8 with the fused pre-ops, and the ball model at batch 1
-#   rotsplit several programs per (row, group) writing the prepared layout (ops.rotate_splits,
-#            untimed): GPU tests of the rotation and the pre-ops at 1 and 4 programs, then the
-#            arms rotation / norm-rotation against their -s4 forms (if -s4 wins: ROTATE_SPLITS)
+#   rotsplit several programs per (row, group) writing the prepared layout (ops.rotate_splits):
+#            GPU tests of the rotation and the pre-ops at 1, 4 and 8 programs and of the ball
+#            model, the arms rotation / norm-rotation against their -s2/-s4/-s8 forms, the served
+#            pass and e2e 8B batch 1 with LEECHQ_ROT_SPLITS=4
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -115,8 +116,13 @@ pending)
 rotsplit)
   gpu_tests tests-rotsplit 200 tests/kernels/test_triton_norm_rotate.py \
     tests/kernels/test_triton_gpu.py -k "rotation_widths or pre_ops"
-  matvec matvec-rotsplit 200 --batches 1 \
-    --arms fp16,served,rotation,rotation-s4,norms,norm-rotation,norm-rotation-s4
+  gpu_tests tests-ball 120 tests/serve/test_gpu.py::test_fused_ball_model_matches_reference
+  matvec matvec-rotsplit 200 --batches 1 --arms fp16,served,rotation,rotation-s2,rotation-s4,\
+rotation-s8,norms,norm-rotation,norm-rotation-s2,norm-rotation-s4,norm-rotation-s8
+  echo "# served (its rotations) with LEECHQ_ROT_SPLITS=4"
+  LEECHQ_ROT_SPLITS=4 matvec matvec-rotsplit-served4 120 --batches 1 --arms fp16,served
+  LEECHQ_ROT_SPLITS=4 e2e e2e-8b-s4 200 --models qwen3-8b --arms fp16,tetra48 --batches 1 \
+    --skip-gates --no-profile --budget-s 170
   ;;
 p14rows)
   matvec matvec-planes14-rows 400 --batches 2,4,8 --arms fp16,planes14-fused,planes14-m1-fused

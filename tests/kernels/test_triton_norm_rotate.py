@@ -142,7 +142,7 @@ def _natural(prepared: torch.Tensor, m_rows: int, n: int, order: torch.Tensor) -
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [4096, 12288, 9728, 17408, 2560, 5120])  # k = 1, 3, 19, 17, 5, 5
 @pytest.mark.parametrize("m_rows", [1, 8])
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits", [1, 4, 8])
 def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
     """The Qwen3 widths, into the prepared layout (poisoned first) as the serving groups call it:
     the norm with a float32 residual delta, and the SwiGLU from a float32 gate|up; one or four
@@ -179,7 +179,7 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
 
 @interp
 @pytest.mark.parametrize(("n", "m_rows"), [(96, 3), (40, 1), (1152, 2), (64, 2)])
-@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("splits", [2, 4, 8])
 def test_split_prepared_write_equals_one_program(n: int, m_rows: int, splits: int) -> None:
     """Several programs per (row, group) writing shares of the prepared layout (``splits``): every
     slot written (poisoned first), bit for bit what one program per group writes, for the plain

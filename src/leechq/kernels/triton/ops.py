@@ -460,19 +460,21 @@ class _PreOp:
     hdt: int = 0
 
 
-ROTATE_SPLITS = 1
-"""Programs per (row, group) of the one-launch rotation into the prepared layout
-(``activation.rotate_prepared_kernel``'s ``SPLITS``; ``LEECHQ_ROT_SPLITS`` overrides, read per
-call on the host). Each transforms the whole group and writes its share of the slots. Untimed
-above 1 (written 2026-11-30 without device time left; ``bench_matvec.py`` arms ``rotation-s4`` /
-``norm-rotation-s4`` compare)."""
+ROTATE_SPLITS = 8
+"""Programs per (row, group) of the one-launch rotation into the prepared layout on a GPU
+(``activation.rotate_prepared_kernel``'s ``SPLITS``, capped by the group's pair span and width;
+``LEECHQ_ROT_SPLITS`` overrides, read per call on the host). Each transforms the whole group and
+writes its share of the slots. H200, Qwen3-8B, one token (BENCHMARKS.md §3 run 12): the rotations
+0.506 / 0.450 / 0.398 / 0.380 ms at 1 / 2 / 4 / 8 programs, the norm-fused ones 0.613 / 0.597 /
+0.533 / 0.489 ms. Under the interpreter the default is 1 (each extra program repeats the
+transform in Python; ``test_split_prepared_write_equals_one_program`` covers 2, 4 and 8)."""
 
 
 def rotate_splits(requested: int | None = None) -> int:
     """The ``SPLITS`` a prepared rotation runs with: ``requested``, else ``LEECHQ_ROT_SPLITS``,
-    else :data:`ROTATE_SPLITS` (a power of two ≥ 1)."""
-    n = requested if requested is not None else int(os.environ.get("LEECHQ_ROT_SPLITS",
-                                                                    ROTATE_SPLITS))
+    else :data:`ROTATE_SPLITS` (1 under the interpreter); a power of two ≥ 1."""
+    default = 1 if interpreting() else ROTATE_SPLITS
+    n = requested if requested is not None else int(os.environ.get("LEECHQ_ROT_SPLITS", default))
     if n < 1 or n & (n - 1):
         raise InvalidInput(f"rotation splits must be a power of two ≥ 1, got {n}")
     return n
