@@ -363,3 +363,82 @@ def test_tetra48_mma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
     x = torch.randn(m_rows, d_in, device=DEV)
     y = ops.tetra48_matmul_mma(x, w)
     assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3
+
+
+def test_imma_helpers_ptx_equal_emulation() -> None:
+    """The warp-level helpers of the int8 tensor-core kernel — ``mma.sync.m16n8k32`` (both ``A``
+    signednesses) and the index shuffle — in PTX and in their interpreter emulations, on random
+    fragments of four warps."""
+    import triton
+    import triton.language as tl
+
+    from leechq.kernels.triton._bits import mma_i8, shfl_idx
+
+    @triton.jit
+    def k(src_ptr, out_ptr, ASM: tl.constexpr, NW: tl.constexpr):
+        e = tl.arange(0, NW * 32)
+        v0 = tl.load(src_ptr + e)
+        v1 = tl.load(src_ptr + NW * 32 + e)
+        v2 = tl.load(src_ptr + 2 * NW * 32 + e)
+        v3 = tl.load(src_ptr + 3 * NW * 32 + e)
+        v4 = tl.load(src_ptr + 4 * NW * 32 + e)
+        v5 = tl.load(src_ptr + 5 * NW * 32 + e)
+        v6 = tl.load(src_ptr + 6 * NW * 32 + e)
+        v7 = tl.load(src_ptr + 7 * NW * 32 + e)
+        v8 = tl.load(src_ptr + 8 * NW * 32 + e)
+        v9 = tl.load(src_ptr + 9 * NW * 32 + e)
+        for sgn in tl.static_range(2):
+            d0, d1, d2, d3 = mma_i8(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, sgn == 1, NW, ASM)
+            tl.store(out_ptr + (4 * sgn + 0) * NW * 32 + e, d0)
+            tl.store(out_ptr + (4 * sgn + 1) * NW * 32 + e, d1)
+            tl.store(out_ptr + (4 * sgn + 2) * NW * 32 + e, d2)
+            tl.store(out_ptr + (4 * sgn + 3) * NW * 32 + e, d3)
+        tl.store(out_ptr + 8 * NW * 32 + e, shfl_idx(v1, v0 & 31, NW, ASM))
+
+    nw = 4
+    g = torch.Generator(device=DEV).manual_seed(1)
+    src = torch.randint(-(2**31), 2**31, (10 * nw * 32,), generator=g, device=DEV,
+                        dtype=torch.int64).to(torch.int32)
+    src[6 * nw * 32:] %= 1 << 20  # accumulators: no wrap in the emulation's int32 sums
+    outs = []
+    for asm in (True, False):
+        o = torch.empty(9 * nw * 32, dtype=torch.int32, device=DEV)
+        k[(1,)](src, o, ASM=asm, NW=nw, num_warps=nw)
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 12288), (5120, 17408),
+                                             (1000, 2560 + 7)])
+@pytest.mark.parametrize("m_rows", [2, 5, 8])
+def test_tetra48_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """The int8 tensor-core kernel at real shapes (and a short one with a tail), both row-group
+    forms: within the batch-1 bound (1e-5 of Σ|w·x|) of the f64 product, every output written."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    x = torch.randn(m_rows, d_in, device=DEV)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
+    dense = ref.tetra48_dequantize_rotated(w)
+    acts = ops.imma_activation(xp, m_rows, w.n_blocks)
+    for rps in (1, 2):
+        y = torch.full((m_rows, d_out), float("nan"), device=DEV)
+        ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, acts=acts, rows_per_step=rps)
+        assert _worst(y, x, dense) <= 1e-5, rps
+
+
+def test_tetra48_imma_compiles_clean() -> None:
+    """Offline sm_90 compile of the int8 tensor-core kernel: no local memory, the staged table
+    never overwritten (no Triton shared-memory traffic in its loops), the MMA in the step loop."""
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton.tetra48_imma import imma_kernel
+
+    sig = {"rec_ptr": "*i32", "ex_ptr": "*fp32", "w_ptr": "*i32", "cent_ptr": "*fp32",
+           "tab_ptr": "*i32", "part_ptr": "*fp32", "d_out": "i32", "K_PER": "i32"}
+    for rps in (1, 2):
+        c = I.compile_for(imma_kernel, sig, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, USE_ASM=True),
+                          num_warps=4, aligned_ints=("d_out",))
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (rps, res)
+        mix = I.loop_mix(I.sass(c))["loop"]
+        assert mix.get("IMMA", 0) == 18 * rps, (rps, mix)
+        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (rps, mix)

@@ -489,3 +489,38 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     assert ref.row_bound_error(y, x, dense) <= 2e-3
     with pytest.raises(UnsupportedShape, match="1..64"):
         ops.tetra48_matmul_mma(torch.randn(65, d_in), w)
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "kw"), [
+    # 8 rows, one 8-row group per warp step, 2 programs of K (4-block slices), a tail
+    (16, 8 * 24 + 5, 8, {"k_per": 4, "num_warps": 1, "rows_per_step": 1}),
+    # 3 rows, two row groups per step, two row sets per program, a short last row group,
+    # an odd block count past the last 4-block step
+    (19, 9 * 24, 3, {"num_warps": 1, "row_groups": 2, "rows_per_step": 2}),
+])
+def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
+    """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:
+    the batch-1 bound (1e-5 of Σ|w·x|), every output written (NaN poison)."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows)
+    x = torch.randn(m_rows, d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    y = torch.full((m_rows, d_out), float("nan"))
+    ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, **kw)
+    _bounded(y, x, ref.tetra48_dequantize_rotated(w))
+
+
+def test_tetra48_imma_rejects_bad_input() -> None:
+    ops = _ops()
+    w = random_tetra48(8, 4 * 24, seed=1)
+    order = ops.tetra_kernel_tables("cpu").order
+    with pytest.raises(UnsupportedShape, match=r"1\.\.8"):
+        ops.imma_activation(ops.prepare_activation(torch.randn(9, 96), 4, order), 9, 4)
+    xp = ops.prepare_activation(torch.randn(2, 96), 4, order)
+    with pytest.raises(InvalidInput, match="multiple of 4"):
+        ops.tetra48_matvec_imma_prepared(xp, w, 2, k_per=6)
+    with pytest.raises(InvalidInput, match="rows_per_step"):
+        ops.tetra48_matvec_imma_prepared(xp, w, 2, rows_per_step=3)
+    with pytest.raises(InvalidInput, match="records"):
+        rec, ex = ops.imma_activation(xp, 2, 4)
+        ops.tetra48_matvec_imma_prepared(xp, w, 2, acts=(rec[:-1], ex))

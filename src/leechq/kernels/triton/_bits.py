@@ -202,3 +202,143 @@ def table_load128(tab_ptr, base, word, USE_ASM: tl.constexpr):
         c = tl.load(tab_ptr + word + 2).to(tl.uint32)
         d = tl.load(tab_ptr + word + 3).to(tl.uint32)
     return a, b, c, d
+
+
+# Warp-level helpers of the int8 tensor-core kernel (:mod:`.tetra48_imma`). They act on 1-D tensors
+# of ``NW·32`` elements, element ``e`` in lane ``e mod 32`` of warp ``e // 32`` (the default layout
+# of such a tensor with ``num_warps = NW``); on the GPU each is one PTX instruction per thread, so
+# the tensors that reach them must keep that layout (the loads feeding them are inline PTX too,
+# which Triton's coalescing pass leaves alone). Under the interpreter they are emulated with
+# reshapes over the same lanes.
+
+
+@triton.jit
+def mma_i8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, A_SIGNED: tl.constexpr, NW: tl.constexpr,
+           USE_ASM: tl.constexpr):
+    """``D = A·B + C`` of ``mma.sync.m16n8k32`` with int8 ``A`` (signed bytes when ``A_SIGNED``,
+    else unsigned), signed int8 ``B`` and int32 ``C``/``D``, in PTX's fragment layout: lane
+    ``4g + c`` holds ``a0 = A[g, 4c..4c+3]``, ``a1 = A[g+8, 4c..]``, ``a2 = A[g, 16+4c..]``,
+    ``a3 = A[g+8, 16+4c..]``, ``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]`` and
+    ``c0, c1 = C[g, 2c], C[g, 2c+1]``, ``c2, c3 = C[g+8, 2c], C[g+8, 2c+1]`` (uint32 / int32)."""
+    if USE_ASM:
+        if A_SIGNED:
+            d0, d1, d2, d3 = tl.inline_asm_elementwise(
+                "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0, $1, $2, $3}, "
+                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+            )
+        else:
+            d0, d1, d2, d3 = tl.inline_asm_elementwise(
+                "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, "
+                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+            )
+    else:
+        d0, d1 = _mma_rows(a0, a2, b0, b1, c0, c1, A_SIGNED, NW)
+        d2, d3 = _mma_rows(a1, a3, b0, b1, c2, c3, A_SIGNED, NW)
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _mma_rows(alo, ahi, b0, b1, c_even, c_odd, A_SIGNED: tl.constexpr, NW: tl.constexpr):
+    """Emulation of eight rows of :func:`mma_i8`: ``A`` rows ``g`` from ``alo`` (k < 16) and ``ahi``
+    (k ≥ 16) of the lanes ``4g + c``; returns ``C[g, 2c] + D``, ``C[g, 2c+1] + D`` per lane."""
+    shape: tl.constexpr = (NW, 8, 8, 4)  # (warp, A row g, B column n, k quad c)
+    a_lo = tl.broadcast_to(tl.reshape(alo.to(tl.uint32, bitcast=True), (NW, 8, 1, 4)), shape)
+    a_hi = tl.broadcast_to(tl.reshape(ahi.to(tl.uint32, bitcast=True), (NW, 8, 1, 4)), shape)
+    w_lo = tl.broadcast_to(tl.reshape(b0.to(tl.uint32, bitcast=True), (NW, 1, 8, 4)), shape)
+    w_hi = tl.broadcast_to(tl.reshape(b1.to(tl.uint32, bitcast=True), (NW, 1, 8, 4)), shape)
+    zero = tl.zeros(shape, tl.int32)
+    prod = dp4a(w_lo, a_lo, zero, A_SIGNED, False) + dp4a(w_hi, a_hi, zero, A_SIGNED, False)
+    d = tl.reshape(tl.sum(prod, axis=3), (NW, 8, 4, 2))  # [warp, g, c, column parity]
+    d_even, d_odd = tl.split(d)
+    return (c_even + tl.reshape(d_even, (NW * 32,)).to(tl.int32),
+            c_odd + tl.reshape(d_odd, (NW * 32,)).to(tl.int32))
+
+
+@triton.jit
+def shfl_idx(v, src, NW: tl.constexpr, USE_ASM: tl.constexpr):
+    """Per lane, ``v`` (32-bit) of lane ``src`` (int32, 0..31) of the same warp."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "shfl.sync.idx.b32 $0, $1, $2, 0x1f, 0xffffffff;", "=r,r,r",
+            [v.to(tl.int32, bitcast=True), src.to(tl.int32)], dtype=tl.int32, is_pure=True,
+            pack=1,
+        ).to(v.dtype, bitcast=True)
+    else:
+        out = tl.reshape(tl.gather(tl.reshape(v, (NW, 32)), tl.reshape(src, (NW, 32)), 1),
+                         (NW * 32,))
+    return out
+
+
+@triton.jit
+def global_load32(ptr, ok, USE_ASM: tl.constexpr):
+    """``*ptr`` (a 32-bit word) where ``ok``, else 0: int32 (one ``ld.global.nc`` per element)."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "{ .reg .pred q; setp.ne.u32 q, $2, 0; mov.u32 $0, 0; "
+            "@q ld.global.nc.u32 $0, [$1]; }",
+            "=r,l,r", [ptr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
+    else:
+        out = tl.load(ptr, mask=ok, other=0).to(tl.int32, bitcast=True)
+    return out
+
+
+@triton.jit
+def global_load128(ptr, ok, USE_ASM: tl.constexpr):
+    """``ptr[0..3]`` (``ptr`` 16-byte aligned) where ``ok``, else zeros: 4 × int32 (one
+    ``ld.global.nc.v4`` per element)."""
+    if USE_ASM:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "{ .reg .pred q; setp.ne.u32 q, $5, 0; mov.u32 $0, 0; mov.u32 $1, 0; "
+            "mov.u32 $2, 0; mov.u32 $3, 0; @q ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4]; }",
+            "=r,=r,=r,=r,l,r", [ptr, ok.to(tl.int32)],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1,
+        )
+    else:
+        a = tl.load(ptr, mask=ok, other=0).to(tl.int32, bitcast=True)
+        b = tl.load(ptr + 1, mask=ok, other=0).to(tl.int32, bitcast=True)
+        c = tl.load(ptr + 2, mask=ok, other=0).to(tl.int32, bitcast=True)
+        d = tl.load(ptr + 3, mask=ok, other=0).to(tl.int32, bitcast=True)
+    return a, b, c, d
+
+
+@triton.jit
+def shfl_xor(v, mask: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.constexpr):
+    """Per lane, ``v`` (32-bit) of lane ``lane ^ mask`` of the same warp."""
+    lane = tl.arange(0, NW * 32) % 32
+    return shfl_idx(v, lane ^ mask, NW, USE_ASM)
+
+
+@triton.jit
+def global_load128_all(ptr, USE_ASM: tl.constexpr):
+    """``ptr[0..3]`` (``ptr`` 16-byte aligned, always valid): 4 × int32, one ``ld.global.nc.v4``
+    per element with no predicate (:func:`global_load128` without the zeroing moves)."""
+    if USE_ASM:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptr],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1,
+        )
+    else:
+        a = tl.load(ptr).to(tl.int32, bitcast=True)
+        b = tl.load(ptr + 1).to(tl.int32, bitcast=True)
+        c = tl.load(ptr + 2).to(tl.int32, bitcast=True)
+        d = tl.load(ptr + 3).to(tl.int32, bitcast=True)
+    return a, b, c, d
+
+
+@triton.jit
+def global_store32(ptr, value, ok, USE_ASM: tl.constexpr):
+    """``*ptr = value`` (32-bit) where ``ok``: one ``st.global`` per element (no layout change
+    for the store, so no conversion through shared memory)."""
+    if USE_ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred q; setp.ne.u32 q, $3, 0; @q st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptr, value.to(tl.int32, bitcast=True), ok.to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
+    else:
+        tl.store(ptr, value, mask=ok)

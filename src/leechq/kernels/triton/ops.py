@@ -48,6 +48,12 @@ from leechq.kernels.triton.intq import (
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
+from leechq.kernels.triton.tetra48_imma import (
+    STEP_WORDS,
+    imma_activation_kernel,
+    imma_finalize_kernel,
+    imma_kernel,
+)
 from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, m1_kernel, null_m1_kernel
 from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
@@ -632,9 +638,14 @@ def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]."""
+    """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
+    ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..8 rows on
+    a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
+    :data:`IMMA_MIN_ROWS`)."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
+    if config is None and _imma_default(m_rows):
+        return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     plan = _m1_groups(w, m_rows, xp.device, config)
@@ -849,6 +860,113 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
         N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=num_warps,
     )
     return _scale_and_tail(part.sum(0), x, w)
+
+
+IMMA_ROWS = 8
+"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch (its ``A`` fragments hold
+eight; fewer real rows pad with zeros at the same cost)."""
+
+
+IMMA_MAXNREG = 0
+"""Register cap of the int8 tensor-core kernel (0: the compiler's choice, 128 registers offline).
+H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-11-30): the cap
+232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
+
+IMMA_MIN_ROWS = 3
+"""From this many activation rows (to 8) :func:`tetra48_matvec_prepared` with no configuration
+runs the int8 tensor-core kernel on a GPU (``LEECHQ_IMMA=0``: the many-row ``m1`` instead).
+H200, Qwen3-8B projections with prepared inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1``
+3.675 / int8 MMA 5.624; 3 rows 6.185 / 5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94."""
+
+
+def _imma_default(m_rows: int) -> bool:
+    """Whether ``m_rows`` unconfigured activation rows take the int8 tensor-core kernel."""
+    return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and not interpreting()
+            and os.environ.get("LEECHQ_IMMA", "1") != "0")
+
+
+def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 tensor-core kernel's activation (:mod:`.tetra48_imma`) from the prepared layout
+    ``xp`` (float32 [MP, 48·NPP + 32], ``m_rows ≤ 8`` real rows): the ``A`` fragment words,
+    int32 [NPP/2 · 576] (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block
+    exponents, float32 [2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and
+    blocks past ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
+    if not 1 <= m_rows <= IMMA_ROWS:
+        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
+                               f"1..{IMMA_ROWS}")
+    _check_prepared(xp, m_rows, n_blocks, xp.device)
+    npp = ref.prepared_pairs(n_blocks)
+    rec = torch.empty(npp // 2 * STEP_WORDS.value, dtype=torch.int32, device=xp.device)
+    ex = torch.empty(2 * npp * 8, dtype=torch.float32, device=xp.device)
+    blk = 64
+    imma_activation_kernel[(IMMA_ROWS, triton.cdiv(npp, blk))](
+        xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
+    )
+    return rec, ex
+
+
+def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
+                row_groups: int = 1, rows_per_step: int = 2) -> int:
+    """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: enough slices for
+    about four programs per SM."""
+    tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
+    steps = triton.cdiv(n_blocks, 4)
+    ks = max(1, min(steps, triton.cdiv(4 * _sm_count(device), tiles)))
+    return 4 * triton.cdiv(steps, ks)
+
+
+def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
+                                 out: torch.Tensor | None = None,
+                                 acts: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                 k_per: int | None = None, num_warps: int = 4,
+                                 row_groups: int = 1, rows_per_step: int = 2,
+                                 maxnreg: int = IMMA_MAXNREG) -> torch.Tensor:
+    """``y = W x`` for 1..8 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
+    [M, d_out] from the prepared activation ``xp`` (as :func:`tetra48_matvec_prepared`; twin:
+    ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
+    :func:`imma_activation` for ``xp`` when several matrices share it; ``k_per`` blocks per
+    K-slice (default :func:`imma_slices`); ``row_groups`` sets of ``8·rows_per_step·num_warps``
+    rows per program; ``rows_per_step`` (1 or 2) groups of 8 rows per warp and step, sharing the
+    step's activation fragments; ``maxnreg``: the register cap (0: the compiler's choice;
+    :data:`IMMA_MAXNREG`). Three launches: the activation records (unless given), the MMA kernel
+    and the slice sum."""
+    _check_lattice(w, w.words, "words")
+    if not 1 <= m_rows <= IMMA_ROWS:
+        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
+                               f"1..{IMMA_ROWS}")
+    _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
+    dev = xp.device
+    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
+    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
+        raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
+    if not w.d_out:
+        return y
+    rec, ex = acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks)
+    npp = ref.prepared_pairs(w.n_blocks)
+    check_tensor(rec, "records", torch.int32, (npp // 2 * STEP_WORDS.value,), device=dev)
+    check_tensor(ex, "exponents", torch.float32, (2 * npp * 8,), device=dev)
+    if k_per is None:
+        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step)
+    if rows_per_step not in (1, 2):
+        raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
+    if k_per < 4 or k_per % 4:
+        raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
+    slices = max(1, triton.cdiv(w.n_blocks, k_per))
+    part = torch.empty(slices, IMMA_ROWS, w.d_out, dtype=torch.float32, device=dev)
+    tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
+    imma_kernel[(tiles, slices)](
+        rec, ex, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, k_per,
+        N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, USE_ASM=_use_asm(),
+        num_warps=num_warps, num_stages=1,
+        **({"maxnreg": maxnreg} if maxnreg and _use_asm() else {}),
+    )
+    blk = 128
+    imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
+        part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
+        NPP=npp, TAIL_COLS=w.tail_cols, SLICES=triton.next_power_of_2(slices), BLK=blk,
+    )
+    return y
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,

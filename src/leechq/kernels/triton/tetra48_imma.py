@@ -1,0 +1,325 @@
+"""Small-batch Tetra matvec on int8 tensor cores: 2..8 activation rows, one decode per block.
+
+Implements the "decode that amortizes over M rows" of issue 4 (layouts-kernels-recipe.md §3.3 for
+the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
+to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows the dots cost
+more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
+
+* **Fragments.** A warp takes 8 weight rows × 4 consecutive blocks per step; lane ``4g + c``
+  decodes block ``c`` of row ``g`` (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
+  Its section ``s`` value words (even, odd trio halves) are exactly the ``B`` fragment
+  (``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]``) of one MMA whose 32-deep ``k`` is section ``s`` of
+  the four blocks. ``A`` is block-diagonal: row ``m`` is (block ``(m mod 8) // 2``, activation
+  row ``(m mod 8) mod 2 + 2·(m ≥ 8) + 4h``), nonzero only in its block's ``k`` columns, so each
+  ``C`` entry is one block's dot with one activation row — the per-block scale
+  (``centroid[g] / ‖y‖``) stays separate. Lanes with ``c = g // 2`` hold the nonzero ``A``
+  words; they are precomputed per (block, activation-row parity, half ``h``) by
+  :func:`imma_activation_kernel` as 16-byte records in fragment order.
+* **Integer activation.** As in the batch-1 kernel: each block of each activation row becomes an
+  exponent ``E`` and 24-bit integers in three byte limbs (limb 2 signed, limbs 0, 1 unsigned), so
+  one (block, row) dot is ``((S₂·2⁸) + S₁)·2⁸ + S₀``, accumulated exactly in int32 by chaining
+  the nine MMAs (3 limbs × 3 sections) of each half through ``C`` and shifting between limbs.
+* **Per step and lane**: one block decode, 18 MMAs (two halves of four activation rows), 18
+  16-byte record loads (zeros on the inactive lanes), two shuffles for the row scales, 8 scaled
+  accumulations. Partial sums per K-slice go to ``part [KS, 8, d_out]``;
+  :func:`imma_finalize_kernel` adds the slices, applies σ_row and the tail.
+
+The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
+largest value), ``rsqrt`` (≤ 2^-22.9 relative) and f32 accumulation, as the batch-1 kernel.
+Under the interpreter the MMA, shuffles and loads are emulated (:mod:`._bits`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from leechq.kernels.triton._bits import (
+    global_load32,
+    global_load128,
+    global_load128_all,
+    global_store32,
+    mma_i8,
+    shfl_idx,
+    shfl_xor,
+)
+from leechq.kernels.triton.tetra48_m1 import (
+    _x_limbs,
+    decode_nibbles,
+    sb_copy,
+    section_values,
+    stage_table,
+)
+
+HALF_WORDS = tl.constexpr(288)
+"""Words of one half's ``A`` fragments per 4-block step: 3 limbs × 3 sections × 8 lanes × 4."""
+STEP_WORDS = tl.constexpr(576)
+"""Words of a 4-block step's ``A`` fragments (two halves). Within a (half, limb, section) the 8
+lanes that hold nonzero words — block ``c`` of the step, activation-row parity ``q`` — read
+16 bytes each at ``(2c + q)·4``: one 128-byte line per warp request."""
+
+
+@triton.jit
+def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
+                           NPP: tl.constexpr, BLK: tl.constexpr, USE_ASM: tl.constexpr):
+    """The ``A`` records and block exponents of activation row ``t = program_id(0)`` (0..7) from
+    the prepared layout ``xp`` (``x_rows`` rows; rows ``t ≥ m_rows`` give zero records), for the
+    ``BLK`` block pairs of ``program_id(1)``. The limb word of block ``b`` (step ``b // 4``,
+    position ``c = b mod 4``), section ``s`` and trio half ``half`` is at
+    ``(b // 4)·STEP_WORDS + (t // 4)·HALF_WORDS + (limb·3 + s)·32 + (2c + t mod 2)·4
+    + (t // 2) mod 2 + 2·half`` (the fragment word ``a0..a3`` of the lane that reads it);
+    ``ex[(b·2 + t mod 2)·4 + (t // 2) mod 2 + 2·(t // 4)]`` is the exponent ``E``."""
+    t = tl.program_id(0)
+    pair = tl.program_id(1) * BLK + tl.arange(0, BLK)
+    ok = pair < NPP
+    xr = xp_ptr + tl.minimum(t, x_rows - 1) * stride_x + tl.where(ok, pair, 0)
+    live = t < m_rows
+    q = t % 2
+    r = (t // 2) % 2
+    h = t // 4
+    for par in tl.static_range(2):
+        lim = _x_limbs(xr, NPP, par, USE_ASM)
+        blk = 2 * pair + par
+        rec = rec_ptr + (blk // 4) * STEP_WORDS + h * HALF_WORDS + ((blk % 4) * 2 + q) * 4 + r
+        for limb in tl.static_range(3):
+            for s in tl.static_range(3):
+                for half in tl.static_range(2):
+                    word = tl.where(live, lim[1 + limb * 6 + s * 2 + half], 0)
+                    tl.store(rec + (limb * 3 + s) * 32 + 2 * half, word.to(tl.int32, bitcast=True),
+                             mask=ok)
+        tl.store(ex_ptr + (blk * 2 + q) * 4 + r + 2 * h, lim[0], mask=ok)
+
+
+@triton.jit
+def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, USE_ASM: tl.constexpr):
+    """The two words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``)."""
+    pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
+    x0 = global_load32(pw, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    return x0, x1
+
+
+@triton.jit
+def _decode_block(x0, x1, odd, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
+    """A block per lane from its two words (:func:`_block_words`; ``odd``: the block is the odd
+    one of its pair): its six value words (the ``B`` fragments of sections 1..3) and its scale
+    ``centroid[g] / ‖y‖``."""
+    lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
+    hi = tl.where(odd, x1 >> 16, x1)
+    h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    ev1, od1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
+    ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
+    ev3, od3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
+    scale = tl.where(gbit != 0, cent1, cent0) * tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
+    return (ev1, od1, ev2, od2, ev3, od3), scale
+
+
+@triton.jit
+def _load_half(rb, active, USE_ASM: tl.constexpr):
+    """The lane's nine ``A`` fragments (limb-major, 4 words each) of one half at ``rb``, zeros
+    where not ``active``: 36 words, all issued before any is used (the MMAs then wait once for
+    the slowest load rather than once per load)."""
+    a0 = global_load128(rb + 0 * 32, active, USE_ASM)
+    a1 = global_load128(rb + 1 * 32, active, USE_ASM)
+    a2 = global_load128(rb + 2 * 32, active, USE_ASM)
+    a3 = global_load128(rb + 3 * 32, active, USE_ASM)
+    a4 = global_load128(rb + 4 * 32, active, USE_ASM)
+    a5 = global_load128(rb + 5 * 32, active, USE_ASM)
+    a6 = global_load128(rb + 6 * 32, active, USE_ASM)
+    a7 = global_load128(rb + 7 * 32, active, USE_ASM)
+    a8 = global_load128(rb + 8 * 32, active, USE_ASM)
+    return a0, a1, a2, a3, a4, a5, a6, a7, a8
+
+
+@triton.jit
+def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.constexpr):
+    """The ``C`` fragments of one half (four activation rows) for one step, for the ``RPS``
+    (1 or 2) row groups whose value words are ``bu`` and ``bv``: nine MMAs each on the half's
+    ``A`` fragments ``frags`` (:func:`_load_half`, shared by both groups), limb 2 first, shifted
+    by 8 bits between limbs."""
+    d0 = tl.zeros(bu[0].shape, tl.int32)
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    f0 = d0
+    f1 = d0
+    f2 = d0
+    f3 = d0
+    for limb in tl.static_range(2, -1, -1):
+        for s in tl.static_range(3):
+            a0, a1, a2, a3 = frags[limb * 3 + s]
+            d0, d1, d2, d3 = mma_i8(a0, a1, a2, a3, bu[2 * s], bu[2 * s + 1], d0, d1, d2, d3,
+                                    limb == 2, NW, USE_ASM)
+            if RPS == 2:
+                f0, f1, f2, f3 = mma_i8(a0, a1, a2, a3, bv[2 * s], bv[2 * s + 1], f0, f1, f2, f3,
+                                        limb == 2, NW, USE_ASM)
+        if limb > 0:
+            d0 = d0 << 8
+            d1 = d1 << 8
+            d2 = d2 << 8
+            d3 = d3 << 8
+            f0 = f0 << 8
+            f1 = f1 << 8
+            f2 = f2 << 8
+            f3 = f3 << 8
+    return d0, d1, d2, d3, f0, f1, f2, f3
+
+
+@triton.jit
+def _store_group(acc0, acc1, acc2, acc3, part, row0, lane, d_out, HALF: tl.constexpr,
+                 NW: tl.constexpr, USE_ASM: tl.constexpr):
+    """Sum one row group's four accumulators of a half over the four block lanes (shuffles) and
+    store them from lanes 0..7 at ``part[activation row, row]`` (``row0``: the group's first row
+    per lane). Accumulator ``k``: row ``2c + k mod 2``, activation row
+    ``q + 2·(k // 2) + 4·HALF`` of lane ``8·blk + 4q + c``."""
+    c = lane % 4
+    q = (lane // 4) % 2
+    first = lane < 8
+    for k in tl.static_range(4):
+        if k == 0:
+            acc = acc0
+        elif k == 1:
+            acc = acc1
+        elif k == 2:
+            acc = acc2
+        else:
+            acc = acc3
+        acc += shfl_xor(acc, 8, NW, USE_ASM)
+        acc += shfl_xor(acc, 16, NW, USE_ASM)
+        n = row0 + 2 * c + (k % 2)
+        t = q + 2 * (k // 2) + 4 * HALF
+        global_store32(part + t * d_out + n, acc, first & (n < d_out), USE_ASM)
+
+
+@triton.jit
+def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
+                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
+                RPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
+    ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all 8
+    activation rows; see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
+    each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
+    fragments between them. Launched with ``num_warps = NW``."""
+    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+    NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
+    base = stage_table(tab_ptr, d_out, USE_ASM)
+    e = tl.arange(0, NW * 32)
+    sb_rep = sb_copy(e)
+    warp = e // 32
+    lane = e % 32
+    g = lane // 4
+    c = lane % 4
+    q = g % 2
+    gb = g // 2  # the block of this lane's C entries
+    active = c == gb  # lanes holding nonzero A words (their own block's records)
+    odd = (c % 2) == 1
+    src0 = 8 * c + gb  # the lane that decoded (row 2c, block gb)
+    src1 = src0 + 4  # (row 2c + 1, block gb)
+    ks = tl.program_id(1)
+    b_start = ks * K_PER
+    b_stop = tl.minimum(b_start + K_PER, NB4)
+    part = part_ptr + ks * 8 * d_out
+    for i in range(RG):
+        ru = (tl.program_id(0) * RG + i) * NW * 8 * RPS + warp * 8 * RPS  # the warp's rows
+        rv = ru + 8
+        row_u = ru + g
+        row_v = rv + g
+        ok_u = row_u < d_out
+        ok_v = row_v < d_out
+        rcu = tl.where(ok_u, row_u, 0)
+        rcv = tl.where(ok_v, row_v, 0)
+        cu0 = global_load32(cent_ptr + rcu * 2, ok_u, USE_ASM).to(tl.float32, bitcast=True)
+        cu1 = global_load32(cent_ptr + rcu * 2 + 1, ok_u, USE_ASM).to(tl.float32, bitcast=True)
+        cv0 = cu0
+        cv1 = cu1
+        if RPS == 2:
+            cv0 = global_load32(cent_ptr + rcv * 2, ok_v, USE_ASM).to(tl.float32, bitcast=True)
+            cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32,
+                                                                          bitcast=True)
+        z = tl.zeros(e.shape, tl.float32)
+        # per row group and half: (r0, row 2c), (r0, 2c+1), (r1, 2c), (r1, 2c+1)
+        u00, u01, u02, u03, u10, u11, u12, u13 = z, z, z, z, z, z, z, z
+        v00, v01, v02, v03, v10, v11, v12, v13 = z, z, z, z, z, z, z, z
+        blk = b_start + c
+        xu0, xu1 = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, USE_ASM)
+        xv0 = xu0
+        xv1 = xu1
+        if RPS == 2:
+            xv0, xv1 = _block_words(w_ptr, rcv, blk, ok_v & (blk < N_BLOCKS), STRIDE_W, USE_ASM)
+        for b0 in range(b_start, b_stop, 4):
+            blk = b0 + c
+            # the step's A fragments (both halves) and exponents first: their latency overlaps
+            # the decode
+            rb = rec_ptr + (b0 // 4) * STEP_WORDS + (c * 2 + q) * 4
+            frag0 = _load_half(rb, active, USE_ASM)
+            frag1 = _load_half(rb + HALF_WORDS, active, USE_ASM)
+            ea, eb, ec, ed = global_load128_all(ex_ptr + ((b0 + gb) * 2 + q) * 4, USE_ASM)
+            # the next step's words (loaded one step ahead; none past the slice)
+            nb = blk + 4
+            nu0, nu1 = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop),
+                                    STRIDE_W, USE_ASM)
+            if RPS == 2:
+                nv0, nv1 = _block_words(w_ptr, rcv, nb, ok_v & (nb < N_BLOCKS) & (nb < b_stop),
+                                        STRIDE_W, USE_ASM)
+            bu, su = _decode_block(xu0, xu1, odd, cu0, cu1, tab_ptr, base, sb_rep, USE_ASM)
+            bv = bu
+            sv = su
+            if RPS == 2:
+                bv, sv = _decode_block(xv0, xv1, odd, cv0, cv1, tab_ptr, base, sb_rep, USE_ASM)
+            e0 = ea.to(tl.float32, bitcast=True)
+            e1 = eb.to(tl.float32, bitcast=True)
+            e2 = ec.to(tl.float32, bitcast=True)
+            e3 = ed.to(tl.float32, bitcast=True)
+            su0 = shfl_idx(su, src0, NW, USE_ASM)
+            su1 = shfl_idx(su, src1, NW, USE_ASM)
+            d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM)
+            u00 += d0.to(tl.float32) * (su0 * e0)
+            u01 += d1.to(tl.float32) * (su1 * e0)
+            u02 += d2.to(tl.float32) * (su0 * e1)
+            u03 += d3.to(tl.float32) * (su1 * e1)
+            if RPS == 2:
+                sv0 = shfl_idx(sv, src0, NW, USE_ASM)
+                sv1 = shfl_idx(sv, src1, NW, USE_ASM)
+                v00 += f0.to(tl.float32) * (sv0 * e0)
+                v01 += f1.to(tl.float32) * (sv1 * e0)
+                v02 += f2.to(tl.float32) * (sv0 * e1)
+                v03 += f3.to(tl.float32) * (sv1 * e1)
+            d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM)
+            u10 += d0.to(tl.float32) * (su0 * e2)
+            u11 += d1.to(tl.float32) * (su1 * e2)
+            u12 += d2.to(tl.float32) * (su0 * e3)
+            u13 += d3.to(tl.float32) * (su1 * e3)
+            if RPS == 2:
+                v10 += f0.to(tl.float32) * (sv0 * e2)
+                v11 += f1.to(tl.float32) * (sv1 * e2)
+                v12 += f2.to(tl.float32) * (sv0 * e3)
+                v13 += f3.to(tl.float32) * (sv1 * e3)
+                xv0 = nv0
+                xv1 = nv1
+            xu0 = nu0
+            xu1 = nu1
+        _store_group(u00, u01, u02, u03, part, ru, lane, d_out, 0, NW, USE_ASM)
+        _store_group(u10, u11, u12, u13, part, ru, lane, d_out, 1, NW, USE_ASM)
+        if RPS == 2:
+            _store_group(v00, v01, v02, v03, part, rv, lane, d_out, 0, NW, USE_ASM)
+            _store_group(v10, v11, v12, v13, part, rv, lane, d_out, 1, NW, USE_ASM)
+
+
+@triton.jit
+def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, d_out,
+                         n_slices, NPP: tl.constexpr, TAIL_COLS: tl.constexpr,
+                         SLICES: tl.constexpr, BLK: tl.constexpr):
+    """``y[t, n] = σ[n] · Σ_slices part[slice, t, n] + Σ_c tail[n, c] · x[t, tail c]`` for
+    activation row ``t = program_id(1)`` (the tail columns from the prepared layout's slots
+    ``48·NPP + c``); ``SLICES``: a power of two ≥ ``n_slices`` (all slices in one load)."""
+    t = tl.program_id(1)
+    n = tl.program_id(0) * BLK + tl.arange(0, BLK)
+    ok = n < d_out
+    sl = tl.arange(0, SLICES)[:, None]
+    parts = tl.load(part_ptr + (sl * 8 + t) * d_out + n[None, :],
+                    mask=(sl < n_slices) & ok[None, :], other=0.0)
+    out = tl.sum(parts, axis=0) * tl.load(scale_ptr + n, mask=ok, other=0.0)
+    for k in tl.static_range(TAIL_COLS):
+        out += (tl.load(tail_ptr + n * TAIL_COLS + k, mask=ok, other=0.0)
+                * tl.load(xp_ptr + t * stride_x + 48 * NPP + k))
+    tl.store(y_ptr + t * stride_y + n, out, mask=ok)
