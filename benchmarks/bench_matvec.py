@@ -501,6 +501,61 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
     return p
 
 
+def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
+               noprep: bool = False, rows_per_step: int = 2) -> Pass:
+    """Fused Tetra groups through the int8 tensor-core kernel (ops.tetra48_matvec_imma_prepared,
+    1..8 rows): per layer and group input the preparation launch (none with ``noprep``: the
+    prepared layout is given, as the rotation writes it in a served model), one activation-record
+    launch shared by the group's matrices, then per matrix the MMA kernel and its slice sum."""
+    import torch
+
+    from leechq.kernels import reference as ref
+    from leechq.kernels.tables import tetra_kernel_tables
+    from leechq.kernels.triton import ops
+
+    layers = _lattice_weights(model, "tetra48", True, device, seed)
+    xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
+    order = tetra_kernel_tables(device).order
+    first = layers[0]
+    src_of = {k: GROUP_INPUT[k.split("+")[0]] for k in first}
+    nb_of = {src_of[k]: w.n_blocks for k, w in first.items()}
+    preps = [{src: ops.prepare_activation(xs[b][src], nb, order) for src, nb in nb_of.items()}
+             for b in range(n_sets)]
+    outs = {k: torch.empty(batch, w.d_out, device=device, dtype=torch.float32)
+            for k, w in first.items()}
+
+    def run(b: int) -> None:
+        for lw in layers:
+            acts = {}
+            for k, w in lw.items():
+                src = src_of[k]
+                if src not in acts:
+                    if not noprep:
+                        ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[b][src])
+                    acts[src] = ops.imma_activation(preps[b][src], batch, w.n_blocks)
+                ops.tetra48_matvec_imma_prepared(preps[b][src], w, batch, out=outs[k],
+                                                 acts=acts[src], rows_per_step=rows_per_step)
+
+    nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
+    groups = len(nb_of)
+    launches = model.layers * (2 * len(first) + groups * (1 if noprep else 2))
+    name = "tetra48-imma" + ("-rps1" if rows_per_step == 1 else "") + "-fused" + (
+        "-noprep" if noprep else "")
+    p = Pass(name, batch, run, nbytes, launches)
+
+    def check() -> float:
+        worst = 0.0
+        for k, w in first.items():
+            x = xs[0][src_of[k]]
+            xp = ops.prepare_activation(x, w.n_blocks, order)
+            y = ops.tetra48_matvec_imma_prepared(xp, w, batch, rows_per_step=rows_per_step)
+            worst = max(worst, ref.row_bound_error(y, x, ref.tetra48_dequantize_rotated(w)))
+        return worst
+
+    p.check = check  # type: ignore[attr-defined]
+    return p
+
+
 # ----------------------------------------------------------------------------------- timing
 
 
@@ -906,6 +961,12 @@ def main() -> None:
                 "norm-rotation": lambda m=model, b=batch: build_pre_ops(m, b, args.sets, device,
                                                                          12, True),
             }
+            builders["tetra48-imma-fused"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13)
+            builders["tetra48-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13, noprep=True)
+            builders["tetra48-imma-rps1-fused-noprep"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13, noprep=True, rows_per_step=1)
             for n in (2, 4, 8):  # several programs per (row, group) write the prepared layout
                 builders[f"rotation-s{n}"] = lambda m=model, b=batch, n=n: build_rotation(
                     m, b, args.sets, device, 9, splits=n)
@@ -1034,6 +1095,10 @@ def dry_run() -> None:
         p = build_batched(tiny, kind, 12, 1, "cpu", 0)
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
+    for kw in ({}, {"noprep": True, "rows_per_step": 1}):
+        p = build_imma(tiny, 3, 1, "cpu", 0, **kw)
+        p.run(0)
+        print("tetra48-imma", kw, "err", p.check())
     for splits in (1, 4):
         p = build_pre_ops(tiny, 2, 1, "cpu", 0, fused=True, splits=splits)
         p.run(0)

@@ -25,6 +25,12 @@
 #            GPU tests of the rotation and the pre-ops at 1, 4 and 8 programs and of the ball
 #            model, the arms rotation / norm-rotation against their -s2/-s4/-s8 forms, the served
 #            pass and e2e 8B batch 1 with LEECHQ_ROT_SPLITS=4
+#   imma     the int8 tensor-core kernel for 2..8 rows (ops.tetra48_matvec_imma_prepared): its GPU
+#            tests (PTX helpers vs emulation, full shapes vs f64, offline SASS), then M = 2, 4, 8
+#            against the many-row m1 (the default), with and without the preparation launches
+#   imma2    the int8 tensor-core kernel as the default for 4..8 rows (ops.IMMA_MIN_ROWS): M = 2, 3,
+#            4, 8 against the many-row m1, then its GPU tests and the serving and linear-layer
+#            GPU tests (graph == eager, fused vs reference, the fullgraph compile) on that default
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -124,6 +130,17 @@ rotation-s8,norms,norm-rotation,norm-rotation-s2,norm-rotation-s4,norm-rotation-
   LEECHQ_ROT_SPLITS=4 e2e e2e-8b-s4 200 --models qwen3-8b --arms fp16,tetra48 --batches 1 \
     --skip-gates --no-profile --budget-s 170
   ;;
+imma)
+  gpu_tests tests-imma 240 tests/kernels/test_triton_gpu.py -k "imma"
+  matvec matvec-imma 330 --batches 2,4,8 --arms fp16,tetra48-m1-fused,tetra48-m1-fused-noprep,\
+tetra48-imma-fused,tetra48-imma-fused-noprep,tetra48-imma-rps1-fused-noprep
+  ;;
+imma2)
+  matvec matvec-imma2 170 --batches 2,3,4,8 --arms fp16,tetra48-m1-fused-noprep,\
+tetra48-imma-fused-noprep
+  gpu_tests tests-imma2 250 tests/kernels/test_triton_gpu.py -k "imma" tests/serve/test_gpu.py \
+    tests/nn/test_linear.py
+  ;;
 p14rows)
   matvec matvec-planes14-rows 400 --batches 2,4,8 --arms fp16,planes14-fused,planes14-m1-fused
   ;;
@@ -139,7 +156,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit | imma | imma2)" >&2
   exit 2
   ;;
 esac
