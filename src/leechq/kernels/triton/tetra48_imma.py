@@ -1,12 +1,12 @@
-"""Small-batch Tetra matvec on int8 tensor cores: 2..8 activation rows, one decode per block.
+"""Small-batch Tetra matvec on int8 tensor cores: 1..8 activation rows, one decode per block.
 
 Implements the "decode that amortizes over M rows" of issue 4 (layouts-kernels-recipe.md §3.3 for
 the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
 to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows the dots cost
 more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
 
-* **Fragments.** A warp takes 8 weight rows × 4 consecutive blocks per step; lane ``4g + c``
-  decodes block ``c`` of row ``g`` (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
+* **Fragments.** A warp takes groups of 8 weight rows (``RPS`` = 1 or 2 groups, default 2) ×
+  4 consecutive blocks per step; in each group lane ``4g + c`` decodes block ``c`` of row ``g`` (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
   Its section ``s`` value words (even, odd trio halves) are exactly the ``B`` fragment
   (``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]``) of one MMA whose 32-deep ``k`` is section ``s`` of
   the four blocks. ``A`` is block-diagonal: row ``m`` is (block ``(m mod 8) // 2``, activation
@@ -19,10 +19,13 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   exponent ``E`` and 24-bit integers in three byte limbs (limb 2 signed, limbs 0, 1 unsigned), so
   one (block, row) dot is ``((S₂·2⁸) + S₁)·2⁸ + S₀``, accumulated exactly in int32 by chaining
   the nine MMAs (3 limbs × 3 sections) of each half through ``C`` and shifting between limbs.
-* **Per step and lane**: one block decode, 18 MMAs (two halves of four activation rows), 18
-  16-byte record loads (zeros on the inactive lanes), two shuffles for the row scales, 8 scaled
-  accumulations. Partial sums per K-slice go to ``part [KS, 8, d_out]``;
-  :func:`imma_finalize_kernel` adds the slices, applies σ_row and the tail.
+* **Per step, lane and row group**: one block decode, 18 MMAs (two halves of four activation
+  rows), two shuffles for the row scales, 8 scaled accumulations; per step the 18 16-byte
+  fragment loads shared by the groups (zeros on the inactive lanes) are issued first and the
+  next step's weight words one step ahead — issued next to their MMAs they cost one L2 round
+  trip each (BENCHMARKS.md §3 run 13). Partial sums per K-slice go to
+  ``part [KS, 8, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
+  tail. ``ops.tetra48_matvec_prepared`` takes this kernel for 3..8 rows on a GPU.
 
 The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
 largest value), ``rsqrt`` (≤ 2^-22.9 relative) and f32 accumulation, as the batch-1 kernel.
