@@ -31,6 +31,9 @@
 #   imma2    the int8 tensor-core kernel as the default for 4..8 rows (ops.IMMA_MIN_ROWS): M = 2, 3,
 #            4, 8 against the many-row m1, then its GPU tests and the serving and linear-layer
 #            GPU tests (graph == eager, fused vs reference, the fullgraph compile) on that default
+#   imma3    the slices added inside the int8 kernel (ops.IMMA_FUSED_SUM, off; untested on a GPU):
+#            its GPU tests, M = 3 and 8 against the slice-sum launch, then the fullgraph compile
+#            test (not reached in session h) and the serving GPU tests
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -141,6 +144,13 @@ tetra48-imma-fused-noprep
   gpu_tests tests-imma2 250 tests/kernels/test_triton_gpu.py -k "imma" tests/serve/test_gpu.py \
     tests/nn/test_linear.py
   ;;
+imma3)
+  gpu_tests tests-imma3 200 tests/kernels/test_triton_gpu.py -k "imma"
+  matvec matvec-imma3 170 --batches 3,8 --arms fp16,tetra48-imma-fused-noprep,\
+tetra48-imma-ksum-fused-noprep
+  gpu_tests tests-imma3-serve 200 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
+    tests/serve/test_gpu.py
+  ;;
 p14rows)
   matvec matvec-planes14-rows 400 --batches 2,4,8 --arms fp16,planes14-fused,planes14-m1-fused
   ;;
@@ -156,7 +166,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit | imma | imma2)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit | imma | imma2 | imma3)" >&2
   exit 2
   ;;
 esac

@@ -413,30 +413,40 @@ def test_imma_helpers_ptx_equal_emulation() -> None:
 @pytest.mark.parametrize("m_rows", [2, 5, 8])
 def test_tetra48_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
     """The int8 tensor-core kernel at real shapes (and a short one with a tail), both row-group
-    forms: within the batch-1 bound (1e-5 of Σ|w·x|) of the f64 product, every output written."""
+    forms, with the slice-sum launch and with the slices added in the kernel (tickets; run
+    twice): within the batch-1 bound (1e-5 of Σ|w·x|) of the f64 product, every output
+    written."""
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
     x = torch.randn(m_rows, d_in, device=DEV)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(DEV).order)
     dense = ref.tetra48_dequantize_rotated(w)
     acts = ops.imma_activation(xp, m_rows, w.n_blocks)
-    for rps in (1, 2):
+    for rps, fused in ((1, False), (2, False), (2, True), (1, True), (2, True)):
         y = torch.full((m_rows, d_out), float("nan"), device=DEV)
-        ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, acts=acts, rows_per_step=rps)
-        assert _worst(y, x, dense) <= 1e-5, rps
+        ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, acts=acts, rows_per_step=rps,
+                                         fused_sum=fused)
+        assert _worst(y, x, dense) <= 1e-5, (rps, fused)
+    assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0  # the fused sum reset them
 
 
 def test_tetra48_imma_compiles_clean() -> None:
     """Offline sm_90 compile of the int8 tensor-core kernel: no local memory, the staged table
     never overwritten (no Triton shared-memory traffic in its loops), the MMA in the step loop."""
     from leechq.kernels.triton import introspect as I
-    from leechq.kernels.triton.tetra48_imma import imma_kernel
+    from leechq.kernels.triton.tetra48_imma import imma_fused_kernel, imma_kernel
 
     sig = {"rec_ptr": "*i32", "ex_ptr": "*fp32", "w_ptr": "*i32", "cent_ptr": "*fp32",
            "tab_ptr": "*i32", "part_ptr": "*fp32", "d_out": "i32", "K_PER": "i32"}
-    for rps in (1, 2):
-        c = I.compile_for(imma_kernel, sig, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, USE_ASM=True),
-                          num_warps=4, aligned_ints=("d_out",))
+    fsig = {**sig, "cnt_ptr": "*i32", "scale_ptr": "*fp32", "tail_ptr": "*fp32",
+            "xp_ptr": "*fp32", "stride_x": "i32", "y_ptr": "*fp32", "stride_y": "i32",
+            "m_rows": "i32"}
+    for rps, fused in ((1, False), (2, False), (1, True), (2, True)):
+        kernel, s, extra = ((imma_fused_kernel, fsig, {"TAIL_COLS": 16, "NPP": 128}) if fused
+                            else (imma_kernel, sig, {}))
+        c = I.compile_for(kernel, s, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, USE_ASM=True,
+                                          **extra),
+                          num_warps=4, aligned_ints=("d_out", "stride_x", "stride_y"))
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (rps, res)
         mix = I.loop_mix(I.sass(c))["loop"]

@@ -497,17 +497,22 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     # 3 rows, two row groups per step, two row sets per program, a short last row group,
     # an odd block count past the last 4-block step
     (19, 9 * 24, 3, {"num_warps": 1, "row_groups": 2, "rows_per_step": 2}),
+    # the slices added in the kernel (tickets per warp): 2 warps, 3 slices, a tail
+    (40, 13 * 24 + 3, 5, {"num_warps": 2, "k_per": 8, "fused_sum": True}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:
-    the batch-1 bound (1e-5 of Σ|w·x|), every output written (NaN poison)."""
+    the batch-1 bound (1e-5 of Σ|w·x|), every output written (NaN poison); with the fused slice
+    sum twice (the tickets are reset)."""
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out + m_rows)
     x = torch.randn(m_rows, d_in)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
-    y = torch.full((m_rows, d_out), float("nan"))
-    ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, **kw)
-    _bounded(y, x, ref.tetra48_dequantize_rotated(w))
+    for _ in range(2 if kw.get("fused_sum") else 1):
+        y = torch.full((m_rows, d_out), float("nan"))
+        ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, **kw)
+        _bounded(y, x, ref.tetra48_dequantize_rotated(w))
+    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
 def test_tetra48_imma_rejects_bad_input() -> None:

@@ -94,6 +94,9 @@ cases = [
     ("tetra48 mma M=9", lambda x: ops.tetra48_matmul_mma(x, tetra), 9, tetra.d_in),
     ("tetra48 int8 mma M=6", lambda x: ops.tetra48_matvec_imma_prepared(
         ops.prepare_activation(x, tetra.n_blocks, order), tetra, 6), 6, tetra.d_in),
+    ("tetra48 int8 mma fused sum M=5", lambda x: ops.tetra48_matvec_imma_prepared(
+        ops.prepare_activation(x, tetra.n_blocks, order), tetra, 5, fused_sum=True), 5,
+     tetra.d_in),
     ("tetra48 dense M=17", lambda x: ops.tetra48_matmul_dense(x, tetra), 17, tetra.d_in),
     ("rotate", lambda x: ops.rotate(x, ops.DeviceRotation.from_tables(rot, "cpu"),
                                     prepared_order=order), 2, 96),
@@ -126,7 +129,7 @@ def test_entry_points_trace_fullgraph() -> None:
                           text=True, timeout=600, cwd=root)
     lines = [ln for ln in proc.stdout.splitlines() if ": " in ln]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == 12, proc.stdout + proc.stderr[-3000:]
+    assert len(lines) == 13, proc.stdout + proc.stderr[-3000:]
     for line in lines:
         result = line.split(": ", 1)[1]
         assert result.startswith("kernels=") and int(result.split("=")[1]) >= 1, line

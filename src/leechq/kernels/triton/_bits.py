@@ -342,3 +342,30 @@ def global_store32(ptr, value, ok, USE_ASM: tl.constexpr):
         )
     else:
         tl.store(ptr, value, mask=ok)
+
+
+@triton.jit
+def warp_any(pred, NW: tl.constexpr, USE_ASM: tl.constexpr):
+    """Per lane, 1 (int32) where any lane of its warp has ``pred`` (``vote.sync.any``), else 0."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "{ .reg .pred p, q; setp.ne.u32 p, $1, 0; vote.sync.any.pred q, p, 0xffffffff; "
+            "selp.u32 $0, 1, 0, q; }",
+            "=r,r", [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
+    else:
+        m = tl.max(tl.reshape(pred.to(tl.int32), (NW, 32)), axis=1)
+        out = tl.reshape(tl.broadcast_to(m[:, None], (NW, 32)), (NW * 32,))
+    return out
+
+
+@triton.jit
+def fence_gpu(anchor, USE_ASM: tl.constexpr):
+    """``fence.acq_rel.gpu`` on every lane (``anchor``: any int32 tensor; returns zeros of its
+    shape); nothing under the interpreter, which runs programs one after another."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [anchor],
+                                        dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        out = anchor * 0
+    return out

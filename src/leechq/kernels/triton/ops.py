@@ -52,6 +52,7 @@ from leechq.kernels.triton.tetra48_imma import (
     STEP_WORDS,
     imma_activation_kernel,
     imma_finalize_kernel,
+    imma_fused_kernel,
     imma_kernel,
 )
 from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, m1_kernel, null_m1_kernel
@@ -879,6 +880,13 @@ H200, Qwen3-8B projections with prepared inputs (BENCHMARKS.md §3 run 13), ms: 
 3.675 / int8 MMA 5.624; 3 rows 6.185 / 5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94."""
 
 
+IMMA_FUSED_SUM = False
+"""Whether the int8 tensor-core kernel adds its K-slices itself (``imma_fused_kernel``: per-warp
+tickets, no slice-sum launch; ``LEECHQ_IMMA_FUSED_SUM=1|0`` overrides per call). Off until timed
+and tested on a GPU: written 2026-11-30 without device time left (the slice-sum launch costs
+3–10 µs of the 17–63 µs per matrix at 8 rows, BENCHMARKS.md §3 run 13)."""
+
+
 def _imma_default(m_rows: int) -> bool:
     """Whether ``m_rows`` unconfigured activation rows take the int8 tensor-core kernel."""
     return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and not interpreting()
@@ -921,7 +929,8 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
                                  acts: tuple[torch.Tensor, torch.Tensor] | None = None,
                                  k_per: int | None = None, num_warps: int = 4,
                                  row_groups: int = 1, rows_per_step: int = 2,
-                                 maxnreg: int = IMMA_MAXNREG) -> torch.Tensor:
+                                 maxnreg: int = IMMA_MAXNREG,
+                                 fused_sum: bool | None = None) -> torch.Tensor:
     """``y = W x`` for 1..8 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
     [M, d_out] from the prepared activation ``xp`` (as :func:`tetra48_matvec_prepared`; twin:
     ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
@@ -930,7 +939,8 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     rows per program; ``rows_per_step`` (1 or 2) groups of 8 rows per warp and step, sharing the
     step's activation fragments; ``maxnreg``: the register cap (0: the compiler's choice;
     :data:`IMMA_MAXNREG`). Three launches: the activation records (unless given), the MMA kernel
-    and the slice sum."""
+    and the slice sum — two with ``fused_sum`` (default :data:`IMMA_FUSED_SUM`), where the MMA
+    kernel adds the slices itself."""
     _check_lattice(w, w.words, "words")
     if not 1 <= m_rows <= IMMA_ROWS:
         raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
@@ -955,11 +965,24 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     slices = max(1, triton.cdiv(w.n_blocks, k_per))
     part = torch.empty(slices, IMMA_ROWS, w.d_out, dtype=torch.float32, device=dev)
     tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
+    regs = {"maxnreg": maxnreg} if maxnreg and _use_asm() else {}
+    if fused_sum is None:
+        fused_sum = os.environ.get("LEECHQ_IMMA_FUSED_SUM", "1" if IMMA_FUSED_SUM else "0") == "1"
+    if fused_sum:
+        if tiles * row_groups * num_warps > TICKET_SLOTS:
+            raise UnsupportedShape(f"{w.d_out} rows need more than {TICKET_SLOTS} tickets")
+        imma_fused_kernel[(tiles, slices)](
+            rec, ex, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, k_per,
+            _tickets(dev), w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), m_rows,
+            N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step,
+            TAIL_COLS=w.tail_cols, NPP=npp, USE_ASM=_use_asm(), num_warps=num_warps,
+            num_stages=1, **regs,
+        )
+        return y
     imma_kernel[(tiles, slices)](
         rec, ex, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, k_per,
         N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, USE_ASM=_use_asm(),
-        num_warps=num_warps, num_stages=1,
-        **({"maxnreg": maxnreg} if maxnreg and _use_asm() else {}),
+        num_warps=num_warps, num_stages=1, **regs,
     )
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](

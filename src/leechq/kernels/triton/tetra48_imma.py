@@ -6,7 +6,8 @@ to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows
 more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
 
 * **Fragments.** A warp takes groups of 8 weight rows (``RPS`` = 1 or 2 groups, default 2) ×
-  4 consecutive blocks per step; in each group lane ``4g + c`` decodes block ``c`` of row ``g`` (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
+  4 consecutive blocks per step; in each group lane ``4g + c`` decodes block ``c`` of row ``g``
+  (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
   Its section ``s`` value words (even, odd trio halves) are exactly the ``B`` fragment
   (``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]``) of one MMA whose 32-deep ``k`` is section ``s`` of
   the four blocks. ``A`` is block-diagonal: row ``m`` is (block ``(m mod 8) // 2``, activation
@@ -25,7 +26,9 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   next step's weight words one step ahead — issued next to their MMAs they cost one L2 round
   trip each (BENCHMARKS.md §3 run 13). Partial sums per K-slice go to
   ``part [KS, 8, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
-  tail. ``ops.tetra48_matvec_prepared`` takes this kernel for 3..8 rows on a GPU.
+  tail — or, in :func:`imma_fused_kernel`, the last warp to finish a set of rows does (per-warp
+  tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` takes this kernel
+  for 3..8 rows on a GPU.
 
 The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
 largest value), ``rsqrt`` (≤ 2^-22.9 relative) and f32 accumulation, as the batch-1 kernel.
@@ -38,6 +41,7 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import (
+    fence_gpu,
     global_load32,
     global_load128,
     global_load128_all,
@@ -45,6 +49,7 @@ from leechq.kernels.triton._bits import (
     mma_i8,
     shfl_idx,
     shfl_xor,
+    warp_any,
 )
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
@@ -202,7 +207,36 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all 8
     activation rows; see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
     each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
-    fragments between them. Launched with ``num_warps = NW``."""
+    fragments between them. Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
+    adds the slices."""
+    _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
+               cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, False, 0,
+               0, USE_ASM)
+
+
+@triton.jit
+def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
+                      scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
+                      N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
+                      RPS: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
+                      USE_ASM: tl.constexpr):
+    """:func:`imma_kernel` and the slice sum in one launch: after storing its partials for a set
+    of rows, each storing lane takes a ticket of its warp's rows (``cnt_ptr``, acq_rel); the warp
+    holding the last of the ``slices · 8`` tickets adds the slices in slice order, applies σ_row
+    and the tail, writes ``y`` for the ``m_rows`` activation rows and resets the counter — the
+    scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
+    _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
+               scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
+               RPS, True, TAIL_COLS, NPP, USE_ASM)
+
+
+@triton.jit
+def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
+               scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
+               N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
+               FUSED: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
+               USE_ASM: tl.constexpr):
+    """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum)."""
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
     base = stage_table(tab_ptr, d_out, USE_ASM)
@@ -306,6 +340,42 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
         if RPS == 2:
             _store_group(v00, v01, v02, v03, part, rv, lane, d_out, 0, NW, USE_ASM)
             _store_group(v10, v11, v12, v13, part, rv, lane, d_out, 1, NW, USE_ASM)
+        if FUSED:
+            chunk = (tl.program_id(0) * RG + i) * NW + warp  # this warp's rows
+            _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
+                            stride_y, chunk, ru, lane, d_out, m_rows, 8 * RPS, NW, TAIL_COLS, NPP,
+                            USE_ASM)
+
+
+@triton.jit
+def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y,
+                    chunk, row0, lane, d_out, m_rows, ROWS: tl.constexpr, NW: tl.constexpr,
+                    TAIL_COLS: tl.constexpr, NPP: tl.constexpr, USE_ASM: tl.constexpr):
+    """After a warp stored its partials for rows ``row0 .. row0 + ROWS``: lanes 0..7 (the storing
+    lanes) each take a ticket of ``chunk`` after their own stores (acq_rel); the warp that
+    holds the last of the ``slices · 8`` tickets sums the slices in slice order for its rows
+    (one per lane), applies σ_row and the tail and writes ``y`` for every activation row, then
+    resets the counter."""
+    taker = lane < 8
+    tickets = tl.num_programs(1) * 8
+    old = tl.atomic_add(cnt_ptr + chunk, 1, sem="acq_rel", scope="gpu", mask=taker)
+    last = warp_any(taker & (old == tickets - 1), NW, USE_ASM)
+    last = last + fence_gpu(last, USE_ASM)  # the whole warp reads what the other slices wrote
+    rr = row0 + lane
+    ok = (last != 0) & (lane < ROWS) & (rr < d_out)
+    rc = tl.where(ok, rr, 0)
+    sig = tl.load(scale_ptr + rc, mask=ok, other=0.0)
+    for t in range(m_rows):
+        tot = tl.zeros(sig.shape, tl.float32)
+        for s in range(tl.num_programs(1)):  # a loop: its registers must not grow with slices
+            tot += tl.load(part_ptr + (s * 8 + t) * d_out + rc, mask=ok, other=0.0,
+                           cache_modifier=".cg")
+        out = tot * sig
+        for k in range(TAIL_COLS):
+            out += (tl.load(tail_ptr + rc * TAIL_COLS + k, mask=ok, other=0.0)
+                    * tl.load(xp_ptr + t * stride_x + 48 * NPP + k + lane * 0))
+        tl.store(y_ptr + t * stride_y + rc, out, mask=ok)
+    tl.atomic_xchg(cnt_ptr + chunk, 0, mask=(last != 0) & (lane == 0))
 
 
 @triton.jit
