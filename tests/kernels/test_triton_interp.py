@@ -499,6 +499,8 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     (19, 9 * 24, 3, {"num_warps": 1, "row_groups": 2, "rows_per_step": 2}),
     # the slices added in the kernel (tickets per warp): 2 warps, 3 slices, a tail
     (40, 13 * 24 + 3, 5, {"num_warps": 2, "k_per": 8, "fused_sum": True}),
+    # no coded block at all: the tail only, with the default geometry
+    (9, 20, 4, {}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:

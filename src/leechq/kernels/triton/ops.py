@@ -645,7 +645,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     :data:`IMMA_MIN_ROWS`)."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
-    if config is None and _imma_default(m_rows):
+    if config is None and w.n_blocks and _imma_default(m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
@@ -919,7 +919,7 @@ def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int 
     """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: enough slices for
     about four programs per SM."""
     tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
-    steps = triton.cdiv(n_blocks, 4)
+    steps = max(1, triton.cdiv(n_blocks, 4))
     ks = max(1, min(steps, triton.cdiv(4 * _sm_count(device), tiles)))
     return 4 * triton.cdiv(steps, ks)
 
