@@ -502,21 +502,26 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
 
 
 def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
-               noprep: bool = False, rows_per_step: int = 2, fused_sum: bool = False) -> Pass:
+               noprep: bool = False, rows_per_step: int = 2, fused_sum: bool = False,
+               layout: str = "tetra48") -> Pass:
     """Fused Tetra groups through the int8 tensor-core kernel (ops.tetra48_matvec_imma_prepared,
     1..8 rows): per layer and group input the preparation launch (none with ``noprep``: the
     prepared layout is given, as the rotation writes it in a served model), one activation-record
     launch shared by the group's matrices, then per matrix the MMA kernel and its slice sum (in
-    the MMA kernel with ``fused_sum``)."""
+    the MMA kernel with ``fused_sum``). ``layout``: ``tetra48`` or ``planes14`` (the Planes14
+    decode, activation in ``planes14_m1_order``)."""
     import torch
 
     from leechq.kernels import reference as ref
     from leechq.kernels.tables import tetra_kernel_tables
     from leechq.kernels.triton import ops
 
-    layers = _lattice_weights(model, "tetra48", True, device, seed)
+    layers = _lattice_weights(model, layout, True, device, seed)
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
-    order = tetra_kernel_tables(device).order
+    tetra = layout == "tetra48"
+    order = tetra_kernel_tables(device).order if tetra else ops.planes14_m1_order(device)
+    matvec = ops.tetra48_matvec_imma_prepared if tetra else ops.planes14_matvec_imma_prepared
+    dequantize = ref.tetra48_dequantize_rotated if tetra else ref.planes14_dequantize_rotated
     first = layers[0]
     src_of = {k: GROUP_INPUT[k.split("+")[0]] for k in first}
     nb_of = {src_of[k]: w.n_blocks for k, w in first.items()}
@@ -534,15 +539,14 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
                     if not noprep:
                         ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[b][src])
                     acts[src] = ops.imma_activation(preps[b][src], batch, w.n_blocks)
-                ops.tetra48_matvec_imma_prepared(preps[b][src], w, batch, out=outs[k],
-                                                 acts=acts[src], rows_per_step=rows_per_step,
-                                                 fused_sum=fused_sum)
+                matvec(preps[b][src], w, batch, out=outs[k], acts=acts[src],
+                       rows_per_step=rows_per_step, fused_sum=fused_sum)
 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
     groups = len(nb_of)
     launches = model.layers * ((1 if fused_sum else 2) * len(first)
                                + groups * (1 if noprep else 2))
-    name = ("tetra48-imma" + ("-rps1" if rows_per_step == 1 else "")
+    name = (layout + "-imma" + ("-rps1" if rows_per_step == 1 else "")
             + ("-ksum" if fused_sum else "") + "-fused" + ("-noprep" if noprep else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
@@ -551,9 +555,8 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
         for k, w in first.items():
             x = xs[0][src_of[k]]
             xp = ops.prepare_activation(x, w.n_blocks, order)
-            y = ops.tetra48_matvec_imma_prepared(xp, w, batch, rows_per_step=rows_per_step,
-                                                 fused_sum=fused_sum)
-            worst = max(worst, ref.row_bound_error(y, x, ref.tetra48_dequantize_rotated(w)))
+            y = matvec(xp, w, batch, rows_per_step=rows_per_step, fused_sum=fused_sum)
+            worst = max(worst, ref.row_bound_error(y, x, dequantize(w)))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -973,6 +976,8 @@ def main() -> None:
                 m, b, args.sets, device, 13, noprep=True, rows_per_step=1)
             builders["tetra48-imma-ksum-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, fused_sum=True)
+            builders["planes14-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 14, noprep=True, layout="planes14")
             for n in (2, 4, 8):  # several programs per (row, group) write the prepared layout
                 builders[f"rotation-s{n}"] = lambda m=model, b=batch, n=n: build_rotation(
                     m, b, args.sets, device, 9, splits=n)
@@ -1101,7 +1106,8 @@ def dry_run() -> None:
         p = build_batched(tiny, kind, 12, 1, "cpu", 0)
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
-    for kw in ({}, {"noprep": True, "rows_per_step": 1}, {"noprep": True, "fused_sum": True}):
+    for kw in ({}, {"noprep": True, "rows_per_step": 1}, {"noprep": True, "fused_sum": True},
+               {"noprep": True, "layout": "planes14"}):
         p = build_imma(tiny, 3, 1, "cpu", 0, **kw)
         p.run(0)
         print("tetra48-imma", kw, "err", p.check())

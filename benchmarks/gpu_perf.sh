@@ -31,9 +31,10 @@
 #   imma2    the int8 tensor-core kernel as the default for 4..8 rows (ops.IMMA_MIN_ROWS): M = 2, 3,
 #            4, 8 against the many-row m1, then its GPU tests and the serving and linear-layer
 #            GPU tests (graph == eager, fused vs reference, the fullgraph compile) on that default
-#   imma3    the slices added inside the int8 kernel (ops.IMMA_FUSED_SUM, off; untested on a GPU):
-#            its GPU tests, M = 3 and 8 against the slice-sum launch, then the fullgraph compile
-#            test (not reached in session h) and the serving GPU tests
+#   imma3    the slices added inside the int8 kernel (ops.IMMA_FUSED_SUM, off) and Planes14 records
+#            through it (ops.planes14_matvec_imma_prepared, opt-in), both untested on a GPU: the
+#            GPU tests, M = 3 and 8 against the slice-sum launch and against Planes14's many-row
+#            m1, then the fullgraph compile test (not reached in session h) and the serving tests
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -146,8 +147,8 @@ tetra48-imma-fused-noprep
   ;;
 imma3)
   gpu_tests tests-imma3 200 tests/kernels/test_triton_gpu.py -k "imma"
-  matvec matvec-imma3 170 --batches 3,8 --arms fp16,tetra48-imma-fused-noprep,\
-tetra48-imma-ksum-fused-noprep
+  matvec matvec-imma3 200 --batches 3,8 --arms fp16,tetra48-imma-fused-noprep,\
+tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
   gpu_tests tests-imma3-serve 200 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
   ;;

@@ -77,7 +77,7 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
                             tab=tab, extra=extra):
                 imma_kernel[(tiles, slices)](
                     acts[0], acts[1], w.words, w.row_centroids, tab, part, d_out, kp,
-                    N_BLOCKS=nb, NW=4, RG=rg, RPS=rps, USE_ASM=True, num_warps=4,
+                    N_BLOCKS=nb, NW=4, RG=rg, RPS=rps, CODE=0, USE_ASM=True, num_warps=4,
                     num_stages=1, **extra)
 
             full = us(lambda kp=kp, rg=rg, rps=rps, mr=mr: ops.tetra48_matvec_imma_prepared(

@@ -430,9 +430,26 @@ def test_tetra48_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
     assert int(ops._tickets(torch.device(DEV)).abs().sum()) == 0  # the fused sum reset them
 
 
+@pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 12288), (1000, 2560 + 7)])
+@pytest.mark.parametrize("m_rows", [3, 8])
+def test_planes14_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """Planes14 records through the int8 tensor-core kernel (opt-in) at real shapes, with and
+    without the fused slice sum: within 1e-5 of Σ|w·x| of the f64 product."""
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    x = torch.randn(m_rows, d_in, device=DEV)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order(DEV))
+    dense = ref.planes14_dequantize_rotated(w)
+    for fused in (False, True):
+        y = torch.full((m_rows, d_out), float("nan"), device=DEV)
+        ops.planes14_matvec_imma_prepared(xp, w, m_rows, out=y, fused_sum=fused)
+        assert _worst(y, x, dense) <= 1e-5, fused
+
+
 def test_tetra48_imma_compiles_clean() -> None:
-    """Offline sm_90 compile of the int8 tensor-core kernel: no local memory, the staged table
-    never overwritten (no Triton shared-memory traffic in its loops), the MMA in the step loop."""
+    """Offline sm_90 compile of the int8 tensor-core kernel (Tetra; Planes14 once): no local
+    memory, the staged table never overwritten (no Triton shared-memory traffic in its loops),
+    the MMA in the step loop."""
     from leechq.kernels.triton import introspect as I
     from leechq.kernels.triton.tetra48_imma import imma_fused_kernel, imma_kernel
 
@@ -441,11 +458,12 @@ def test_tetra48_imma_compiles_clean() -> None:
     fsig = {**sig, "cnt_ptr": "*i32", "scale_ptr": "*fp32", "tail_ptr": "*fp32",
             "xp_ptr": "*fp32", "stride_x": "i32", "y_ptr": "*fp32", "stride_y": "i32",
             "m_rows": "i32"}
-    for rps, fused in ((1, False), (2, False), (1, True), (2, True)):
+    for rps, fused, code in ((1, False, 0), (2, False, 0), (1, True, 0), (2, True, 0),
+                             (2, False, 1)):
         kernel, s, extra = ((imma_fused_kernel, fsig, {"TAIL_COLS": 16, "NPP": 128}) if fused
                             else (imma_kernel, sig, {}))
-        c = I.compile_for(kernel, s, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, USE_ASM=True,
-                                          **extra),
+        c = I.compile_for(kernel, s, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, CODE=code,
+                                          USE_ASM=True, **extra),
                           num_warps=4, aligned_ints=("d_out", "stride_x", "stride_y"))
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (rps, res)

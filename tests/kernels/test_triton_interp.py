@@ -517,6 +517,19 @@ def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
+def test_planes14_imma() -> None:
+    """Planes14 records through the int8 tensor-core kernel (the batch-1 Planes14 decode, the
+    activation in ``planes14_m1_order``): 3 rows, two row sets per program, an odd block count
+    and a tail, within the batch-1 bound of the f64 product."""
+    ops = _ops()
+    w = random_planes14(19, 9 * 24 + 5, seed=5)
+    x = torch.randn(3, w.d_in)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order("cpu"))
+    y = torch.full((3, w.d_out), float("nan"))
+    ops.planes14_matvec_imma_prepared(xp, w, 3, out=y, num_warps=1, row_groups=2)
+    _bounded(y, x, ref.planes14_dequantize_rotated(w))
+
+
 def test_tetra48_imma_rejects_bad_input() -> None:
     ops = _ops()
     w = random_tetra48(8, 4 * 24, seed=1)

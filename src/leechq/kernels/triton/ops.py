@@ -942,10 +942,39 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     and the slice sum — two with ``fused_sum`` (default :data:`IMMA_FUSED_SUM`), where the MMA
     kernel adds the slices itself."""
     _check_lattice(w, w.words, "words")
+    return _matvec_imma(TETRA.value, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
+                        acts, k_per, num_warps, row_groups, rows_per_step, maxnreg, fused_sum)
+
+
+def planes14_matvec_imma_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
+                                  out: torch.Tensor | None = None,
+                                  acts: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                  k_per: int | None = None, num_warps: int = 4,
+                                  row_groups: int = 1, rows_per_step: int = 2,
+                                  maxnreg: int = IMMA_MAXNREG,
+                                  fused_sum: bool | None = None) -> torch.Tensor:
+    """:func:`tetra48_matvec_imma_prepared` for ``planes14`` records (the Planes14 decode of the
+    batch-1 kernel, :mod:`.planes14_m1`), the activation prepared in ``tables.planes14_m1_order``
+    (twin: ``reference.planes14_matvec``). Opt-in: not yet run on a GPU (written 2026-11-30
+    without device time left); ``planes14_matvec`` does not select it."""
+    _check_lattice(w, w.records, "records")
+    return _matvec_imma(PLANES14.value, w.records, planes14_m1_table(xp.device), xp, w, m_rows,
+                        out, acts, k_per, num_warps, row_groups, rows_per_step, maxnreg,
+                        fused_sum)
+
+
+def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.Tensor,
+                 w: Tetra48Weight | Planes14Weight, m_rows: int, out: torch.Tensor | None,
+                 acts: tuple[torch.Tensor, torch.Tensor] | None, k_per: int | None,
+                 num_warps: int, row_groups: int, rows_per_step: int, maxnreg: int,
+                 fused_sum: bool | None) -> torch.Tensor:
+    """The launches of :func:`tetra48_matvec_imma_prepared` and
+    :func:`planes14_matvec_imma_prepared` (``code``: the kernel's ``CODE``; ``data``: the words
+    or records; ``table``: the decode's staged table)."""
     if not 1 <= m_rows <= IMMA_ROWS:
         raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
                                f"1..{IMMA_ROWS}")
-    _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
+    _check_prepared(xp, m_rows, w.n_blocks, data.device)
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
     if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
@@ -972,17 +1001,17 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
         if tiles * row_groups * num_warps > TICKET_SLOTS:
             raise UnsupportedShape(f"{w.d_out} rows need more than {TICKET_SLOTS} tickets")
         imma_fused_kernel[(tiles, slices)](
-            rec, ex, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, k_per,
+            rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
             _tickets(dev), w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), m_rows,
             N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step,
-            TAIL_COLS=w.tail_cols, NPP=npp, USE_ASM=_use_asm(), num_warps=num_warps,
+            TAIL_COLS=w.tail_cols, NPP=npp, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps,
             num_stages=1, **regs,
         )
         return y
     imma_kernel[(tiles, slices)](
-        rec, ex, w.words, w.row_centroids, tetra_m1_table(dev), part, w.d_out, k_per,
-        N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, USE_ASM=_use_asm(),
-        num_warps=num_warps, num_stages=1, **regs,
+        rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
+        N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, CODE=code,
+        USE_ASM=_use_asm(), num_warps=num_warps, num_stages=1, **regs,
     )
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
@@ -990,6 +1019,8 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
         NPP=npp, TAIL_COLS=w.tail_cols, SLICES=triton.next_power_of_2(slices), BLK=blk,
     )
     return y
+
+
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,

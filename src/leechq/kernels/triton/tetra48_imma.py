@@ -51,6 +51,7 @@ from leechq.kernels.triton._bits import (
     shfl_xor,
     warp_any,
 )
+from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
     decode_nibbles,
@@ -99,19 +100,42 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
 
 
 @triton.jit
-def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, USE_ASM: tl.constexpr):
-    """The two words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``)."""
-    pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
+def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, CODE: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """The words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``): two of a
+    ``tetra48`` row (``CODE`` 0), four of a ``planes14`` row (``CODE`` 1; the odd record of a
+    pair starts in the high half of the pair's word 3)."""
+    if CODE == 0:
+        pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
+    else:
+        pw = w_ptr + rc * STRIDE_W + 7 * (blk // 2) + 3 * (blk % 2)
     x0 = global_load32(pw, ok, USE_ASM).to(tl.uint32, bitcast=True)
     x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
-    return x0, x1
+    x2 = x0
+    x3 = x1
+    if CODE != 0:
+        x2 = global_load32(pw + 2, ok, USE_ASM).to(tl.uint32, bitcast=True)
+        x3 = global_load32(pw + 3, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _decode_block(x0, x1, odd, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
-    """A block per lane from its two words (:func:`_block_words`; ``odd``: the block is the odd
-    one of its pair): its six value words (the ``B`` fragments of sections 1..3) and its scale
-    ``centroid[g] / ‖y‖``."""
+def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    """A block per lane from its words (:func:`_block_words`; ``odd``: the block is the odd one
+    of its pair): its six value words (the ``B`` fragments of sections 1..3) and its scale
+    ``centroid[g] / ‖y‖`` — the Tetra decode (``CODE`` 0) or the Planes14 one (``CODE`` 1,
+    :func:`.planes14_m1._record_bytes`: its quads ``2k + h`` are the value words of section
+    ``k``, half ``h``, with the activation prepared in ``tables.planes14_m1_order``)."""
+    x0, x1, x2, x3 = words
+    if CODE != 0:
+        ra = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
+        rb = tl.where(odd, (x1 >> 16) | (x2 << 16), x1)
+        rc = tl.where(odd, (x2 >> 16) | (x3 << 16), x2)
+        rd = tl.where(odd, x3 >> 16, x3 & 0xFFFF)
+        quads, g, invw = _record_bytes(ra, rb, rc, rd, tab_ptr, base, True, USE_ASM)
+        scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
+        return quads, scale
     lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
     hi = tl.where(odd, x1 >> 16, x1)
     h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
@@ -202,7 +226,7 @@ def _store_group(acc0, acc1, acc2, acc3, part, row0, lane, d_out, HALF: tl.const
 @triton.jit
 def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
                 N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
-                RPS: tl.constexpr, USE_ASM: tl.constexpr):
+                RPS: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
     """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all 8
     activation rows; see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
@@ -211,7 +235,7 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
     adds the slices."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
                cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, False, 0,
-               0, USE_ASM)
+               0, CODE, USE_ASM)
 
 
 @triton.jit
@@ -219,7 +243,7 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
                       scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                       N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
                       RPS: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-                      USE_ASM: tl.constexpr):
+                      CODE: tl.constexpr, USE_ASM: tl.constexpr):
     """:func:`imma_kernel` and the slice sum in one launch: after storing its partials for a set
     of rows, each storing lane takes a ticket of its warp's rows (``cnt_ptr``, acq_rel); the warp
     holding the last of the ``slices · 8`` tickets adds the slices in slice order, applies σ_row
@@ -227,7 +251,7 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
     scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
-               RPS, True, TAIL_COLS, NPP, USE_ASM)
+               RPS, True, TAIL_COLS, NPP, CODE, USE_ASM)
 
 
 @triton.jit
@@ -235,11 +259,17 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
                FUSED: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-               USE_ASM: tl.constexpr):
-    """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum)."""
-    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+               CODE: tl.constexpr, USE_ASM: tl.constexpr):
+    """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
+    0 for ``tetra48`` words and the batch-1 Tetra table, 1 for ``planes14`` records and
+    ``tables.planes14_m1_table``)."""
     NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
-    base = stage_table(tab_ptr, d_out, USE_ASM)
+    if CODE == 0:
+        STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+        base = stage_table(tab_ptr, d_out, USE_ASM)
+    else:
+        STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)
+        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     e = tl.arange(0, NW * 32)
     sb_rep = sb_copy(e)
     warp = e // 32
@@ -278,11 +308,10 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
         u00, u01, u02, u03, u10, u11, u12, u13 = z, z, z, z, z, z, z, z
         v00, v01, v02, v03, v10, v11, v12, v13 = z, z, z, z, z, z, z, z
         blk = b_start + c
-        xu0, xu1 = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, USE_ASM)
-        xv0 = xu0
-        xv1 = xu1
+        xu = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
+        xv = xu
         if RPS == 2:
-            xv0, xv1 = _block_words(w_ptr, rcv, blk, ok_v & (blk < N_BLOCKS), STRIDE_W, USE_ASM)
+            xv = _block_words(w_ptr, rcv, blk, ok_v & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
         for b0 in range(b_start, b_stop, 4):
             blk = b0 + c
             # the step's A fragments (both halves) and exponents first: their latency overlaps
@@ -293,16 +322,16 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             ea, eb, ec, ed = global_load128_all(ex_ptr + ((b0 + gb) * 2 + q) * 4, USE_ASM)
             # the next step's words (loaded one step ahead; none past the slice)
             nb = blk + 4
-            nu0, nu1 = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop),
-                                    STRIDE_W, USE_ASM)
+            nu = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop), STRIDE_W,
+                              CODE, USE_ASM)
             if RPS == 2:
-                nv0, nv1 = _block_words(w_ptr, rcv, nb, ok_v & (nb < N_BLOCKS) & (nb < b_stop),
-                                        STRIDE_W, USE_ASM)
-            bu, su = _decode_block(xu0, xu1, odd, cu0, cu1, tab_ptr, base, sb_rep, USE_ASM)
+                nv = _block_words(w_ptr, rcv, nb, ok_v & (nb < N_BLOCKS) & (nb < b_stop),
+                                  STRIDE_W, CODE, USE_ASM)
+            bu, su = _decode_block(xu, odd, cu0, cu1, tab_ptr, base, sb_rep, CODE, USE_ASM)
             bv = bu
             sv = su
             if RPS == 2:
-                bv, sv = _decode_block(xv0, xv1, odd, cv0, cv1, tab_ptr, base, sb_rep, USE_ASM)
+                bv, sv = _decode_block(xv, odd, cv0, cv1, tab_ptr, base, sb_rep, CODE, USE_ASM)
             e0 = ea.to(tl.float32, bitcast=True)
             e1 = eb.to(tl.float32, bitcast=True)
             e2 = ec.to(tl.float32, bitcast=True)
@@ -331,10 +360,8 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
                 v11 += f1.to(tl.float32) * (sv1 * e2)
                 v12 += f2.to(tl.float32) * (sv0 * e3)
                 v13 += f3.to(tl.float32) * (sv1 * e3)
-                xv0 = nv0
-                xv1 = nv1
-            xu0 = nu0
-            xu1 = nu1
+                xv = nv
+            xu = nu
         _store_group(u00, u01, u02, u03, part, ru, lane, d_out, 0, NW, USE_ASM)
         _store_group(u10, u11, u12, u13, part, ru, lane, d_out, 1, NW, USE_ASM)
         if RPS == 2:
