@@ -221,20 +221,13 @@ def mma_i8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, A_SIGNED: tl.constexpr, NW: t
     ``a3 = A[g+8, 16+4c..]``, ``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]`` and
     ``c0, c1 = C[g, 2c], C[g, 2c+1]``, ``c2, c3 = C[g+8, 2c], C[g+8, 2c+1]`` (uint32 / int32)."""
     if USE_ASM:
-        if A_SIGNED:
-            d0, d1, d2, d3 = tl.inline_asm_elementwise(
-                "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0, $1, $2, $3}, "
-                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
-            )
-        else:
-            d0, d1, d2, d3 = tl.inline_asm_elementwise(
-                "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, "
-                "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
-            )
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 " if A_SIGNED else
+             "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 ")
+            + "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+        )
     else:
         d0, d1 = _mma_rows(a0, a2, b0, b1, c0, c1, A_SIGNED, NW)
         d2, d3 = _mma_rows(a1, a3, b0, b1, c2, c3, A_SIGNED, NW)

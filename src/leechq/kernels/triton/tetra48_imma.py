@@ -198,29 +198,32 @@ def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.c
 
 
 @triton.jit
-def _store_group(acc0, acc1, acc2, acc3, part, row0, lane, d_out, HALF: tl.constexpr,
-                 NW: tl.constexpr, USE_ASM: tl.constexpr):
-    """Sum one row group's four accumulators of a half over the four block lanes (shuffles) and
-    store them from lanes 0..7 at ``part[activation row, row]`` (``row0``: the group's first row
-    per lane). Accumulator ``k``: row ``2c + k mod 2``, activation row
-    ``q + 2·(k // 2) + 4·HALF`` of lane ``8·blk + 4q + c``."""
+def _accumulate(acc, d, s0, s1, e_r0, e_r1):
+    """One half's ``C`` fragment ``d`` (int32 × 4) of one row group scaled and added to its four
+    accumulators ``acc``: entry ``k`` belongs to row ``2c + k mod 2`` (row scale ``s0`` or
+    ``s1``) and activation row parity ``k // 2`` (block exponent ``e_r0`` or ``e_r1``)."""
+    a0, a1, a2, a3 = acc
+    d0, d1, d2, d3 = d
+    return (a0 + d0.to(tl.float32) * (s0 * e_r0), a1 + d1.to(tl.float32) * (s1 * e_r0),
+            a2 + d2.to(tl.float32) * (s0 * e_r1), a3 + d3.to(tl.float32) * (s1 * e_r1))
+
+
+@triton.jit
+def _store_group(acc, part, row0, lane, d_out, HALF: tl.constexpr, NW: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """Sum one row group's four accumulators ``acc`` of a half (:func:`_accumulate`) over the four
+    block lanes (shuffles) and store them from lanes 0..7 at ``part[activation row, row]``
+    (``row0``: the group's first row per lane). Accumulator ``k``: row ``2c + k mod 2``,
+    activation row ``q + 2·(k // 2) + 4·HALF`` of lane ``8·blk + 4q + c``."""
     c = lane % 4
     q = (lane // 4) % 2
     first = lane < 8
     for k in tl.static_range(4):
-        if k == 0:
-            acc = acc0
-        elif k == 1:
-            acc = acc1
-        elif k == 2:
-            acc = acc2
-        else:
-            acc = acc3
-        acc += shfl_xor(acc, 8, NW, USE_ASM)
-        acc += shfl_xor(acc, 16, NW, USE_ASM)
+        tot = acc[k] + shfl_xor(acc[k], 8, NW, USE_ASM)
+        tot += shfl_xor(tot, 16, NW, USE_ASM)
         n = row0 + 2 * c + (k % 2)
         t = q + 2 * (k // 2) + 4 * HALF
-        global_store32(part + t * d_out + n, acc, first & (n < d_out), USE_ASM)
+        global_store32(part + t * d_out + n, tot, first & (n < d_out), USE_ASM)
 
 
 @triton.jit
@@ -304,9 +307,11 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32,
                                                                           bitcast=True)
         z = tl.zeros(e.shape, tl.float32)
-        # per row group and half: (r0, row 2c), (r0, 2c+1), (r1, 2c), (r1, 2c+1)
-        u00, u01, u02, u03, u10, u11, u12, u13 = z, z, z, z, z, z, z, z
-        v00, v01, v02, v03, v10, v11, v12, v13 = z, z, z, z, z, z, z, z
+        # per row group (u, v) and half (0, 1): (r0, row 2c), (r0, 2c+1), (r1, 2c), (r1, 2c+1)
+        u0 = (z, z, z, z)
+        u1 = u0
+        v0 = u0
+        v1 = u0
         blk = b_start + c
         xu = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
         xv = xu
@@ -339,34 +344,22 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             su0 = shfl_idx(su, src0, NW, USE_ASM)
             su1 = shfl_idx(su, src1, NW, USE_ASM)
             d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM)
-            u00 += d0.to(tl.float32) * (su0 * e0)
-            u01 += d1.to(tl.float32) * (su1 * e0)
-            u02 += d2.to(tl.float32) * (su0 * e1)
-            u03 += d3.to(tl.float32) * (su1 * e1)
+            u0 = _accumulate(u0, (d0, d1, d2, d3), su0, su1, e0, e1)
             if RPS == 2:
                 sv0 = shfl_idx(sv, src0, NW, USE_ASM)
                 sv1 = shfl_idx(sv, src1, NW, USE_ASM)
-                v00 += f0.to(tl.float32) * (sv0 * e0)
-                v01 += f1.to(tl.float32) * (sv1 * e0)
-                v02 += f2.to(tl.float32) * (sv0 * e1)
-                v03 += f3.to(tl.float32) * (sv1 * e1)
+                v0 = _accumulate(v0, (f0, f1, f2, f3), sv0, sv1, e0, e1)
             d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM)
-            u10 += d0.to(tl.float32) * (su0 * e2)
-            u11 += d1.to(tl.float32) * (su1 * e2)
-            u12 += d2.to(tl.float32) * (su0 * e3)
-            u13 += d3.to(tl.float32) * (su1 * e3)
+            u1 = _accumulate(u1, (d0, d1, d2, d3), su0, su1, e2, e3)
             if RPS == 2:
-                v10 += f0.to(tl.float32) * (sv0 * e2)
-                v11 += f1.to(tl.float32) * (sv1 * e2)
-                v12 += f2.to(tl.float32) * (sv0 * e3)
-                v13 += f3.to(tl.float32) * (sv1 * e3)
+                v1 = _accumulate(v1, (f0, f1, f2, f3), sv0, sv1, e2, e3)
                 xv = nv
             xu = nu
-        _store_group(u00, u01, u02, u03, part, ru, lane, d_out, 0, NW, USE_ASM)
-        _store_group(u10, u11, u12, u13, part, ru, lane, d_out, 1, NW, USE_ASM)
+        _store_group(u0, part, ru, lane, d_out, 0, NW, USE_ASM)
+        _store_group(u1, part, ru, lane, d_out, 1, NW, USE_ASM)
         if RPS == 2:
-            _store_group(v00, v01, v02, v03, part, rv, lane, d_out, 0, NW, USE_ASM)
-            _store_group(v10, v11, v12, v13, part, rv, lane, d_out, 1, NW, USE_ASM)
+            _store_group(v0, part, rv, lane, d_out, 0, NW, USE_ASM)
+            _store_group(v1, part, rv, lane, d_out, 1, NW, USE_ASM)
         if FUSED:
             chunk = (tl.program_id(0) * RG + i) * NW + warp  # this warp's rows
             _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
