@@ -645,7 +645,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     :data:`IMMA_MIN_ROWS`)."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
-    if config is None and w.n_blocks and _imma_default(m_rows):
+    if config is None and _imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
@@ -701,6 +701,13 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
             and -(-w.d_out // max(cfg.rows, 1)) <= TICKET_SLOTS)
 
 
+def _check_out(y: torch.Tensor, m_rows: int, d_out: int) -> None:
+    """An output buffer a launch writes rows ``0..m_rows-1`` of: [≥ m_rows, d_out], unit column
+    stride (a column slice of a wider output is fine)."""
+    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != d_out or y.stride(1) != 1:
+        raise InvalidInput(f"out must be [{m_rows}, {d_out}] with unit column stride")
+
+
 def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
                cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
     """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
@@ -711,8 +718,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     ``CODE`` goes as a plain int (torch 2.11's Dynamo rejects a ``tl.constexpr`` object as a kernel
     argument); and every parameter is passed (torch 2.11's Inductor fails on a call that leaves
     one to its default)."""
-    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
+    _check_out(y, m_rows, w.d_out)
     if not w.d_out:
         return
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
@@ -887,9 +893,10 @@ and tested on a GPU: written 2026-11-30 without device time left (the slice-sum 
 3–10 µs of the 17–63 µs per matrix at 8 rows, BENCHMARKS.md §3 run 13)."""
 
 
-def _imma_default(m_rows: int) -> bool:
-    """Whether ``m_rows`` unconfigured activation rows take the int8 tensor-core kernel."""
-    return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and not interpreting()
+def _imma_default(w: Tetra48Weight, m_rows: int) -> bool:
+    """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
+    (a matrix with no coded block, the tail only, stays on the ``m1``/tiled plan)."""
+    return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and w.n_blocks >= 1 and not interpreting()
             and os.environ.get("LEECHQ_IMMA", "1") != "0")
 
 
@@ -977,20 +984,19 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     _check_prepared(xp, m_rows, w.n_blocks, data.device)
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
-    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != w.d_out or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [{m_rows}, {w.d_out}] with unit column stride")
+    _check_out(y, m_rows, w.d_out)
+    if rows_per_step not in (1, 2):
+        raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
+    if k_per is None:
+        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step)
+    if k_per < 4 or k_per % 4:
+        raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
     if not w.d_out:
         return y
     rec, ex = acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks)
     npp = ref.prepared_pairs(w.n_blocks)
     check_tensor(rec, "records", torch.int32, (npp // 2 * STEP_WORDS.value,), device=dev)
     check_tensor(ex, "exponents", torch.float32, (2 * npp * 8,), device=dev)
-    if k_per is None:
-        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step)
-    if rows_per_step not in (1, 2):
-        raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
-    if k_per < 4 or k_per % 4:
-        raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
     slices = max(1, triton.cdiv(w.n_blocks, k_per))
     part = torch.empty(slices, IMMA_ROWS, w.d_out, dtype=torch.float32, device=dev)
     tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
@@ -1019,8 +1025,6 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
         NPP=npp, TAIL_COLS=w.tail_cols, SLICES=triton.next_power_of_2(slices), BLK=blk,
     )
     return y
-
-
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
