@@ -1,12 +1,16 @@
-"""One batch-1 Tetra launch (the ``m1`` kernel, ``ops.m1_config`` geometry) at a chosen shape, for a
-profiler: e.g. on the GPU host
+"""One Tetra matvec launch at a chosen shape for a profiler: the batch-1 ``m1`` kernel
+(``ops.m1_config`` geometry) or, with ``--rows 2..8``, the int8 tensor-core kernel
+(``ops.tetra48_matvec_imma_prepared``, its default geometry). E.g. on the GPU host
 
     ncu -k regex:tetra48_m1 --launch-skip 4 --launch-count 1 --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \\
         python benchmarks/profile_m1.py 24576 4096
+    ncu -k regex:imma_kernel --launch-skip 2 --launch-count 1 --section WarpStateStats \\
+        python benchmarks/profile_m1.py 24576 4096 --rows 8
 
-(the first-use check launches the kernel twice and the loop five times; skip the first four). Prints
-the geometry and a checksum; random codes (kernel time does not depend on the weight values).
+(the first-use check launches the ``m1`` kernel twice and the loop five times; skip the first
+four). Prints the geometry and a checksum; random codes (kernel time does not depend on the
+weight values).
 """
 
 from __future__ import annotations
@@ -24,14 +28,22 @@ def main() -> None:
     ap.add_argument("d_out", type=int)
     ap.add_argument("d_in", type=int)
     ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=1,
+                    help="activation rows: 1 the m1 kernel, 2..8 the int8 tensor-core kernel")
     args = ap.parse_args()
     w = random_tetra48(args.d_out, args.d_in, seed=1, device="cuda")
-    x = torch.randn(1, args.d_in, device="cuda")
+    x = torch.randn(args.rows, args.d_in, device="cuda")
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cuda").order)
-    cfg = ops.m1_config(w.d_out, w.n_blocks, torch.device("cuda"), w.tail_cols)
-    print(cfg, flush=True)
+    if args.rows == 1:
+        cfg = ops.m1_config(w.d_out, w.n_blocks, torch.device("cuda"), w.tail_cols)
+        print(cfg, flush=True)
+        run = lambda: ops.tetra48_matvec_prepared(xp, w, 1, cfg)  # noqa: E731
+    else:
+        print("int8 tensor-core kernel, k_per", ops.imma_slices(w.d_out, w.n_blocks, xp.device),
+              flush=True)
+        run = lambda: ops.tetra48_matvec_imma_prepared(xp, w, args.rows)  # noqa: E731
     for _ in range(args.launches):
-        y = ops.tetra48_matvec_prepared(xp, w, 1, cfg)
+        y = run()
     torch.cuda.synchronize()
     print("checksum", float(y.abs().sum()))
 
