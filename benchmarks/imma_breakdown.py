@@ -96,6 +96,72 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
     return row
 
 
+def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
+    """One projection shape's K-slice sweep (``--slices``): for each count of K-slices from 1 to
+    24 (the smallest ``k_per`` giving it, so the slices are as even as multiples of 4 allow), the MMA kernel alone, with the slice-sum launch, and
+    with the slices added in the kernel (``fused_sum``), at one row set per program and two row
+    groups per step; µs per launch, each checked against the f64 product first."""
+    import torch
+    import triton
+    from triton.testing import do_bench_cudagraph
+
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.kernels import reference as ref
+    from leechq.kernels.triton import ops
+    from leechq.kernels.triton.tetra48_imma import imma_kernel
+
+    dev = torch.device("cuda")
+
+    def us(fn) -> float:
+        return 1e3 * do_bench_cudagraph(fn, rep=60)
+
+    w = random_tetra48(d_out, d_in, seed=d_out, device=dev)
+    x = torch.randn(m, d_in, device=dev)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(dev).order)
+    acts = ops.imma_activation(xp, m, w.n_blocks)
+    dense = ref.tetra48_dequantize_rotated(w)
+    nb = w.n_blocks
+    y = torch.empty(m, d_out, device=dev)
+    tab = ops.tetra_m1_table(dev)
+    tiles = triton.cdiv(d_out, 64)
+    default = ops.imma_slices(d_out, nb, dev)
+    seen: dict[int, int] = {}  # slices -> the smallest k_per giving them (balanced slices)
+    for kp in range(4, 4 * triton.cdiv(nb, 4) + 1, 4):
+        seen.setdefault(triton.cdiv(nb, kp), kp)
+    rows = []
+    for slices, kp in sorted(seen.items()):
+        if slices > 24:
+            break
+        for fused in (False, True):
+            got = ops.tetra48_matvec_imma_prepared(xp, w, m, out=y, acts=acts, k_per=kp,
+                                                   fused_sum=fused)
+            err = ref.row_bound_error(got, x, dense)
+            if not err <= 1e-5:
+                raise AssertionError(f"{name} k_per {kp} fused {fused}: error {err:.2e}")
+        part = torch.empty(slices, 8, d_out, device=dev)
+
+        def main_kernel(kp=kp, slices=slices, part=part):
+            imma_kernel[(tiles, slices)](
+                acts[0], acts[1], w.words, w.row_centroids, tab, part, d_out, kp,
+                N_BLOCKS=nb, NW=4, RG=1, RPS=2, CODE=0, USE_ASM=True, num_warps=4,
+                num_stages=1)
+
+        r = {"slices": slices, "k_per": kp, "programs": tiles * slices,
+             "default": kp == default, "kernel_us": us(main_kernel),
+             "with_sum_us": us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
+                 xp, w, m, out=y, acts=acts, k_per=kp, fused_sum=False)),
+             "fused_us": us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
+                 xp, w, m, out=y, acts=acts, k_per=kp, fused_sum=True))}
+        rows.append(r)
+        print(f"{name:8s} slices {slices:2d} k_per {kp:3d} ({r['programs']:5d} programs)"
+              f"{' default' if r['default'] else '        '}: kernel {r['kernel_us']:6.1f} µs, "
+              f"+ sum {r['with_sum_us']:6.1f}, fused {r['fused_us']:6.1f}", flush=True)
+    xh = x.half()
+    wh = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
+    return {"shape": name, "d_out": d_out, "d_in": d_in, "rows": m, "tiles": tiles,
+            "fp16_us": us(lambda: xh @ wh.T), "sweep": rows}
+
+
 def main() -> None:
     import torch
     import triton
@@ -103,10 +169,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--out", default="")
+    ap.add_argument("--slices", action="store_true",
+                    help="sweep the count of K-slices per shape instead of the geometries")
     args = ap.parse_args()
     res = []
     for name, (d_out, d_in) in SHAPES.items():
-        res.append(_measure(name, d_out, d_in, args.rows))
+        measure = _sweep_slices if args.slices else _measure
+        res.append(measure(name, d_out, d_in, args.rows))
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True).stdout.strip()

@@ -401,10 +401,12 @@ def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_
 @triton.jit
 def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, d_out,
                          n_slices, NPP: tl.constexpr, TAIL_COLS: tl.constexpr,
-                         SLICES: tl.constexpr, BLK: tl.constexpr):
+                         TAIL_P2: tl.constexpr, SLICES: tl.constexpr, BLK: tl.constexpr):
     """``y[t, n] = σ[n] · Σ_slices part[slice, t, n] + Σ_c tail[n, c] · x[t, tail c]`` for
-    activation row ``t = program_id(1)`` (the tail columns from the prepared layout's slots
-    ``48·NPP + c``); ``SLICES``: a power of two ≥ ``n_slices`` (all slices in one load)."""
+    activation row ``t = program_id(1)`` and the ``BLK`` rows of ``program_id(0)`` (the tail
+    columns from the prepared layout's slots ``48·NPP + c``); ``SLICES``: a power of two
+    ≥ ``n_slices`` (all slices in one load), ``TAIL_P2`` one ≥ ``TAIL_COLS`` (the rows' tail
+    weights in one 2-D load)."""
     t = tl.program_id(1)
     n = tl.program_id(0) * BLK + tl.arange(0, BLK)
     ok = n < d_out
@@ -412,7 +414,11 @@ def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
     parts = tl.load(part_ptr + (sl * 8 + t) * d_out + n[None, :],
                     mask=(sl < n_slices) & ok[None, :], other=0.0)
     out = tl.sum(parts, axis=0) * tl.load(scale_ptr + n, mask=ok, other=0.0)
-    for k in tl.static_range(TAIL_COLS):
-        out += (tl.load(tail_ptr + n * TAIL_COLS + k, mask=ok, other=0.0)
-                * tl.load(xp_ptr + t * stride_x + 48 * NPP + k))
+    if TAIL_COLS > 0:
+        kc = tl.arange(0, TAIL_P2)
+        kok = kc < TAIL_COLS
+        tails = tl.load(tail_ptr + n[:, None] * TAIL_COLS + kc[None, :],
+                        mask=ok[:, None] & kok[None, :], other=0.0)
+        xt = tl.load(xp_ptr + t * stride_x + 48 * NPP + kc, mask=kok, other=0.0)
+        out += tl.sum(tails * xt[None, :], axis=1)
     tl.store(y_ptr + t * stride_y + n, out, mask=ok)
