@@ -146,10 +146,10 @@ tetra48-imma-fused-noprep
     tests/nn/test_linear.py
   ;;
 imma3)
-  gpu_tests tests-imma3 200 tests/kernels/test_triton_gpu.py -k "imma"
-  matvec matvec-imma3 200 --batches 3,8 --arms fp16,tetra48-imma-fused-noprep,\
+  gpu_tests tests-imma3 150 tests/kernels/test_triton_gpu.py -k "imma"
+  matvec matvec-imma3 420 --batches 3,8 --arms fp16,tetra48-imma-fused-noprep,\
 tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
-  gpu_tests tests-imma3-serve 200 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
+  gpu_tests tests-imma3-serve 210 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
   ;;
 p14rows)

@@ -923,11 +923,16 @@ def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
 
 def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
                 row_groups: int = 1, rows_per_step: int = 2) -> int:
-    """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: enough slices for
-    about four programs per SM."""
+    """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
+    one wave of four programs per SM (its register and shared-memory limit) with all programs
+    resident — never a partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
+    slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
+    5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
+    (best); down 8 slices 30.6 (best) — where rounding up to a second wave had 19.2, 16.2,
+    59.9 and 33.1."""
     tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
     steps = max(1, triton.cdiv(n_blocks, 4))
-    ks = max(1, min(steps, triton.cdiv(4 * _sm_count(device), tiles)))
+    ks = max(1, min(steps, (4 * _sm_count(device)) // tiles))
     return 4 * triton.cdiv(steps, ks)
 
 
