@@ -544,3 +544,31 @@ def test_tetra48_imma_rejects_bad_input() -> None:
     with pytest.raises(InvalidInput, match="records"):
         rec, ex = ops.imma_activation(xp, 2, 4)
         ops.tetra48_matvec_imma_prepared(xp, w, 2, acts=(rec[:-1], ex))
+
+
+def test_small_batches_route_to_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``ops.imma_default`` holds (3..8 rows on a GPU; forced here), an unconfigured Tetra
+    matvec and a planned Planes14 one go through the int8 tensor-core launcher (calls counted,
+    Tetra's code then Planes14's) and stay within the batch-1 bound; a configured call does
+    not."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
+    codes = []
+    launch = ops._matvec_imma
+
+    def counted(code, *args, **kwargs):
+        codes.append(code)
+        return launch(code, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "_matvec_imma", counted)
+    x = torch.randn(3, 9 * 24 + 5)
+    wt = random_tetra48(19, x.shape[1], seed=7)
+    xt = ops.prepare_activation(x, wt.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    _bounded(ops.tetra48_matvec_prepared(xt, wt, 3), x, ref.tetra48_dequantize_rotated(wt))
+    wp = random_planes14(19, x.shape[1], seed=8)
+    xq = ops.prepare_activation(x, wp.n_blocks, ops.planes14_m1_order("cpu"))
+    plan = [(3, ops.default_config(3))]  # any m1 plan: the activation is in the m1 order
+    _bounded(ops.planes14_matvec_planned(xq, wp, 3, plan), x, ref.planes14_dequantize_rotated(wp))
+    assert codes == [0, 1]
+    ops.tetra48_matvec_prepared(xt, wt, 3, config=ops.default_config(3))
+    assert codes == [0, 1]

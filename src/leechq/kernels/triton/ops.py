@@ -645,7 +645,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     :data:`IMMA_MIN_ROWS`)."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
-    if config is None and _imma_default(w, m_rows):
+    if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
@@ -880,22 +880,26 @@ H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-
 232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
 
 IMMA_MIN_ROWS = 3
-"""From this many activation rows (to 8) :func:`tetra48_matvec_prepared` with no configuration
-runs the int8 tensor-core kernel on a GPU (``LEECHQ_IMMA=0``: the many-row ``m1`` instead).
-H200, Qwen3-8B projections with prepared inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1``
-3.675 / int8 MMA 5.624; 3 rows 6.185 / 5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94."""
+"""From this many activation rows (to 8) :func:`tetra48_matvec_prepared` and
+:func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
+(``LEECHQ_IMMA=0``: the many-row ``m1`` instead). H200, Qwen3-8B projections with prepared
+inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1`` 3.675 / int8 MMA 5.624; 3 rows 6.185 /
+5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94 (Planes14, run 14: 2 rows ``m1`` 4.26; 3 rows
+6.72 / 6.06, 8 rows 13.23 / 6.19)."""
 
 
 IMMA_FUSED_SUM = False
 """Whether the int8 tensor-core kernel adds its K-slices itself (``imma_fused_kernel``: per-warp
-tickets, no slice-sum launch; ``LEECHQ_IMMA_FUSED_SUM=1|0`` overrides per call). Off until timed
-and tested on a GPU: written 2026-11-30 without device time left (the slice-sum launch costs
-3–10 µs of the 17–63 µs per matrix at 8 rows, BENCHMARKS.md §3 run 13)."""
+tickets, no slice-sum launch; ``LEECHQ_IMMA_FUSED_SUM=1|0`` overrides per call). Off: it passes
+the GPU tests but is slower — H200, Qwen3-8B projections, prepared inputs (BENCHMARKS.md §3
+run 14): 6.40 against 5.72 ms at 3 rows, 7.34 against 5.98 at 8."""
 
 
-def _imma_default(w: Tetra48Weight, m_rows: int) -> bool:
+def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
     """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
-    (a matrix with no coded block, the tail only, stays on the ``m1``/tiled plan)."""
+    on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
+    plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
+    plan)."""
     return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and w.n_blocks >= 1 and not interpreting()
             and os.environ.get("LEECHQ_IMMA", "1") != "0")
 
@@ -967,8 +971,8 @@ def planes14_matvec_imma_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: i
                                   fused_sum: bool | None = None) -> torch.Tensor:
     """:func:`tetra48_matvec_imma_prepared` for ``planes14`` records (the Planes14 decode of the
     batch-1 kernel, :mod:`.planes14_m1`), the activation prepared in ``tables.planes14_m1_order``
-    (twin: ``reference.planes14_matvec``). Opt-in: not yet run on a GPU (written 2026-11-30
-    without device time left); ``planes14_matvec`` does not select it."""
+    (twin: ``reference.planes14_matvec``); :func:`planes14_matvec_planned` selects it for
+    3..8 rows on a GPU."""
     _check_lattice(w, w.records, "records")
     return _matvec_imma(PLANES14.value, w.records, planes14_m1_table(xp.device), xp, w, m_rows,
                         out, acts, k_per, num_warps, row_groups, rows_per_step, maxnreg,
@@ -1027,7 +1031,8 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
         part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
-        NPP=npp, TAIL_COLS=w.tail_cols, SLICES=triton.next_power_of_2(slices), BLK=blk,
+        NPP=npp, TAIL_COLS=w.tail_cols, TAIL_P2=triton.next_power_of_2(max(1, w.tail_cols)),
+        SLICES=triton.next_power_of_2(slices), BLK=blk,
     )
     return y
 
@@ -1053,7 +1058,8 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
     """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). With no
     ``config``, the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in the row groups
-    and per-shape geometry of :func:`m1_plan` (as Tetra: one row, two, or four per launch); with
+    and per-shape geometry of :func:`m1_plan` (as Tetra: one row, two, or four per launch), and
+    for 3..8 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
     an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
     (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
     tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), ``m1`` against tiled
@@ -1084,11 +1090,18 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
-    :func:`planes14_m1_groups`): its ``m1`` launch groups, or with ``plan`` None the tiled kernel
-    (in ``config`` if that is a tiled configuration). float32 [m_rows, d_out]."""
+    :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..8 rows with no ``config``
+    on a GPU (:func:`imma_default`), the int8 tensor-core kernel from the same order
+    (:func:`planes14_matvec_imma_prepared`) —
+    or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
+    float32 [m_rows, d_out]. H200, Qwen3-8B projections, prepared inputs, 2026-11-30
+    (BENCHMARKS.md §3 run 14), int8 against the many-row ``m1``: 3 rows 6.63 vs 6.72 ms, 8 rows
+    6.88 vs 13.23."""
     if plan is None:
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
+    if config is None and imma_default(w, m_rows):
+        return planes14_matvec_imma_prepared(xp, w, m_rows, out=out)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     first = 0

@@ -27,8 +27,8 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   trip each (BENCHMARKS.md §3 run 13). Partial sums per K-slice go to
   ``part [KS, 8, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
   tail — or, in :func:`imma_fused_kernel`, the last warp to finish a set of rows does (per-warp
-  tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` takes this kernel
-  for 3..8 rows on a GPU.
+  tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` and
+  ``ops.planes14_matvec_planned`` take this kernel for 3..8 rows on a GPU.
 
 The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
 largest value), ``rsqrt`` (≤ 2^-22.9 relative) and f32 accumulation, as the batch-1 kernel.
