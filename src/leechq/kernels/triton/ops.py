@@ -884,8 +884,9 @@ IMMA_MIN_ROWS = 3
 :func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
 (``LEECHQ_IMMA=0``: the many-row ``m1`` instead). H200, Qwen3-8B projections with prepared
 inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1`` 3.675 / int8 MMA 5.624; 3 rows 6.185 /
-5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94 (Planes14, run 14: 2 rows ``m1`` 4.26; 3 rows
-6.72 / 6.06, 8 rows 13.23 / 6.19)."""
+5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94. Planes14 (run 14, one process): 3 rows 6.72 /
+6.63, 8 rows 13.23 / 6.88 (6.06 and 6.19 after that run's slice changes); at 2 rows its ``m1``
+takes 4.26 (run 10)."""
 
 
 IMMA_FUSED_SUM = False
@@ -1095,8 +1096,8 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     (:func:`planes14_matvec_imma_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
     float32 [m_rows, d_out]. H200, Qwen3-8B projections, prepared inputs, 2026-11-30
-    (BENCHMARKS.md §3 run 14), int8 against the many-row ``m1``: 3 rows 6.63 vs 6.72 ms, 8 rows
-    6.88 vs 13.23."""
+    (BENCHMARKS.md §3 run 14, one process), int8 against the many-row ``m1``: 3 rows 6.63 vs
+    6.72 ms, 8 rows 6.88 vs 13.23."""
     if plan is None:
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
