@@ -35,6 +35,10 @@
 #            through it (ops.planes14_matvec_imma_prepared, opt-in), both untested on a GPU: the
 #            GPU tests, M = 3 and 8 against the slice-sum launch and against Planes14's many-row
 #            m1, then the fullgraph compile test (not reached in session h) and the serving tests
+#   p14dense the ball codebook's many-row path (ops.planes14_matmul_dense, default from 17 rows
+#            since session i, never run on a GPU): its GPU tests (bit-exact dequantization, the
+#            GEMM, the offline compile), the served ball model tests, then e2e ball at batch 1
+#            and 8 (prefill of 32 and 256 rows; 141 and 849 ms before)
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -152,6 +156,12 @@ tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
   gpu_tests tests-imma3-serve 210 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
   ;;
+p14dense)
+  gpu_tests tests-p14dense 200 tests/kernels/test_triton_gpu.py -k "planes14_dense or planes14_dequant" \
+    tests/serve/test_gpu.py
+  e2e e2e-8b-ball 300 --models qwen3-8b --arms fp16,ball --batches 1,8 --skip-gates \
+    --no-profile --budget-s 260
+  ;;
 p14rows)
   matvec matvec-planes14-rows 400 --batches 2,4,8 --arms fp16,planes14-fused,planes14-m1-fused
   ;;
@@ -167,7 +177,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | preops | rotsplit | imma | imma2 | imma3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | preops | rotsplit | imma | imma2 | imma3)" >&2
   exit 2
   ;;
 esac

@@ -354,6 +354,47 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3
 
 
+def test_planes14_dequant_compiles_clean() -> None:
+    """Offline sm_90 compile of the Planes14 dequantization kernel (both selector forms): no local
+    memory, and no Triton shared memory in its loop (it would overwrite the staged table);
+    2026-11-30 offline: 414 instructions per record pair with the selector table, 42 registers."""
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
+
+    sig = {"r_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32",
+           "d_out": "i32"}
+    for sel in (True, False):
+        c = I.compile_for(planes14_dequant_kernel, sig, dict(N_BLOCKS=171, NW=4, SEL_TABLE=sel,
+                                                             USE_ASM=True),
+                          num_warps=4, aligned_ints=("d_out",))
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (sel, res)
+        mix = I.hot_loop_mix(I.sass(c))["loop"]
+        assert "STS" not in mix and "BAR" not in mix, (sel, mix)
+        assert mix.get("STG", 0) == 24, (sel, mix)  # 12 int32 per record, two records
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
+                         [(3000, 2560, 17), (1024, 12288 + 24 * 7 + 5, 512)])
+def test_planes14_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """The ball codebook's many-row path on the GPU: the Planes14 dequantization bit-exact against
+    its twin (both selector forms; an odd block count and a tail in the second shape), every
+    value written (NaN poison), the float16 GEMM within fp16 accuracy of the f64 product, and the
+    first-use check passes."""
+    ops = _ops()
+    w = random_planes14(d_out, d_in, seed=d_out + m_rows, device=DEV)
+    want = ref.planes14_dequantize_f16(w)
+    for sel in (True, False):
+        got = ops.planes14_dequantize_f16(
+            w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"), dtype=torch.float16,
+                              device=DEV), selector_table=sel)
+        assert torch.equal(got, want), sel
+    x = torch.randn(m_rows, d_in, device=DEV)
+    y = ops.planes14_matmul_dense(x, w)
+    assert _worst(y, x, ref.planes14_dequantize_rotated(w)) <= 2e-3
+    assert ops._check_planes14_dense(torch.device(DEV))
+
+
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(6144, 4096, 16), (4096, 12288, 9),
                                                        (1000, 2560 + 7, 64)])
 def test_tetra48_mma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:

@@ -473,6 +473,28 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     assert ref.row_bound_error(y, x, dense) <= 2e-3
 
 
+def test_planes14_dequantize_f16_and_dense_matmul() -> None:
+    """The ball codebook's many-row path: the Planes14 dequantization kernel equals its reference
+    twin bit for bit (an odd block count: the last pair's odd record absent), with the selectors
+    from the table or built in registers; the twin is within float16 rounding of the f64 blocks;
+    the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
+    ops = _ops()
+    w = random_planes14(7, 9 * 24 + 5, seed=9)
+    got = ops.planes14_dequantize_f16(w)
+    assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
+    assert torch.equal(got, ref.planes14_dequantize_f16(w))
+    assert torch.equal(ops.planes14_dequantize_f16(w, selector_table=False), got)
+    dense = ref.planes14_dequantize_rotated(w)  # f64, σ_row included, natural order
+    back = got.double() * w.row_scales.double()[:, None]
+    assert torch.allclose(back, dense[:, : 9 * 24], rtol=2**-10, atol=0.0)
+    x = torch.randn(13, w.d_in)
+    y = ops.planes14_matmul_dense(x, w)
+    assert ref.row_bound_error(y, x, dense) <= 2e-3
+    out = torch.empty(7, 9 * 24, dtype=torch.float32)
+    with pytest.raises(InvalidInput, match="out"):
+        ops.planes14_dequantize_f16(w, out=out)
+
+
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ksplit"), [
     (40, 9 * 24 + 5, 3, None),  # a tail, a short last row tile, the default K split
     (64, 17 * 24, 16, 2),       # two K-slices, the last one short

@@ -98,6 +98,10 @@ cases = [
         ops.prepare_activation(x, tetra.n_blocks, order), tetra, 5, fused_sum=True), 5,
      tetra.d_in),
     ("tetra48 dense M=17", lambda x: ops.tetra48_matmul_dense(x, tetra), 17, tetra.d_in),
+    ("planes14 int8 mma M=4", lambda x: ops.planes14_matvec_imma_prepared(
+        ops.prepare_activation(x, planes.n_blocks, ops.planes14_m1_order("cpu")), planes, 4), 4,
+     planes.d_in),
+    ("planes14 dense M=17", lambda x: ops.planes14_matmul_dense(x, planes), 17, planes.d_in),
     ("rotate", lambda x: ops.rotate(x, ops.DeviceRotation.from_tables(rot, "cpu"),
                                     prepared_order=order), 2, 96),
     ("int4 M=2", lambda x: ops.int4_matvec(x, int4), 2, 256),
@@ -129,7 +133,7 @@ def test_entry_points_trace_fullgraph() -> None:
                           text=True, timeout=600, cwd=root)
     lines = [ln for ln in proc.stdout.splitlines() if ": " in ln]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == 13, proc.stdout + proc.stderr[-3000:]
+    assert len(lines) == 15, proc.stdout + proc.stderr[-3000:]
     for line in lines:
         result = line.split(": ", 1)[1]
         assert result.startswith("kernels=") and int(result.split("=")[1]) >= 1, line

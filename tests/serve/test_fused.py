@@ -222,14 +222,48 @@ def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From ``DENSE_MIN_ROWS`` rows a ball group multiplies a float16 dequantized copy of its part
+    on the BLAS (``ops.planes14_matmul_dense``, calls counted): within fp16 accuracy of the f64
+    reference; ``LEECHQ_P14_DENSE=0`` keeps the matvec (f32 accuracy, no dense call)."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.fused import LatticeGroup
+
+    calls = []
+    dense = ops.planes14_matmul_dense
+
+    def counted(x, w):
+        calls.append(int(x.shape[0]))
+        return dense(x, w)
+
+    monkeypatch.setattr(ops, "planes14_matmul_dense", counted)
+    recs = _ball_records(True)
+    biases = [None, torch.randn(8)]
+    group = LatticeGroup.from_records(recs, biases, "cpu")
+    x = torch.randn(DENSE_MIN_ROWS, 72, generator=torch.Generator().manual_seed(4))
+    ref = _reference(x, recs, biases)
+    y = group(x)
+    assert calls == [DENSE_MIN_ROWS] and y.shape == (DENSE_MIN_ROWS, 24)
+    assert (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+    monkeypatch.setenv("LEECHQ_P14_DENSE", "0")
+    y = group(x)
+    assert calls == [DENSE_MIN_ROWS]
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
 def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
-    """A rotated ball group takes the norm and the SwiGLU into its rotation launch at any row
-    count (it has no tensor-core path); Tetra and ball records never share a group."""
+    """A rotated ball group takes the norm and the SwiGLU into its rotation launch on its matvec
+    path (below ``DENSE_MIN_ROWS`` rows, or at any count with ``LEECHQ_P14_DENSE=0``); Tetra and
+    ball records never share a group."""
     from leechq.kernels.reference import rms_norm, silu_mul
     from leechq.serve.fused import LatticeGroup, group_from_records
 
     group = LatticeGroup.from_records(_ball_records(True), [None, None], "cpu")
-    assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS)
+    assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS - 1)
+    assert not group.fuses_pre_ops(DENSE_MIN_ROWS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LEECHQ_P14_DENSE", "0")
+        assert group.fuses_pre_ops(DENSE_MIN_ROWS)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, 72, generator=g).half()
     delta = torch.randn(1, 72, generator=g)

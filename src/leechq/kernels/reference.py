@@ -286,6 +286,18 @@ def planes14_dequantize_rotated(w: Planes14Weight) -> torch.Tensor:
     return _blocks_to_matrix(w, pts, gains, n2)
 
 
+def planes14_dequantize_f16(w: Planes14Weight) -> torch.Tensor:
+    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, natural column
+    order — computed as the kernel does (the value in f32 times ``f32(c_g) · f32(1/√(16 m))``,
+    rounded to float16), from the torch record decoder :func:`planes14_points`."""
+    pts, gains, n2 = planes14_points(w)
+    invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
+    invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
+    cent = w.row_centroids.to(pts.device).gather(1, gains)  # float32 [d_out, nb]
+    vals = pts.to(torch.float32) * (cent * invn)[:, :, None]
+    return vals.to(torch.float16).reshape(w.d_out, -1).to(w.records.device)
+
+
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     """``y = W x`` for a Planes14 record: float32 [M, d_out] (f64 inside)."""
     x = _as_matrix(x, w.d_in)

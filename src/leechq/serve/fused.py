@@ -32,9 +32,11 @@ inside their own fused kernel. A group computes exactly what its members compute
 
 Ball-coded matrices (``planes14``) group the same way (:class:`LatticeGroup` with Planes14 parts):
 one rotation into the prepared layout of the Planes14 kernel, one matvec launch group per 8 rows
-(the ``m1`` kernel's row groups, or the tiled kernel where ``m1`` does not serve), the same
-pre-ops. They have no tensor-core or dequantized path: every row count runs the matvec, 8 rows at
-a time. ``TetraGroup`` is the class's earlier name (it served Tetra only).
+(the ``m1`` kernel's row groups, 3..8 rows on the int8 tensor-core kernel, or the tiled kernel
+where ``m1`` does not serve), the same pre-ops; from ``DENSE_MIN_ROWS`` rows a float16
+dequantized copy on cuBLAS (``ops.planes14_matmul_dense``, unless ``LEECHQ_P14_DENSE=0`` or its
+first-use check failed), below that the matvec 8 rows at a time. ``TetraGroup`` is the class's
+earlier name (it served Tetra only).
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ KERNEL_ROWS = 8
 four per launch)."""
 
 DENSE_MIN_ROWS = 2 * KERNEL_ROWS + 1
-"""From this many activation rows on, a group runs its parts as float16 dequantized copies on
-cuBLAS (one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode
-every block once per 8 rows (``ops.tetra48_matmul_dense``). H200, Qwen3-8B shapes, 2026-11-30: the
-dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7 ms per 8 rows
-(batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled vs 84 ms
-dense), so up to 16 rows stay on the kernels (9..16 of them on the tensor-core kernel,
+"""From this many activation rows on, a group runs its parts as float16 dequantized copies on cuBLAS
+(one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode every
+block once per 8 rows (``ops.tetra48_matmul_dense``; for the ball codebook
+``ops.planes14_matmul_dense`` since 2026-11-30, where a 256-row Qwen3-8B prefill on the lattice
+kernel took 849 ms, BENCHMARKS.md §4 — the Planes14 copy not yet timed). H200, Qwen3-8B shapes,
+2026-11-30: the dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7
+ms per 8 rows (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled
+vs 84 ms dense), so up to 16 rows stay on the kernels (9..16 of them on the tensor-core kernel,
 :data:`MMA_ROWS`)."""
 
 MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
@@ -278,15 +282,26 @@ class LatticeGroup(nn.Module):
             return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
         if self.layout == "tetra48" and m >= DENSE_MIN_ROWS:
             return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
+        if self.layout == "planes14" and not self._matvec_path(m):
+            return self._forward_dense(x2, ops.planes14_matmul_dense).reshape(*lead, self.d_out)
         return self._prepared_matvecs(x2, self._fill)[1].reshape(*lead, self.d_out)
+
+    def _matvec_path(self, m_rows: int) -> bool:
+        """Whether ``m_rows`` rows run the lattice matvec from the prepared activation: for Tetra
+        :func:`_matvec_rows`; for Planes14 fewer than :data:`DENSE_MIN_ROWS`, or more where its
+        dequantized copy is not enabled (``ops.planes14_dense_enabled``: ``LEECHQ_P14_DENSE=0``,
+        or a failed first-use check)."""
+        if self.layout == "tetra48":
+            return _matvec_rows(m_rows)
+        return (m_rows < DENSE_MIN_ROWS
+                or not self._ops.planes14_dense_enabled(self.parts[0].records.device))
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
         rotation launch (:meth:`forward_add_norm`, :meth:`forward_silu_mul`) for ``m_rows`` rows: a
         rotated group on its matvec path (not the tensor-core or dequantized one), unless
         ``LEECHQ_FUSE_PRE=0`` (read per call, on the host)."""
-        return (self.rot is not None
-                and (self.layout == "planes14" or _matvec_rows(m_rows))
+        return (self.rot is not None and self._matvec_path(m_rows)
                 and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0")
 
     def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -357,9 +372,10 @@ class LatticeGroup(nn.Module):
         return y
 
     def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
-        """8 or more rows (a prompt, a batch): rotate once in natural order, then each part through
-        ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``)
-        or, for :data:`MMA_ROWS` rows, the tensor-core kernel (``ops.tetra48_matmul_mma``)."""
+        """Many rows (a prompt, a batch): rotate once in natural order, then each part through
+        ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``,
+        ``ops.planes14_matmul_dense``) or, for :data:`MMA_ROWS` rows of Tetra, the tensor-core
+        kernel (``ops.tetra48_matmul_mma``)."""
         ops = self._ops
         xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
         y = torch.cat([matmul(xr, part) for part in self.parts], dim=-1)

@@ -46,6 +46,7 @@ from leechq.kernels.triton.intq import (
     intq_matvec_kernel,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
+from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
 from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 from leechq.kernels.triton.tetra48_imma import (
@@ -823,7 +824,8 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     return _scale_and_tail((xq @ w16.T).float(), x, w)
 
 
-def _scale_and_tail(y: torch.Tensor, x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
+def _scale_and_tail(y: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
+                    ) -> torch.Tensor:
     """σ_row and the tail columns on the blocks' product ``y`` (float32 [M, d_out])."""
     y = y * w.row_scales
     if w.tail_cols:
@@ -1070,6 +1072,83 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     plan = planes14_m1_groups(w, m_rows, x.device, config)
     xp = prepare_activation(x, w.n_blocks, planes14_order(x.device, plan is not None))
     return planes14_matvec_planned(xp, w, m_rows, plan, config)
+
+
+def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
+                            selector_table: bool | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` in natural column order,
+    without σ_row (twin of ``reference.planes14_dequantize_f16``; :mod:`.planes14_dequant`).
+    ``selector_table`` as for :func:`planes14_matvec_m1_prepared`."""
+    _check_lattice(w, w.records, "records")
+    dev = w.records.device
+    shape = (w.d_out, BLOCK * w.n_blocks)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float16, device=dev)
+    else:
+        check_tensor(out, "out", torch.float16, shape, device=dev)
+    if selector_table is None:
+        selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
+    if w.d_out and w.n_blocks:
+        nw = 4
+        items = w.d_out * ((w.n_blocks + 1) // 2)
+        grid = max(1, min(triton.cdiv(items, nw * 32), 8 * _sm_count(dev)))
+        planes14_dequant_kernel[(grid,)](
+            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
+            N_BLOCKS=w.n_blocks, NW=nw, SEL_TABLE=bool(selector_table), USE_ASM=_use_asm(),
+            num_warps=nw, num_stages=1,
+        )
+    return out
+
+
+_P14_DENSE_CHECKED: dict[str, bool] = {}
+
+
+def planes14_dense_enabled(device: torch.device) -> bool:
+    """Whether :func:`planes14_matmul_dense` may serve many rows on ``device``
+    (``LEECHQ_P14_DENSE=0`` disables it). On a GPU its dequantization kernel is checked once, on
+    first use and outside any CUDA-graph capture: bit-exact against
+    ``reference.planes14_dequantize_f16`` on a small random record (odd block count; both
+    selector forms); a failure or exception warns and disables it for good (the lattice matvec
+    keeps the rows). Under a capture with no check yet it is not used for that call."""
+    if os.environ.get("LEECHQ_P14_DENSE", "1") == "0":
+        return False
+    if interpreting() or device.type != "cuda":
+        return True
+    key = str(device)
+    if key not in _P14_DENSE_CHECKED:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _P14_DENSE_CHECKED[key] = _check_planes14_dense(device)
+    return _P14_DENSE_CHECKED[key]
+
+
+def _check_planes14_dense(device: torch.device) -> bool:
+    from leechq.formats.layouts.planes14 import random_planes14
+
+    try:
+        w = random_planes14(37, 13 * BLOCK + 5, seed=0x5EED, device=device)
+        want = ref.planes14_dequantize_f16(w)
+        same = all(torch.equal(planes14_dequantize_f16(w, selector_table=sel), want)
+                   for sel in (True, False))
+        if same:
+            return True
+        reason = "values differ from the reference"
+    except Exception as exc:  # any failure means: do not use the kernel on this device
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+    warnings.warn(f"the Planes14 dequantization kernel failed its first-use check on {device} "
+                  f"({reason}); many rows keep the lattice matvec", stacklevel=3)
+    return False
+
+
+def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
+    [M, d_out] from x [M, d_in] (rotated basis), as :func:`tetra48_matmul_dense` (the same
+    float16 rounding of values and activations; σ_row and the tail in float32). Twin of
+    ``reference.planes14_matvec`` within that tolerance."""
+    _check_x(x, w.d_in, w.records.device, max_rows=None)
+    w16 = planes14_dequantize_f16(w)
+    xq = x[:, : BLOCK * w.n_blocks].to(torch.float16)
+    return _scale_and_tail((xq @ w16.T).float(), x, w)
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,

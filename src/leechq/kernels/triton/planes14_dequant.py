@@ -1,0 +1,75 @@
+"""Dequantize a ``planes14`` record to a float16 matrix: the ball codebook's many-row path.
+
+The counterpart of :mod:`.tetra48_dequant` for the unfolded ball layout (layouts-kernels-recipe.md
+§1.3): a prompt or a large batch decodes each 14-byte record once into float16 values
+``y_t · c_g / ‖y‖`` (no σ_row) and leaves the product to cuBLAS; σ_row and the tail columns are
+applied around the GEMM (``ops.planes14_matmul_dense``). Without it a Planes14 prompt runs the
+lattice matvec once per 8 rows (BENCHMARKS.md §4: 849 ms for 256 prompt rows of Qwen3-8B shapes).
+
+Decode: the batch-1 Planes14 decode (:func:`.planes14_m1._record_bytes`, the signed class table
+and level selectors staged in shared memory): the record's six quads of signed value bytes, its
+gain bit and ``1/‖y‖``. Quad ``q`` holds natural coordinates ``4q .. 4q + 3``, so the output is in
+natural column order (no permutation of the activation). Each value is converted once
+(int8 → f32), multiplied by ``c_g · (1/‖y‖)`` in f32 and rounded to float16; two values per int32
+store, 12 per record.
+
+Geometry: a grid-stride loop over (row, record pair) items, one item per lane, consecutive lanes
+on consecutive pairs of a row; the table is staged once per program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from leechq.kernels.triton.planes14 import load_record_pair
+from leechq.kernels.triton.planes14_m1 import _record_bytes
+from leechq.kernels.triton.tetra48_dequant import _store_words
+from leechq.kernels.triton.tetra48_m1 import stage_table
+
+
+@triton.jit
+def _dequant_record(A, B, C, D, cent0, cent1, tab_ptr, base, out, ok, SEL_TABLE: tl.constexpr,
+                    USE_ASM: tl.constexpr):
+    """Decode one record per element (bits 0..31, 32..63, 64..95, 96..111 in ``A, B, C, D``) and
+    store its 24 float16 values (12 int32, natural order) at ``out``."""
+    quads, g, invw = _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE, USE_ASM)
+    scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
+    q0, q1, q2, q3, q4, q5 = quads
+    _store_words(out + 0, q0, scale, ok)
+    _store_words(out + 2, q1, scale, ok)
+    _store_words(out + 4, q2, scale, ok)
+    _store_words(out + 6, q3, scale, ok)
+    _store_words(out + 8, q4, scale, ok)
+    _store_words(out + 10, q5, scale, ok)
+
+
+@triton.jit
+def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
+                            NW: tl.constexpr, SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the records (int32 words,
+    ``7·⌈N_BLOCKS/2⌉`` per row); see the module docstring. Any grid; ``num_warps = NW``."""
+    NP: tl.constexpr = (N_BLOCKS + 1) // 2
+    STRIDE_W: tl.constexpr = 7 * NP
+    OUT_W: tl.constexpr = 12 * N_BLOCKS
+    LANES: tl.constexpr = NW * 32
+    base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+    e = tl.arange(0, LANES)
+    n_items = d_out * NP
+    for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
+        item = start + e
+        ok = item < n_items
+        row = tl.where(ok, item // NP, 0)
+        pair = item - (item // NP) * NP
+        ok_e = ok & (pair * 2 < N_BLOCKS)
+        ok_o = ok & (pair * 2 + 1 < N_BLOCKS)
+        w0, w1, w2, w3, w4, w5, w6 = load_record_pair(r_ptr + row * STRIDE_W + 7 * pair, ok_e,
+                                                      ok_o)
+        cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
+        cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
+        out = out_ptr + row * OUT_W + 24 * pair
+        _dequant_record(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, out, ok_e,
+                        SEL_TABLE, USE_ASM)
+        _dequant_record((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
+                        (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base, out + 12,
+                        ok_o, SEL_TABLE, USE_ASM)
