@@ -98,9 +98,10 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
 
 def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
     """One projection shape's K-slice sweep (``--slices``): for each count of K-slices from 1 to
-    24 (the smallest ``k_per`` giving it, so the slices are as even as multiples of 4 allow), the MMA kernel alone, with the slice-sum launch, and
-    with the slices added in the kernel (``fused_sum``), at one row set per program and two row
-    groups per step; µs per launch, each checked against the f64 product first."""
+    24 (the smallest ``k_per`` giving it, so the slices are as even as multiples of 4 allow), the
+    MMA kernel alone, with the slice-sum launch, and with the slices added in the kernel
+    (``fused_sum``), at one row set per program and two row groups per step; µs per launch,
+    each checked against the f64 product first."""
     import torch
     import triton
     from triton.testing import do_bench_cudagraph
