@@ -202,6 +202,8 @@ class LatticeGroup(nn.Module):
         self._ops = ops
         # Tetra: the trio order; Planes14: per call (the m1 kernel's order or natural)
         self.order = tetra_kernel_tables(device).order if self.layout == "tetra48" else None
+        if self.layout == "planes14":  # its first-use check now, eagerly, not inside a trace
+            ops.planes14_dense_enabled(torch.device(device))
         self.rotation = rotation
         self.rot = None if rotation is None else ops.DeviceRotation.from_tables(rotation, device)
         self.register_buffer(
