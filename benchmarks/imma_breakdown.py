@@ -19,38 +19,50 @@ SHAPES = {"q|k|v": (6144, 4096), "o": (4096, 4096), "gate|up": (24576, 4096),
           "down": (4096, 12288)}
 
 
-def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
-    """One projection shape's row of the table (see the module docstring)."""
-    import torch
-    import triton
+def _us(fn) -> float:
+    """µs per call of ``fn`` (``do_bench_cudagraph``, 60 ms of replays)."""
     from triton.testing import do_bench_cudagraph
+
+    return 1e3 * do_bench_cudagraph(fn, rep=60)
+
+
+def _operands(d_out: int, d_in: int, m: int) -> tuple:
+    """A random ``tetra48`` matrix and ``m`` activation rows on the GPU: (device, weight, x, the
+    prepared x, its int8 records, the f64 matrix)."""
+    import torch
 
     from leechq.formats.layouts.tetra48 import random_tetra48
     from leechq.kernels import reference as ref
     from leechq.kernels.triton import ops
-    from leechq.kernels.triton.tetra48_imma import imma_kernel
 
     dev = torch.device("cuda")
-
-    def us(fn) -> float:
-        return 1e3 * do_bench_cudagraph(fn, rep=60)
-
     w = random_tetra48(d_out, d_in, seed=d_out, device=dev)
     x = torch.randn(m, d_in, device=dev)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(dev).order)
-    acts = ops.imma_activation(xp, m, w.n_blocks)
-    dense = ref.tetra48_dequantize_rotated(w)
+    return dev, w, x, xp, ops.imma_activation(xp, m, w.n_blocks), ref.tetra48_dequantize_rotated(w)
+
+
+def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
+    """One projection shape's row of the table (see the module docstring)."""
+    import torch
+    import triton
+
+    from leechq.kernels import reference as ref
+    from leechq.kernels.triton import ops
+    from leechq.kernels.triton.tetra48_imma import imma_kernel
+
+    dev, w, x, xp, acts, dense = _operands(d_out, d_in, m)
     xh = x.half()
     wh = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
     row = {"shape": name, "d_out": d_out, "d_in": d_in, "rows": m,
-           "fp16_us": us(lambda: xh @ wh.T),
-           "records_us": us(lambda: ops.imma_activation(xp, m, w.n_blocks))}
+           "fp16_us": _us(lambda: xh @ wh.T),
+           "records_us": _us(lambda: ops.imma_activation(xp, m, w.n_blocks))}
     y1 = torch.empty(1, d_out, device=dev)
     xp1 = ops.prepare_activation(x[:1], w.n_blocks, ops.tetra_kernel_tables(dev).order)
-    row["m1_one_row_us"] = us(lambda: ops.tetra48_matvec_prepared(xp1, w, 1, out=y1))
+    row["m1_one_row_us"] = _us(lambda: ops.tetra48_matvec_prepared(xp1, w, 1, out=y1))
     y8 = torch.empty(m, d_out, device=dev)
     os.environ["LEECHQ_IMMA"] = "0"  # the many-row m1 (captured with it; replays keep it)
-    row["m1_rows_us"] = us(lambda: ops.tetra48_matvec_prepared(xp, w, m, out=y8))
+    row["m1_rows_us"] = _us(lambda: ops.tetra48_matvec_prepared(xp, w, m, out=y8))
     del os.environ["LEECHQ_IMMA"]
     geoms = {}
     nb = w.n_blocks
@@ -80,10 +92,10 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
                     N_BLOCKS=nb, NW=4, RG=rg, RPS=rps, CODE=0, USE_ASM=True, num_warps=4,
                     num_stages=1, **extra)
 
-            full = us(lambda kp=kp, rg=rg, rps=rps, mr=mr: ops.tetra48_matvec_imma_prepared(
+            full = _us(lambda kp=kp, rg=rg, rps=rps, mr=mr: ops.tetra48_matvec_imma_prepared(
                 xp, w, m, out=y8, acts=acts, k_per=kp, row_groups=rg, rows_per_step=rps,
                 maxnreg=mr))
-            geoms[key] = {"kernel_us": us(main_kernel), "with_sum_us": full}
+            geoms[key] = {"kernel_us": _us(main_kernel), "with_sum_us": full}
     row["geometries"] = geoms
     best = min(geoms.items(), key=lambda kv: kv[1]["with_sum_us"])
     row["best"] = best[0]
@@ -104,23 +116,12 @@ def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
     each checked against the f64 product first."""
     import torch
     import triton
-    from triton.testing import do_bench_cudagraph
 
-    from leechq.formats.layouts.tetra48 import random_tetra48
     from leechq.kernels import reference as ref
     from leechq.kernels.triton import ops
     from leechq.kernels.triton.tetra48_imma import imma_kernel
 
-    dev = torch.device("cuda")
-
-    def us(fn) -> float:
-        return 1e3 * do_bench_cudagraph(fn, rep=60)
-
-    w = random_tetra48(d_out, d_in, seed=d_out, device=dev)
-    x = torch.randn(m, d_in, device=dev)
-    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(dev).order)
-    acts = ops.imma_activation(xp, m, w.n_blocks)
-    dense = ref.tetra48_dequantize_rotated(w)
+    dev, w, x, xp, acts, dense = _operands(d_out, d_in, m)
     nb = w.n_blocks
     y = torch.empty(m, d_out, device=dev)
     tab = ops.tetra_m1_table(dev)
@@ -148,10 +149,10 @@ def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
                 num_stages=1)
 
         r = {"slices": slices, "k_per": kp, "programs": tiles * slices,
-             "default": kp == default, "kernel_us": us(main_kernel),
-             "with_sum_us": us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
+             "default": kp == default, "kernel_us": _us(main_kernel),
+             "with_sum_us": _us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
                  xp, w, m, out=y, acts=acts, k_per=kp, fused_sum=False)),
-             "fused_us": us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
+             "fused_us": _us(lambda kp=kp: ops.tetra48_matvec_imma_prepared(
                  xp, w, m, out=y, acts=acts, k_per=kp, fused_sum=True))}
         rows.append(r)
         print(f"{name:8s} slices {slices:2d} k_per {kp:3d} ({r['programs']:5d} programs)"
@@ -160,7 +161,7 @@ def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
     xh = x.half()
     wh = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
     return {"shape": name, "d_out": d_out, "d_in": d_in, "rows": m, "tiles": tiles,
-            "fp16_us": us(lambda: xh @ wh.T), "sweep": rows}
+            "fp16_us": _us(lambda: xh @ wh.T), "sweep": rows}
 
 
 def main() -> None:

@@ -763,15 +763,10 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     ``LEECHQ_DEQUANT_V4=1``."""
     _check_lattice(w, w.words, "words")
     dev = w.words.device
-    shape = (w.d_out, BLOCK * w.n_blocks)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float16, device=dev)
-    else:
-        check_tensor(out, "out", torch.float16, shape, device=dev)
+    out = _dequant_out(out, w, dev)
     if w.d_out and w.n_blocks:
         nw = 4
-        items = w.d_out * ((w.n_blocks + 1) // 2)
-        grid = max(1, min(triton.cdiv(items, nw * 32), 8 * _sm_count(dev)))
+        grid = _dequant_grid(w, dev, nw)
         if vector_stores is None:
             vector_stores = os.environ.get("LEECHQ_DEQUANT_V4", "0") == "1"
         tetra48_dequant_kernel[(grid,)](
@@ -780,6 +775,24 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
             num_stages=1,
         )
     return out
+
+
+def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
+                 device: torch.device) -> torch.Tensor:
+    """The float16 ``[d_out, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
+    checked, or a new one."""
+    shape = (w.d_out, BLOCK * w.n_blocks)
+    if out is None:
+        return torch.empty(shape, dtype=torch.float16, device=device)
+    check_tensor(out, "out", torch.float16, shape, device=device)
+    return out
+
+
+def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device, num_warps: int) -> int:
+    """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
+    item per lane, at most eight programs per SM (each stages the decode table once)."""
+    items = w.d_out * ((w.n_blocks + 1) // 2)
+    return max(1, min(triton.cdiv(items, num_warps * 32), 8 * _sm_count(device)))
 
 
 _BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
@@ -1081,18 +1094,12 @@ def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
     ``selector_table`` as for :func:`planes14_matvec_m1_prepared`."""
     _check_lattice(w, w.records, "records")
     dev = w.records.device
-    shape = (w.d_out, BLOCK * w.n_blocks)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float16, device=dev)
-    else:
-        check_tensor(out, "out", torch.float16, shape, device=dev)
+    out = _dequant_out(out, w, dev)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
     if w.d_out and w.n_blocks:
         nw = 4
-        items = w.d_out * ((w.n_blocks + 1) // 2)
-        grid = max(1, min(triton.cdiv(items, nw * 32), 8 * _sm_count(dev)))
-        planes14_dequant_kernel[(grid,)](
+        planes14_dequant_kernel[(_dequant_grid(w, dev, nw),)](
             w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
             N_BLOCKS=w.n_blocks, NW=nw, SEL_TABLE=bool(selector_table), USE_ASM=_use_asm(),
             num_warps=nw, num_stages=1,
