@@ -24,7 +24,7 @@ import triton.language as tl
 
 from leechq.kernels.triton.planes14 import load_record_pair
 from leechq.kernels.triton.planes14_m1 import _record_bytes
-from leechq.kernels.triton.tetra48_dequant import _store_words
+from leechq.kernels.triton.tetra48_dequant import _store_words, pair_items
 from leechq.kernels.triton.tetra48_m1 import stage_table
 
 
@@ -57,12 +57,7 @@ def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: 
     e = tl.arange(0, LANES)
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
-        item = start + e
-        ok = item < n_items
-        row = tl.where(ok, item // NP, 0)
-        pair = item - (item // NP) * NP
-        ok_e = ok & (pair * 2 < N_BLOCKS)
-        ok_o = ok & (pair * 2 + 1 < N_BLOCKS)
+        ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
         w0, w1, w2, w3, w4, w5, w6 = load_record_pair(r_ptr + row * STRIDE_W + 7 * pair, ok_e,
                                                       ok_o)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)

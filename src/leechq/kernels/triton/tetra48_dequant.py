@@ -82,6 +82,17 @@ def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, ok, VEC: tl
 
 
 @triton.jit
+def pair_items(item, n_items, NP: tl.constexpr, N_BLOCKS: tl.constexpr):
+    """The (row, block pair) of each flat item ``row·NP + pair`` of a grid-stride loop: whether it
+    exists, its row (0 where it does not), its pair, and whether the pair's even and odd blocks
+    exist."""
+    ok = item < n_items
+    row = tl.where(ok, item // NP, 0)
+    pair = item - (item // NP) * NP
+    return ok, row, pair, ok & (pair * 2 < N_BLOCKS), ok & (pair * 2 + 1 < N_BLOCKS)
+
+
+@triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
                            NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False):
     """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words; see the module
@@ -95,12 +106,7 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
     sb_rep = sb_copy(e)
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
-        item = start + e
-        ok = item < n_items
-        row = tl.where(ok, item // NP, 0)
-        pair = item - (item // NP) * NP
-        ok_e = ok & (pair * 2 < N_BLOCKS)
-        ok_o = ok & (pair * 2 + 1 < N_BLOCKS)
+        ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
         w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
