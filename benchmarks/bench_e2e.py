@@ -20,6 +20,8 @@ What it does, in order:
      ``tetra48`` is what the rotation kernels cost;
    * ``tetra48-unfused`` (diagnostic): ``tetra48`` with ``LEECHQ_FUSE_PRE=0`` — the norms and the
      SwiGLU as separate launches before the rotations, instead of inside them;
+   * ``tetra48-nomma`` (diagnostic): ``tetra48`` with ``LEECHQ_MMA=0`` — 9..16 rows as 8-row
+     chunks on the int8 tensor-core kernel instead of the float16 tensor-core kernel;
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -354,7 +356,8 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "ball"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-nomma",
+                 "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -446,7 +449,7 @@ def bench_model(
             results.append({"model": name, "arm": arm, "skipped": f"KernelUnavailable: {exc}"})
             continue
         log(f"{name} {arm}: built in {info['build_s']} s, weights {info['weights_gb']} GB")
-        with _fuse_pre(arm != "tetra48-unfused"):
+        with _arm_env(arm):
             _bench_engine(name, arm, model, info, batches, a, results, profiles, fp16_tok)
         del model
         free()
@@ -475,18 +478,25 @@ def bench_model(
         free()
 
 
+ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-nomma": {"LEECHQ_MMA": "0"}}
+"""The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
+
+
 @contextlib.contextmanager
-def _fuse_pre(on: bool):
-    """``LEECHQ_FUSE_PRE`` for one arm (the serving groups read it per call, on the host)."""
-    old = os.environ.get("LEECHQ_FUSE_PRE")
-    os.environ["LEECHQ_FUSE_PRE"] = "1" if on else "0"
+def _arm_env(arm: str):
+    """The environment switches of one arm (:data:`ARM_ENV`; the serving groups read them per
+    call, on the host), restored afterwards."""
+    env = {"LEECHQ_FUSE_PRE": "1", **ARM_ENV.get(arm, {})}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("LEECHQ_FUSE_PRE", None)
-        else:
-            os.environ["LEECHQ_FUSE_PRE"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _bench_engine(name: str, arm: str, model: Any, info: dict[str, Any], batches: list[int],
@@ -585,7 +595,8 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--arms",
         default=None,
-        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,ball,hf-fp16",
+        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-nomma,"
+        "ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -39,6 +39,9 @@
 #            since session i, never run on a GPU): its GPU tests (bit-exact dequantization, the
 #            GEMM, the offline compile), the served ball model tests, then e2e ball at batch 1
 #            and 8 (prefill of 32 and 256 rows; 141 and 849 ms before)
+#   mid      9..16 rows end to end: the float16 tensor-core kernel (default) against 8-row chunks
+#            on the int8 kernel (arm tetra48-nomma, LEECHQ_MMA=0) — from the per-matrix figures
+#            (15.0 ms for 9..16 rows against 5.5 ms per 8-row chunk) the chunks should win
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -156,6 +159,10 @@ tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
   gpu_tests tests-imma3-serve 210 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
   ;;
+mid)
+  e2e e2e-8b-mid 400 --models qwen3-8b --arms fp16,tetra48,tetra48-nomma --batches 9,12,16 \
+    --skip-gates --no-profile --budget-s 360
+  ;;
 p14dense)
   gpu_tests tests-p14dense 200 tests/kernels/test_triton_gpu.py -k "planes14_dense or planes14_dequant" \
     tests/serve/test_gpu.py
@@ -177,7 +184,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | preops | rotsplit | imma | imma2 | imma3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | preops | rotsplit | imma | imma2 | imma3)" >&2
   exit 2
   ;;
 esac
