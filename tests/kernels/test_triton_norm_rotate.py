@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 
-from leechq.errors import InvalidInput
+from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.rotation import apply_rotation_transpose, generate_rotation
 from leechq.kernels import reference as ref
 
@@ -210,3 +210,79 @@ def test_split_prepared_write_equals_one_program(n: int, m_rows: int, splits: in
     assert torch.equal(got, one)
     with pytest.raises(InvalidInput, match="power of two"):
         ops.rotate(x, rot, prepared_order=order, splits=3)
+
+
+def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev: str) -> None:
+    """One case of the rotation-written activation records (see the tests below)."""
+    ops = _ops()
+    from leechq.formats.layouts.tetra48 import random_tetra48
+
+    rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), dev)
+    order = ops.planes14_m1_order(dev) if planes14 else ops.tetra_kernel_tables(dev).order
+    gen = torch.Generator().manual_seed(n + m_rows)
+    x = torch.randn(m_rows, n, generator=gen).to(dev)
+    nb = n // 24
+    ex_live = torch.tensor([(b * 2 + t % 2) * 4 + (t // 2) % 2 + 2 * (t // 4)
+                            for b in range(2 * ref.prepared_pairs(nb)) for t in range(m_rows)])
+
+    def check(xp: torch.Tensor, records: tuple[torch.Tensor, torch.Tensor]) -> None:
+        rec, ex = ops.imma_activation(xp, m_rows, nb)
+        assert torch.equal(records[0], rec)
+        assert torch.equal(records[1][ex_live.to(dev)], ex[ex_live.to(dev)])
+
+    recs = ops.imma_records(nb, dev)
+    check(ops.rotate(x, rot, prepared_order=order, splits=splits, records=recs), recs)
+    recs = ops.imma_records(nb, dev)
+    _, xp = ops.norm_rotate(x.half(), torch.ones(n, device=dev).half(), 1e-6, rot, delta=x,
+                            prepared_order=order, splits=splits, records=recs)
+    check(xp, recs)
+    recs = ops.imma_records(nb, dev)
+    xp = ops.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=gen).to(dev), torch.float16,
+                             rot, prepared_order=order, splits=splits, records=recs)
+    check(xp, recs)
+    if not planes14:
+        w = random_tetra48(24, n, seed=n, device=dev)
+        want = ops.tetra48_matvec_imma_prepared(xp, w, m_rows)
+        assert torch.equal(ops.tetra48_matvec_imma_prepared(xp, w, m_rows, acts=recs), want)
+
+
+@interp
+@pytest.mark.parametrize(("n", "m_rows", "splits", "planes14"), [
+    (256, 3, 1, False),   # 10 blocks + 16 tail columns, 3 rows in 4 prepared rows
+    (512, 8, 4, False),   # 21 blocks + 8, eight rows, four programs per row
+    (256, 5, 2, True),    # the Planes14 m1 order, 5 rows in 8
+])
+def test_rotation_writes_the_int8_activation_records(n: int, m_rows: int, splits: int,
+                                                     planes14: bool) -> None:
+    """A one-group rotation into the prepared layout that also writes the int8 tensor-core
+    kernel's activation records (``records=``) writes exactly the words ``ops.imma_activation``
+    computes from that prepared layout, and the exponents of every live row — for the plain
+    rotation and both pre-ops; a matvec on those records equals one on the launch's records."""
+    _rotation_records_case(n, m_rows, splits, planes14, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m_rows", "planes14"), [(3, False), (8, False), (5, True)])
+def test_rotation_records_on_gpu(m_rows: int, planes14: bool) -> None:
+    """The rotation-written records at the Qwen3 width with one rotation group (4096), eight
+    programs per row, on the GPU: as in the interpreter test, bit for bit."""
+    _rotation_records_case(4096, m_rows, 8, planes14, "cuda")
+
+
+@interp
+def test_rotation_records_reject_what_they_cannot_serve() -> None:
+    ops = _ops()
+    order = ops.tetra_kernel_tables("cpu").order
+    x = torch.randn(3, 96)
+    with pytest.raises(UnsupportedShape, match="one group"):
+        ops.rotate(x, generate_rotation(96, 3), prepared_order=order,
+                   records=ops.imma_records(4, "cpu"))
+    rot = generate_rotation(128, 1)
+    with pytest.raises(InvalidInput, match="one-launch prepared"):
+        ops.rotate(torch.randn(3, 128), rot, records=ops.imma_records(5, "cpu"))
+    with pytest.raises(UnsupportedShape, match=r"1\.\.8"):
+        ops.rotate(torch.randn(9, 128), rot, prepared_order=order,
+                   records=ops.imma_records(5, "cpu"))
+    with pytest.raises(InvalidInput, match="records"):
+        rec, ex = ops.imma_records(5, "cpu")
+        ops.rotate(torch.randn(3, 128), rot, prepared_order=order, records=(rec[:-1], ex))

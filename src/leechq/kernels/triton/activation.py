@@ -51,6 +51,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from leechq.kernels.triton.tetra48_imma import store_activation_records
+
 TC_MIN = tl.constexpr(256)
 """Smallest group size whose transform can run on tensor cores (a power of two ≥ 256: the R×C tile,
 ``R = 2**floor(log2(m)/2)``, needs R, C ≥ 16 for float16 dots)."""
@@ -324,10 +326,11 @@ def rotate_kernel(
 @triton.jit
 def rotate_prepared_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, order_ptr, inv_sqrt_m, M,
-    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, rec_ptr, ex_ptr,
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
+    RECORDS: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -342,7 +345,12 @@ def rotate_prepared_kernel(
     each slot's value from its transformed group in registers (``tl.gather``, no global round
     trip) and writes the slots it owns: those whose source column is in the group and, in the last
     group, the empty ones. Every slot of the row is written exactly once. ``h`` is the row or its
-    pre-op (``PRE``, as :func:`rotate_kernel`; live rows store their residual)."""
+    pre-op (``PRE``, as :func:`rotate_kernel`; live rows store their residual).
+
+    With ``RECORDS`` (one group, ``K = 1``) the programs also write the int8 tensor-core
+    kernel's activation records of their pairs (``rec``, ``ex``:
+    :func:`.tetra48_imma.store_activation_records`, the words ``ops.imma_activation`` would
+    compute from this prepared row), so that kernel needs no launch of its own."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     part = tl.program_id(2)
@@ -379,3 +387,6 @@ def rotate_prepared_kernel(
     first = (i * 0 + part) == 0
     tl.store(orow + 48 * NPP + i, tl.where(tmine & live, tval, 0.0),
              mask=(tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1))) & first)
+    if RECORDS:
+        store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, M, part * PRS, N_BLOCKS,
+                                 NPP, PRS)

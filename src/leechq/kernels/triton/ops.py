@@ -491,7 +491,8 @@ def rotate_splits(requested: int | None = None) -> int:
 def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
            tensor_cores: bool = False, one_launch: bool = True,
-           splits: int | None = None) -> torch.Tensor:
+           splits: int | None = None,
+           records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
@@ -501,21 +502,25 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     launches (natural order to a scratch row, then the preparation kernel) for comparison.
     ``tensor_cores`` selects the tensor-core transform for groups of 256..4096 (opt-in: slower
     than the butterflies on most H200 widths). ``splits``: programs per (row, group) of the
-    prepared write (:func:`rotate_splits`).
+    prepared write (:func:`rotate_splits`). ``records``: buffers of :func:`imma_records` the same
+    launch fills with the int8 tensor-core kernel's activation records (the prepared one-launch
+    form of a one-group rotation, ≤ 8 rows; bit for bit :func:`imma_activation`'s words).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
     check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16))
     if x.dim() != 2 or x.shape[1] != rotation.n:
         raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
-    return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits)
+    return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits,
+                   records)
 
 
 def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 rotation: DeviceRotation | RotationTables, *, delta: torch.Tensor | None = None,
                 prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                tensor_cores: bool = False,
-                splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tensor_cores: bool = False, splits: int | None = None,
+                records: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (after the residual add) and the input rotation in one launch: twin of
     ``reference.norm_rotate``.
 
@@ -526,6 +531,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     ``reference.rms_norm`` — float32 [M, n] in natural order, or with ``prepared_order`` the
     prepared layout (see :func:`rotate`). The row's mean square is summed in f32 in the kernel's
     order, so ``y`` can differ from the reference by one rounding of the narrowed norm.
+    ``records`` as for :func:`rotate`.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -543,19 +549,21 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     pre = _PreOp(code=(PRE_NORM if delta is None else PRE_ADD_NORM).value, aux=delta,
                  weight=weight, residual=r, eps=float(eps),
                  hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
-    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits)
+    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits, records)
 
 
 def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                     rotation: DeviceRotation | RotationTables, *,
                     prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                    tensor_cores: bool = False, splits: int | None = None) -> torch.Tensor:
+                    tensor_cores: bool = False, splits: int | None = None,
+                    records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """SwiGLU and the input rotation of the down projection in one launch: twin of
     ``reference.silu_mul_rotate``.
 
     gate_up: [M, 2n] float32/float16/bfloat16 (gate columns first); dtype: the activation dtype
     ``silu(gate)·up`` (computed in gate_up's dtype) is narrowed to. Returns ``Q·silu_mul`` as
-    :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``).
+    :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``;
+    ``records`` as there).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, gate_up.device)
@@ -567,12 +575,14 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
     if dtype not in _HALF_CODES:
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     pre = _PreOp(code=PRE_SILU_MUL.value, hdt=_HALF_CODES[dtype])
-    return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits)
+    return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits,
+                   records)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
-            one_launch: bool, splits: int | None = None) -> torch.Tensor:
+            one_launch: bool, splits: int | None = None,
+            records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
     n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
@@ -585,6 +595,8 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     res = pre.residual if pre.residual is not None else x
     pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
                 res.stride(0), pre.eps)
+    if records is not None and (prepared_order is None or not one_launch):
+        raise InvalidInput("activation records come only with the one-launch prepared rotation")
     if prepared_order is not None and one_launch:
         check_tensor(prepared_order, "prepared_order", torch.int32, (BLOCK,), device=x.device)
         n_blocks = n // BLOCK
@@ -592,12 +604,15 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
         npp = ref.prepared_pairs(n_blocks)
         pr = triton.next_power_of_2(_group_pair_span(k, m, npp))
         parts = min(rotate_splits(splits), pr, m)
+        rec, ex = (out, out) if records is None else _check_records(records, k, m_rows, npp,
+                                                                     x.device)
         if m_rows:
             rotate_prepared_kernel[(out.shape[0], k, parts)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
-                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, N=n, N_BLOCKS=n_blocks,
-                NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores),
-                PRE=pre.code, HDT=pre.hdt, SPLITS=parts, num_warps=warps,
+                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, N=n,
+                N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
+                TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
+                RECORDS=records is not None, num_warps=warps,
             )
         return out
     if prepared_order is None:
@@ -615,6 +630,21 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     if prepared_order is None:
         return nat
     return prepare_activation(nat, n // BLOCK, prepared_order, out=out)
+
+
+def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: int, npp: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``records`` buffers of a rotation (see :func:`rotate`), checked: one group, ≤ 8 rows,
+    the shapes of :func:`imma_records`."""
+    if k != 1:
+        raise UnsupportedShape(f"activation records from the rotation need one group (a "
+                               f"power-of-two width), not {k}")
+    if not 1 <= m_rows <= IMMA_ROWS:
+        raise UnsupportedShape(f"{m_rows} rows; activation records take 1..{IMMA_ROWS}")
+    rec, ex = records
+    check_tensor(rec, "records", torch.int32, (npp // 2 * STEP_WORDS.value,), device=device)
+    check_tensor(ex, "exponents", torch.float32, (2 * npp * 8,), device=device)
+    return rec, ex
 
 
 # ------------------------------------------------------------------------------------ lattice
@@ -639,15 +669,18 @@ def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.
 
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             config: MatvecConfig | None = None,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None,
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> torch.Tensor:
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
     ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..8 rows on
     a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
-    :data:`IMMA_MIN_ROWS`)."""
+    :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
+    written by the rotation; used only on that path)."""
     _check_lattice(w, w.words, "words")
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     if config is None and imma_default(w, m_rows):
-        return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out)
+        return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     plan = _m1_groups(w, m_rows, xp.device, config)
@@ -941,6 +974,16 @@ def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
     return rec, ex
 
 
+def imma_records(n_blocks: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed buffers for a rotation to fill with the int8 kernel's activation records
+    (``rotate(..., records=)``): int32 [NPP/2 · 576] and float32 [2·NPP · 8]. The rotation
+    writes the rows it runs (``prepared_rows(m)``); rows past them must stay zero, so keep one
+    buffer per row count."""
+    npp = ref.prepared_pairs(n_blocks)
+    return (torch.zeros(npp // 2 * STEP_WORDS.value, dtype=torch.int32, device=device),
+            torch.zeros(2 * npp * 8, dtype=torch.float32, device=device))
+
+
 def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
                 row_groups: int = 1, rows_per_step: int = 2) -> int:
     """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
@@ -1175,11 +1218,13 @@ def planes14_order(device: torch.device, m1: bool) -> torch.Tensor:
 def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             plan: list[tuple[int, MatvecConfig]] | None,
                             config: MatvecConfig | None = None,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None,
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
     :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..8 rows with no ``config``
     on a GPU (:func:`imma_default`), the int8 tensor-core kernel from the same order
-    (:func:`planes14_matvec_imma_prepared`) —
+    (:func:`planes14_matvec_imma_prepared`; ``acts`` as for :func:`tetra48_matvec_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
     float32 [m_rows, d_out]. H200, Qwen3-8B projections, prepared inputs, 2026-11-30
     (BENCHMARKS.md §3 run 14, one process), int8 against the many-row ``m1``: 3 rows 6.63 vs
@@ -1188,7 +1233,7 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
     if config is None and imma_default(w, m_rows):
-        return planes14_matvec_imma_prepared(xp, w, m_rows, out=out)
+        return planes14_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     first = 0

@@ -53,6 +53,7 @@ from leechq.kernels.triton._bits import (
 )
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
+    _rint,
     _x_limbs,
     decode_nibbles,
     sb_copy,
@@ -97,6 +98,47 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
                     tl.store(rec + (limb * 3 + s) * 32 + 2 * half, word.to(tl.int32, bitcast=True),
                              mask=ok)
         tl.store(ex_ptr + (blk * 2 + q) * 4 + r + 2 * h, lim[0], mask=ok)
+
+
+@triton.jit
+def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
+                             N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PRS: tl.constexpr):
+    """What :func:`imma_activation_kernel` writes for activation row ``row`` and the ``PRS``
+    block pairs from ``pair0``, computed from the row's rotated values in registers instead of
+    the prepared layout: ``v`` float32 [MW] holds the whole rotated row (one rotation group, so
+    every block's 24 coordinates are in it); position ``t`` of block ``b`` reads
+    ``v[24·b + order[t]]``. Rows ``row ≥ m_rows`` give zero words (as that kernel). Bit for bit
+    the same words and exponents: the same block maximum, exponent and fused round
+    (:func:`.tetra48_m1._x_limbs`), bytes packed by shifts (disjoint, so the sum is an OR)."""
+    r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
+    sec = (r // 8) % 4
+    pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
+    pair = pair0 + tl.arange(0, PRS)[None, :]
+    blk = 2 * pair + r // 32
+    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + row) < m_rows)
+    nat = tl.load(order_ptr + tl.where(sec < 3, pos, 0))
+    idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
+    x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
+    x3 = tl.reshape(x, (2, 32, PRS))
+    mx = tl.max(tl.abs(x3), axis=1)  # [2, PRS]: the block maximum per parity
+    eb = tl.maximum((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF, 22)
+    scale = ((275 - eb) << 23).to(tl.float32, bitcast=True)
+    e_blk = ((eb - 21) << 23).to(tl.float32, bitcast=True)
+    q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
+    jj = tl.arange(0, 4)[None, :, None]
+    k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
+    ks = (k // 2) % 4
+    bw = 2 * pair + k // 8
+    base = ((bw // 4) * STEP_WORDS + (row // 4) * HALF_WORDS + ((bw % 4) * 2 + row % 2) * 4
+            + (row // 2) % 2 + ks * 32 + 2 * (k % 2))
+    live = (ks < 3) & (pair < NPP)
+    for limb in tl.static_range(3):
+        word = tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)  # [16, PRS]
+        tl.store(rec_ptr + base + limb * 96, word, mask=live)
+    pb = tl.arange(0, 2)[:, None]
+    be = 2 * pair + pb
+    tl.store(ex_ptr + (be * 2 + row % 2) * 4 + (row // 2) % 2 + 2 * (row // 4), e_blk,
+             mask=(pair + pb * 0) < NPP)
 
 
 @triton.jit
