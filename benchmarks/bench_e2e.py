@@ -22,6 +22,9 @@ What it does, in order:
      SwiGLU as separate launches before the rotations, instead of inside them;
    * ``tetra48-nomma`` (diagnostic): ``tetra48`` with ``LEECHQ_MMA=0`` — 9..16 rows as 8-row
      chunks on the int8 tensor-core kernel instead of the float16 tensor-core kernel;
+   * ``tetra48-rotrec`` (diagnostic): ``tetra48`` with ``LEECHQ_ROT_RECORDS=1`` — one-group
+     rotations also write the int8 kernel's activation records (3..8 rows: one launch fewer per
+     such input);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -357,7 +360,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-nomma",
-                 "ball"):
+                 "tetra48-rotrec", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -478,7 +481,8 @@ def bench_model(
         free()
 
 
-ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-nomma": {"LEECHQ_MMA": "0"}}
+ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-nomma": {"LEECHQ_MMA": "0"},
+           "tetra48-rotrec": {"LEECHQ_ROT_RECORDS": "1"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -596,7 +600,7 @@ def parse() -> argparse.Namespace:
         "--arms",
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-nomma,"
-        "ball,hf-fp16",
+        "tetra48-rotrec,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -39,6 +39,9 @@
 #            since session i, never run on a GPU): its GPU tests (bit-exact dequantization, the
 #            GEMM, the offline compile), the served ball model tests, then e2e ball at batch 1
 #            and 8 (prefill of 32 and 256 rows; 141 and 849 ms before)
+#   rotrec   the int8 kernel's activation records written by one-group rotations
+#            (LEECHQ_ROT_RECORDS=1, opt-in since session i, never run on a GPU): its GPU tests,
+#            then e2e at batch 4 and 8 against the records launch (arm tetra48-rotrec)
 #   mid      9..16 rows end to end: the float16 tensor-core kernel (default) against 8-row chunks
 #            on the int8 kernel (arm tetra48-nomma, LEECHQ_MMA=0) — from the per-matrix figures
 #            (15.0 ms for 9..16 rows against 5.5 ms per 8-row chunk) the chunks should win
@@ -159,6 +162,12 @@ tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
   gpu_tests tests-imma3-serve 210 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
   ;;
+rotrec)
+  gpu_tests tests-rotrec 200 tests/kernels/test_triton_norm_rotate.py -k "records" \
+    tests/serve/test_gpu.py
+  e2e e2e-8b-rotrec 330 --models qwen3-8b --arms fp16,tetra48,tetra48-rotrec --batches 4,8 \
+    --skip-gates --no-profile --budget-s 300
+  ;;
 mid)
   e2e e2e-8b-mid 400 --models qwen3-8b --arms fp16,tetra48,tetra48-nomma --batches 9,12,16 \
     --skip-gates --no-profile --budget-s 360
@@ -184,7 +193,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | preops | rotsplit | imma | imma2 | imma3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | rotrec | preops | rotsplit | imma | imma2 | imma3)" >&2
   exit 2
   ;;
 esac

@@ -320,3 +320,45 @@ def test_direct_ball_group_matches_its_records() -> None:
     want = kref.planes14_matvec(kref.rotate(x, rot), group.parts[0])
     y = group(x)
     assert (y - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("ball", [False, True])
+def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                       ball: bool) -> None:
+    """``LEECHQ_ROT_RECORDS=1`` where the int8 kernel serves the rows (forced here: 3..8 rows):
+    the group's rotation (and its norm and SwiGLU forms) writes the activation records, no
+    records launch runs, and the outputs equal the launch's bit for bit; a 72-wide group (a
+    rotation of several groups) keeps the launch."""
+    from leechq.kernels.reference import rms_norm
+    from leechq.kernels.triton import ops
+    from leechq.serve.fused import LatticeGroup
+
+    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
+    launches = []
+    activation = ops.imma_activation
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return activation(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "imma_activation", counted)
+    recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
+    biases = [None, torch.randn(8)]
+    group = LatticeGroup.from_records(recs, biases, "cpu")
+    if ball:  # the m1 order needs an m1 plan: the GPU's choice for several rows
+        monkeypatch.setattr(ops, "planes14_m1_groups", lambda w, r, d, c=None: [(r, None)])
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 128, generator=g)
+    weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
+    want = group(x)
+    want_norm = group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
+    assert len(launches) == 2
+    monkeypatch.setenv("LEECHQ_ROT_RECORDS", "1")
+    assert torch.equal(group(x), want)
+    assert torch.equal(group.forward_add_norm(x.half(), None, weight, 1e-6)[1], want_norm)
+    assert len(launches) == 2  # the rotation wrote them
+    ref = _reference(rms_norm(x.half(), weight, 1e-6).float(), recs, biases)
+    assert (want_norm - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    wide = LatticeGroup.from_records(_records(True), [None, None], "cpu")
+    wide(torch.randn(3, 72, generator=g))
+    assert len(launches) == 3

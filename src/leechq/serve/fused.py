@@ -91,6 +91,9 @@ CACHED_ROWS = 64
 transient."""
 
 _PREPARED: dict[tuple[str, int, int], torch.Tensor] = {}
+_RECORDS: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+"""The int8 kernel's activation-record buffers a rotation writes, per (device, width, rows):
+zeroed once; the rows a rotation of that row count does not run stay zero."""
 
 
 @dataclass(frozen=True)
@@ -315,9 +318,9 @@ class LatticeGroup(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
-        (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order: (
+        (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
             self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                  out=xp)))
+                                  out=xp, records=recs)))
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -326,20 +329,41 @@ class LatticeGroup(nn.Module):
         Only where :meth:`fuses_pre_ops` holds."""
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
-        _, y = self._prepared_matvecs(g2, lambda g2, xp, order: (
-            self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp)))
+        _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
+            self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
+                                      records=recs)))
         return y.reshape(*lead, self.d_out)
 
     def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
-        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order)`` writes the prepared
-        activation ``xp`` in the order the serving kernels read (one launch), then
-        :meth:`_matvecs`.
+        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order, recs)`` writes the
+        prepared activation ``xp`` in the order the serving kernels read (one launch; with
+        ``recs`` not None it also writes the int8 kernel's activation records there,
+        :meth:`_rotation_records`), then :meth:`_matvecs`.
         Returns what ``fill`` returned and the float32 [m, Σ d_out] output."""
         m = int(inp.shape[0])
         xp = _prepared_buffer(inp.device, self.n_blocks, m)
         order, plans = self._launch_plan(m, inp.device)
-        filled = fill(inp, xp, order)
-        return filled, self._matvecs(xp, m, plans)
+        recs = self._rotation_records(m, plans, inp.device)
+        filled = fill(inp, xp, order, recs)
+        return filled, self._matvecs(xp, m, plans, recs)
+
+    def _rotation_records(self, m: int, plans: dict | None, device: torch.device
+                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Buffers for the rotation to write the int8 kernel's activation records into (one
+        launch fewer per input), or None: only with ``LEECHQ_ROT_RECORDS=1`` (opt-in until timed
+        on a GPU; read per call on the host), a one-group rotation (power-of-two width), at most
+        8 rows, and every part on the int8 kernel (:func:`ops.imma_default`; Planes14 from its
+        ``m1`` order)."""
+        ops = self._ops
+        if (os.environ.get("LEECHQ_ROT_RECORDS", "0") != "1" or self.rot is None
+                or self.rot.odd != 1 or m > KERNEL_ROWS
+                or not all(ops.imma_default(p, m) for p in self.parts)
+                or (plans is not None and not all(plans.values()))):
+            return None
+        key = (str(device), self.n_blocks, m)
+        if key not in _RECORDS:
+            _RECORDS[key] = ops.imma_records(self.n_blocks, device)
+        return _RECORDS[key]
 
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
         """The prepared activation's order for ``m`` rows and, for Planes14, each (part, chunk
@@ -354,10 +378,12 @@ class LatticeGroup(nn.Module):
         m1 = all(v is not None for v in plans.values())
         return ops.planes14_order(device, m1), (plans if m1 else dict.fromkeys(plans))
 
-    def _matvecs(self, xp: torch.Tensor, m: int, plans: dict | None = None) -> torch.Tensor:
+    def _matvecs(self, xp: torch.Tensor, m: int, plans: dict | None = None,
+                 recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Every part's matvec from the prepared activation ``xp`` (``m`` rows, 8 per launch
         group) into one float32 [m, Σ d_out], plus the bias (``plans``: Planes14's, from
-        :meth:`_launch_plan`)."""
+        :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of ``xp``, written
+        by the rotation, for ``m ≤ 8``)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
@@ -366,9 +392,10 @@ class LatticeGroup(nn.Module):
                 r = min(KERNEL_ROWS, m - i)
                 chunk, out = xp[i : i + prepared_rows(r)], y[i : i + r, off : off + part.d_out]
                 if plans is None:
-                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out)
+                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs)
                 else:
-                    self._ops.planes14_matvec_planned(chunk, part, r, plans[(j, r)], out=out)
+                    self._ops.planes14_matvec_planned(chunk, part, r, plans[(j, r)], out=out,
+                                                      acts=recs)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -385,11 +412,13 @@ class LatticeGroup(nn.Module):
             y = y + self.bias
         return y
 
-    def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor) -> None:
+    def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor,
+              recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """``Q x`` (or ``x`` for an unrotated group) into the prepared buffer in ``order`` (one
-        launch: ``activation.rotate_prepared_kernel`` or the preparation kernel)."""
+        launch: ``activation.rotate_prepared_kernel`` or the preparation kernel; ``recs``: the
+        int8 kernel's activation records the rotation also writes, or None)."""
         if self.rot is not None:
-            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp)
+            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs)
         else:
             self._ops.prepare_activation(x2, self.n_blocks, order, out=xp)
 
