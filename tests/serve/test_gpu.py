@@ -157,11 +157,12 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     assert err <= 1e-2 * separate.abs().max().item(), err
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 6])
 def test_fused_ball_model_matches_reference(batch: int) -> None:
     """A ball-coded model serves through Planes14 groups (one rotation with the norm or SwiGLU
     fused into it, one matvec launch group per projection group): logits against the dense
-    reference path, and graph tokens equal to eager tokens."""
+    reference path, and graph tokens equal to eager tokens. 3 rows run the int8 kernel, the 18
+    prompt rows of batch 6 the float16 dequantized copy (``ops.planes14_matmul_dense``)."""
     from leechq.serve.fused import LatticeGroup
 
     try:
