@@ -71,7 +71,8 @@ def prepare_kernel(x_ptr, stride_xm, out_ptr, stride_om, order_ptr, M, n, n_bloc
     width = 48 * NPP + 32
     in_row = pos < width
     body = pos < 48 * NPP
-    pt = pos // NPP
+    npp1 = tl.maximum(NPP, 1)  # a tail-only row has NPP = 0: no body slot, no division by zero
+    pt = pos // npp1
     par = pt // 24
     t = pt - par * 24
     blk = 2 * (pos - pt * NPP) + par
