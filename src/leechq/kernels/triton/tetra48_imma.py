@@ -55,6 +55,7 @@ from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _rint,
     _x_limbs,
+    block_scale,
     decode_nibbles,
     sb_copy,
     section_values,
@@ -108,8 +109,9 @@ def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
     the prepared layout: ``v`` float32 [MW] holds the whole rotated row (one rotation group, so
     every block's 24 coordinates are in it); position ``t`` of block ``b`` reads
     ``v[24·b + order[t]]``. Rows ``row ≥ m_rows`` give zero words (as that kernel). Bit for bit
-    the same words and exponents: the same block maximum, exponent and fused round
-    (:func:`.tetra48_m1._x_limbs`), bytes packed by shifts (disjoint, so the sum is an OR)."""
+    the same words and exponents: the same block maximum, :func:`.tetra48_m1.block_scale` and
+    fused round as :func:`.tetra48_m1._x_limbs`, bytes packed by shifts (disjoint, so the sum is
+    an OR)."""
     r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
     sec = (r // 8) % 4
     pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
@@ -120,10 +122,7 @@ def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
     idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
     x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
     x3 = tl.reshape(x, (2, 32, PRS))
-    mx = tl.max(tl.abs(x3), axis=1)  # [2, PRS]: the block maximum per parity
-    eb = tl.maximum((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF, 22)
-    scale = ((275 - eb) << 23).to(tl.float32, bitcast=True)
-    e_blk = ((eb - 21) << 23).to(tl.float32, bitcast=True)
+    scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
     q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
     jj = tl.arange(0, 4)[None, :, None]
     k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half

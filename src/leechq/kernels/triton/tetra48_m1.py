@@ -101,6 +101,18 @@ def _limbs_of_quad(xa, xb, xc, xd, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def block_scale(mx):
+    """The integer scale of a block whose largest |value| is ``mx`` (float32): ``s`` and the block
+    exponent ``E = 1/s``, both powers of two. From the biased exponent ``eb`` of ``mx`` (clamped
+    so both stay normal floats), ``s = 2^(148 − eb)`` maps the maximum into [2^21, 2^22) and
+    ``E = 2^(eb − 148)``."""
+    eb = tl.maximum((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF, 22)
+    s = ((275 - eb) << 23).to(tl.float32, bitcast=True)
+    e_blk = ((eb - 21) << 23).to(tl.float32, bitcast=True)
+    return s, e_blk
+
+
+@triton.jit
 def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
     """One block per lane of the prepared activation (parity PAR): the exponent ``E`` (float32)
     and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them."""
@@ -136,11 +148,7 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
     m4 = tl.maximum(tl.maximum(tl.abs(x16), tl.abs(x17)), tl.maximum(tl.abs(x18), tl.abs(x19)))
     m5 = tl.maximum(tl.maximum(tl.abs(x20), tl.abs(x21)), tl.maximum(tl.abs(x22), tl.abs(x23)))
     mx = tl.maximum(tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3)), tl.maximum(m4, m5))
-    # biased exponent eb of the block maximum (clamped so both scales stay normal floats):
-    # s = 2^(148 − eb) maps the maximum into [2^21, 2^22); E = 1/s = 2^(eb − 148).
-    eb = tl.maximum((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF, 22)
-    s = ((275 - eb) << 23).to(tl.float32, bitcast=True)
-    e_blk = ((eb - 21) << 23).to(tl.float32, bitcast=True)
+    s, e_blk = block_scale(mx)
     q0 = _rint(x0, s)
     q1 = _rint(x1, s)
     q2 = _rint(x2, s)
