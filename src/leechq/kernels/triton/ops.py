@@ -304,12 +304,17 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None =
     if interpreting() or device.type != "cuda":
         return True
     check = check or _check_m1
-    key = (str(device), cfg, check.__name__)
-    if key not in _M1_CHECKED:
+    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__), check, device, cfg)
+
+
+def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any) -> bool:
+    """``check(*args)``'s verdict for ``key``, computed once (into ``cache``) on first use
+    outside any CUDA-graph capture; under a capture with no verdict yet, False for that call."""
+    if key not in cache:
         if torch.cuda.is_current_stream_capturing():
             return False
-        _M1_CHECKED[key] = check(device, cfg)
-    return _M1_CHECKED[key]
+        cache[key] = check(*args)
+    return cache[key]
 
 
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator) -> bool:
@@ -639,12 +644,8 @@ def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: i
     if k != 1:
         raise UnsupportedShape(f"activation records from the rotation need one group (a "
                                f"power-of-two width), not {k}")
-    if not 1 <= m_rows <= IMMA_ROWS:
-        raise UnsupportedShape(f"{m_rows} rows; activation records take 1..{IMMA_ROWS}")
-    rec, ex = records
-    check_tensor(rec, "records", torch.int32, (npp // 2 * STEP_WORDS.value,), device=device)
-    check_tensor(ex, "exponents", torch.float32, (2 * npp * 8,), device=device)
-    return rec, ex
+    _check_imma_rows(m_rows)
+    return _check_acts(records, npp, device)
 
 
 # ------------------------------------------------------------------------------------ lattice
@@ -960,13 +961,12 @@ def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
     int32 [NPP/2 · 576] (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block
     exponents, float32 [2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and
     blocks past ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
-    if not 1 <= m_rows <= IMMA_ROWS:
-        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
-                               f"1..{IMMA_ROWS}")
+    _check_imma_rows(m_rows)
     _check_prepared(xp, m_rows, n_blocks, xp.device)
     npp = ref.prepared_pairs(n_blocks)
-    rec = torch.empty(npp // 2 * STEP_WORDS.value, dtype=torch.int32, device=xp.device)
-    ex = torch.empty(2 * npp * 8, dtype=torch.float32, device=xp.device)
+    rec_shape, ex_shape = _record_shapes(npp)
+    rec = torch.empty(rec_shape, dtype=torch.int32, device=xp.device)
+    ex = torch.empty(ex_shape, dtype=torch.float32, device=xp.device)
     blk = 64
     imma_activation_kernel[(IMMA_ROWS, triton.cdiv(npp, blk))](
         xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
@@ -979,9 +979,31 @@ def imma_records(n_blocks: int, device: torch.device | str) -> tuple[torch.Tenso
     (``rotate(..., records=)``): int32 [NPP/2 · 576] and float32 [2·NPP · 8]. The rotation
     writes the rows it runs (``prepared_rows(m)``); rows past them must stay zero, so keep one
     buffer per row count."""
-    npp = ref.prepared_pairs(n_blocks)
-    return (torch.zeros(npp // 2 * STEP_WORDS.value, dtype=torch.int32, device=device),
-            torch.zeros(2 * npp * 8, dtype=torch.float32, device=device))
+    rec_shape, ex_shape = _record_shapes(ref.prepared_pairs(n_blocks))
+    return (torch.zeros(rec_shape, dtype=torch.int32, device=device),
+            torch.zeros(ex_shape, dtype=torch.float32, device=device))
+
+
+def _record_shapes(npp: int) -> tuple[tuple[int], tuple[int]]:
+    """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs: the ``A``
+    words (``tetra48_imma.STEP_WORDS`` per 4-block step) and the exponents (8 rows per block)."""
+    return (npp // 2 * STEP_WORDS.value,), (2 * npp * 8,)
+
+
+def _check_imma_rows(m_rows: int) -> None:
+    if not 1 <= m_rows <= IMMA_ROWS:
+        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
+                               f"1..{IMMA_ROWS}")
+
+
+def _check_acts(acts: tuple[torch.Tensor, torch.Tensor], npp: int, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activation records (``A`` words, exponents) checked against :func:`_record_shapes`."""
+    rec, ex = acts
+    rec_shape, ex_shape = _record_shapes(npp)
+    check_tensor(rec, "records", torch.int32, rec_shape, device=device)
+    check_tensor(ex, "exponents", torch.float32, ex_shape, device=device)
+    return rec, ex
 
 
 def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
@@ -1046,9 +1068,7 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     """The launches of :func:`tetra48_matvec_imma_prepared` and
     :func:`planes14_matvec_imma_prepared` (``code``: the kernel's ``CODE``; ``data``: the words
     or records; ``table``: the decode's staged table)."""
-    if not 1 <= m_rows <= IMMA_ROWS:
-        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
-                               f"1..{IMMA_ROWS}")
+    _check_imma_rows(m_rows)
     _check_prepared(xp, m_rows, w.n_blocks, data.device)
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
@@ -1061,10 +1081,9 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
         raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
     if not w.d_out:
         return y
-    rec, ex = acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks)
     npp = ref.prepared_pairs(w.n_blocks)
-    check_tensor(rec, "records", torch.int32, (npp // 2 * STEP_WORDS.value,), device=dev)
-    check_tensor(ex, "exponents", torch.float32, (2 * npp * 8,), device=dev)
+    rec, ex = _check_acts(acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks),
+                          npp, dev)
     slices = max(1, triton.cdiv(w.n_blocks, k_per))
     part = torch.empty(slices, IMMA_ROWS, w.d_out, dtype=torch.float32, device=dev)
     tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
@@ -1164,12 +1183,7 @@ def planes14_dense_enabled(device: torch.device) -> bool:
         return False
     if interpreting() or device.type != "cuda":
         return True
-    key = str(device)
-    if key not in _P14_DENSE_CHECKED:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _P14_DENSE_CHECKED[key] = _check_planes14_dense(device)
-    return _P14_DENSE_CHECKED[key]
+    return _checked_once(_P14_DENSE_CHECKED, str(device), _check_planes14_dense, device)
 
 
 def _check_planes14_dense(device: torch.device) -> bool:
