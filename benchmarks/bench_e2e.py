@@ -20,11 +20,12 @@ What it does, in order:
      ``tetra48`` is what the rotation kernels cost;
    * ``tetra48-unfused`` (diagnostic): ``tetra48`` with ``LEECHQ_FUSE_PRE=0`` — the norms and the
      SwiGLU as separate launches before the rotations, instead of inside them;
-   * ``tetra48-nomma`` (diagnostic): ``tetra48`` with ``LEECHQ_MMA=0`` — 9..16 rows as 8-row
-     chunks on the int8 tensor-core kernel instead of the float16 tensor-core kernel;
-   * ``tetra48-rotrec`` (diagnostic): ``tetra48`` with ``LEECHQ_ROT_RECORDS=1`` — one-group
-     rotations also write the int8 kernel's activation records (3..8 rows: one launch fewer per
-     such input);
+   * ``tetra48-mma`` (diagnostic): ``tetra48`` with ``LEECHQ_MMA=1`` — 9..64 rows on the
+     float16 tensor-core kernel instead of 8-row chunks on the int8 one (``tetra48-nomma``, its
+     opposite, until 2026-11-30 when the int8 chunks became the default);
+   * ``tetra48-norotrec`` (diagnostic): ``tetra48`` with ``LEECHQ_ROT_RECORDS=0`` — the int8
+     kernel's activation records from their own launch instead of the one-group rotations
+     (``tetra48-rotrec``, its opposite, until the rotation-written records became the default);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -359,8 +360,8 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-nomma",
-                 "tetra48-rotrec", "ball"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
+                 "tetra48-norotrec", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -481,8 +482,8 @@ def bench_model(
         free()
 
 
-ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-nomma": {"LEECHQ_MMA": "0"},
-           "tetra48-rotrec": {"LEECHQ_ROT_RECORDS": "1"}}
+ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_MMA": "1"},
+           "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -599,8 +600,8 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--arms",
         default=None,
-        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-nomma,"
-        "tetra48-rotrec,ball,hf-fp16",
+        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
+        "tetra48-norotrec,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -18,9 +18,9 @@
 #   e2esmall decode tokens/s, Qwen3-8B at batch 2, 4 and 8 (the many-row m1 since 29e058b)
 #   planes14 batch 1: the tiled Planes14 kernel vs the m1-geometry Planes14 kernel (the default
 #            since 43f3e31; selectors from the table, then built in registers)
-#   pending  what session g could not run on the GPU, in one call: the ball-coded served model
-#            through Planes14 groups (LatticeGroup; logits vs reference, graph == eager), then
-#            e2e 8B at batch 2, 4 and 8 with the fused pre-ops, and the ball model at batch 1
+#   pending  what session i could not run on the GPU: the Planes14 dense path and the
+#            rotation-written int8 records (tests), the served tests, e2e of the ball model
+#            at batch 1 and 8 (the 8-row prompt takes the dense path)
 #   rotsplit several programs per (row, group) writing the prepared layout (ops.rotate_splits):
 #            GPU tests of the rotation and the pre-ops at 1, 4 and 8 programs and of the ball
 #            model, the arms rotation / norm-rotation against their -s2/-s4/-s8 forms, the served
@@ -39,12 +39,11 @@
 #            since session i, never run on a GPU): its GPU tests (bit-exact dequantization, the
 #            GEMM, the offline compile), the served ball model tests, then e2e ball at batch 1
 #            and 8 (prefill of 32 and 256 rows; 141 and 849 ms before)
-#   rotrec   the int8 kernel's activation records written by one-group rotations
-#            (LEECHQ_ROT_RECORDS=1, opt-in since session i, never run on a GPU): its GPU tests,
-#            then e2e at batch 4 and 8 against the records launch (arm tetra48-rotrec)
-#   mid      9..16 rows end to end: the float16 tensor-core kernel (default) against 8-row chunks
-#            on the int8 kernel (arm tetra48-nomma, LEECHQ_MMA=0) — from the per-matrix figures
-#            (15.0 ms for 9..16 rows against 5.5 ms per 8-row chunk) the chunks should win
+#   rotrec   the int8 kernel's activation records written by one-group rotations (the default
+#            since session j): its GPU tests, the serving tests with and without them, then e2e
+#            at batch 4 and 8 against the records launch (arm tetra48-norotrec)
+#   mid      9..16 rows end to end: 8-row chunks on the int8 kernel (the default since session
+#            j) against the float16 tensor-core kernel (arm tetra48-mma, LEECHQ_MMA=1)
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -127,11 +126,12 @@ planes14)
     --arms fp16,planes14-m1-fused
   ;;
 pending)
-  gpu_tests tests-pending 150 tests/serve/test_gpu.py::test_fused_ball_model_matches_reference
-  e2e e2e-8b-small 280 --models qwen3-8b --arms fp16,tetra48 --batches 2,4,8 --skip-gates \
-    --no-profile --budget-s 250
-  e2e e2e-8b-ball 150 --models qwen3-8b --arms fp16,ball --batches 1 --skip-gates --no-profile \
-    --budget-s 130
+  gpu_tests tests-p14dense 150 tests/kernels/test_triton_gpu.py -k "planes14_dense or planes14_dequant"
+  gpu_tests tests-records 100 tests/kernels/test_triton_norm_rotate.py -k records
+  gpu_tests tests-serve 200 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
+    tests/serve/test_gpu.py
+  e2e e2e-8b-ball 250 --models qwen3-8b --arms fp16,ball --batches 1,8 --skip-gates \
+    --no-profile --budget-s 220
   ;;
 rotsplit)
   gpu_tests tests-rotsplit 200 tests/kernels/test_triton_norm_rotate.py \
@@ -163,18 +163,19 @@ tetra48-imma-ksum-fused-noprep,planes14-m1-fused,planes14-imma-fused-noprep
     tests/serve/test_gpu.py
   ;;
 rotrec)
-  gpu_tests tests-rotrec 200 tests/kernels/test_triton_norm_rotate.py -k "records" \
+  gpu_tests tests-serve 150 tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph \
     tests/serve/test_gpu.py
-  e2e e2e-8b-rotrec 330 --models qwen3-8b --arms fp16,tetra48,tetra48-rotrec --batches 4,8 \
-    --skip-gates --no-profile --budget-s 300
+  LEECHQ_ROT_RECORDS=0 gpu_tests tests-serve-norotrec 120 tests/serve/test_gpu.py -k fused
+  e2e e2e-8b-rotrec 280 --models qwen3-8b --arms fp16,tetra48,tetra48-norotrec --batches 4,8 \
+    --skip-gates --no-profile --budget-s 250
   ;;
 mid)
-  e2e e2e-8b-mid 400 --models qwen3-8b --arms fp16,tetra48,tetra48-nomma --batches 9,12,16 \
+  e2e e2e-8b-mid 400 --models qwen3-8b --arms fp16,tetra48,tetra48-mma --batches 9,12,16 \
     --skip-gates --no-profile --budget-s 360
   ;;
 p14dense)
-  gpu_tests tests-p14dense 200 tests/kernels/test_triton_gpu.py -k "planes14_dense or planes14_dequant" \
-    tests/serve/test_gpu.py
+  gpu_tests tests-p14dense 150 tests/kernels/test_triton_gpu.py -k "planes14_dense or planes14_dequant"
+  gpu_tests tests-serve 200 tests/serve/test_gpu.py
   e2e e2e-8b-ball 300 --models qwen3-8b --arms fp16,ball --batches 1,8 --skip-gates \
     --no-profile --budget-s 260
   ;;

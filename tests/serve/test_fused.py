@@ -14,7 +14,7 @@ from torch import nn
 from leechq.errors import InvalidInput
 from leechq.formats.rotation import generate_rotation
 from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
-from leechq.serve.fused import DENSE_MIN_ROWS, MMA_ROWS
+from leechq.serve.fused import DENSE_MIN_ROWS
 from leechq.serve.random_codes import random_int4, random_tetra
 
 pytestmark = pytest.mark.interp
@@ -46,22 +46,21 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     y = group(x)
     ref = _reference(x, recs, biases)
     assert y.dtype == torch.float32 and y.shape == (rows, 24)
-    # 3 rows run the lattice kernel (f32 accuracy); 11 rows the batched tensor-core kernel and 20
-    # rows the float16 dequantized copy (≥ DENSE_MIN_ROWS), both as accurate as an fp16 model
-    assert MMA_ROWS[0] <= 11 <= MMA_ROWS[1] < DENSE_MIN_ROWS <= 20
-    tol = 1e-5 if rows < MMA_ROWS[0] else 2e-3
+    # 3 and 11 rows run the lattice kernel (f32 accuracy), 20 rows the float16 dequantized copy
+    # (≥ DENSE_MIN_ROWS), as accurate as an fp16 model
+    assert 11 < DENSE_MIN_ROWS <= 20
+    tol = 1e-5 if rows < DENSE_MIN_ROWS else 2e-3
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
 @pytest.mark.parametrize(("flag", "rows", "path"), [
-    ("", 9, "mma"), ("", 16, "mma"), ("", 8, "matvec"), ("", 17, "dense"),
-    ("1", 40, "mma"), ("0", 12, "matvec"), ("0", 17, "dense")])
+    ("", 9, "matvec"), ("", 16, "matvec"), ("", 8, "matvec"), ("", 17, "dense"),
+    ("1", 9, "mma"), ("1", 40, "mma"), ("0", 12, "matvec"), ("0", 17, "dense")])
 def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
                                  path: str) -> None:
-    """9..16 rows take the batched tensor-core kernel by default (up to 8 the lattice matvec);
-    ``LEECHQ_MMA=1`` extends that to 64 rows, ``LEECHQ_MMA=0`` turns it off (12 rows: two 8-row
-    lattice matvec calls). Every path stays
-    within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
+    """Up to 16 rows take the lattice matvec by default (12 rows: an 8-row and a 4-row call) and
+    more the dequantized copy; ``LEECHQ_MMA=1`` sends 9..64 rows to the batched tensor-core
+    kernel. Every path stays within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import TetraGroup
 
@@ -187,10 +186,13 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     ys = group.forward_silu_mul(gate_up, torch.float16)
     ys_want = group(silu_mul(gate_up, torch.float16))
     assert (ys - ys_want).abs().max().item() <= 2e-3 * ys_want.abs().max().item()
-    # where the group does not take a pre-op: no rotation, the batched kernels, switched off
+    # where the group does not take a pre-op: no rotation, the dequantized copy or the batched
+    # tensor-core kernel, switched off (11 rows run the matvec: they do)
     plain = TetraGroup.from_records(_records(False), [None, None], "cpu")
     assert not plain.fuses_pre_ops(1)
-    assert not group.fuses_pre_ops(11) and not group.fuses_pre_ops(DENSE_MIN_ROWS)
+    assert group.fuses_pre_ops(11) and not group.fuses_pre_ops(DENSE_MIN_ROWS)
+    monkeypatch.setenv("LEECHQ_MMA", "1")
+    assert not group.fuses_pre_ops(11)
     monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
     assert not group.fuses_pre_ops(1)
 
@@ -325,10 +327,10 @@ def test_direct_ball_group_matches_its_records() -> None:
 @pytest.mark.parametrize("ball", [False, True])
 def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
                                                        ball: bool) -> None:
-    """``LEECHQ_ROT_RECORDS=1`` where the int8 kernel serves the rows (forced here: 3 rows): the
-    group's rotation (Planes14: the plain one; Tetra: its norm form) writes the activation
-    records, no records launch runs, and the outputs equal the launch's bit for bit; a 72-wide
-    group (a rotation of several groups) keeps the launch."""
+    """By default (``LEECHQ_ROT_RECORDS=0`` turns it off), where the int8 kernel serves the rows
+    (forced here: 3 rows): the group's rotation (Planes14: the plain one; Tetra: its norm form)
+    writes the activation records, no records launch runs, and the outputs equal the launch's
+    bit for bit; a 72-wide group (a rotation of several groups) keeps the launch."""
     from leechq.kernels.reference import rms_norm
     from leechq.kernels.triton import ops
     from leechq.serve.fused import LatticeGroup
@@ -350,14 +352,15 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     g = torch.Generator().manual_seed(7)
     x = torch.randn(3, 128, generator=g)
     weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
+    monkeypatch.setenv("LEECHQ_ROT_RECORDS", "0")
     if ball:  # the plain rotation (the norm form is the Tetra case's)
         want = group(x)
-        monkeypatch.setenv("LEECHQ_ROT_RECORDS", "1")
+        monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
         assert torch.equal(group(x), want) and len(launches) == 1  # the rotation wrote them
         return
     want_norm = group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
     assert len(launches) == 1
-    monkeypatch.setenv("LEECHQ_ROT_RECORDS", "1")
+    monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
     assert torch.equal(group.forward_add_norm(x.half(), None, weight, 1e-6)[1], want_norm)
     assert len(launches) == 1  # the rotation wrote them
     ref = _reference(rms_norm(x.half(), weight, 1e-6).float(), recs, biases)

@@ -21,10 +21,11 @@ On that matvec path the serving model also hands a group the *pre-op* that makes
 on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
 never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
 
-With 9..16 rows (:data:`MMA_ROWS`) the group rotates once in natural order and runs each part
-through the batched tensor-core kernel (``ops.tetra48_matmul_mma``); with ``M ≥ DENSE_MIN_ROWS`` rows
-(prefill, batches above 16) it multiplies a float16 dequantized copy of each part on cuBLAS
-(``ops.tetra48_matmul_dense``). Both decode each block once per call instead of once per 8 rows.
+Up to 16 rows run the lattice matvec, 8 rows per launch group. With ``M ≥ DENSE_MIN_ROWS`` rows
+(prefill, batches above 16) the group rotates once in natural order and multiplies a float16
+dequantized copy of each part on cuBLAS (``ops.tetra48_matmul_dense``): one decode per call instead
+of one per 8 rows. (The batched tensor-core kernel ``ops.tetra48_matmul_mma`` served 9..16 rows
+until it measured slower than the int8 chunks; ``LEECHQ_MMA=1``, :data:`MMA_ROWS`.)
 
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
@@ -63,28 +64,24 @@ DENSE_MIN_ROWS = 2 * KERNEL_ROWS + 1
 (one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode every
 block once per 8 rows (``ops.tetra48_matmul_dense``; for the ball codebook
 ``ops.planes14_matmul_dense`` since 2026-11-30, where a 256-row Qwen3-8B prefill on the lattice
-kernel took 849 ms, BENCHMARKS.md §4 — the Planes14 copy not yet timed). H200, Qwen3-8B shapes,
+kernel took 849 ms and takes 80.6 ms on the copy, BENCHMARKS.md §4). H200, Qwen3-8B shapes,
 2026-11-30: the dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7
 ms per 8 rows (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled
-vs 84 ms dense), so up to 16 rows stay on the kernels (9..16 of them on the tensor-core kernel,
-:data:`MMA_ROWS`)."""
+vs 84 ms dense), so up to 16 rows stay on the kernels."""
 
 MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
-"""Activation rows (inclusive range) a group serves with the batched tensor-core kernel
-(``ops.tetra48_matmul_mma``: each block decoded once per call into a float16 tile, then ``tl.dot``)
-instead of the lattice matvec or the dequantized copy. H200, Qwen3-8B projections, 2026-11-30
-(BENCHMARKS.md §3): the tensor-core kernel takes 15.0 ms at any M up to 16, the many-row ``m1``
-matvec 12.4 ms at M = 8 (so up to 8 rows stay on it) and one more launch per 4 rows beyond; the
-dequantized copy 46 ms. ``LEECHQ_MMA=1`` extends the range to 64 rows (correct there,
-not yet timed), ``LEECHQ_MMA=0`` turns the kernel off."""
+"""Activation rows (inclusive range) the batched tensor-core kernel (``ops.tetra48_matmul_mma``:
+each block decoded once per call into a float16 tile, then ``tl.dot``) would serve instead of the
+lattice matvec — off unless ``LEECHQ_MMA=1`` (then 9..64 rows). H200, Qwen3-8B end to end,
+2026-11-30 (BENCHMARKS.md §4): decode at batch 9 / 12 / 16 took 17.03 / 17.09 / 17.06 ms per step
+on it against 9.69 / 12.19 / 12.36 ms as 8-row chunks on the int8 tensor-core kernel, so since
+then 9..16 rows run the lattice matvec (fp16 5.63–5.73 ms)."""
 
 
 def mma_max_rows() -> int:
-    """The upper end of the tensor-core range under ``LEECHQ_MMA`` (read per call, on the host)."""
-    flag = os.environ.get("LEECHQ_MMA", "")
-    if flag == "0":
-        return 0
-    return 64 if flag == "1" else MMA_ROWS[1]
+    """The upper end of the tensor-core range: 64 under ``LEECHQ_MMA=1``, else 0 (off; read per
+    call, on the host)."""
+    return 64 if os.environ.get("LEECHQ_MMA", "") == "1" else 0
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are
@@ -350,12 +347,13 @@ class LatticeGroup(nn.Module):
     def _rotation_records(self, m: int, plans: dict | None, device: torch.device
                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Buffers for the rotation to write the int8 kernel's activation records into (one
-        launch fewer per input), or None: only with ``LEECHQ_ROT_RECORDS=1`` (opt-in until timed
-        on a GPU; read per call on the host), a one-group rotation (power-of-two width), at most
-        8 rows, and every part on the int8 kernel (:func:`ops.imma_default`; Planes14 from its
-        ``m1`` order)."""
+        launch fewer per input), or None: unless ``LEECHQ_ROT_RECORDS=0`` (read per call on the
+        host), for a one-group rotation (power-of-two width), at most 8 rows, and every part on
+        the int8 kernel (:func:`ops.imma_default`; Planes14 from its ``m1`` order). H200,
+        Qwen3-8B end to end, 2026-11-30: batch 4 571.6 → 585.2 tok/s, batch 8 1123.0 → 1150.2
+        (BENCHMARKS.md §4); the default since then."""
         ops = self._ops
-        if (os.environ.get("LEECHQ_ROT_RECORDS", "0") != "1" or self.rot is None
+        if (os.environ.get("LEECHQ_ROT_RECORDS", "1") == "0" or self.rot is None
                 or self.rot.odd != 1 or m > KERNEL_ROWS
                 or not all(ops.imma_default(p, m) for p in self.parts)
                 or (plans is not None and not all(plans.values()))):

@@ -20,7 +20,8 @@ that amortizes over M rows"):
   K-slice go to ``part [KSPLIT, M, d_out]`` and the caller adds them, applies σ_row and the tail.
 
 Accuracy: float16 weight values and activations (≲ 2^-11 relative per product), as for the dense
-path. Served for 9..16 activation rows (``serve.fused.MMA_ROWS``; H200 timings in
+path. Served for 9..64 activation rows only under ``LEECHQ_MMA=1`` (``serve.fused.MMA_ROWS``:
+8-row chunks on the int8 kernel are faster end to end; H200 timings in
 ``ops.tetra48_matmul_mma``).
 """
 
