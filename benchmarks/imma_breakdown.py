@@ -66,6 +66,7 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
     del os.environ["LEECHQ_IMMA"]
     geoms = {}
     nb = w.n_blocks
+    npp = ref.prepared_pairs(nb)
     for mr in (0, 168, 232):
         for rg, k_per in ((1, None), (4, None), (1, 64), (4, 32), (8, 16)):
             rps = 2
@@ -81,7 +82,7 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
             err = ref.row_bound_error(y, x, dense)
             if not err <= 1e-5:
                 raise AssertionError(f"{name} {key}: error {err:.2e}")
-            part = torch.empty(slices, 8, d_out, device=dev)
+            part = torch.empty(slices, 8 * ops.imma_chunks(m), d_out, device=dev)
             tab = ops.tetra_m1_table(dev)
             extra = {"maxnreg": mr} if mr else {}
 
@@ -89,8 +90,8 @@ def _measure(name: str, d_out: int, d_in: int, m: int) -> dict:
                             tab=tab, extra=extra):
                 imma_kernel[(tiles, slices)](
                     acts[0], acts[1], w.words, w.row_centroids, tab, part, d_out, kp,
-                    N_BLOCKS=nb, NW=4, RG=rg, RPS=rps, CODE=0, USE_ASM=True, num_warps=4,
-                    num_stages=1, **extra)
+                    N_BLOCKS=nb, NPP=npp, NW=4, RG=rg, RPS=rps, CH=ops.imma_chunks(m), CODE=0,
+                    USE_ASM=True, num_warps=4, num_stages=1, **extra)
 
             full = _us(lambda kp=kp, rg=rg, rps=rps, mr=mr: ops.tetra48_matvec_imma_prepared(
                 xp, w, m, out=y8, acts=acts, k_per=kp, row_groups=rg, rows_per_step=rps,
@@ -123,6 +124,7 @@ def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
 
     dev, w, x, xp, acts, dense = _operands(d_out, d_in, m)
     nb = w.n_blocks
+    npp = ref.prepared_pairs(nb)
     y = torch.empty(m, d_out, device=dev)
     tab = ops.tetra_m1_table(dev)
     tiles = triton.cdiv(d_out, 64)
@@ -140,13 +142,13 @@ def _sweep_slices(name: str, d_out: int, d_in: int, m: int) -> dict:
             err = ref.row_bound_error(got, x, dense)
             if not err <= 1e-5:
                 raise AssertionError(f"{name} k_per {kp} fused {fused}: error {err:.2e}")
-        part = torch.empty(slices, 8, d_out, device=dev)
+        part = torch.empty(slices, 8 * ops.imma_chunks(m), d_out, device=dev)
 
         def main_kernel(kp=kp, slices=slices, part=part):
             imma_kernel[(tiles, slices)](
                 acts[0], acts[1], w.words, w.row_centroids, tab, part, d_out, kp,
-                N_BLOCKS=nb, NW=4, RG=1, RPS=2, CODE=0, USE_ASM=True, num_warps=4,
-                num_stages=1)
+                N_BLOCKS=nb, NPP=npp, NW=4, RG=1, RPS=2, CH=ops.imma_chunks(m), CODE=0,
+                USE_ASM=True, num_warps=4, num_stages=1)
 
         r = {"slices": slices, "k_per": kp, "programs": tiles * slices,
              "default": kp == default, "kernel_us": _us(main_kernel),

@@ -451,12 +451,12 @@ def test_imma_helpers_ptx_equal_emulation() -> None:
 
 @pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 12288), (5120, 17408),
                                              (1000, 2560 + 7)])
-@pytest.mark.parametrize("m_rows", [2, 5, 8])
+@pytest.mark.parametrize("m_rows", [2, 5, 8, 11, 16])
 def test_tetra48_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
-    """The int8 tensor-core kernel at real shapes (and a short one with a tail), both row-group
-    forms, with the slice-sum launch and with the slices added in the kernel (tickets; run
-    twice): within the batch-1 bound (1e-5 of Σ|w·x|) of the f64 product, every output
-    written."""
+    """The int8 tensor-core kernel at real shapes (and a short one with a tail), one and two
+    8-row chunks of activation rows, both row-group forms, with the slice-sum launch and with the
+    slices added in the kernel (tickets; run twice): within the batch-1 bound (1e-5 of Σ|w·x|) of
+    the f64 product, every output written."""
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
     x = torch.randn(m_rows, d_in, device=DEV)
@@ -472,7 +472,7 @@ def test_tetra48_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
 
 
 @pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 12288), (1000, 2560 + 7)])
-@pytest.mark.parametrize("m_rows", [3, 8])
+@pytest.mark.parametrize("m_rows", [3, 8, 13])
 def test_planes14_imma_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
     """Planes14 records through the int8 tensor-core kernel (opt-in) at real shapes, with and
     without the fused slice sum: within 1e-5 of Σ|w·x| of the f64 product."""
@@ -499,15 +499,16 @@ def test_tetra48_imma_compiles_clean() -> None:
     fsig = {**sig, "cnt_ptr": "*i32", "scale_ptr": "*fp32", "tail_ptr": "*fp32",
             "xp_ptr": "*fp32", "stride_x": "i32", "y_ptr": "*fp32", "stride_y": "i32",
             "m_rows": "i32"}
-    for rps, fused, code in ((1, False, 0), (2, False, 0), (1, True, 0), (2, True, 0),
-                             (2, False, 1)):
-        kernel, s, extra = ((imma_fused_kernel, fsig, {"TAIL_COLS": 16, "NPP": 128}) if fused
+    for rps, fused, code, ch in ((1, False, 0, 1), (2, False, 0, 1), (1, True, 0, 1),
+                                 (2, True, 0, 1), (2, False, 1, 1), (2, False, 0, 2),
+                                 (2, False, 1, 2)):
+        kernel, s, extra = ((imma_fused_kernel, fsig, {"TAIL_COLS": 16}) if fused
                             else (imma_kernel, sig, {}))
-        c = I.compile_for(kernel, s, dict(N_BLOCKS=170, NW=4, RG=2, RPS=rps, CODE=code,
-                                          USE_ASM=True, **extra),
+        c = I.compile_for(kernel, s, dict(N_BLOCKS=170, NPP=128, NW=4, RG=2, RPS=rps, CH=ch,
+                                          CODE=code, USE_ASM=True, **extra),
                           num_warps=4, aligned_ints=("d_out", "stride_x", "stride_y"))
         res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (rps, res)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (rps, ch, res)
         mix = I.loop_mix(I.sass(c))["loop"]
-        assert mix.get("IMMA", 0) == 18 * rps, (rps, mix)
+        assert mix.get("IMMA", 0) == 18 * rps * ch, (rps, ch, mix)
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (rps, mix)

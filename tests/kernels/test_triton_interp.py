@@ -523,6 +523,10 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     (40, 13 * 24 + 3, 5, {"num_warps": 2, "k_per": 8, "fused_sum": True}),
     # no coded block at all: the tail only, with the default geometry
     (9, 20, 4, {}),
+    # 11 rows: two 8-row chunks of activation records, each decoded block meeting both
+    (16, 8 * 24 + 5, 11, {"k_per": 4, "num_warps": 1, "rows_per_step": 2}),
+    # 16 rows, one row group per step, the slices added in the kernel
+    (8, 5 * 24 + 3, 16, {"num_warps": 1, "k_per": 4, "rows_per_step": 1, "fused_sum": True}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:
@@ -556,8 +560,8 @@ def test_tetra48_imma_rejects_bad_input() -> None:
     ops = _ops()
     w = random_tetra48(8, 4 * 24, seed=1)
     order = ops.tetra_kernel_tables("cpu").order
-    with pytest.raises(UnsupportedShape, match=r"1\.\.8"):
-        ops.imma_activation(ops.prepare_activation(torch.randn(9, 96), 4, order), 9, 4)
+    with pytest.raises(UnsupportedShape, match=r"1\.\.16"):
+        ops.imma_activation(ops.prepare_activation(torch.randn(17, 96), 4, order), 17, 4)
     xp = ops.prepare_activation(torch.randn(2, 96), 4, order)
     with pytest.raises(InvalidInput, match="multiple of 4"):
         ops.tetra48_matvec_imma_prepared(xp, w, 2, k_per=6)

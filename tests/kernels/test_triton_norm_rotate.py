@@ -224,8 +224,9 @@ def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev
     gen = torch.Generator().manual_seed(n + m_rows)
     x = torch.randn(m_rows, n, generator=gen).to(dev)
     nb = n // 24
-    ex_live = torch.tensor([(b * 2 + t % 2) * 4 + (t // 2) % 2 + 2 * (t // 4)
-                            for b in range(2 * ref.prepared_pairs(nb)) for t in range(m_rows)])
+    npp = ref.prepared_pairs(nb)
+    ex_live = torch.tensor([(t // 8) * 16 * npp + (b * 2 + t % 2) * 4 + (t // 2) % 2
+                            + 2 * ((t % 8) // 4) for b in range(2 * npp) for t in range(m_rows)])
 
     def check(xp: torch.Tensor, records: tuple[torch.Tensor, torch.Tensor]) -> None:
         rec, ex = ops.imma_activation(xp, m_rows, nb)
@@ -233,16 +234,16 @@ def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev
         assert torch.equal(records[1][ex_live.to(dev)], ex[ex_live.to(dev)])
 
     if "r" in forms:
-        recs = ops.imma_records(nb, dev)
+        recs = ops.imma_records(nb, dev, m_rows)
         check(ops.rotate(x, rot, prepared_order=order, splits=splits, records=recs), recs)
     if "n" in forms:
-        recs = ops.imma_records(nb, dev)
+        recs = ops.imma_records(nb, dev, m_rows)
         _, xp = ops.norm_rotate(x.half(), torch.ones(n, device=dev).half(), 1e-6, rot, delta=x,
                                 prepared_order=order, splits=splits, records=recs)
         check(xp, recs)
     if "s" not in forms:
         return
-    recs = ops.imma_records(nb, dev)
+    recs = ops.imma_records(nb, dev, m_rows)
     xp = ops.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=gen).to(dev), torch.float16,
                              rot, prepared_order=order, splits=splits, records=recs)
     check(xp, recs)
@@ -257,6 +258,7 @@ def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev
     (256, 3, 1, False, "rns"),  # 10 blocks + 16 tail columns, 3 rows in 4 prepared rows
     (512, 8, 4, False, "r"),    # 21 blocks + 8, eight rows, four programs per row
     (256, 5, 2, True, "n"),     # the Planes14 m1 order, 5 rows in 8
+    (256, 11, 2, False, "r"),   # 11 rows in 16: two 8-row chunks of records
 ])
 def test_rotation_writes_the_int8_activation_records(n: int, m_rows: int, splits: int,
                                                      planes14: bool, forms: str) -> None:
@@ -268,7 +270,8 @@ def test_rotation_writes_the_int8_activation_records(n: int, m_rows: int, splits
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m_rows", "planes14"), [(3, False), (8, False), (5, True)])
+@pytest.mark.parametrize(("m_rows", "planes14"), [(3, False), (8, False), (5, True), (12, False),
+                                                 (16, True)])
 def test_rotation_records_on_gpu(m_rows: int, planes14: bool) -> None:
     """The rotation-written records at the Qwen3 width with one rotation group (4096), eight
     programs per row, on the GPU: as in the interpreter test, bit for bit."""
@@ -286,9 +289,12 @@ def test_rotation_records_reject_what_they_cannot_serve() -> None:
     rot = generate_rotation(128, 1)
     with pytest.raises(InvalidInput, match="one-launch prepared"):
         ops.rotate(torch.randn(3, 128), rot, records=ops.imma_records(5, "cpu"))
-    with pytest.raises(UnsupportedShape, match=r"1\.\.8"):
-        ops.rotate(torch.randn(9, 128), rot, prepared_order=order,
+    with pytest.raises(UnsupportedShape, match=r"1\.\.16"):
+        ops.rotate(torch.randn(17, 128), rot, prepared_order=order,
                    records=ops.imma_records(5, "cpu"))
+    with pytest.raises(InvalidInput, match="records"):  # 9 rows need two chunks of records
+        ops.rotate(torch.randn(9, 128), rot, prepared_order=order,
+                   records=ops.imma_records(5, "cpu", 8))
     with pytest.raises(InvalidInput, match="records"):
         rec, ex = ops.imma_records(5, "cpu")
         ops.rotate(torch.randn(3, 128), rot, prepared_order=order, records=(rec[:-1], ex))

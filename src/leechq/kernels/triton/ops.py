@@ -639,13 +639,13 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
 
 def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: int, npp: int,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``records`` buffers of a rotation (see :func:`rotate`), checked: one group, ≤ 8 rows,
-    the shapes of :func:`imma_records`."""
+    """The ``records`` buffers of a rotation (see :func:`rotate`), checked: one group, ≤ 16 rows,
+    the shapes of :func:`imma_records` for ``m_rows``."""
     if k != 1:
         raise UnsupportedShape(f"activation records from the rotation need one group (a "
                                f"power-of-two width), not {k}")
     _check_imma_rows(m_rows)
-    return _check_acts(records, npp, device)
+    return _check_acts(records, npp, device, imma_chunks(m_rows))
 
 
 # ------------------------------------------------------------------------------------ lattice
@@ -661,11 +661,14 @@ def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name:
         raise UnsupportedShape("tail wider than 32 columns")
 
 
-def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device) -> None:
+def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device,
+                    max_rows: int = MAX_ROWS) -> None:
+    """A prepared activation of ``m_rows`` rows (1..``max_rows``: the int8 kernel takes
+    :data:`IMMA_ROWS`, the others :data:`MAX_ROWS`) and ``n_blocks`` blocks, checked."""
     shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
     check_tensor(xp, "xp (prepared activation)", torch.float32, shape, device=device)
-    if not 1 <= m_rows <= MAX_ROWS:
-        raise UnsupportedShape(f"{m_rows} activation rows; the matvec kernels take 1..{MAX_ROWS}")
+    if not 1 <= m_rows <= max_rows:
+        raise UnsupportedShape(f"{m_rows} activation rows; the matvec kernels take 1..{max_rows}")
 
 
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
@@ -674,14 +677,14 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             acts: tuple[torch.Tensor, torch.Tensor] | None = None
                             ) -> torch.Tensor:
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
-    ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..8 rows on
+    ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..16 rows on
     a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
     :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
     written by the rotation; used only on that path)."""
     _check_lattice(w, w.words, "words")
-    _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
+    _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     plan = _m1_groups(w, m_rows, xp.device, config)
@@ -918,9 +921,15 @@ def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = N
     return _scale_and_tail(part.sum(0), x, w)
 
 
-IMMA_ROWS = 8
-"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch (its ``A`` fragments hold
-eight; fewer real rows pad with zeros at the same cost)."""
+IMMA_ROWS = 16
+"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch: one or two chunks of 8
+(the ``A`` fragments of a step hold eight; fewer real rows in a chunk pad with zeros at the same
+cost), each decoded block meeting every chunk (:func:`imma_chunks`)."""
+
+
+def imma_chunks(m_rows: int) -> int:
+    """8-row chunks of activation records the int8 kernel runs for ``m_rows`` rows (1 or 2)."""
+    return 1 if m_rows <= 8 else 2
 
 
 IMMA_MAXNREG = 0
@@ -929,7 +938,7 @@ H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-
 232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
 
 IMMA_MIN_ROWS = 3
-"""From this many activation rows (to 8) :func:`tetra48_matvec_prepared` and
+"""From this many activation rows (to :data:`IMMA_ROWS`) :func:`tetra48_matvec_prepared` and
 :func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
 (``LEECHQ_IMMA=0``: the many-row ``m1`` instead). H200, Qwen3-8B projections with prepared
 inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1`` 3.675 / int8 MMA 5.624; 3 rows 6.185 /
@@ -957,37 +966,42 @@ def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
 def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The int8 tensor-core kernel's activation (:mod:`.tetra48_imma`) from the prepared layout
-    ``xp`` (float32 [MP, 48·NPP + 32], ``m_rows ≤ 8`` real rows): the ``A`` fragment words,
-    int32 [NPP/2 · 576] (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block
-    exponents, float32 [2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and
-    blocks past ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
+    ``xp`` (float32 [MP, 48·NPP + 32], ``m_rows ≤ 16`` real rows) in ``C`` =
+    :func:`imma_chunks` chunks of 8 rows: the ``A`` fragment words, int32 [C · NPP/2 · 576]
+    (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block exponents, float32
+    [C · 2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and blocks past
+    ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
     _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, n_blocks, xp.device)
+    _check_prepared(xp, m_rows, n_blocks, xp.device, IMMA_ROWS)
     npp = ref.prepared_pairs(n_blocks)
-    rec_shape, ex_shape = _record_shapes(npp)
+    chunks = imma_chunks(m_rows)
+    rec_shape, ex_shape = _record_shapes(npp, chunks)
     rec = torch.empty(rec_shape, dtype=torch.int32, device=xp.device)
     ex = torch.empty(ex_shape, dtype=torch.float32, device=xp.device)
     blk = 64
-    imma_activation_kernel[(IMMA_ROWS, triton.cdiv(npp, blk))](
+    imma_activation_kernel[(8 * chunks, triton.cdiv(npp, blk))](
         xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
     )
     return rec, ex
 
 
-def imma_records(n_blocks: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed buffers for a rotation to fill with the int8 kernel's activation records
-    (``rotate(..., records=)``): int32 [NPP/2 · 576] and float32 [2·NPP · 8]. The rotation
-    writes the rows it runs (``prepared_rows(m)``); rows past them must stay zero, so keep one
-    buffer per row count."""
-    rec_shape, ex_shape = _record_shapes(ref.prepared_pairs(n_blocks))
+def imma_records(n_blocks: int, device: torch.device | str, m_rows: int = 8
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed buffers for a rotation of ``m_rows`` (1..16) rows to fill with the int8 kernel's
+    activation records (``rotate(..., records=)``): int32 [C · NPP/2 · 576] and float32
+    [C · 2·NPP · 8], ``C`` = :func:`imma_chunks`. The rotation writes the rows it runs
+    (``prepared_rows(m)``); rows past them must stay zero, so keep one buffer per row count."""
+    _check_imma_rows(m_rows)
+    rec_shape, ex_shape = _record_shapes(ref.prepared_pairs(n_blocks), imma_chunks(m_rows))
     return (torch.zeros(rec_shape, dtype=torch.int32, device=device),
             torch.zeros(ex_shape, dtype=torch.float32, device=device))
 
 
-def _record_shapes(npp: int) -> tuple[tuple[int], tuple[int]]:
-    """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs: the ``A``
-    words (``tetra48_imma.STEP_WORDS`` per 4-block step) and the exponents (8 rows per block)."""
-    return (npp // 2 * STEP_WORDS.value,), (2 * npp * 8,)
+def _record_shapes(npp: int, chunks: int = 1) -> tuple[tuple[int], tuple[int]]:
+    """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs and
+    ``chunks`` chunks of 8 rows: the ``A`` words (``tetra48_imma.STEP_WORDS`` per 4-block step)
+    and the exponents (8 rows per block), chunk after chunk."""
+    return (chunks * npp // 2 * STEP_WORDS.value,), (chunks * 2 * npp * 8,)
 
 
 def _check_imma_rows(m_rows: int) -> None:
@@ -996,28 +1010,30 @@ def _check_imma_rows(m_rows: int) -> None:
                                f"1..{IMMA_ROWS}")
 
 
-def _check_acts(acts: tuple[torch.Tensor, torch.Tensor], npp: int, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_acts(acts: tuple[torch.Tensor, torch.Tensor], npp: int, device: torch.device,
+                chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Activation records (``A`` words, exponents) checked against :func:`_record_shapes`."""
     rec, ex = acts
-    rec_shape, ex_shape = _record_shapes(npp)
+    rec_shape, ex_shape = _record_shapes(npp, chunks)
     check_tensor(rec, "records", torch.int32, rec_shape, device=device)
     check_tensor(ex, "exponents", torch.float32, ex_shape, device=device)
     return rec, ex
 
 
 def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
-                row_groups: int = 1, rows_per_step: int = 2) -> int:
+                row_groups: int = 1, rows_per_step: int = 2, chunks: int = 1) -> int:
     """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
-    one wave of four programs per SM (its register and shared-memory limit) with all programs
-    resident — never a partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
+    one wave of four programs per SM (its register and shared-memory limit; three for two
+    chunks of activation rows, 163 registers offline) with all programs resident — never a
+    partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
     slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
     5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
     (best); down 8 slices 30.6 (best) — where rounding up to a second wave had 19.2, 16.2,
     59.9 and 33.1."""
     tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
     steps = max(1, triton.cdiv(n_blocks, 4))
-    ks = max(1, min(steps, (4 * _sm_count(device)) // tiles))
+    resident = 4 if chunks == 1 else 3
+    ks = max(1, min(steps, (resident * _sm_count(device)) // tiles))
     return 4 * triton.cdiv(steps, ks)
 
 
@@ -1028,7 +1044,7 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
                                  row_groups: int = 1, rows_per_step: int = 2,
                                  maxnreg: int = IMMA_MAXNREG,
                                  fused_sum: bool | None = None) -> torch.Tensor:
-    """``y = W x`` for 1..8 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
+    """``y = W x`` for 1..16 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
     [M, d_out] from the prepared activation ``xp`` (as :func:`tetra48_matvec_prepared`; twin:
     ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
     :func:`imma_activation` for ``xp`` when several matrices share it; ``k_per`` blocks per
@@ -1053,7 +1069,7 @@ def planes14_matvec_imma_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: i
     """:func:`tetra48_matvec_imma_prepared` for ``planes14`` records (the Planes14 decode of the
     batch-1 kernel, :mod:`.planes14_m1`), the activation prepared in ``tables.planes14_m1_order``
     (twin: ``reference.planes14_matvec``); :func:`planes14_matvec_planned` selects it for
-    3..8 rows on a GPU."""
+    3..16 rows on a GPU."""
     _check_lattice(w, w.records, "records")
     return _matvec_imma(PLANES14.value, w.records, planes14_m1_table(xp.device), xp, w, m_rows,
                         out, acts, k_per, num_warps, row_groups, rows_per_step, maxnreg,
@@ -1069,23 +1085,25 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     :func:`planes14_matvec_imma_prepared` (``code``: the kernel's ``CODE``; ``data``: the words
     or records; ``table``: the decode's staged table)."""
     _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, w.n_blocks, data.device)
+    _check_prepared(xp, m_rows, w.n_blocks, data.device, IMMA_ROWS)
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
     _check_out(y, m_rows, w.d_out)
     if rows_per_step not in (1, 2):
         raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
     if k_per is None:
-        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step)
+        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step,
+                            imma_chunks(m_rows))
     if k_per < 4 or k_per % 4:
         raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
     if not w.d_out:
         return y
     npp = ref.prepared_pairs(w.n_blocks)
+    chunks = imma_chunks(m_rows)
     rec, ex = _check_acts(acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks),
-                          npp, dev)
+                          npp, dev, chunks)
     slices = max(1, triton.cdiv(w.n_blocks, k_per))
-    part = torch.empty(slices, IMMA_ROWS, w.d_out, dtype=torch.float32, device=dev)
+    part = torch.empty(slices, 8 * chunks, w.d_out, dtype=torch.float32, device=dev)
     tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
     regs = {"maxnreg": maxnreg} if maxnreg and _use_asm() else {}
     if fused_sum is None:
@@ -1096,21 +1114,21 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
         imma_fused_kernel[(tiles, slices)](
             rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
             _tickets(dev), w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), m_rows,
-            N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step,
+            N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, CH=chunks,
             TAIL_COLS=w.tail_cols, NPP=npp, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps,
             num_stages=1, **regs,
         )
         return y
     imma_kernel[(tiles, slices)](
         rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
-        N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, CODE=code,
-        USE_ASM=_use_asm(), num_warps=num_warps, num_stages=1, **regs,
+        N_BLOCKS=w.n_blocks, NPP=npp, NW=num_warps, RG=row_groups, RPS=rows_per_step,
+        CH=chunks, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps, num_stages=1, **regs,
     )
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
         part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
         NPP=npp, TAIL_COLS=w.tail_cols, TAIL_P2=triton.next_power_of_2(max(1, w.tail_cols)),
-        SLICES=triton.next_power_of_2(slices), BLK=blk,
+        SLICES=triton.next_power_of_2(slices), BLK=blk, T=8 * chunks,
     )
     return y
 
@@ -1137,7 +1155,7 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). With no
     ``config``, the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in the row groups
     and per-shape geometry of :func:`m1_plan` (as Tetra: one row, two, or four per launch), and
-    for 3..8 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
+    for 3..16 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
     an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
     (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
     tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), ``m1`` against tiled
@@ -1236,8 +1254,8 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             acts: tuple[torch.Tensor, torch.Tensor] | None = None
                             ) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
-    :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..8 rows with no ``config``
-    on a GPU (:func:`imma_default`), the int8 tensor-core kernel from the same order
+    :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..16 rows with no ``config``
+    on a GPU (:func:`imma_default`: 3..16 rows), the int8 tensor-core kernel from the same order
     (:func:`planes14_matvec_imma_prepared`; ``acts`` as for :func:`tetra48_matvec_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
     float32 [m_rows, d_out]. H200, Qwen3-8B projections, prepared inputs, 2026-11-30
@@ -1245,9 +1263,9 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     6.72 ms, 8 rows 6.88 vs 13.23."""
     if plan is None:
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
-    _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
     if config is None and imma_default(w, m_rows):
         return planes14_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
+    _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     first = 0

@@ -28,7 +28,7 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   ``part [KS, 8, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
   tail — or, in :func:`imma_fused_kernel`, the last warp to finish a set of rows does (per-warp
   tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` and
-  ``ops.planes14_matvec_planned`` take this kernel for 3..8 rows on a GPU.
+  ``ops.planes14_matvec_planned`` take this kernel for 3..16 rows on a GPU.
 
 The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
 largest value), ``rsqrt`` (≤ 2^-22.9 relative) and f32 accumulation, as the batch-1 kernel.
@@ -71,20 +71,31 @@ lanes that hold nonzero words — block ``c`` of the step, activation-row parity
 
 
 @triton.jit
+def chunk_words(NPP):
+    """Words of one 8-row chunk of ``A`` records for ``NPP`` prepared pairs (``NPP / 2`` steps)."""
+    return (NPP // 2) * STEP_WORDS
+
+
+@triton.jit
 def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
                            NPP: tl.constexpr, BLK: tl.constexpr, USE_ASM: tl.constexpr):
-    """The ``A`` records and block exponents of activation row ``t = program_id(0)`` (0..7) from
-    the prepared layout ``xp`` (``x_rows`` rows; rows ``t ≥ m_rows`` give zero records), for the
-    ``BLK`` block pairs of ``program_id(1)``. The limb word of block ``b`` (step ``b // 4``,
-    position ``c = b mod 4``), section ``s`` and trio half ``half`` is at
-    ``(b // 4)·STEP_WORDS + (t // 4)·HALF_WORDS + (limb·3 + s)·32 + (2c + t mod 2)·4
-    + (t // 2) mod 2 + 2·half`` (the fragment word ``a0..a3`` of the lane that reads it);
-    ``ex[(b·2 + t mod 2)·4 + (t // 2) mod 2 + 2·(t // 4)]`` is the exponent ``E``."""
-    t = tl.program_id(0)
+    """The ``A`` records and block exponents of activation row ``program_id(0)`` (0..15) from
+    the prepared layout ``xp`` (``x_rows`` rows; rows ``≥ m_rows`` give zero records), for the
+    ``BLK`` block pairs of ``program_id(1)``. Rows come in chunks of 8 (chunk ``k`` at word
+    ``k·chunk_words(NPP)`` of ``rec`` and ``k·16·NPP`` of ``ex``); within its chunk, for row
+    ``t`` (0..7), the limb word of block ``b`` (step ``b // 4``, position ``c = b mod 4``),
+    section ``s`` and trio half ``half`` is at ``(b // 4)·STEP_WORDS + (t // 4)·HALF_WORDS
+    + (limb·3 + s)·32 + (2c + t mod 2)·4 + (t // 2) mod 2 + 2·half`` (the fragment word
+    ``a0..a3`` of the lane that reads it); ``ex[(b·2 + t mod 2)·4 + (t // 2) mod 2 + 2·(t // 4)]``
+    is the exponent ``E``."""
+    row = tl.program_id(0)
     pair = tl.program_id(1) * BLK + tl.arange(0, BLK)
     ok = pair < NPP
-    xr = xp_ptr + tl.minimum(t, x_rows - 1) * stride_x + tl.where(ok, pair, 0)
-    live = t < m_rows
+    xr = xp_ptr + tl.minimum(row, x_rows - 1) * stride_x + tl.where(ok, pair, 0)
+    live = row < m_rows
+    rec_ptr += (row // 8) * chunk_words(NPP)
+    ex_ptr += (row // 8) * 16 * NPP
+    t = row % 8
     q = t % 2
     r = (t // 2) % 2
     h = t // 4
@@ -108,16 +119,21 @@ def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
     block pairs from ``pair0``, computed from the row's rotated values in registers instead of
     the prepared layout: ``v`` float32 [MW] holds the whole rotated row (one rotation group, so
     every block's 24 coordinates are in it); position ``t`` of block ``b`` reads
-    ``v[24·b + order[t]]``. Rows ``row ≥ m_rows`` give zero words (as that kernel). Bit for bit
+    ``v[24·b + order[t]]``; row ``row`` (0..15) goes to its 8-row chunk's records.
+    Rows ``row ≥ m_rows`` give zero words (as that kernel). Bit for bit
     the same words and exponents: the same block maximum, :func:`.tetra48_m1.block_scale` and
     fused round as :func:`.tetra48_m1._x_limbs`, bytes packed by shifts (disjoint, so the sum is
     an OR)."""
+    live_row = row
+    rec_ptr += (row // 8) * chunk_words(NPP)
+    ex_ptr += (row // 8) * 16 * NPP
+    row = row % 8
     r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
     sec = (r // 8) % 4
     pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
     pair = pair0 + tl.arange(0, PRS)[None, :]
     blk = 2 * pair + r // 32
-    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + row) < m_rows)
+    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + live_row) < m_rows)
     nat = tl.load(order_ptr + tl.where(sec < 3, pos, 0))
     idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
     x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
@@ -268,26 +284,70 @@ def _store_group(acc, part, row0, lane, d_out, HALF: tl.constexpr, NW: tl.conste
 
 
 @triton.jit
+def _step_loads(rec, ex, b0, c, q, gb, active, USE_ASM: tl.constexpr):
+    """One 8-row chunk's ``A`` fragments of the step at block ``b0`` (both halves, all issued
+    before any is used) and the four block exponents of this lane's ``C`` entries."""
+    rb = rec + (b0 // 4) * STEP_WORDS + (c * 2 + q) * 4
+    frag0 = _load_half(rb, active, USE_ASM)
+    frag1 = _load_half(rb + HALF_WORDS, active, USE_ASM)
+    ea, eb, ec, ed = global_load128_all(ex + ((b0 + gb) * 2 + q) * 4, USE_ASM)
+    return frag0, frag1, (ea.to(tl.float32, bitcast=True), eb.to(tl.float32, bitcast=True),
+                          ec.to(tl.float32, bitcast=True), ed.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _step_dots(loads, bu, bv, su, sv, accs, RPS: tl.constexpr, NW: tl.constexpr,
+               USE_ASM: tl.constexpr):
+    """One 8-row chunk's MMAs of a step (:func:`_step_loads`) for the decoded row groups ``bu``,
+    ``bv`` (row scales ``su``, ``sv``: the two rows of each lane's ``C`` entries), added to its
+    accumulators ``accs`` (row group u halves 0, 1; row group v halves 0, 1)."""
+    frag0, frag1, ex = loads
+    u0, u1, v0, v1 = accs
+    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM)
+    u0 = _accumulate(u0, (d0, d1, d2, d3), su[0], su[1], ex[0], ex[1])
+    if RPS == 2:
+        v0 = _accumulate(v0, (f0, f1, f2, f3), sv[0], sv[1], ex[0], ex[1])
+    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM)
+    u1 = _accumulate(u1, (d0, d1, d2, d3), su[0], su[1], ex[2], ex[3])
+    if RPS == 2:
+        v1 = _accumulate(v1, (f0, f1, f2, f3), sv[0], sv[1], ex[2], ex[3])
+    return u0, u1, v0, v1
+
+
+@triton.jit
+def _store_chunk(accs, part, ru, rv, lane, d_out, RPS: tl.constexpr, NW: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """One 8-row chunk's accumulators (:func:`_step_dots`) to its rows of ``part``."""
+    u0, u1, v0, v1 = accs
+    _store_group(u0, part, ru, lane, d_out, 0, NW, USE_ASM)
+    _store_group(u1, part, ru, lane, d_out, 1, NW, USE_ASM)
+    if RPS == 2:
+        _store_group(v0, part, rv, lane, d_out, 0, NW, USE_ASM)
+        _store_group(v1, part, rv, lane, d_out, 1, NW, USE_ASM)
+
+
+@triton.jit
 def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
-                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
-                RPS: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
+                N_BLOCKS: tl.constexpr, NPP: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
+                RPS: tl.constexpr, CH: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
     """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
-    ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all 8
-    activation rows; see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
+    ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all
+    ``8·CH`` activation rows (``CH`` = 1 or 2 chunks of 8: each decoded block meets both);
+    see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
     each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
     fragments between them. Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
     adds the slices."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
-               cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, False, 0,
-               0, CODE, USE_ASM)
+               cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, CH, False,
+               0, NPP, CODE, USE_ASM)
 
 
 @triton.jit
 def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                       scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                       N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
-                      RPS: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-                      CODE: tl.constexpr, USE_ASM: tl.constexpr):
+                      RPS: tl.constexpr, CH: tl.constexpr, TAIL_COLS: tl.constexpr,
+                      NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
     """:func:`imma_kernel` and the slice sum in one launch: after storing its partials for a set
     of rows, each storing lane takes a ticket of its warp's rows (``cnt_ptr``, acq_rel); the warp
     holding the last of the ``slices · 8`` tickets adds the slices in slice order, applies σ_row
@@ -295,18 +355,18 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
     scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
-               RPS, True, TAIL_COLS, NPP, CODE, USE_ASM)
+               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM)
 
 
 @triton.jit
 def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
-               FUSED: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-               CODE: tl.constexpr, USE_ASM: tl.constexpr):
+               CH: tl.constexpr, FUSED: tl.constexpr, TAIL_COLS: tl.constexpr,
+               NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
     """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
     0 for ``tetra48`` words and the batch-1 Tetra table, 1 for ``planes14`` records and
-    ``tables.planes14_m1_table``)."""
+    ``tables.planes14_m1_table``; ``CH``: 8-row chunks of activation rows, 1 or 2)."""
     NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
     if CODE == 0:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
@@ -329,7 +389,9 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
     ks = tl.program_id(1)
     b_start = ks * K_PER
     b_stop = tl.minimum(b_start + K_PER, NB4)
-    part = part_ptr + ks * 8 * d_out
+    part = part_ptr + ks * 8 * CH * d_out
+    rec1 = rec_ptr + chunk_words(NPP)  # the second chunk's records (CH = 2)
+    ex1 = ex_ptr + 16 * NPP
     for i in range(RG):
         ru = (tl.program_id(0) * RG + i) * NW * 8 * RPS + warp * 8 * RPS  # the warp's rows
         rv = ru + 8
@@ -348,11 +410,10 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32,
                                                                           bitcast=True)
         z = tl.zeros(e.shape, tl.float32)
-        # per row group (u, v) and half (0, 1): (r0, row 2c), (r0, 2c+1), (r1, 2c), (r1, 2c+1)
-        u0 = (z, z, z, z)
-        u1 = u0
-        v0 = u0
-        v1 = u0
+        # per chunk, row group (u, v) and half (0, 1): (r0, row 2c), (r0, 2c+1), (r1, 2c),
+        # (r1, 2c+1)
+        acc0 = ((z, z, z, z), (z, z, z, z), (z, z, z, z), (z, z, z, z))
+        acc1 = acc0
         blk = b_start + c
         xu = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
         xv = xu
@@ -362,10 +423,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             blk = b0 + c
             # the step's A fragments (both halves) and exponents first: their latency overlaps
             # the decode
-            rb = rec_ptr + (b0 // 4) * STEP_WORDS + (c * 2 + q) * 4
-            frag0 = _load_half(rb, active, USE_ASM)
-            frag1 = _load_half(rb + HALF_WORDS, active, USE_ASM)
-            ea, eb, ec, ed = global_load128_all(ex_ptr + ((b0 + gb) * 2 + q) * 4, USE_ASM)
+            loads = _step_loads(rec_ptr, ex_ptr, b0, c, q, gb, active, USE_ASM)
             # the next step's words (loaded one step ahead; none past the slice)
             nb = blk + 4
             nu = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop), STRIDE_W,
@@ -378,45 +436,37 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             sv = su
             if RPS == 2:
                 bv, sv = _decode_block(xv, odd, cv0, cv1, tab_ptr, base, sb_rep, CODE, USE_ASM)
-            e0 = ea.to(tl.float32, bitcast=True)
-            e1 = eb.to(tl.float32, bitcast=True)
-            e2 = ec.to(tl.float32, bitcast=True)
-            e3 = ed.to(tl.float32, bitcast=True)
-            su0 = shfl_idx(su, src0, NW, USE_ASM)
-            su1 = shfl_idx(su, src1, NW, USE_ASM)
-            d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM)
-            u0 = _accumulate(u0, (d0, d1, d2, d3), su0, su1, e0, e1)
+            su2 = (shfl_idx(su, src0, NW, USE_ASM), shfl_idx(su, src1, NW, USE_ASM))
+            sv2 = su2
             if RPS == 2:
-                sv0 = shfl_idx(sv, src0, NW, USE_ASM)
-                sv1 = shfl_idx(sv, src1, NW, USE_ASM)
-                v0 = _accumulate(v0, (f0, f1, f2, f3), sv0, sv1, e0, e1)
-            d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM)
-            u1 = _accumulate(u1, (d0, d1, d2, d3), su0, su1, e2, e3)
+                sv2 = (shfl_idx(sv, src0, NW, USE_ASM), shfl_idx(sv, src1, NW, USE_ASM))
+            acc0 = _step_dots(loads, bu, bv, su2, sv2, acc0, RPS, NW, USE_ASM)
+            if CH == 2:  # the same decoded blocks against activation rows 8..15
+                loads = _step_loads(rec1, ex1, b0, c, q, gb, active, USE_ASM)
+                acc1 = _step_dots(loads, bu, bv, su2, sv2, acc1, RPS, NW, USE_ASM)
             if RPS == 2:
-                v1 = _accumulate(v1, (f0, f1, f2, f3), sv0, sv1, e2, e3)
                 xv = nv
             xu = nu
-        _store_group(u0, part, ru, lane, d_out, 0, NW, USE_ASM)
-        _store_group(u1, part, ru, lane, d_out, 1, NW, USE_ASM)
-        if RPS == 2:
-            _store_group(v0, part, rv, lane, d_out, 0, NW, USE_ASM)
-            _store_group(v1, part, rv, lane, d_out, 1, NW, USE_ASM)
+        _store_chunk(acc0, part, ru, rv, lane, d_out, RPS, NW, USE_ASM)
+        if CH == 2:
+            _store_chunk(acc1, part + 8 * d_out, ru, rv, lane, d_out, RPS, NW, USE_ASM)
         if FUSED:
             chunk = (tl.program_id(0) * RG + i) * NW + warp  # this warp's rows
             _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
-                            stride_y, chunk, ru, lane, d_out, m_rows, 8 * RPS, NW, TAIL_COLS, NPP,
-                            USE_ASM)
+                            stride_y, chunk, ru, lane, d_out, m_rows, 8 * RPS, 8 * CH, NW,
+                            TAIL_COLS, NPP, USE_ASM)
 
 
 @triton.jit
 def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y,
-                    chunk, row0, lane, d_out, m_rows, ROWS: tl.constexpr, NW: tl.constexpr,
-                    TAIL_COLS: tl.constexpr, NPP: tl.constexpr, USE_ASM: tl.constexpr):
+                    chunk, row0, lane, d_out, m_rows, ROWS: tl.constexpr, T: tl.constexpr,
+                    NW: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
+                    USE_ASM: tl.constexpr):
     """After a warp stored its partials for rows ``row0 .. row0 + ROWS``: lanes 0..7 (the storing
     lanes) each take a ticket of ``chunk`` after their own stores (acq_rel); the warp that
     holds the last of the ``slices · 8`` tickets sums the slices in slice order for its rows
     (one per lane), applies σ_row and the tail and writes ``y`` for every activation row, then
-    resets the counter."""
+    resets the counter. ``T``: activation rows per slice of ``part``."""
     taker = lane < 8
     tickets = tl.num_programs(1) * 8
     old = tl.atomic_add(cnt_ptr + chunk, 1, sem="acq_rel", scope="gpu", mask=taker)
@@ -429,7 +479,7 @@ def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_
     for t in range(m_rows):
         tot = tl.zeros(sig.shape, tl.float32)
         for s in range(tl.num_programs(1)):  # a loop: its registers must not grow with slices
-            tot += tl.load(part_ptr + (s * 8 + t) * d_out + rc, mask=ok, other=0.0,
+            tot += tl.load(part_ptr + (s * T + t) * d_out + rc, mask=ok, other=0.0,
                            cache_modifier=".cg")
         out = tot * sig
         for k in range(TAIL_COLS):
@@ -442,17 +492,18 @@ def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_
 @triton.jit
 def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, d_out,
                          n_slices, NPP: tl.constexpr, TAIL_COLS: tl.constexpr,
-                         TAIL_P2: tl.constexpr, SLICES: tl.constexpr, BLK: tl.constexpr):
+                         TAIL_P2: tl.constexpr, SLICES: tl.constexpr, BLK: tl.constexpr,
+                         T: tl.constexpr = 8):
     """``y[t, n] = σ[n] · Σ_slices part[slice, t, n] + Σ_c tail[n, c] · x[t, tail c]`` for
     activation row ``t = program_id(1)`` and the ``BLK`` rows of ``program_id(0)`` (the tail
     columns from the prepared layout's slots ``48·NPP + c``); ``SLICES``: a power of two
     ≥ ``n_slices`` (all slices in one load), ``TAIL_P2`` one ≥ ``TAIL_COLS`` (the rows' tail
-    weights in one 2-D load)."""
+    weights in one 2-D load); ``T``: activation rows per slice of ``part`` (8 or 16)."""
     t = tl.program_id(1)
     n = tl.program_id(0) * BLK + tl.arange(0, BLK)
     ok = n < d_out
     sl = tl.arange(0, SLICES)[:, None]
-    parts = tl.load(part_ptr + (sl * 8 + t) * d_out + n[None, :],
+    parts = tl.load(part_ptr + (sl * T + t) * d_out + n[None, :],
                     mask=(sl < n_slices) & ok[None, :], other=0.0)
     out = tl.sum(parts, axis=0) * tl.load(scale_ptr + n, mask=ok, other=0.0)
     if TAIL_COLS > 0:
