@@ -26,6 +26,9 @@ What it does, in order:
    * ``tetra48-norotrec`` (diagnostic): ``tetra48`` with ``LEECHQ_ROT_RECORDS=0`` — the int8
      kernel's activation records from their own launch instead of the one-group rotations
      (``tetra48-rotrec``, its opposite, until the rotation-written records became the default);
+   * ``tetra48-dense129`` (diagnostic): ``tetra48`` with ``LEECHQ_DENSE_MIN_ROWS=129`` — up to
+     128 rows (prompts and batches) on the lattice matvec, 16 rows per int8 launch, instead of the
+     float16 dequantized copy from 17 rows;
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -361,7 +364,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
-                 "tetra48-norotrec", "ball"):
+                 "tetra48-norotrec", "tetra48-dense129", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -483,7 +486,8 @@ def bench_model(
 
 
 ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_MMA": "1"},
-           "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"}}
+           "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"},
+           "tetra48-dense129": {"LEECHQ_DENSE_MIN_ROWS": "129"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -601,7 +605,7 @@ def parse() -> argparse.Namespace:
         "--arms",
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
-        "tetra48-norotrec,ball,hf-fp16",
+        "tetra48-norotrec,tetra48-dense129,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -44,6 +44,14 @@
 #            at batch 4 and 8 against the records launch (arm tetra48-norotrec)
 #   mid      9..16 rows end to end: 8-row chunks on the int8 kernel (the default since session
 #            j) against the float16 tensor-core kernel (arm tetra48-mma, LEECHQ_MMA=1)
+#   imma16   9..16 activation rows in one int8 launch (two 8-row chunks of records, each decoded
+#            block meeting both; session j): GPU tests, matvec at 8 and 16 rows, serving tests,
+#            e2e at batch 12 and 16 (two 8-row launches: 12.19 and 12.36 ms per step)
+#   dense    the serving GPU tests, then where the float16 dequantized copy starts to pay now that
+#            16 rows take one int8 launch: e2e at batch 1 (32-row prompt), 9, 32 and 64 with the
+#            copy from 17 rows (default) and from 129 (arm tetra48-dense129)
+#   final    session j's defaults (16 rows per int8 launch, the dequantized copy from 65 rows):
+#            the serving GPU tests, then e2e Tetra and ball at batch 16, 32 and 64
 #   p14rows  M = 2, 4 and 8 for Planes14: the tiled kernel vs the m1 kernel with several rows per
 #            launch (opt-in since 8d3c209)
 #   preops   the norms and the SwiGLU fused into the rotation launches (ops.norm_rotate /
@@ -169,6 +177,25 @@ rotrec)
   e2e e2e-8b-rotrec 280 --models qwen3-8b --arms fp16,tetra48,tetra48-norotrec --batches 4,8 \
     --skip-gates --no-profile --budget-s 250
   ;;
+imma16)
+  gpu_tests tests-imma16 220 tests/kernels/test_triton_gpu.py -k "imma"
+  gpu_tests tests-records16 60 tests/kernels/test_triton_norm_rotate.py -k records
+  matvec matvec-imma16 170 --batches 8,16 --arms fp16,tetra48-imma-fused-noprep,\
+planes14-imma-fused-noprep
+  gpu_tests tests-serve16 90 tests/serve/test_gpu.py -k fused
+  e2e e2e-8b-imma16 120 --models qwen3-8b --arms fp16,tetra48 --batches 12,16 --skip-gates \
+    --no-profile --budget-s 100
+  ;;
+dense)
+  gpu_tests tests-serve-j 200 tests/serve/test_gpu.py -k "fused or decode"
+  e2e e2e-8b-dense 330 --models qwen3-8b --arms fp16,tetra48,tetra48-dense129 --batches 1,9,32,64 \
+    --skip-gates --no-profile --budget-s 300
+  ;;
+final)
+  gpu_tests tests-serve-final 200 tests/serve/test_gpu.py
+  e2e e2e-8b-final 260 --models qwen3-8b --arms fp16,tetra48,ball --batches 16,32,64 \
+    --skip-gates --no-profile --budget-s 240
+  ;;
 mid)
   e2e e2e-8b-mid 400 --models qwen3-8b --arms fp16,tetra48,tetra48-mma --batches 9,12,16 \
     --skip-gates --no-profile --budget-s 360
@@ -194,7 +221,7 @@ e2esmall)
     --no-profile --budget-s 330
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | rotrec | preops | rotsplit | imma | imma2 | imma3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3)" >&2
   exit 2
   ;;
 esac

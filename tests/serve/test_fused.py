@@ -34,7 +34,7 @@ def _reference(x: torch.Tensor, records: list[Any], biases: list[Any]) -> torch.
 
 
 @pytest.mark.parametrize("rotated", [True, False])
-@pytest.mark.parametrize("rows", [3, 11, 20])
+@pytest.mark.parametrize("rows", [3, 11, 65])
 def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     from leechq.serve.fused import TetraGroup
 
@@ -46,21 +46,22 @@ def test_group_from_records_matches_reference(rotated: bool, rows: int) -> None:
     y = group(x)
     ref = _reference(x, recs, biases)
     assert y.dtype == torch.float32 and y.shape == (rows, 24)
-    # 3 and 11 rows run the lattice kernel (f32 accuracy), 20 rows the float16 dequantized copy
+    # 3 and 11 rows run the lattice kernel (f32 accuracy), 65 rows the float16 dequantized copy
     # (≥ DENSE_MIN_ROWS), as accurate as an fp16 model
-    assert 11 < DENSE_MIN_ROWS <= 20
+    assert 11 < DENSE_MIN_ROWS <= 65
     tol = 1e-5 if rows < DENSE_MIN_ROWS else 2e-3
     assert (y - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
 @pytest.mark.parametrize(("flag", "rows", "path"), [
-    ("", 9, "matvec"), ("", 16, "matvec"), ("", 8, "matvec"), ("", 17, "dense"),
-    ("1", 9, "mma"), ("1", 40, "mma"), ("0", 12, "matvec"), ("0", 17, "dense")])
+    ("", 9, "matvec"), ("", 16, "matvec"), ("", 8, "matvec"), ("", 65, "dense"),
+    ("1", 9, "mma"), ("1", 40, "mma"), ("0", 12, "matvec"), ("0", 65, "dense")])
 def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
                                  path: str) -> None:
-    """Up to 16 rows take the lattice matvec by default (12 rows: an 8-row and a 4-row call) and
-    more the dequantized copy; ``LEECHQ_MMA=1`` sends 9..64 rows to the batched tensor-core
-    kernel. Every path stays within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
+    """Up to 64 rows take the lattice matvec by default (12 rows here: an 8-row and a 4-row call,
+    the interpreter having no int8 kernel) and more the dequantized copy; ``LEECHQ_MMA=1`` sends
+    9..64 rows to the batched tensor-core kernel. Every path stays within its accuracy (f32 for
+    the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import TetraGroup
 
@@ -225,9 +226,10 @@ def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
 
 
 def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From ``DENSE_MIN_ROWS`` rows a ball group multiplies a float16 dequantized copy of its part
-    on the BLAS (``ops.planes14_matmul_dense``, calls counted): within fp16 accuracy of the f64
-    reference; ``LEECHQ_P14_DENSE=0`` keeps the matvec (f32 accuracy, no dense call)."""
+    """From ``DENSE_MIN_ROWS`` rows (here lowered to 20 by ``LEECHQ_DENSE_MIN_ROWS``) a ball group
+    multiplies a float16 dequantized copy of its part on the BLAS (``ops.planes14_matmul_dense``,
+    calls counted): within fp16 accuracy of the f64 reference; ``LEECHQ_P14_DENSE=0`` keeps the
+    matvec (f32 accuracy, no dense call); 19 rows stay on the matvec."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import LatticeGroup
 
@@ -242,15 +244,18 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     recs = _ball_records(True)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
-    x = torch.randn(DENSE_MIN_ROWS, 72, generator=torch.Generator().manual_seed(4))
+    monkeypatch.setenv("LEECHQ_DENSE_MIN_ROWS", "20")
+    x = torch.randn(20, 72, generator=torch.Generator().manual_seed(4))
     ref = _reference(x, recs, biases)
     y = group(x)
-    assert calls == [DENSE_MIN_ROWS] and y.shape == (DENSE_MIN_ROWS, 24)
+    assert calls == [20] and y.shape == (20, 24)
     assert (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
     monkeypatch.setenv("LEECHQ_P14_DENSE", "0")
     y = group(x)
-    assert calls == [DENSE_MIN_ROWS]
+    assert calls == [20]
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    monkeypatch.delenv("LEECHQ_P14_DENSE")
+    assert group.fuses_pre_ops(19) and not group.fuses_pre_ops(20)
 
 
 def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
@@ -324,42 +329,49 @@ def test_direct_ball_group_matches_its_records() -> None:
     assert (y - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
-@pytest.mark.parametrize("ball", [False, True])
+@pytest.mark.parametrize(("ball", "rows"), [(False, 3), (True, 3), (False, 11)])
 def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
-                                                       ball: bool) -> None:
+                                                       ball: bool, rows: int) -> None:
     """By default (``LEECHQ_ROT_RECORDS=0`` turns it off), where the int8 kernel serves the rows
-    (forced here: 3 rows): the group's rotation (Planes14: the plain one; Tetra: its norm form)
-    writes the activation records, no records launch runs, and the outputs equal the launch's
-    bit for bit; a 72-wide group (a rotation of several groups) keeps the launch."""
+    (forced here: 3..16 rows): the group's rotation (Planes14: the plain one; Tetra: its norm
+    form) writes the activation records, no records launch runs, and the outputs equal the
+    launch's bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
+    records); a 72-wide group (a rotation of several groups) keeps the launch."""
     from leechq.kernels.reference import rms_norm
     from leechq.kernels.triton import ops
     from leechq.serve.fused import LatticeGroup
 
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
-    launches = []
-    activation = ops.imma_activation
+    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
+    launches, calls = [], []
+    activation, matvec = ops.imma_activation, ops._matvec_imma
 
     def counted(*args, **kwargs):
         launches.append(1)
         return activation(*args, **kwargs)
 
+    def called(*args, **kwargs):
+        calls.append(args[5])  # the rows
+        return matvec(*args, **kwargs)
+
     monkeypatch.setattr(ops, "imma_activation", counted)
+    monkeypatch.setattr(ops, "_matvec_imma", called)
     recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
     if ball:  # the m1 order needs an m1 plan: the GPU's choice for several rows
         monkeypatch.setattr(ops, "planes14_m1_groups", lambda w, r, d, c=None: [(r, None)])
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(3, 128, generator=g)
+    x = torch.randn(rows, 128, generator=g)
     weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
     monkeypatch.setenv("LEECHQ_ROT_RECORDS", "0")
     if ball:  # the plain rotation (the norm form is the Tetra case's)
         want = group(x)
+        assert calls == [rows]  # one call (the parts concatenated by rows)
         monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
         assert torch.equal(group(x), want) and len(launches) == 1  # the rotation wrote them
         return
     want_norm = group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
-    assert len(launches) == 1
+    assert len(launches) == 1 and calls == [rows]
     monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
     assert torch.equal(group.forward_add_norm(x.half(), None, weight, 1e-6)[1], want_norm)
     assert len(launches) == 1  # the rotation wrote them

@@ -128,7 +128,7 @@ def test_fused_logits_match_reference_logits() -> None:
 def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode step with the norms and the SwiGLU inside the rotation launches (the default)
     against the same model with them as separate pieces (``LEECHQ_FUSE_PRE=0``): the fused
-    launches are taken (3 per layer at batch 1, none at 20 rows), and the logits agree to the
+    launches are taken (3 per layer at batch 1, none at 70 rows), and the logits agree to the
     norm's rounding."""
     from leechq.kernels.triton import ops
 
@@ -139,7 +139,7 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setattr(ops, name, lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
 
     def logits(tokens: torch.Tensor) -> torch.Tensor:
-        cache = KVCache(model.args, tokens.shape[0], 64, torch.float16, "cuda")
+        cache = KVCache(model.args, tokens.shape[0], 96, torch.float16, "cuda")
         slots = torch.arange(tokens.shape[1], device="cuda")
         pad = torch.zeros(tokens.shape[0], dtype=torch.int64, device="cuda")
         return model(tokens, slots, pad, cache.k, cache.v, last_only=False)
@@ -147,7 +147,7 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     one = torch.tensor([PROMPTS[0][:1]], device="cuda")
     fused = logits(one)
     assert len(calls) == 3 * model.args.n_layers
-    prompt = torch.tensor([PROMPTS[0] * 3], device="cuda")[:, :20]  # 20 rows: the dense path
+    prompt = torch.tensor([PROMPTS[0] * 10], device="cuda")[:, :70]  # 70 rows: the dense path
     logits(prompt)
     assert len(calls) == 3 * model.args.n_layers
     monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
@@ -157,22 +157,26 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     assert err <= 1e-2 * separate.abs().max().item(), err
 
 
-@pytest.mark.parametrize("batch", [1, 3, 6])
-def test_fused_ball_model_matches_reference(batch: int) -> None:
+@pytest.mark.parametrize(("codebook", "batch"), [("ball", 1), ("ball", 3), ("ball", 6),
+                                                ("ball", 22), ("tetra", 4)])
+def test_fused_ball_model_matches_reference(codebook: str, batch: int) -> None:
     """A ball-coded model serves through Planes14 groups (one rotation with the norm or SwiGLU
     fused into it, one matvec launch group per projection group): logits against the dense
-    reference path, and graph tokens equal to eager tokens. 3 rows run the int8 kernel, the 18
-    prompt rows of batch 6 the float16 dequantized copy (``ops.planes14_matmul_dense``)."""
+    reference path, and graph tokens equal to eager tokens. 3 rows run the int8 kernel, the 9
+    prompt rows of batch 3 one launch of it with two 8-row chunks of activation records, the 18
+    of batch 6 a 16-row launch and a 2-row ``m1`` one, the 66 of batch 22 the float16
+    dequantized copy (``ops.planes14_matmul_dense``); the Tetra model's 12 prompt rows the int8
+    kernel's two chunks too."""
     from leechq.serve.fused import LatticeGroup
 
     try:
-        fused = _tiny_quantized("fused", "cuda", torch.float16, codebook="ball")
+        fused = _tiny_quantized("fused", "cuda", torch.float16, codebook=codebook)
     except KernelUnavailable as exc:
         pytest.skip(f"no fused kernel on this device: {exc}")
     assert execution_paths(fused) == {"fused": 14}
     assert isinstance(fused.blocks[0].wqkv, LatticeGroup)
-    assert fused.blocks[0].wqkv.layout == "planes14"
-    ref = _tiny_quantized("reference", "cuda", torch.float16, codebook="ball")
+    assert fused.blocks[0].wqkv.layout == ("planes14" if codebook == "ball" else "tetra48")
+    ref = _tiny_quantized("reference", "cuda", torch.float16, codebook=codebook)
     prompts = [PROMPTS[i % 3][: 3 + i] for i in range(batch)]
     tokens = torch.tensor([p[:3] for p in prompts], device="cuda")
     out = []

@@ -21,23 +21,24 @@ On that matvec path the serving model also hands a group the *pre-op* that makes
 on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
 never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
 
-Up to 16 rows run the lattice matvec, 8 rows per launch group. With ``M ≥ DENSE_MIN_ROWS`` rows
-(prefill, batches above 16) the group rotates once in natural order and multiplies a float16
-dequantized copy of each part on cuBLAS (``ops.tetra48_matmul_dense``): one decode per call instead
-of one per 8 rows. (The batched tensor-core kernel ``ops.tetra48_matmul_mma`` served 9..16 rows
-until it measured slower than the int8 chunks; ``LEECHQ_MMA=1``, :data:`MMA_ROWS`.)
+Up to 64 rows run the lattice matvec, 16 rows per int8 tensor-core launch (8 per launch group
+elsewhere). With ``M ≥ DENSE_MIN_ROWS`` rows (long prompts, batches above 64) the group rotates
+once in natural order and multiplies a float16 dequantized copy of each part on cuBLAS
+(``ops.tetra48_matmul_dense``): one decode per call instead of one per 16 rows. (The batched
+tensor-core kernel ``ops.tetra48_matmul_mma`` served 9..16 rows until it measured slower than the
+int8 kernel; ``LEECHQ_MMA=1``, :data:`MMA_ROWS`.)
 
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
 ``y``; layouts-kernels-recipe §3.5).
 
 Ball-coded matrices (``planes14``) group the same way (:class:`LatticeGroup` with Planes14 parts):
-one rotation into the prepared layout of the Planes14 kernel, one matvec launch group per 8 rows
-(the ``m1`` kernel's row groups, 3..8 rows on the int8 tensor-core kernel, or the tiled kernel
+one rotation into the prepared layout of the Planes14 kernel, one matvec launch group per call
+(the ``m1`` kernel's row groups, 3..16 rows on the int8 tensor-core kernel, or the tiled kernel
 where ``m1`` does not serve), the same pre-ops; from ``DENSE_MIN_ROWS`` rows a float16
 dequantized copy on cuBLAS (``ops.planes14_matmul_dense``, unless ``LEECHQ_P14_DENSE=0`` or its
-first-use check failed), below that the matvec 8 rows at a time. ``TetraGroup`` is the class's
-earlier name (it served Tetra only).
+first-use check failed), below that the matvec up to 16 rows at a time. ``TetraGroup`` is the
+class's earlier name (it served Tetra only).
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ from leechq.formats.rotation import RotationTables
 
 KERNEL_ROWS = 8
 """Activation rows per matvec call (the kernels take 1..8; the many-row ``m1`` runs them two or
-four per launch)."""
+four per launch) — except where every part runs the int8 tensor-core kernel for all the rows
+(``ops.imma_default``: up to ``ops.IMMA_ROWS`` = 16 rows in one call, each decoded block meeting
+them all; :meth:`LatticeGroup._call_rows`)."""
 
-DENSE_MIN_ROWS = 2 * KERNEL_ROWS + 1
-"""From this many activation rows on, a group runs its parts as float16 dequantized copies on cuBLAS
-(one decode per call, then a tensor-core GEMM) instead of the lattice kernels, which decode every
-block once per 8 rows (``ops.tetra48_matmul_dense``; for the ball codebook
-``ops.planes14_matmul_dense`` since 2026-11-30, where a 256-row Qwen3-8B prefill on the lattice
-kernel took 849 ms and takes 80.6 ms on the copy, BENCHMARKS.md §4). H200, Qwen3-8B shapes,
-2026-11-30: the dequantized pass costs ≈ 44 ms per step whatever the rows, the tiled kernels ≈ 17.7
-ms per 8 rows (batch-16 decode 35.7 ms/step tiled vs 49.4 ms dense; a 512-row prefill 1408 ms tiled
-vs 84 ms dense), so up to 16 rows stay on the kernels."""
+DENSE_MIN_ROWS = 65
+"""From this many activation rows on (``LEECHQ_DENSE_MIN_ROWS`` overrides, :func:`dense_min_rows`),
+a group runs its parts as float16 dequantized copies on cuBLAS (one decode per call, then a
+tensor-core GEMM: ``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``) instead of the
+lattice matvec, which decodes every block once per call of up to 16 rows. H200, Qwen3-8B end
+to end, 2026-11-30 (BENCHMARKS.md §4): the copy costs ≈ 44 ms per step whatever the rows (decode
+at batch 32 48.6 ms, 64 49.7 ms), the int8 kernel ≈ 3.5–4 ms per 16 rows beyond the first call
+(batch 16 9.15 ms, 32 17.0, 64 32.4), so up to 64 rows stay on the lattice matvec. A 32-row
+prompt took 102 ms on it against 89 ms on the copy (eager, once per prompt); the ball codebook's
+256-row prompt takes 80.6 ms on its copy (849 on the lattice kernel before the copy existed)."""
 
 MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
 """Activation rows (inclusive range) the batched tensor-core kernel (``ops.tetra48_matmul_mma``:
@@ -121,10 +125,17 @@ def _prepared_buffer(device: torch.device, n_blocks: int, m_rows: int) -> torch.
     return buf
 
 
+def dense_min_rows() -> int:
+    """:data:`DENSE_MIN_ROWS`, or ``LEECHQ_DENSE_MIN_ROWS`` where set (read per call, on the host;
+    for measuring where the dequantized copy starts to pay)."""
+    flag = os.environ.get("LEECHQ_DENSE_MIN_ROWS", "")
+    return int(flag) if flag.isdigit() and int(flag) > 0 else DENSE_MIN_ROWS
+
+
 def _matvec_rows(m_rows: int) -> bool:
     """Whether a group runs ``m_rows`` activation rows through the lattice matvec (the prepared
     activation) rather than the tensor-core kernel or the dequantized copy."""
-    return m_rows < DENSE_MIN_ROWS and not MMA_ROWS[0] <= m_rows <= mma_max_rows()
+    return m_rows < dense_min_rows() and not MMA_ROWS[0] <= m_rows <= mma_max_rows()
 
 
 def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
@@ -282,7 +293,7 @@ class LatticeGroup(nn.Module):
         m = int(x2.shape[0])
         if self.layout == "tetra48" and MMA_ROWS[0] <= m <= mma_max_rows():
             return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
-        if self.layout == "tetra48" and m >= DENSE_MIN_ROWS:
+        if self.layout == "tetra48" and m >= dense_min_rows():
             return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
         if self.layout == "planes14" and not self._matvec_path(m):
             return self._forward_dense(x2, ops.planes14_matmul_dense).reshape(*lead, self.d_out)
@@ -295,7 +306,7 @@ class LatticeGroup(nn.Module):
         or a failed first-use check)."""
         if self.layout == "tetra48":
             return _matvec_rows(m_rows)
-        return (m_rows < DENSE_MIN_ROWS
+        return (m_rows < dense_min_rows()
                 or not self._ops.planes14_dense_enabled(self.parts[0].records.device))
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
@@ -344,23 +355,34 @@ class LatticeGroup(nn.Module):
         filled = fill(inp, xp, order, recs)
         return filled, self._matvecs(xp, m, plans, recs)
 
+    def _call_rows(self, m: int, plans: dict | None = None) -> int:
+        """Activation rows per matvec call for ``m`` rows: up to ``ops.IMMA_ROWS`` (16) where
+        every part takes the int8 kernel for that many (for Planes14 only with ``m1`` plans,
+        which give the activation order it reads), else :data:`KERNEL_ROWS`."""
+        step = min(m, self._ops.IMMA_ROWS)
+        if (m > KERNEL_ROWS and all(self._ops.imma_default(p, step) for p in self.parts)
+                and (plans is None or all(plans.values()))):
+            return step
+        return KERNEL_ROWS
+
     def _rotation_records(self, m: int, plans: dict | None, device: torch.device
                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Buffers for the rotation to write the int8 kernel's activation records into (one
         launch fewer per input), or None: unless ``LEECHQ_ROT_RECORDS=0`` (read per call on the
-        host), for a one-group rotation (power-of-two width), at most 8 rows, and every part on
-        the int8 kernel (:func:`ops.imma_default`; Planes14 from its ``m1`` order). H200,
+        host), for a one-group rotation (power-of-two width), rows in one matvec call
+        (:meth:`_call_rows`), and every part on the int8 kernel (:func:`ops.imma_default`;
+        Planes14 from its ``m1`` order). H200,
         Qwen3-8B end to end, 2026-11-30: batch 4 571.6 → 585.2 tok/s, batch 8 1123.0 → 1150.2
         (BENCHMARKS.md §4); the default since then."""
         ops = self._ops
         if (os.environ.get("LEECHQ_ROT_RECORDS", "1") == "0" or self.rot is None
-                or self.rot.odd != 1 or m > KERNEL_ROWS
+                or self.rot.odd != 1 or m > self._call_rows(m, plans)
                 or not all(ops.imma_default(p, m) for p in self.parts)
                 or (plans is not None and not all(plans.values()))):
             return None
         key = (str(device), self.n_blocks, m)
         if key not in _RECORDS:
-            _RECORDS[key] = ops.imma_records(self.n_blocks, device)
+            _RECORDS[key] = ops.imma_records(self.n_blocks, device, m)
         return _RECORDS[key]
 
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
@@ -370,24 +392,29 @@ class LatticeGroup(nn.Module):
         if self.layout == "tetra48":
             return self.order, None
         ops = self._ops
-        chunks = {min(KERNEL_ROWS, m - i) for i in range(0, m, KERNEL_ROWS)}
+        step = self._call_rows(m)
+        chunks = {min(step, m - i) for i in range(0, m, step)}
         plans = {(j, r): ops.planes14_m1_groups(p, r, device)
                  for j, p in enumerate(self.parts) for r in chunks}
-        m1 = all(v is not None for v in plans.values())
-        return ops.planes14_order(device, m1), (plans if m1 else dict.fromkeys(plans))
+        if all(v is not None for v in plans.values()):
+            return ops.planes14_order(device, True), plans
+        chunks = {min(KERNEL_ROWS, m - i) for i in range(0, m, KERNEL_ROWS)}  # the tiled kernel's
+        return (ops.planes14_order(device, False),
+                {(j, r): None for j in range(len(self.parts)) for r in chunks})
 
     def _matvecs(self, xp: torch.Tensor, m: int, plans: dict | None = None,
                  recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Every part's matvec from the prepared activation ``xp`` (``m`` rows, 8 per launch
-        group) into one float32 [m, Σ d_out], plus the bias (``plans``: Planes14's, from
+        """Every part's matvec from the prepared activation ``xp`` (``m`` rows, :meth:`_call_rows`
+        per call) into one float32 [m, Σ d_out], plus the bias (``plans``: Planes14's, from
         :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of ``xp``, written
-        by the rotation, for ``m ≤ 8``)."""
+        by the rotation, when all ``m`` rows go in one call)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
+        step = self._call_rows(m, plans)
         for j, (part, off) in enumerate(zip(self.parts, self.offsets, strict=False)):
-            for i in range(0, m, KERNEL_ROWS):
-                r = min(KERNEL_ROWS, m - i)
+            for i in range(0, m, step):
+                r = min(step, m - i)
                 chunk, out = xp[i : i + prepared_rows(r)], y[i : i + r, off : off + part.d_out]
                 if plans is None:
                     self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs)
