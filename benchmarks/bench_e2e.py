@@ -28,7 +28,7 @@ What it does, in order:
      (``tetra48-rotrec``, its opposite, until the rotation-written records became the default);
    * ``tetra48-dense129`` (diagnostic): ``tetra48`` with ``LEECHQ_DENSE_MIN_ROWS=129`` — up to
      128 rows (prompts and batches) on the lattice matvec, 16 rows per int8 launch, instead of the
-     float16 dequantized copy from 17 rows;
+     float16 dequantized copy from ``DENSE_MIN_ROWS`` (17 when this arm was added, 65 since);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
