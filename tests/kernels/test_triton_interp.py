@@ -519,14 +519,13 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     # 3 rows, two row groups per step, two row sets per program, a short last row group,
     # an odd block count past the last 4-block step
     (19, 9 * 24, 3, {"num_warps": 1, "row_groups": 2, "rows_per_step": 2}),
-    # the slices added in the kernel (tickets per warp): 2 warps, 3 slices, a tail
-    (40, 13 * 24 + 3, 5, {"num_warps": 2, "k_per": 8, "fused_sum": True}),
+    # the slices added in the kernel (tickets per warp): 13 rows (two 8-row chunks of activation
+    # records), 2 slices, one row group per step, a tail
+    (8, 5 * 24 + 3, 13, {"num_warps": 1, "k_per": 4, "rows_per_step": 1, "fused_sum": True}),
     # no coded block at all: the tail only, with the default geometry
     (9, 20, 4, {}),
     # 11 rows: two 8-row chunks of activation records, each decoded block meeting both
     (16, 8 * 24 + 5, 11, {"k_per": 4, "num_warps": 1, "rows_per_step": 2}),
-    # 16 rows, one row group per step, the slices added in the kernel
-    (8, 5 * 24 + 3, 16, {"num_warps": 1, "k_per": 4, "rows_per_step": 1, "fused_sum": True}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:

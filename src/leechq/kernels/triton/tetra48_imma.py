@@ -1,4 +1,4 @@
-"""Small-batch Tetra matvec on int8 tensor cores: 1..8 activation rows, one decode per block.
+"""Small-batch Tetra matvec on int8 tensor cores: 1..16 activation rows, one decode per block.
 
 Implements the "decode that amortizes over M rows" of issue 4 (layouts-kernels-recipe.md §3.3 for
 the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
@@ -24,8 +24,13 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   rows), two shuffles for the row scales, 8 scaled accumulations; per step the 18 16-byte
   fragment loads shared by the groups (zeros on the inactive lanes) are issued first and the
   next step's weight words one step ahead — issued next to their MMAs they cost one L2 round
-  trip each (BENCHMARKS.md §3 run 13). Partial sums per K-slice go to
-  ``part [KS, 8, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
+  trip each (BENCHMARKS.md §3 run 13).
+* **9..16 rows** (``CH = 2``): the activation records come as two 8-row chunks; each step's
+  decoded blocks meet the first chunk's fragments, then the second's (loaded after the first
+  chunk's MMAs) — 36 MMAs per lane and row group, one decode (run 15: 16 rows 7.44 ms against
+  5.33 for 8 on the Qwen3-8B projections).
+* **Slices.** Partial sums per K-slice go to
+  ``part [KS, 8·CH, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
   tail — or, in :func:`imma_fused_kernel`, the last warp to finish a set of rows does (per-warp
   tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` and
   ``ops.planes14_matvec_planned`` take this kernel for 3..16 rows on a GPU.
