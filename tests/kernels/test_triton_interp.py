@@ -80,7 +80,7 @@ def test_tetra48_m1(d_out: int, d_in: int, cfg: dict) -> None:
 
 
 @pytest.mark.parametrize(("m_rows", "mb", "d_out", "d_in", "ilp", "repeats"), [
-    (2, 2, 19, 18 * 24 + 5, 2, 2),  # two rows in one launch: chunks, slices, a tail; launched
+    (2, 2, 11, 18 * 24 + 5, 2, 2),  # two rows in one launch: chunks, slices, a tail; launched
                                     # twice (the tickets must reset)
     (3, 4, 13, 7 * 24, 1, 1),       # three real rows of four (the fourth is the zero pad row)
     (5, 4, 8, 3 * 24, 1, 1),        # two launches: four rows, then one (the one-row kernel)
@@ -586,11 +586,11 @@ def test_small_batches_route_to_the_int8_kernel(monkeypatch: pytest.MonkeyPatch)
         return launch(code, *args, **kwargs)
 
     monkeypatch.setattr(ops, "_matvec_imma", counted)
-    x = torch.randn(3, 9 * 24 + 5)
-    wt = random_tetra48(19, x.shape[1], seed=7)
+    x = torch.randn(3, 5 * 24 + 5)
+    wt = random_tetra48(9, x.shape[1], seed=7)
     xt = ops.prepare_activation(x, wt.n_blocks, ops.tetra_kernel_tables("cpu").order)
     _bounded(ops.tetra48_matvec_prepared(xt, wt, 3), x, ref.tetra48_dequantize_rotated(wt))
-    wp = random_planes14(19, x.shape[1], seed=8)
+    wp = random_planes14(9, x.shape[1], seed=8)
     xq = ops.prepare_activation(x, wp.n_blocks, ops.planes14_m1_order("cpu"))
     plan = [(3, ops.default_config(3))]  # any m1 plan: the activation is in the m1 order
     _bounded(ops.planes14_matvec_planned(xq, wp, 3, plan), x, ref.planes14_dequantize_rotated(wp))
