@@ -138,6 +138,11 @@ def _matvec_rows(m_rows: int) -> bool:
     return m_rows < dense_min_rows() and not MMA_ROWS[0] <= m_rows <= mma_max_rows()
 
 
+def _call_sizes(m: int, step: int) -> set[int]:
+    """The distinct row counts of the calls that cover ``m`` rows ``step`` at a time."""
+    return {min(step, m - i) for i in range(0, m, step)}
+
+
 def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
     """Whether two rotations are the same matrix (both None, or equal width, signs and Q_odd)."""
     if a is None or b is None:
@@ -351,67 +356,64 @@ class LatticeGroup(nn.Module):
         m = int(inp.shape[0])
         xp = _prepared_buffer(inp.device, self.n_blocks, m)
         order, plans = self._launch_plan(m, inp.device)
-        recs = self._rotation_records(m, plans, inp.device)
+        step = self._call_rows(m, plans)
+        recs = self._rotation_records(m, step, plans, inp.device)
         filled = fill(inp, xp, order, recs)
-        return filled, self._matvecs(xp, m, plans, recs)
+        return filled, self._matvecs(xp, m, step, plans, recs)
+
+    def _on_int8(self, m: int, plans: dict | None = None) -> bool:
+        """Whether every part runs calls of ``m`` rows on the int8 kernel (``ops.imma_default``;
+        for Planes14 only with ``m1`` plans, which give the activation order it reads)."""
+        return (all(self._ops.imma_default(p, m) for p in self.parts)
+                and (plans is None or all(plans.values())))
 
     def _call_rows(self, m: int, plans: dict | None = None) -> int:
         """Activation rows per matvec call for ``m`` rows: up to ``ops.IMMA_ROWS`` (16) where
-        every part takes the int8 kernel for that many (for Planes14 only with ``m1`` plans,
-        which give the activation order it reads), else :data:`KERNEL_ROWS`."""
+        every part takes that many on the int8 kernel (:meth:`_on_int8`), else
+        :data:`KERNEL_ROWS`."""
         step = min(m, self._ops.IMMA_ROWS)
-        if (m > KERNEL_ROWS and all(self._ops.imma_default(p, step) for p in self.parts)
-                and (plans is None or all(plans.values()))):
-            return step
-        return KERNEL_ROWS
+        return step if m > KERNEL_ROWS and self._on_int8(step, plans) else KERNEL_ROWS
 
-    def _rotation_records(self, m: int, plans: dict | None, device: torch.device
+    def _rotation_records(self, m: int, step: int, plans: dict | None, device: torch.device
                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Buffers for the rotation to write the int8 kernel's activation records into (one
         launch fewer per input), or None: unless ``LEECHQ_ROT_RECORDS=0`` (read per call on the
-        host), for a one-group rotation (power-of-two width), rows in one matvec call
-        (:meth:`_call_rows`), and every part on the int8 kernel (:func:`ops.imma_default`;
-        Planes14 from its ``m1`` order). H200,
+        host), for a one-group rotation (power-of-two width) whose ``m`` rows go in one matvec
+        call (``step``: :meth:`_call_rows`) on the int8 kernel (:meth:`_on_int8`). H200,
         Qwen3-8B end to end, 2026-11-30: batch 4 571.6 → 585.2 tok/s, batch 8 1123.0 → 1150.2
         (BENCHMARKS.md §4); the default since then."""
-        ops = self._ops
         if (os.environ.get("LEECHQ_ROT_RECORDS", "1") == "0" or self.rot is None
-                or self.rot.odd != 1 or m > self._call_rows(m, plans)
-                or not all(ops.imma_default(p, m) for p in self.parts)
-                or (plans is not None and not all(plans.values()))):
+                or self.rot.odd != 1 or m > step or not self._on_int8(m, plans)):
             return None
         key = (str(device), self.n_blocks, m)
         if key not in _RECORDS:
-            _RECORDS[key] = ops.imma_records(self.n_blocks, device, m)
+            _RECORDS[key] = self._ops.imma_records(self.n_blocks, device, m)
         return _RECORDS[key]
 
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
-        """The prepared activation's order for ``m`` rows and, for Planes14, each (part, chunk
+        """The prepared activation's order for ``m`` rows and, for Planes14, each (part, call
         rows) → its ``m1`` launch groups (``ops.planes14_m1_groups``), or None per entry when any
-        chunk runs the tiled kernel (then all do, from the natural order)."""
+        call runs the tiled kernel (then all do, 8 rows at a time, from the natural order)."""
         if self.layout == "tetra48":
             return self.order, None
         ops = self._ops
-        step = self._call_rows(m)
-        chunks = {min(step, m - i) for i in range(0, m, step)}
         plans = {(j, r): ops.planes14_m1_groups(p, r, device)
-                 for j, p in enumerate(self.parts) for r in chunks}
+                 for j, p in enumerate(self.parts) for r in _call_sizes(m, self._call_rows(m))}
         if all(v is not None for v in plans.values()):
             return ops.planes14_order(device, True), plans
-        chunks = {min(KERNEL_ROWS, m - i) for i in range(0, m, KERNEL_ROWS)}  # the tiled kernel's
         return (ops.planes14_order(device, False),
-                {(j, r): None for j in range(len(self.parts)) for r in chunks})
+                {(j, r): None for j in range(len(self.parts))
+                 for r in _call_sizes(m, KERNEL_ROWS)})
 
-    def _matvecs(self, xp: torch.Tensor, m: int, plans: dict | None = None,
+    def _matvecs(self, xp: torch.Tensor, m: int, step: int, plans: dict | None = None,
                  recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Every part's matvec from the prepared activation ``xp`` (``m`` rows, :meth:`_call_rows`
-        per call) into one float32 [m, Σ d_out], plus the bias (``plans``: Planes14's, from
-        :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of ``xp``, written
-        by the rotation, when all ``m`` rows go in one call)."""
+        """Every part's matvec from the prepared activation ``xp`` (``m`` rows, ``step`` per
+        call: :meth:`_call_rows`) into one float32 [m, Σ d_out], plus the bias (``plans``:
+        Planes14's, from :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of
+        ``xp``, written by the rotation, when all ``m`` rows go in one call)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
-        step = self._call_rows(m, plans)
         for j, (part, off) in enumerate(zip(self.parts, self.offsets, strict=False)):
             for i in range(0, m, step):
                 r = min(step, m - i)

@@ -997,7 +997,7 @@ def imma_records(n_blocks: int, device: torch.device | str, m_rows: int = 8
             torch.zeros(ex_shape, dtype=torch.float32, device=device))
 
 
-def _record_shapes(npp: int, chunks: int = 1) -> tuple[tuple[int], tuple[int]]:
+def _record_shapes(npp: int, chunks: int) -> tuple[tuple[int], tuple[int]]:
     """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs and
     ``chunks`` chunks of 8 rows: the ``A`` words (``tetra48_imma.STEP_WORDS`` per 4-block step)
     and the exponents (8 rows per block), chunk after chunk."""
@@ -1086,6 +1086,7 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     or records; ``table``: the decode's staged table)."""
     _check_imma_rows(m_rows)
     _check_prepared(xp, m_rows, w.n_blocks, data.device, IMMA_ROWS)
+    chunks = imma_chunks(m_rows)
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
     _check_out(y, m_rows, w.d_out)
@@ -1093,13 +1094,12 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
         raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
     if k_per is None:
         k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step,
-                            imma_chunks(m_rows))
+                            chunks)
     if k_per < 4 or k_per % 4:
         raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
     if not w.d_out:
         return y
     npp = ref.prepared_pairs(w.n_blocks)
-    chunks = imma_chunks(m_rows)
     rec, ex = _check_acts(acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks),
                           npp, dev, chunks)
     slices = max(1, triton.cdiv(w.n_blocks, k_per))

@@ -76,9 +76,12 @@ lanes that hold nonzero words — block ``c`` of the step, activation-row parity
 
 
 @triton.jit
-def chunk_words(NPP):
-    """Words of one 8-row chunk of ``A`` records for ``NPP`` prepared pairs (``NPP / 2`` steps)."""
-    return (NPP // 2) * STEP_WORDS
+def chunk_of(rec_ptr, ex_ptr, row, NPP):
+    """Where activation row ``row``'s records are: its 8-row chunk's ``A`` words (``NPP / 2``
+    steps of ``STEP_WORDS``) and exponents (``16·NPP``: 8 rows × 2·NPP blocks), and its row within
+    the chunk."""
+    k = row // 8
+    return rec_ptr + k * (NPP // 2) * STEP_WORDS, ex_ptr + k * 16 * NPP, row % 8
 
 
 @triton.jit
@@ -86,8 +89,8 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
                            NPP: tl.constexpr, BLK: tl.constexpr, USE_ASM: tl.constexpr):
     """The ``A`` records and block exponents of activation row ``program_id(0)`` (0..15) from
     the prepared layout ``xp`` (``x_rows`` rows; rows ``≥ m_rows`` give zero records), for the
-    ``BLK`` block pairs of ``program_id(1)``. Rows come in chunks of 8 (chunk ``k`` at word
-    ``k·chunk_words(NPP)`` of ``rec`` and ``k·16·NPP`` of ``ex``); within its chunk, for row
+    ``BLK`` block pairs of ``program_id(1)``. Rows come in chunks of 8 (:func:`chunk_of`);
+    within its chunk, for row
     ``t`` (0..7), the limb word of block ``b`` (step ``b // 4``, position ``c = b mod 4``),
     section ``s`` and trio half ``half`` is at ``(b // 4)·STEP_WORDS + (t // 4)·HALF_WORDS
     + (limb·3 + s)·32 + (2c + t mod 2)·4 + (t // 2) mod 2 + 2·half`` (the fragment word
@@ -98,9 +101,7 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
     ok = pair < NPP
     xr = xp_ptr + tl.minimum(row, x_rows - 1) * stride_x + tl.where(ok, pair, 0)
     live = row < m_rows
-    rec_ptr += (row // 8) * chunk_words(NPP)
-    ex_ptr += (row // 8) * 16 * NPP
-    t = row % 8
+    rec_ptr, ex_ptr, t = chunk_of(rec_ptr, ex_ptr, row, NPP)
     q = t % 2
     r = (t // 2) % 2
     h = t // 4
@@ -130,9 +131,7 @@ def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
     fused round as :func:`.tetra48_m1._x_limbs`, bytes packed by shifts (disjoint, so the sum is
     an OR)."""
     live_row = row
-    rec_ptr += (row // 8) * chunk_words(NPP)
-    ex_ptr += (row // 8) * 16 * NPP
-    row = row % 8
+    rec_ptr, ex_ptr, row = chunk_of(rec_ptr, ex_ptr, row, NPP)
     r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
     sec = (r // 8) % 4
     pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
@@ -395,8 +394,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
     b_start = ks * K_PER
     b_stop = tl.minimum(b_start + K_PER, NB4)
     part = part_ptr + ks * 8 * CH * d_out
-    rec1 = rec_ptr + chunk_words(NPP)  # the second chunk's records (CH = 2)
-    ex1 = ex_ptr + 16 * NPP
+    rec1, ex1, _ = chunk_of(rec_ptr, ex_ptr, 8, NPP)  # the second chunk's records (CH = 2)
     for i in range(RG):
         ru = (tl.program_id(0) * RG + i) * NW * 8 * RPS + warp * 8 * RPS  # the warp's rows
         rv = ru + 8
