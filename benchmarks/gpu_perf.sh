@@ -58,6 +58,10 @@
 #            silu_mul_rotate): GPU tests at the Qwen3 widths and in the served model, the fullgraph
 #            compile test; bench arms norms vs norm-rotation (the rotation's cost is their
 #            difference) beside served and rotation; e2e 8B batch 1, fused pre-ops vs separate
+#   dequant  the dequantization kernels' store forms (session k: magic-number conversion, grouped
+#            column layout, 16-byte stores, geometry): their GPU tests (bit-exact against the twins,
+#            offline SASS), bench_dequant.py on Qwen3-8B groups, then the int8 kernel's GPU tests
+#            (review commit c782008, not run on a GPU in session j)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -220,8 +224,14 @@ e2esmall)
   e2e e2e-8b-small 400 --models qwen3-8b --arms fp16,tetra48 --batches 2,4,8 --skip-gates \
     --no-profile --budget-s 330
   ;;
+dequant)
+  gpu_tests tests-dequant 200 tests/kernels/test_triton_gpu.py -k "dense_path or dequant"
+  timeout 280 python benchmarks/bench_dequant.py --out "$OUT/dequant.json" 2>&1 \
+    | tee "$OUT/dequant.log" | grep -v '^{' | tail -60
+  gpu_tests tests-imma 100 tests/kernels/test_triton_gpu.py -k imma
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant)" >&2
   exit 2
   ;;
 esac

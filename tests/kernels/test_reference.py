@@ -62,6 +62,26 @@ def test_planes14_f16_twin_is_the_rotated_blocks_rounded() -> None:
     assert torch.allclose(got.double(), blocks, rtol=2**-11 + 2**-22, atol=0.0)
 
 
+def test_dequant_group_columns_layout() -> None:
+    """The grouped dequantized layout is a permutation of whole 8-column sections; within a group
+    the even blocks' sections come section-major, pair-minor (lane ``j`` of a warp stores unit
+    ``j`` of each run), then the odd blocks' — also for a short last group with an odd block
+    count; a width of whole groups is groups of 6 × 32 units."""
+    for n_blocks in (1, 2, 9, 64, 65, 170, 171, 512):
+        cols = ref.dequant_group_columns(n_blocks)
+        assert sorted(cols.tolist()) == list(range(24 * n_blocks)), n_blocks
+        unit = cols.view(-1, 8)
+        assert torch.equal(unit - unit[:, :1], torch.arange(8).expand_as(unit))
+        assert bool((unit[:, 0] % 8 == 0).all())
+    units = ref.dequant_group_columns(9)[::8] // 8  # 5 pairs, the last without its odd block
+    block, section = units // 3, units % 3
+    assert block.tolist() == [0, 2, 4, 6, 8] * 3 + [1, 3, 5, 7] * 3
+    assert section.tolist() == [0] * 5 + [1] * 5 + [2] * 5 + [0] * 4 + [1] * 4 + [2] * 4
+    units = ref.dequant_group_columns(130)[::8] // 8  # 65 pairs: groups of 32, 32, 1
+    assert (units[:192] // 3).tolist()[:33] == list(range(0, 64, 2)) + [0]
+    assert (units[192 * 2:] // 3).tolist() == [128] * 3 + [129] * 3
+
+
 def test_prepare_activation_index_map() -> None:
     torch.manual_seed(2)
     nb, d_in = 5, 5 * 24 + 3

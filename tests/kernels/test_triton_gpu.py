@@ -328,14 +328,24 @@ def test_no_local_memory() -> None:
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 
     dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32", "d_out": "i32"}
-    for vec in (False, True):
-        c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=170, NW=4, USE_ASM=True,
-                                                           VEC=vec), num_warps=4)
+    for vec, grouped in ((False, False), (True, False), (True, True)):
+        c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=171, NW=4, USE_ASM=True,
+                                                           VEC=vec, GROUPED=grouped), num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (vec, res)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (vec, mix)
         assert mix.get("STG", 0) == (6 if vec else 24), (vec, mix)  # per block pair
+        assert "I2F" not in mix, mix  # values become floats by the magic-number bit pattern
+
+
+def _dequant_forms() -> list:
+    """The dequantization forms the GPU tests compare with the default one."""
+    from leechq.kernels.triton.ops import DequantConfig
+
+    return [DequantConfig(vector_stores=True), DequantConfig(grouped=True),
+            DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=2),
+            DequantConfig(grouped=True, vector_stores=True, num_warps=16, programs_per_sm=1)]
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
@@ -348,10 +358,16 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     got = ops.tetra48_dequantize_f16(w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"),
                                                        dtype=torch.float16, device=DEV))
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
-    assert torch.equal(ops.tetra48_dequantize_f16(w, vector_stores=True), got)
+    want_grouped = ref.tetra48_dequantize_f16(w, grouped=True)
     x = torch.randn(m_rows, d_in, device=DEV)
-    y = ops.tetra48_matmul_dense(x, w)
-    assert _worst(y, x, ref.tetra48_dequantize_rotated(w)) <= 2e-3
+    dense = ref.tetra48_dequantize_rotated(w)
+    for cfg in _dequant_forms():
+        out = torch.full_like(got, float("nan"))
+        ops.tetra48_dequantize_f16(w, out=out, config=cfg)
+        assert torch.equal(out, want_grouped if cfg.grouped else got), cfg
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            assert _worst(ops.tetra48_matmul_dense(x, w), x, dense) <= 2e-3, cfg
 
 
 def test_planes14_dequant_compiles_clean() -> None:
@@ -363,15 +379,15 @@ def test_planes14_dequant_compiles_clean() -> None:
 
     sig = {"r_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32",
            "d_out": "i32"}
-    for sel in (True, False):
+    for sel, vec in ((True, False), (False, False), (True, True)):
         c = I.compile_for(planes14_dequant_kernel, sig, dict(N_BLOCKS=171, NW=4, SEL_TABLE=sel,
-                                                             USE_ASM=True),
+                                                             USE_ASM=True, VEC=vec, GROUPED=vec),
                           num_warps=4, aligned_ints=("d_out",))
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (sel, res)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
         assert "STS" not in mix and "BAR" not in mix, (sel, mix)
-        assert mix.get("STG", 0) == 24, (sel, mix)  # 12 int32 per record, two records
+        assert mix.get("STG", 0) == (6 if vec else 24), (sel, mix)  # per record pair
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
@@ -391,7 +407,16 @@ def test_planes14_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> 
         assert torch.equal(got, want), sel
     x = torch.randn(m_rows, d_in, device=DEV)
     y = ops.planes14_matmul_dense(x, w)
-    assert _worst(y, x, ref.planes14_dequantize_rotated(w)) <= 2e-3
+    dense = ref.planes14_dequantize_rotated(w)
+    assert _worst(y, x, dense) <= 2e-3
+    want_grouped = ref.planes14_dequantize_f16(w, grouped=True)
+    for cfg in _dequant_forms():
+        out = torch.full_like(want, float("nan"))
+        ops.planes14_dequantize_f16(w, out=out, config=cfg)
+        assert torch.equal(out, want_grouped if cfg.grouped else want), cfg
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            assert _worst(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3, cfg
     assert ops._check_planes14_dense(torch.device(DEV))
 
 

@@ -462,15 +462,22 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     got = ops.tetra48_dequantize_f16(w)
     assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
-    assert torch.equal(ops.tetra48_dequantize_f16(w, vector_stores=True), got)
+    vec = ops.DequantConfig(vector_stores=True, num_warps=1, programs_per_sm=1)
+    assert torch.equal(ops.tetra48_dequantize_f16(w, config=vec), got)
     dense = ref.tetra48_dequantize_rotated(w)  # f64, σ_row included
-    idx = ops.dequant_natural_index(w.n_blocks, "cpu")
-    assert sorted(idx.tolist()) == list(range(9 * 24))
-    back = got.double() * w.row_scales.double()[:, None]
-    assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
     x = torch.randn(13, w.d_in)
-    y = ops.tetra48_matmul_dense(x, w)
-    assert ref.row_bound_error(y, x, dense) <= 2e-3
+    for grouped in (False, True):
+        cfg = ops.DequantConfig(grouped=grouped, vector_stores=True)
+        got = ops.tetra48_dequantize_f16(w, config=cfg)
+        assert torch.equal(got, ref.tetra48_dequantize_f16(w, grouped=grouped)), grouped
+        idx = ops.dequant_natural_index(w.n_blocks, "cpu", grouped)
+        assert sorted(idx.tolist()) == list(range(9 * 24))
+        back = got.double() * w.row_scales.double()[:, None]
+        assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            y = ops.tetra48_matmul_dense(x, w)
+        assert ref.row_bound_error(y, x, dense) <= 2e-3
 
 
 def test_planes14_dequantize_f16_and_dense_matmul() -> None:
@@ -490,6 +497,16 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     x = torch.randn(13, w.d_in)
     y = ops.planes14_matmul_dense(x, w)
     assert ref.row_bound_error(y, x, dense) <= 2e-3
+    # the grouped layout with vector stores: the twin's columns, mapped back by the index
+    cfg = ops.DequantConfig(grouped=True, vector_stores=True)
+    got = ops.planes14_dequantize_f16(w, config=cfg)
+    assert torch.equal(got, ref.planes14_dequantize_f16(w, grouped=True))
+    idx = ops.planes14_dequant_natural_index(w.n_blocks, "cpu", grouped=True)
+    assert torch.allclose(got.double() * w.row_scales.double()[:, None], dense[:, idx],
+                          rtol=2**-10, atol=0.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+        assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     out = torch.empty(7, 9 * 24, dtype=torch.float32)
     with pytest.raises(InvalidInput, match="out"):
         ops.planes14_dequantize_f16(w, out=out)

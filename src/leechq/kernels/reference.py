@@ -193,10 +193,40 @@ def dequant_column_order(order: torch.Tensor) -> torch.Tensor:
     return order.to(torch.int64).cpu()[8 * s + 2 * i + h]
 
 
-def tetra48_dequantize_f16(w: Tetra48Weight) -> torch.Tensor:
-    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, in the column
-    order of :func:`dequant_column_order` — computed as the kernel does (the value in f32 times
-    ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook decoder."""
+DEQUANT_GROUP_PAIRS = 32
+"""Block pairs per column group of the grouped dequantized layout (``tetra48_dequant.GROUP_PAIRS``)."""
+
+
+def dequant_group_columns(n_blocks: int) -> torch.Tensor:
+    """int64 [24·n_blocks]: for each column of the *grouped* dequantized layout, the block-major
+    column (``24 b + k``) it holds. A row's block pairs go in groups of :data:`DEQUANT_GROUP_PAIRS`
+    (the last one shorter); a group holds the 8-column sections of its even blocks, section-major
+    and pair-minor, then those of its odd blocks (the last pair's odd block is absent when
+    ``n_blocks`` is odd) — so the dequantization kernel's consecutive lanes (pairs) store
+    consecutive 16-byte units."""
+    n_pairs = (n_blocks + 1) // 2
+    units = []
+    for g0 in range(0, n_pairs, DEQUANT_GROUP_PAIRS):
+        pairs = torch.arange(g0, min(n_pairs, g0 + DEQUANT_GROUP_PAIRS))
+        for half in (0, 1):
+            blocks = 2 * pairs + half
+            blocks = blocks[blocks < n_blocks]
+            units.append((3 * blocks[None, :] + torch.arange(3)[:, None]).reshape(-1))
+    unit = torch.cat(units) if units else torch.zeros(0, dtype=torch.int64)
+    return (8 * unit[:, None] + torch.arange(8)[None, :]).reshape(-1)
+
+
+def _grouped(matrix: torch.Tensor, n_blocks: int, grouped: bool) -> torch.Tensor:
+    """``matrix`` [d_out, 24·n_blocks] (block-major columns) in the grouped layout, or as is."""
+    return matrix[:, dequant_group_columns(n_blocks).to(matrix.device)] if grouped else matrix
+
+
+def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False) -> torch.Tensor:
+    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, each block's
+    columns in the order of :func:`dequant_column_order`, the blocks block-major or (``grouped``)
+    in the layout of :func:`dequant_group_columns` — computed as the kernel does (the value in
+    f32 times ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook
+    decoder."""
     from leechq.codebooks.tetra import decode
     from leechq.kernels.tables import tetra_kernel_tables
 
@@ -209,7 +239,8 @@ def tetra48_dequantize_f16(w: Tetra48Weight) -> torch.Tensor:
     scale = cent * invn
     cols = dequant_column_order(tetra_kernel_tables("cpu").order)
     vals = pts[:, :, cols].to(torch.float32) * scale[:, :, None]
-    return vals.to(torch.float16).reshape(w.d_out, -1).to(w.words.device)
+    out = vals.to(torch.float16).reshape(w.d_out, -1)
+    return _grouped(out, w.n_blocks, grouped).to(w.words.device)
 
 
 def _correctly_rounded_sqrt(values: torch.Tensor) -> torch.Tensor:
@@ -286,16 +317,19 @@ def planes14_dequantize_rotated(w: Planes14Weight) -> torch.Tensor:
     return _blocks_to_matrix(w, pts, gains, n2)
 
 
-def planes14_dequantize_f16(w: Planes14Weight) -> torch.Tensor:
+def planes14_dequantize_f16(w: Planes14Weight, grouped: bool = False) -> torch.Tensor:
     """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, natural column
-    order — computed as the kernel does (the value in f32 times ``f32(c_g) · f32(1/√(16 m))``,
-    rounded to float16), from the torch record decoder :func:`planes14_points`."""
+    order within each block, the blocks block-major or (``grouped``) in the layout of
+    :func:`dequant_group_columns` — computed as the kernel does (the value in f32 times
+    ``f32(c_g) · f32(1/√(16 m))``, rounded to float16), from the torch record decoder
+    :func:`planes14_points`."""
     pts, gains, n2 = planes14_points(w)
     invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
     invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
     cent = w.row_centroids.to(pts.device).gather(1, gains)  # float32 [d_out, nb]
     vals = pts.to(torch.float32) * (cent * invn)[:, :, None]
-    return vals.to(torch.float16).reshape(w.d_out, -1).to(w.records.device)
+    out = vals.to(torch.float16).reshape(w.d_out, -1)
+    return _grouped(out, w.n_blocks, grouped).to(w.records.device)
 
 
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:

@@ -790,26 +790,51 @@ def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
     return tetra48_matvec_prepared(xp, w, m_rows, config)
 
 
-def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
-                           vector_stores: bool | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` in word column order, without
-    σ_row (twin of ``reference.tetra48_dequantize_f16``; :mod:`.tetra48_dequant`).
+@dataclass(frozen=True)
+class DequantConfig:
+    """Geometry and store form of the dequantization kernels (:mod:`.tetra48_dequant`,
+    :mod:`.planes14_dequant`).
 
-    ``vector_stores``: write each section's 16 bytes with one ``st.global.v4`` (6 stores per block
-    pair instead of 24 in the SASS) — not yet timed on a GPU, so off unless asked for or
-    ``LEECHQ_DEQUANT_V4=1``."""
+    ``grouped``: the column layout of ``reference.dequant_group_columns`` (a warp's lanes store
+    consecutive 16-byte units) instead of block-major (each lane's 96 bytes apart from the next
+    lane's). ``vector_stores``: one ``st.global.v4`` per 8 values instead of four 4-byte stores.
+    ``programs_per_sm``: grid of the grid-stride loop (each program stages the decode table once;
+    at most 7 tables fit in an SM's shared memory)."""
+
+    grouped: bool = False
+    vector_stores: bool = False
+    num_warps: int = 4
+    programs_per_sm: int = 8
+
+
+DEQUANT_DEFAULT = DequantConfig()
+"""The dequantization geometry used when none is given (``LEECHQ_DEQUANT_GROUPED=1`` and
+``LEECHQ_DEQUANT_V4=1`` turn on the grouped layout and the vector stores)."""
+
+
+def dequant_config() -> DequantConfig:
+    """:data:`DEQUANT_DEFAULT` with the environment's overrides."""
+    cfg = DEQUANT_DEFAULT
+    for env, field in (("LEECHQ_DEQUANT_GROUPED", "grouped"), ("LEECHQ_DEQUANT_V4", "vector_stores")):
+        if env in os.environ:
+            cfg = replace(cfg, **{field: os.environ[env] == "1"})
+    return cfg
+
+
+def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
+                           config: DequantConfig | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
+    :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
+    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None."""
     _check_lattice(w, w.words, "words")
     dev = w.words.device
     out = _dequant_out(out, w, dev)
+    cfg = dequant_config() if config is None else config
     if w.d_out and w.n_blocks:
-        nw = 4
-        grid = _dequant_grid(w, dev, nw)
-        if vector_stores is None:
-            vector_stores = os.environ.get("LEECHQ_DEQUANT_V4", "0") == "1"
-        tetra48_dequant_kernel[(grid,)](
+        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
             w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=nw, USE_ASM=_use_asm(), VEC=bool(vector_stores), num_warps=nw,
-            num_stages=1,
+            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
+            GROUPED=cfg.grouped, num_warps=cfg.num_warps, num_stages=1,
         )
     return out
 
@@ -825,11 +850,16 @@ def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
     return out
 
 
-def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device, num_warps: int) -> int:
+def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
+                  cfg: DequantConfig) -> int:
     """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
-    item per lane, at most eight programs per SM (each stages the decode table once)."""
+    item per lane, at most ``cfg.programs_per_sm`` programs per SM."""
+    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.programs_per_sm < 1:
+        raise InvalidInput(f"dequantization geometry {cfg}: num_warps must be 1, 2, 4, 8 or 16 "
+                           "and programs_per_sm at least 1")
     items = w.d_out * ((w.n_blocks + 1) // 2)
-    return max(1, min(triton.cdiv(items, num_warps * 32), 8 * _sm_count(device)))
+    return max(1, min(triton.cdiv(items, cfg.num_warps * 32),
+                      cfg.programs_per_sm * _sm_count(device)))
 
 
 _BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
@@ -849,11 +879,37 @@ def _block_index(kind: str, n_blocks: int, device: torch.device | str,
     return _BLOCK_INDEX[key]
 
 
-def dequant_natural_index(n_blocks: int, device: torch.device | str) -> torch.Tensor:
+def dequant_natural_index(n_blocks: int, device: torch.device | str,
+                          grouped: bool = False) -> torch.Tensor:
     """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
-    :func:`tetra48_dequantize_f16` (cached per device and width)."""
-    return _block_index("dequant", n_blocks, device,
-                        lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
+    :func:`tetra48_dequantize_f16` in the block-major or ``grouped`` layout (cached per device,
+    width and layout)."""
+    blocks = _block_index("dequant", n_blocks, device,
+                          lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
+    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks
+
+
+_GROUPED_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def _grouped_index(kind: str, blocks: torch.Tensor, n_blocks: int, device: torch.device | str
+                   ) -> torch.Tensor:
+    """``blocks`` (int64 [24·n_blocks], a block-major column map on ``device``) taken in the
+    grouped layout's column order (cached per kind, device and width)."""
+    key = (kind, str(device), n_blocks)
+    if key not in _GROUPED_INDEX:
+        _GROUPED_INDEX[key] = blocks[ref.dequant_group_columns(n_blocks).to(blocks.device)]
+    return _GROUPED_INDEX[key]
+
+
+def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
+                                   grouped: bool = False) -> torch.Tensor | None:
+    """int64 [24·n_blocks]: the natural column of each column of :func:`planes14_dequantize_f16`
+    in the ``grouped`` layout (cached), or None for the block-major layout (natural order)."""
+    if not grouped:
+        return None
+    return _grouped_index("planes14", torch.arange(BLOCK * n_blocks, device=device), n_blocks,
+                          device)
 
 
 def _mma_block_columns() -> torch.Tensor:
@@ -869,8 +925,9 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
     applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.words.device, max_rows=None)
-    w16 = tetra48_dequantize_f16(w)
-    xq = x[:, dequant_natural_index(w.n_blocks, x.device)].to(torch.float16)
+    cfg = dequant_config()
+    w16 = tetra48_dequantize_f16(w, config=cfg)
+    xq = x[:, dequant_natural_index(w.n_blocks, x.device, cfg.grouped)].to(torch.float16)
     return _scale_and_tail((xq @ w16.T).float(), x, w)
 
 
@@ -1168,21 +1225,25 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
 
 
 def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
-                            selector_table: bool | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` in natural column order,
-    without σ_row (twin of ``reference.planes14_dequantize_f16``; :mod:`.planes14_dequant`).
-    ``selector_table`` as for :func:`planes14_matvec_m1_prepared`."""
+                            selector_table: bool | None = None,
+                            config: DequantConfig | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, natural
+    column order within each block, the blocks as :func:`planes14_dequant_natural_index` maps
+    them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
+    :mod:`.planes14_dequant`). ``selector_table`` as for :func:`planes14_matvec_m1_prepared`;
+    ``config``: :func:`dequant_config` if None."""
     _check_lattice(w, w.records, "records")
     dev = w.records.device
     out = _dequant_out(out, w, dev)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
+    cfg = dequant_config() if config is None else config
     if w.d_out and w.n_blocks:
-        nw = 4
-        planes14_dequant_kernel[(_dequant_grid(w, dev, nw),)](
+        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
             w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=nw, SEL_TABLE=bool(selector_table), USE_ASM=_use_asm(),
-            num_warps=nw, num_stages=1,
+            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=bool(selector_table),
+            USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
+            num_warps=cfg.num_warps, num_stages=1,
         )
     return out
 
@@ -1209,8 +1270,9 @@ def _check_planes14_dense(device: torch.device) -> bool:
 
     try:
         w = random_planes14(37, 13 * BLOCK + 5, seed=0x5EED, device=device)
-        want = ref.planes14_dequantize_f16(w)
-        same = all(torch.equal(planes14_dequantize_f16(w, selector_table=sel), want)
+        cfg = dequant_config()
+        want = ref.planes14_dequantize_f16(w, grouped=cfg.grouped)
+        same = all(torch.equal(planes14_dequantize_f16(w, selector_table=sel, config=cfg), want)
                    for sel in (True, False))
         if same:
             return True
@@ -1228,8 +1290,10 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     float16 rounding of values and activations; σ_row and the tail in float32). Twin of
     ``reference.planes14_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.records.device, max_rows=None)
-    w16 = planes14_dequantize_f16(w)
-    xq = x[:, : BLOCK * w.n_blocks].to(torch.float16)
+    cfg = dequant_config()
+    w16 = planes14_dequantize_f16(w, config=cfg)
+    idx = planes14_dequant_natural_index(w.n_blocks, x.device, cfg.grouped)
+    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
     return _scale_and_tail((xq @ w16.T).float(), x, w)
 
 

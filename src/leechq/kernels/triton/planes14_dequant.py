@@ -24,34 +24,32 @@ import triton.language as tl
 
 from leechq.kernels.triton.planes14 import load_record_pair
 from leechq.kernels.triton.planes14_m1 import _record_bytes
-from leechq.kernels.triton.tetra48_dequant import _store_words, pair_items
+from leechq.kernels.triton.tetra48_dequant import pair_items, pair_outputs, store_eight
 from leechq.kernels.triton.tetra48_m1 import stage_table
 
 
 @triton.jit
-def _dequant_record(A, B, C, D, cent0, cent1, tab_ptr, base, out, ok, SEL_TABLE: tl.constexpr,
-                    USE_ASM: tl.constexpr):
+def _dequant_record(A, B, C, D, cent0, cent1, tab_ptr, base, out, step, ok,
+                    SEL_TABLE: tl.constexpr, VEC: tl.constexpr, USE_ASM: tl.constexpr):
     """Decode one record per element (bits 0..31, 32..63, 64..95, 96..111 in ``A, B, C, D``) and
-    store its 24 float16 values (12 int32, natural order) at ``out``."""
+    store its 24 float16 values: natural coordinates ``8 s .. 8 s + 7`` at ``out + s · step``
+    (int32 units, 16 bytes each)."""
     quads, g, invw = _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE, USE_ASM)
     scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
     q0, q1, q2, q3, q4, q5 = quads
-    _store_words(out + 0, q0, scale, ok)
-    _store_words(out + 2, q1, scale, ok)
-    _store_words(out + 4, q2, scale, ok)
-    _store_words(out + 6, q3, scale, ok)
-    _store_words(out + 8, q4, scale, ok)
-    _store_words(out + 10, q5, scale, ok)
+    store_eight(out, q0, q1, scale, ok, VEC, USE_ASM)
+    store_eight(out + step, q2, q3, scale, ok, VEC, USE_ASM)
+    store_eight(out + 2 * step, q4, q5, scale, ok, VEC, USE_ASM)
 
 
 @triton.jit
 def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                            NW: tl.constexpr, SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+                            NW: tl.constexpr, SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr,
+                            VEC: tl.constexpr = False, GROUPED: tl.constexpr = False):
     """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the records (int32 words,
     ``7·⌈N_BLOCKS/2⌉`` per row); see the module docstring. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     STRIDE_W: tl.constexpr = 7 * NP
-    OUT_W: tl.constexpr = 12 * N_BLOCKS
     LANES: tl.constexpr = NW * 32
     base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     e = tl.arange(0, LANES)
@@ -62,9 +60,9 @@ def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: 
                                                       ok_o)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
-        out = out_ptr + row * OUT_W + 24 * pair
-        _dequant_record(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, out, ok_e,
-                        SEL_TABLE, USE_ASM)
+        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
+        _dequant_record(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, out_e, step_e,
+                        ok_e, SEL_TABLE, VEC, USE_ASM)
         _dequant_record((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
-                        (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base, out + 12,
-                        ok_o, SEL_TABLE, USE_ASM)
+                        (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base, out_o,
+                        step_o, ok_o, SEL_TABLE, VEC, USE_ASM)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from leechq.kernels.triton._bits import global_store128
+from leechq.kernels.triton._bits import byte_to_f32, global_store128, pack_f16x2
 from leechq.kernels.triton.tetra48_m1 import (
     decode_nibbles,
     inv_norm,
@@ -37,48 +37,53 @@ from leechq.kernels.triton.tetra48_m1 import (
 )
 
 
-@triton.jit
-def _pack_f16_pair(word, i: tl.constexpr, scale):
-    """Bytes ``i`` and ``i + 1`` of ``word`` (signed) times ``scale``, as two float16 in one int32
-    (byte ``i`` in the low half)."""
-    a = (((word >> (8 * i)) & 0xFF) ^ 0x80).to(tl.int32) - 0x80
-    b = (((word >> (8 * i + 8)) & 0xFF) ^ 0x80).to(tl.int32) - 0x80
-    fa = (a.to(tl.float32) * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    fb = (b.to(tl.float32) * scale).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    return fa | (fb << 16)
+GROUP_PAIRS = tl.constexpr(32)
+"""Block pairs per column group of the grouped layout (one warp's 32 lanes: 512-byte stores)."""
 
 
 @triton.jit
-def _store_words(ptr, word, scale, ok):
-    """The 4 values of one section half: two packed int32 at ``ptr``, ``ptr + 1``."""
-    tl.store(ptr, _pack_f16_pair(word, 0, scale), mask=ok)
-    tl.store(ptr + 1, _pack_f16_pair(word, 2, scale), mask=ok)
+def _f16_pair(biased, i: tl.constexpr, scale, USE_ASM: tl.constexpr):
+    """Bytes ``i`` and ``i + 1`` of ``biased`` (values + 128, uint32) times ``scale`` in f32,
+    rounded to float16 and packed in one int32 (byte ``i`` in the low half): the magic-number
+    float (no int→float conversion) and one packing conversion per two values."""
+    lo = byte_to_f32(biased, i, USE_ASM) * scale
+    hi = byte_to_f32(biased, i + 1, USE_ASM) * scale
+    return pack_f16x2(lo, hi, USE_ASM)
 
 
 @triton.jit
-def _store_section(ptr, ev, od, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """The 8 values of one section (even-nibble word, then odd): 16 bytes at ``ptr`` — one vector
-    store per element with ``VEC``, else four 4-byte stores."""
+def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Eight values (the signed bytes of ``a``, then of ``b``) times ``scale`` as float16: 16
+    bytes at ``ptr`` (int32 pointer) — one vector store per element with ``VEC``, else four
+    4-byte stores."""
+    qa = (a ^ 0x80808080).to(tl.uint32)
+    qb = (b ^ 0x80808080).to(tl.uint32)
+    w0 = _f16_pair(qa, 0, scale, USE_ASM)
+    w1 = _f16_pair(qa, 2, scale, USE_ASM)
+    w2 = _f16_pair(qb, 0, scale, USE_ASM)
+    w3 = _f16_pair(qb, 2, scale, USE_ASM)
     if VEC:
-        global_store128(ptr, _pack_f16_pair(ev, 0, scale), _pack_f16_pair(ev, 2, scale),
-                        _pack_f16_pair(od, 0, scale), _pack_f16_pair(od, 2, scale), ok, USE_ASM)
+        global_store128(ptr, w0, w1, w2, w3, ok, USE_ASM)
     else:
-        _store_words(ptr, ev, scale, ok)
-        _store_words(ptr + 2, od, scale, ok)
+        tl.store(ptr, w0, mask=ok)
+        tl.store(ptr + 1, w1, mask=ok)
+        tl.store(ptr + 2, w2, mask=ok)
+        tl.store(ptr + 3, w3, mask=ok)
 
 
 @triton.jit
-def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, ok, VEC: tl.constexpr,
-                   USE_ASM: tl.constexpr):
-    """Decode one block per element and store its 24 float16 values (12 int32) at ``out``."""
+def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
+                   VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Decode one block per element and store its 24 float16 values: section ``s`` (8 values,
+    16 bytes) at ``out + s · step`` (int32 units)."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
     scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM)
-    _store_section(out + 0, e1, o1, scale, ok, VEC, USE_ASM)
-    _store_section(out + 4, e2, o2, scale, ok, VEC, USE_ASM)
-    _store_section(out + 8, e3, o3, scale, ok, VEC, USE_ASM)
+    store_eight(out, e1, o1, scale, ok, VEC, USE_ASM)
+    store_eight(out + step, e2, o2, scale, ok, VEC, USE_ASM)
+    store_eight(out + 2 * step, e3, o3, scale, ok, VEC, USE_ASM)
 
 
 @triton.jit
@@ -93,13 +98,37 @@ def pair_items(item, n_items, NP: tl.constexpr, N_BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
+                 GROUPED: tl.constexpr):
+    """Where a block pair's values go (int32 pointers and section steps): the even block's first
+    section and step, the odd block's. ``GROUPED``: the layout of ``reference.dequant_group_columns``
+    (groups of :data:`GROUP_PAIRS` pairs; per group the even blocks' sections, section-major, then
+    the odd blocks'), so that consecutive lanes (pairs) store consecutive 16-byte units; else
+    block-major (block ``b`` at columns ``24 b .. 24 b + 23``)."""
+    row_out = out_ptr + row * (12 * N_BLOCKS)
+    if GROUPED:
+        GP: tl.constexpr = GROUP_PAIRS
+        LAST: tl.constexpr = (NP - 1) // GP
+        ODD: tl.constexpr = N_BLOCKS % 2
+        g = pair // GP
+        j = pair - g * GP
+        pg = tl.minimum(NP - g * GP, GP)
+        pg_odd = pg - tl.where(g == LAST, ODD, 0)
+        out_e = row_out + 4 * (6 * GP * g + j)
+        return out_e, 4 * pg, out_e + 12 * pg, 4 * pg_odd
+    else:
+        out_e = row_out + 24 * pair
+        return out_e, 4, out_e + 12, 4
+
+
+@triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                           NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False):
+                           NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
+                           GROUPED: tl.constexpr = False):
     """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words; see the module
     docstring. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
-    OUT_W: tl.constexpr = 12 * N_BLOCKS
     LANES: tl.constexpr = NW * 32
     base = stage_table(tab_ptr, d_out, USE_ASM)
     e = tl.arange(0, LANES)
@@ -110,7 +139,8 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
         w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
-        out = out_ptr + row * OUT_W + 24 * pair
-        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out, ok_e, VEC, USE_ASM)
+        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
+        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                       USE_ASM)
         _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
-                       out + 12, ok_o, VEC, USE_ASM)
+                       out_o, step_o, ok_o, VEC, USE_ASM)
