@@ -29,6 +29,9 @@ What it does, in order:
    * ``tetra48-dense129`` (diagnostic): ``tetra48`` with ``LEECHQ_DENSE_MIN_ROWS=129`` — up to
      128 rows (prompts and batches) on the lattice matvec, 16 rows per int8 launch, instead of the
      float16 dequantized copy from ``DENSE_MIN_ROWS`` (17 when this arm was added, 65 since);
+   * ``tetra48-dense9``, ``ball-dense9`` (diagnostic): ``tetra48`` and ``ball`` with
+     ``LEECHQ_DENSE_MIN_ROWS=9`` — the float16 dequantized copy from 9 rows (after the coalesced
+     dequantization of session k);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -364,7 +367,8 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
-                 "tetra48-norotrec", "tetra48-dense129", "ball"):
+                 "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
+                 "ball-dense9"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -378,7 +382,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 head_kind="int4" if q4 else "dense",
                 rotate=arm != "tetra48-norot",
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
-                codebook="ball" if arm == "ball" else "tetra",
+                codebook="ball" if arm.startswith("ball") else "tetra",
             )
         info["paths"] = execution_paths(model)
     else:
@@ -487,7 +491,9 @@ def bench_model(
 
 ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_MMA": "1"},
            "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"},
-           "tetra48-dense129": {"LEECHQ_DENSE_MIN_ROWS": "129"}}
+           "tetra48-dense129": {"LEECHQ_DENSE_MIN_ROWS": "129"},
+           "tetra48-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
+           "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -550,7 +556,8 @@ def _bench_engine(name: str, arm: str, model: Any, info: dict[str, Any], batches
         results.append(row)
         log(
             f"{name} {arm} batch {b}: {r['tok_s']} tok/s ({r['ms_per_step']} ms/step), "
-            f"ratio {row['ratio_vs_fp16']}, peak {r['peak_vram_gb']} GB"
+            f"ratio {row['ratio_vs_fp16']}, prefill {r.get('prefill_ms')} ms, "
+            f"peak {r['peak_vram_gb']} GB"
         )
     del engine
 
@@ -605,7 +612,7 @@ def parse() -> argparse.Namespace:
         "--arms",
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
-        "tetra48-norotrec,tetra48-dense129,ball,hf-fp16",
+        "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -62,6 +62,10 @@
 #            column layout, 16-byte stores, geometry): their GPU tests (bit-exact against the twins,
 #            offline SASS), bench_dequant.py on Qwen3-8B groups, then the int8 kernel's GPU tests
 #            (review commit c782008, not run on a GPU in session j)
+#   densek   the serving GPU tests on the new dequantization default, then where the float16
+#            copy starts to pay now that it is 7.5x faster: e2e Tetra at batch 1 (32-row prompt),
+#            16, 32 and 64 with the copy from 65 rows (default) and from 9 (arm tetra48-dense9)
+#   densekb  the same for the ball model (arms ball, ball-dense9) at batch 1, 16 and 64
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -230,8 +234,17 @@ dequant)
     | tee "$OUT/dequant.log" | grep -v '^{' | tail -60
   gpu_tests tests-imma 100 tests/kernels/test_triton_gpu.py -k imma
   ;;
+densek)
+  gpu_tests tests-serve-k 200 tests/serve/test_gpu.py
+  e2e e2e-8b-densek 380 --models qwen3-8b --arms fp16,tetra48,tetra48-dense9 --batches 1,16,32,64 \
+    --skip-gates --no-profile --budget-s 350
+  ;;
+densekb)
+  e2e e2e-8b-densekb 380 --models qwen3-8b --arms ball,ball-dense9 --batches 1,16,64 \
+    --skip-gates --no-profile --budget-s 350
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb)" >&2
   exit 2
   ;;
 esac

@@ -339,11 +339,16 @@ def test_no_local_memory() -> None:
         assert "I2F" not in mix, mix  # values become floats by the magic-number bit pattern
 
 
+def _ops_default():
+    """The dequantization form the serving path uses (``ops.DEQUANT_DEFAULT``)."""
+    return _ops().DEQUANT_DEFAULT
+
+
 def _dequant_forms() -> list:
     """The dequantization forms the GPU tests compare with the default one."""
     from leechq.kernels.triton.ops import DequantConfig
 
-    return [DequantConfig(vector_stores=True), DequantConfig(grouped=True),
+    return [DequantConfig(vector_stores=True), DequantConfig(grouped=True), _ops_default(),
             DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=2),
             DequantConfig(grouped=True, vector_stores=True, num_warps=16, programs_per_sm=1)]
 
@@ -356,7 +361,8 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device=DEV)
     got = ops.tetra48_dequantize_f16(w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"),
-                                                       dtype=torch.float16, device=DEV))
+                                                       dtype=torch.float16, device=DEV),
+                                     config=ops.DequantConfig())
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
     want_grouped = ref.tetra48_dequantize_f16(w, grouped=True)
     x = torch.randn(m_rows, d_in, device=DEV)
@@ -403,7 +409,7 @@ def test_planes14_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> 
     for sel in (True, False):
         got = ops.planes14_dequantize_f16(
             w, out=torch.full((d_out, 24 * w.n_blocks), float("nan"), dtype=torch.float16,
-                              device=DEV), selector_table=sel)
+                              device=DEV), selector_table=sel, config=ops.DequantConfig())
         assert torch.equal(got, want), sel
     x = torch.randn(m_rows, d_in, device=DEV)
     y = ops.planes14_matmul_dense(x, w)

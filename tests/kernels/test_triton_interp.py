@@ -459,11 +459,11 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     and the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
     ops = _ops()
     w = random_tetra48(7, 9 * 24 + 5, seed=9)
-    got = ops.tetra48_dequantize_f16(w)
+    got = ops.tetra48_dequantize_f16(w)  # the default form: grouped, 16-byte stores
     assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
-    assert torch.equal(got, ref.tetra48_dequantize_f16(w))
-    vec = ops.DequantConfig(vector_stores=True, num_warps=1, programs_per_sm=1)
-    assert torch.equal(ops.tetra48_dequantize_f16(w, config=vec), got)
+    assert torch.equal(got, ref.tetra48_dequantize_f16(w, grouped=ops.dequant_config().grouped))
+    blocks = ops.DequantConfig(num_warps=1, programs_per_sm=1)
+    assert torch.equal(ops.tetra48_dequantize_f16(w, config=blocks), ref.tetra48_dequantize_f16(w))
     dense = ref.tetra48_dequantize_rotated(w)  # f64, σ_row included
     x = torch.randn(13, w.d_in)
     for grouped in (False, True):
@@ -487,16 +487,18 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
     ops = _ops()
     w = random_planes14(7, 9 * 24 + 5, seed=9)
-    got = ops.planes14_dequantize_f16(w)
+    blocks = ops.DequantConfig()  # block-major: natural column order
+    got = ops.planes14_dequantize_f16(w, config=blocks)
     assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
     assert torch.equal(got, ref.planes14_dequantize_f16(w))
-    assert torch.equal(ops.planes14_dequantize_f16(w, selector_table=False), got)
+    assert torch.equal(ops.planes14_dequantize_f16(w, selector_table=False, config=blocks), got)
     dense = ref.planes14_dequantize_rotated(w)  # f64, σ_row included, natural order
     back = got.double() * w.row_scales.double()[:, None]
     assert torch.allclose(back, dense[:, : 9 * 24], rtol=2**-10, atol=0.0)
     x = torch.randn(13, w.d_in)
-    y = ops.planes14_matmul_dense(x, w)
-    assert ref.row_bound_error(y, x, dense) <= 2e-3
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "DEQUANT_DEFAULT", blocks)
+        assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     # the grouped layout with vector stores: the twin's columns, mapped back by the index
     cfg = ops.DequantConfig(grouped=True, vector_stores=True)
     got = ops.planes14_dequantize_f16(w, config=cfg)

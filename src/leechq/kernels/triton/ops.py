@@ -807,9 +807,12 @@ class DequantConfig:
     programs_per_sm: int = 8
 
 
-DEQUANT_DEFAULT = DequantConfig()
-"""The dequantization geometry used when none is given (``LEECHQ_DEQUANT_GROUPED=1`` and
-``LEECHQ_DEQUANT_V4=1`` turn on the grouped layout and the vector stores)."""
+DEQUANT_DEFAULT = DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=4)
+"""The dequantization form used when none is given: the grouped layout with 16-byte stores, 8
+warps, 4 programs per SM (H200, Qwen3-8B groups, 2026-12-01: a whole step's Tetra copies in 5.40 ms
+and Planes14 in 5.88 against 40.5 and 44.8 block-major with 4-byte stores; ``Tensor.fill_`` of the
+same bytes 4.70 ms; BENCHMARKS.md §4 session k). ``LEECHQ_DEQUANT_GROUPED=0`` and
+``LEECHQ_DEQUANT_V4=0`` turn the layout and the vector stores off."""
 
 
 def dequant_config() -> DequantConfig:
