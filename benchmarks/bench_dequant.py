@@ -8,7 +8,8 @@ and every Planes14 record index allow) and per form: median ms of one dequantiza
 groups times the layers). Controls: ``fill`` (``Tensor.fill_`` of the same float16 buffer: the
 write floor) and ``fp16-gemm`` (cuBLAS on a float16 weight of the same shape). Then the dense path
 itself (``ops.*_matmul_dense``: dequantization, activation gather, GEMM, σ_row) at a few row
-counts under the default form, beside cuBLAS fp16 alone. Every form is first checked bit for bit
+counts under the default form, whole or in row chunks (``--chunks``, MB of float16 per chunk),
+beside cuBLAS fp16 alone — these replayed from CUDA graphs (median of replays of 10 calls). Every form is first checked bit for bit
 against its reference twin on a 96-row record of each width.
 
 Prints a table; the last line is one JSON object (also written to ``--out``)."""
@@ -19,7 +20,7 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import date
 from pathlib import Path
 
@@ -53,12 +54,39 @@ def _bench(fn, reps: int) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=reps, return_mode="median"))
 
 
+def _bench_graph(fn, reps: int, calls: int = 10) -> float:
+    """Median ms of one ``fn()`` replayed from a CUDA graph of ``calls`` calls (no launch
+    overhead; a chunked product launches tens of kernels)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(max(5, reps // 4)):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return float(sorted(times)[len(times) // 2])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--layouts", default="tetra48,planes14")
     ap.add_argument("--forms", default=",".join(FORMS))
     ap.add_argument("--rows", default="32,64,256", help="activation rows of the dense-path arms")
+    ap.add_argument("--chunks", default="0", help="row-chunk sizes (MB) of the dense-path arms")
     ap.add_argument("--reps", type=int, default=60, help="milliseconds of timed runs per arm")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -74,7 +102,7 @@ def main() -> None:
     model = MODELS[args.model]
     shapes = {n: (o, i) for n, o, i in model.linears()}
     groups = [("+".join(g), sum(shapes[n][0] for n in g), shapes[g[0]][1]) for g in model.groups()]
-    forms = {name: ops.DequantConfig(**FORMS[name]) for name in args.forms.split(",")}
+    forms = {name: ops.DequantConfig(**FORMS[name]) for name in args.forms.split(",") if name}
     layouts = args.layouts.split(",")
     make = {"tetra48": random_tetra48, "planes14": random_planes14}
     dequant = {"tetra48": ops.tetra48_dequantize_f16, "planes14": ops.planes14_dequantize_f16}
@@ -122,17 +150,23 @@ def main() -> None:
         results.append(dict(kind="dequant-step", layout=layout, arm=name, ms=round(ms, 3)))
 
     default = ops.dequant_config()
-    print(f"\ndense path under the default form {default}:")
+    chunks = [float(c) for c in args.chunks.split(",")]
+    print(f"\ndense path under the default form {default}, row chunks of {chunks} MB:")
     for m in [int(r) for r in args.rows.split(",")]:
-        tot = {"fp16-gemm": 0.0, **{lay: 0.0 for lay in layouts}}
+        arms = ["fp16-gemm"] + [f"{lay}-c{c:g}" for lay in layouts for c in chunks]
+        tot = dict.fromkeys(arms, 0.0)
         for gname, d_out, d_in in groups:
             x = torch.randn(m, d_in, device=dev)
             w16 = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
             x16 = x.half()
-            tot["fp16-gemm"] += _bench(lambda x16=x16, w16=w16: x16 @ w16.T, args.reps)
+            tot["fp16-gemm"] += _bench_graph(lambda x16=x16, w16=w16: x16 @ w16.T, args.reps)
             for layout in layouts:
                 w = make[layout](d_out, d_in, seed=d_out + d_in, device=dev)
-                tot[layout] += _bench(lambda x=x, w=w, lay=layout: matmul[lay](x, w), args.reps)
+                for c in chunks:
+                    ops.DEQUANT_DEFAULT = replace(default, chunk_mb=c)
+                    tot[f"{layout}-c{c:g}"] += _bench_graph(
+                        lambda x=x, w=w, lay=layout: matmul[lay](x, w), args.reps)
+                ops.DEQUANT_DEFAULT = default
             del w16
         for arm, ms in tot.items():
             step_ms = ms * model.layers

@@ -62,8 +62,7 @@ def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, r
     ("0", 12, "matvec"), ("0", 17, "dense")])
 def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
                                  path: str) -> None:
-    """Up to ``DENSE_MIN_ROWS - 1`` rows (64; here 16, ``LEECHQ_DENSE_MIN_ROWS=17``, to keep the
-    interpreter's rows few) take the lattice matvec by default (12 rows: an 8-row and a 4-row
+    """Up to ``DENSE_MIN_ROWS - 1`` rows (16) take the lattice matvec by default (12 rows: an 8-row and a 4-row
     call, the interpreter having no int8 kernel) and more the dequantized copy;
     ``LEECHQ_MMA=1`` sends 9..64 rows to the batched tensor-core kernel. Every path stays within
     its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
@@ -193,13 +192,23 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     ys = group.forward_silu_mul(gate_up, torch.float16)
     ys_want = group(silu_mul(gate_up, torch.float16))
     assert (ys - ys_want).abs().max().item() <= 2e-3 * ys_want.abs().max().item()
-    # where the group does not take a pre-op: no rotation, the dequantized copy or the batched
-    # tensor-core kernel, switched off (11 rows run the matvec: they do)
+    # the many-row path (the dequantized copy from DENSE_MIN_ROWS rows) takes them too: the
+    # rotation then writes natural order
+    m = DENSE_MIN_ROWS
+    assert group.fuses_pre_ops(m)
+    xm = torch.randn(m, 72, generator=g).half()
+    dm = torch.randn(m, 72, generator=g)
+    rm, ym = group.forward_add_norm(xm, dm, weight, 1e-6)
+    assert torch.equal(rm, xm + dm.half())
+    ym_want = group(rms_norm(rm, weight, 1e-6))
+    assert (ym - ym_want).abs().max().item() <= 2e-3 * ym_want.abs().max().item()
+    gm = torch.randn(m, 144, generator=g) * 3
+    ysm = group.forward_silu_mul(gm, torch.float16)
+    ysm_want = group(silu_mul(gm, torch.float16))
+    assert (ysm - ysm_want).abs().max().item() <= 2e-3 * ysm_want.abs().max().item()
+    # where the group does not take a pre-op: no rotation, or switched off
     plain = TetraGroup.from_records(_records(False), [None, None], "cpu")
     assert not plain.fuses_pre_ops(1)
-    assert group.fuses_pre_ops(11) and not group.fuses_pre_ops(DENSE_MIN_ROWS)
-    monkeypatch.setenv("LEECHQ_MMA", "1")
-    assert not group.fuses_pre_ops(11)
     monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
     assert not group.fuses_pre_ops(1)
 
@@ -261,22 +270,18 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     assert calls == [20]
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     monkeypatch.delenv("LEECHQ_P14_DENSE")
-    assert group.fuses_pre_ops(19) and not group.fuses_pre_ops(20)
+    assert group.fuses_pre_ops(19) and group.fuses_pre_ops(20)
 
 
 def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
-    """A rotated ball group takes the norm and the SwiGLU into its rotation launch on its matvec
-    path (below ``DENSE_MIN_ROWS`` rows, or at any count with ``LEECHQ_P14_DENSE=0``); Tetra and
+    """A rotated ball group takes the norm and the SwiGLU into its rotation launch at any row
+    count (the prepared layout for its matvec, natural order for its dequantized copy); Tetra and
     ball records never share a group."""
     from leechq.kernels.reference import rms_norm, silu_mul
     from leechq.serve.fused import LatticeGroup, group_from_records
 
     group = LatticeGroup.from_records(_ball_records(True), [None, None], "cpu")
-    assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS - 1)
-    assert not group.fuses_pre_ops(DENSE_MIN_ROWS)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LEECHQ_P14_DENSE", "0")
-        assert group.fuses_pre_ops(DENSE_MIN_ROWS)
+    assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, 72, generator=g).half()
     delta = torch.randn(1, 72, generator=g)

@@ -21,10 +21,11 @@ On that matvec path the serving model also hands a group the *pre-op* that makes
 on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
 never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
 
-Up to 64 rows run the lattice matvec, 16 rows per int8 tensor-core launch (8 per launch group
-elsewhere). With ``M ≥ DENSE_MIN_ROWS`` rows (long prompts, batches above 64) the group rotates
-once in natural order and multiplies a float16 dequantized copy of each part on cuBLAS
-(``ops.tetra48_matmul_dense``): one decode per call instead of one per 16 rows. (The batched
+Up to 16 rows run the lattice matvec in one int8 tensor-core launch (8 per launch group
+elsewhere). With ``M ≥ DENSE_MIN_ROWS`` rows (prompts, batches above 16) the group rotates
+once in natural order (the norm or SwiGLU fused into that launch) and multiplies a float16
+dequantized copy of each part on cuBLAS (``ops.tetra48_matmul_dense``): one decode per call
+instead of one per 16 rows. (The batched
 tensor-core kernel ``ops.tetra48_matmul_mma`` served 9..16 rows until it measured slower than the
 int8 kernel; ``LEECHQ_MMA=1``, :data:`MMA_ROWS`.)
 
@@ -62,16 +63,16 @@ four per launch) — except where every part runs the int8 tensor-core kernel fo
 (``ops.imma_default``: up to ``ops.IMMA_ROWS`` = 16 rows in one call, each decoded block meeting
 them all; :meth:`LatticeGroup._call_rows`)."""
 
-DENSE_MIN_ROWS = 65
+DENSE_MIN_ROWS = 17
 """From this many activation rows on (``LEECHQ_DENSE_MIN_ROWS`` overrides, :func:`dense_min_rows`),
 a group runs its parts as float16 dequantized copies on cuBLAS (one decode per call, then a
 tensor-core GEMM: ``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``) instead of the
 lattice matvec, which decodes every block once per call of up to 16 rows. H200, Qwen3-8B end
-to end, 2026-11-30 (BENCHMARKS.md §4): the copy costs ≈ 44 ms per step whatever the rows (decode
-at batch 32 48.6 ms, 64 49.7 ms), the int8 kernel ≈ 3.5–4 ms per 16 rows beyond the first call
-(batch 16 9.15 ms, 32 17.0, 64 32.4), so up to 64 rows stay on the lattice matvec. A 32-row
-prompt took 102 ms on it against 89 ms on the copy (eager, once per prompt); the ball codebook's
-256-row prompt takes 80.6 ms on its copy (849 on the lattice kernel before the copy existed)."""
+to end, 2026-12-01 (BENCHMARKS.md §4 session k): with the grouped dequantization (a step's
+copies 5.4 ms, 40.5 before) decode on the copy takes 13.8 / 14.0 / 15.0 ms per step at batch
+16 / 32 / 64, on the int8 kernel (16 rows per call) 9.17 / 17.0 / 32.4 — so 16 rows stay on
+the lattice matvec and 17 or more take the copy (65 until then, when the copy cost ≈ 44 ms per
+step)."""
 
 MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
 """Activation rows (inclusive range) the batched tensor-core kernel (``ops.tetra48_matmul_mma``:
@@ -295,14 +296,24 @@ class LatticeGroup(nn.Module):
         x2 = x.reshape(-1, self.d_in)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        m = int(x2.shape[0])
-        if self.layout == "tetra48" and MMA_ROWS[0] <= m <= mma_max_rows():
-            return self._forward_dense(x2, ops.tetra48_matmul_mma).reshape(*lead, self.d_out)
-        if self.layout == "tetra48" and m >= dense_min_rows():
-            return self._forward_dense(x2, ops.tetra48_matmul_dense).reshape(*lead, self.d_out)
-        if self.layout == "planes14" and not self._matvec_path(m):
-            return self._forward_dense(x2, ops.planes14_matmul_dense).reshape(*lead, self.d_out)
+        matmul = self._many_rows(int(x2.shape[0]))
+        if matmul is not None:
+            xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
+            return self._dense_products(xr, matmul).reshape(*lead, self.d_out)
         return self._prepared_matvecs(x2, self._fill)[1].reshape(*lead, self.d_out)
+
+    def _many_rows(self, m_rows: int) -> Any:
+        """The many-row product ``matmul(x, part)`` that serves ``m_rows`` rows from the rotated
+        activation in natural order — the float16 dequantized copy on cuBLAS
+        (``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``) or, for :data:`MMA_ROWS`
+        rows of Tetra under ``LEECHQ_MMA=1``, the tensor-core kernel — or None where the lattice
+        matvec serves them (:meth:`_matvec_path`)."""
+        ops = self._ops
+        if self.layout == "tetra48" and MMA_ROWS[0] <= m_rows <= mma_max_rows():
+            return ops.tetra48_matmul_mma
+        if self._matvec_path(m_rows):
+            return None
+        return ops.tetra48_matmul_dense if self.layout == "tetra48" else ops.planes14_matmul_dense
 
     def _matvec_path(self, m_rows: int) -> bool:
         """Whether ``m_rows`` rows run the lattice matvec from the prepared activation: for Tetra
@@ -317,10 +328,10 @@ class LatticeGroup(nn.Module):
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
         rotation launch (:meth:`forward_add_norm`, :meth:`forward_silu_mul`) for ``m_rows`` rows: a
-        rotated group on its matvec path (not the tensor-core or dequantized one), unless
-        ``LEECHQ_FUSE_PRE=0`` (read per call, on the host)."""
-        return (self.rot is not None and self._matvec_path(m_rows)
-                and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0")
+        rotated group (on the matvec path the rotation writes the prepared layout, on the
+        many-row paths natural order), unless ``LEECHQ_FUSE_PRE=0`` (read per call, on the
+        host)."""
+        return self.rot is not None and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0"
 
     def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,9 +342,14 @@ class LatticeGroup(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
-        (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
-            self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                  out=xp, records=recs)))
+        matmul = self._many_rows(int(x2.shape[0]))
+        if matmul is not None:
+            r, xr = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2)
+            y = self._dense_products(xr, matmul)
+        else:
+            (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
+                self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
+                                      out=xp, records=recs)))
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -342,9 +358,13 @@ class LatticeGroup(nn.Module):
         Only where :meth:`fuses_pre_ops` holds."""
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
-        _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
-            self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
-                                      records=recs)))
+        matmul = self._many_rows(int(g2.shape[0]))
+        if matmul is not None:
+            y = self._dense_products(self._ops.silu_mul_rotate(g2, dtype, self.rot), matmul)
+        else:
+            _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
+                self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
+                                          records=recs)))
         return y.reshape(*lead, self.d_out)
 
     def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
@@ -427,14 +447,12 @@ class LatticeGroup(nn.Module):
             y = y + self.bias
         return y
 
-    def _forward_dense(self, x2: torch.Tensor, matmul: Any) -> torch.Tensor:
-        """Many rows (a prompt, a batch): rotate once in natural order, then each part through
-        ``matmul(x, part)`` — a float16 dequantized copy on cuBLAS (``ops.tetra48_matmul_dense``,
-        ``ops.planes14_matmul_dense``) or, for :data:`MMA_ROWS` rows of Tetra, the tensor-core
-        kernel (``ops.tetra48_matmul_mma``)."""
-        ops = self._ops
-        xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
-        y = torch.cat([matmul(xr, part) for part in self.parts], dim=-1)
+    def _dense_products(self, xr: torch.Tensor, matmul: Any) -> torch.Tensor:
+        """Many rows (a prompt, a batch) from the rotated activation ``xr`` [m, d_in] (natural
+        order): each part through ``matmul(xr, part)`` (:meth:`_many_rows`), then the bias:
+        float32 [m, Σ d_out]."""
+        ys = [matmul(xr, part) for part in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
             y = y + self.bias
         return y
