@@ -8,8 +8,8 @@ and every Planes14 record index allow) and per form: median ms of one dequantiza
 groups times the layers). Controls: ``fill`` (``Tensor.fill_`` of the same float16 buffer: the
 write floor) and ``fp16-gemm`` (cuBLAS on a float16 weight of the same shape). Then the dense path
 itself (``ops.*_matmul_dense``: dequantization, activation gather, GEMM, σ_row) at a few row
-counts under the default form, whole or in row chunks (``--chunks``, MB of float16 per chunk),
-beside cuBLAS fp16 alone — these replayed from CUDA graphs (median of replays of 10 calls). Every form is first checked bit for bit
+counts under the default form, beside cuBLAS fp16 alone — these replayed from CUDA graphs (median
+of replays of 10 calls). Every form is first checked bit for bit
 against its reference twin on a 96-row record of each width.
 
 Prints a table; the last line is one JSON object (also written to ``--out``)."""
@@ -20,7 +20,7 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
@@ -86,7 +86,6 @@ def main() -> None:
     ap.add_argument("--layouts", default="tetra48,planes14")
     ap.add_argument("--forms", default=",".join(FORMS))
     ap.add_argument("--rows", default="32,64,256", help="activation rows of the dense-path arms")
-    ap.add_argument("--chunks", default="0", help="row-chunk sizes (MB) of the dense-path arms")
     ap.add_argument("--reps", type=int, default=60, help="milliseconds of timed runs per arm")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -150,11 +149,9 @@ def main() -> None:
         results.append(dict(kind="dequant-step", layout=layout, arm=name, ms=round(ms, 3)))
 
     default = ops.dequant_config()
-    chunks = [float(c) for c in args.chunks.split(",")]
-    print(f"\ndense path under the default form {default}, row chunks of {chunks} MB:")
+    print(f"\ndense path under the default form {default}:")
     for m in [int(r) for r in args.rows.split(",")]:
-        arms = ["fp16-gemm"] + [f"{lay}-c{c:g}" for lay in layouts for c in chunks]
-        tot = dict.fromkeys(arms, 0.0)
+        tot = dict.fromkeys(["fp16-gemm", *layouts], 0.0)
         for gname, d_out, d_in in groups:
             x = torch.randn(m, d_in, device=dev)
             w16 = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
@@ -162,11 +159,8 @@ def main() -> None:
             tot["fp16-gemm"] += _bench_graph(lambda x16=x16, w16=w16: x16 @ w16.T, args.reps)
             for layout in layouts:
                 w = make[layout](d_out, d_in, seed=d_out + d_in, device=dev)
-                for c in chunks:
-                    ops.DEQUANT_DEFAULT = replace(default, chunk_mb=c)
-                    tot[f"{layout}-c{c:g}"] += _bench_graph(
-                        lambda x=x, w=w, lay=layout: matmul[lay](x, w), args.reps)
-                ops.DEQUANT_DEFAULT = default
+                tot[layout] += _bench_graph(lambda x=x, w=w, lay=layout: matmul[lay](x, w),
+                                            args.reps)
             del w16
         for arm, ms in tot.items():
             step_ms = ms * model.layers

@@ -67,9 +67,14 @@
 #            16, 32 and 64 with the copy from 65 rows (default) and from 9 (arm tetra48-dense9)
 #   densekb  the same for the ball model (arms ball, ball-dense9) at batch 1, 16 and 64
 #   densek2  session k's defaults (the copy from 17 rows, the norm/SwiGLU fused into its rotation,
-#            σ_row and the tail in two launches): the dense path whole and in L2-sized row chunks
-#            (bench_dequant --chunks), dense-path and serving GPU tests, then e2e
+#            σ_row and the tail in two launches): the dense path per step (bench_dequant; on
+#            2026-12-01 also in L2-sized row chunks, measured slower and removed), dense-path and
+#            serving GPU tests, then e2e
 #            fp16 / Tetra / ball at batch 1, 16, 17, 32 and 64
+#   densek3  the GPU tests of the dense path, the dequantization compile, the serving paths and the
+#            fullgraph compile on session k's final tree, then where the copy starts to pay
+#            against 16 + k rows on the int8 kernel: e2e Tetra at batch 20 and 24, the copy
+#            (default) against the int8 kernel (arm tetra48-dense129)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -248,15 +253,21 @@ densekb)
     --skip-gates --no-profile --budget-s 350
   ;;
 densek2)
-  timeout 150 python benchmarks/bench_dequant.py --forms "" --rows 16,32,64,256 --chunks 0,8,16,32 \
-    --out "$OUT/dequant-chunks.json" 2>&1 | tee "$OUT/dequant-chunks.log" | grep -v '^{' | tail -30
+  timeout 150 python benchmarks/bench_dequant.py --forms "" --rows 16,32,64,256 \
+    --out "$OUT/dequant-dense.json" 2>&1 | tee "$OUT/dequant-dense.log" | grep -v '^{' | tail -30
   gpu_tests tests-dense2 150 tests/kernels/test_triton_gpu.py -k "dense_path"
   gpu_tests tests-serve-k2 200 tests/serve/test_gpu.py
   e2e e2e-8b-densek2 330 --models qwen3-8b --arms fp16,tetra48,ball --batches 1,16,17,32,64 \
     --skip-gates --no-profile --budget-s 300
   ;;
+densek3)
+  gpu_tests tests-dense3 150 tests/kernels/test_triton_gpu.py -k "dense_path or dequant or no_local"
+  gpu_tests tests-serve-k3 200 tests/serve/test_gpu.py tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph
+  e2e e2e-8b-densek3 200 --models qwen3-8b --arms tetra48,tetra48-dense129 --batches 20,24 \
+    --skip-gates --no-profile --budget-s 180
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3)" >&2
   exit 2
   ;;
 esac

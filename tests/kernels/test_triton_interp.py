@@ -480,30 +480,6 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
         assert ref.row_bound_error(y, x, dense) <= 2e-3
 
 
-@pytest.mark.parametrize("layout", ["tetra48", "planes14"])
-def test_dense_matmul_in_row_chunks(layout: str) -> None:
-    """The many-row product decoded and multiplied in row chunks (``DequantConfig.chunk_mb``: 150
-    rows in chunks of 64, 64 and 22, one reused buffer) equals the whole-copy product; a row
-    range of the dequantization equals those rows of the whole copy; a range outside the record
-    is named."""
-    ops = _ops()
-    make = random_tetra48 if layout == "tetra48" else random_planes14
-    dequant = ops.tetra48_dequantize_f16 if layout == "tetra48" else ops.planes14_dequantize_f16
-    matmul = ops.tetra48_matmul_dense if layout == "tetra48" else ops.planes14_matmul_dense
-    w = make(150, 4 * 24 + 5, seed=11)
-    whole = dequant(w)
-    assert torch.equal(dequant(w, rows=(64, 128)), whole[64:128])
-    with pytest.raises(InvalidInput, match="rows"):
-        dequant(w, rows=(100, 151))
-    x = torch.randn(5, w.d_in)
-    want = matmul(x, w)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LEECHQ_DENSE_CHUNK_MB", "0.005")  # 5 KiB / 192 B per row → 64-row chunks
-        assert ops.dequant_config().chunk_mb == 0.005
-        got = matmul(x, w)
-    assert got.is_contiguous() and torch.allclose(got, want, rtol=1e-3, atol=1e-6)
-
-
 def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     """The ball codebook's many-row path: the Planes14 dequantization kernel equals its reference
     twin bit for bit (an odd block count: the last pair's odd record absent), with the selectors

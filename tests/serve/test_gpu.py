@@ -128,8 +128,8 @@ def test_fused_logits_match_reference_logits() -> None:
 def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode step with the norms and the SwiGLU inside the rotation launches (the default)
     against the same model with them as separate pieces (``LEECHQ_FUSE_PRE=0``): the fused
-    launches are taken (3 per layer at batch 1, none at 70 rows), and the logits agree to the
-    norm's rounding."""
+    launches are taken (3 per layer at batch 1, and again for 70 rows on the dequantized copy,
+    where the rotation writes natural order), and the logits agree to the norm's rounding."""
     from leechq.kernels.triton import ops
 
     model = _fused_or_skip()
@@ -148,11 +148,14 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     fused = logits(one)
     assert len(calls) == 3 * model.args.n_layers
     prompt = torch.tensor([PROMPTS[0] * 10], device="cuda")[:, :70]  # 70 rows: the dense path
-    logits(prompt)
-    assert len(calls) == 3 * model.args.n_layers
+    many = logits(prompt)
+    assert len(calls) == 6 * model.args.n_layers
     monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
     separate = logits(one)
-    assert len(calls) == 3 * model.args.n_layers
+    many_separate = logits(prompt)
+    assert len(calls) == 6 * model.args.n_layers
+    err = (many - many_separate).abs().max().item()
+    assert err <= 1e-2 * many_separate.abs().max().item(), err
     err = (fused - separate).abs().max().item()
     assert err <= 1e-2 * separate.abs().max().item(), err
 
@@ -164,9 +167,9 @@ def test_fused_ball_model_matches_reference(codebook: str, batch: int) -> None:
     fused into it, one matvec launch group per projection group): logits against the dense
     reference path, and graph tokens equal to eager tokens. 3 rows run the int8 kernel, the 9
     prompt rows of batch 3 one launch of it with two 8-row chunks of activation records, the 18
-    of batch 6 a 16-row launch and a 2-row ``m1`` one, the 66 of batch 22 the float16
-    dequantized copy (``ops.planes14_matmul_dense``); the Tetra model's 12 prompt rows the int8
-    kernel's two chunks too."""
+    of batch 6 and the 66 of batch 22 the float16 dequantized copy
+    (``ops.planes14_matmul_dense``, from ``DENSE_MIN_ROWS`` = 17 rows); the Tetra model's 12
+    prompt rows the int8 kernel's two chunks too."""
     from leechq.serve.fused import LatticeGroup
 
     try:

@@ -805,10 +805,6 @@ class DequantConfig:
     vector_stores: bool = False
     num_warps: int = 4
     programs_per_sm: int = 8
-    chunk_mb: float = 0.0
-    """The many-row products (``*_matmul_dense``): decode and multiply row chunks of about this
-    many MB of float16 (one reused buffer, so that the GEMM may read it from L2), 0 = the whole
-    matrix at once."""
 
 
 DEQUANT_DEFAULT = DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=4)
@@ -825,82 +821,48 @@ def dequant_config() -> DequantConfig:
     for env, field in (("LEECHQ_DEQUANT_GROUPED", "grouped"), ("LEECHQ_DEQUANT_V4", "vector_stores")):
         if env in os.environ:
             cfg = replace(cfg, **{field: os.environ[env] == "1"})
-    chunk = os.environ.get("LEECHQ_DENSE_CHUNK_MB", "")
-    if chunk:
-        cfg = replace(cfg, chunk_mb=float(chunk))
     return cfg
 
 
 def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
-                           config: DequantConfig | None = None,
-                           rows: tuple[int, int] | None = None) -> torch.Tensor:
+                           config: DequantConfig | None = None) -> torch.Tensor:
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
     :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
-    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
-    ``rows = (r0, r1)``: only those rows, into ``[r1 − r0, 24·n_blocks]``."""
+    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None."""
     _check_lattice(w, w.words, "words")
     dev = w.words.device
-    r0, r1 = _dequant_rows(w, rows)
-    out = _dequant_out(out, w, r1 - r0, dev)
+    out = _dequant_out(out, w, dev)
     cfg = dequant_config() if config is None else config
-    if r1 > r0 and w.n_blocks:
-        tetra48_dequant_kernel[(_dequant_grid(r1 - r0, w.n_blocks, dev, cfg),)](
-            w.words[r0:r1], w.row_centroids[r0:r1], tetra_m1_table(dev), out.view(torch.int32),
-            r1 - r0, N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(),
-            VEC=cfg.vector_stores, GROUPED=cfg.grouped, num_warps=cfg.num_warps, num_stages=1,
+    if w.d_out and w.n_blocks:
+        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
+            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
+            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
+            GROUPED=cfg.grouped, num_warps=cfg.num_warps, num_stages=1,
         )
     return out
 
 
-def _dequant_rows(w: Tetra48Weight | Planes14Weight, rows: tuple[int, int] | None
-                  ) -> tuple[int, int]:
-    """The row range ``(r0, r1)`` a dequantization covers (all rows for None), checked."""
-    if rows is None:
-        return 0, w.d_out
-    r0, r1 = (int(r) for r in rows)
-    if not 0 <= r0 <= r1 <= w.d_out:
-        raise InvalidInput(f"rows {rows} outside the record's {w.d_out} rows")
-    return r0, r1
-
-
-def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight, n_rows: int,
+def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
                  device: torch.device) -> torch.Tensor:
-    """The float16 ``[n_rows, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
+    """The float16 ``[d_out, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
     checked, or a new one."""
-    shape = (n_rows, BLOCK * w.n_blocks)
+    shape = (w.d_out, BLOCK * w.n_blocks)
     if out is None:
         return torch.empty(shape, dtype=torch.float16, device=device)
     check_tensor(out, "out", torch.float16, shape, device=device)
     return out
 
 
-def _dequant_grid(n_rows: int, n_blocks: int, device: torch.device, cfg: DequantConfig) -> int:
+def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
+                  cfg: DequantConfig) -> int:
     """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
     item per lane, at most ``cfg.programs_per_sm`` programs per SM."""
     if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.programs_per_sm < 1:
         raise InvalidInput(f"dequantization geometry {cfg}: num_warps must be 1, 2, 4, 8 or 16 "
                            "and programs_per_sm at least 1")
-    items = n_rows * ((n_blocks + 1) // 2)
+    items = w.d_out * ((w.n_blocks + 1) // 2)
     return max(1, min(triton.cdiv(items, cfg.num_warps * 32),
                       cfg.programs_per_sm * _sm_count(device)))
-
-
-def _dense_product(xq: torch.Tensor, w: Tetra48Weight | Planes14Weight, dequantize: Callable,
-                   cfg: DequantConfig) -> torch.Tensor:
-    """``xq @ W16ᵀ`` (float16 [M, d_out]) for the float16 activation ``xq`` [M, 24·n_blocks] in
-    the copy's column order: the whole copy at once, or (``cfg.chunk_mb``) row chunks decoded
-    into one reused buffer, each multiplied right after (``dequantize(w, out=, config=, rows=)``)."""
-    row_bytes = 2 * BLOCK * w.n_blocks
-    chunk = max(64, int(cfg.chunk_mb * 2**20) // max(row_bytes, 1) // 64 * 64) if cfg.chunk_mb > 0 else 0
-    if not chunk or chunk >= w.d_out:
-        return xq @ dequantize(w, config=cfg).T
-    y_t = torch.empty(w.d_out, xq.shape[0], dtype=torch.float16, device=xq.device)
-    buf = torch.empty(chunk, BLOCK * w.n_blocks, dtype=torch.float16, device=xq.device)
-    for r0 in range(0, w.d_out, chunk):
-        r1 = min(w.d_out, r0 + chunk)
-        part = dequantize(w, out=buf[: r1 - r0], config=cfg, rows=(r0, r1))
-        torch.mm(part, xq.T, out=y_t[r0:r1])
-    return y_t.T
 
 
 _BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
@@ -967,8 +929,9 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.words.device, max_rows=None)
     cfg = dequant_config()
+    w16 = tetra48_dequantize_f16(w, config=cfg)
     xq = x[:, dequant_natural_index(w.n_blocks, x.device, cfg.grouped)].to(torch.float16)
-    return _scale_and_tail(_dense_product(xq, w, tetra48_dequantize_f16, cfg), x, w)
+    return _scale_and_tail(xq @ w16.T, x, w)
 
 
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
@@ -976,8 +939,7 @@ def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Plane
     """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16, or
     float32): float32 (the widening and σ_row in one elementwise launch, the tail in one GEMM
     that adds into it)."""
-    y = torch.empty(y16.shape, dtype=torch.float32, device=y16.device)
-    torch.mul(y16, w.row_scales, out=y)  # widened by type promotion; contiguous
+    y = y16 * w.row_scales  # float32 by type promotion
     if w.tail_cols:
         y = torch.addmm(y, x[:, BLOCK * w.n_blocks:].float(), w.tail.T)
     return y
@@ -1269,24 +1231,21 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
 
 def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
                             selector_table: bool | None = None,
-                            config: DequantConfig | None = None,
-                            rows: tuple[int, int] | None = None) -> torch.Tensor:
+                            config: DequantConfig | None = None) -> torch.Tensor:
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, natural
     column order within each block, the blocks as :func:`planes14_dequant_natural_index` maps
     them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
     :mod:`.planes14_dequant`). ``selector_table`` as for :func:`planes14_matvec_m1_prepared`;
-    ``config``: :func:`dequant_config` if None; ``rows`` as for :func:`tetra48_dequantize_f16`."""
+    ``config``: :func:`dequant_config` if None."""
     _check_lattice(w, w.records, "records")
     dev = w.records.device
-    r0, r1 = _dequant_rows(w, rows)
-    out = _dequant_out(out, w, r1 - r0, dev)
+    out = _dequant_out(out, w, dev)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
     cfg = dequant_config() if config is None else config
-    if r1 > r0 and w.n_blocks:
-        planes14_dequant_kernel[(_dequant_grid(r1 - r0, w.n_blocks, dev, cfg),)](
-            w.records[r0:r1], w.row_centroids[r0:r1], planes14_m1_table(dev),
-            out.view(torch.int32), r1 - r0,
+    if w.d_out and w.n_blocks:
+        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
+            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
             N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=bool(selector_table),
             USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
             num_warps=cfg.num_warps, num_stages=1,
@@ -1337,9 +1296,10 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     ``reference.planes14_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.records.device, max_rows=None)
     cfg = dequant_config()
+    w16 = planes14_dequantize_f16(w, config=cfg)
     idx = planes14_dequant_natural_index(w.n_blocks, x.device, cfg.grouped)
     xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _scale_and_tail(_dense_product(xq, w, planes14_dequantize_f16, cfg), x, w)
+    return _scale_and_tail(xq @ w16.T, x, w)
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
