@@ -152,7 +152,7 @@ def main() -> None:
     print(f"\ndense path under the default form {default}:")
     for m in [int(r) for r in args.rows.split(",")]:
         tot = dict.fromkeys(["fp16-gemm", *layouts], 0.0)
-        for gname, d_out, d_in in groups:
+        for _, d_out, d_in in groups:
             x = torch.randn(m, d_in, device=dev)
             w16 = torch.randn(d_out, d_in, device=dev, dtype=torch.float16)
             x16 = x.half()

@@ -78,7 +78,7 @@ def test_dequant_group_columns_layout() -> None:
     assert block.tolist() == [0, 2, 4, 6, 8] * 3 + [1, 3, 5, 7] * 3
     assert section.tolist() == [0] * 5 + [1] * 5 + [2] * 5 + [0] * 4 + [1] * 4 + [2] * 4
     units = ref.dequant_group_columns(130)[::8] // 8  # 65 pairs: groups of 32, 32, 1
-    assert (units[:192] // 3).tolist()[:33] == list(range(0, 64, 2)) + [0]
+    assert (units[:192] // 3).tolist()[:33] == [*range(0, 64, 2), 0]
     assert (units[192 * 2:] // 3).tolist() == [128] * 3 + [129] * 3
 
 

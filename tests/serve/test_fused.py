@@ -62,8 +62,8 @@ def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, r
     ("0", 12, "matvec"), ("0", 17, "dense")])
 def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
                                  path: str) -> None:
-    """Up to ``DENSE_MIN_ROWS - 1`` rows (16) take the lattice matvec by default (12 rows: an 8-row and a 4-row
-    call, the interpreter having no int8 kernel) and more the dequantized copy;
+    """Up to ``DENSE_MIN_ROWS - 1`` rows (16) take the lattice matvec by default (12 rows: an
+    8-row and a 4-row call, the interpreter having no int8 kernel) and more the dequantized copy;
     ``LEECHQ_MMA=1`` sends 9..64 rows to the batched tensor-core kernel. Every path stays within
     its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops

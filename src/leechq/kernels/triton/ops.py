@@ -818,7 +818,8 @@ same bytes 4.70 ms; BENCHMARKS.md §4 session k). ``LEECHQ_DEQUANT_GROUPED=0`` a
 def dequant_config() -> DequantConfig:
     """:data:`DEQUANT_DEFAULT` with the environment's overrides."""
     cfg = DEQUANT_DEFAULT
-    for env, field in (("LEECHQ_DEQUANT_GROUPED", "grouped"), ("LEECHQ_DEQUANT_V4", "vector_stores")):
+    for env, field in (("LEECHQ_DEQUANT_GROUPED", "grouped"),
+                       ("LEECHQ_DEQUANT_V4", "vector_stores")):
         if env in os.environ:
             cfg = replace(cfg, **{field: os.environ[env] == "1"})
     return cfg

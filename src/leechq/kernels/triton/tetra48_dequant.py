@@ -8,17 +8,30 @@ tail columns and the column order are applied around the GEMM (``ops.tetra48_mat
 
 Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`, layouts-
 kernels-recipe.md §2.5–§2.6): per section the value bytes of the even and odd trio coordinates, the
-squared norm by ``dp4a``, ``1/‖y‖`` from the table. Each value is converted once (int8 → f32),
-multiplied by ``c_g·(1/‖y‖)`` in f32 and rounded to float16.
+squared norm by ``dp4a``, ``1/‖y‖`` from the table. Each value byte becomes an exact f32 by the
+magic-number bit pattern (``_bits.byte_to_f32``: a byte permute and a subtraction, no int→float
+conversion), is multiplied by ``c_g·(1/‖y‖)`` in f32, and two values are rounded to float16 and
+packed by one ``cvt.rn.f16x2.f32`` (``_bits.pack_f16x2``) — the same numbers as converting each
+value (the twin's rounding), without the 48 I2F and 48 F2F per block of the first form.
 
-Output columns: block ``b`` occupies columns ``24 b .. 24 b + 23`` in *word order*: column
-``24 b + 8 s + 4 h + i`` holds trio coordinate ``t = 8 s + 2 i + h`` (section ``s``, half ``h``
-= 0 for the even nibbles, byte ``i``), i.e. natural coordinate ``order[t]``
-(:func:`dequant_natural_index`). Two float16 values are packed per int32 store, 12 per block.
+Columns within a block: column ``8 s + 4 h + i`` of block ``b`` holds trio coordinate
+``t = 8 s + 2 i + h`` (section ``s``, half ``h`` = 0 for the even nibbles, byte ``i``), i.e.
+natural coordinate ``order[t]`` (``reference.dequant_column_order``). The blocks' 8-column
+sections (16 bytes) are placed either block-major (block ``b`` at columns ``24 b .. 24 b + 23``)
+or, with ``GROUPED`` (the default, ``ops.DEQUANT_DEFAULT``), in the layout of
+``reference.dequant_group_columns``: per group of :data:`GROUP_PAIRS` block pairs of a row, the
+even blocks' sections section-major and pair-minor, then the odd blocks' — so the 32 lanes of a
+warp (32 consecutive pairs) store 512 consecutive bytes per store instead of 32 scattered
+4-byte words (:func:`pair_outputs`). ``ops.dequant_natural_index`` maps either layout's columns
+to the rotated basis, so the activation is gathered to match. With ``VEC`` each section is one
+``st.global.v4`` (6 stores per block pair instead of 24).
 
 Geometry: a grid-stride loop over (row, block pair) items, one item per lane, consecutive lanes on
-consecutive pairs of a row (coalesced word loads and stores); the table is staged in shared memory
-once per program.
+consecutive pairs of a row; the table is staged in shared memory once per program
+(``ops.DequantConfig``: warps and programs per SM). H200, Qwen3-8B, 2026-12-01: a whole step's
+copies in 5.40 ms grouped with vector stores (8 warps, 4 programs per SM) against 40.5 ms
+block-major with 4-byte stores; ``Tensor.fill_`` of the same bytes takes 4.70 ms
+(``benchmarks/bench_dequant.py``, BENCHMARKS.md §3 run 16).
 """
 
 from __future__ import annotations
@@ -35,7 +48,6 @@ from leechq.kernels.triton.tetra48_m1 import (
     section_values,
     stage_table,
 )
-
 
 GROUP_PAIRS = tl.constexpr(32)
 """Block pairs per column group of the grouped layout (one warp's 32 lanes: 512-byte stores)."""
@@ -101,10 +113,11 @@ def pair_items(item, n_items, NP: tl.constexpr, N_BLOCKS: tl.constexpr):
 def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
                  GROUPED: tl.constexpr):
     """Where a block pair's values go (int32 pointers and section steps): the even block's first
-    section and step, the odd block's. ``GROUPED``: the layout of ``reference.dequant_group_columns``
-    (groups of :data:`GROUP_PAIRS` pairs; per group the even blocks' sections, section-major, then
-    the odd blocks'), so that consecutive lanes (pairs) store consecutive 16-byte units; else
-    block-major (block ``b`` at columns ``24 b .. 24 b + 23``)."""
+    section and step, the odd block's. ``GROUPED``: the layout of
+    ``reference.dequant_group_columns`` (groups of :data:`GROUP_PAIRS` pairs; per group the even
+    blocks' sections, section-major, then the odd blocks'), so that consecutive lanes (pairs)
+    store consecutive 16-byte units; else block-major (block ``b`` at columns
+    ``24 b .. 24 b + 23``)."""
     row_out = out_ptr + row * (12 * N_BLOCKS)
     if GROUPED:
         GP: tl.constexpr = GROUP_PAIRS
