@@ -353,6 +353,21 @@ def _dequant_forms() -> list:
             DequantConfig(grouped=True, vector_stores=True, num_warps=16, programs_per_sm=1)]
 
 
+def _check_dequant_forms(dequantize, matmul, w, blocks: torch.Tensor, grouped: torch.Tensor,
+                         x: torch.Tensor, dense: torch.Tensor) -> None:
+    """Each form of :func:`_dequant_forms` writes every value (NaN poison) of the twin's
+    block-major (``blocks``) or grouped copy bit for bit, and the dense product on it stays within
+    fp16 accuracy of the f64 one."""
+    ops = _ops()
+    for cfg in _dequant_forms():
+        out = torch.full_like(blocks, float("nan"))
+        dequantize(w, out=out, config=cfg)
+        assert torch.equal(out, grouped if cfg.grouped else blocks), cfg
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            assert _worst(matmul(x, w), x, dense) <= 2e-3, cfg
+
+
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows"),
                          [(3000, 2560, 16), (1024, 12288 + 24 * 7 + 5, 512)])
 def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
@@ -364,16 +379,10 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
                                                        dtype=torch.float16, device=DEV),
                                      config=ops.DequantConfig())
     assert torch.equal(got, ref.tetra48_dequantize_f16(w))
-    want_grouped = ref.tetra48_dequantize_f16(w, grouped=True)
     x = torch.randn(m_rows, d_in, device=DEV)
-    dense = ref.tetra48_dequantize_rotated(w)
-    for cfg in _dequant_forms():
-        out = torch.full_like(got, float("nan"))
-        ops.tetra48_dequantize_f16(w, out=out, config=cfg)
-        assert torch.equal(out, want_grouped if cfg.grouped else got), cfg
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
-            assert _worst(ops.tetra48_matmul_dense(x, w), x, dense) <= 2e-3, cfg
+    _check_dequant_forms(ops.tetra48_dequantize_f16, ops.tetra48_matmul_dense, w, got,
+                         ref.tetra48_dequantize_f16(w, grouped=True), x,
+                         ref.tetra48_dequantize_rotated(w))
 
 
 def test_planes14_dequant_compiles_clean() -> None:
@@ -415,14 +424,8 @@ def test_planes14_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> 
     y = ops.planes14_matmul_dense(x, w)
     dense = ref.planes14_dequantize_rotated(w)
     assert _worst(y, x, dense) <= 2e-3
-    want_grouped = ref.planes14_dequantize_f16(w, grouped=True)
-    for cfg in _dequant_forms():
-        out = torch.full_like(want, float("nan"))
-        ops.planes14_dequantize_f16(w, out=out, config=cfg)
-        assert torch.equal(out, want_grouped if cfg.grouped else want), cfg
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
-            assert _worst(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3, cfg
+    _check_dequant_forms(ops.planes14_dequantize_f16, ops.planes14_matmul_dense, w, want,
+                         ref.planes14_dequantize_f16(w, grouped=True), x, dense)
     assert ops._check_planes14_dense(torch.device(DEV))
 
 
