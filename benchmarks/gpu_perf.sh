@@ -75,6 +75,8 @@
 #            fullgraph compile on session k's final tree, then where the copy starts to pay
 #            against 16 + k rows on the int8 kernel: e2e Tetra at batch 20 and 24, the copy
 #            (default) against the int8 kernel (arm tetra48-dense129)
+#   densek14 the dense-path GPU tests (one helper for the dequantization forms since ab58875),
+#            then Qwen3-14B end to end at batch 1 and 32 (fp16 against Tetra, the copy at 32)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -266,8 +268,13 @@ densek3)
   e2e e2e-8b-densek3 200 --models qwen3-8b --arms tetra48,tetra48-dense129 --batches 20,24 \
     --skip-gates --no-profile --budget-s 180
   ;;
+densek14)
+  gpu_tests tests-dense4 100 tests/kernels/test_triton_gpu.py -k "dense_path or dequant_compiles"
+  e2e e2e-14b-densek 230 --models qwen3-14b --arms fp16,tetra48 --batches 1,32 \
+    --skip-gates --no-profile --budget-s 210
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14)" >&2
   exit 2
   ;;
 esac
