@@ -77,6 +77,9 @@
 #            (default) against the int8 kernel (arm tetra48-dense129)
 #   densek14 the dense-path GPU tests (one helper for the dequantization forms since ab58875),
 #            then Qwen3-14B end to end at batch 1 and 32 (fp16 against Tetra, the copy at 32)
+#   densek5  the rotation writing the copies' column order in float16 and the one-launch epilogue
+#            (ops.matmul_dense_ordered): the serving GPU tests that take the copy (70-row pre-ops,
+#            ball batch 6 and 22, logits vs reference), then e2e Tetra at batch 32 and 64
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -273,8 +276,13 @@ densek14)
   e2e e2e-14b-densek 230 --models qwen3-14b --arms fp16,tetra48 --batches 1,32 \
     --skip-gates --no-profile --budget-s 210
   ;;
+densek5)
+  gpu_tests tests-serve-k5 110 tests/serve/test_gpu.py -k "pre_ops or ball_model or fused_logits"
+  e2e e2e-8b-densek5 120 --models qwen3-8b --arms tetra48 --batches 32,64 \
+    --skip-gates --no-profile --budget-s 100
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5)" >&2
   exit 2
   ;;
 esac

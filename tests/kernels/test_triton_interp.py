@@ -480,6 +480,39 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
         assert ref.row_bound_error(y, x, dense) <= 2e-3
 
 
+@pytest.mark.parametrize("layout", ["tetra48", "planes14"])
+def test_dense_products_from_the_rotation_order(layout: str) -> None:
+    """The many-row product from an activation the rotation already wrote in the copy's column
+    order (``ops.dense_input_order``, ``ops.matmul_dense_ordered``: no gather, no conversion)
+    equals the product from the natural-order activation (whose tail it takes in float16, like
+    the blocks); the order is a permutation that keeps
+    the tail in place; the one-launch epilogue (σ_row and the tail) matches its twin."""
+    ops = _ops()
+    make = random_tetra48 if layout == "tetra48" else random_planes14
+    matmul = ops.tetra48_matmul_dense if layout == "tetra48" else ops.planes14_matmul_dense
+    w = make(40, 5 * 24 + 7, seed=5)
+    order = ops.dense_input_order(w, "cpu")
+    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(w.d_in))
+    assert order[5 * 24:].tolist() == list(range(5 * 24, w.d_in))
+    x = torch.randn(6, w.d_in)
+    x16 = torch.empty(6, w.d_in, dtype=torch.float16)
+    x16[:, order.long()] = x.half()
+    got = ops.matmul_dense_ordered(x16, w)
+    x_tail16 = x.clone()  # the tail activation too arrives in float16 here
+    x_tail16[:, 5 * 24:] = x[:, 5 * 24:].half().float()
+    assert torch.allclose(got, matmul(x_tail16, w), rtol=1e-5, atol=1e-5)
+    assert ref.row_bound_error(got, x, ref.tetra48_dequantize_rotated(w) if layout == "tetra48"
+                               else ref.planes14_dequantize_rotated(w)) <= 2e-3
+    y16 = torch.randn(6, 40).half()
+    epi = ops._scale_and_tail(y16, x16, w)
+    want = ref.scale_and_tail(y16, x16[:, 5 * 24:], w.row_scales, w.tail)
+    assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(InvalidInput, match="x16"):
+        ops.matmul_dense_ordered(x.half()[:, :-1].contiguous(), w)
+    with pytest.raises(InvalidInput, match="x16"):
+        ops.matmul_dense_ordered(x, w)
+
+
 def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     """The ball codebook's many-row path: the Planes14 dequantization kernel equals its reference
     twin bit for bit (an odd block count: the last pair's odd record absent), with the selectors

@@ -299,3 +299,36 @@ def test_rotation_records_reject_what_they_cannot_serve() -> None:
     with pytest.raises(InvalidInput, match="records"):
         rec, ex = ops.imma_records(5, "cpu")
         ops.rotate(torch.randn(3, 128), rot, prepared_order=order, records=(rec[:-1], ex))
+
+
+@interp
+@pytest.mark.parametrize("n", [96, 80])  # k = 3 groups of 32; k = 5 groups of 16
+def test_rotation_writes_the_dense_order(n: int) -> None:
+    """With ``dense_order`` the rotation (plain, after the norm, after the SwiGLU) writes float16
+    with natural coordinate ``c`` at column ``dense_order[c]``: bit for bit its natural-order
+    float32 output rounded to float16 and permuted; a prepared order with it, a map of the wrong
+    dtype or length, are refused by name."""
+    ops = _ops()
+    rot = generate_rotation(n, 3)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(3, n, generator=g).half()
+    dest = torch.randperm(n, generator=g).to(torch.int32)
+    got = ops.rotate(x, rot, dense_order=dest)
+    want = torch.empty(3, n, dtype=torch.float16)
+    want[:, dest.long()] = ops.rotate(x, rot).half()
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).half()
+    delta = torch.randn(3, n, generator=g)
+    r, y16 = ops.norm_rotate(x, w, 1e-6, rot, delta=delta, dense_order=dest)
+    r32, y32 = ops.norm_rotate(x, w, 1e-6, rot, delta=delta)
+    assert torch.equal(r, r32) and torch.equal(y16[:, dest.long()], y32.half())
+    gu = torch.randn(2, 2 * n, generator=g)
+    s16 = ops.silu_mul_rotate(gu, torch.float16, rot, dense_order=dest)
+    assert torch.equal(s16[:, dest.long()], ops.silu_mul_rotate(gu, torch.float16, rot).half())
+    order = ops.tetra_kernel_tables("cpu").order
+    with pytest.raises(InvalidInput, match="two output layouts"):
+        ops.rotate(x, rot, dense_order=dest, prepared_order=order)
+    with pytest.raises(InvalidInput, match="dense_order"):
+        ops.rotate(x, rot, dense_order=dest.long())
+    with pytest.raises(InvalidInput, match="dense_order"):
+        ops.rotate(x, rot, dense_order=dest[:-1])

@@ -71,7 +71,7 @@ def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, row
 
     calls: list[str] = []
     for name, tag in (("tetra48_matmul_mma", "mma"), ("tetra48_matmul_dense", "dense"),
-                      ("tetra48_matvec_prepared", "matvec")):
+                      ("matmul_dense_ordered", "dense"), ("tetra48_matvec_prepared", "matvec")):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _r=real, _t=tag, **k: calls.append(_t)
                             or _r(*a, **k))
@@ -242,20 +242,21 @@ def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
 
 def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """From ``DENSE_MIN_ROWS`` rows (here lowered to 20 by ``LEECHQ_DENSE_MIN_ROWS``) a ball group
-    multiplies a float16 dequantized copy of its part on the BLAS (``ops.planes14_matmul_dense``,
-    calls counted): within fp16 accuracy of the f64 reference; ``LEECHQ_P14_DENSE=0`` keeps the
-    matvec (f32 accuracy, no dense call); 19 rows stay on the matvec."""
+    multiplies a float16 dequantized copy of its part on the BLAS (``ops.matmul_dense_ordered``
+    after the rotation wrote the copy's column order, calls counted): within fp16 accuracy of the
+    f64 reference; ``LEECHQ_P14_DENSE=0`` keeps the matvec (f32 accuracy, no dense call); 19 rows
+    stay on the matvec."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import LatticeGroup
 
     calls = []
-    dense = ops.planes14_matmul_dense
+    dense = ops.matmul_dense_ordered
 
     def counted(x, w):
         calls.append(int(x.shape[0]))
         return dense(x, w)
 
-    monkeypatch.setattr(ops, "planes14_matmul_dense", counted)
+    monkeypatch.setattr(ops, "matmul_dense_ordered", counted)
     recs = _ball_records(True)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")

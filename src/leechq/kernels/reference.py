@@ -244,6 +244,14 @@ def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False) -> torch.Ten
     return _grouped(out, w.n_blocks, grouped).to(w.words.device)
 
 
+def scale_and_tail(y: torch.Tensor, x_tail: torch.Tensor, row_scales: torch.Tensor,
+                   tail: torch.Tensor) -> torch.Tensor:
+    """The many-row products' epilogue (``dense_epilogue.scale_tail_kernel``): float32 [M, d_out]
+    ``f32(y) · σ + f32(x_tail) · tailᵀ`` from the blocks' product ``y`` [M, d_out], the tail
+    activation ``x_tail`` [M, t], σ_row [d_out] and the tail columns [d_out, t]."""
+    return y.float() * row_scales + x_tail.float() @ tail.T
+
+
 def _correctly_rounded_sqrt(values: torch.Tensor) -> torch.Tensor:
     """IEEE sqrt of a few distinct exact integers (torch's vectorized CPU f64 sqrt is 1 ulp low for
     some squared norms, e.g. 32, 128, 304)."""

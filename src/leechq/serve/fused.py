@@ -296,24 +296,21 @@ class LatticeGroup(nn.Module):
         x2 = x.reshape(-1, self.d_in)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        matmul = self._many_rows(int(x2.shape[0]))
-        if matmul is not None:
-            xr = ops.rotate(x2, self.rot) if self.rot is not None else x2
-            return self._dense_products(xr, matmul).reshape(*lead, self.d_out)
-        return self._prepared_matvecs(x2, self._fill)[1].reshape(*lead, self.d_out)
+        y = self._many_row_products(int(x2.shape[0]), lambda order: (
+            ops.rotate(x2, self.rot, dense_order=order) if self.rot is not None else x2))
+        if y is None:
+            y = self._prepared_matvecs(x2, self._fill)[1]
+        return y.reshape(*lead, self.d_out)
 
-    def _many_rows(self, m_rows: int) -> Any:
-        """The many-row product ``matmul(x, part)`` that serves ``m_rows`` rows from the rotated
-        activation in natural order — the float16 dequantized copy on cuBLAS
-        (``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``) or, for :data:`MMA_ROWS`
-        rows of Tetra under ``LEECHQ_MMA=1``, the tensor-core kernel — or None where the lattice
-        matvec serves them (:meth:`_matvec_path`)."""
-        ops = self._ops
+    def _many_rows(self, m_rows: int) -> str | None:
+        """Which many-row path serves ``m_rows`` rows: ``"dense"`` (float16 dequantized copies on
+        cuBLAS: ``ops.matmul_dense_ordered`` after a rotation into the copies' column order, or
+        ``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense`` for an unrotated group),
+        ``"mma"`` (Tetra's tensor-core kernel, :data:`MMA_ROWS` rows under ``LEECHQ_MMA=1``), or
+        None where the lattice matvec serves them (:meth:`_matvec_path`)."""
         if self.layout == "tetra48" and MMA_ROWS[0] <= m_rows <= mma_max_rows():
-            return ops.tetra48_matmul_mma
-        if self._matvec_path(m_rows):
-            return None
-        return ops.tetra48_matmul_dense if self.layout == "tetra48" else ops.planes14_matmul_dense
+            return "mma"
+        return None if self._matvec_path(m_rows) else "dense"
 
     def _matvec_path(self, m_rows: int) -> bool:
         """Whether ``m_rows`` rows run the lattice matvec from the prepared activation: for Tetra
@@ -342,14 +339,20 @@ class LatticeGroup(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
-        matmul = self._many_rows(int(x2.shape[0]))
-        if matmul is not None:
-            r, xr = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2)
-            y = self._dense_products(xr, matmul)
-        else:
+        residual = []
+
+        def rotated(order: torch.Tensor | None) -> torch.Tensor:
+            r, xr = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)
+            residual.append(r)
+            return xr
+
+        y = self._many_row_products(int(x2.shape[0]), rotated)
+        if y is None:
             (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
                 self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
                                       out=xp, records=recs)))
+        else:
+            r = residual[0]
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -358,10 +361,9 @@ class LatticeGroup(nn.Module):
         Only where :meth:`fuses_pre_ops` holds."""
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
-        matmul = self._many_rows(int(g2.shape[0]))
-        if matmul is not None:
-            y = self._dense_products(self._ops.silu_mul_rotate(g2, dtype, self.rot), matmul)
-        else:
+        y = self._many_row_products(int(g2.shape[0]), lambda order: (
+            self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
+        if y is None:
             _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
                 self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
                                           records=recs)))
@@ -447,11 +449,27 @@ class LatticeGroup(nn.Module):
             y = y + self.bias
         return y
 
-    def _dense_products(self, xr: torch.Tensor, matmul: Any) -> torch.Tensor:
-        """Many rows (a prompt, a batch) from the rotated activation ``xr`` [m, d_in] (natural
-        order): each part through ``matmul(xr, part)`` (:meth:`_many_rows`), then the bias:
-        float32 [m, Σ d_out]."""
-        ys = [matmul(xr, part) for part in self.parts]
+    def _many_row_products(self, m_rows: int, rotated: Any) -> torch.Tensor | None:
+        """The many-row paths for ``m_rows`` rows (:meth:`_many_rows`), or None where the matvec
+        serves them: float32 [m_rows, Σ d_out] with the bias. ``rotated(order)`` gives the group's
+        input after its rotation (and pre-op): with an int32 ``order`` (a rotated group on the
+        float16 copy: ``ops.dense_input_order``) float16 in the copies' column order, written by
+        the rotation launch (``ops.matmul_dense_ordered``: no gather, no conversion, the epilogue
+        in one launch); with None float32 in natural order (the input itself for an unrotated
+        group), for the tensor-core kernel or the natural-order dense products."""
+        kind = self._many_rows(m_rows)
+        if kind is None:
+            return None
+        ops = self._ops
+        if kind == "dense" and self.rot is not None:
+            part0 = self.parts[0]
+            x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
+            ys = [ops.matmul_dense_ordered(x16, part) for part in self.parts]
+        else:
+            matmul = (ops.tetra48_matmul_mma if kind == "mma" else ops.tetra48_matmul_dense
+                      if self.layout == "tetra48" else ops.planes14_matmul_dense)
+            xr = rotated(None)
+            ys = [matmul(xr, part) for part in self.parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
             y = y + self.bias

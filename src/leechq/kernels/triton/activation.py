@@ -306,21 +306,26 @@ def _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, live, MW: tl.const
 @triton.jit
 def rotate_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, inv_sqrt_m,
-    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, dest_ptr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
-    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0,
+    PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, DEST: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q h`` for activation row ``program_id(0)``, natural order; see
     the module docstring. Grid ``(M, K)``. ``h`` is the row or its pre-op (``PRE``; ``aux``,
     ``w``, ``res``, ``eps`` unused without one). With ``TC``, tensor cores for ``TC_MIN ≤ MW ≤
-    TC_MAX``; otherwise (and always outside that range) butterflies."""
+    TC_MAX``; otherwise (and always outside that range) butterflies. With ``DEST`` coordinate
+    ``c`` goes to column ``dest[c]`` instead (int32, a permutation: the column order of a
+    dequantized float16 copy), rounded to the output's dtype."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     xrow = x_ptr + row * stride_xm
     auxrow = aux_ptr + row * stride_am
     v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
                          LOG2M, TC, PRE, HDT)
-    tl.store(out_ptr + row * stride_om + g * MW + tl.arange(0, MW), v)
+    cols = g * MW + tl.arange(0, MW)
+    if DEST:
+        cols = tl.load(dest_ptr + cols)
+    tl.store(out_ptr + row * stride_om + cols, v.to(out_ptr.dtype.element_ty))
     _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, row + 1, MW, PRE, 0, 1)
 
 

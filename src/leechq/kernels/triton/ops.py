@@ -40,6 +40,7 @@ from leechq.kernels.triton.activation import (
     rotate_kernel,
     rotate_prepared_kernel,
 )
+from leechq.kernels.triton.dense_epilogue import scale_tail_kernel
 from leechq.kernels.triton.intq import (
     code_transpose_kernel,
     intq_embedding_kernel,
@@ -497,7 +498,8 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
            tensor_cores: bool = False, one_launch: bool = True,
            splits: int | None = None,
-           records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           records: tuple[torch.Tensor, torch.Tensor] | None = None,
+           dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
@@ -510,6 +512,9 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     prepared write (:func:`rotate_splits`). ``records``: buffers of :func:`imma_records` the same
     launch fills with the int8 tensor-core kernel's activation records (the prepared one-launch
     form of a one-group rotation, ≤ 8 rows; bit for bit :func:`imma_activation`'s words).
+    ``dense_order`` (int32 [n], a permutation; not with ``prepared_order``): float16 [M, n] with
+    coordinate ``c`` at column ``dense_order[c]`` — the activation of the many-row products in
+    the column order of the float16 copies (:func:`dense_input_order`), in the same launch.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -517,15 +522,15 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     if x.dim() != 2 or x.shape[1] != rotation.n:
         raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
     return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits,
-                   records)
+                   records, dense_order)
 
 
 def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 rotation: DeviceRotation | RotationTables, *, delta: torch.Tensor | None = None,
                 prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 tensor_cores: bool = False, splits: int | None = None,
-                records: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                records: tuple[torch.Tensor, torch.Tensor] | None = None,
+                dense_order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (after the residual add) and the input rotation in one launch: twin of
     ``reference.norm_rotate``.
 
@@ -536,7 +541,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     ``reference.rms_norm`` — float32 [M, n] in natural order, or with ``prepared_order`` the
     prepared layout (see :func:`rotate`). The row's mean square is summed in f32 in the kernel's
     order, so ``y`` can differ from the reference by one rounding of the narrowed norm.
-    ``records`` as for :func:`rotate`.
+    ``records`` and ``dense_order`` as for :func:`rotate`.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -554,21 +559,23 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     pre = _PreOp(code=(PRE_NORM if delta is None else PRE_ADD_NORM).value, aux=delta,
                  weight=weight, residual=r, eps=float(eps),
                  hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
-    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits, records)
+    return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits, records,
+                      dense_order)
 
 
 def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                     rotation: DeviceRotation | RotationTables, *,
                     prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                     tensor_cores: bool = False, splits: int | None = None,
-                    records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    records: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU and the input rotation of the down projection in one launch: twin of
     ``reference.silu_mul_rotate``.
 
     gate_up: [M, 2n] float32/float16/bfloat16 (gate columns first); dtype: the activation dtype
     ``silu(gate)·up`` (computed in gate_up's dtype) is narrowed to. Returns ``Q·silu_mul`` as
     :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``;
-    ``records`` as there).
+    ``records`` and ``dense_order`` as there).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, gate_up.device)
@@ -581,13 +588,14 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     pre = _PreOp(code=PRE_SILU_MUL.value, hdt=_HALF_CODES[dtype])
     return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits,
-                   records)
+                   records, dense_order)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
             one_launch: bool, splits: int | None = None,
-            records: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            records: tuple[torch.Tensor, torch.Tensor] | None = None,
+            dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
     n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
@@ -602,6 +610,10 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
                 res.stride(0), pre.eps)
     if records is not None and (prepared_order is None or not one_launch):
         raise InvalidInput("activation records come only with the one-launch prepared rotation")
+    if dense_order is not None:
+        if prepared_order is not None:
+            raise InvalidInput("dense_order and prepared_order are two output layouts: give one")
+        check_tensor(dense_order, "dense_order", torch.int32, (n,), device=x.device)
     if prepared_order is not None and one_launch:
         check_tensor(prepared_order, "prepared_order", torch.int32, (BLOCK,), device=x.device)
         n_blocks = n // BLOCK
@@ -621,16 +633,17 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             )
         return out
     if prepared_order is None:
-        nat = out if out is not None else torch.empty((m_rows, n), dtype=torch.float32,
-                                                      device=x.device)
-        check_tensor(nat, "out", torch.float32, (m_rows, n), device=x.device)
+        dt = torch.float32 if dense_order is None else torch.float16
+        nat = out if out is not None else torch.empty((m_rows, n), dtype=dt, device=x.device)
+        check_tensor(nat, "out", dt, (m_rows, n), device=x.device)
     else:
         nat = torch.empty((m_rows, n), dtype=torch.float32, device=x.device)
     if m_rows:
         rotate_kernel[(m_rows, k)](
             x, x.stride(0), rotation.signs, rotation.small, nat, nat.stride(0),
-            rotation.inv_sqrt_m, *pre_args, K=k, MW=m, LOG2M=int(math.log2(m)),
-            TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, num_warps=warps,
+            rotation.inv_sqrt_m, *pre_args, nat if dense_order is None else dense_order,
+            K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores), PRE=pre.code,
+            HDT=pre.hdt, DEST=dense_order is not None, num_warps=warps,
         )
     if prepared_order is None:
         return nat
@@ -937,13 +950,19 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
 
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
                     ) -> torch.Tensor:
-    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16, or
-    float32): float32 (the widening and σ_row in one elementwise launch, the tail in one GEMM
-    that adds into it)."""
-    y = y16 * w.row_scales  # float32 by type promotion
-    if w.tail_cols:
-        y = torch.addmm(y, x[:, BLOCK * w.n_blocks:].float(), w.tail.T)
-    return y
+    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
+    unit column stride): float32 [M, d_out] in one launch (:mod:`.dense_epilogue`; twin
+    ``reference.scale_and_tail``). The tail activation is ``x[:, 24·n_blocks:]`` (any float)."""
+    m_rows = int(y16.shape[0])
+    out = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=y16.device)
+    if m_rows and w.d_out:
+        tail_x = x[:, BLOCK * w.n_blocks:]
+        bo = 256
+        scale_tail_kernel[(m_rows, triton.cdiv(w.d_out, bo))](
+            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out,
+            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, num_warps=4,
+        )
+    return out
 
 
 def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
@@ -1301,6 +1320,46 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     idx = planes14_dequant_natural_index(w.n_blocks, x.device, cfg.grouped)
     xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
     return _scale_and_tail(xq @ w16.T, x, w)
+
+
+_DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
+
+
+def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
+                      ) -> torch.Tensor:
+    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that the
+    first ``24·n_blocks`` columns follow ``w``'s float16 copy under :func:`dequant_config` (the
+    inverse of :func:`dequant_natural_index` / :func:`planes14_dequant_natural_index`) and the
+    tail columns stay in place — the ``dense_order`` the rotation writes for
+    :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
+    grouped = dequant_config().grouped
+    tetra = hasattr(w, "words")
+    key = ("tetra48" if tetra else "planes14", str(device), w.n_blocks, w.d_in, grouped)
+    if key not in _DENSE_ORDER:
+        n = BLOCK * w.n_blocks
+        nat = (dequant_natural_index(w.n_blocks, device, grouped) if tetra
+               else planes14_dequant_natural_index(w.n_blocks, device, grouped))
+        dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
+        if nat is not None:
+            dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
+        _DENSE_ORDER[key] = dest.to(torch.int32)
+    return _DENSE_ORDER[key]
+
+
+def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows from the float16 activation already in
+    :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32 [M, d_out] by one
+    dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
+    conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
+    rotation. Same numbers as those (float16 activations and values)."""
+    tetra = hasattr(w, "words")
+    dev = w.words.device if tetra else w.records.device
+    check_tensor(x16, "x16", torch.float16, device=dev)
+    if x16.dim() != 2 or x16.shape[1] != w.d_in:
+        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
+    cfg = dequant_config()
+    w16 = (tetra48_dequantize_f16 if tetra else planes14_dequantize_f16)(w, config=cfg)
+    return _scale_and_tail(x16[:, : BLOCK * w.n_blocks] @ w16.T, x16, w)
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
