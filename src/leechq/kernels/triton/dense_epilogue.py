@@ -1,6 +1,6 @@
-"""The epilogue of the many-row products (``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``
-and the tensor-core kernel): σ_row and the unquantized tail columns on the blocks' product, in one
-launch.
+"""The epilogue of the many-row products (``ops.tetra48_matmul_dense``,
+``ops.planes14_matmul_dense``, ``ops.matmul_dense_ordered`` and the tensor-core kernel): σ_row and
+the unquantized tail columns on the blocks' product, in one launch.
 
 A float16 copy's product ``y16 = x16 · W16ᵀ`` leaves out σ_row (per output row) and the
 ``d_in mod 24`` tail columns (layouts-kernels-recipe.md §1: kept in float32). This kernel writes
