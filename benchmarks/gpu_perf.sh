@@ -80,6 +80,11 @@
 #   densek5  the rotation writing the copies' column order in float16 and the one-launch epilogue
 #            (ops.matmul_dense_ordered): the serving GPU tests that take the copy (70-row pre-ops,
 #            ball batch 6 and 22, logits vs reference), then e2e Tetra at batch 32 and 64
+#   pendingk what session k could not run on the GPU after f3d049b (the rotation writing the
+#            copies' column order, the one-launch epilogue): the new rotation test at the Qwen3
+#            widths, the dense-path and rotation kernel tests, all serving GPU tests and the
+#            fullgraph compile, then e2e fp16 / Tetra / ball at batch 16, 32 and 64 (same-process
+#            ratios for the ordered products)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -281,8 +286,15 @@ densek5)
   e2e e2e-8b-densek5 120 --models qwen3-8b --arms tetra48 --batches 32,64 \
     --skip-gates --no-profile --budget-s 100
   ;;
+pendingk)
+  gpu_tests tests-rot-k 120 tests/kernels/test_triton_norm_rotate.py -k "dense_order or full_widths"
+  gpu_tests tests-dense-k 100 tests/kernels/test_triton_gpu.py -k "dense_path or dequant"
+  gpu_tests tests-serve-k 200 tests/serve/test_gpu.py tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph
+  e2e e2e-8b-pendingk 260 --models qwen3-8b --arms fp16,tetra48,ball --batches 16,32,64 \
+    --skip-gates --no-profile --budget-s 240
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk)" >&2
   exit 2
   ;;
 esac

@@ -332,3 +332,33 @@ def test_rotation_writes_the_dense_order(n: int) -> None:
         ops.rotate(x, rot, dense_order=dest.long())
     with pytest.raises(InvalidInput, match="dense_order"):
         ops.rotate(x, rot, dense_order=dest[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 12288, 9728, 17408])  # k = 1, 3, 19, 17
+@pytest.mark.parametrize("m_rows", [17, 64])
+def test_rotation_dense_order_on_gpu(n: int, m_rows: int) -> None:
+    """The Qwen3 widths on the many-row path: the rotation (plain, after the norm, after the
+    SwiGLU) writing float16 in a Tetra copy's column order (``ops.dense_input_order``) equals its
+    natural-order float32 output rounded and permuted, bit for bit (the same transform in both
+    launches); every column written (NaN poison)."""
+    from leechq.formats.layouts.tetra48 import random_tetra48
+
+    ops = _ops()
+    dev = "cuda"
+    rot = generate_rotation(n, 0x5EED ^ n)
+    order = ops.dense_input_order(random_tetra48(8, n, seed=1, device=dev), dev)
+    perm = order.long()
+    gen = torch.Generator(device=dev).manual_seed(n + m_rows)
+    x = (torch.randn(m_rows, n, generator=gen, device=dev) * 2).half()
+    delta = torch.randn(m_rows, n, generator=gen, device=dev)
+    weight = (1 + 0.2 * torch.randn(n, generator=gen, device=dev)).half()
+    out = torch.full((m_rows, n), float("nan"), dtype=torch.float16, device=dev)
+    assert ops.rotate(x, rot, dense_order=order, out=out) is out
+    assert torch.equal(out[:, perm], ops.rotate(x, rot).half())
+    _, y16 = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, dense_order=order)
+    _, y32 = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta)
+    assert torch.equal(y16[:, perm], y32.half())
+    gate_up = torch.randn(m_rows, 2 * n, generator=gen, device=dev) * 3
+    s16 = ops.silu_mul_rotate(gate_up, torch.float16, rot, dense_order=order)
+    assert torch.equal(s16[:, perm], ops.silu_mul_rotate(gate_up, torch.float16, rot).half())
