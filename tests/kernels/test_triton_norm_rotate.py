@@ -332,6 +332,13 @@ def test_rotation_writes_the_dense_order(n: int) -> None:
         ops.rotate(x, rot, dense_order=dest.long())
     with pytest.raises(InvalidInput, match="dense_order"):
         ops.rotate(x, rot, dense_order=dest[:-1])
+    # a map that is not a permutation never writes outside the row (the row after it is intact)
+    bad = dest.clone()
+    bad[0], bad[1] = n, -1
+    guard = torch.full((4, n), 7.0, dtype=torch.float16)
+    ops.rotate(x[:1], rot, dense_order=bad, out=guard[1:2])
+    assert torch.equal(guard[2:], torch.full((2, n), 7.0, dtype=torch.float16))
+    assert torch.equal(guard[0], torch.full((n,), 7.0, dtype=torch.float16))
 
 
 @pytest.mark.gpu

@@ -315,7 +315,8 @@ def rotate_kernel(
     ``w``, ``res``, ``eps`` unused without one). With ``TC``, tensor cores for ``TC_MIN ≤ MW ≤
     TC_MAX``; otherwise (and always outside that range) butterflies. With ``DEST`` coordinate
     ``c`` goes to column ``dest[c]`` instead (int32, a permutation: the column order of a
-    dequantized float16 copy), rounded to the output's dtype."""
+    dequantized float16 copy; an entry outside ``[0, n)`` is not written), rounded to the
+    output's dtype."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     xrow = x_ptr + row * stride_xm
@@ -323,9 +324,10 @@ def rotate_kernel(
     v = _group_transform(xrow, auxrow, w_ptr, eps, signs_ptr, small_ptr, g, inv_sqrt_m, K, MW,
                          LOG2M, TC, PRE, HDT)
     cols = g * MW + tl.arange(0, MW)
-    if DEST:
+    if DEST:  # a map entry outside the row writes nothing (memory safety; the caller's contract)
         cols = tl.load(dest_ptr + cols)
-    tl.store(out_ptr + row * stride_om + cols, v.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + row * stride_om + cols, v.to(out_ptr.dtype.element_ty),
+             mask=(cols >= 0) & (cols < K * MW))
     _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, row + 1, MW, PRE, 0, 1)
 
 
