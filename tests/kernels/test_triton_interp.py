@@ -416,6 +416,10 @@ def test_bad_inputs_are_named() -> None:
         ops.tetra48_dequantize_f16(w, out=torch.empty(8, 48, dtype=torch.float32))
     with pytest.raises(InvalidInput, match="words"):
         ops.tetra48_dequantize_f16(replace(w, words=w.words[:, :2].contiguous()))
+    with pytest.raises(InvalidInput, match="num_warps"):
+        ops.tetra48_dequantize_f16(w, config=ops.DequantConfig(num_warps=3))
+    with pytest.raises(InvalidInput, match="programs_per_sm"):
+        ops.tetra48_dequantize_f16(w, config=ops.DequantConfig(programs_per_sm=0))
 
 
 def test_m1_config_rule() -> None:
