@@ -339,16 +339,12 @@ def test_no_local_memory() -> None:
         assert "I2F" not in mix, mix  # values become floats by the magic-number bit pattern
 
 
-def _ops_default():
-    """The dequantization form the serving path uses (``ops.DEQUANT_DEFAULT``)."""
-    return _ops().DEQUANT_DEFAULT
-
-
 def _dequant_forms() -> list:
     """The dequantization forms the GPU tests compare with the default one."""
     from leechq.kernels.triton.ops import DequantConfig
 
-    return [DequantConfig(vector_stores=True), DequantConfig(grouped=True), _ops_default(),
+    return [DequantConfig(vector_stores=True), DequantConfig(grouped=True),
+            _ops().DEQUANT_DEFAULT,
             DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=2),
             DequantConfig(grouped=True, vector_stores=True, num_warps=16, programs_per_sm=1)]
 

@@ -194,8 +194,8 @@ def dequant_column_order(order: torch.Tensor) -> torch.Tensor:
 
 
 DEQUANT_GROUP_PAIRS = 32
-"""Block pairs per column group of the grouped dequantized layout
-(``tetra48_dequant.GROUP_PAIRS``)."""
+"""Block pairs per column group of the grouped dequantized layout (the dequantization kernels'
+``GROUP_PAIRS`` is this number)."""
 
 
 def dequant_group_columns(n_blocks: int) -> torch.Tensor:

@@ -901,21 +901,24 @@ def dequant_natural_index(n_blocks: int, device: torch.device | str,
     """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
     :func:`tetra48_dequantize_f16` in the block-major or ``grouped`` layout (cached per device,
     width and layout)."""
-    blocks = _block_index("dequant", n_blocks, device,
-                          lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
-    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks
+    def blocks() -> torch.Tensor:
+        return _block_index("dequant", n_blocks, device,
+                            lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
+
+    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks()
 
 
 _GROUPED_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
 
 
-def _grouped_index(kind: str, blocks: torch.Tensor, n_blocks: int, device: torch.device | str
-                   ) -> torch.Tensor:
-    """``blocks`` (int64 [24·n_blocks], a block-major column map on ``device``) taken in the
-    grouped layout's column order (cached per kind, device and width)."""
+def _grouped_index(kind: str, blocks: Callable[[], torch.Tensor], n_blocks: int,
+                   device: torch.device | str) -> torch.Tensor:
+    """The block-major column map ``blocks()`` (int64 [24·n_blocks] on ``device``; built only on
+    the first call) taken in the grouped layout's column order (cached per kind, device and
+    width)."""
     key = (kind, str(device), n_blocks)
     if key not in _GROUPED_INDEX:
-        _GROUPED_INDEX[key] = blocks[ref.dequant_group_columns(n_blocks).to(blocks.device)]
+        _GROUPED_INDEX[key] = blocks()[ref.dequant_group_columns(n_blocks).to(device)]
     return _GROUPED_INDEX[key]
 
 
@@ -925,8 +928,8 @@ def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
     in the ``grouped`` layout (cached), or None for the block-major layout (natural order)."""
     if not grouped:
         return None
-    return _grouped_index("planes14", torch.arange(BLOCK * n_blocks, device=device), n_blocks,
-                          device)
+    return _grouped_index("planes14", lambda: torch.arange(BLOCK * n_blocks, device=device),
+                          n_blocks, device)
 
 
 def _mma_block_columns() -> torch.Tensor:
@@ -943,9 +946,18 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.words.device, max_rows=None)
     cfg = dequant_config()
-    w16 = tetra48_dequantize_f16(w, config=cfg)
     xq = x[:, dequant_natural_index(w.n_blocks, x.device, cfg.grouped)].to(torch.float16)
-    return _scale_and_tail(xq @ w16.T, x, w)
+    return _dense_product(xq, x, w, cfg)
+
+
+def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
+                   cfg: DequantConfig) -> torch.Tensor:
+    """The many-row product from the float16 activation ``xq`` [M, 24·n_blocks] in the column
+    order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
+    ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
+    one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
+    dequantize = tetra48_dequantize_f16 if hasattr(w, "words") else planes14_dequantize_f16
+    return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
 
 
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
@@ -1316,10 +1328,9 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     ``reference.planes14_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.records.device, max_rows=None)
     cfg = dequant_config()
-    w16 = planes14_dequantize_f16(w, config=cfg)
     idx = planes14_dequant_natural_index(w.n_blocks, x.device, cfg.grouped)
     xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _scale_and_tail(xq @ w16.T, x, w)
+    return _dense_product(xq, x, w, cfg)
 
 
 _DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
@@ -1352,14 +1363,10 @@ def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -
     dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
     conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
     rotation. Same numbers as those (float16 activations and values)."""
-    tetra = hasattr(w, "words")
-    dev = w.words.device if tetra else w.records.device
-    check_tensor(x16, "x16", torch.float16, device=dev)
+    check_tensor(x16, "x16", torch.float16, device=w.row_scales.device)
     if x16.dim() != 2 or x16.shape[1] != w.d_in:
         raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
-    cfg = dequant_config()
-    w16 = (tetra48_dequantize_f16 if tetra else planes14_dequantize_f16)(w, config=cfg)
-    return _scale_and_tail(x16[:, : BLOCK * w.n_blocks] @ w16.T, x16, w)
+    return _dense_product(x16[:, : BLOCK * w.n_blocks], x16, w, dequant_config())
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from leechq.kernels.reference import DEQUANT_GROUP_PAIRS
 from leechq.kernels.triton._bits import byte_to_f32, global_store128, pack_f16x2
 from leechq.kernels.triton.tetra48_m1 import (
     decode_nibbles,
@@ -49,8 +50,9 @@ from leechq.kernels.triton.tetra48_m1 import (
     stage_table,
 )
 
-GROUP_PAIRS = tl.constexpr(32)
-"""Block pairs per column group of the grouped layout (one warp's 32 lanes: 512-byte stores)."""
+GROUP_PAIRS = tl.constexpr(DEQUANT_GROUP_PAIRS)
+"""Block pairs per column group of the grouped layout (one warp's 32 lanes: 512-byte stores), as
+its twin ``reference.dequant_group_columns`` defines it."""
 
 
 @triton.jit
