@@ -32,6 +32,8 @@ What it does, in order:
    * ``tetra48-dense9``, ``ball-dense9`` (diagnostic): ``tetra48`` and ``ball`` with
      ``LEECHQ_DENSE_MIN_ROWS=9`` — the float16 dequantized copy from 9 rows (after the coalesced
      dequantization of session k);
+   * ``tetra48-nopdl``, ``ball-nopdl`` (diagnostic): ``tetra48`` and ``ball`` with
+     ``LEECHQ_PDL=0`` — the rotation and ``m1`` launches without programmatic dependent launch;
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -368,7 +370,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
-                 "ball-dense9"):
+                 "ball-dense9", "tetra48-nopdl", "ball-nopdl"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -493,7 +495,8 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"},
            "tetra48-dense129": {"LEECHQ_DENSE_MIN_ROWS": "129"},
            "tetra48-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
-           "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"}}
+           "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
+           "tetra48-nopdl": {"LEECHQ_PDL": "0"}, "ball-nopdl": {"LEECHQ_PDL": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -612,7 +615,8 @@ def parse() -> argparse.Namespace:
         "--arms",
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
-        "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,hf-fp16",
+        "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
+        "ball-nopdl,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

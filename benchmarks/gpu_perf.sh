@@ -85,6 +85,18 @@
 #            widths, the dense-path and rotation kernel tests, all serving GPU tests and the
 #            fullgraph compile, then e2e fp16 / Tetra / ball at batch 16, 32 and 64 (same-process
 #            ratios for the ordered products)
+#   pdl      programmatic dependent launch of the batch-1 chain (rotations and m1 matvecs, ops.PDL_DEFAULT):
+#            the m1 / rotation kernel tests and the serving GPU tests with it, then one token's
+#            projections (m1 alone and the served pass) with and without it (LEECHQ_PDL=0)
+#   pdle2e   e2e Qwen3-8B at batch 1: fp16, Tetra and ball with and without PDL
+#   pdl2     PDL on the int8 tensor-core kernel and its slice sum too (3..16 rows): the kernel GPU
+#            tests the first pdl run did not reach (Planes14 m1, many-row m1, rotation widths,
+#            int8 full shapes), then e2e Qwen3-8B Tetra at batch 4, 8 and 16 with and without PDL,
+#            then the served graph == eager and ball-model tests (3..22 rows)
+#   pdl3     PDL off for the int8 kernel again (ops.IMMA_PDL; slower with it in pdl2): e2e Qwen3-8B
+#            Tetra at batch 1, 4 and 8 with and without PDL (rotations and m1 only)
+#   pdl4     the final rule (PDL for the rotations only where m1 takes the rows, < 3): e2e Qwen3-8B
+#            Tetra at batch 1, 2 and 4 with and without PDL
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -293,8 +305,34 @@ pendingk)
   e2e e2e-8b-pendingk 260 --models qwen3-8b --arms fp16,tetra48,ball --batches 16,32,64 \
     --skip-gates --no-profile --budget-s 240
   ;;
+pdl)
+  gpu_tests tests-pdl-kernels 150 tests/kernels/test_triton_gpu.py -k "m1_full or m1_many or rotation_widths"
+  gpu_tests tests-pdl-serve 150 tests/serve/test_gpu.py
+  matvec matvec-pdl 120 --batches 1 --arms fp16,tetra48-m1-fused-noprep,served
+  LEECHQ_PDL=0 matvec matvec-nopdl 120 --batches 1 --arms fp16,tetra48-m1-fused-noprep,served
+  ;;
+pdl2)
+  gpu_tests tests-pdl2-kernels 280 tests/kernels/test_triton_gpu.py \
+    -k "planes14_m1 or m1_many or rotation_widths or imma_full or imma_helpers"
+  e2e e2e-8b-pdl2 240 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl --batches 4,8,16 \
+    --skip-gates --no-profile --budget-s 220
+  gpu_tests tests-pdl2-serve 90 tests/serve/test_gpu.py::test_fused_graph_tokens_equal_eager_tokens \
+    tests/serve/test_gpu.py::test_fused_ball_model_matches_reference
+  ;;
+pdl3)
+  e2e e2e-8b-pdl3 200 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl --batches 1,4,8 \
+    --skip-gates --no-profile --budget-s 180
+  ;;
+pdl4)
+  e2e e2e-8b-pdl4 170 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl --batches 1,2,4 \
+    --skip-gates --no-profile --budget-s 150
+  ;;
+pdle2e)
+  e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
+    --batches 1 --skip-gates --no-profile --budget-s 280
+  ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4)" >&2
   exit 2
   ;;
 esac

@@ -14,8 +14,38 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # grid dependency control (Triton ≥ 3.3); without it PDL_AVAILABLE is False and the
+    # launchers never set PDL
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    PDL_AVAILABLE = True
+except ImportError:  # pragma: no cover - older Triton
+    PDL_AVAILABLE = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
 MAGIC_F32 = 8388736.0
 """2^23 + 128: subtracting it from the float with bits 0x4B0000bb gives bb − 128 exactly."""
+
+
+@triton.jit
+def await_previous_grid(PDL: tl.constexpr):
+    """Programmatic dependent launch (Hopper): with ``PDL`` the program waits here until the grid
+    launched before it on the stream has finished and its writes are visible
+    (``griddepcontrol.wait``), then lets the next grid's programs be scheduled
+    (``griddepcontrol.launch_dependents``). Everything a kernel does before this call may only
+    read memory no earlier grid writes (weights, tables) and write only shared memory; a kernel
+    launched with ``launch_pdl=True`` must call it before anything else. Without ``PDL`` it is
+    nothing."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

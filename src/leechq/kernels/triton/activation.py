@@ -51,6 +51,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from leechq.kernels.triton._bits import await_previous_grid
 from leechq.kernels.triton.tetra48_imma import store_activation_records
 
 TC_MIN = tl.constexpr(256)
@@ -309,6 +310,7 @@ def rotate_kernel(
     aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, dest_ptr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, DEST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q h`` for activation row ``program_id(0)``, natural order; see
     the module docstring. Grid ``(M, K)``. ``h`` is the row or its pre-op (``PRE``; ``aux``,
@@ -316,7 +318,8 @@ def rotate_kernel(
     TC_MAX``; otherwise (and always outside that range) butterflies. With ``DEST`` coordinate
     ``c`` goes to column ``dest[c]`` instead (int32, a permutation: the column order of a
     dequantized float16 copy; an entry outside ``[0, n)`` is not written), rounded to the
-    output's dtype."""
+    output's dtype. ``PDL``: waits for the previous grid first (launched with ``launch_pdl``)."""
+    await_previous_grid(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     xrow = x_ptr + row * stride_xm
@@ -338,7 +341,7 @@ def rotate_prepared_kernel(
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
-    RECORDS: tl.constexpr = False,
+    RECORDS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -358,7 +361,9 @@ def rotate_prepared_kernel(
     With ``RECORDS`` (one group, ``K = 1``) the programs also write the int8 tensor-core
     kernel's activation records of their pairs (``rec``, ``ex``:
     :func:`.tetra48_imma.store_activation_records`, the words ``ops.imma_activation`` would
-    compute from this prepared row), so that kernel needs no launch of its own."""
+    compute from this prepared row), so that kernel needs no launch of its own. ``PDL`` as
+    :func:`rotate_kernel`."""
+    await_previous_grid(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     part = tl.program_id(2)

@@ -32,6 +32,7 @@ from leechq.kernels.tables import (
     tetra_m1_table,
     tetra_m1_table_compact,
 )
+from leechq.kernels.triton._bits import PDL_AVAILABLE
 from leechq.kernels.triton.activation import (
     PRE_ADD_NORM,
     PRE_NORM,
@@ -78,6 +79,44 @@ def interpreting() -> bool:
 
 def _use_asm() -> bool:
     return not interpreting()
+
+
+PDL_DEFAULT = True
+"""Launch the batch-1 chain's kernels (the rotations and the ``m1`` matvecs) with programmatic
+dependent launch where the GPU has it (Hopper and later): a grid's programs are scheduled while
+the grid before it finishes, stage their tables and load their first weight words, and wait
+(``griddepcontrol.wait``) only before they read its output. ``LEECHQ_PDL=0`` turns it off."""
+
+IMMA_PDL = False
+"""Programmatic dependent launch for the int8 tensor-core kernel and its slice sum too (opt-in:
+``LEECHQ_IMMA_PDL=1``, with :func:`pdl_enabled`). H200, Qwen3-8B decode, 2026-12-01: with it
+(and the rotations' and ``m1``'s) batch 4 took 7.20 ms per step against 6.80 without any, batch 8
+7.45 against 6.92, batch 16 9.50 against 9.14 (BENCHMARKS.md §4 session l)."""
+
+_PDL_DEVICES: dict[int, bool] = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels launched on ``device`` now use programmatic dependent launch: a CUDA device
+    of compute capability ≥ 9, a Triton with grid dependency control, :data:`PDL_DEFAULT` or
+    ``LEECHQ_PDL`` (read on every call), not under the interpreter and not while ``torch.compile``
+    traces (its kernel wrapper does not pass the launch attribute)."""
+    if interpreting() or not PDL_AVAILABLE or device.type != "cuda":
+        return False
+    if os.environ.get("LEECHQ_PDL", "1" if PDL_DEFAULT else "0") == "0":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _PDL_DEVICES:
+        _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _PDL_DEVICES[index]
+
+
+def _pdl_launch(pdl: bool) -> dict[str, Any]:
+    """The launch keywords of a kernel with a ``PDL`` constexpr: the constexpr, and the launch
+    attribute only when set (so that launches without it stay plain)."""
+    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...],
@@ -604,6 +643,9 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
     warps = 8 if m >= 2048 else 4
+    # PDL where the rows go on to the m1 kernel (H200, Qwen3-8B decode, 2026-12-01: batch 1 4.42
+    # → 4.20 ms per step; at 4 and 8 rows, before the int8 kernel, 6.80 → 6.86 and 6.94 → 6.99)
+    rotate_pdl = m_rows < IMMA_MIN_ROWS and pdl_enabled(x.device)
     aux = pre.aux if pre.aux is not None else x
     res = pre.residual if pre.residual is not None else x
     pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
@@ -629,7 +671,7 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
                 prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, N=n,
                 N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
                 TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
-                RECORDS=records is not None, num_warps=warps,
+                RECORDS=records is not None, num_warps=warps, **_pdl_launch(rotate_pdl),
             )
         return out
     if prepared_order is None:
@@ -644,6 +686,7 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             rotation.inv_sqrt_m, *pre_args, nat if dense_order is None else dense_order,
             K=k, MW=m, LOG2M=int(math.log2(m)), TC=bool(tensor_cores), PRE=pre.code,
             HDT=pre.hdt, DEST=dense_order is not None, num_warps=warps,
+            **_pdl_launch(rotate_pdl),
         )
     if prepared_order is None:
         return nat
@@ -781,6 +824,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
         consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts} if lattice else consts
+    pdl = _pdl_launch(pdl_enabled(xp.device))
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
@@ -790,7 +834,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
             y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
             ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
             num_warps=cfg.num_warps, num_stages=1,
-            **({"ILP": cfg.ilp, "MB": mb} if lattice else {}), **consts,
+            **({"ILP": cfg.ilp, "MB": mb} if lattice else {}), **consts, **pdl,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -1213,16 +1257,19 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
             num_stages=1, **regs,
         )
         return y
+    pdl = _pdl_launch(os.environ.get("LEECHQ_IMMA_PDL", "1" if IMMA_PDL else "0") == "1"
+                      and pdl_enabled(dev))
     imma_kernel[(tiles, slices)](
         rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
         N_BLOCKS=w.n_blocks, NPP=npp, NW=num_warps, RG=row_groups, RPS=rows_per_step,
         CH=chunks, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps, num_stages=1, **regs,
+        **pdl,
     )
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
         part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
         NPP=npp, TAIL_COLS=w.tail_cols, TAIL_P2=triton.next_power_of_2(max(1, w.tail_cols)),
-        SLICES=triton.next_power_of_2(slices), BLK=blk, T=8 * chunks,
+        SLICES=triton.next_power_of_2(slices), BLK=blk, T=8 * chunks, **pdl,
     )
     return y
 

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import (
+    await_previous_grid,
     fence_gpu,
     global_load32,
     global_load128,
@@ -333,17 +334,19 @@ def _store_chunk(accs, part, ru, rv, lane, d_out, RPS: tl.constexpr, NW: tl.cons
 @triton.jit
 def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
                 N_BLOCKS: tl.constexpr, NPP: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
-                RPS: tl.constexpr, CH: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
+                RPS: tl.constexpr, CH: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
+                PDL: tl.constexpr = False):
     """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all
     ``8·CH`` activation rows (``CH`` = 1 or 2 chunks of 8: each decoded block meets both);
     see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
     each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
     fragments between them. Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
-    adds the slices."""
+    adds the slices. ``PDL``: the table is staged before the wait for the previous grid
+    (:func:`._bits.await_previous_grid`)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
                cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, CH, False,
-               0, NPP, CODE, USE_ASM)
+               0, NPP, CODE, USE_ASM, PDL)
 
 
 @triton.jit
@@ -359,7 +362,7 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
     scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
-               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM)
+               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM, False)
 
 
 @triton.jit
@@ -367,7 +370,8 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
                CH: tl.constexpr, FUSED: tl.constexpr, TAIL_COLS: tl.constexpr,
-               NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
+               NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
+               PDL: tl.constexpr):
     """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
     0 for ``tetra48`` words and the batch-1 Tetra table, 1 for ``planes14`` records and
     ``tables.planes14_m1_table``; ``CH``: 8-row chunks of activation rows, 1 or 2)."""
@@ -378,6 +382,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
     else:
         STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+    await_previous_grid(PDL)
     e = tl.arange(0, NW * 32)
     sb_rep = sb_copy(e)
     warp = e // 32
@@ -496,24 +501,28 @@ def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_
 def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, d_out,
                          n_slices, NPP: tl.constexpr, TAIL_COLS: tl.constexpr,
                          TAIL_P2: tl.constexpr, SLICES: tl.constexpr, BLK: tl.constexpr,
-                         T: tl.constexpr = 8):
+                         T: tl.constexpr = 8, PDL: tl.constexpr = False):
     """``y[t, n] = σ[n] · Σ_slices part[slice, t, n] + Σ_c tail[n, c] · x[t, tail c]`` for
     activation row ``t = program_id(1)`` and the ``BLK`` rows of ``program_id(0)`` (the tail
     columns from the prepared layout's slots ``48·NPP + c``); ``SLICES``: a power of two
     ≥ ``n_slices`` (all slices in one load), ``TAIL_P2`` one ≥ ``TAIL_COLS`` (the rows' tail
-    weights in one 2-D load); ``T``: activation rows per slice of ``part`` (8 or 16)."""
+    weights in one 2-D load); ``T``: activation rows per slice of ``part`` (8 or 16). ``PDL``: the
+    weights' scales and tails are loaded before the wait for the previous grid."""
     t = tl.program_id(1)
     n = tl.program_id(0) * BLK + tl.arange(0, BLK)
     ok = n < d_out
     sl = tl.arange(0, SLICES)[:, None]
-    parts = tl.load(part_ptr + (sl * T + t) * d_out + n[None, :],
-                    mask=(sl < n_slices) & ok[None, :], other=0.0)
-    out = tl.sum(parts, axis=0) * tl.load(scale_ptr + n, mask=ok, other=0.0)
+    scale = tl.load(scale_ptr + n, mask=ok, other=0.0)
+    kc = tl.arange(0, TAIL_P2)
+    kok = kc < TAIL_COLS
     if TAIL_COLS > 0:
-        kc = tl.arange(0, TAIL_P2)
-        kok = kc < TAIL_COLS
         tails = tl.load(tail_ptr + n[:, None] * TAIL_COLS + kc[None, :],
                         mask=ok[:, None] & kok[None, :], other=0.0)
+    await_previous_grid(PDL)
+    parts = tl.load(part_ptr + (sl * T + t) * d_out + n[None, :],
+                    mask=(sl < n_slices) & ok[None, :], other=0.0)
+    out = tl.sum(parts, axis=0) * scale
+    if TAIL_COLS > 0:
         xt = tl.load(xp_ptr + t * stride_x + 48 * NPP + kc, mask=kok, other=0.0)
         out += tl.sum(tails * xt[None, :], axis=1)
     tl.store(y_ptr + t * stride_y + n, out, mask=ok)

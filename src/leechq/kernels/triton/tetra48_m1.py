@@ -42,6 +42,7 @@ import triton.language as tl
 
 from leechq.kernels.triton import planes14_m1
 from leechq.kernels.triton._bits import (
+    await_previous_grid,
     dp4a,
     prmt,
     reserve_smem,
@@ -367,7 +368,7 @@ def m1_kernel(
     stride_x, stride_y, m_rows,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
-    CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True,
+    CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -379,7 +380,9 @@ def m1_kernel(
     once for all of them; the scratch holds ``[NS, MB, d_out]`` partials. ``CODE``: :data:`TETRA`
     (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``) or
     :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
-    ``SEL_TABLE``: the permute selectors from that table, else built in registers)."""
+    ``SEL_TABLE``: the permute selectors from that table, else built in registers). ``PDL``: the
+    program stages its table and loads its first words before it waits for the previous grid
+    (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -392,9 +395,6 @@ def m1_kernel(
     else:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     sb_rep = sb_copy(e)
-    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
-    # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
-    xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
@@ -405,6 +405,11 @@ def m1_kernel(
     if ILP == 2:
         v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
                                 CODE)
+    # the table and the first words (read-only) are in flight before the activation is ready
+    await_previous_grid(PDL)
+    # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
+    # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
+    xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
     for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
@@ -545,7 +550,7 @@ def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, 
 def null_m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr,
+    BP: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The no-weights control in the geometry of :func:`m1_kernel` (layouts-kernels-recipe
     §3.7): same grid, table staging, activation conversion, per-row centroid reads, lane reduction,
@@ -558,6 +563,7 @@ def null_m1_kernel(
     IPC: tl.constexpr = ROWS // RI
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     base = stage_table(tab_ptr, d_out, USE_ASM)
+    await_previous_grid(PDL)
     xb = xp_ptr + pair
     res0 = _x_limbs(xb, NPP, 0, USE_ASM)
     res1 = _x_limbs(xb, NPP, 1, USE_ASM)

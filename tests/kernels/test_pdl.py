@@ -1,0 +1,142 @@
+"""Programmatic dependent launch (``ops.pdl_enabled``, ``_bits.await_previous_grid``).
+
+On a GPU the PDL-launched kernels are checked by the GPU tests (``-m gpu``: the ``m1`` and
+rotation kernels at full shapes, the served model graph == eager); here, without one:
+
+* the host rule — never under the interpreter, on a CPU tensor, with ``LEECHQ_PDL=0`` or while
+  ``torch.compile`` traces — and the launch keywords;
+* the compiled kernels, offline for sm_90 with Triton's own ptxas (in a subprocess without
+  ``TRITON_INTERPRET``, so that the kernels are real ``JITFunction`` s): with ``PDL`` the PTX has
+  one ``griddepcontrol.wait`` followed by ``griddepcontrol.launch_dependents``; in the ``m1``
+  kernel the wait comes after the table is staged into shared memory and after the first weight
+  words are loaded (that is what the early launch buys) and before any global store but those of
+  the never-taken branch that reserves the shared memory; the rotation waits before its first
+  load; without ``PDL`` there is no ``griddepcontrol`` at all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from leechq.kernels.triton import ops  # noqa: E402
+
+
+def test_pdl_never_off_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEECHQ_PDL", raising=False)
+    assert not ops.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not ops.pdl_enabled(torch.device("cuda", 0))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setenv("LEECHQ_PDL", "0")
+    assert not ops.pdl_enabled(torch.device("cuda", 0))
+
+
+def test_pdl_rule_on_a_hopper_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule with the device query answered (no GPU needed): capability 9 and later only, the
+    switch read on every call, off while Dynamo traces."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("LEECHQ_PDL", raising=False)
+    monkeypatch.setattr(ops, "PDL_AVAILABLE", True)
+    monkeypatch.setattr(ops, "_PDL_DEVICES", {0: True, 1: False})
+    dev = torch.device("cuda", 0)
+    assert ops.pdl_enabled(dev) == ops.PDL_DEFAULT
+    assert not ops.pdl_enabled(torch.device("cuda", 1))  # an Ampere card
+    monkeypatch.setenv("LEECHQ_PDL", "1")
+    assert ops.pdl_enabled(dev)
+    monkeypatch.setenv("LEECHQ_PDL", "0")
+    assert not ops.pdl_enabled(dev)
+    monkeypatch.setenv("LEECHQ_PDL", "1")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not ops.pdl_enabled(dev)
+    monkeypatch.setattr(ops, "PDL_AVAILABLE", False)  # a Triton without grid dependency control
+    assert not ops.pdl_enabled(dev)
+
+
+def test_pdl_launch_keywords() -> None:
+    """The constexpr always goes (Inductor rejects a call that leaves one to its default); the
+    launch attribute only with it."""
+    assert ops._pdl_launch(False) == {"PDL": False}
+    assert ops._pdl_launch(True) == {"PDL": True, "launch_pdl": True}
+
+
+_SCRIPT = r"""
+import re
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.activation import rotate_prepared_kernel
+from leechq.kernels.triton.tetra48_imma import imma_finalize_kernel
+from leechq.kernels.triton.tetra48_m1 import m1_kernel
+
+M1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
+      "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+      "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32"}
+ROT = {"x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
+       "out_ptr": "*fp32", "stride_om": "i32", "order_ptr": "*i32", "inv_sqrt_m": "fp32",
+       "M": "i32", "aux_ptr": "*fp32", "stride_am": "i32", "w_ptr": "*fp32", "res_ptr": "*fp32",
+       "stride_rm": "i32", "eps": "fp32", "rec_ptr": "*i32", "ex_ptr": "*fp32"}
+FIN = {"part_ptr": "*fp32", "scale_ptr": "*fp32", "tail_ptr": "*fp32", "xp_ptr": "*fp32",
+       "stride_x": "i32", "y_ptr": "*fp32", "stride_y": "i32", "d_out": "i32", "n_slices": "i32"}
+
+
+def ptx(kernel, sig, consts, warps=4):
+    return I.compile_for(kernel, sig, consts, num_warps=warps).asm["ptx"]
+
+
+def lines(text):
+    return [ln.split("//")[0].strip().replace(" ;", ";") for ln in text.splitlines()]
+
+
+def address(ln):
+    return re.search(r"\[\s*(%rd\d+)", ln).group(1)
+
+
+for pdl in (False, True):
+    m1 = ptx(m1_kernel, M1, dict(N_BLOCKS=12, TAIL_COLS=5, ROWS=64, NW=4, BP=32, USE_ASM=True,
+                                 ILP=2, MB=1, PDL=pdl))
+    rot = ptx(rotate_prepared_kernel, ROT, dict(N=256, N_BLOCKS=10, NPP=64, PR=8, K=1, MW=256,
+                                                LOG2M=8, TC=False, PDL=pdl))
+    fin = ptx(imma_finalize_kernel, FIN, dict(NPP=64, TAIL_COLS=5, TAIL_P2=8, SLICES=2, BLK=128,
+                                              T=8, PDL=pdl))
+    for name, text in (("m1", m1), ("rotation", rot), ("finalize", fin)):
+        seq = [ln for ln in lines(text) if ln.startswith("griddepcontrol")]
+        if not pdl:
+            assert not seq, (name, seq)
+            continue
+        assert seq == ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"], (name, seq)
+    if pdl:
+        body = lines(m1)
+        wait = body.index("griddepcontrol.wait;")
+        before = body[:wait]
+        staged = max(i for i, ln in enumerate(before) if ln.startswith("st.shared"))
+        table_loads = {address(ln) for ln in before if "ld.global.v4" in ln}
+        word_loads = [ln for ln in before if "ld.global.b32" in ln]
+        assert staged > 0 and len(table_loads) >= 16, "the table is staged before the wait"
+        assert len(word_loads) >= 6, ("the first rows' words are loaded before the wait",
+                                      word_loads)
+        # the only global stores before the wait are those of the never-taken branch that
+        # reserves the shared memory (stage_table's reserve_smem: back to the table's addresses)
+        stores = [ln for ln in before if "st.global" in ln or "atom." in ln]
+        assert all("st.global" in ln and address(ln) in table_loads for ln in stores), stores
+        # the rotation waits before it reads anything
+        rb = lines(rot)
+        assert rb.index("griddepcontrol.wait;") < min(
+            i for i, ln in enumerate(rb) if "ld.global" in ln)
+print("ok")
+"""
+
+
+def test_pdl_kernels_compile_with_the_wait_in_place() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
+        proc.stdout[-2000:] + proc.stderr[-4000:])
