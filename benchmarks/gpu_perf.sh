@@ -97,6 +97,10 @@
 #            Tetra at batch 1, 4 and 8 with and without PDL (rotations and m1 only)
 #   pdl4     the final rule (PDL for the rotations only where m1 takes the rows, < 3): e2e Qwen3-8B
 #            Tetra at batch 1, 2 and 4 with and without PDL
+#   pdlnext  what session l could not run under PDL: the kernel GPU tests its steps did not reach
+#            (the 24-row m1 shape, Planes14 many rows, rotation widths, no local memory), e2e
+#            Qwen3-14B at batch 1 with and without PDL, then the m1 geometry sweep (staging is
+#            now hidden, so the best chunk per shape may have moved)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -327,12 +331,19 @@ pdl4)
   e2e e2e-8b-pdl4 170 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl --batches 1,2,4 \
     --skip-gates --no-profile --budget-s 150
   ;;
+pdlnext)
+  gpu_tests tests-pdlnext 200 tests/kernels/test_triton_gpu.py \
+    -k "m1_full_shapes and 24 or planes14_m1_many or rotation_widths or no_local"
+  e2e e2e-14b-pdl 200 --models qwen3-14b --arms fp16,tetra48,tetra48-nopdl --batches 1 \
+    --skip-gates --no-profile --budget-s 180
+  matvec matvec-pdl-sweep 180 --batches 1 --sweep --arms fp16,tetra48-m1-fused-noprep,served
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext)" >&2
   exit 2
   ;;
 esac

@@ -26,7 +26,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from leechq.kernels.triton import ops  # noqa: E402
+from leechq.kernels.triton import ops
 
 
 def test_pdl_never_off_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,6 +56,11 @@ def test_pdl_rule_on_a_hopper_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEECHQ_PDL", "1")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not ops.pdl_enabled(dev)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # a ROCm build: no PTX grid control
+    assert not ops.pdl_enabled(dev)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert ops.pdl_enabled(dev)
     monkeypatch.setattr(ops, "PDL_AVAILABLE", False)  # a Triton without grid dependency control
     assert not ops.pdl_enabled(dev)
 

@@ -97,11 +97,11 @@ _PDL_DEVICES: dict[int, bool] = {}
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels launched on ``device`` now use programmatic dependent launch: a CUDA device
-    of compute capability ≥ 9, a Triton with grid dependency control, :data:`PDL_DEFAULT` or
+    """Whether kernels launched on ``device`` now use programmatic dependent launch: an NVIDIA
+    device of compute capability ≥ 9, a Triton with grid dependency control, :data:`PDL_DEFAULT` or
     ``LEECHQ_PDL`` (read on every call), not under the interpreter and not while ``torch.compile``
     traces (its kernel wrapper does not pass the launch attribute)."""
-    if interpreting() or not PDL_AVAILABLE or device.type != "cuda":
+    if interpreting() or not PDL_AVAILABLE or device.type != "cuda" or torch.version.hip:
         return False
     if os.environ.get("LEECHQ_PDL", "1" if PDL_DEFAULT else "0") == "0":
         return False
