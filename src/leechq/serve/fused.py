@@ -296,8 +296,8 @@ class LatticeGroup(nn.Module):
         x2 = x.reshape(-1, self.d_in)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        y = self._many_row_products(int(x2.shape[0]), lambda order: (
-            ops.rotate(x2, self.rot, dense_order=order) if self.rot is not None else x2))
+        _, y = self._many_row_products(int(x2.shape[0]), lambda order: (
+            None, ops.rotate(x2, self.rot, dense_order=order) if self.rot is not None else x2))
         if y is None:
             y = self._prepared_matvecs(x2, self._fill)[1]
         return y.reshape(*lead, self.d_out)
@@ -339,20 +339,12 @@ class LatticeGroup(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
-        residual = []
-
-        def rotated(order: torch.Tensor | None) -> torch.Tensor:
-            r, xr = self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)
-            residual.append(r)
-            return xr
-
-        y = self._many_row_products(int(x2.shape[0]), rotated)
+        r, y = self._many_row_products(int(x2.shape[0]), lambda order: (
+            self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)))
         if y is None:
             (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
                 self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
                                       out=xp, records=recs)))
-        else:
-            r = residual[0]
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -361,8 +353,8 @@ class LatticeGroup(nn.Module):
         Only where :meth:`fuses_pre_ops` holds."""
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
-        y = self._many_row_products(int(g2.shape[0]), lambda order: (
-            self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
+        _, y = self._many_row_products(int(g2.shape[0]), lambda order: (
+            None, self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
         if y is None:
             _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
                 self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
@@ -449,31 +441,33 @@ class LatticeGroup(nn.Module):
             y = y + self.bias
         return y
 
-    def _many_row_products(self, m_rows: int, rotated: Any) -> torch.Tensor | None:
-        """The many-row paths for ``m_rows`` rows (:meth:`_many_rows`), or None where the matvec
-        serves them: float32 [m_rows, Σ d_out] with the bias. ``rotated(order)`` gives the group's
-        input after its rotation (and pre-op): with an int32 ``order`` (a rotated group on the
-        float16 copy: ``ops.dense_input_order``) float16 in the copies' column order, written by
+    def _many_row_products(self, m_rows: int, rotated: Any) -> tuple[Any, torch.Tensor | None]:
+        """The many-row paths for ``m_rows`` rows (:meth:`_many_rows`): ``(extra, y)`` with ``y``
+        float32 [m_rows, Σ d_out] (the bias added), or ``(None, None)`` where the matvec serves
+        them. ``rotated(order)`` makes the group's input and returns ``(extra, x)`` (``extra``:
+        what the pre-op also gives, e.g. ``norm_rotate``'s residual, as :meth:`_prepared_matvecs`
+        passes on its fill's result): with an int32 ``order`` (a rotated group on the float16
+        copy: ``ops.dense_input_order``) ``x`` is float16 in the copies' column order, written by
         the rotation launch (``ops.matmul_dense_ordered``: no gather, no conversion, the epilogue
         in one launch); with None float32 in natural order (the input itself for an unrotated
         group), for the tensor-core kernel or the natural-order dense products."""
         kind = self._many_rows(m_rows)
         if kind is None:
-            return None
+            return None, None
         ops = self._ops
         if kind == "dense" and self.rot is not None:
             part0 = self.parts[0]
-            x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
+            extra, x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
             ys = [ops.matmul_dense_ordered(x16, part) for part in self.parts]
         else:
             matmul = (ops.tetra48_matmul_mma if kind == "mma" else ops.tetra48_matmul_dense
                       if self.layout == "tetra48" else ops.planes14_matmul_dense)
-            xr = rotated(None)
+            extra, xr = rotated(None)
             ys = [matmul(xr, part) for part in self.parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
             y = y + self.bias
-        return y
+        return extra, y
 
     def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor,
               recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:

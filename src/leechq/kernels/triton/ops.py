@@ -989,8 +989,30 @@ def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
     applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.words.device, max_rows=None)
+    return _dense_product_natural(x, w)
+
+
+def _is_tetra48(w: Tetra48Weight | Planes14Weight) -> bool:
+    """Whether a lattice record is ``tetra48`` (its words) rather than ``planes14`` (records)."""
+    return hasattr(w, "words")
+
+
+def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
+                  grouped: bool) -> torch.Tensor | None:
+    """The natural (rotated-basis) column of each column of ``w``'s float16 copy in the
+    block-major or ``grouped`` layout (:func:`dequant_natural_index`,
+    :func:`planes14_dequant_natural_index`), or None where that is the natural order."""
+    if _is_tetra48(w):
+        return dequant_natural_index(w.n_blocks, device, grouped)
+    return planes14_dequant_natural_index(w.n_blocks, device, grouped)
+
+
+def _dense_product_natural(x: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
+    """:func:`_dense_product` from the float32 activation in natural order: its block columns
+    gathered into the copy's column order (:func:`_copy_columns`) and rounded to float16."""
     cfg = dequant_config()
-    xq = x[:, dequant_natural_index(w.n_blocks, x.device, cfg.grouped)].to(torch.float16)
+    idx = _copy_columns(w, x.device, cfg.grouped)
+    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
     return _dense_product(xq, x, w, cfg)
 
 
@@ -1000,7 +1022,7 @@ def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes1
     order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
     ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
     one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
-    dequantize = tetra48_dequantize_f16 if hasattr(w, "words") else planes14_dequantize_f16
+    dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
     return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
 
 
@@ -1374,10 +1396,7 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     float16 rounding of values and activations; σ_row and the tail in float32). Twin of
     ``reference.planes14_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.records.device, max_rows=None)
-    cfg = dequant_config()
-    idx = planes14_dequant_natural_index(w.n_blocks, x.device, cfg.grouped)
-    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _dense_product(xq, x, w, cfg)
+    return _dense_product_natural(x, w)
 
 
 _DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
@@ -1391,12 +1410,10 @@ def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | 
     tail columns stay in place — the ``dense_order`` the rotation writes for
     :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
     grouped = dequant_config().grouped
-    tetra = hasattr(w, "words")
-    key = ("tetra48" if tetra else "planes14", str(device), w.n_blocks, w.d_in, grouped)
+    key = ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in, grouped)
     if key not in _DENSE_ORDER:
         n = BLOCK * w.n_blocks
-        nat = (dequant_natural_index(w.n_blocks, device, grouped) if tetra
-               else planes14_dequant_natural_index(w.n_blocks, device, grouped))
+        nat = _copy_columns(w, device, grouped)
         dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
         if nat is not None:
             dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
