@@ -125,11 +125,14 @@ def _config_of(config):
 
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
                   fused: bool, config, null: bool = False, noprep: bool = False,
-                  rotate: bool = False) -> Pass:
+                  rotate: bool = False, limbs: bool = False) -> Pass:
     """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
     rotation kernel writes them in a served model), so the pass is the matvec launches only.
     ``rotate``: the served pass — each input group is rotated straight into the prepared layout
-    (one rotation launch per group, as ``leechq.serve.fused.TetraGroup`` does), then the matvecs."""
+    (one rotation launch per group, as ``leechq.serve.fused.TetraGroup`` does), then the matvecs.
+    ``limbs`` (with ``rotate``, as the served model): one-group rotations of fewer than
+    ``ops.IMMA_MIN_ROWS`` rows also write the batch-1 kernel's limb records, which its launches
+    load (arm ``served``; ``served-nolimbs`` converts the prepared rows in every program)."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -175,6 +178,14 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             src = GROUP_INPUT[k.split("+")[0]]
             rots[src] = ops.DeviceRotation.from_tables(generate_rotation(w.d_in, seed + w.d_in),
                                                        device)
+    lbs = {src: ops.m1_limbs(first_w.n_blocks, device, batch)
+           for src, first_w in ((GROUP_INPUT[k.split("+")[0]], w) for k, w in first.items())
+           if limbs and rotate and rots[src].odd == 1 and batch < ops.IMMA_MIN_ROWS}
+    if lbs:
+        plain_mv = mv
+
+        def mv(xp, w, m, cfg, out=None, lb=None):
+            return plain_mv(xp, w, m, cfg, out=out, limbs=lb)
 
     def run(b: int) -> None:
         for lw in layers:
@@ -186,11 +197,15 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                     continue
                 if src not in done:
                     if rotate:
-                        ops.rotate(xs[b][src], rots[src], prepared_order=order, out=preps[src])
+                        ops.rotate(xs[b][src], rots[src], prepared_order=order, out=preps[src],
+                                   limbs=lbs.get(src))
                     else:
                         ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
                     done.add(src)
-                mv(preps[src], w, batch, cfgs[k], out=outs[k])
+                if src in lbs:
+                    mv(preps[src], w, batch, cfgs[k], out=outs[k], lb=lbs[src])
+                else:
+                    mv(preps[src], w, batch, cfgs[k], out=outs[k])
 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
     if null:
@@ -226,6 +241,16 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 rot_err = float((got - want).abs().max() / want.abs().max())
                 if not rot_err <= 1e-5:  # rotation tolerance (docs/kernels.md)
                     raise AssertionError(f"rotation error {rot_err:.2e} > 1e-5")
+            for k, w in first.items():  # limb records: as the reference, the same outputs
+                src = GROUP_INPUT[k.split("+")[0]]
+                if src not in lbs:
+                    continue
+                lb = ops.m1_limbs(w.n_blocks, device, batch)
+                xp = ops.rotate(x[src], rots[src], prepared_order=order, limbs=lb)
+                if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks)):
+                    raise AssertionError(f"{k}: rotation-written limb records differ")
+                if not torch.equal(mv(xp, w, batch, cfgs[k], lb=lb), mv(xp, w, batch, cfgs[k])):
+                    raise AssertionError(f"{k}: m1 on limb records differs")
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -661,7 +686,8 @@ def sass_report(configs: dict) -> dict:
     c1 = configs[1]
     if c1.kernel == "m1":
         jobs["tetra48-m1/M1"] = (m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
-                                                     "m_rows": "i32"}, dict(
+                                                     "m_rows": "i32", "xl_ptr": "*i32",
+                                                     "stride_l": "i32"}, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
             ILP=c1.ilp, MB=1), 2 * c1.ilp, c1.num_warps)  # ILP block pairs per thread per trip
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
@@ -944,7 +970,9 @@ def main() -> None:
                 "tetra48-m1-fused-noprep": lambda: build_lattice(
                     model, "tetra48", batch, args.sets, device, 4, True, m1, noprep=True),
                 "served": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 4,
-                                                True, m1, rotate=True),
+                                                True, m1, rotate=True, limbs=True),
+                "served-nolimbs": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
                                                  False, m1),
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
@@ -1014,7 +1042,7 @@ def main() -> None:
                 ms = statistics.median(per_round[arm])
                 ratios = [f / a for f, a in zip(per_round["fp16"], per_round[arm])]
                 gbps = gr.p.bytes / (min(per_round[arm]) * 1e-3) / 1e9 if gr.p.bytes else 0.0
-                uses_m1 = "m1" in arm or arm in ("served", "tetra48")
+                uses_m1 = "m1" in arm or arm.startswith("served") or arm == "tetra48"
                 results.append({
                     "model": name, "arm": arm, "batch": batch, "ms": round(ms, 4),
                     "ms_range": [round(min(per_round[arm]), 4), round(max(per_round[arm]), 4)],

@@ -392,3 +392,45 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     wide = LatticeGroup.from_records(_records(True), [None, None], "cpu")
     wide(torch.randn(3, 72, generator=g))
     assert len(launches) == 2
+
+
+@pytest.mark.parametrize("ball", [False, True])
+def test_rotation_written_limbs_feed_the_m1_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                    ball: bool) -> None:
+    """By default (``LEECHQ_M1_LIMBS=0`` turns it off), one row of a one-group rotation (Tetra:
+    its norm form; Planes14: the plain one) writes the batch-1 kernel's limb records and every
+    ``m1`` launch loads them; the outputs equal those of the launches that convert the prepared
+    rows, bit for bit; a 72-wide group (a rotation of several groups) converts."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.fused import LatticeGroup
+
+    seen = []
+    launch = ops._launch_m1
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs.get("limbs") is not None)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "_launch_m1", recorded)
+    recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
+    group = LatticeGroup.from_records(recs, [None, torch.randn(8)], "cpu")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 128, generator=g)
+    weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
+
+    def run() -> torch.Tensor:
+        if ball:
+            return group(x)
+        return group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
+
+    monkeypatch.setenv("LEECHQ_M1_LIMBS", "0")
+    want = run()
+    assert seen and not any(seen)
+    seen.clear()
+    monkeypatch.delenv("LEECHQ_M1_LIMBS")  # the default: on
+    assert torch.equal(run(), want)
+    assert seen and all(seen)
+    seen.clear()
+    wide = LatticeGroup.from_records(_records(True), [None, None], "cpu")
+    wide(torch.randn(1, 72, generator=g))
+    assert seen and not any(seen)

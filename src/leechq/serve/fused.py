@@ -96,6 +96,9 @@ _PREPARED: dict[tuple[str, int, int], torch.Tensor] = {}
 _RECORDS: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 """The int8 kernel's activation-record buffers a rotation writes, per (device, width, rows):
 zeroed once; the rows a rotation of that row count does not run stay zero."""
+_LIMBS: dict[tuple[str, int, int], torch.Tensor] = {}
+"""The batch-1 kernel's limb-record buffers a rotation writes, per (device, width, rows); the
+rotation writes every row of them (rows past the live ones as zeros)."""
 
 
 @dataclass(frozen=True)
@@ -342,9 +345,9 @@ class LatticeGroup(nn.Module):
         r, y = self._many_row_products(int(x2.shape[0]), lambda order: (
             self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)))
         if y is None:
-            (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
+            (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs, limbs: (
                 self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                      out=xp, records=recs)))
+                                      out=xp, records=recs, limbs=limbs)))
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -356,24 +359,26 @@ class LatticeGroup(nn.Module):
         _, y = self._many_row_products(int(g2.shape[0]), lambda order: (
             None, self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
         if y is None:
-            _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
+            _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs, limbs: (
                 self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
-                                          records=recs)))
+                                          records=recs, limbs=limbs)))
         return y.reshape(*lead, self.d_out)
 
     def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
-        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order, recs)`` writes the
-        prepared activation ``xp`` in the order the serving kernels read (one launch; with
+        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order, recs, limbs)`` writes
+        the prepared activation ``xp`` in the order the serving kernels read (one launch; with
         ``recs`` not None it also writes the int8 kernel's activation records there,
-        :meth:`_rotation_records`), then :meth:`_matvecs`.
+        :meth:`_rotation_records`, with ``limbs`` not None the batch-1 kernel's limb records,
+        :meth:`_rotation_limbs`), then :meth:`_matvecs`.
         Returns what ``fill`` returned and the float32 [m, Σ d_out] output."""
         m = int(inp.shape[0])
         xp = _prepared_buffer(inp.device, self.n_blocks, m)
         order, plans = self._launch_plan(m, inp.device)
         step = self._call_rows(m, plans)
         recs = self._rotation_records(m, step, plans, inp.device)
-        filled = fill(inp, xp, order, recs)
-        return filled, self._matvecs(xp, m, step, plans, recs)
+        limbs = self._rotation_limbs(m, plans, inp.device)
+        filled = fill(inp, xp, order, recs, limbs)
+        return filled, self._matvecs(xp, m, step, plans, recs, limbs)
 
     def _on_int8(self, m: int, plans: dict | None = None) -> bool:
         """Whether every part runs calls of ``m`` rows on the int8 kernel (``ops.imma_default``;
@@ -404,6 +409,22 @@ class LatticeGroup(nn.Module):
             _RECORDS[key] = self._ops.imma_records(self.n_blocks, device, m)
         return _RECORDS[key]
 
+    def _rotation_limbs(self, m: int, plans: dict | None, device: torch.device
+                        ) -> torch.Tensor | None:
+        """A buffer for the rotation to write the batch-1 kernel's limb records into (its
+        programs then load the activation's integer limbs instead of each converting their
+        K-slice), or None: unless ``LEECHQ_M1_LIMBS=0`` (read per call on the host), for a
+        one-group rotation (power-of-two width) of fewer than ``ops.IMMA_MIN_ROWS`` rows (the
+        ``m1`` kernel's; for Planes14 only with ``m1`` plans)."""
+        if (os.environ.get("LEECHQ_M1_LIMBS", "1") == "0" or self.rot is None
+                or self.rot.odd != 1 or m >= self._ops.IMMA_MIN_ROWS
+                or (plans is not None and not all(plans.values()))):
+            return None
+        key = (str(device), self.n_blocks, m)
+        if key not in _LIMBS:
+            _LIMBS[key] = self._ops.m1_limbs(self.n_blocks, device, m)
+        return _LIMBS[key]
+
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
         """The prepared activation's order for ``m`` rows and, for Planes14, each (part, call
         rows) → its ``m1`` launch groups (``ops.planes14_m1_groups``), or None per entry when any
@@ -420,11 +441,13 @@ class LatticeGroup(nn.Module):
                  for r in _call_sizes(m, KERNEL_ROWS)})
 
     def _matvecs(self, xp: torch.Tensor, m: int, step: int, plans: dict | None = None,
-                 recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 recs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 limbs: torch.Tensor | None = None) -> torch.Tensor:
         """Every part's matvec from the prepared activation ``xp`` (``m`` rows, ``step`` per
         call: :meth:`_call_rows`) into one float32 [m, Σ d_out], plus the bias (``plans``:
         Planes14's, from :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of
-        ``xp``, written by the rotation, when all ``m`` rows go in one call)."""
+        ``xp``, written by the rotation, when all ``m`` rows go in one call; ``limbs``: the
+        batch-1 kernel's limb records of ``xp``, likewise)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
@@ -432,11 +455,13 @@ class LatticeGroup(nn.Module):
             for i in range(0, m, step):
                 r = min(step, m - i)
                 chunk, out = xp[i : i + prepared_rows(r)], y[i : i + r, off : off + part.d_out]
+                lb = None if limbs is None else limbs[i : i + prepared_rows(r)]
                 if plans is None:
-                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs)
+                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs,
+                                                      limbs=lb)
                 else:
                     self._ops.planes14_matvec_planned(chunk, part, r, plans[(j, r)], out=out,
-                                                      acts=recs)
+                                                      acts=recs, limbs=lb)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -470,12 +495,15 @@ class LatticeGroup(nn.Module):
         return extra, y
 
     def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor,
-              recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+              recs: tuple[torch.Tensor, torch.Tensor] | None = None,
+              limbs: torch.Tensor | None = None) -> None:
         """``Q x`` (or ``x`` for an unrotated group) into the prepared buffer in ``order`` (one
         launch: ``activation.rotate_prepared_kernel`` or the preparation kernel; ``recs``: the
-        int8 kernel's activation records the rotation also writes, or None)."""
+        int8 kernel's activation records the rotation also writes, or None; ``limbs``: the
+        batch-1 kernel's limb records, likewise)."""
         if self.rot is not None:
-            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs)
+            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs,
+                             limbs=limbs)
         else:
             self._ops.prepare_activation(x2, self.n_blocks, order, out=xp)
 

@@ -53,6 +53,7 @@ import triton.language as tl
 
 from leechq.kernels.triton._bits import await_previous_grid
 from leechq.kernels.triton.tetra48_imma import store_activation_records
+from leechq.kernels.triton.tetra48_m1 import store_limb_records
 
 TC_MIN = tl.constexpr(256)
 """Smallest group size whose transform can run on tensor cores (a power of two ≥ 256: the R×C tile,
@@ -337,11 +338,11 @@ def rotate_kernel(
 @triton.jit
 def rotate_prepared_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, order_ptr, inv_sqrt_m, M,
-    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, rec_ptr, ex_ptr,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, rec_ptr, ex_ptr, lb_ptr, stride_lm,
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
-    RECORDS: tl.constexpr = False, PDL: tl.constexpr = False,
+    RECORDS: tl.constexpr = False, PDL: tl.constexpr = False, LIMBS: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -361,7 +362,10 @@ def rotate_prepared_kernel(
     With ``RECORDS`` (one group, ``K = 1``) the programs also write the int8 tensor-core
     kernel's activation records of their pairs (``rec``, ``ex``:
     :func:`.tetra48_imma.store_activation_records`, the words ``ops.imma_activation`` would
-    compute from this prepared row), so that kernel needs no launch of its own. ``PDL`` as
+    compute from this prepared row), so that kernel needs no launch of its own. With ``LIMBS``
+    (one group) they also write the batch-1 kernel's limb records of their pairs (``lb``, rows
+    ``stride_lm`` apart: :func:`.tetra48_m1.store_limb_records`), so its programs load the
+    activation's integer limbs instead of converting the slice each. ``PDL`` as
     :func:`rotate_kernel`."""
     await_previous_grid(PDL)
     row = tl.program_id(0)
@@ -403,3 +407,6 @@ def rotate_prepared_kernel(
     if RECORDS:
         store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, M, part * PRS, N_BLOCKS,
                                  NPP, PRS)
+    if LIMBS:
+        store_limb_records(v, lb_ptr + row * stride_lm, order_ptr, row, M, part * PRS, N_BLOCKS,
+                           NPP, PRS)

@@ -385,7 +385,9 @@ def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Call
     matrix (``dequantize``), and per call a NaN-poisoned output that ``run(xp, w, y, m_rows)``
     fills from the activation prepared in ``order(device)``: for several rows ``mb + 1`` rows (a
     full launch, then a one-row launch with this geometry) and ``mb − 1`` (a zero pad row for
-    ``mb`` = 4); for one row, one row twice (the tickets must have reset)."""
+    ``mb`` = 4); for one row, one row twice (the tickets must have reset). Each call runs twice:
+    converting the prepared rows and, with ``run(..., limbs)``, loading their limb records
+    (``reference.m1_limb_records``), the two forms the served model launches."""
     n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
     w = random_record(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
     dense = dequantize(w)
@@ -394,9 +396,10 @@ def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Call
         g = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(m_rows, w.d_in, generator=g, device=device)
         xp = prepare_activation(x, w.n_blocks, order(device))
-        y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-        run(xp, w, y, m_rows)
-        yield y, x, dense
+        for limbs in (None, ref.m1_limb_records(xp, w.n_blocks)):
+            y = torch.full((m_rows, w.d_out), float("nan"), device=device)
+            run(xp, w, y, m_rows, limbs)
+            yield y, x, dense
 
 
 def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
@@ -404,7 +407,8 @@ def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 
     cases = _m1_check_cases(device, cfg, random_tetra48, ref.tetra48_dequantize_rotated,
                             lambda d: tetra_kernel_tables(d).order,
-                            lambda xp, w, y, m: _launch_m1("tetra48", xp, w, y, cfg, m))
+                            lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m,
+                                                               limbs=lb))
     return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases)
 
 
@@ -538,7 +542,8 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            tensor_cores: bool = False, one_launch: bool = True,
            splits: int | None = None,
            records: tuple[torch.Tensor, torch.Tensor] | None = None,
-           dense_order: torch.Tensor | None = None) -> torch.Tensor:
+           dense_order: torch.Tensor | None = None,
+           limbs: torch.Tensor | None = None) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
@@ -554,6 +559,10 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     ``dense_order`` (int32 [n], a permutation; not with ``prepared_order``): float16 [M, n] with
     coordinate ``c`` at column ``dense_order[c]`` — the activation of the many-row products in
     the column order of the float16 copies (:func:`dense_input_order`), in the same launch.
+    ``limbs``: a buffer of :func:`m1_limbs` the same launch fills with the batch-1 kernel's limb
+    records (one-group prepared rotation; bit for bit ``reference.m1_limb_records`` of the
+    prepared output), which :func:`tetra48_matvec_prepared` and
+    :func:`planes14_matvec_planned` then take as ``limbs=``.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -561,7 +570,7 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     if x.dim() != 2 or x.shape[1] != rotation.n:
         raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
     return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits,
-                   records, dense_order)
+                   records, dense_order, limbs)
 
 
 def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -569,7 +578,8 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 tensor_cores: bool = False, splits: int | None = None,
                 records: tuple[torch.Tensor, torch.Tensor] | None = None,
-                dense_order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                dense_order: torch.Tensor | None = None,
+                limbs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (after the residual add) and the input rotation in one launch: twin of
     ``reference.norm_rotate``.
 
@@ -580,7 +590,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     ``reference.rms_norm`` — float32 [M, n] in natural order, or with ``prepared_order`` the
     prepared layout (see :func:`rotate`). The row's mean square is summed in f32 in the kernel's
     order, so ``y`` can differ from the reference by one rounding of the narrowed norm.
-    ``records`` and ``dense_order`` as for :func:`rotate`.
+    ``records``, ``dense_order`` and ``limbs`` as for :func:`rotate`.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -599,7 +609,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  weight=weight, residual=r, eps=float(eps),
                  hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
     return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits, records,
-                      dense_order)
+                      dense_order, limbs)
 
 
 def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
@@ -607,14 +617,15 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                     prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                     tensor_cores: bool = False, splits: int | None = None,
                     records: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    dense_order: torch.Tensor | None = None) -> torch.Tensor:
+                    dense_order: torch.Tensor | None = None,
+                    limbs: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU and the input rotation of the down projection in one launch: twin of
     ``reference.silu_mul_rotate``.
 
     gate_up: [M, 2n] float32/float16/bfloat16 (gate columns first); dtype: the activation dtype
     ``silu(gate)·up`` (computed in gate_up's dtype) is narrowed to. Returns ``Q·silu_mul`` as
     :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``;
-    ``records`` and ``dense_order`` as there).
+    ``records``, ``dense_order`` and ``limbs`` as there).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, gate_up.device)
@@ -627,14 +638,15 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     pre = _PreOp(code=PRE_SILU_MUL.value, hdt=_HALF_CODES[dtype])
     return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits,
-                   records, dense_order)
+                   records, dense_order, limbs)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
             one_launch: bool, splits: int | None = None,
             records: tuple[torch.Tensor, torch.Tensor] | None = None,
-            dense_order: torch.Tensor | None = None) -> torch.Tensor:
+            dense_order: torch.Tensor | None = None,
+            limbs: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
     n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
@@ -650,7 +662,7 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     res = pre.residual if pre.residual is not None else x
     pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
                 res.stride(0), pre.eps)
-    if records is not None and (prepared_order is None or not one_launch):
+    if (records is not None or limbs is not None) and (prepared_order is None or not one_launch):
         raise InvalidInput("activation records come only with the one-launch prepared rotation")
     if dense_order is not None:
         if prepared_order is not None:
@@ -665,13 +677,15 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
         parts = min(rotate_splits(splits), pr, m)
         rec, ex = (out, out) if records is None else _check_records(records, k, m_rows, npp,
                                                                      x.device)
+        lb = out if limbs is None else _check_limbs(limbs, m_rows, n_blocks, x.device, k)
         if m_rows:
             rotate_prepared_kernel[(out.shape[0], k, parts)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
-                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, N=n,
-                N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
+                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, lb, lb.stride(0),
+                N=n, N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
                 TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
-                RECORDS=records is not None, num_warps=warps, **_pdl_launch(rotate_pdl),
+                RECORDS=records is not None, LIMBS=limbs is not None, num_warps=warps,
+                **_pdl_launch(rotate_pdl),
             )
         return out
     if prepared_order is None:
@@ -704,6 +718,26 @@ def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: i
     return _check_acts(records, npp, device, imma_chunks(m_rows))
 
 
+def m1_limbs(n_blocks: int, device: torch.device | str, m_rows: int = 1) -> torch.Tensor:
+    """A buffer for the batch-1 kernel's limb records of ``m_rows`` activation rows (what
+    ``rotate(..., limbs=)`` fills and the ``m1`` launches read; ``reference.m1_limb_records``):
+    int32 [MP, 2·19·NPP], MP = ``reference.prepared_rows(m_rows)``."""
+    return torch.empty(ref.prepared_rows(m_rows), ref.limb_records_width(n_blocks),
+                       dtype=torch.int32, device=device)
+
+
+def _check_limbs(limbs: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device,
+                 k: int = 1) -> torch.Tensor:
+    """A limb-record buffer (:func:`m1_limbs`) for ``m_rows`` rows of ``n_blocks`` blocks,
+    checked; ``k``: the rotation's group count (the rotation writes them only for one group)."""
+    if k != 1:
+        raise UnsupportedShape(f"limb records from the rotation need one group (a power-of-two "
+                               f"width), not {k}")
+    shape = (ref.prepared_rows(m_rows), ref.limb_records_width(n_blocks))
+    check_tensor(limbs, "limbs (limb records)", torch.int32, shape, device=device)
+    return limbs
+
+
 # ------------------------------------------------------------------------------------ lattice
 
 
@@ -730,13 +764,15 @@ def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None,
-                            acts: tuple[torch.Tensor, torch.Tensor] | None = None
-                            ) -> torch.Tensor:
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            limbs: torch.Tensor | None = None) -> torch.Tensor:
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
     ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..16 rows on
     a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
     :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
-    written by the rotation; used only on that path)."""
+    written by the rotation; used only on that path). ``limbs``: the limb records of ``xp``
+    (:func:`m1_limbs`, written by the rotation), which the ``m1`` launches then load instead of
+    converting the prepared rows (used only on that path)."""
     _check_lattice(w, w.words, "words")
     if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
@@ -746,8 +782,11 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     plan = _m1_groups(w, m_rows, xp.device, config)
     if plan is not None:
         first = 0
+        if limbs is not None:
+            _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
         for rows, c in plan:
-            _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
+            _launch_m1("tetra48", xp[first:], w, y[first:], c, rows,
+                       limbs=None if limbs is None else limbs[first:])
             first += rows
         return y
     cfg = _tile_config(config or default_config(m_rows), m_rows)
@@ -803,11 +842,13 @@ def _check_out(y: torch.Tensor, m_rows: int, d_out: int) -> None:
 
 
 def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
-               cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
+               cfg: MatvecConfig, m_rows: int = 1, limbs: torch.Tensor | None = None,
+               **consts: Any) -> None:
     """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
     ``"planes14"`` (``m1_kernel`` with that decode; ``cfg.mb`` activation rows per launch, fewer
     for the last launch when the prepared buffer has fewer rows left; ``consts``: further
-    constexprs) or ``"null"`` (the no-weights control; row 0). The kernel is named by a string,
+    constexprs; ``limbs``: the activation's limb records, rows aligned with ``xp``'s) or
+    ``"null"`` (the no-weights control; row 0). The kernel is named by a string,
     not compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels;
     ``CODE`` goes as a plain int (torch 2.11's Dynamo rejects a ``tl.constexpr`` object as a kernel
     argument); and every parameter is passed (torch 2.11's Inductor fails on a call that leaves
@@ -828,13 +869,16 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
-        rows_args = (xp.stride(0), y.stride(0), min(mb, m_rows - i)) if lattice else ()
+        xl = xp if limbs is None else limbs
+        rows_args = ((xp.stride(0), y.stride(0), min(mb, m_rows - i), xl[i:], xl.stride(0))
+                     if lattice else ())
         kernel[(grid,)](
             xp[i:], data, w.row_scales, w.row_centroids, w.tail, table, part, _tickets(xp.device),
             y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
             ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
             num_warps=cfg.num_warps, num_stages=1,
-            **({"ILP": cfg.ilp, "MB": mb} if lattice else {}), **consts, **pdl,
+            **({"ILP": cfg.ilp, "MB": mb, "LIMBS": limbs is not None} if lattice else {}),
+            **consts, **pdl,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -1451,16 +1495,17 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             plan: list[tuple[int, MatvecConfig]] | None,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None,
-                            acts: tuple[torch.Tensor, torch.Tensor] | None = None
-                            ) -> torch.Tensor:
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            limbs: torch.Tensor | None = None) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
     :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..16 rows with no ``config``
     on a GPU (:func:`imma_default`: 3..16 rows), the int8 tensor-core kernel from the same order
     (:func:`planes14_matvec_imma_prepared`; ``acts`` as for :func:`tetra48_matvec_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
-    float32 [m_rows, d_out]. H200, Qwen3-8B projections, prepared inputs, 2026-11-30
-    (BENCHMARKS.md §3 run 14, one process), int8 against the many-row ``m1``: 3 rows 6.63 vs
-    6.72 ms, 8 rows 6.88 vs 13.23."""
+    ``limbs``: the limb records of ``xp`` for the ``m1`` launches (as for
+    :func:`tetra48_matvec_prepared`). float32 [m_rows, d_out]. H200, Qwen3-8B projections,
+    prepared inputs, 2026-11-30 (BENCHMARKS.md §3 run 14, one process), int8 against the
+    many-row ``m1``: 3 rows 6.63 vs 6.72 ms, 8 rows 6.88 vs 13.23."""
     if plan is None:
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
     if config is None and imma_default(w, m_rows):
@@ -1468,10 +1513,13 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
+    if limbs is not None:
+        _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
     first = 0
     for rows, c in plan:
-        planes14_matvec_m1_prepared(xp[first:first + ref.prepared_rows(rows)], w, c,
-                                    out=y[first:first + rows], m_rows=rows)
+        end = first + ref.prepared_rows(rows)
+        planes14_matvec_m1_prepared(xp[first:end], w, c, out=y[first:first + rows], m_rows=rows,
+                                    limbs=None if limbs is None else limbs[first:end])
         first += rows
     return y
 
@@ -1481,14 +1529,16 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
 
     cases = _m1_check_cases(
         device, cfg, random_planes14, ref.planes14_dequantize_rotated, planes14_m1_order,
-        lambda xp, w, y, m: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m))
+        lambda xp, w, y, m, lb: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m,
+                                                            limbs=lb))
     return _first_use_check("m1 Planes14 kernel", device, cfg, cases)
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
                                 out: torch.Tensor | None = None,
                                 selector_table: bool | None = None,
-                                m_rows: int = 1) -> torch.Tensor:
+                                m_rows: int = 1, limbs: torch.Tensor | None = None
+                                ) -> torch.Tensor:
     """``y = W x`` for ``m_rows`` activation rows prepared in ``tables.planes14_m1_order`` order,
     by the ``m1`` kernel with the Planes14 decode in ``config``'s geometry (``rows``, ``bp``,
     ``num_warps``, ``ctas_per_sm``, ``maxnreg``, ``mb`` activation rows per launch; one row per
@@ -1500,16 +1550,19 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     shared load per quad; 131.5 instead of 190 instructions per block offline) or built in
     registers (``LEECHQ_P14_SELECTORS=0``). H200, Qwen3-8B projections, 2026-11-30, at the
     decode's previous 159 and 197 instructions: 3.85 ms with the table, 4.34 ms with the
-    registers, so the table is the default."""
+    registers, so the table is the default. ``limbs``: the activation's limb records
+    (:func:`m1_limbs`), loaded instead of converting ``xp``'s rows."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
+    if limbs is not None:
+        _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
     if m_rows > 1 and config.mb == 1:
         raise InvalidInput(f"{m_rows} activation rows need a configuration with mb 2 or 4")
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
     if selector_table is None:
         selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    _launch_m1("planes14", xp, w, y, replace(config, ilp=1), m_rows,
+    _launch_m1("planes14", xp, w, y, replace(config, ilp=1), m_rows, limbs=limbs,
                SEL_TABLE=bool(selector_table))
     return y
 

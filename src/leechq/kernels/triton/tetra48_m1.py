@@ -185,6 +185,75 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
             c00, c01, c10, c11, c20, c21)
 
 
+LIMB_WORDS = tl.constexpr(19)
+"""Words per block of a stored limb record (:func:`store_limb_records`): the exponent ``E_b``
+(float32 bits), then the 18 limb words ``L[limb][section][half]``."""
+
+
+@triton.jit
+def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr):
+    """:func:`_x_limbs` read from stored limb records (``xb``: the row's record of this lane's
+    pair; word ``w`` of parity ``PAR`` at ``(PAR·19 + w)·NPP``): the same tuple, no conversion."""
+    base = xb + PAR * LIMB_WORDS * NPP
+    e_blk = tl.load(base).to(tl.float32, bitcast=True)
+    a00 = tl.load(base + 1 * NPP).to(tl.uint32, bitcast=True)
+    a01 = tl.load(base + 2 * NPP).to(tl.uint32, bitcast=True)
+    a10 = tl.load(base + 3 * NPP).to(tl.uint32, bitcast=True)
+    a11 = tl.load(base + 4 * NPP).to(tl.uint32, bitcast=True)
+    a20 = tl.load(base + 5 * NPP).to(tl.uint32, bitcast=True)
+    a21 = tl.load(base + 6 * NPP).to(tl.uint32, bitcast=True)
+    b00 = tl.load(base + 7 * NPP).to(tl.uint32, bitcast=True)
+    b01 = tl.load(base + 8 * NPP).to(tl.uint32, bitcast=True)
+    b10 = tl.load(base + 9 * NPP).to(tl.uint32, bitcast=True)
+    b11 = tl.load(base + 10 * NPP).to(tl.uint32, bitcast=True)
+    b20 = tl.load(base + 11 * NPP).to(tl.uint32, bitcast=True)
+    b21 = tl.load(base + 12 * NPP).to(tl.uint32, bitcast=True)
+    c00 = tl.load(base + 13 * NPP).to(tl.uint32, bitcast=True)
+    c01 = tl.load(base + 14 * NPP).to(tl.uint32, bitcast=True)
+    c10 = tl.load(base + 15 * NPP).to(tl.uint32, bitcast=True)
+    c11 = tl.load(base + 16 * NPP).to(tl.uint32, bitcast=True)
+    c20 = tl.load(base + 17 * NPP).to(tl.uint32, bitcast=True)
+    c21 = tl.load(base + 18 * NPP).to(tl.uint32, bitcast=True)
+    return (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+            c00, c01, c10, c11, c20, c21)
+
+
+@triton.jit
+def store_limb_records(v, lb_row, order_ptr, row, m_rows, pair0, N_BLOCKS: tl.constexpr,
+                       NPP: tl.constexpr, PRS: tl.constexpr):
+    """The limb records :func:`_x_limbs` would compute from the prepared layout, for the ``PRS``
+    block pairs from ``pair0`` of activation row ``row``, from the row's rotated values in
+    registers: ``v`` float32 [MW] holds the whole rotated row (one rotation group); position
+    ``t`` of block ``b`` reads ``v[24·b + order[t]]``. ``lb_row``: the row's record (int32
+    ``[2, 19, NPP]``, word ``w`` of parity ``par`` and pair ``p`` at ``(par·19 + w)·NPP + p``).
+    Rows ``row ≥ m_rows`` and absent blocks give the words of zeros, as the prepared layout's
+    zero slots do. Bit for bit :func:`_x_limbs`: the same block maximum, :func:`block_scale` and
+    fused round; bytes packed by shifts (disjoint, so the sum is an OR)."""
+    r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
+    sec = (r // 8) % 4
+    pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
+    pair = pair0 + tl.arange(0, PRS)[None, :]
+    blk = 2 * pair + r // 32
+    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + row) < m_rows)
+    nat = tl.load(order_ptr + tl.where(sec < 3, pos, 0))
+    idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
+    x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
+    x3 = tl.reshape(x, (2, 32, PRS))
+    scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
+    q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
+    jj = tl.arange(0, 4)[None, :, None]
+    k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
+    ks = (k // 2) % 4
+    word0 = (k // 8) * LIMB_WORDS + 1 + 2 * ks + k % 2
+    live = (ks < 3) & (pair < NPP)
+    for limb in tl.static_range(3):
+        word = tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)  # [16, PRS]
+        tl.store(lb_row + (word0 + 6 * limb) * NPP + pair, word, mask=live)
+    pb = tl.arange(0, 2)[:, None]
+    tl.store(lb_row + pb * LIMB_WORDS * NPP + pair, e_blk.to(tl.int32, bitcast=True),
+             mask=(pair + pb * 0) < NPP)
+
+
 @triton.jit
 def _rint(x, s):
     """``rint(x·s)`` as int32 for |x·s| < 2^22 (the magic-number add; no F2I)."""
@@ -315,12 +384,25 @@ def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.conste
 
 
 @triton.jit
-def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr):
-    """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` prepared activation rows
-    (``xr``: row 0's pointers per lane, rows ``stride_x`` apart), as one tuple
-    ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat row 0 (never used)."""
-    xe0 = _x_limbs(xr, NPP, 0, USE_ASM)
-    xo0 = _x_limbs(xr, NPP, 1, USE_ASM)
+def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, LIMBS: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """One block per lane: read from stored limb records (``LIMBS``) or converted from the
+    prepared layout (:func:`_x_limbs`)."""
+    if LIMBS:
+        return _x_limbs_stored(xb, NPP, PAR)
+    else:
+        return _x_limbs(xb, NPP, PAR, USE_ASM)
+
+
+@triton.jit
+def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr,
+               LIMBS: tl.constexpr = False):
+    """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` activation rows (``xr``:
+    row 0's pointers per lane, rows ``stride_x`` apart; prepared rows, or with ``LIMBS`` stored
+    limb records), as one tuple ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat
+    row 0 (never used)."""
+    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM)
+    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM)
     xe1 = xe0
     xo1 = xo0
     xe2 = xe0
@@ -328,13 +410,13 @@ def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.co
     xe3 = xe0
     xo3 = xo0
     if MB >= 2:
-        xe1 = _x_limbs(xr + stride_x, NPP, 0, USE_ASM)
-        xo1 = _x_limbs(xr + stride_x, NPP, 1, USE_ASM)
+        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM)
+        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM)
     if MB >= 4:
-        xe2 = _x_limbs(xr + 2 * stride_x, NPP, 0, USE_ASM)
-        xo2 = _x_limbs(xr + 2 * stride_x, NPP, 1, USE_ASM)
-        xe3 = _x_limbs(xr + 3 * stride_x, NPP, 0, USE_ASM)
-        xo3 = _x_limbs(xr + 3 * stride_x, NPP, 1, USE_ASM)
+        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM)
+        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM)
+        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM)
+        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM)
     return xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3
 
 
@@ -365,10 +447,11 @@ PLANES14 = tl.constexpr(1)
 @triton.jit
 def m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
-    stride_x, stride_y, m_rows,
+    stride_x, stride_y, m_rows, xl_ptr, stride_l,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
+    LIMBS: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -382,7 +465,10 @@ def m1_kernel(
     :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
     ``SEL_TABLE``: the permute selectors from that table, else built in registers). ``PDL``: the
     program stages its table and loads its first words before it waits for the previous grid
-    (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``)."""
+    (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``). ``LIMBS``: the
+    activation's limb records are stored already (``xl_ptr``: int32 ``[MP, 2·19·NPP]``, rows
+    ``stride_l`` apart, :func:`store_limb_records` — written by the rotation); the program loads
+    them instead of converting the prepared rows (the tail is still read from ``xp_ptr``)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -409,7 +495,10 @@ def m1_kernel(
     await_previous_grid(PDL)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
-    xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
+    if LIMBS:
+        xs = _row_limbs(xl_ptr + pair, stride_l, NPP, MB, USE_ASM, True)
+    else:
+        xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
     for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
