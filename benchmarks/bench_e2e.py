@@ -34,9 +34,9 @@ What it does, in order:
      dequantization of session k);
    * ``tetra48-nopdl``, ``ball-nopdl`` (diagnostic): ``tetra48`` and ``ball`` with
      ``LEECHQ_PDL=0`` — the rotation and ``m1`` launches without programmatic dependent launch;
-   * ``tetra48-nolimbs``, ``ball-nolimbs`` (diagnostic): ``tetra48`` and ``ball`` with
-     ``LEECHQ_M1_LIMBS=0`` — every ``m1`` program converts its activation slice instead of
-     loading the limb records the one-group rotations write;
+   * ``tetra48-limbs``, ``ball-limbs`` (diagnostic): ``tetra48`` and ``ball`` with
+     ``LEECHQ_M1_LIMBS=1`` — the one-group rotations write the ``m1`` kernel's limb records and
+     its programs load them instead of each converting its activation slice (opt-in: slower);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -373,8 +373,8 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
-                 "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-nolimbs",
-                 "ball-nolimbs"):
+                 "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
+                 "ball-limbs"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -501,7 +501,7 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
            "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
            "tetra48-nopdl": {"LEECHQ_PDL": "0"}, "ball-nopdl": {"LEECHQ_PDL": "0"},
-           "tetra48-nolimbs": {"LEECHQ_M1_LIMBS": "0"}, "ball-nolimbs": {"LEECHQ_M1_LIMBS": "0"}}
+           "tetra48-limbs": {"LEECHQ_M1_LIMBS": "1"}, "ball-limbs": {"LEECHQ_M1_LIMBS": "1"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -621,7 +621,7 @@ def parse() -> argparse.Namespace:
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
-        "ball-nopdl,tetra48-nolimbs,ball-nolimbs,hf-fp16",
+        "ball-nopdl,tetra48-limbs,ball-limbs,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

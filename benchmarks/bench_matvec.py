@@ -125,14 +125,19 @@ def _config_of(config):
 
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
                   fused: bool, config, null: bool = False, noprep: bool = False,
-                  rotate: bool = False, limbs: bool = False) -> Pass:
+                  rotate: bool = False, limbs: bool = False, noprep_limbs: bool = False
+                  ) -> Pass:
     """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
     rotation kernel writes them in a served model), so the pass is the matvec launches only.
     ``rotate``: the served pass — each input group is rotated straight into the prepared layout
     (one rotation launch per group, as ``leechq.serve.fused.TetraGroup`` does), then the matvecs.
-    ``limbs`` (with ``rotate``, as the served model): one-group rotations of fewer than
-    ``ops.IMMA_MIN_ROWS`` rows also write the batch-1 kernel's limb records, which its launches
-    load (arm ``served``; ``served-nolimbs`` converts the prepared rows in every program)."""
+    ``limbs`` (with ``rotate``; ``LEECHQ_M1_LIMBS=1`` in a served model): one-group rotations of
+    fewer than ``ops.IMMA_MIN_ROWS`` rows also write the batch-1 kernel's limb records, which
+    its launches load (arm ``served-limbs``; ``served``, the default, converts the prepared rows
+    in every program).
+    ``noprep_limbs`` (with ``noprep``): the ``m1`` launches load the prepared inputs' limb
+    records (``reference.m1_limb_records``) where a one-group rotation would write them (arm
+    ``tetra48-m1-fused-noprep-limbs``)."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -181,6 +186,11 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     lbs = {src: ops.m1_limbs(first_w.n_blocks, device, batch)
            for src, first_w in ((GROUP_INPUT[k.split("+")[0]], w) for k, w in first.items())
            if limbs and rotate and rots[src].odd == 1 and batch < ops.IMMA_MIN_ROWS}
+    # limb records of the prepared inputs, per buffer set, where the width is a power of two
+    pre_lbs = ([{src: ref.m1_limb_records(prepared[b][src], nb_of[k])
+                 for k in first for src in [GROUP_INPUT[k.split("+")[0]]]
+                 if _pow2_width(model, src)} for b in range(n_sets)]
+               if noprep and noprep_limbs else None)
     if lbs:
         plain_mv = mv
 
@@ -193,7 +203,11 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             for k, w in lw.items():
                 src = GROUP_INPUT[k.split("+")[0]]
                 if prepared is not None:
-                    mv(prepared[b][src], w, batch, cfgs[k], out=outs[k])
+                    if pre_lbs is not None and src in pre_lbs[b]:
+                        mv(prepared[b][src], w, batch, cfgs[k], out=outs[k],
+                           limbs=pre_lbs[b][src])
+                    else:
+                        mv(prepared[b][src], w, batch, cfgs[k], out=outs[k])
                     continue
                 if src not in done:
                     if rotate:
@@ -211,7 +225,8 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     if null:
         nbytes = sum(4 * (w.row_scales.numel() + w.tail.numel()) for lw in layers for w in lw.values())
     launches = model.layers * (len(first) + (0 if noprep else 4))
-    name = ("null" if null else base) + ("-fused" if fused else "") + ("-noprep" if noprep else "")
+    name = (("null" if null else base) + ("-fused" if fused else "")
+            + ("-noprep" if noprep else "") + ("-limbs" if pre_lbs is not None else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -241,20 +256,36 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 rot_err = float((got - want).abs().max() / want.abs().max())
                 if not rot_err <= 1e-5:  # rotation tolerance (docs/kernels.md)
                     raise AssertionError(f"rotation error {rot_err:.2e} > 1e-5")
-            for k, w in first.items():  # limb records: as the reference, the same outputs
+        if pre_lbs is not None:  # m1 on the limb records: the same outputs
+            for k, w in first.items():
                 src = GROUP_INPUT[k.split("+")[0]]
-                if src not in lbs:
-                    continue
-                lb = ops.m1_limbs(w.n_blocks, device, batch)
-                xp = ops.rotate(x[src], rots[src], prepared_order=order, limbs=lb)
-                if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks)):
-                    raise AssertionError(f"{k}: rotation-written limb records differ")
-                if not torch.equal(mv(xp, w, batch, cfgs[k], lb=lb), mv(xp, w, batch, cfgs[k])):
-                    raise AssertionError(f"{k}: m1 on limb records differs")
+                if src in pre_lbs[0]:
+                    xp = prepared[0][src]
+                    if not torch.equal(mv(xp, w, batch, cfgs[k], limbs=pre_lbs[0][src]),
+                                       mv(xp, w, batch, cfgs[k])):
+                        raise AssertionError(f"{k}: m1 on limb records differs")
+        for k, w in first.items():  # rotation-written limb records: the reference, same outputs
+            src = GROUP_INPUT[k.split("+")[0]]
+            if src not in lbs:
+                continue
+            lb = ops.m1_limbs(w.n_blocks, device, batch)
+            xp = ops.rotate(x[src], rots[src], prepared_order=order, limbs=lb)
+            if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks)):
+                raise AssertionError(f"{k}: rotation-written limb records differ")
+            if not torch.equal(mv(xp, w, batch, cfgs[k], lb=lb), mv(xp, w, batch, cfgs[k])):
+                raise AssertionError(f"{k}: m1 on limb records differs")
         return worst
 
     p.check = check  # type: ignore[attr-defined]
     return p
+
+
+def _pow2_width(model: Model, src: str) -> bool:
+    """Whether input group ``src`` (``GROUP_INPUT``'s names) has a power-of-two width: one
+    rotation group, whose rotation can write the limb records."""
+    q = model.q_heads * model.head_dim
+    n = {"attn": model.hidden, "o": q, "mlp": model.hidden, "down": model.intermediate}[src]
+    return n & (n - 1) == 0
 
 
 def _sms() -> int:
@@ -397,10 +428,12 @@ def build_pre_ops(model: Model, batch: int, n_sets: int, device: str, seed: int,
 
 
 def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int,
-                   splits: int = 1) -> Pass:
+                   splits: int = 1, limbs: bool = False) -> Pass:
     """The activation rotations of a served pass: one per input group (4 per layer), each writing
     the prepared layout the Tetra kernels read (so it replaces the preparation launch);
-    ``splits`` programs per (row, group) write it (arm ``rotation-s4``)."""
+    ``splits`` programs per (row, group) write it (arm ``rotation-s4``); with ``limbs`` the
+    one-group ones also write the batch-1 kernel's limb records (arms ``rotation-limbs-s8``,
+    ``-s16``)."""
     import torch
 
     from leechq.formats.rotation import generate_rotation
@@ -416,19 +449,25 @@ def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     outs = {src: torch.zeros(ref.prepared_rows(batch), ref.prepared_width(n // 24), device=device)
             for src, n in widths.items()}
+    lbs = {src: ops.m1_limbs(n // 24, device, batch) for src, n in widths.items()
+           if limbs and rots[n].odd == 1}
 
     def run(b: int) -> None:
         for _ in range(model.layers):
             for src, n in widths.items():
                 ops.rotate(xs[b][src], rots[n], prepared_order=order, out=outs[src],
-                           splits=splits)
+                           splits=splits, limbs=lbs.get(src))
 
-    p = Pass("rotation" + (f"-s{splits}" if splits > 1 else ""), batch, run, 0, model.layers * 4)
+    name = "rotation" + ("-limbs" if limbs else "") + (f"-s{splits}" if splits > 1 else "")
+    p = Pass(name, batch, run, 0, model.layers * 4)
 
     def check() -> float:
         worst = 0.0
         for src, n in widths.items():
-            got = ops.rotate(xs[0][src], rots[n], prepared_order=order, splits=splits)
+            lb = ops.m1_limbs(n // 24, device, batch) if src in lbs else None
+            got = ops.rotate(xs[0][src], rots[n], prepared_order=order, splits=splits, limbs=lb)
+            if lb is not None and not torch.equal(lb, ref.m1_limb_records(got, n // 24)):
+                raise AssertionError(f"{src}: rotation-written limb records differ")
             want = ref.prepare_activation(ref.rotate(xs[0][src].cpu(), tables[n]).to(device),
                                           n // 24, order)
             worst = max(worst, float((got - want).abs().max() / want.abs().max()))
@@ -970,9 +1009,9 @@ def main() -> None:
                 "tetra48-m1-fused-noprep": lambda: build_lattice(
                     model, "tetra48", batch, args.sets, device, 4, True, m1, noprep=True),
                 "served": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 4,
-                                                True, m1, rotate=True, limbs=True),
-                "served-nolimbs": lambda m=model, b=batch, c=m1: build_lattice(
-                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True),
+                                                True, m1, rotate=True),
+                "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
                                                  False, m1),
                 "planes14-fused": lambda: build_lattice(model, "planes14", batch, args.sets,
@@ -1006,7 +1045,13 @@ def main() -> None:
                 m, b, args.sets, device, 13, noprep=True, fused_sum=True)
             builders["planes14-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 14, noprep=True, layout="planes14")
-            for n in (2, 4, 8):  # several programs per (row, group) write the prepared layout
+            builders["tetra48-m1-fused-noprep-limbs"] = lambda m=model, b=batch, c=m1: (
+                build_lattice(m, "tetra48", b, args.sets, device, 4, True, c, noprep=True,
+                              noprep_limbs=True))
+            for n in (8, 16, 32):  # the one-group rotations also writing the limb records
+                builders[f"rotation-limbs-s{n}"] = lambda m=model, b=batch, n=n: build_rotation(
+                    m, b, args.sets, device, 9, splits=n, limbs=True)
+            for n in (2, 4, 8, 16, 32):  # programs per (row, group) writing the prepared layout
                 builders[f"rotation-s{n}"] = lambda m=model, b=batch, n=n: build_rotation(
                     m, b, args.sets, device, 9, splits=n)
                 builders[f"norm-rotation-s{n}"] = lambda m=model, b=batch, n=n: build_pre_ops(

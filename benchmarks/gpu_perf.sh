@@ -101,9 +101,12 @@
 #            (the 24-row m1 shape, Planes14 many rows, rotation widths, no local memory), e2e
 #            Qwen3-14B at batch 1 with and without PDL, then the m1 geometry sweep (staging is
 #            now hidden, so the best chunk per shape may have moved)
-#   limbs    the rotation-written limb records of the batch-1 kernel: their GPU tests and the
-#            serving tests, then the served pass with and without them (Qwen3-8B, batch 1)
+#   limbs    the rotation-written limb records of the batch-1 kernel (opt-in): their GPU tests
+#            and the serving tests, then the served pass with and without them (Qwen3-8B,
+#            batch 1; the rotations alone with them at 8 and 16 programs per row)
 #   limbse2e e2e Qwen3-8B at batch 1 and 2, Tetra and ball, with and without the limb records
+#   rotorder the GPU rotation tests after the prepared tile's row order changed, then e2e
+#            Qwen3-8B batch 1 (fp16, Tetra, ball)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -344,18 +347,26 @@ pdlnext)
 limbs)
   gpu_tests tests-limbs 200 tests/kernels/test_m1_limbs.py
   gpu_tests tests-serve 200 tests/serve/test_gpu.py
-  matvec matvec-limbs 180 --batches 1 --arms fp16,tetra48-m1-fused-noprep,served,served-nolimbs
+  matvec matvec-limbs 180 --batches 1 --arms fp16,tetra48-m1-fused-noprep,\
+tetra48-m1-fused-noprep-limbs,served,served-limbs,rotation-s8,rotation-limbs-s8,rotation-limbs-s16
   ;;
 limbse2e)
-  e2e e2e-8b-limbs 540 --models qwen3-8b --arms fp16,tetra48,tetra48-nolimbs,ball,ball-nolimbs \
+  e2e e2e-8b-limbs 540 --models qwen3-8b --arms fp16,tetra48,tetra48-limbs,ball,ball-limbs \
     --batches 1,2 --skip-gates --no-profile --budget-s 500
+  ;;
+rotorder)
+  gpu_tests tests-rotorder-nr 150 tests/kernels/test_triton_norm_rotate.py
+  gpu_tests tests-rotorder 240 tests/kernels/test_triton_gpu.py tests/kernels/test_m1_limbs.py \
+    -k "rotation or limbs"
+  e2e e2e-8b-rotorder 170 --models qwen3-8b --arms fp16,tetra48,ball --batches 1 --skip-gates \
+    --no-profile --budget-s 150
   ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder)" >&2
   exit 2
   ;;
 esac

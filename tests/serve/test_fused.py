@@ -397,10 +397,10 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("ball", [False, True])
 def test_rotation_written_limbs_feed_the_m1_kernel(monkeypatch: pytest.MonkeyPatch,
                                                     ball: bool) -> None:
-    """By default (``LEECHQ_M1_LIMBS=0`` turns it off), one row of a one-group rotation (Tetra:
-    its norm form; Planes14: the plain one) writes the batch-1 kernel's limb records and every
-    ``m1`` launch loads them; the outputs equal those of the launches that convert the prepared
-    rows, bit for bit; a 72-wide group (a rotation of several groups) converts."""
+    """With ``LEECHQ_M1_LIMBS=1`` (opt-in), one row of a one-group rotation (Tetra: its norm
+    form; Planes14: the plain one) writes the batch-1 kernel's limb records and every ``m1``
+    launch loads them; the outputs equal those of the launches that convert the prepared rows
+    (the default), bit for bit; a 72-wide group (a rotation of several groups) converts."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import LatticeGroup
 
@@ -423,11 +423,11 @@ def test_rotation_written_limbs_feed_the_m1_kernel(monkeypatch: pytest.MonkeyPat
             return group(x)
         return group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
 
-    monkeypatch.setenv("LEECHQ_M1_LIMBS", "0")
+    monkeypatch.delenv("LEECHQ_M1_LIMBS", raising=False)  # the default: off
     want = run()
     assert seen and not any(seen)
     seen.clear()
-    monkeypatch.delenv("LEECHQ_M1_LIMBS")  # the default: on
+    monkeypatch.setenv("LEECHQ_M1_LIMBS", "1")
     assert torch.equal(run(), want)
     assert seen and all(seen)
     seen.clear()

@@ -152,7 +152,7 @@ def limb_records_width(n_blocks: int) -> int:
 def m1_limb_records(xp: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """The batch-1 kernel's limb records of a prepared activation: int32 [MP, 2·19·NPP], the
     words its programs otherwise compute from ``xp`` (``tetra48_m1._x_limbs``) and the rotation
-    writes with ``limbs=`` (``tetra48_m1.store_limb_records``).
+    writes with ``limbs=`` (``tetra48_m1.store_limb_tile``).
 
     Per block (parity ``par`` of pair ``p``; word ``w`` at ``(par·19 + w)·NPP + p``): word 0 is
     ``E = 2^(eb − 148)`` as float32 bits, with ``eb`` the biased exponent of the block's largest

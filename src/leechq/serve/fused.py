@@ -413,10 +413,13 @@ class LatticeGroup(nn.Module):
                         ) -> torch.Tensor | None:
         """A buffer for the rotation to write the batch-1 kernel's limb records into (its
         programs then load the activation's integer limbs instead of each converting their
-        K-slice), or None: unless ``LEECHQ_M1_LIMBS=0`` (read per call on the host), for a
-        one-group rotation (power-of-two width) of fewer than ``ops.IMMA_MIN_ROWS`` rows (the
-        ``m1`` kernel's; for Planes14 only with ``m1`` plans)."""
-        if (os.environ.get("LEECHQ_M1_LIMBS", "1") == "0" or self.rot is None
+        K-slice), or None: only with ``LEECHQ_M1_LIMBS=1`` (read per call on the host; opt-in),
+        for a one-group rotation (power-of-two width) of fewer than ``ops.IMMA_MIN_ROWS`` rows
+        (the ``m1`` kernel's; for Planes14 only with ``m1`` plans). H200, Qwen3-8B, one token
+        (2026-12-01, BENCHMARKS.md §3 run 18): the ``m1`` launches alone 2.659 → 2.577 ms, but
+        the rotations that write the records 0.288 → 0.529 ms (eight programs per row; 0.350
+        with sixteen), so the served pass is 2.891 → 3.100 ms (2.997 → 2.981 at sixteen)."""
+        if (os.environ.get("LEECHQ_M1_LIMBS", "0") != "1" or self.rot is None
                 or self.rot.odd != 1 or m >= self._ops.IMMA_MIN_ROWS
                 or (plans is not None and not all(plans.values()))):
             return None

@@ -53,7 +53,7 @@ import triton.language as tl
 
 from leechq.kernels.triton._bits import await_previous_grid
 from leechq.kernels.triton.tetra48_imma import store_activation_records
-from leechq.kernels.triton.tetra48_m1 import store_limb_records
+from leechq.kernels.triton.tetra48_m1 import store_limb_tile
 
 TC_MIN = tl.constexpr(256)
 """Smallest group size whose transform can run on tensor cores (a power of two ≥ 256: the R×C tile,
@@ -364,7 +364,8 @@ def rotate_prepared_kernel(
     :func:`.tetra48_imma.store_activation_records`, the words ``ops.imma_activation`` would
     compute from this prepared row), so that kernel needs no launch of its own. With ``LIMBS``
     (one group) they also write the batch-1 kernel's limb records of their pairs (``lb``, rows
-    ``stride_lm`` apart: :func:`.tetra48_m1.store_limb_records`), so its programs load the
+    ``stride_lm`` apart: :func:`.tetra48_m1.store_limb_tile`, from the slots' tile the prepared
+    write already gathered), so its programs load the
     activation's integer limbs instead of converting the slice each. ``PDL`` as
     :func:`rotate_kernel`."""
     await_previous_grid(PDL)
@@ -379,13 +380,18 @@ def rotate_prepared_kernel(
     _store_residual(xrow, auxrow, res_ptr, row, stride_rm, g, M, MW, PRE, part, SPLITS)
     lo = g * MW
     PRS: tl.constexpr = PR // SPLITS
-    pl = tl.arange(0, 64)[:, None]  # plane: parity · 24 + trio position (48 used)
-    par = pl // 24
-    nat = tl.load(order_ptr + (pl - par * 24), mask=pl < 48, other=0)
+    # tile row r = parity·32 + (section·2 + half)·4 + j holds trio position t = 8·section + 2j +
+    # half (section 3: unused rows), i.e. plane parity·24 + t: the order of the limb words
+    r = tl.arange(0, 64)[:, None]
+    par = r // 32
+    sec = (r // 8) % 4
+    t = 8 * sec + 2 * (r % 4) + (r // 4) % 2
+    pl = par * 24 + t
+    nat = tl.load(order_ptr + tl.where(sec < 3, t, 0))
     pair = (lo // 24) // 2 + part * PRS + tl.arange(0, PRS)[None, :]
     blk = 2 * pair + par
     src = blk * 24 + nat
-    slot = (pl < 48) & (pair < NPP)
+    slot = (sec < 3) & (pair < NPP)
     full = slot & (blk < N_BLOCKS)
     mine = full & (src >= lo) & (src < lo + MW)
     idx = tl.reshape(tl.where(mine, src - lo, 0), (64 * PRS,))
@@ -407,6 +413,5 @@ def rotate_prepared_kernel(
     if RECORDS:
         store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, M, part * PRS, N_BLOCKS,
                                  NPP, PRS)
-    if LIMBS:
-        store_limb_records(v, lb_ptr + row * stride_lm, order_ptr, row, M, part * PRS, N_BLOCKS,
-                           NPP, PRS)
+    if LIMBS:  # one group: the tile holds every slot of its pairs (zeros past the row)
+        store_limb_tile(val, lb_ptr + row * stride_lm, pair, NPP)

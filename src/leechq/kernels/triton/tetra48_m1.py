@@ -186,7 +186,7 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 LIMB_WORDS = tl.constexpr(19)
-"""Words per block of a stored limb record (:func:`store_limb_records`): the exponent ``E_b``
+"""Words per block of a stored limb record (:func:`store_limb_tile`): the exponent ``E_b``
 (float32 bits), then the 18 limb words ``L[limb][section][half]``."""
 
 
@@ -219,25 +219,17 @@ def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr):
 
 
 @triton.jit
-def store_limb_records(v, lb_row, order_ptr, row, m_rows, pair0, N_BLOCKS: tl.constexpr,
-                       NPP: tl.constexpr, PRS: tl.constexpr):
-    """The limb records :func:`_x_limbs` would compute from the prepared layout, for the ``PRS``
-    block pairs from ``pair0`` of activation row ``row``, from the row's rotated values in
-    registers: ``v`` float32 [MW] holds the whole rotated row (one rotation group); position
-    ``t`` of block ``b`` reads ``v[24·b + order[t]]``. ``lb_row``: the row's record (int32
-    ``[2, 19, NPP]``, word ``w`` of parity ``par`` and pair ``p`` at ``(par·19 + w)·NPP + p``).
-    Rows ``row ≥ m_rows`` and absent blocks give the words of zeros, as the prepared layout's
-    zero slots do. Bit for bit :func:`_x_limbs`: the same block maximum, :func:`block_scale` and
-    fused round; bytes packed by shifts (disjoint, so the sum is an OR)."""
-    r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
-    sec = (r // 8) % 4
-    pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
-    pair = pair0 + tl.arange(0, PRS)[None, :]
-    blk = 2 * pair + r // 32
-    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + row) < m_rows)
-    nat = tl.load(order_ptr + tl.where(sec < 3, pos, 0))
-    idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
-    x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
+def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr):
+    """The limb records :func:`_x_limbs` would compute from the prepared layout, from the
+    prepared slots' values in registers: ``x`` float32 [64, PRS], row
+    ``r = ((parity·4 + section)·2 + half)·4 + j`` holding trio position ``8·section + 2j + half``
+    of the block of that parity in pair ``pair[0, p]`` (section 3 and absent blocks, pad pairs and
+    dead rows: zeros, as the prepared layout's zero slots). ``lb_row``: the activation row's
+    record (int32 ``[2, 19, NPP]``, word ``w`` of parity ``par`` and pair ``p`` at
+    ``(par·19 + w)·NPP + p``); pairs ``≥ NPP`` are not written. Bit for bit :func:`_x_limbs`:
+    the same block maximum, :func:`block_scale` and fused round; bytes packed by shifts
+    (disjoint, so the sum is an OR)."""
+    PRS: tl.constexpr = x.shape[1]
     x3 = tl.reshape(x, (2, 32, PRS))
     scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
     q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
@@ -467,7 +459,7 @@ def m1_kernel(
     program stages its table and loads its first words before it waits for the previous grid
     (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``). ``LIMBS``: the
     activation's limb records are stored already (``xl_ptr``: int32 ``[MP, 2·19·NPP]``, rows
-    ``stride_l`` apart, :func:`store_limb_records` — written by the rotation); the program loads
+    ``stride_l`` apart, :func:`store_limb_tile` — written by the rotation); the program loads
     them instead of converting the prepared rows (the tail is still read from ``xp_ptr``)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
