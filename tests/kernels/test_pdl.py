@@ -147,3 +147,44 @@ def test_pdl_kernels_compile_with_the_wait_in_place() -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         proc.stdout[-2000:] + proc.stderr[-4000:])
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` records the keywords."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(kwargs)
+
+
+def test_pdl_only_for_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ops.PDL_MAX_ROWS``: the prepared rotation and the ``m1`` launches of one activation row
+    take PDL, those of two rows (and more) do not; the no-weights control keeps it (its launch
+    serves row 0). The device rule answered yes, the kernels recorded instead of launched."""
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.formats.rotation import generate_rotation
+    from leechq.kernels import reference as ref
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the argument checks
+    monkeypatch.setattr(ops, "pdl_enabled", lambda device: True)
+    rot, m1, null = _Recorder(), _Recorder(), _Recorder()
+    monkeypatch.setattr(ops, "rotate_prepared_kernel", rot)
+    monkeypatch.setattr(ops, "m1_kernel", m1)
+    monkeypatch.setattr(ops, "null_m1_kernel", null)
+    order = ops.tetra_kernel_tables("cpu").order
+    for rows in (1, 2):
+        ops.rotate(torch.randn(rows, 128), generate_rotation(128, 1), prepared_order=order)
+    assert [c.get("launch_pdl", False) for c in rot.calls] == [True, False]
+    assert [c["PDL"] for c in rot.calls] == [True, False]
+    w = random_tetra48(48, 128, seed=2)
+    cfg = ops.m1_config(w.d_out, w.n_blocks, torch.device("cpu"), m_rows=2)
+    for rows in (1, 2):
+        xp = ref.prepare_activation(torch.randn(rows, 128), w.n_blocks, order)
+        y = torch.empty(rows, w.d_out)
+        ops._launch_m1("tetra48", xp, w, y, cfg, rows)
+    assert [c["PDL"] for c in m1.calls] == [True, False]
+    xp = ref.prepare_activation(torch.randn(1, 128), w.n_blocks, order)
+    ops._launch_m1("null", xp, w, torch.empty(1, w.d_out), cfg)
+    assert null.calls[0]["PDL"] and null.calls[0]["launch_pdl"]

@@ -93,6 +93,14 @@ IMMA_PDL = False
 (and the rotations' and ``m1``'s) batch 4 took 7.20 ms per step against 6.80 without any, batch 8
 7.45 against 6.92, batch 16 9.50 against 9.14 (BENCHMARKS.md §4 session l)."""
 
+PDL_MAX_ROWS = 1
+"""Activation rows up to which the rotations and the ``m1`` launches take programmatic dependent
+launch. H200, Qwen3-8B decode, one process, 2026-12-01 (BENCHMARKS.md §4 session m): batch 1
+4.15 ms per step with PDL against 4.35 without, but batch 2 (``m1`` with two rows per launch)
+5.72 against 5.38 — with two rows the early-scheduled programs of the next grid hold an SM's
+registers and staged table while they wait. Session l's rule (rotations and ``m1`` for fewer
+than :data:`IMMA_MIN_ROWS` rows) had measured 5.25 ms at batch 2 with no comparison."""
+
 _PDL_DEVICES: dict[int, bool] = {}
 
 
@@ -655,9 +663,10 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
     warps = 8 if m >= 2048 else 4
-    # PDL where the rows go on to the m1 kernel (H200, Qwen3-8B decode, 2026-12-01: batch 1 4.42
-    # → 4.20 ms per step; at 4 and 8 rows, before the int8 kernel, 6.80 → 6.86 and 6.94 → 6.99)
-    rotate_pdl = m_rows < IMMA_MIN_ROWS and pdl_enabled(x.device)
+    # PDL for one row, which goes on to the m1 kernel (H200, Qwen3-8B decode, 2026-12-01: batch
+    # 1 4.42 → 4.20 ms per step; batch 2 5.38 → 5.72 with it; at 4 and 8 rows, before the int8
+    # kernel, 6.80 → 6.86 and 6.94 → 6.99): PDL_MAX_ROWS
+    rotate_pdl = m_rows <= PDL_MAX_ROWS and pdl_enabled(x.device)
     aux = pre.aux if pre.aux is not None else x
     res = pre.residual if pre.residual is not None else x
     pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
@@ -865,7 +874,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
         consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts} if lattice else consts
-    pdl = _pdl_launch(pdl_enabled(xp.device))
+    pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
