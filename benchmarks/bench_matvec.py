@@ -724,9 +724,7 @@ def sass_report(configs: dict) -> dict:
     jobs = {}
     c1 = configs[1]
     if c1.kernel == "m1":
-        jobs["tetra48-m1/M1"] = (m1_kernel, {**m1, "stride_x": "i32", "stride_y": "i32",
-                                                     "m_rows": "i32", "xl_ptr": "*i32",
-                                                     "stride_l": "i32"}, dict(
+        jobs["tetra48-m1/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
             ILP=c1.ilp, MB=1), 2 * c1.ilp, c1.num_warps)  # ILP block pairs per thread per trip
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from offline_compile import run_offline
 
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.rotation import generate_rotation
@@ -206,15 +204,8 @@ from leechq.kernels.triton import ops
 from leechq.kernels.triton.activation import rotate_prepared_kernel
 from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
-M1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
-      "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-      "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32",
-      "xl_ptr": "*i32", "stride_l": "i32"}
-ROT = {"x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
-       "out_ptr": "*fp32", "stride_om": "i32", "order_ptr": "*i32", "inv_sqrt_m": "fp32",
-       "M": "i32", "aux_ptr": "*fp32", "stride_am": "i32", "w_ptr": "*fp32", "res_ptr": "*fp32",
-       "stride_rm": "i32", "eps": "fp32", "rec_ptr": "*i32", "ex_ptr": "*fp32",
-       "lb_ptr": "*i32", "stride_lm": "i32"}
+M1 = I.M1_SIGNATURE
+ROT = I.ROTATE_PREPARED_SIGNATURE
 aligned = ("d_out", "stride_x", "stride_y", "stride_l")
 sizes = {}
 for limbs in (False, True):
@@ -244,10 +235,5 @@ def test_limb_kernels_compile_without_local_memory() -> None:
     keep Triton's shared memory out of the hot loop (it holds the staged table), and the loading
     kernel is shorter than the converting one."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0 and proc.stdout.strip().startswith("ok"), (
-        proc.stdout[-2000:] + proc.stderr[-4000:])
+    out = run_offline(_COMPILE_SCRIPT, timeout=900)
+    assert out.strip().startswith("ok"), out[-2000:]

@@ -269,10 +269,7 @@ def test_no_local_memory() -> None:
     from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
     aligned = ("d_out", "stride_x", "stride_y")  # as a launch marks them (multiples of 16)
-    m1 = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
-          "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-          "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32",
-          "xl_ptr": "*i32", "stride_l": "i32"}
+    m1 = I.M1_SIGNATURE
     for ilp in (1, 2):
         c = I.compile_for(m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
                                                       BP=32, USE_ASM=True, ILP=ilp, MB=1),

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import await_previous_grid
-from leechq.kernels.triton.tetra48_imma import store_activation_records
+from leechq.kernels.triton.tetra48_imma import store_activation_tile
 from leechq.kernels.triton.tetra48_m1 import store_limb_tile
 
 TC_MIN = tl.constexpr(256)
@@ -359,15 +359,15 @@ def rotate_prepared_kernel(
     group, the empty ones. Every slot of the row is written exactly once. ``h`` is the row or its
     pre-op (``PRE``, as :func:`rotate_kernel`; live rows store their residual).
 
-    With ``RECORDS`` (one group, ``K = 1``) the programs also write the int8 tensor-core
-    kernel's activation records of their pairs (``rec``, ``ex``:
-    :func:`.tetra48_imma.store_activation_records`, the words ``ops.imma_activation`` would
-    compute from this prepared row), so that kernel needs no launch of its own. With ``LIMBS``
-    (one group) they also write the batch-1 kernel's limb records of their pairs (``lb``, rows
-    ``stride_lm`` apart: :func:`.tetra48_m1.store_limb_tile`, from the slots' tile the prepared
-    write already gathered), so its programs load the
-    activation's integer limbs instead of converting the slice each. ``PDL`` as
-    :func:`rotate_kernel`."""
+    The slots' tile is gathered in limb-word order (row ``parity·32 + (section·2 + half)·4 + j``
+    holds trio position ``8·section + 2j + half``), so that with one group (``K = 1``) the
+    records below come from it without a second gather. With ``RECORDS`` the programs also write
+    the int8 tensor-core kernel's activation records of their pairs (``rec``, ``ex``:
+    :func:`.tetra48_imma.store_activation_tile`, the words ``ops.imma_activation`` would compute
+    from this prepared row), so that kernel needs no launch of its own. With ``LIMBS`` they write
+    the batch-1 kernel's limb records of their pairs (``lb``, rows ``stride_lm`` apart:
+    :func:`.tetra48_m1.store_limb_tile`), which its programs then load instead of each
+    converting their slice. ``PDL`` as :func:`rotate_kernel`."""
     await_previous_grid(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
@@ -411,7 +411,6 @@ def rotate_prepared_kernel(
     tl.store(orow + 48 * NPP + i, tl.where(tmine & live, tval, 0.0),
              mask=(tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1))) & first)
     if RECORDS:
-        store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, M, part * PRS, N_BLOCKS,
-                                 NPP, PRS)
+        store_activation_tile(val, rec_ptr, ex_ptr, row, pair, NPP)
     if LIMBS:  # one group: the tile holds every slot of its pairs (zeros past the row)
         store_limb_tile(val, lb_ptr + row * stride_lm, pair, NPP)

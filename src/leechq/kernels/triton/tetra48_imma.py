@@ -59,10 +59,10 @@ from leechq.kernels.triton._bits import (
 )
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
-    _rint,
     _x_limbs,
-    block_scale,
     decode_nibbles,
+    limb_words,
+    rounded_quads,
     sb_copy,
     section_values,
     stage_table,
@@ -120,32 +120,17 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
 
 
 @triton.jit
-def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
-                             N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PRS: tl.constexpr):
-    """What :func:`imma_activation_kernel` writes for activation row ``row`` and the ``PRS``
-    block pairs from ``pair0``, computed from the row's rotated values in registers instead of
-    the prepared layout: ``v`` float32 [MW] holds the whole rotated row (one rotation group, so
-    every block's 24 coordinates are in it); position ``t`` of block ``b`` reads
-    ``v[24·b + order[t]]``; row ``row`` (0..15) goes to its 8-row chunk's records.
-    Rows ``row ≥ m_rows`` give zero words (as that kernel). Bit for bit
-    the same words and exponents: the same block maximum, :func:`.tetra48_m1.block_scale` and
-    fused round as :func:`.tetra48_m1._x_limbs`, bytes packed by shifts (disjoint, so the sum is
-    an OR)."""
-    live_row = row
+def store_activation_tile(x, rec_ptr, ex_ptr, row, pair, NPP: tl.constexpr):
+    """What :func:`imma_activation_kernel` writes for activation row ``row`` (0..15, to its 8-row
+    chunk's records) and the pairs ``pair`` (int32 [1, PRS]), from the prepared slots' values in
+    registers: ``x`` float32 [64, PRS] in limb-word order (row
+    ``((parity·4 + section)·2 + half)·4 + j`` holds trio position ``8·section + 2j + half``;
+    section 3, absent blocks and dead rows zero — the tile the one-group rotation gathers for its
+    prepared write). Bit for bit that kernel's words and exponents: the rounding of
+    :func:`.tetra48_m1.rounded_quads` (as :func:`.tetra48_m1._x_limbs`), the bytes of
+    :func:`.tetra48_m1.limb_words`."""
     rec_ptr, ex_ptr, row = chunk_of(rec_ptr, ex_ptr, row, NPP)
-    r = tl.arange(0, 64)[:, None]  # ((parity·4 + section)·2 + half)·4 + j: position 8s + 2j + h
-    sec = (r // 8) % 4
-    pos = 8 * sec + 2 * (r % 4) + (r // 4) % 2
-    pair = pair0 + tl.arange(0, PRS)[None, :]
-    blk = 2 * pair + r // 32
-    ok = (sec < 3) & (blk < N_BLOCKS) & ((blk * 0 + live_row) < m_rows)
-    nat = tl.load(order_ptr + tl.where(sec < 3, pos, 0))
-    idx = tl.reshape(tl.where(ok, 24 * blk + nat, 0), (64 * PRS,))
-    x = tl.where(ok, tl.reshape(tl.gather(v, idx, 0), (64, PRS)), 0.0)
-    x3 = tl.reshape(x, (2, 32, PRS))
-    scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
-    q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
-    jj = tl.arange(0, 4)[None, :, None]
+    q, e_blk = rounded_quads(x)
     k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
     ks = (k // 2) % 4
     bw = 2 * pair + k // 8
@@ -153,8 +138,7 @@ def store_activation_records(v, rec_ptr, ex_ptr, order_ptr, row, m_rows, pair0,
             + (row // 2) % 2 + ks * 32 + 2 * (k % 2))
     live = (ks < 3) & (pair < NPP)
     for limb in tl.static_range(3):
-        word = tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)  # [16, PRS]
-        tl.store(rec_ptr + base + limb * 96, word, mask=live)
+        tl.store(rec_ptr + base + limb * 96, limb_words(q, limb), mask=live)
     pb = tl.arange(0, 2)[:, None]
     be = 2 * pair + pb
     tl.store(ex_ptr + (be * 2 + row % 2) * 4 + (row // 2) % 2 + 2 * (row // 4), e_blk,

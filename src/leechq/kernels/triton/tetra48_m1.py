@@ -219,6 +219,28 @@ def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr):
 
 
 @triton.jit
+def rounded_quads(x):
+    """A tile of two blocks per pair in limb-word order (``x`` float32 [64, PRS], row
+    ``((parity·4 + section)·2 + half)·4 + j``, section 3 zero) rounded as :func:`_x_limbs` does:
+    the 24-bit integers ``q`` int32 [16, 4, PRS] (``[(parity, section, half), j]``) and each
+    block's exponent ``E_b`` float32 [2, PRS] — the same block maximum, :func:`block_scale` and
+    fused round."""
+    PRS: tl.constexpr = x.shape[1]
+    x3 = tl.reshape(x, (2, 32, PRS))
+    scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
+    return tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS)), e_blk
+
+
+@triton.jit
+def limb_words(q, limb: tl.constexpr):
+    """Byte ``limb`` of the four integers ``q[:, j, :]`` (int32 [16, 4, PRS], from
+    :func:`rounded_quads`) packed into one word per row and pair, ``j`` in byte ``j`` (int32
+    [16, PRS]; the bytes are disjoint, so the sum is an OR)."""
+    jj = tl.arange(0, 4)[None, :, None]
+    return tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)
+
+
+@triton.jit
 def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr):
     """The limb records :func:`_x_limbs` would compute from the prepared layout, from the
     prepared slots' values in registers: ``x`` float32 [64, PRS], row
@@ -229,18 +251,13 @@ def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr):
     ``(par·19 + w)·NPP + p``); pairs ``≥ NPP`` are not written. Bit for bit :func:`_x_limbs`:
     the same block maximum, :func:`block_scale` and fused round; bytes packed by shifts
     (disjoint, so the sum is an OR)."""
-    PRS: tl.constexpr = x.shape[1]
-    x3 = tl.reshape(x, (2, 32, PRS))
-    scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
-    q = tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS))  # [(parity, section, half), j]
-    jj = tl.arange(0, 4)[None, :, None]
+    q, e_blk = rounded_quads(x)
     k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
     ks = (k // 2) % 4
     word0 = (k // 8) * LIMB_WORDS + 1 + 2 * ks + k % 2
     live = (ks < 3) & (pair < NPP)
     for limb in tl.static_range(3):
-        word = tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)  # [16, PRS]
-        tl.store(lb_row + (word0 + 6 * limb) * NPP + pair, word, mask=live)
+        tl.store(lb_row + (word0 + 6 * limb) * NPP + pair, limb_words(q, limb), mask=live)
     pb = tl.arange(0, 2)[:, None]
     tl.store(lb_row + pb * LIMB_WORDS * NPP + pair, e_blk.to(tl.int32, bitcast=True),
              mask=(pair + pb * 0) < NPP)
