@@ -107,6 +107,9 @@
 #   limbse2e e2e Qwen3-8B at batch 1 and 2, Tetra and ball, with and without the limb records
 #   rotorder the GPU rotation tests after the prepared tile's row order changed, then e2e
 #            Qwen3-8B batch 1 (fp16, Tetra, ball)
+#   pendingm what session m could not run: the int8 kernel's activation records from the
+#            prepared write's tile (GPU tests, the serving tests), e2e Qwen3-8B at batch 2 (PDL
+#            for one row only), 4 and 8 (the records path; tetra48-norotrec: their own launch)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -361,12 +364,18 @@ rotorder)
   e2e e2e-8b-rotorder 170 --models qwen3-8b --arms fp16,tetra48,ball --batches 1 --skip-gates \
     --no-profile --budget-s 150
   ;;
+pendingm)
+  gpu_tests tests-pendingm 200 tests/kernels/test_triton_norm_rotate.py -k "records"
+  gpu_tests tests-serve 200 tests/serve/test_gpu.py
+  e2e e2e-8b-pendingm 190 --models qwen3-8b --arms fp16,tetra48,tetra48-norotrec \
+    --batches 2,4,8 --skip-gates --no-profile --budget-s 170
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm)" >&2
   exit 2
   ;;
 esac
