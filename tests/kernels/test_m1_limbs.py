@@ -237,3 +237,30 @@ def test_limb_kernels_compile_without_local_memory() -> None:
     pytest.importorskip("triton")
     out = run_offline(_COMPILE_SCRIPT, timeout=900)
     assert out.strip().startswith("ok"), out[-2000:]
+
+
+@interp
+def test_a_failed_limb_check_converts_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the first-use check of the kernel on limb records fails (simulated), the matvec
+    drops the records and its launches convert the prepared rows: the same output."""
+    ops = _ops()
+    from leechq.formats.layouts.tetra48 import random_tetra48
+
+    w = random_tetra48(40, 256, seed=5)
+    order = ops.tetra_kernel_tables("cpu").order
+    xp = ops.prepare_activation(torch.randn(1, 256), w.n_blocks, order)
+    lb = ref.m1_limb_records(xp, w.n_blocks)
+    want = ops.tetra48_matvec_prepared(xp, w, 1)
+    enabled = ops.m1_enabled
+    monkeypatch.setattr(ops, "m1_enabled", lambda device, cfg, check=None: (
+        check is not ops._check_m1_limbs and enabled(device, cfg, check)))
+    seen = []
+    launch = ops._launch_m1
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs.get("limbs"))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "_launch_m1", recorded)
+    assert torch.equal(ops.tetra48_matvec_prepared(xp, w, 1, limbs=lb), want)
+    assert seen == [None]

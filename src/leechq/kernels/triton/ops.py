@@ -365,10 +365,11 @@ def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any)
     return cache[key]
 
 
-def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator) -> bool:
+def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
+                     fallback: str = "the tiled kernel") -> bool:
     """Run ``cases`` (a generator of ``(y, x, dense)``: kernel output, activation, f64 reference
     matrix) and require every output within ``1e-5 · Σ|w·x|`` and the ticket counters reset; any
-    failure or exception warns and returns False (the caller keeps the tiled kernel)."""
+    failure or exception warns and returns False (the caller keeps ``fallback``)."""
     try:
         worst = 0.0
         for y, x, dense in cases:
@@ -382,20 +383,21 @@ def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: 
     except Exception as exc:  # any failure means: do not use the kernel on this device
         reason = f"{type(exc).__name__}: {exc}"[:300]
     warnings.warn(f"the {what} ({cfg}) failed its first-use check on {device} ({reason}); using "
-                  "the tiled kernel", stacklevel=5)
+                  f"{fallback}", stacklevel=5)
     return False
 
 
 def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Callable,
-                    dequantize: Callable, order: Callable, run: Callable) -> Iterator:
+                    dequantize: Callable, order: Callable, run: Callable,
+                    limbs: bool = False) -> Iterator:
     """The first-use cases of an ``m1`` kernel (for :func:`_first_use_check`): a small random
     record (``random_record``: two K-slices, the second one short; chunk walking; a tail), its f64
     matrix (``dequantize``), and per call a NaN-poisoned output that ``run(xp, w, y, m_rows)``
     fills from the activation prepared in ``order(device)``: for several rows ``mb + 1`` rows (a
     full launch, then a one-row launch with this geometry) and ``mb − 1`` (a zero pad row for
-    ``mb`` = 4); for one row, one row twice (the tickets must have reset). Each call runs twice:
-    converting the prepared rows and, with ``run(..., limbs)``, loading their limb records
-    (``reference.m1_limb_records``), the two forms the served model launches."""
+    ``mb`` = 4); for one row, one row twice (the tickets must have reset). ``run(xp, w, y, m_rows,
+    lb)`` gets ``lb`` None (the kernel converts the prepared rows) or, with ``limbs``, their limb
+    records (``reference.m1_limb_records``: the kernel loads them)."""
     n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
     w = random_record(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
     dense = dequantize(w)
@@ -404,20 +406,34 @@ def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Call
         g = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(m_rows, w.d_in, generator=g, device=device)
         xp = prepare_activation(x, w.n_blocks, order(device))
-        for limbs in (None, ref.m1_limb_records(xp, w.n_blocks)):
-            y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-            run(xp, w, y, m_rows, limbs)
-            yield y, x, dense
+        y = torch.full((m_rows, w.d_out), float("nan"), device=device)
+        run(xp, w, y, m_rows, ref.m1_limb_records(xp, w.n_blocks) if limbs else None)
+        yield y, x, dense
 
 
-def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
+def _check_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> bool:
     from leechq.formats.layouts.tetra48 import random_tetra48
 
     cases = _m1_check_cases(device, cfg, random_tetra48, ref.tetra48_dequantize_rotated,
                             lambda d: tetra_kernel_tables(d).order,
                             lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m,
-                                                               limbs=lb))
+                                                               limbs=lb), limbs)
+    if limbs:
+        return _first_use_check("batch-1 Tetra kernel on limb records (m1)", device, cfg, cases,
+                                "the kernel that converts the prepared rows")
     return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases)
+
+
+def _check_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
+    return _check_m1(device, cfg, limbs=True)
+
+
+def _limbs_checked(plan: list[tuple[int, MatvecConfig]], device: torch.device,
+                   check: Callable) -> bool:
+    """Whether every launch group of an ``m1`` plan may load limb records: ``check`` (the
+    kernel's first-use check on limb records) passed for its geometry, once per (device,
+    geometry), as :func:`m1_enabled`; otherwise the launches convert the prepared rows."""
+    return all(m1_enabled(device, c, check) for _, c in plan)
 
 
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
@@ -793,6 +809,8 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         first = 0
         if limbs is not None:
             _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
+            if not _limbs_checked(plan, xp.device, _check_m1_limbs):
+                limbs = None
         for rows, c in plan:
             _launch_m1("tetra48", xp[first:], w, y[first:], c, rows,
                        limbs=None if limbs is None else limbs[first:])
@@ -1524,6 +1542,8 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                                                 device=xp.device)
     if limbs is not None:
         _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
+        if not _limbs_checked(plan, xp.device, _check_planes14_m1_limbs):
+            limbs = None
     first = 0
     for rows, c in plan:
         end = first + ref.prepared_rows(rows)
@@ -1533,14 +1553,21 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     return y
 
 
-def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
+def _check_planes14_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> bool:
     from leechq.formats.layouts.planes14 import random_planes14
 
     cases = _m1_check_cases(
         device, cfg, random_planes14, ref.planes14_dequantize_rotated, planes14_m1_order,
         lambda xp, w, y, m, lb: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m,
-                                                            limbs=lb))
+                                                            limbs=lb), limbs)
+    if limbs:
+        return _first_use_check("m1 Planes14 kernel on limb records", device, cfg, cases,
+                                "the kernel that converts the prepared rows")
     return _first_use_check("m1 Planes14 kernel", device, cfg, cases)
+
+
+def _check_planes14_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
+    return _check_planes14_m1(device, cfg, limbs=True)
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
