@@ -280,8 +280,9 @@ def test_no_local_memory() -> None:
     # Llama-3-8B row widths, the widest chunks of the rule)
     from leechq.kernels.triton import ops
 
+    assert ops.m1_maxnreg(448, 23) == 0 and ops.m1_maxnreg(513, 0) == 0
     for n_blocks, tail, rows in ((106, 5, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64),
-                                 (448, 23, 64), (512, 0, 256), (512, 0, 64)):
+                                 (448, 16, 64), (512, 0, 256), (512, 0, 64)):
         assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
         c = I.compile_for(m1_kernel, m1, dict(
             N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1),

@@ -198,10 +198,14 @@ M1_MAXNREG = 96
 
 def m1_maxnreg(n_blocks: int, tail_cols: int) -> int:
     """The register cap for a row of ``n_blocks`` blocks and ``tail_cols`` tail columns: 96 where
-    ptxas (Triton 3.6, sm_90) keeps the kernel free of spills under it — rows of ≤ 448 blocks, or
-    512 with no tail (Qwen3-8B's down projection) — else 0 (the compiler's choice: 127 registers,
-    four programs per SM); wider rows spill into the hot loop under the cap."""
-    return M1_MAXNREG if n_blocks <= 448 or (n_blocks <= 512 and tail_cols == 0) else 0
+    ptxas (sm_90) keeps the kernel free of spills under it — rows of ≤ 448 blocks with at most
+    16 tail columns (every Qwen3 and Llama-3 width), or 512 with no tail (Qwen3-8B's down
+    projection) — else 0 (the compiler's choice: 127 registers, four programs per SM). Wider
+    rows spill into the hot loop under the cap (Triton 3.6); so do tails of 23 or 31 columns
+    with Triton 3.9 (7 local loads per loop trip at 448 blocks), though not with 3.6."""
+    if (n_blocks <= 448 and tail_cols <= 16) or (n_blocks <= 512 and tail_cols == 0):
+        return M1_MAXNREG
+    return 0
 
 
 M1_DEFAULT = MatvecConfig(rows=32, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=2,
