@@ -183,19 +183,20 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             src = GROUP_INPUT[k.split("+")[0]]
             rots[src] = ops.DeviceRotation.from_tables(generate_rotation(w.d_in, seed + w.d_in),
                                                        device)
+    # the limb records the m1 launches load: written by the one-group rotations (``limbs``), or
+    # computed from the prepared inputs of power-of-two width, per buffer set (``noprep_limbs``)
     lbs = {src: ops.m1_limbs(first_w.n_blocks, device, batch)
            for src, first_w in ((GROUP_INPUT[k.split("+")[0]], w) for k, w in first.items())
            if limbs and rotate and rots[src].odd == 1 and batch < ops.IMMA_MIN_ROWS}
-    # limb records of the prepared inputs, per buffer set, where the width is a power of two
-    pre_lbs = ([{src: ref.m1_limb_records(prepared[b][src], nb_of[k])
-                 for k in first for src in [GROUP_INPUT[k.split("+")[0]]]
-                 if _pow2_width(model, src)} for b in range(n_sets)]
+    pre_lbs = ([{src: ref.m1_limb_records(prepared[b][src], w.n_blocks)
+                 for k, w in first.items() for src in [GROUP_INPUT[k.split("+")[0]]]
+                 if w.d_in & (w.d_in - 1) == 0} for b in range(n_sets)]
                if noprep and noprep_limbs else None)
-    if lbs:
-        plain_mv = mv
 
-        def mv(xp, w, m, cfg, out=None, lb=None):
-            return plain_mv(xp, w, m, cfg, out=out, limbs=lb)
+    def limbs_of(b: int, src: str) -> dict:
+        """``mv``'s ``limbs`` keyword for buffer set ``b`` and input ``src`` (none: convert)."""
+        lb = lbs.get(src) if pre_lbs is None else pre_lbs[b].get(src)
+        return {} if lb is None else {"limbs": lb}
 
     def run(b: int) -> None:
         for lw in layers:
@@ -203,11 +204,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             for k, w in lw.items():
                 src = GROUP_INPUT[k.split("+")[0]]
                 if prepared is not None:
-                    if pre_lbs is not None and src in pre_lbs[b]:
-                        mv(prepared[b][src], w, batch, cfgs[k], out=outs[k],
-                           limbs=pre_lbs[b][src])
-                    else:
-                        mv(prepared[b][src], w, batch, cfgs[k], out=outs[k])
+                    mv(prepared[b][src], w, batch, cfgs[k], out=outs[k], **limbs_of(b, src))
                     continue
                 if src not in done:
                     if rotate:
@@ -216,10 +213,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                     else:
                         ops.prepare_activation(xs[b][src], w.n_blocks, order, out=preps[src])
                     done.add(src)
-                if src in lbs:
-                    mv(preps[src], w, batch, cfgs[k], out=outs[k], lb=lbs[src])
-                else:
-                    mv(preps[src], w, batch, cfgs[k], out=outs[k])
+                mv(preps[src], w, batch, cfgs[k], out=outs[k], **limbs_of(b, src))
 
     nbytes = sum(w.kernel_bytes() for lw in layers for w in lw.values())
     if null:
@@ -272,20 +266,12 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
             xp = ops.rotate(x[src], rots[src], prepared_order=order, limbs=lb)
             if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks)):
                 raise AssertionError(f"{k}: rotation-written limb records differ")
-            if not torch.equal(mv(xp, w, batch, cfgs[k], lb=lb), mv(xp, w, batch, cfgs[k])):
+            if not torch.equal(mv(xp, w, batch, cfgs[k], limbs=lb), mv(xp, w, batch, cfgs[k])):
                 raise AssertionError(f"{k}: m1 on limb records differs")
         return worst
 
     p.check = check  # type: ignore[attr-defined]
     return p
-
-
-def _pow2_width(model: Model, src: str) -> bool:
-    """Whether input group ``src`` (``GROUP_INPUT``'s names) has a power-of-two width: one
-    rotation group, whose rotation can write the limb records."""
-    q = model.q_heads * model.head_dim
-    n = {"attn": model.hidden, "o": q, "mlp": model.hidden, "down": model.intermediate}[src]
-    return n & (n - 1) == 0
 
 
 def _sms() -> int:

@@ -422,10 +422,17 @@ def _check_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> b
                             lambda d: tetra_kernel_tables(d).order,
                             lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m,
                                                                limbs=lb), limbs)
+    return _m1_first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases, limbs)
+
+
+def _m1_first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
+                        limbs: bool) -> bool:
+    """:func:`_first_use_check` of an ``m1`` kernel, or (``limbs``) of its form that loads limb
+    records, whose failure falls back to the converting form rather than the tiled kernel."""
     if limbs:
-        return _first_use_check("batch-1 Tetra kernel on limb records (m1)", device, cfg, cases,
+        return _first_use_check(f"{what} on limb records", device, cfg, cases,
                                 "the kernel that converts the prepared rows")
-    return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases)
+    return _first_use_check(what, device, cfg, cases)
 
 
 def _check_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
@@ -897,10 +904,10 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
         consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts} if lattice else consts
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
+    xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
         mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
-        xl = xp if limbs is None else limbs
         rows_args = ((xp.stride(0), y.stride(0), min(mb, m_rows - i), xl[i:], xl.stride(0))
                      if lattice else ())
         kernel[(grid,)](
@@ -1564,10 +1571,7 @@ def _check_planes14_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = Fa
         device, cfg, random_planes14, ref.planes14_dequantize_rotated, planes14_m1_order,
         lambda xp, w, y, m, lb: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m,
                                                             limbs=lb), limbs)
-    if limbs:
-        return _first_use_check("m1 Planes14 kernel on limb records", device, cfg, cases,
-                                "the kernel that converts the prepared rows")
-    return _first_use_check("m1 Planes14 kernel", device, cfg, cases)
+    return _m1_first_use_check("m1 Planes14 kernel", device, cfg, cases, limbs)
 
 
 def _check_planes14_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
