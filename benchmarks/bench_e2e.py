@@ -37,6 +37,8 @@ What it does, in order:
    * ``tetra48-limbs``, ``ball-limbs`` (diagnostic): ``tetra48`` and ``ball`` with
      ``LEECHQ_M1_LIMBS=1`` — the one-group rotations write the ``m1`` kernel's limb records and
      its programs load them instead of each converting its activation slice (opt-in: slower);
+   * ``tetra48-a24``, ``ball-a24`` (diagnostic): ``tetra48`` and ``ball`` with ``LEECHQ_A16=0`` —
+     the integer kernels on 24-bit activations per block instead of the default 16 (``ops.A16``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -374,7 +376,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
-                 "ball-limbs"):
+                 "ball-limbs", "tetra48-a24", "ball-a24"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -501,7 +503,8 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
            "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
            "tetra48-nopdl": {"LEECHQ_PDL": "0"}, "ball-nopdl": {"LEECHQ_PDL": "0"},
-           "tetra48-limbs": {"LEECHQ_M1_LIMBS": "1"}, "ball-limbs": {"LEECHQ_M1_LIMBS": "1"}}
+           "tetra48-limbs": {"LEECHQ_M1_LIMBS": "1"}, "ball-limbs": {"LEECHQ_M1_LIMBS": "1"},
+           "tetra48-a24": {"LEECHQ_A16": "0"}, "ball-a24": {"LEECHQ_A16": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -621,7 +624,7 @@ def parse() -> argparse.Namespace:
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
-        "ball-nopdl,tetra48-limbs,ball-limbs,hf-fp16",
+        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

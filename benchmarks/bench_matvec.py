@@ -37,6 +37,14 @@ sys.path.insert(0, str(HERE))
 from shapes import MODELS, Model  # noqa: E402
 
 DATE = "2026-11-29"
+ACT_SUFFIX = {"-a16": "1", "-a24": "0"}
+"""An arm name ending in one of these runs that arm with ``LEECHQ_A16`` set so (16- or 24-bit
+activations in the integer kernels, ``ops.act16``); every other arm runs the library's default
+(``ops.A16``)."""
+
+
+def _act_suffix(arm: str) -> str:
+    return next((s for s in ACT_SUFFIX if arm.endswith(s)), "")
 
 
 # ----------------------------------------------------------------------------------- arm weights
@@ -188,7 +196,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     lbs = {src: ops.m1_limbs(first_w.n_blocks, device, batch)
            for src, first_w in ((GROUP_INPUT[k.split("+")[0]], w) for k, w in first.items())
            if limbs and rotate and rots[src].odd == 1 and batch < ops.IMMA_MIN_ROWS}
-    pre_lbs = ([{src: ref.m1_limb_records(prepared[b][src], w.n_blocks)
+    pre_lbs = ([{src: ref.m1_limb_records(prepared[b][src], w.n_blocks, ops.act16())
                  for k, w in first.items() for src in [GROUP_INPUT[k.split("+")[0]]]
                  if w.d_in & (w.d_in - 1) == 0} for b in range(n_sets)]
                if noprep and noprep_limbs else None)
@@ -236,7 +244,8 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 continue
             dense = (ref.tetra48_dequantize_rotated(w) if base == "tetra48"
                      else ref.planes14_dequantize_rotated(w))
-            worst = max(worst, ref.row_bound_error(y, x[src], dense))
+            worst = max(worst, ref.row_bound_error(
+                y, ops.kernel_activation(x[src], w.n_blocks), dense))
             del dense
         if rotate:  # the served pass's rotations, into the prepared layout, against f64
             from leechq.formats.rotation import generate_rotation
@@ -264,7 +273,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
                 continue
             lb = ops.m1_limbs(w.n_blocks, device, batch)
             xp = ops.rotate(x[src], rots[src], prepared_order=order, limbs=lb)
-            if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks)):
+            if not torch.equal(lb, ref.m1_limb_records(xp, w.n_blocks, ops.act16())):
                 raise AssertionError(f"{k}: rotation-written limb records differ")
             if not torch.equal(mv(xp, w, batch, cfgs[k], limbs=lb), mv(xp, w, batch, cfgs[k])):
                 raise AssertionError(f"{k}: m1 on limb records differs")
@@ -452,7 +461,8 @@ def build_rotation(model: Model, batch: int, n_sets: int, device: str, seed: int
         for src, n in widths.items():
             lb = ops.m1_limbs(n // 24, device, batch) if src in lbs else None
             got = ops.rotate(xs[0][src], rots[n], prepared_order=order, splits=splits, limbs=lb)
-            if lb is not None and not torch.equal(lb, ref.m1_limb_records(got, n // 24)):
+            if lb is not None and not torch.equal(lb, ref.m1_limb_records(got, n // 24,
+                                                                           ops.act16())):
                 raise AssertionError(f"{src}: rotation-written limb records differ")
             want = ref.prepare_activation(ref.rotate(xs[0][src].cpu(), tables[n]).to(device),
                                           n // 24, order)
@@ -606,7 +616,8 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
             x = xs[0][src_of[k]]
             xp = ops.prepare_activation(x, w.n_blocks, order)
             y = matvec(xp, w, batch, rows_per_step=rows_per_step, fused_sum=fused_sum)
-            worst = max(worst, ref.row_bound_error(y, x, dequantize(w)))
+            worst = max(worst, ref.row_bound_error(y, ops.kernel_activation(x, w.n_blocks),
+                                                   dequantize(w)))
         return worst
 
     p.check = check  # type: ignore[attr-defined]
@@ -1043,9 +1054,16 @@ def main() -> None:
             if batch > 1:  # the no-weights control has one activation row
                 builders.pop("null-m1-fused-noprep")
             wanted = args.arms.split(",")
+            for arm in wanted:  # "<arm>-a16" / "-a24": that arm on 16- or 24-bit activations
+                base = arm[: -len(_act_suffix(arm))] if _act_suffix(arm) else arm
+                if base != arm and base in builders:
+                    builders[arm] = builders[base]
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
             for arm, build in builders.items():
+                a16 = os.environ.pop("LEECHQ_A16", None)
+                if _act_suffix(arm):
+                    os.environ["LEECHQ_A16"] = ACT_SUFFIX[_act_suffix(arm)]
                 try:
                     p = build()
                     checks[f"{name}/{arm}/M{batch}"] = err = p.check()
@@ -1061,6 +1079,11 @@ def main() -> None:
                     results.append({"model": name, "arm": arm, "batch": batch,
                                     "error": repr(exc)[:500]})
                     torch.cuda.empty_cache()
+                finally:  # captured graphs keep their kernels; the environment goes back
+                    if a16 is None:
+                        os.environ.pop("LEECHQ_A16", None)
+                    else:
+                        os.environ["LEECHQ_A16"] = a16
             if "fp16" not in graphs:
                 continue
             per_round: dict[str, list[float]] = {a: [] for a in graphs}

@@ -149,7 +149,44 @@ def limb_records_width(n_blocks: int) -> int:
     return 2 * LIMB_WORDS * prepared_pairs(n_blocks)
 
 
-def m1_limb_records(xp: torch.Tensor, n_blocks: int) -> torch.Tensor:
+A16_STEP = 256
+"""With 16-bit activations (``a16``) the integer kernels round each block's 24-bit integers x̃ to
+multiples of this (``tetra48_m1.A16_STEP``)."""
+
+
+def _block_scale(mx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The integer kernels' per-block scale of a float32 block maximum ``mx``: the clamped biased
+    exponent ``eb`` (int32, ≥ 22) and ``s = 2^(148 − eb)`` (float64), so ``mx · s ∈ [2^21, 2^22)``
+    (``tetra48_m1.block_scale``)."""
+    eb = ((mx.to(torch.float32).view(torch.int32) >> 23) & 0xFF).clamp(min=22)
+    return eb, ((275 - eb) << 23).view(torch.float32).double()
+
+
+def round_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """``x`` as the integer kernels see it with 16-bit activations (``a16``; in the rotated basis,
+    natural column order): each of the first ``n_blocks`` 24-column blocks of every row rounded
+    (half to even) to multiples of ``256 / s`` with the block's scale ``s`` (:func:`_block_scale`
+    of its largest |value|), i.e. to 16 significant bits per block; the tail columns unchanged.
+    Per coordinate the change is at most ``128 / s ≤ 2^-14 ·`` the block's largest |value|.
+
+    Args:
+        x: [M, d_in] any float dtype (taken as float32, as the kernels read it).
+        n_blocks: the matrix's blocks (``d_in // 24``).
+
+    Returns:
+        float64 [M, d_in].
+    """
+    xf = x.to(torch.float32)
+    body = xf[:, : BLOCK * n_blocks].reshape(xf.shape[0], n_blocks, BLOCK)
+    _eb, scale = _block_scale(body.abs().amax(dim=2))
+    step = A16_STEP / scale[:, :, None]
+    out = xf.double().clone()
+    out[:, : BLOCK * n_blocks] = (torch.round(body.double() / step) * step).reshape(
+        xf.shape[0], -1)
+    return out
+
+
+def m1_limb_records(xp: torch.Tensor, n_blocks: int, a16: bool = False) -> torch.Tensor:
     """The batch-1 kernel's limb records of a prepared activation: int32 [MP, 2·19·NPP], the
     words its programs otherwise compute from ``xp`` (``tetra48_m1._x_limbs``) and the rotation
     writes with ``limbs=`` (``tetra48_m1.store_limb_tile``).
@@ -158,11 +195,14 @@ def m1_limb_records(xp: torch.Tensor, n_blocks: int) -> torch.Tensor:
     ``E = 2^(eb − 148)`` as float32 bits, with ``eb`` the biased exponent of the block's largest
     |value| (at least 22); words ``1 + 6·limb + 2·section + half`` hold byte ``limb`` of the
     24-bit integers ``x̃ = rint(x · 2^(148 − eb))`` of positions ``8·section + 2j + half``,
-    ``j = 0..3`` in bytes 0..3 (two's complement). Zero slots give the words of zeros.
+    ``j = 0..3`` in bytes 0..3 (two's complement). Zero slots give the words of zeros. With
+    ``a16`` the integers are rounded to multiples of 256 (:func:`round_activation`): every limb-0
+    word is zero.
 
     Args:
         xp: float32 [MP, 48·NPP + 32], the prepared layout (``prepare_activation``).
         n_blocks: blocks per row.
+        a16: 16-bit activations.
     """
     npp = prepared_pairs(n_blocks)
     mp = int(xp.shape[0])
@@ -170,10 +210,9 @@ def m1_limb_records(xp: torch.Tensor, n_blocks: int) -> torch.Tensor:
         raise InvalidInput(f"xp has width {xp.shape[1]}, not the prepared "
                            f"{prepared_width(n_blocks)} of {n_blocks} blocks")
     body = xp[:, : 48 * npp].to(torch.float32).reshape(mp, 2, BLOCK, npp)
-    mx = body.abs().amax(dim=2)  # [MP, parity, pair]
-    eb = ((mx.view(torch.int32) >> 23) & 0xFF).clamp(min=22)
-    scale = ((275 - eb) << 23).view(torch.float32).double()
-    q = torch.round(body.double() * scale[:, :, None, :]).long()  # exact: scale is 2^k
+    eb, scale = _block_scale(body.abs().amax(dim=2))  # [MP, parity, pair]
+    step = A16_STEP if a16 else 1
+    q = torch.round(body.double() * scale[:, :, None, :] / step).long() * step  # scale: 2^k
     q = q.reshape(mp, 2, 3, 4, 2, npp)  # position 8·section + 2j + half
     out = torch.empty(mp, 2, LIMB_WORDS, npp, dtype=torch.int64, device=xp.device)
     out[:, :, 0] = (eb - 21) << 23

@@ -343,6 +343,7 @@ def rotate_prepared_kernel(
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
     RECORDS: tl.constexpr = False, PDL: tl.constexpr = False, LIMBS: tl.constexpr = False,
+    A16: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -367,7 +368,8 @@ def rotate_prepared_kernel(
     from this prepared row), so that kernel needs no launch of its own. With ``LIMBS`` they write
     the batch-1 kernel's limb records of their pairs (``lb``, rows ``stride_lm`` apart:
     :func:`.tetra48_m1.store_limb_tile`), which its programs then load instead of each
-    converting their slice. ``PDL`` as :func:`rotate_kernel`."""
+    converting their slice. ``A16``: both kinds of records of the activation rounded to 16 bits
+    per block (:data:`.tetra48_m1.A16_STEP`). ``PDL`` as :func:`rotate_kernel`."""
     await_previous_grid(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
@@ -411,6 +413,6 @@ def rotate_prepared_kernel(
     tl.store(orow + 48 * NPP + i, tl.where(tmine & live, tval, 0.0),
              mask=(tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1))) & first)
     if RECORDS:
-        store_activation_tile(val, rec_ptr, ex_ptr, row, pair, NPP)
+        store_activation_tile(val, rec_ptr, ex_ptr, row, pair, NPP, A16)
     if LIMBS:  # one group: the tile holds every slot of its pairs (zeros past the row)
-        store_limb_tile(val, lb_ptr + row * stride_lm, pair, NPP)
+        store_limb_tile(val, lb_ptr + row * stride_lm, pair, NPP, A16)

@@ -93,6 +93,34 @@ IMMA_PDL = False
 (and the rotations' and ``m1``'s) batch 4 took 7.20 ms per step against 6.80 without any, batch 8
 7.45 against 6.92, batch 16 9.50 against 9.14 (BENCHMARKS.md §4 session l)."""
 
+A16 = True
+"""Whether the integer kernels (``m1``, the int8 tensor-core kernel and the records the rotation
+writes for them) round each activation block to 16 significant bits instead of 24
+(``tetra48_m1.A16_STEP``; twin: ``reference.round_activation``): limb 0 is zero, so ``m1``
+issues 12 ``dp4a`` per block and row instead of 18 and the int8 kernel 24 MMAs and 12 fragment
+loads per step instead of 36 and 18. Per coordinate the activation moves by at most 2^-14 of its
+block's largest |value| (half that on average). H200, Qwen3-8B projections, one process
+(2026-12-01, BENCHMARKS.md §3 run 19): one row 2.649 → 2.506 ms (``m1`` alone), served with the
+rotations 2.911 → 2.763 ms; eight rows (int8 kernel) 5.797 → 4.978 ms. SmolLM2-135M (Tetra,
+CPU emulation, ``benchmarks/a16_quality.py``): KL to the reference 0.868874 → 0.868878 nats per
+token, the same greedy agreement. ``LEECHQ_A16=0`` keeps 24 bits (read per launch, see
+:func:`act16`)."""
+
+
+def act16() -> bool:
+    """Whether the integer kernels run on 16-bit activations now (:data:`A16`, or the
+    ``LEECHQ_A16`` override). The rotation that writes activation records and the kernels that
+    read them must agree, so both read this at launch."""
+    env = os.environ.get("LEECHQ_A16")
+    return A16 if env is None else env == "1"
+
+
+def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """The activation the integer kernels multiply (for an f64 reference): ``x`` itself, or with
+    :func:`act16` its 16-bit rounding (``reference.round_activation``)."""
+    return ref.round_activation(x, n_blocks) if act16() else x
+
+
 PDL_MAX_ROWS = 1
 """Activation rows up to which the rotations and the ``m1`` launches take programmatic dependent
 launch. H200, Qwen3-8B decode, one process, 2026-12-01 (BENCHMARKS.md §4 session m): batch 1
@@ -338,7 +366,7 @@ def _tickets(device: torch.device) -> torch.Tensor:
     return _TICKETS[key]
 
 
-_M1_CHECKED: dict[tuple[str, MatvecConfig, str], bool] = {}
+_M1_CHECKED: dict[tuple[str, MatvecConfig, str, bool], bool] = {}
 
 
 def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None = None) -> bool:
@@ -356,7 +384,8 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None =
     if interpreting() or device.type != "cuda":
         return True
     check = check or _check_m1
-    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__), check, device, cfg)
+    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__, act16()), check, device,
+                         cfg)
 
 
 def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any) -> bool:
@@ -411,8 +440,8 @@ def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Call
         x = torch.randn(m_rows, w.d_in, generator=g, device=device)
         xp = prepare_activation(x, w.n_blocks, order(device))
         y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-        run(xp, w, y, m_rows, ref.m1_limb_records(xp, w.n_blocks) if limbs else None)
-        yield y, x, dense
+        run(xp, w, y, m_rows, ref.m1_limb_records(xp, w.n_blocks, act16()) if limbs else None)
+        yield y, kernel_activation(x, w.n_blocks), dense
 
 
 def _check_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> bool:
@@ -720,7 +749,8 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
                 prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, lb, lb.stride(0),
                 N=n, N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
                 TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
-                RECORDS=records is not None, LIMBS=limbs is not None, num_warps=warps,
+                RECORDS=records is not None, LIMBS=limbs is not None, A16=act16(),
+                num_warps=warps,
                 **_pdl_launch(rotate_pdl),
             )
         return out
@@ -916,6 +946,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
             ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
             num_warps=cfg.num_warps, num_stages=1,
             **({"ILP": cfg.ilp, "MB": mb, "LIMBS": limbs is not None} if lattice else {}),
+            A16=act16(),
             **consts, **pdl,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
@@ -1223,6 +1254,7 @@ def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
     blk = 64
     imma_activation_kernel[(8 * chunks, triton.cdiv(npp, blk))](
         xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
+        A16=act16(),
     )
     return rec, ex
 
@@ -1357,8 +1389,8 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
             rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
             _tickets(dev), w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), m_rows,
             N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, CH=chunks,
-            TAIL_COLS=w.tail_cols, NPP=npp, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps,
-            num_stages=1, **regs,
+            TAIL_COLS=w.tail_cols, NPP=npp, CODE=code, USE_ASM=_use_asm(), A16=act16(),
+            num_warps=num_warps, num_stages=1, **regs,
         )
         return y
     pdl = _pdl_launch(os.environ.get("LEECHQ_IMMA_PDL", "1" if IMMA_PDL else "0") == "1"
@@ -1366,8 +1398,8 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     imma_kernel[(tiles, slices)](
         rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
         N_BLOCKS=w.n_blocks, NPP=npp, NW=num_warps, RG=row_groups, RPS=rows_per_step,
-        CH=chunks, CODE=code, USE_ASM=_use_asm(), num_warps=num_warps, num_stages=1, **regs,
-        **pdl,
+        CH=chunks, CODE=code, USE_ASM=_use_asm(), A16=act16(), num_warps=num_warps,
+        num_stages=1, **regs, **pdl,
     )
     blk = 128
     imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](

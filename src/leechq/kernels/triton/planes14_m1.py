@@ -102,9 +102,11 @@ def _quad_bytes(bits, planes, vals, tab_ptr, base, Q: tl.constexpr, SEL_TABLE: t
 
 
 @triton.jit
-def _quad_dot(qb, la, lb, lc, acc0, acc1, acc2, USE_ASM: tl.constexpr):
-    """The three limb sums of one quad (signed value bytes ``qb`` against limb words ``la..lc``)."""
-    acc0 = dp4a(qb, la, acc0, False, USE_ASM)
+def _quad_dot(qb, la, lb, lc, acc0, acc1, acc2, USE_ASM: tl.constexpr, A16: tl.constexpr):
+    """The three limb sums of one quad (signed value bytes ``qb`` against limb words ``la..lc``;
+    ``A16``: limb 0 is zero, its sum stays ``acc0``)."""
+    if not A16:
+        acc0 = dp4a(qb, la, acc0, False, USE_ASM)
     acc1 = dp4a(qb, lb, acc1, False, USE_ASM)
     acc2 = dp4a(qb, lc, acc2, True, USE_ASM)
     return acc0, acc1, acc2
@@ -130,55 +132,58 @@ def _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE: tl.constexpr, USE_ASM: t
 
 
 @triton.jit
-def _row_dot(quads, x, USE_ASM: tl.constexpr):
+def _row_dot(quads, x, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x⟩ / E_b`` (int32) of one record per element from its value bytes ``quads`` and one
     activation row's limb words ``x`` (:func:`.tetra48_m1._x_limbs`, read in the order of
-    ``tables.planes14_m1_order``: limb word ``(k, h)`` is quad ``2k + h``)."""
+    ``tables.planes14_m1_order``: limb word ``(k, h)`` is quad ``2k + h``; ``A16``: the limb-0
+    words are zero and skipped)."""
     (_e, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
     q0, q1, q2, q3, q4, q5 = quads
     z = tl.zeros(q0.shape, tl.int32)
-    acc0, acc1, acc2 = _quad_dot(q0, a00, b00, c00, z, z, z, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(q1, a01, b01, c01, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(q2, a10, b10, c10, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(q3, a11, b11, c11, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(q4, a20, b20, c20, acc0, acc1, acc2, USE_ASM)
-    acc0, acc1, acc2 = _quad_dot(q5, a21, b21, c21, acc0, acc1, acc2, USE_ASM)
+    acc0, acc1, acc2 = _quad_dot(q0, a00, b00, c00, z, z, z, USE_ASM, A16)
+    acc0, acc1, acc2 = _quad_dot(q1, a01, b01, c01, acc0, acc1, acc2, USE_ASM, A16)
+    acc0, acc1, acc2 = _quad_dot(q2, a10, b10, c10, acc0, acc1, acc2, USE_ASM, A16)
+    acc0, acc1, acc2 = _quad_dot(q3, a11, b11, c11, acc0, acc1, acc2, USE_ASM, A16)
+    acc0, acc1, acc2 = _quad_dot(q4, a20, b20, c20, acc0, acc1, acc2, USE_ASM, A16)
+    acc0, acc1, acc2 = _quad_dot(q5, a21, b21, c21, acc0, acc1, acc2, USE_ASM, A16)
+    if A16:
+        return (acc2 << 16) + (acc1 << 8)
     return (acc2 << 16) + (acc1 << 8) + acc0
 
 
 @triton.jit
 def _record_dot(A, B, C, D, cent0, cent1, tab_ptr, base, x0, x1, x2, x3, MB: tl.constexpr,
-                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one record per element for the first ``MB`` (1, 2 or
     4) activation rows ``m`` (one decode, 18 ``dp4a`` per row; the unused results repeat row 0)."""
     quads, g, invw = _record_bytes(A, B, C, D, tab_ptr, base, SEL_TABLE, USE_ASM)
     scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
-    d0 = _row_dot(quads, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
+    d0 = _row_dot(quads, x0, USE_ASM, A16).to(tl.float32) * (scale * x0[0])
     d1 = d0
     d2 = d0
     d3 = d0
     if MB >= 2:
-        d1 = _row_dot(quads, x1, USE_ASM).to(tl.float32) * (scale * x1[0])
+        d1 = _row_dot(quads, x1, USE_ASM, A16).to(tl.float32) * (scale * x1[0])
     if MB >= 4:
-        d2 = _row_dot(quads, x2, USE_ASM).to(tl.float32) * (scale * x2[0])
-        d3 = _row_dot(quads, x3, USE_ASM).to(tl.float32) * (scale * x3[0])
+        d2 = _row_dot(quads, x2, USE_ASM, A16).to(tl.float32) * (scale * x2[0])
+        d3 = _row_dot(quads, x3, USE_ASM, A16).to(tl.float32) * (scale * x3[0])
     return d0, d1, d2, d3
 
 
 @triton.jit
 def pair_dot(words, cent0, cent1, tab_ptr, base, xs, MB: tl.constexpr, SEL_TABLE: tl.constexpr,
-             USE_ASM: tl.constexpr):
+             USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The sums of the two record dots of a record pair (its seven words ``words``) for each of
     the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs,
     :func:`.tetra48_m1._row_limbs`)."""
     w0, w1, w2, w3, w4, w5, w6 = words
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     e0, e1, e2, e3 = _record_dot(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, xe0, xe1,
-                                 xe2, xe3, MB, SEL_TABLE, USE_ASM)
+                                 xe2, xe3, MB, SEL_TABLE, USE_ASM, A16)
     o0, o1, o2, o3 = _record_dot((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
                                  (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
-                                 xo0, xo1, xo2, xo3, MB, SEL_TABLE, USE_ASM)
+                                 xo0, xo1, xo2, xo3, MB, SEL_TABLE, USE_ASM, A16)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 

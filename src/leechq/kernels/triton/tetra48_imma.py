@@ -87,7 +87,8 @@ def chunk_of(rec_ptr, ex_ptr, row, NPP):
 
 @triton.jit
 def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
-                           NPP: tl.constexpr, BLK: tl.constexpr, USE_ASM: tl.constexpr):
+                           NPP: tl.constexpr, BLK: tl.constexpr, USE_ASM: tl.constexpr,
+                           A16: tl.constexpr = False):
     """The ``A`` records and block exponents of activation row ``program_id(0)`` (0..15) from
     the prepared layout ``xp`` (``x_rows`` rows; rows ``≥ m_rows`` give zero records), for the
     ``BLK`` block pairs of ``program_id(1)``. Rows come in chunks of 8 (:func:`chunk_of`);
@@ -96,7 +97,8 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
     section ``s`` and trio half ``half`` is at ``(b // 4)·STEP_WORDS + (t // 4)·HALF_WORDS
     + (limb·3 + s)·32 + (2c + t mod 2)·4 + (t // 2) mod 2 + 2·half`` (the fragment word
     ``a0..a3`` of the lane that reads it); ``ex[(b·2 + t mod 2)·4 + (t // 2) mod 2 + 2·(t // 4)]``
-    is the exponent ``E``."""
+    is the exponent ``E``. ``A16``: the activation rounded to 16 bits per block
+    (:data:`.tetra48_m1.A16_STEP`; the limb-0 words are zero)."""
     row = tl.program_id(0)
     pair = tl.program_id(1) * BLK + tl.arange(0, BLK)
     ok = pair < NPP
@@ -107,7 +109,7 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
     r = (t // 2) % 2
     h = t // 4
     for par in tl.static_range(2):
-        lim = _x_limbs(xr, NPP, par, USE_ASM)
+        lim = _x_limbs(xr, NPP, par, USE_ASM, A16)
         blk = 2 * pair + par
         rec = rec_ptr + (blk // 4) * STEP_WORDS + h * HALF_WORDS + ((blk % 4) * 2 + q) * 4 + r
         for limb in tl.static_range(3):
@@ -120,7 +122,8 @@ def imma_activation_kernel(xp_ptr, stride_x, rec_ptr, ex_ptr, m_rows, x_rows,
 
 
 @triton.jit
-def store_activation_tile(x, rec_ptr, ex_ptr, row, pair, NPP: tl.constexpr):
+def store_activation_tile(x, rec_ptr, ex_ptr, row, pair, NPP: tl.constexpr,
+                          A16: tl.constexpr = False):
     """What :func:`imma_activation_kernel` writes for activation row ``row`` (0..15, to its 8-row
     chunk's records) and the pairs ``pair`` (int32 [1, PRS]), from the prepared slots' values in
     registers: ``x`` float32 [64, PRS] in limb-word order (row
@@ -128,9 +131,9 @@ def store_activation_tile(x, rec_ptr, ex_ptr, row, pair, NPP: tl.constexpr):
     section 3, absent blocks and dead rows zero — the tile the one-group rotation gathers for its
     prepared write). Bit for bit that kernel's words and exponents: the rounding of
     :func:`.tetra48_m1.rounded_quads` (as :func:`.tetra48_m1._x_limbs`), the bytes of
-    :func:`.tetra48_m1.limb_words`."""
+    :func:`.tetra48_m1.limb_words` (``A16``: 16-bit activations)."""
     rec_ptr, ex_ptr, row = chunk_of(rec_ptr, ex_ptr, row, NPP)
-    q, e_blk = rounded_quads(x)
+    q, e_blk = rounded_quads(x, A16)
     k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
     ks = (k // 2) % 4
     bw = 2 * pair + k // 8
@@ -193,28 +196,37 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
 
 
 @triton.jit
-def _load_half(rb, active, USE_ASM: tl.constexpr):
+def _load_half(rb, active, USE_ASM: tl.constexpr, A16: tl.constexpr):
     """The lane's nine ``A`` fragments (limb-major, 4 words each) of one half at ``rb``, zeros
     where not ``active``: 36 words, all issued before any is used (the MMAs then wait once for
-    the slowest load rather than once per load)."""
-    a0 = global_load128(rb + 0 * 32, active, USE_ASM)
-    a1 = global_load128(rb + 1 * 32, active, USE_ASM)
-    a2 = global_load128(rb + 2 * 32, active, USE_ASM)
+    the slowest load rather than once per load). ``A16``: limb 0 is zero and not loaded (its
+    three entries repeat limb 1's, never used)."""
     a3 = global_load128(rb + 3 * 32, active, USE_ASM)
     a4 = global_load128(rb + 4 * 32, active, USE_ASM)
     a5 = global_load128(rb + 5 * 32, active, USE_ASM)
     a6 = global_load128(rb + 6 * 32, active, USE_ASM)
     a7 = global_load128(rb + 7 * 32, active, USE_ASM)
     a8 = global_load128(rb + 8 * 32, active, USE_ASM)
+    if A16:
+        a0 = a3
+        a1 = a4
+        a2 = a5
+    else:
+        a0 = global_load128(rb + 0 * 32, active, USE_ASM)
+        a1 = global_load128(rb + 1 * 32, active, USE_ASM)
+        a2 = global_load128(rb + 2 * 32, active, USE_ASM)
     return a0, a1, a2, a3, a4, a5, a6, a7, a8
 
 
 @triton.jit
-def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.constexpr):
+def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.constexpr,
+               A16: tl.constexpr):
     """The ``C`` fragments of one half (four activation rows) for one step, for the ``RPS``
     (1 or 2) row groups whose value words are ``bu`` and ``bv``: nine MMAs each on the half's
     ``A`` fragments ``frags`` (:func:`_load_half`, shared by both groups), limb 2 first, shifted
-    by 8 bits between limbs."""
+    by 8 bits between limbs (``A16``: limbs 2 and 1 only — the sums are then x̃/256 dots, and
+    the caller scales them by 256)."""
+    LO: tl.constexpr = 1 if A16 else 0
     d0 = tl.zeros(bu[0].shape, tl.int32)
     d1 = d0
     d2 = d0
@@ -223,7 +235,7 @@ def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.c
     f1 = d0
     f2 = d0
     f3 = d0
-    for limb in tl.static_range(2, -1, -1):
+    for limb in tl.static_range(2, LO - 1, -1):
         for s in tl.static_range(3):
             a0, a1, a2, a3 = frags[limb * 3 + s]
             d0, d1, d2, d3 = mma_i8(a0, a1, a2, a3, bu[2 * s], bu[2 * s + 1], d0, d1, d2, d3,
@@ -231,7 +243,7 @@ def _half_dots(frags, bu, bv, RPS: tl.constexpr, NW: tl.constexpr, USE_ASM: tl.c
             if RPS == 2:
                 f0, f1, f2, f3 = mma_i8(a0, a1, a2, a3, bv[2 * s], bv[2 * s + 1], f0, f1, f2, f3,
                                         limb == 2, NW, USE_ASM)
-        if limb > 0:
+        if limb > LO:
             d0 = d0 << 8
             d1 = d1 << 8
             d2 = d2 << 8
@@ -273,12 +285,12 @@ def _store_group(acc, part, row0, lane, d_out, HALF: tl.constexpr, NW: tl.conste
 
 
 @triton.jit
-def _step_loads(rec, ex, b0, c, q, gb, active, USE_ASM: tl.constexpr):
+def _step_loads(rec, ex, b0, c, q, gb, active, USE_ASM: tl.constexpr, A16: tl.constexpr):
     """One 8-row chunk's ``A`` fragments of the step at block ``b0`` (both halves, all issued
     before any is used) and the four block exponents of this lane's ``C`` entries."""
     rb = rec + (b0 // 4) * STEP_WORDS + (c * 2 + q) * 4
-    frag0 = _load_half(rb, active, USE_ASM)
-    frag1 = _load_half(rb + HALF_WORDS, active, USE_ASM)
+    frag0 = _load_half(rb, active, USE_ASM, A16)
+    frag1 = _load_half(rb + HALF_WORDS, active, USE_ASM, A16)
     ea, eb, ec, ed = global_load128_all(ex + ((b0 + gb) * 2 + q) * 4, USE_ASM)
     return frag0, frag1, (ea.to(tl.float32, bitcast=True), eb.to(tl.float32, bitcast=True),
                           ec.to(tl.float32, bitcast=True), ed.to(tl.float32, bitcast=True))
@@ -286,17 +298,17 @@ def _step_loads(rec, ex, b0, c, q, gb, active, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _step_dots(loads, bu, bv, su, sv, accs, RPS: tl.constexpr, NW: tl.constexpr,
-               USE_ASM: tl.constexpr):
+               USE_ASM: tl.constexpr, A16: tl.constexpr):
     """One 8-row chunk's MMAs of a step (:func:`_step_loads`) for the decoded row groups ``bu``,
     ``bv`` (row scales ``su``, ``sv``: the two rows of each lane's ``C`` entries), added to its
     accumulators ``accs`` (row group u halves 0, 1; row group v halves 0, 1)."""
     frag0, frag1, ex = loads
     u0, u1, v0, v1 = accs
-    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM)
+    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag0, bu, bv, RPS, NW, USE_ASM, A16)
     u0 = _accumulate(u0, (d0, d1, d2, d3), su[0], su[1], ex[0], ex[1])
     if RPS == 2:
         v0 = _accumulate(v0, (f0, f1, f2, f3), sv[0], sv[1], ex[0], ex[1])
-    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM)
+    d0, d1, d2, d3, f0, f1, f2, f3 = _half_dots(frag1, bu, bv, RPS, NW, USE_ASM, A16)
     u1 = _accumulate(u1, (d0, d1, d2, d3), su[0], su[1], ex[2], ex[3])
     if RPS == 2:
         v1 = _accumulate(v1, (f0, f1, f2, f3), sv[0], sv[1], ex[2], ex[3])
@@ -319,7 +331,7 @@ def _store_chunk(accs, part, ru, rv, lane, d_out, RPS: tl.constexpr, NW: tl.cons
 def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
                 N_BLOCKS: tl.constexpr, NPP: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
                 RPS: tl.constexpr, CH: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
-                PDL: tl.constexpr = False):
+                PDL: tl.constexpr = False, A16: tl.constexpr = False):
     """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all
     ``8·CH`` activation rows (``CH`` = 1 or 2 chunks of 8: each decoded block meets both);
@@ -327,10 +339,12 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
     each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
     fragments between them. Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
     adds the slices. ``PDL``: the table is staged before the wait for the previous grid
-    (:func:`._bits.await_previous_grid`)."""
+    (:func:`._bits.await_previous_grid`). ``A16``: records of 16-bit activations
+    (:data:`.tetra48_m1.A16_STEP`): limb 0 is zero, its loads and MMAs are skipped (12 ``A``
+    fragment loads and 24 MMAs per step instead of 18 and 36)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
                cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, CH, False,
-               0, NPP, CODE, USE_ASM, PDL)
+               0, NPP, CODE, USE_ASM, PDL, A16)
 
 
 @triton.jit
@@ -338,7 +352,8 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
                       scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
                       N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
                       RPS: tl.constexpr, CH: tl.constexpr, TAIL_COLS: tl.constexpr,
-                      NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
+                      NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
+                      A16: tl.constexpr = False):
     """:func:`imma_kernel` and the slice sum in one launch: after storing its partials for a set
     of rows, each storing lane takes a ticket of its warp's rows (``cnt_ptr``, acq_rel); the warp
     holding the last of the ``slices · 8`` tickets adds the slices in slice order, applies σ_row
@@ -346,7 +361,7 @@ def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out
     scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
     _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
                scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
-               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM, False)
+               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM, False, A16)
 
 
 @triton.jit
@@ -355,7 +370,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
                CH: tl.constexpr, FUSED: tl.constexpr, TAIL_COLS: tl.constexpr,
                NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
-               PDL: tl.constexpr):
+               PDL: tl.constexpr, A16: tl.constexpr):
     """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
     0 for ``tetra48`` words and the batch-1 Tetra table, 1 for ``planes14`` records and
     ``tables.planes14_m1_table``; ``CH``: 8-row chunks of activation rows, 1 or 2)."""
@@ -401,6 +416,11 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             cv0 = global_load32(cent_ptr + rcv * 2, ok_v, USE_ASM).to(tl.float32, bitcast=True)
             cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32,
                                                                           bitcast=True)
+        if A16:  # the MMAs give x̃/256 dots (limb 0 skipped): scale by 256 with the centroids
+            cu0 = cu0 * 256.0
+            cu1 = cu1 * 256.0
+            cv0 = cv0 * 256.0
+            cv1 = cv1 * 256.0
         z = tl.zeros(e.shape, tl.float32)
         # per chunk, row group (u, v) and half (0, 1): (r0, row 2c), (r0, 2c+1), (r1, 2c),
         # (r1, 2c+1)
@@ -415,7 +435,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             blk = b0 + c
             # the step's A fragments (both halves) and exponents first: their latency overlaps
             # the decode
-            loads = _step_loads(rec_ptr, ex_ptr, b0, c, q, gb, active, USE_ASM)
+            loads = _step_loads(rec_ptr, ex_ptr, b0, c, q, gb, active, USE_ASM, A16)
             # the next step's words (loaded one step ahead; none past the slice)
             nb = blk + 4
             nu = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop), STRIDE_W,
@@ -432,10 +452,10 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             sv2 = su2
             if RPS == 2:
                 sv2 = (shfl_idx(sv, src0, NW, USE_ASM), shfl_idx(sv, src1, NW, USE_ASM))
-            acc0 = _step_dots(loads, bu, bv, su2, sv2, acc0, RPS, NW, USE_ASM)
+            acc0 = _step_dots(loads, bu, bv, su2, sv2, acc0, RPS, NW, USE_ASM, A16)
             if CH == 2:  # the same decoded blocks against activation rows 8..15
-                loads = _step_loads(rec1, ex1, b0, c, q, gb, active, USE_ASM)
-                acc1 = _step_dots(loads, bu, bv, su2, sv2, acc1, RPS, NW, USE_ASM)
+                loads = _step_loads(rec1, ex1, b0, c, q, gb, active, USE_ASM, A16)
+                acc1 = _step_dots(loads, bu, bv, su2, sv2, acc1, RPS, NW, USE_ASM, A16)
             if RPS == 2:
                 xv = nv
             xu = nu

@@ -15,7 +15,9 @@ our own (§3.10 leaves it open):
   largest value) split into three byte limbs, packed four coordinates per word in the nibble order
   of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
-  per-coordinate float conversion or FMA remains.
+  per-coordinate float conversion or FMA remains. With ``A16`` (``ops.A16``, the serving default)
+  ``x̃`` is rounded to a multiple of 256 (16 significant bits per block), limb 0 is zero and its
+  6 ``dp4a`` are skipped (12 + 6 per block).
 * **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
   per section (three table words and two 16-byte table reads — the Golay pattern is F2-linear in
   its twelve index bits, split six and six; both pattern tables in eight copies so that the eight
@@ -31,8 +33,10 @@ our own (§3.10 leaves it open):
   same loop over Planes14 records (the decode of :mod:`.planes14_m1`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
-largest value), the hardware reciprocal square root (≤ 2^-22.9 relative) and f32 accumulation —
-far inside the 1e-5·Σ|w·x| row bound of docs/kernels.md.
+largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
+reciprocal square root (≤ 2^-22.9 relative) and f32 accumulation — with 24 bits far inside the
+1e-5·Σ|w·x| row bound of docs/kernels.md; with 16 bits that bound holds against the rounded
+activation.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ from leechq.kernels.triton._bits import (
 
 MAGIC_RINT = tl.constexpr(12582912.0)
 """1.5·2^23: ``fma(x, s, MAGIC_RINT)`` has bits ``0x4B400000 + rint(x·s)`` for |x·s| < 2^22."""
+A16_STEP = 256
+"""With ``A16`` the activation integers x̃ (|x̃| < 2^22 per block) are rounded to multiples of this:
+16 significant bits per block instead of 24, so limb 0 is zero and the kernels skip its ``dp4a``
+(batch-1) or MMAs (int8 kernel). Error per coordinate ≤ 128·E_b ≤ 2^-14 of the block's largest
+|value| (``reference.round_activation``)."""
+A16_INV = tl.constexpr(1.0 / 256)
 
 # Word offsets in the batch-1 table (leechq.kernels.tables.M1_*; checked equal in the tests).
 PA_WORD = tl.constexpr(4096)
@@ -82,10 +92,12 @@ def stage_table(tab_ptr, d_out, USE_ASM: tl.constexpr, PARTS: tl.constexpr = 2,
 
 
 @triton.jit
-def _limbs_of_quad(xa, xb, xc, xd, USE_ASM: tl.constexpr):
+def _limbs_of_quad(xa, xb, xc, xd, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The three limb words of four rounded coordinates: word L holds byte L of x̃_a … x̃_d in bytes
     0..3 (x̃ = b2·2^16 + b1·2^8 + b0: b0 and b1 unsigned bytes, b2 a signed byte). Seven byte
-    permutes: (a0 b0 a1 b1), (c0 d0 c1 d1) → limbs 0 and 1; (a2 b2), (c2 d2) → limb 2."""
+    permutes: (a0 b0 a1 b1), (c0 d0 c1 d1) → limbs 0 and 1; (a2 b2), (c2 d2) → limb 2. With
+    ``A16`` the inputs are the 16-bit integers x̃/256 (:func:`_x_limbs`): their bytes 0 and 1 are
+    limbs 1 and 2, limb 0 is zero — four permutes."""
     a = xa.to(tl.uint32, bitcast=True)
     b = xb.to(tl.uint32, bitcast=True)
     c = xc.to(tl.uint32, bitcast=True)
@@ -95,6 +107,8 @@ def _limbs_of_quad(xa, xb, xc, xd, USE_ASM: tl.constexpr):
     cd = prmt(c, d, s01, USE_ASM)
     l0 = prmt(ab, cd, tl.full(a.shape, 0x5410, tl.uint32), USE_ASM)
     l1 = prmt(ab, cd, tl.full(a.shape, 0x7632, tl.uint32), USE_ASM)
+    if A16:
+        return tl.zeros(a.shape, tl.uint32), l0, l1
     s2 = tl.full(a.shape, 0x0062, tl.uint32)
     l2 = prmt(prmt(a, b, s2, USE_ASM), prmt(c, d, s2, USE_ASM),
               tl.full(a.shape, 0x5410, tl.uint32), USE_ASM)
@@ -114,9 +128,12 @@ def block_scale(mx):
 
 
 @triton.jit
-def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
+def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
+             A16: tl.constexpr = False):
     """One block per lane of the prepared activation (parity PAR): the exponent ``E`` (float32)
-    and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them."""
+    and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them.
+    ``A16``: each coordinate rounded to a multiple of 256 (16 significant bits, :data:`A16_STEP`;
+    ``reference.round_activation``), so every limb-0 word is zero and the consumers skip it."""
     base = xb + PAR * 24 * NPP
     x0 = tl.load(base + 0 * NPP)
     x1 = tl.load(base + 1 * NPP)
@@ -150,6 +167,8 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
     m5 = tl.maximum(tl.maximum(tl.abs(x20), tl.abs(x21)), tl.maximum(tl.abs(x22), tl.abs(x23)))
     mx = tl.maximum(tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3)), tl.maximum(m4, m5))
     s, e_blk = block_scale(mx)
+    if A16:
+        s = s * A16_INV  # x̃ / 256, rounded; its bytes become limbs 1 and 2
     q0 = _rint(x0, s)
     q1 = _rint(x1, s)
     q2 = _rint(x2, s)
@@ -175,12 +194,12 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
     q22 = _rint(x22, s)
     q23 = _rint(x23, s)
     # half 0 of section k holds coordinates 8k + 0, 2, 4, 6 (the even nibbles), half 1 the odd ones
-    a00, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM)
-    a01, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM)
-    a10, b10, c10 = _limbs_of_quad(q8, q10, q12, q14, USE_ASM)
-    a11, b11, c11 = _limbs_of_quad(q9, q11, q13, q15, USE_ASM)
-    a20, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM)
-    a21, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM)
+    a00, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM, A16)
+    a01, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM, A16)
+    a10, b10, c10 = _limbs_of_quad(q8, q10, q12, q14, USE_ASM, A16)
+    a11, b11, c11 = _limbs_of_quad(q9, q11, q13, q15, USE_ASM, A16)
+    a20, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM, A16)
+    a21, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM, A16)
     return (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
             c00, c01, c10, c11, c20, c21)
 
@@ -191,17 +210,26 @@ LIMB_WORDS = tl.constexpr(19)
 
 
 @triton.jit
-def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr):
+def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False):
     """:func:`_x_limbs` read from stored limb records (``xb``: the row's record of this lane's
-    pair; word ``w`` of parity ``PAR`` at ``(PAR·19 + w)·NPP``): the same tuple, no conversion."""
+    pair; word ``w`` of parity ``PAR`` at ``(PAR·19 + w)·NPP``): the same tuple, no conversion
+    (``A16``: records of 16-bit activations, whose limb-0 words are zero and not read)."""
     base = xb + PAR * LIMB_WORDS * NPP
     e_blk = tl.load(base).to(tl.float32, bitcast=True)
-    a00 = tl.load(base + 1 * NPP).to(tl.uint32, bitcast=True)
-    a01 = tl.load(base + 2 * NPP).to(tl.uint32, bitcast=True)
-    a10 = tl.load(base + 3 * NPP).to(tl.uint32, bitcast=True)
-    a11 = tl.load(base + 4 * NPP).to(tl.uint32, bitcast=True)
-    a20 = tl.load(base + 5 * NPP).to(tl.uint32, bitcast=True)
-    a21 = tl.load(base + 6 * NPP).to(tl.uint32, bitcast=True)
+    if A16:
+        a00 = tl.zeros(e_blk.shape, tl.uint32)
+        a01 = a00
+        a10 = a00
+        a11 = a00
+        a20 = a00
+        a21 = a00
+    else:
+        a00 = tl.load(base + 1 * NPP).to(tl.uint32, bitcast=True)
+        a01 = tl.load(base + 2 * NPP).to(tl.uint32, bitcast=True)
+        a10 = tl.load(base + 3 * NPP).to(tl.uint32, bitcast=True)
+        a11 = tl.load(base + 4 * NPP).to(tl.uint32, bitcast=True)
+        a20 = tl.load(base + 5 * NPP).to(tl.uint32, bitcast=True)
+        a21 = tl.load(base + 6 * NPP).to(tl.uint32, bitcast=True)
     b00 = tl.load(base + 7 * NPP).to(tl.uint32, bitcast=True)
     b01 = tl.load(base + 8 * NPP).to(tl.uint32, bitcast=True)
     b10 = tl.load(base + 9 * NPP).to(tl.uint32, bitcast=True)
@@ -219,16 +247,22 @@ def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr):
 
 
 @triton.jit
-def rounded_quads(x):
+def rounded_quads(x, A16: tl.constexpr = False):
     """A tile of two blocks per pair in limb-word order (``x`` float32 [64, PRS], row
     ``((parity·4 + section)·2 + half)·4 + j``, section 3 zero) rounded as :func:`_x_limbs` does:
-    the 24-bit integers ``q`` int32 [16, 4, PRS] (``[(parity, section, half), j]``) and each
-    block's exponent ``E_b`` float32 [2, PRS] — the same block maximum, :func:`block_scale` and
-    fused round."""
+    the 24-bit integers ``q`` int32 [16, 4, PRS] (``[(parity, section, half), j]``; with ``A16``
+    multiples of 256) and each block's exponent ``E_b`` float32 [2, PRS] — the same block
+    maximum, :func:`block_scale` and fused round."""
     PRS: tl.constexpr = x.shape[1]
     x3 = tl.reshape(x, (2, 32, PRS))
     scale, e_blk = block_scale(tl.max(tl.abs(x3), axis=1))  # [2, PRS]: per block
-    return tl.reshape(_rint(x3, scale[:, None, :]), (16, 4, PRS)), e_blk
+    s = scale[:, None, :]
+    if A16:  # x̃ / 256, rounded, back to a multiple of 256
+        s = s * A16_INV
+    q = _rint(x3, s)
+    if A16:
+        q = q << 8
+    return tl.reshape(q, (16, 4, PRS)), e_blk
 
 
 @triton.jit
@@ -241,7 +275,7 @@ def limb_words(q, limb: tl.constexpr):
 
 
 @triton.jit
-def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr):
+def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr, A16: tl.constexpr = False):
     """The limb records :func:`_x_limbs` would compute from the prepared layout, from the
     prepared slots' values in registers: ``x`` float32 [64, PRS], row
     ``r = ((parity·4 + section)·2 + half)·4 + j`` holding trio position ``8·section + 2j + half``
@@ -250,8 +284,8 @@ def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr):
     record (int32 ``[2, 19, NPP]``, word ``w`` of parity ``par`` and pair ``p`` at
     ``(par·19 + w)·NPP + p``); pairs ``≥ NPP`` are not written. Bit for bit :func:`_x_limbs`:
     the same block maximum, :func:`block_scale` and fused round; bytes packed by shifts
-    (disjoint, so the sum is an OR)."""
-    q, e_blk = rounded_quads(x)
+    (disjoint, so the sum is an OR). ``A16``: 16-bit activations (limb-0 words zero)."""
+    q, e_blk = rounded_quads(x, A16)
     k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
     ks = (k // 2) % 4
     word0 = (k // 8) * LIMB_WORDS + 1 + 2 * ks + k % 2
@@ -281,23 +315,25 @@ def section_values(h, mp, kp, n2, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _row_dot(ev1, od1, ev2, od2, ev3, od3, x, USE_ASM: tl.constexpr):
+def _row_dot(ev1, od1, ev2, od2, ev3, od3, x, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x⟩ / E_b`` of one activation row's block per element as int32 (its three limb sums
     recombined; no wrap: ``Σ|y_i| ≤ √(24·‖y‖²) < 111`` and ``|x̃| ≤ 2^22``), from the block's value bytes
     (:func:`section_values` of its three sections) and the row's limb words ``x``
-    (:func:`_x_limbs`)."""
+    (:func:`_x_limbs`; ``A16``: its limb-0 words are zero, their six ``dp4a`` skipped)."""
     (_e, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
      c00, c01, c10, c11, c20, c21) = x
     z = tl.zeros(ev1.shape, tl.int32)
-    acc0 = dp4a(od1, a01, dp4a(ev1, a00, z, False, USE_ASM), False, USE_ASM)
     acc1 = dp4a(od1, b01, dp4a(ev1, b00, z, False, USE_ASM), False, USE_ASM)
     acc2 = dp4a(od1, c01, dp4a(ev1, c00, z, True, USE_ASM), True, USE_ASM)
-    acc0 = dp4a(od2, a11, dp4a(ev2, a10, acc0, False, USE_ASM), False, USE_ASM)
     acc1 = dp4a(od2, b11, dp4a(ev2, b10, acc1, False, USE_ASM), False, USE_ASM)
     acc2 = dp4a(od2, c11, dp4a(ev2, c10, acc2, True, USE_ASM), True, USE_ASM)
-    acc0 = dp4a(od3, a21, dp4a(ev3, a20, acc0, False, USE_ASM), False, USE_ASM)
     acc1 = dp4a(od3, b21, dp4a(ev3, b20, acc1, False, USE_ASM), False, USE_ASM)
     acc2 = dp4a(od3, c21, dp4a(ev3, c20, acc2, True, USE_ASM), True, USE_ASM)
+    if A16:
+        return (acc2 << 16) + (acc1 << 8)
+    acc0 = dp4a(od1, a01, dp4a(ev1, a00, z, False, USE_ASM), False, USE_ASM)
+    acc0 = dp4a(od2, a11, dp4a(ev2, a10, acc0, False, USE_ASM), False, USE_ASM)
+    acc0 = dp4a(od3, a21, dp4a(ev3, a20, acc0, False, USE_ASM), False, USE_ASM)
     return (acc2 << 16) + (acc1 << 8) + acc0
 
 
@@ -352,7 +388,7 @@ def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.const
 
 @triton.jit
 def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: tl.constexpr,
-               USE_ASM: tl.constexpr):
+               USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one block per element for the first ``MB`` (1, 2 or 4)
     activation rows ``m`` (words ``lo``, ``hi``: uint32; ``x_m``: row m's block exponent and limb
     words, :func:`_x_limbs`): one decode, then 18 ``dp4a`` per row. Every tensor stays 1-D in
@@ -367,51 +403,54 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: 
     # 1/‖y‖ on the special-function unit (rel. error ≤ 2^-22.9; no shared-memory request)
     invn = tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
     scale = tl.where(g != 0, cent1, cent0) * invn
-    d0 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
+    d0 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x0, USE_ASM, A16).to(tl.float32) * (scale * x0[0])
     d1 = d0
     d2 = d0
     d3 = d0
     if MB >= 2:
-        d1 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x1, USE_ASM).to(tl.float32) * (scale * x1[0])
+        d1 = (_row_dot(ev1, od1, ev2, od2, ev3, od3, x1, USE_ASM, A16).to(tl.float32)
+              * (scale * x1[0]))
     if MB >= 4:
-        d2 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x2, USE_ASM).to(tl.float32) * (scale * x2[0])
-        d3 = _row_dot(ev1, od1, ev2, od2, ev3, od3, x3, USE_ASM).to(tl.float32) * (scale * x3[0])
+        d2 = (_row_dot(ev1, od1, ev2, od2, ev3, od3, x2, USE_ASM, A16).to(tl.float32)
+              * (scale * x2[0]))
+        d3 = (_row_dot(ev1, od1, ev2, od2, ev3, od3, x3, USE_ASM, A16).to(tl.float32)
+              * (scale * x3[0]))
     return d0, d1, d2, d3
 
 
 @triton.jit
 def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.constexpr,
-              USE_ASM: tl.constexpr):
+              USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The sums of the two block dots of a block pair (its three words ``w0..w2``) for each of
     the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs, :func:`_row_limbs`)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2, xe3,
-                                MB, USE_ASM)
+                                MB, USE_ASM, A16)
     o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
-                                sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM)
+                                sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM, A16)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
 @triton.jit
 def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, LIMBS: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+                 USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """One block per lane: read from stored limb records (``LIMBS``) or converted from the
-    prepared layout (:func:`_x_limbs`)."""
+    prepared layout (:func:`_x_limbs`; ``A16``: 16-bit activations)."""
     if LIMBS:
-        return _x_limbs_stored(xb, NPP, PAR)
+        return _x_limbs_stored(xb, NPP, PAR, A16)
     else:
-        return _x_limbs(xb, NPP, PAR, USE_ASM)
+        return _x_limbs(xb, NPP, PAR, USE_ASM, A16)
 
 
 @triton.jit
 def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr,
-               LIMBS: tl.constexpr = False):
+               LIMBS: tl.constexpr = False, A16: tl.constexpr = False):
     """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` activation rows (``xr``:
     row 0's pointers per lane, rows ``stride_x`` apart; prepared rows, or with ``LIMBS`` stored
     limb records), as one tuple ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat
     row 0 (never used)."""
-    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM)
-    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM)
+    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM, A16)
+    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM, A16)
     xe1 = xe0
     xo1 = xo0
     xe2 = xe0
@@ -419,13 +458,13 @@ def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.co
     xe3 = xe0
     xo3 = xo0
     if MB >= 2:
-        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM)
-        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM)
+        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM, A16)
+        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM, A16)
     if MB >= 4:
-        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM)
-        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM)
-        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM)
-        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM)
+        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM, A16)
+        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM, A16)
+        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM, A16)
+        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM, A16)
     return xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3
 
 
@@ -460,7 +499,7 @@ def m1_kernel(
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
-    LIMBS: tl.constexpr = False,
+    LIMBS: tl.constexpr = False, A16: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -477,7 +516,9 @@ def m1_kernel(
     (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``). ``LIMBS``: the
     activation's limb records are stored already (``xl_ptr``: int32 ``[MP, 2·19·NPP]``, rows
     ``stride_l`` apart, :func:`store_limb_tile` — written by the rotation); the program loads
-    them instead of converting the prepared rows (the tail is still read from ``xp_ptr``)."""
+    them instead of converting the prepared rows (the tail is still read from ``xp_ptr``).
+    ``A16``: the activation rounded to 16 bits per block (:data:`A16_STEP`; the limb records, if
+    given, written so), 12 ``dp4a`` per block and row instead of 18."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -505,9 +546,9 @@ def m1_kernel(
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
     if LIMBS:
-        xs = _row_limbs(xl_ptr + pair, stride_l, NPP, MB, USE_ASM, True)
+        xs = _row_limbs(xl_ptr + pair, stride_l, NPP, MB, USE_ASM, True, A16)
     else:
-        xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM)
+        xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM, False, A16)
     for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
@@ -518,10 +559,10 @@ def m1_kernel(
             m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                     STRIDE_W, CODE)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
-                                    USE_ASM)
+                                    USE_ASM, A16)
         if ILP == 2:
             b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
-                                        SEL_TABLE, USE_ASM)
+                                        SEL_TABLE, USE_ASM, A16)
             _store_rows(b0, b1, b2, b3, rows + RI, lane, part, d_out, NW, BP, MB)
             v, va, vb = m, ma, mb
         _store_rows(a0, a1, a2, a3, rows, lane, part, d_out, NW, BP, MB)
@@ -549,14 +590,15 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 
 @triton.jit
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
-               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr):
+               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
     if CODE == 0:
         w0, w1, w2 = words
-        d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM)
+        d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,
+                                   A16)
     else:
         d0, d1, d2, d3 = planes14_m1.pair_dot(words, ca, cb, tab_ptr, base, xs, MB, SEL_TABLE,
-                                              USE_ASM)
+                                              USE_ASM, A16)
     return d0, d1, d2, d3
 
 
@@ -649,11 +691,12 @@ def null_m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = False,
+    A16: tl.constexpr = False,
 ):
     """The no-weights control in the geometry of :func:`m1_kernel` (layouts-kernels-recipe
-    §3.7): same grid, table staging, activation conversion, per-row centroid reads, lane reduction,
-    scratch, tickets and fixup — but no weight words and no decode (each row adds ``E·centroid``).
-    It has no reference output."""
+    §3.7): same grid, table staging, activation conversion (``A16`` as there), per-row centroid
+    reads, lane reduction, scratch, tickets and fixup — but no weight words and no decode (each
+    row adds ``E·centroid``). It has no reference output."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -663,8 +706,8 @@ def null_m1_kernel(
     base = stage_table(tab_ptr, d_out, USE_ASM)
     await_previous_grid(PDL)
     xb = xp_ptr + pair
-    res0 = _x_limbs(xb, NPP, 0, USE_ASM)
-    res1 = _x_limbs(xb, NPP, 1, USE_ASM)
+    res0 = _x_limbs(xb, NPP, 0, USE_ASM, A16)
+    res1 = _x_limbs(xb, NPP, 1, USE_ASM, A16)
     # keep every limb word live (the compiler must not drop the conversion)
     keep = res0[1] ^ res1[1]
     for i in tl.static_range(2, 19):
