@@ -107,6 +107,10 @@
 #   limbse2e e2e Qwen3-8B at batch 1 and 2, Tetra and ball, with and without the limb records
 #   rotorder the GPU rotation tests after the prepared tile's row order changed, then e2e
 #            Qwen3-8B batch 1 (fp16, Tetra, ball)
+#   a16      16-bit activations (the default since session n): the serving GPU tests, e2e Qwen3-8B at
+#            batch 1, 4 and 8 against the 24-bit arm (LEECHQ_A16=0)
+#   a16b     the A16 GPU tests and the full-shape m1 / int8 tests (24 bits), the matvec at two rows,
+#            e2e batch 1 and 2 (ball 16 against 24 bits, Tetra)
 #   pendingm what session m could not run: the int8 kernel's activation records from the
 #            prepared write's tile (GPU tests, the serving tests), e2e Qwen3-8B at batch 2 (PDL
 #            for one row only), 4 and 8 (the records path; tetra48-norotrec: their own launch)
@@ -370,12 +374,24 @@ pendingm)
   e2e e2e-8b-pendingm 190 --models qwen3-8b --arms fp16,tetra48,tetra48-norotrec \
     --batches 2,4,8 --skip-gates --no-profile --budget-s 170
   ;;
+a16)
+  gpu_tests tests-serve-a16 170 tests/serve/test_gpu.py
+  e2e e2e-8b-a16 380 --models qwen3-8b --arms fp16,tetra48,tetra48-a24 --batches 1,4,8 \
+    --skip-gates --no-profile --budget-s 360
+  ;;
+a16b)
+  gpu_tests tests-a16b 150 tests/kernels/test_a16.py tests/kernels/test_triton_gpu.py \
+    -k "a16 or m1_full or imma_full"
+  matvec matvec-a16-b2 170 --batches 2 --arms fp16,tetra48-m1-fused-noprep,tetra48-m1-fused-noprep-a24
+  e2e e2e-8b-a16b 230 --models qwen3-8b --arms fp16,ball,ball-a24,tetra48 --batches 1,2 \
+    --skip-gates --no-profile --budget-s 210
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b)" >&2
   exit 2
   ;;
 esac
