@@ -337,6 +337,10 @@ def time_engine(
     return res
 
 
+PROFILE_TOP = 15
+"""Kernel names :func:`profile_step` reports with their launches and GPU time per step."""
+
+
 @torch.no_grad()
 def profile_step(model: Any, compile_pieces: bool, prompt_len: int) -> dict[str, Any]:
     """Kernels per decode step and their summed GPU time (eager step, batch 1) — tells launch
@@ -357,10 +361,18 @@ def profile_step(model: Any, compile_pieces: bool, prompt_len: int) -> dict[str,
         sync()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy_us = sum(e.time_range.elapsed_us() for e in kernels)
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:  # where the step's GPU time goes, per kernel name
+        entry = by_name.setdefault(e.name[:80], [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:PROFILE_TOP]
     engine.release()
     return {
         "kernels_per_step": round(len(kernels) / n, 1),
         "gpu_busy_ms_per_step": round(busy_us / n / 1000, 4),
+        "top_kernels": [{"name": k, "per_step": round(c / n, 1),
+                         "ms_per_step": round(t / n / 1000, 4)} for k, (c, t) in top],
     }
 
 

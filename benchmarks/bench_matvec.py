@@ -606,7 +606,7 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
     groups = len(nb_of)
     launches = model.layers * ((1 if fused_sum else 2) * len(first)
                                + groups * (1 if noprep else 2))
-    name = (layout + "-imma" + ("-rps1" if rows_per_step == 1 else "")
+    name = (layout + "-imma" + (f"-rps{rows_per_step}" if rows_per_step != 2 else "")
             + ("-ksum" if fused_sum else "") + "-fused" + ("-noprep" if noprep else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
@@ -982,6 +982,39 @@ def main() -> None:
         return best_by_shape.get((d_out, d_in)) or m1_config(d_out, d_in // 24,
                                                              torch.device(device))
 
+    def cfg1_cap(cap: int, resident: int):
+        """The batch-1 rule with the register cap ``cap`` where the rule caps (16-bit
+        activations fit 80 registers without spilling, offline) and chunks sized for one wave of
+        ``resident`` programs per SM (six fit an SM's shared memory; ``ops.M1_RESIDENT`` has 5)."""
+        from dataclasses import replace as _replace
+
+        from leechq.kernels.triton.ops import M1_MAX_ROWS, m1_wave_rows
+
+        def cfg(d_out: int, d_in: int):
+            base = cfg1(d_out, d_in)
+            wave = m1_wave_rows(d_out, d_in // 24, resident * _sms(), ilp=base.ilp)
+            slices = ((d_in // 24 + 1) // 2 + 31) // 32
+            rows = 64 if (d_out + 63) // 64 * slices >= 3 * _sms() else 32
+            return _replace(base, rows=max(rows, min(wave, M1_MAX_ROWS)),
+                            maxnreg=cap if base.maxnreg else 0)
+        return cfg
+
+    def cfg2_resident(resident: int):
+        """The two-row rule (``ops.m1_config(m_rows=2)``) with chunks sized for one wave of
+        ``resident`` programs per SM (16-bit activations: 96 registers, five fit; the rule
+        assumes three, ``ops.M1_RESIDENT[2]``)."""
+        from dataclasses import replace as _replace
+
+        from leechq.kernels.triton.ops import M1_MAX_ROWS, m1_config, m1_wave_rows
+
+        def cfg(d_out: int, d_in: int):
+            base = m1_config(d_out, d_in // 24, torch.device(device), m_rows=2)
+            wave = m1_wave_rows(d_out, d_in // 24, resident * _sms(), ilp=base.ilp)
+            slices = ((d_in // 24 + 1) // 2 + 31) // 32
+            rows = 64 if (d_out + 63) // 64 * slices >= 3 * _sms() else 32
+            return _replace(base, rows=max(rows, min(wave, M1_MAX_ROWS)))
+        return cfg
+
     results = []
     checks = {}
     for name in models:
@@ -1036,10 +1069,26 @@ def main() -> None:
                 m, b, args.sets, device, 13, noprep=True)
             builders["tetra48-imma-rps1-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, rows_per_step=1)
+            builders["tetra48-imma-rps4-fused-noprep"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13, noprep=True, rows_per_step=4)
             builders["tetra48-imma-ksum-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, fused_sum=True)
             builders["planes14-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 14, noprep=True, layout="planes14")
+            for cap, res in ((80, 5), (80, 6), (72, 6)):  # lower caps (16-bit activations)
+                builders[f"tetra48-m1-fused-noprep-cap{cap}r{res}"] = (
+                    lambda m=model, b=batch, cap=cap, res=res: build_lattice(
+                        m, "tetra48", b, args.sets, device, 4, True, cfg1_cap(cap, res),
+                        noprep=True))
+                builders[f"served-cap{cap}r{res}"] = (
+                    lambda m=model, b=batch, cap=cap, res=res: build_lattice(
+                        m, "tetra48", b, args.sets, device, 4, True, cfg1_cap(cap, res),
+                        rotate=True))
+            for res in (4, 5):  # two rows per launch, chunks for more resident programs
+                builders[f"tetra48-m1-fused-noprep-r2x{res}"] = (
+                    lambda m=model, b=batch, res=res: build_lattice(
+                        m, "tetra48", b, args.sets, device, 4, True, cfg2_resident(res),
+                        noprep=True))
             builders["tetra48-m1-fused-noprep-limbs"] = lambda m=model, b=batch, c=m1: (
                 build_lattice(m, "tetra48", b, args.sets, device, 4, True, c, noprep=True,
                               noprep_limbs=True))

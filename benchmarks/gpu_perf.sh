@@ -111,6 +111,12 @@
 #            batch 1, 4 and 8 against the 24-bit arm (LEECHQ_A16=0)
 #   a16b     the A16 GPU tests and the full-shape m1 / int8 tests (24 bits), the matvec at two rows,
 #            e2e batch 1 and 2 (ball 16 against 24 bits, Tetra)
+#   e2eprof  e2e Qwen3-8B at batch 1 and 8 with the eager-step profile (kernels per step and the
+#            top kernels by GPU time): where the ~0.6 ms per step beyond the served projections go
+#   caps     with 16-bit activations one-row m1 fits 80 (or 72) registers without spilling and
+#            two-row m1 96 (offline): batch 1 under caps 80/72 with chunks for 5 or 6 programs
+#            per SM, batch 2 with chunks for 4 or 5 (the rules assume 5 and 3); the int8 kernel
+#            at 4 and 8 rows with four row groups per step (rows_per_step=4) against two
 #   pendingm what session m could not run: the int8 kernel's activation records from the
 #            prepared write's tile (GPU tests, the serving tests), e2e Qwen3-8B at batch 2 (PDL
 #            for one row only), 4 and 8 (the records path; tetra48-norotrec: their own launch)
@@ -386,12 +392,25 @@ a16b)
   e2e e2e-8b-a16b 230 --models qwen3-8b --arms fp16,ball,ball-a24,tetra48 --batches 1,2 \
     --skip-gates --no-profile --budget-s 210
   ;;
+e2eprof)
+  e2e e2e-8b-prof 300 --models qwen3-8b --arms fp16,tetra48 --batches 1,8 --skip-gates \
+    --budget-s 280
+  ;;
+caps)
+  matvec matvec-caps 300 --batches 1 --arms fp16,tetra48-m1-fused-noprep,\
+tetra48-m1-fused-noprep-cap80r5,tetra48-m1-fused-noprep-cap80r6,tetra48-m1-fused-noprep-cap72r6,\
+served,served-cap80r6
+  matvec matvec-caps2 200 --batches 2 --arms fp16,tetra48-m1-fused-noprep,\
+tetra48-m1-fused-noprep-r2x4,tetra48-m1-fused-noprep-r2x5
+  matvec matvec-rps4 150 --batches 4,8 --arms fp16,tetra48-imma-fused-noprep,\
+tetra48-imma-rps4-fused-noprep
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof)" >&2
   exit 2
   ;;
 esac

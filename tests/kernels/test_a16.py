@@ -156,8 +156,58 @@ def test_imma_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch) -> None:
                  else ref.tetra48_dequantize_rotated(w))
         y = matvec(xp, w, m_rows, acts=(rec, ex), num_warps=1)
         assert torch.equal(y, matvec(xp, w, m_rows, acts=launched, num_warps=1))
+        # four row groups per step: the same sums (each C entry is one block's dot)
+        assert torch.equal(matvec(xp, w, m_rows, acts=launched, num_warps=1, k_per=4),
+                           matvec(xp, w, m_rows, acts=launched, num_warps=1, k_per=4,
+                                  rows_per_step=4))
         xr = ref.unprepare_activation(xp, m_rows, n, order)
         assert ref.row_bound_error(y, ref.round_activation(xr, w.n_blocks), dense) <= 1e-5
+
+
+@interp
+@pytest.mark.parametrize(("planes14", "forms"), [(False, "rn"), (True, "s")])
+def test_rotation_writes_16_bit_limb_records(planes14: bool, forms: str) -> None:
+    """With 16-bit activations the one-group rotation (plain, with the RMS norm, with SwiGLU)
+    writes exactly ``reference.m1_limb_records(..., a16=True)`` of its own prepared output."""
+    ops = _ops()
+    n, m_rows = 256, 2
+    rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
+    order = ops.planes14_m1_order("cpu") if planes14 else ops.tetra_kernel_tables("cpu").order
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(m_rows, n, generator=g) * 3
+    nb = n // 24
+    outs = []
+    if "r" in forms:
+        lb = ops.m1_limbs(nb, "cpu", m_rows)
+        outs.append((ops.rotate(x, rot, prepared_order=order, limbs=lb), lb))
+    if "n" in forms:
+        lb = ops.m1_limbs(nb, "cpu", m_rows)
+        _, xp = ops.norm_rotate(x.half(), torch.ones(n).half(), 1e-6, rot, delta=x,
+                                prepared_order=order, limbs=lb)
+        outs.append((xp, lb))
+    if "s" in forms:
+        lb = ops.m1_limbs(nb, "cpu", m_rows)
+        xp = ops.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=g), torch.float16, rot,
+                                 prepared_order=order, limbs=lb)
+        outs.append((xp, lb))
+    for xp, lb in outs:
+        assert torch.equal(lb, ref.m1_limb_records(xp, nb, a16=True))
+        assert not torch.equal(lb, ref.m1_limb_records(xp, nb))
+
+
+@interp
+def test_four_row_m1_on_16_bit_activations() -> None:
+    """The four-row ``m1`` launch (``mb = 4``, three real rows and a zero pad row) on 16-bit
+    activations: within 1e-5 of the f64 product with the rounded activation."""
+    ops = _ops()
+    w = _tetra(24, 256)
+    x = _mixed(3, 256, 11)
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    cfg = ops.m1_config(24, w.n_blocks, torch.device("cpu"), m_rows=4)
+    assert cfg.mb == 4
+    y = ops.tetra48_matvec_prepared(xp, w, 3, cfg)
+    dense = ref.tetra48_dequantize_rotated(w)
+    assert ref.row_bound_error(y, ref.round_activation(x, w.n_blocks), dense) <= 1e-5
 
 
 _SASS = r"""

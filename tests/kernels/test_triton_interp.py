@@ -582,6 +582,10 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     (9, 20, 4, {}),
     # 11 rows: two 8-row chunks of activation records, each decoded block meeting both
     (16, 8 * 24 + 5, 11, {"k_per": 4, "num_warps": 1, "rows_per_step": 2}),
+    # four row groups per step (two pairs on the same fragments): 40 rows = a full 32-row set
+    # and a partial one, three slices, a tail; and with the slices added in the kernel
+    (40, 9 * 24 + 5, 5, {"k_per": 4, "num_warps": 1, "rows_per_step": 4}),
+    (33, 5 * 24, 8, {"k_per": 8, "num_warps": 1, "rows_per_step": 4, "fused_sum": True}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:
@@ -622,6 +626,9 @@ def test_tetra48_imma_rejects_bad_input() -> None:
         ops.tetra48_matvec_imma_prepared(xp, w, 2, k_per=6)
     with pytest.raises(InvalidInput, match="rows_per_step"):
         ops.tetra48_matvec_imma_prepared(xp, w, 2, rows_per_step=3)
+    x11 = ops.prepare_activation(torch.randn(11, 96), 4, order)
+    with pytest.raises(InvalidInput, match="rows_per_step"):  # four groups: one 8-row chunk
+        ops.tetra48_matvec_imma_prepared(x11, w, 11, rows_per_step=4)
     with pytest.raises(InvalidInput, match="records"):
         rec, ex = ops.imma_activation(xp, 2, 4)
         ops.tetra48_matvec_imma_prepared(xp, w, 2, acts=(rec[:-1], ex))

@@ -1298,7 +1298,8 @@ def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int 
                 row_groups: int = 1, rows_per_step: int = 2, chunks: int = 1) -> int:
     """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
     one wave of four programs per SM (its register and shared-memory limit; three for two
-    chunks of activation rows, 163 registers offline) with all programs resident — never a
+    chunks of activation rows, 163 registers offline, or four row groups per step, 167) with all
+    programs resident — never a
     partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
     slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
     5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
@@ -1306,7 +1307,7 @@ def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int 
     59.9 and 33.1."""
     tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
     steps = max(1, triton.cdiv(n_blocks, 4))
-    resident = 4 if chunks == 1 else 3
+    resident = 4 if chunks == 1 and rows_per_step < 4 else 3
     ks = max(1, min(steps, (resident * _sm_count(device)) // tiles))
     return 4 * triton.cdiv(steps, ks)
 
@@ -1323,11 +1324,12 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
     :func:`imma_activation` for ``xp`` when several matrices share it; ``k_per`` blocks per
     K-slice (default :func:`imma_slices`); ``row_groups`` sets of ``8·rows_per_step·num_warps``
-    rows per program; ``rows_per_step`` (1 or 2) groups of 8 rows per warp and step, sharing the
-    step's activation fragments; ``maxnreg``: the register cap (0: the compiler's choice;
-    :data:`IMMA_MAXNREG`). Three launches: the activation records (unless given), the MMA kernel
-    and the slice sum — two with ``fused_sum`` (default :data:`IMMA_FUSED_SUM`), where the MMA
-    kernel adds the slices itself."""
+    rows per program; ``rows_per_step`` (1, 2, or 4 for at most 8 activation rows; offline
+    167 registers with 16-bit activations, three programs per SM) groups of 8 rows per warp and
+    step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
+    compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
+    given), the MMA kernel and the slice sum — two with ``fused_sum`` (default
+    :data:`IMMA_FUSED_SUM`), where the MMA kernel adds the slices itself."""
     _check_lattice(w, w.words, "words")
     return _matvec_imma(TETRA.value, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
                         acts, k_per, num_warps, row_groups, rows_per_step, maxnreg, fused_sum)
@@ -1364,8 +1366,9 @@ def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.T
     dev = xp.device
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
     _check_out(y, m_rows, w.d_out)
-    if rows_per_step not in (1, 2):
-        raise InvalidInput(f"rows_per_step must be 1 or 2, got {rows_per_step}")
+    if rows_per_step not in (1, 2, 4) or (rows_per_step == 4 and chunks > 1):
+        raise InvalidInput(f"rows_per_step must be 1, 2 or 4 (4 for at most 8 activation rows), "
+                           f"got {rows_per_step} for {m_rows} rows")
     if k_per is None:
         k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step,
                             chunks)

@@ -5,7 +5,8 @@ the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) 
 to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows the dots cost
 more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
 
-* **Fragments.** A warp takes groups of 8 weight rows (``RPS`` = 1 or 2 groups, default 2) ×
+* **Fragments.** A warp takes groups of 8 weight rows (``RPS`` = 1, 2 or 4 groups, default 2;
+  4 = two pairs of groups decoded one after the other on the same fragments, opt-in) ×
   4 consecutive blocks per step; in each group lane ``4g + c`` decodes block ``c`` of row ``g``
   (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
   Its section ``s`` value words (even, odd trio halves) are exactly the ``B`` fragment
@@ -336,8 +337,9 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all
     ``8·CH`` activation rows (``CH`` = 1 or 2 chunks of 8: each decoded block meets both);
     see the module docstring. A program walks ``RG`` sets of ``8·RPS·NW`` rows;
-    each warp takes ``RPS`` (1 or 2) groups of 8 rows per step, sharing the step's ``A``
-    fragments between them. Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
+    each warp takes ``RPS`` (1, 2 or 4; 4 only with ``CH`` = 1) groups of 8 rows per step,
+    sharing the step's ``A`` fragments between them (4: two pairs of groups, one after the
+    other). Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
     adds the slices. ``PDL``: the table is staged before the wait for the previous grid
     (:func:`._bits.await_previous_grid`). ``A16``: records of 16-bit activations
     (:data:`.tetra48_m1.A16_STEP`): limb 0 is zero, its loads and MMAs are skipped (12 ``A``
@@ -399,38 +401,28 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
     b_stop = tl.minimum(b_start + K_PER, NB4)
     part = part_ptr + ks * 8 * CH * d_out
     rec1, ex1, _ = chunk_of(rec_ptr, ex_ptr, 8, NPP)  # the second chunk's records (CH = 2)
+    G2: tl.constexpr = 1 if RPS == 1 else 2  # row groups per pair (u, v)
+    tl.static_assert(RPS == 1 or RPS == 2 or RPS == 4)
+    tl.static_assert(RPS != 4 or CH == 1)  # two pairs of row groups: one chunk of 8 rows
     for i in range(RG):
         ru = (tl.program_id(0) * RG + i) * NW * 8 * RPS + warp * 8 * RPS  # the warp's rows
-        rv = ru + 8
-        row_u = ru + g
-        row_v = rv + g
-        ok_u = row_u < d_out
-        ok_v = row_v < d_out
-        rcu = tl.where(ok_u, row_u, 0)
-        rcv = tl.where(ok_v, row_v, 0)
-        cu0 = global_load32(cent_ptr + rcu * 2, ok_u, USE_ASM).to(tl.float32, bitcast=True)
-        cu1 = global_load32(cent_ptr + rcu * 2 + 1, ok_u, USE_ASM).to(tl.float32, bitcast=True)
-        cv0 = cu0
-        cv1 = cu1
-        if RPS == 2:
-            cv0 = global_load32(cent_ptr + rcv * 2, ok_v, USE_ASM).to(tl.float32, bitcast=True)
-            cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32,
-                                                                          bitcast=True)
-        if A16:  # the MMAs give x̃/256 dots (limb 0 skipped): scale by 256 with the centroids
-            cu0 = cu0 * 256.0
-            cu1 = cu1 * 256.0
-            cv0 = cv0 * 256.0
-            cv1 = cv1 * 256.0
+        rw = ru + 16  # the second pair's rows (RPS = 4)
+        ca = _pair_cents(cent_ptr, ru + g, d_out, G2, A16, USE_ASM)
+        cb = ca
+        if RPS == 4:
+            cb = _pair_cents(cent_ptr, rw + g, d_out, G2, A16, USE_ASM)
         z = tl.zeros(e.shape, tl.float32)
         # per chunk, row group (u, v) and half (0, 1): (r0, row 2c), (r0, 2c+1), (r1, 2c),
         # (r1, 2c+1)
         acc0 = ((z, z, z, z), (z, z, z, z), (z, z, z, z), (z, z, z, z))
         acc1 = acc0
+        acc2 = acc0  # the second pair's, first chunk (RPS = 4; one chunk)
         blk = b_start + c
-        xu = _block_words(w_ptr, rcu, blk, ok_u & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
-        xv = xu
-        if RPS == 2:
-            xv = _block_words(w_ptr, rcv, blk, ok_v & (blk < N_BLOCKS), STRIDE_W, CODE, USE_ASM)
+        xa = _pair_words(w_ptr, ru + g, d_out, blk, blk < N_BLOCKS, STRIDE_W, G2, CODE, USE_ASM)
+        xb = xa
+        if RPS == 4:
+            xb = _pair_words(w_ptr, rw + g, d_out, blk, blk < N_BLOCKS, STRIDE_W, G2, CODE,
+                             USE_ASM)
         for b0 in range(b_start, b_stop, 4):
             blk = b0 + c
             # the step's A fragments (both halves) and exponents first: their latency overlaps
@@ -438,35 +430,92 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             loads = _step_loads(rec_ptr, ex_ptr, b0, c, q, gb, active, USE_ASM, A16)
             # the next step's words (loaded one step ahead; none past the slice)
             nb = blk + 4
-            nu = _block_words(w_ptr, rcu, nb, ok_u & (nb < N_BLOCKS) & (nb < b_stop), STRIDE_W,
-                              CODE, USE_ASM)
-            if RPS == 2:
-                nv = _block_words(w_ptr, rcv, nb, ok_v & (nb < N_BLOCKS) & (nb < b_stop),
-                                  STRIDE_W, CODE, USE_ASM)
-            bu, su = _decode_block(xu, odd, cu0, cu1, tab_ptr, base, sb_rep, CODE, USE_ASM)
-            bv = bu
-            sv = su
-            if RPS == 2:
-                bv, sv = _decode_block(xv, odd, cv0, cv1, tab_ptr, base, sb_rep, CODE, USE_ASM)
-            su2 = (shfl_idx(su, src0, NW, USE_ASM), shfl_idx(su, src1, NW, USE_ASM))
-            sv2 = su2
-            if RPS == 2:
-                sv2 = (shfl_idx(sv, src0, NW, USE_ASM), shfl_idx(sv, src1, NW, USE_ASM))
-            acc0 = _step_dots(loads, bu, bv, su2, sv2, acc0, RPS, NW, USE_ASM, A16)
+            nok = (nb < N_BLOCKS) & (nb < b_stop)
+            na = _pair_words(w_ptr, ru + g, d_out, nb, nok, STRIDE_W, G2, CODE, USE_ASM)
+            if RPS == 4:
+                nbw = _pair_words(w_ptr, rw + g, d_out, nb, nok, STRIDE_W, G2, CODE, USE_ASM)
+            bu, bv, su2, sv2 = _pair_decode(xa, ca, odd, tab_ptr, base, sb_rep, src0, src1, G2,
+                                            NW, CODE, USE_ASM)
+            acc0 = _step_dots(loads, bu, bv, su2, sv2, acc0, G2, NW, USE_ASM, A16)
+            if RPS == 4:  # the second pair meets the same fragments
+                bu, bv, su2, sv2 = _pair_decode(xb, cb, odd, tab_ptr, base, sb_rep, src0, src1,
+                                                G2, NW, CODE, USE_ASM)
+                acc2 = _step_dots(loads, bu, bv, su2, sv2, acc2, G2, NW, USE_ASM, A16)
+                xb = nbw
             if CH == 2:  # the same decoded blocks against activation rows 8..15
                 loads = _step_loads(rec1, ex1, b0, c, q, gb, active, USE_ASM, A16)
-                acc1 = _step_dots(loads, bu, bv, su2, sv2, acc1, RPS, NW, USE_ASM, A16)
-            if RPS == 2:
-                xv = nv
-            xu = nu
-        _store_chunk(acc0, part, ru, rv, lane, d_out, RPS, NW, USE_ASM)
+                acc1 = _step_dots(loads, bu, bv, su2, sv2, acc1, G2, NW, USE_ASM, A16)
+            xa = na
+        _store_chunk(acc0, part, ru, ru + 8, lane, d_out, G2, NW, USE_ASM)
+        if RPS == 4:
+            _store_chunk(acc2, part, rw, rw + 8, lane, d_out, G2, NW, USE_ASM)
         if CH == 2:
-            _store_chunk(acc1, part + 8 * d_out, ru, rv, lane, d_out, RPS, NW, USE_ASM)
+            _store_chunk(acc1, part + 8 * d_out, ru, ru + 8, lane, d_out, G2, NW, USE_ASM)
         if FUSED:
             chunk = (tl.program_id(0) * RG + i) * NW + warp  # this warp's rows
             _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
                             stride_y, chunk, ru, lane, d_out, m_rows, 8 * RPS, 8 * CH, NW,
                             TAIL_COLS, NPP, USE_ASM)
+
+
+@triton.jit
+def _pair_cents(cent_ptr, row_u, d_out, G2: tl.constexpr, A16: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """The centroid pairs of a pair of row groups (row ``row_u`` per lane and, with ``G2`` = 2,
+    ``row_u + 8``; zeros past ``d_out``), times 256 with ``A16`` (the MMAs then give x̃/256
+    dots)."""
+    ok_u = row_u < d_out
+    rcu = tl.where(ok_u, row_u, 0)
+    cu0 = global_load32(cent_ptr + rcu * 2, ok_u, USE_ASM).to(tl.float32, bitcast=True)
+    cu1 = global_load32(cent_ptr + rcu * 2 + 1, ok_u, USE_ASM).to(tl.float32, bitcast=True)
+    cv0 = cu0
+    cv1 = cu1
+    if G2 == 2:
+        ok_v = row_u + 8 < d_out
+        rcv = tl.where(ok_v, row_u + 8, 0)
+        cv0 = global_load32(cent_ptr + rcv * 2, ok_v, USE_ASM).to(tl.float32, bitcast=True)
+        cv1 = global_load32(cent_ptr + rcv * 2 + 1, ok_v, USE_ASM).to(tl.float32, bitcast=True)
+    if A16:
+        cu0 = cu0 * 256.0
+        cu1 = cu1 * 256.0
+        cv0 = cv0 * 256.0
+        cv1 = cv1 * 256.0
+    return cu0, cu1, cv0, cv1
+
+
+@triton.jit
+def _pair_words(w_ptr, row_u, d_out, blk, ok, STRIDE_W: tl.constexpr, G2: tl.constexpr,
+                CODE: tl.constexpr, USE_ASM: tl.constexpr):
+    """The words of block ``blk`` for a pair of row groups (:func:`_block_words` of row ``row_u``
+    per lane and, with ``G2`` = 2, of ``row_u + 8``; zeros past ``d_out`` or where not ``ok``)."""
+    ok_u = row_u < d_out
+    xu = _block_words(w_ptr, tl.where(ok_u, row_u, 0), blk, ok_u & ok, STRIDE_W, CODE, USE_ASM)
+    xv = xu
+    if G2 == 2:
+        ok_v = row_u + 8 < d_out
+        xv = _block_words(w_ptr, tl.where(ok_v, row_u + 8, 0), blk, ok_v & ok, STRIDE_W, CODE,
+                          USE_ASM)
+    return xu, xv
+
+
+@triton.jit
+def _pair_decode(words, cents, odd, tab_ptr, base, sb_rep, src0, src1, G2: tl.constexpr,
+                 NW: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr):
+    """A pair of row groups' blocks decoded (:func:`_decode_block`: value words ``bu``, ``bv``)
+    and the row scales each lane's ``C`` entries need (``su2``, ``sv2``: from lanes ``src0``,
+    ``src1``)."""
+    xu, xv = words
+    cu0, cu1, cv0, cv1 = cents
+    bu, su = _decode_block(xu, odd, cu0, cu1, tab_ptr, base, sb_rep, CODE, USE_ASM)
+    bv = bu
+    sv = su
+    if G2 == 2:
+        bv, sv = _decode_block(xv, odd, cv0, cv1, tab_ptr, base, sb_rep, CODE, USE_ASM)
+    su2 = (shfl_idx(su, src0, NW, USE_ASM), shfl_idx(su, src1, NW, USE_ASM))
+    sv2 = su2
+    if G2 == 2:
+        sv2 = (shfl_idx(sv, src0, NW, USE_ASM), shfl_idx(sv, src1, NW, USE_ASM))
+    return bu, bv, su2, sv2
 
 
 @triton.jit
