@@ -133,8 +133,8 @@ def _config_of(config):
 
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
                   fused: bool, config, null: bool = False, noprep: bool = False,
-                  rotate: bool = False, limbs: bool = False, noprep_limbs: bool = False
-                  ) -> Pass:
+                  rotate: bool = False, limbs: bool = False, noprep_limbs: bool = False,
+                  korder: bool = False) -> Pass:
     """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
     rotation kernel writes them in a served model), so the pass is the matvec launches only.
     ``rotate``: the served pass — each input group is rotated straight into the prepared layout
@@ -145,7 +145,9 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     in every program).
     ``noprep_limbs`` (with ``noprep``): the ``m1`` launches load the prepared inputs' limb
     records (``reference.m1_limb_records``) where a one-group rotation would write them (arm
-    ``tetra48-m1-fused-noprep-limbs``)."""
+    ``tetra48-m1-fused-noprep-limbs``).
+    ``korder``: the Tetra words in kernel order (``formats.layouts.tetra48_korder``; the ``m1``
+    launches decode them with ``CODE = TETRA_K``; arms ``*-korder``)."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -154,6 +156,10 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
 
     base = "tetra48" if arm in ("tetra48", "null") else arm
     layers = _lattice_weights(model, base, fused, device, seed)
+    if korder:
+        from leechq.formats.layouts.tetra48_korder import to_kernel_order
+
+        layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     order = tetra_kernel_tables(device).order if base == "tetra48" else natural_order(device)
     first = layers[0]
@@ -228,7 +234,8 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
         nbytes = sum(4 * (w.row_scales.numel() + w.tail.numel()) for lw in layers for w in lw.values())
     launches = model.layers * (len(first) + (0 if noprep else 4))
     name = (("null" if null else base) + ("-fused" if fused else "")
-            + ("-noprep" if noprep else "") + ("-limbs" if pre_lbs is not None else ""))
+            + ("-noprep" if noprep else "") + ("-limbs" if pre_lbs is not None else "")
+            + ("-korder" if korder else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -724,6 +731,9 @@ def sass_report(configs: dict) -> dict:
         jobs["tetra48-m1/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
             ILP=c1.ilp, MB=1), 2 * c1.ilp, c1.num_warps)  # ILP block pairs per thread per trip
+        jobs["tetra48-m1-korder/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
+            ILP=c1.ilp, MB=1, CODE=2), 2 * c1.ilp, c1.num_warps)  # words in kernel order
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)
@@ -1038,6 +1048,10 @@ def main() -> None:
                     model, "tetra48", batch, args.sets, device, 4, True, m1, noprep=True),
                 "served": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 4,
                                                 True, m1, rotate=True),
+                "tetra48-m1-fused-noprep-korder": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, noprep=True, korder=True),
+                "served-korder": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, korder=True),
                 "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
@@ -1215,7 +1229,8 @@ def dry_run() -> None:
     p.run(0)
     p.check()
     m1 = MatvecConfig(rows=8, bp=8, num_warps=1, kernel="m1", ctas_per_sm=1)
-    for kw in ({}, {"noprep": True}, {"rotate": True}):
+    for kw in ({}, {"noprep": True}, {"rotate": True}, {"noprep": True, "korder": True},
+               {"rotate": True, "korder": True}):
         p = build_lattice(tiny, "tetra48", 1, 1, "cpu", 0, True, m1, **kw)
         p.run(0)
         print("tetra48-m1", kw, "err", p.check())

@@ -246,8 +246,14 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 
 
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device)."""
+    """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
+    words in either order, ``w.korder``)."""
     nb = w.n_blocks
+    if w.korder:
+        from leechq.formats.layouts.tetra48_korder import korder_blocks, standard_order_blocks
+
+        word = standard_order_blocks(korder_blocks(w.words, nb))
+        return word & ((1 << 47) - 1), word >> 47
     raw = w.words.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 6 * nb]
     b = raw.reshape(w.d_out, nb, 6).to(torch.int64)
     word = torch.zeros(w.d_out, nb, dtype=torch.int64, device=raw.device)

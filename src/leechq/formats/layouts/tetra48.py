@@ -40,6 +40,12 @@ def stride_u32(n_blocks: int) -> int:
     return -(-WORD_BYTES * n_blocks // 8) * 2
 
 
+def korder_stride(n_blocks: int) -> int:
+    """u32 words per row in kernel order (:mod:`.tetra48_korder`): three per block pair, rounded
+    up to an even count (the same as :func:`stride_u32` for an even number of blocks)."""
+    return -(-3 * -(-n_blocks // 2) // 2) * 2
+
+
 @dataclass(frozen=True)
 class Tetra48Weight:
     """A Tetra-coded matrix in the served ``tetra48`` layout.
@@ -55,6 +61,8 @@ class Tetra48Weight:
         row_centroids_f64: float64 [d_out, 2], exact gain pairs.
         n_centroids: stored centroids of the source matrix (1 or 2); 1 means the pair repeats.
         rotation: the input rotation the activation must receive, or None.
+        korder: the words are in kernel order (:mod:`.tetra48_korder`, rows of
+            :func:`korder_stride` words), read only by the batch-1 ``m1`` kernel.
     """
 
     d_out: int
@@ -67,6 +75,7 @@ class Tetra48Weight:
     row_centroids_f64: torch.Tensor
     n_centroids: int = 2
     rotation: RotationTables | None = None
+    korder: bool = False
 
     @property
     def n_blocks(self) -> int:
@@ -79,7 +88,7 @@ class Tetra48Weight:
     @property
     def stride(self) -> int:
         """u32 words per row."""
-        return stride_u32(self.n_blocks)
+        return korder_stride(self.n_blocks) if self.korder else stride_u32(self.n_blocks)
 
     @property
     def device(self) -> torch.device:
@@ -192,6 +201,10 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
     Raises:
         InvalidInput: the record concatenates matrices with different gain pairs.
     """
+    if w.korder:
+        from leechq.formats.layouts.tetra48_korder import to_standard_order
+
+        w = to_standard_order(w)
     cents = w.row_centroids_f64.cpu()
     if w.d_out and not bool((cents == cents[0]).all()):
         raise InvalidInput("tetra48.unpack: rows carry different centroid pairs (a fused record)")
@@ -229,6 +242,8 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
             and p.rotation.seed != parts[0].rotation.seed
         ):
             raise InvalidInput("concat_rows: fused matrices must share one input rotation")
+        if p.korder != parts[0].korder:
+            raise InvalidInput("concat_rows: fused matrices must share one word order")
     cat = lambda name: torch.cat([getattr(p, name) for p in parts], dim=0)  # noqa: E731
     out = Tetra48Weight(
         d_out=sum(p.d_out for p in parts),
@@ -241,6 +256,7 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
         row_centroids_f64=cat("row_centroids_f64"),
         n_centroids=max(p.n_centroids for p in parts),
         rotation=parts[0].rotation,
+        korder=parts[0].korder,
     )
     out.validate()
     return out

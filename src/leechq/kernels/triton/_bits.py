@@ -71,6 +71,20 @@ def prmt(a, b, sel, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def and_or(a, mask, c, USE_ASM: tl.constexpr):
+    """``(a & mask) | c`` of uint32 tensors as one ``lop3`` on the GPU (the compiler otherwise
+    turns a disjoint OR into an add it cannot merge with the mask)."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r", [a, mask, c], dtype=tl.uint32,
+            is_pure=True, pack=1,
+        )
+    else:
+        out = (a & mask) | c
+    return out
+
+
+@triton.jit
 def byte_to_f32(q, I: tl.constexpr, USE_ASM: tl.constexpr):
     """Byte ``I`` of the uint32 tensor ``q`` (a value biased by +128) as an exact float32."""
     if USE_ASM:

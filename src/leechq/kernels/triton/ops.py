@@ -58,7 +58,7 @@ from leechq.kernels.triton.tetra48_imma import (
     imma_fused_kernel,
     imma_kernel,
 )
-from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, m1_kernel, null_m1_kernel
+from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, TETRA_K, m1_kernel, null_m1_kernel
 from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
 if TYPE_CHECKING:
@@ -807,7 +807,13 @@ def _check_limbs(limbs: torch.Tensor, m_rows: int, n_blocks: int, device: torch.
 # ------------------------------------------------------------------------------------ lattice
 
 
-def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str) -> None:
+def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str,
+                   korder_ok: bool = False) -> None:
+    if getattr(w, "korder", False) and not korder_ok:
+        raise InvalidInput(
+            "this Tetra48Weight has its words in kernel order, which only the batch-1 m1 kernel "
+            "reads (tetra48_matvec_prepared); convert it back with "
+            "formats.layouts.tetra48_korder.to_standard_order")
     dev = words.device
     check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
     check_tensor(w.row_scales, "row_scales", torch.float32, (w.d_out,), device=dev)
@@ -838,9 +844,11 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
     written by the rotation; used only on that path). ``limbs``: the limb records of ``xp``
     (:func:`m1_limbs`, written by the rotation), which the ``m1`` launches then load instead of
-    converting the prepared rows (used only on that path)."""
-    _check_lattice(w, w.words, "words")
-    if config is None and imma_default(w, m_rows):
+    converting the prepared rows (used only on that path). Words in kernel order
+    (``w.korder``, ``formats.layouts.tetra48_korder``) take only the ``m1`` plan (the ``m1``
+    kernel with ``CODE = TETRA_K``); any other plan raises :class:`UnsupportedShape`."""
+    _check_lattice(w, w.words, "words", korder_ok=True)
+    if config is None and not w.korder and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
@@ -857,6 +865,10 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                        limbs=None if limbs is None else limbs[first:])
             first += rows
         return y
+    if w.korder:
+        raise UnsupportedShape(
+            f"kernel-order words are read only by the m1 kernel, which does not take {m_rows} "
+            f"rows of this matrix here (config {config}); use the standard order")
     cfg = _tile_config(config or default_config(m_rows), m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -932,7 +944,8 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         consts = {"CODE": PLANES14.value, **consts}
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
-        consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts} if lattice else consts
+        code = TETRA_K.value if getattr(w, "korder", False) else TETRA.value
+        consts = {"CODE": code, "SEL_TABLE": True, **consts} if lattice else consts
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):

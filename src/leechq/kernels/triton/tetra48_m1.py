@@ -30,7 +30,9 @@ our own (§3.10 leaves it open):
   same lookups read the global table.
 * **Several rows and the other layout**: :func:`m1_kernel` serves ``MB`` (1, 2 or 4) activation
   rows per launch, one decode each block for all of them, and with ``CODE = PLANES14`` runs the
-  same loop over Planes14 records (the decode of :mod:`.planes14_m1`).
+  same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_K``
+  over Tetra words in kernel order (``formats.layouts.tetra48_korder``, :func:`decode_nibbles_k`:
+  the same table reads from cheaper addresses).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
@@ -46,6 +48,7 @@ import triton.language as tl
 
 from leechq.kernels.triton import planes14_m1
 from leechq.kernels.triton._bits import (
+    and_or,
     await_previous_grid,
     dp4a,
     prmt,
@@ -378,6 +381,62 @@ def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr,
 
 
 @triton.jit
+def smem_load32_at(tab_ptr, addr, USE_ASM: tl.constexpr):
+    """The table word at shared-space byte address ``addr`` (GPU), or at word ``addr // 4`` of
+    ``tab_ptr`` (interpreter, where the staged base is 0): uint32."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "ld.shared.u32 $0, [$1];", "=r,r", [addr], dtype=tl.uint32, is_pure=False, pack=1)
+    else:
+        out = tl.load(tab_ptr + (addr >> 2)).to(tl.uint32)
+    return out
+
+
+@triton.jit
+def smem_load128_at(tab_ptr, addr, USE_ASM: tl.constexpr):
+    """Four table words from shared-space byte address ``addr`` (16-byte aligned; interpreter:
+    words ``addr // 4 …+3`` of ``tab_ptr``): 4 × uint32."""
+    if USE_ASM:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
+            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=False, pack=1)
+    else:
+        w = addr >> 2
+        a = tl.load(tab_ptr + w).to(tl.uint32)
+        b = tl.load(tab_ptr + w + 1).to(tl.uint32)
+        c = tl.load(tab_ptr + w + 2).to(tl.uint32)
+        d = tl.load(tab_ptr + w + 3).to(tl.uint32)
+    return a, b, c, d
+
+
+@triton.jit
+def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
+    """:func:`decode_nibbles` for a block in kernel order (``KORDER``): word bits 0..11 the first
+    section's table row ``i1 | r<<11``, 12..23 ``i3 | (p^r)<<11``, 24..29 ``s8``, 30..35 the
+    ``PB`` index, 36..46 ``i2``, 47 the gain bit (``lo``: bits 0..31, ``hi``: bits 32..47 in its
+    low half; its high half is ignored). ``base``: the staged table's byte address; ``sbr``:
+    the element's pattern-table copy as a byte offset (``4·``:func:`sb_copy`)."""
+    t2 = hi & 0x7FF0  # i2 << 4
+    dl = t2 >= 1240 * 16
+    t3 = (lo & 0xFFF000) ^ tl.where(dl, 0x800000, 0).to(tl.uint32)
+    a1 = base + ((lo & 0xFFF) << 2)
+    a2 = base + ((t2 + tl.where(dl, MID_SHIFT * 16, 0).to(tl.uint32)) >> 2)
+    a3 = base + (t3 >> 10)
+    m7 = tl.full(lo.shape, 0x1F80, tl.uint32)  # a 6-bit pattern index · 128 bytes
+    apa = base + PA_WORD * 4 + and_or(lo >> 17, m7, sbr, USE_ASM)
+    apb = base + PB_WORD * 4 + and_or((hi << 9) | (lo >> 23), m7, sbr, USE_ASM)
+    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
+    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
+    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ sa0 ^ sb0
+    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ sa1 ^ sb1
+    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ sa2 ^ sb2
+    odd = ((lo ^ (lo >> 12)) & 0x800) != 0  # p = r ^ (p^r)
+    mp = tl.where(odd, -2, 2)
+    kp = tl.where(odd, 0x8F8F8F8F, 0x72727272).to(tl.uint32)
+    return h1, h2, h3, mp, kp, (hi >> 15) & 1
+
+
+@triton.jit
 def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.constexpr = False):
     """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
     a multiple of 16 below 512; 0 → 0); ``sb_rep`` and ``COMPACT`` as in :func:`decode_nibbles`."""
@@ -388,14 +447,17 @@ def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.const
 
 @triton.jit
 def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: tl.constexpr,
-               USE_ASM: tl.constexpr, A16: tl.constexpr = False):
+               USE_ASM: tl.constexpr, A16: tl.constexpr = False, KORDER: tl.constexpr = False):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one block per element for the first ``MB`` (1, 2 or 4)
     activation rows ``m`` (words ``lo``, ``hi``: uint32; ``x_m``: row m's block exponent and limb
     words, :func:`_x_limbs`): one decode, then 18 ``dp4a`` per row. Every tensor stays 1-D in
     the layout of one row — a 2-D [rows, tile] form lets Triton's layout passes (with the
     launch-time divisibility hints) spread the rows over warps and convert layouts through shared
     memory, over the staged table. The unused results (``m ≥ MB``) repeat row 0."""
-    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    if KORDER:  # sb_rep: the copy as a byte offset (decode_nibbles_k's sbr)
+        h1, h2, h3, mp, kp, g = decode_nibbles_k(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    else:
+        h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     zn = tl.zeros(lo.shape, tl.int32)
     ev1, od1, n2 = section_values(h1, mp, kp, zn, USE_ASM)
     ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
@@ -420,14 +482,20 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: 
 
 @triton.jit
 def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.constexpr,
-              USE_ASM: tl.constexpr, A16: tl.constexpr = False):
+              USE_ASM: tl.constexpr, A16: tl.constexpr = False, KORDER: tl.constexpr = False):
     """The sums of the two block dots of a block pair (its three words ``w0..w2``) for each of
     the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs, :func:`_row_limbs`)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
-    e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2, xe3,
-                                MB, USE_ASM, A16)
-    o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
-                                sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM, A16)
+    if KORDER:  # the even block's 48 bits are w0 and w2's low half, the odd block's w1 and its high
+        e0, e1, e2, e3 = _block_dot(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2,
+                                    xe3, MB, USE_ASM, A16, True)
+        o0, o1, o2, o3 = _block_dot(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, xo0, xo1,
+                                    xo2, xo3, MB, USE_ASM, A16, True)
+    else:
+        e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2,
+                                    xe3, MB, USE_ASM, A16)
+        o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr,
+                                    base, sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM, A16)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
@@ -490,6 +558,9 @@ TETRA = tl.constexpr(0)
 PLANES14 = tl.constexpr(1)
 """``m1_kernel``'s ``CODE`` for a ``planes14`` matrix (7 words per record pair, the decode of
 :mod:`.planes14_m1`; the activation prepared in ``tables.planes14_m1_order``)."""
+TETRA_K = tl.constexpr(2)
+"""``m1_kernel``'s ``CODE`` for a ``tetra48`` matrix in kernel order
+(``formats.layouts.tetra48_korder``: the same decode with cheaper table addresses)."""
 
 
 @triton.jit
@@ -509,7 +580,8 @@ def m1_kernel(
     ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``. Each decoded block meets the ``MB``
     activation rows' limbs (kept in registers: ``19·MB`` words per block), so the decode is paid
     once for all of them; the scratch holds ``[NS, MB, d_out]`` partials. ``CODE``: :data:`TETRA`
-    (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``) or
+    (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``), :data:`TETRA_K`
+    (the same words in kernel order, rows of ``tetra48.korder_stride`` words) or
     :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
     ``SEL_TABLE``: the permute selectors from that table, else built in registers). ``PDL``: the
     program stages its table and loads its first words before it waits for the previous grid
@@ -524,19 +596,28 @@ def m1_kernel(
     NS: tl.constexpr = (NP + BP - 1) // BP
     RI: tl.constexpr = NW * 32 // BP  # rows per row set
     IPC: tl.constexpr = ROWS // (RI * ILP)  # loop trips per chunk
-    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2 if CODE == 0 else 7 * NP
-    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     if CODE == 0:
+        STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2  # tetra48.stride_u32
+    elif CODE == 2:
+        STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
+    else:
+        STRIDE_W: tl.constexpr = 7 * NP
+    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    if CODE != 1:
         base = stage_table(tab_ptr, d_out, USE_ASM)
     else:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     sb_rep = sb_copy(e)
+    if CODE == 2:  # kernel order: the copy as a byte offset
+        sb_rep = sb_rep * 4
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
     part = part_ptr + sl * MB * d_out
+    if CODE == 2:  # kernel order: rows hold all three words of the last pair (zeros for an
+        ok_o = ok_e  # absent odd block), and the even block's bits are in w0 and w2
     w, ca, cb = _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W, CODE)
     if ILP == 2:
         v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
@@ -579,7 +660,7 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
                 CODE: tl.constexpr):
     """The words of each element's block (record) pair as a tuple — 3 for Tetra, 7 for
     Planes14 — and its row's centroid pair (zeros past ``d_out``)."""
-    if CODE == 0:
+    if CODE != 1:
         w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
         words = (w0, w1, w2)
     else:
@@ -592,10 +673,10 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
-    if CODE == 0:
+    if CODE != 1:
         w0, w1, w2 = words
         d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,
-                                   A16)
+                                   A16, CODE == 2)
     else:
         d0, d1, d2, d3 = planes14_m1.pair_dot(words, ca, cb, tab_ptr, base, xs, MB, SEL_TABLE,
                                               USE_ASM, A16)
