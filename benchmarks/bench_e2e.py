@@ -39,6 +39,9 @@ What it does, in order:
      its programs load them instead of each converting its activation slice (opt-in: slower);
    * ``tetra48-a24``, ``ball-a24`` (diagnostic): ``tetra48`` and ``ball`` with ``LEECHQ_A16=0`` —
      the integer kernels on 24-bit activations per block instead of the default 16 (``ops.A16``);
+   * ``tetra48-korder`` (opt-in form): ``tetra48`` with the words in kernel order
+     (``formats.layouts.tetra48_korder``: cheaper table addresses in the ``m1``, int8 and
+     dequantization decodes; GPU only);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -388,7 +391,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
-                 "ball-limbs", "tetra48-a24", "ball-a24"):
+                 "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -403,6 +406,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 rotate=arm != "tetra48-norot",
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
                 codebook="ball" if arm.startswith("ball") else "tetra",
+                korder=arm == "tetra48-korder" and on_cuda(),
             )
         info["paths"] = execution_paths(model)
     else:
@@ -636,7 +640,7 @@ def parse() -> argparse.Namespace:
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
-        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,hf-fp16",
+        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

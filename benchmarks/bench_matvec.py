@@ -570,13 +570,14 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
 
 def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
                noprep: bool = False, rows_per_step: int = 2, fused_sum: bool = False,
-               layout: str = "tetra48") -> Pass:
+               layout: str = "tetra48", korder: bool = False) -> Pass:
     """Fused Tetra groups through the int8 tensor-core kernel (ops.tetra48_matvec_imma_prepared,
     1..8 rows): per layer and group input the preparation launch (none with ``noprep``: the
     prepared layout is given, as the rotation writes it in a served model), one activation-record
     launch shared by the group's matrices, then per matrix the MMA kernel and its slice sum (in
     the MMA kernel with ``fused_sum``). ``layout``: ``tetra48`` or ``planes14`` (the Planes14
-    decode, activation in ``planes14_m1_order``)."""
+    decode, activation in ``planes14_m1_order``). ``korder``: Tetra words in kernel order
+    (``formats.layouts.tetra48_korder``)."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -584,6 +585,10 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
     from leechq.kernels.triton import ops
 
     layers = _lattice_weights(model, layout, True, device, seed)
+    if korder:
+        from leechq.formats.layouts.tetra48_korder import to_kernel_order
+
+        layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     tetra = layout == "tetra48"
     order = tetra_kernel_tables(device).order if tetra else ops.planes14_m1_order(device)
@@ -614,7 +619,8 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
     launches = model.layers * ((1 if fused_sum else 2) * len(first)
                                + groups * (1 if noprep else 2))
     name = (layout + "-imma" + (f"-rps{rows_per_step}" if rows_per_step != 2 else "")
-            + ("-ksum" if fused_sum else "") + "-fused" + ("-noprep" if noprep else ""))
+            + ("-ksum" if fused_sum else "") + "-fused" + ("-noprep" if noprep else "")
+            + ("-korder" if korder else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -1085,6 +1091,8 @@ def main() -> None:
                 m, b, args.sets, device, 13, noprep=True, rows_per_step=1)
             builders["tetra48-imma-rps4-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, rows_per_step=4)
+            builders["tetra48-imma-fused-noprep-korder"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13, noprep=True, korder=True)
             builders["tetra48-imma-ksum-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, fused_sum=True)
             builders["planes14-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(
@@ -1251,7 +1259,7 @@ def dry_run() -> None:
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
     for kw in ({}, {"noprep": True, "rows_per_step": 1}, {"noprep": True, "fused_sum": True},
-               {"noprep": True, "layout": "planes14"}):
+               {"noprep": True, "layout": "planes14"}, {"noprep": True, "korder": True}):
         p = build_imma(tiny, 3, 1, "cpu", 0, **kw)
         p.run(0)
         print("tetra48-imma", kw, "err", p.check())

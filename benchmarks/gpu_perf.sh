@@ -119,7 +119,9 @@
 #            at 4 and 8 rows with four row groups per step (rows_per_step=4) against two
 #   korder   the batch-1 m1 kernel on Tetra words in kernel order (formats.layouts.tetra48_korder;
 #            offline 393 instead of 458 instructions per loop trip): its GPU tests, then one and
-#            two rows, prepared and served, against the standard order
+#            two rows, prepared and served, against the standard order; the int8 kernel at 8
+#            rows (offline 313 instead of 334 instructions per step)
+#   kordere2e Qwen3-8B end to end at batch 1 and 8 with kernel-order words (tetra48-korder)
 #   pendingm what session m could not run: the int8 kernel's activation records from the
 #            prepared write's tile (GPU tests, the serving tests), e2e Qwen3-8B at batch 2 (PDL
 #            for one row only), 4 and 8 (the records path; tetra48-norotrec: their own launch)
@@ -412,13 +414,19 @@ korder)
   gpu_tests tests-korder 200 tests/kernels/test_korder.py
   matvec matvec-korder 380 --batches 1,2 --arms fp16,tetra48-m1-fused-noprep,\
 tetra48-m1-fused-noprep-korder,served,served-korder
+  matvec matvec-korder8 150 --batches 8 --arms fp16,tetra48-imma-fused-noprep,\
+tetra48-imma-fused-noprep-korder
+  ;;
+kordere2e)
+  e2e e2e-8b-korder 300 --models qwen3-8b --arms fp16,tetra48,tetra48-korder --batches 1,8 \
+    --skip-gates --no-profile --budget-s 280
   ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e)" >&2
   exit 2
   ;;
 esac

@@ -1,8 +1,9 @@
-"""The batch-1 ``m1`` kernel on words in kernel order (``CODE = TETRA_K``,
-``formats.layouts.tetra48_korder``): under the interpreter bit for bit the standard-order kernel
-(one, two and four activation rows; one and two rows per loop trip; 16- and 24-bit activations)
-and within the f64 bound; the other Tetra paths refuse such words; offline, the decode's
-instruction count; on the GPU, full shapes against f64."""
+"""The ``m1`` and int8 kernels on words in kernel order (``CODE = TETRA_K``,
+``formats.layouts.tetra48_korder``): under the interpreter bit for bit the standard-order kernels
+(one, two and four activation rows in ``m1``, one and two rows per loop trip; 3 to 11 rows in
+the int8 kernel; 16- and 24-bit activations) and within the f64 bound; the other Tetra paths
+refuse such words; offline, the decode's instruction count; on the GPU, full shapes against
+f64."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def test_m1_kernel_order_matches_standard(monkeypatch: pytest.MonkeyPatch, d_out
 
 @interp
 def test_other_paths_refuse_kernel_order() -> None:
-    """Kernel-order words reach only the ``m1`` launches: the tiled kernel, the int8 kernel and
-    the dequantization name the problem instead of decoding the bits in the wrong order."""
+    """The tiled kernel and the batched float16 tensor-core kernel do not read kernel order:
+    they name the problem instead of decoding the bits in the wrong order."""
     ops = _ops()
     k = to_kernel_order(random_tetra48(24, 24 * 4, seed=5))
     order = ops.tetra_kernel_tables("cpu").order
@@ -65,13 +66,50 @@ def test_other_paths_refuse_kernel_order() -> None:
     with pytest.raises(UnsupportedShape, match="kernel-order"):
         ops.tetra48_matvec_prepared(xp, k, 1, ops.MatvecConfig(kernel="tile"))
     with pytest.raises(InvalidInput, match="kernel order"):
-        ops.tetra48_dequantize_f16(k)
-    with pytest.raises(InvalidInput, match="kernel order"):
-        ops.tetra48_matvec_imma_prepared(xp, k, 1)
+        ops.tetra48_matmul_mma(torch.randn(9, 96), k)
+
+
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "grouped"), [(7, 24 * 5 + 3, True),
+                                                         (9, 24 * 6, False)])
+def test_dequantize_kernel_order(d_out: int, d_in: int, grouped: bool) -> None:
+    """The float16 copy (the many-row path) from kernel-order words equals the standard order's
+    and its twin's, bit for bit (odd and even block counts, both column layouts)."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_in)
+    k = to_kernel_order(w)
+    cfg = replace(ops.dequant_config(), grouped=grouped)
+    got = ops.tetra48_dequantize_f16(k, config=cfg)
+    assert torch.equal(got, ops.tetra48_dequantize_f16(w, config=cfg))
+    assert torch.equal(got, ref.tetra48_dequantize_f16(k, grouped=grouped))
+
+
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "a16"), [
+    (40, 24 * 9 + 5, 3, "1"),    # odd block count
+    (33, 24 * 8, 8, "0"),
+    (20, 24 * 6 + 2, 11, "1"),   # two 8-row chunks
+])
+def test_imma_kernel_order_matches_standard(monkeypatch: pytest.MonkeyPatch, d_out: int,
+                                            d_in: int, m_rows: int, a16: str) -> None:
+    """The int8 tensor-core kernel on kernel-order words equals its standard-order launch bit
+    for bit and is within the f64 bound."""
+    ops = _ops()
+    monkeypatch.setenv("LEECHQ_A16", a16)
+    w = random_tetra48(d_out, d_in, seed=d_in + m_rows)
+    k = to_kernel_order(w)
+    x = torch.randn(m_rows, d_in, generator=torch.Generator().manual_seed(m_rows)) * 4
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    want = ops.tetra48_matvec_imma_prepared(xp, w, m_rows, k_per=4)
+    got = ops.tetra48_matvec_imma_prepared(xp, k, m_rows, k_per=4)
+    assert torch.equal(got, want)
+    xr = ref.round_activation(x, w.n_blocks) if a16 == "1" else x
+    assert ref.row_bound_error(got, xr, ref.tetra48_dequantize_rotated(k)) <= 1e-5
 
 
 _SASS = r"""
 from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.tetra48_imma import imma_kernel
 from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
 out = []
@@ -84,6 +122,14 @@ for code in (0, 2):
     mix = I.hot_loop_mix(I.sass(c))
     out += [mix["loop_total"], mix["loop"].get("IDP", 0), mix["loop"].get("LDS", 0),
             res.get("local", 0)]
+sig = {"rec_ptr": "*i32", "ex_ptr": "*fp32", "w_ptr": "*i32", "cent_ptr": "*fp32",
+       "tab_ptr": "*i32", "part_ptr": "*fp32", "d_out": "i32", "K_PER": "i32"}
+for code in (0, 2):
+    c = I.compile_for(imma_kernel, sig, dict(N_BLOCKS=170, NPP=128, NW=4, RG=1, RPS=2, CH=1,
+                                             CODE=code, USE_ASM=True, A16=True),
+                      num_warps=4, aligned_ints=("d_out",))
+    mix = I.loop_mix(I.sass(c))
+    out += [mix["loop_total"], mix["loop"].get("IMMA", 0), I.resource_usage(c).get("local", 0)]
 print(*out)
 """
 
@@ -91,14 +137,18 @@ print(*out)
 def test_kernel_order_decode_is_cheaper_offline() -> None:
     """Offline sm_90 compile of the batch-1 kernel (two rows per trip, four blocks per thread,
     16-bit activations): kernel order keeps the 72 ``dp4a`` and 20 shared loads per trip and
-    needs at least 10 % fewer instructions in the hot loop (Triton 3.6: 393 against 458), with
-    no local memory."""
+    needs at least 10 % fewer instructions in the hot loop (Triton 3.6: 393 against 458); the
+    int8 kernel (two row groups per step) keeps its 24 MMAs with at least 3 % fewer (313
+    against 334); no local memory."""
     pytest.importorskip("triton")
-    std, std_idp, std_lds, std_local, kor, k_idp, k_lds, k_local = (
-        int(v) for v in run_offline(_SASS, timeout=900).split()[-8:])
+    (std, std_idp, std_lds, std_local, kor, k_idp, k_lds, k_local,
+     istd, istd_mma, istd_local, ikor, ik_mma, ik_local) = (
+        int(v) for v in run_offline(_SASS, timeout=900).split()[-14:])
     assert (std_idp, std_lds, std_local) == (72, 20, 0)
     assert (k_idp, k_lds, k_local) == (72, 20, 0)
     assert kor <= 0.9 * std, (kor, std)
+    assert (istd_mma, istd_local, ik_mma, ik_local) == (24, 0, 24, 0)
+    assert ikor <= 0.97 * istd, (ikor, istd)
 
 
 @pytest.mark.gpu
@@ -122,4 +172,23 @@ def test_m1_kernel_order_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int
     ops.tetra48_matvec_prepared(xp, k, m_rows, cfg, out=got)
     assert torch.equal(got, want)
     xr = ref.round_activation(x, w.n_blocks) if a16 == "1" else x
+    assert ref.row_bound_error(got, xr, ref.tetra48_dequantize_rotated(k)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(6144, 4096, 8), (4096, 12288, 16),
+                                                       (5120, 5120, 4)])
+def test_default_path_kernel_order_full_shapes(d_out: int, d_in: int, m_rows: int) -> None:
+    """On the GPU with no configuration (the int8 kernel for 3..16 rows): kernel-order words
+    give the standard order's output bit for bit, within 1e-5 of the f64 product."""
+    ops = _ops()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows, device="cuda")
+    k = to_kernel_order(w)
+    x = torch.randn(m_rows, d_in, device="cuda") * 10
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cuda").order)
+    want = ops.tetra48_matvec_prepared(xp, w, m_rows)
+    got = torch.full((m_rows, d_out), float("nan"), device="cuda")
+    ops.tetra48_matvec_prepared(xp, k, m_rows, out=got)
+    assert torch.equal(got, want)
+    xr = ref.round_activation(x, w.n_blocks) if ops.act16() else x
     assert ref.row_bound_error(got, xr, ref.tetra48_dequantize_rotated(k)) <= 1e-5

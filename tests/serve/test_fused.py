@@ -369,6 +369,32 @@ def test_direct_ball_group_matches_its_records() -> None:
     assert _within(y, want, 1e-5, slack)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_direct_tetra_group_in_kernel_order(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """``random_quantized_model(direct=True, korder=True)``'s Tetra groups hold their words in
+    kernel order and give the standard-order group's outputs bit for bit (one and two rows on
+    ``m1``, three on the int8 kernel, forced here as on a GPU)."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.random_codes import _direct_group, _DirectLattice
+
+    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
+    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # as on a GPU
+    rot = generate_rotation(72, 5)
+    lattices = [_DirectLattice(16, 72, rot), _DirectLattice(8, 72, rot)]
+    std = _direct_group(lattices, "cpu", torch.float32, seed=2)
+    kor = _direct_group(lattices, "cpu", torch.float32, seed=2, korder=True)
+    assert kor.parts[0].korder and not std.parts[0].korder
+    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
+    assert torch.equal(kor(x), std(x))
+
+
+def test_korder_needs_direct_tetra() -> None:
+    from leechq.serve.random_codes import model_args, random_quantized_model
+
+    with pytest.raises(InvalidInput, match="korder"):
+        random_quantized_model(model_args("qwen3-tiny"), "cpu", korder=True)
+
+
 @pytest.mark.parametrize(("ball", "rows"), [(False, 3), (True, 11)])
 def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
                                                        ball: bool, rows: int) -> None:

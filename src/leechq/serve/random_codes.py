@@ -183,6 +183,7 @@ def random_quantized_model(
     portable: bool = False,
     direct: bool = False,
     codebook: str = "tetra",
+    korder: bool = False,
 ) -> Transformer:
     """A serving model of ``args``' shape whose projections are random Tetra (or ball) matrices.
 
@@ -202,12 +203,17 @@ def random_quantized_model(
             (no canonical records, no host packing; seconds instead of a minute for a 14B shape).
             Needs the fused kernels; the codes differ from the canonical path's for the same seed.
         codebook: "tetra" or "ball" (the lattice matrices' codebook).
+        korder: with ``direct`` and Tetra, the groups hold their words in kernel order
+            (``formats.layouts.tetra48_korder``; read by the ``m1``, int8 and dequantization
+            kernels — not by the opt-in ``LEECHQ_MMA`` kernel).
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
     """
     if codebook not in ("tetra", "ball"):
         raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
+    if korder and not (direct and codebook == "tetra"):
+        raise InvalidInput("korder needs direct=True and the Tetra codebook")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -228,7 +234,7 @@ def random_quantized_model(
 
     def group(records: list[Any], index: int) -> nn.Module:
         if direct:
-            return _direct_group(records, device, dtype, seed * 1_000_003 + index)
+            return _direct_group(records, device, dtype, seed * 1_000_003 + index, korder)
         return group_from_records(records, device, dtype, prefer)
 
     blocks = []
@@ -272,11 +278,12 @@ class _DirectLattice:
 
 
 def _direct_group(
-    records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int
+    records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int,
+    korder: bool = False,
 ) -> nn.Module:
     """Device-drawn lattice matrices (runs) and host-drawn int4 ones, as
     :func:`group_from_records` would group them, with weights scaled to variance about
-    ``1/d_in``."""
+    ``1/d_in`` (``korder``: Tetra words in kernel order)."""
     from leechq.formats.layouts import planes14, tetra48
     from leechq.serve.build import ConcatLinear
     from leechq.serve.fused import LAYOUTS, LatticeGroup, fused_kernels_available
@@ -304,7 +311,12 @@ def _direct_group(
             w.row_scales.mul_(math.sqrt(BLOCK / d_in))
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
-        parts.append(LatticeGroup([layout.concat_rows(packs)], rot, None, members=len(run)))
+        cat = layout.concat_rows(packs)
+        if korder and name == "tetra48":
+            from leechq.formats.layouts.tetra48_korder import to_kernel_order
+
+            cat = to_kernel_order(cat)
+        parts.append(LatticeGroup([cat], rot, None, members=len(run)))
         run.clear()
 
     for r in records:

@@ -811,8 +811,8 @@ def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name:
                    korder_ok: bool = False) -> None:
     if getattr(w, "korder", False) and not korder_ok:
         raise InvalidInput(
-            "this Tetra48Weight has its words in kernel order, which only the batch-1 m1 kernel "
-            "reads (tetra48_matvec_prepared); convert it back with "
+            "this Tetra48Weight has its words in kernel order, which only the m1 and int8 "
+            "kernels read (tetra48_matvec_prepared); convert it back with "
             "formats.layouts.tetra48_korder.to_standard_order")
     dev = words.device
     check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
@@ -845,10 +845,10 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     written by the rotation; used only on that path). ``limbs``: the limb records of ``xp``
     (:func:`m1_limbs`, written by the rotation), which the ``m1`` launches then load instead of
     converting the prepared rows (used only on that path). Words in kernel order
-    (``w.korder``, ``formats.layouts.tetra48_korder``) take only the ``m1`` plan (the ``m1``
-    kernel with ``CODE = TETRA_K``); any other plan raises :class:`UnsupportedShape`."""
+    (``w.korder``, ``formats.layouts.tetra48_korder``) take the ``m1`` plan or the int8 kernel
+    (``CODE = TETRA_K``); the tiled kernel raises :class:`UnsupportedShape` on them."""
     _check_lattice(w, w.words, "words", korder_ok=True)
-    if config is None and not w.korder and imma_default(w, m_rows):
+    if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
@@ -867,8 +867,8 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         return y
     if w.korder:
         raise UnsupportedShape(
-            f"kernel-order words are read only by the m1 kernel, which does not take {m_rows} "
-            f"rows of this matrix here (config {config}); use the standard order")
+            f"kernel-order words are read only by the m1 and int8 kernels, neither of which "
+            f"takes {m_rows} rows of this matrix here (config {config}); use the standard order")
     cfg = _tile_config(config or default_config(m_rows), m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -1012,8 +1012,9 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
                            config: DequantConfig | None = None) -> torch.Tensor:
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
     :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
-    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None."""
-    _check_lattice(w, w.words, "words")
+    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
+    Words in kernel order (``w.korder``) are decoded as such."""
+    _check_lattice(w, w.words, "words", korder_ok=True)
     dev = w.words.device
     out = _dequant_out(out, w, dev)
     cfg = dequant_config() if config is None else config
@@ -1021,7 +1022,7 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
         tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
             w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
             N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, num_warps=cfg.num_warps, num_stages=1,
+            GROUPED=cfg.grouped, KORDER=w.korder, num_warps=cfg.num_warps, num_stages=1,
         )
     return out
 
@@ -1342,9 +1343,11 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
     compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
     given), the MMA kernel and the slice sum — two with ``fused_sum`` (default
-    :data:`IMMA_FUSED_SUM`), where the MMA kernel adds the slices itself."""
-    _check_lattice(w, w.words, "words")
-    return _matvec_imma(TETRA.value, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
+    :data:`IMMA_FUSED_SUM`), where the MMA kernel adds the slices itself. Words in kernel order
+    (``w.korder``) are decoded as such (``CODE = TETRA_K``)."""
+    _check_lattice(w, w.words, "words", korder_ok=True)
+    code = TETRA_K.value if w.korder else TETRA.value
+    return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
                         acts, k_per, num_warps, row_groups, rows_per_step, maxnreg, fused_sum)
 
 

@@ -43,6 +43,7 @@ from leechq.kernels.reference import DEQUANT_GROUP_PAIRS
 from leechq.kernels.triton._bits import byte_to_f32, global_store128, pack_f16x2
 from leechq.kernels.triton.tetra48_m1 import (
     decode_nibbles,
+    decode_nibbles_k,
     inv_norm,
     load_pair_words,
     sb_copy,
@@ -87,10 +88,14 @@ def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
-                   VEC: tl.constexpr, USE_ASM: tl.constexpr):
+                   VEC: tl.constexpr, USE_ASM: tl.constexpr, KORDER: tl.constexpr = False):
     """Decode one block per element and store its 24 float16 values: section ``s`` (8 values,
-    16 bytes) at ``out + s · step`` (int32 units)."""
-    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    16 bytes) at ``out + s · step`` (int32 units). ``KORDER``: ``lo``, ``hi`` in kernel order
+    (:func:`.tetra48_m1.decode_nibbles_k`)."""
+    if KORDER:
+        h1, h2, h3, mp, kp, g = decode_nibbles_k(lo, hi, tab_ptr, base, sb_rep * 4, USE_ASM)
+    else:
+        h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
@@ -139,11 +144,15 @@ def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
 @triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
                            NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
-                           GROUPED: tl.constexpr = False):
-    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words; see the module
-    docstring. Any grid; ``num_warps = NW``."""
+                           GROUPED: tl.constexpr = False, KORDER: tl.constexpr = False):
+    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words (``KORDER``: in
+    kernel order, ``formats.layouts.tetra48_korder``); see the module docstring. Any grid;
+    ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+    if KORDER:
+        STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
+    else:
+        STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     LANES: tl.constexpr = NW * 32
     base = stage_table(tab_ptr, d_out, USE_ASM)
     e = tl.arange(0, LANES)
@@ -151,11 +160,18 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
         ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
-        w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W)
+        # kernel order: the row holds all three words of its last pair
+        w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_e if KORDER else ok_o, STRIDE_W)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
         out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
-        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
-                       USE_ASM)
-        _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
-                       out_o, step_o, ok_o, VEC, USE_ASM)
+        if KORDER:  # w0, w1: the blocks' low words; w2: their high halves
+            _dequant_block(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                           USE_ASM, True)
+            _dequant_block(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, out_o, step_o,
+                           ok_o, VEC, USE_ASM, True)
+        else:
+            _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                           USE_ASM)
+            _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
+                           sb_rep, out_o, step_o, ok_o, VEC, USE_ASM)

@@ -62,6 +62,7 @@ from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
     decode_nibbles,
+    decode_nibbles_k,
     limb_words,
     rounded_quads,
     sb_copy,
@@ -154,16 +155,23 @@ def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, CODE: tl.constexpr,
                  USE_ASM: tl.constexpr):
     """The words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``): two of a
     ``tetra48`` row (``CODE`` 0), four of a ``planes14`` row (``CODE`` 1; the odd record of a
-    pair starts in the high half of the pair's word 3)."""
+    pair starts in the high half of the pair's word 3), or the block's low word and its pair's
+    high-halves word in kernel order (``CODE`` 2, ``formats.layouts.tetra48_korder``)."""
     if CODE == 0:
         pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
+    elif CODE == 2:
+        pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
+        pw2 = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + 2
     else:
         pw = w_ptr + rc * STRIDE_W + 7 * (blk // 2) + 3 * (blk % 2)
     x0 = global_load32(pw, ok, USE_ASM).to(tl.uint32, bitcast=True)
-    x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    if CODE == 2:
+        x1 = global_load32(pw2, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    else:
+        x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
     x2 = x0
     x3 = x1
-    if CODE != 0:
+    if CODE == 1:
         x2 = global_load32(pw + 2, ok, USE_ASM).to(tl.uint32, bitcast=True)
         x3 = global_load32(pw + 3, ok, USE_ASM).to(tl.uint32, bitcast=True)
     return x0, x1, x2, x3
@@ -174,11 +182,12 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
                   USE_ASM: tl.constexpr):
     """A block per lane from its words (:func:`_block_words`; ``odd``: the block is the odd one
     of its pair): its six value words (the ``B`` fragments of sections 1..3) and its scale
-    ``centroid[g] / ‖y‖`` — the Tetra decode (``CODE`` 0) or the Planes14 one (``CODE`` 1,
+    ``centroid[g] / ‖y‖`` — the Tetra decode (``CODE`` 0; 2 in kernel order) or the Planes14 one
+    (``CODE`` 1,
     :func:`.planes14_m1._record_bytes`: its quads ``2k + h`` are the value words of section
     ``k``, half ``h``, with the activation prepared in ``tables.planes14_m1_order``)."""
     x0, x1, x2, x3 = words
-    if CODE != 0:
+    if CODE == 1:
         ra = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
         rb = tl.where(odd, (x1 >> 16) | (x2 << 16), x1)
         rc = tl.where(odd, (x2 >> 16) | (x3 << 16), x2)
@@ -186,10 +195,14 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
         quads, g, invw = _record_bytes(ra, rb, rc, rd, tab_ptr, base, True, USE_ASM)
         scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
         return quads, scale
-    lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
-    hi = tl.where(odd, x1 >> 16, x1)
-    h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
-    ev1, od1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
+    if CODE == 2:  # kernel order: x0 the block's low word, x1 its pair's high halves
+        h1, h2, h3, mp, kp, gbit = decode_nibbles_k(x0, tl.where(odd, x1 >> 16, x1), tab_ptr,
+                                                    base, sb_rep * 4, USE_ASM)
+    else:
+        lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
+        hi = tl.where(odd, x1 >> 16, x1)
+        h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    ev1, od1, n2 = section_values(h1, mp, kp, tl.zeros(x0.shape, tl.int32), USE_ASM)
     ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     ev3, od3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
     scale = tl.where(gbit != 0, cent1, cent0) * tl.math.rsqrt(tl.maximum(n2, 1).to(tl.float32))
@@ -374,11 +387,15 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
                NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
                PDL: tl.constexpr, A16: tl.constexpr):
     """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
-    0 for ``tetra48`` words and the batch-1 Tetra table, 1 for ``planes14`` records and
+    0 for ``tetra48`` words and the batch-1 Tetra table (2: the words in kernel order), 1 for
+    ``planes14`` records and
     ``tables.planes14_m1_table``; ``CH``: 8-row chunks of activation rows, 1 or 2)."""
     NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
     if CODE == 0:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+        base = stage_table(tab_ptr, d_out, USE_ASM)
+    elif CODE == 2:  # kernel order (tetra48.korder_stride)
+        STRIDE_W: tl.constexpr = ((3 * ((N_BLOCKS + 1) // 2) + 1) // 2) * 2
         base = stage_table(tab_ptr, d_out, USE_ASM)
     else:
         STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)
