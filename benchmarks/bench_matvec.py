@@ -730,16 +730,19 @@ def sass_report(configs: dict) -> dict:
            "out_ptr": "*fp32", "stride_om": "i32", "inv_sqrt_m": "fp32", "aux_ptr": "*fp32",
            "stride_am": "i32", "w_ptr": "*fp32", "res_ptr": "*fp32", "stride_rm": "i32",
            "eps": "fp32"}
-    out = {}
+    from leechq.kernels.triton.ops import act16
+
+    a16 = act16()  # the m1 kernels' activation width as served (LEECHQ_A16)
+    out = {"a16": a16}
     jobs = {}
     c1 = configs[1]
     if c1.kernel == "m1":
         jobs["tetra48-m1/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
-            ILP=c1.ilp, MB=1), 2 * c1.ilp, c1.num_warps)  # ILP block pairs per thread per trip
+            ILP=c1.ilp, MB=1, A16=a16), 2 * c1.ilp, c1.num_warps)  # ILP pairs per thread, trip
         jobs["tetra48-m1-korder/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
-            ILP=c1.ilp, MB=1, CODE=2), 2 * c1.ilp, c1.num_warps)  # words in kernel order
+            ILP=c1.ilp, MB=1, A16=a16, CODE=2), 2 * c1.ilp, c1.num_warps)  # kernel order
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)
