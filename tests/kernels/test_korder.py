@@ -30,6 +30,18 @@ def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compi
     return ops
 
 
+def _both_orders(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int, m_rows: int,
+                 a16: str) -> tuple:
+    """A random record in both orders, an activation and its prepared form (CPU), with the
+    activation width ``LEECHQ_A16 = a16``."""
+    ops = _ops()
+    monkeypatch.setenv("LEECHQ_A16", a16)
+    w = random_tetra48(d_out, d_in, seed=d_in + m_rows)
+    x = torch.randn(m_rows, d_in, generator=torch.Generator().manual_seed(d_out + m_rows)) * 4
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    return w, to_kernel_order(w), x, xp
+
+
 @interp
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ilp", "a16"), [
     (40, 24 * 9 + 5, 1, 2, "1"),   # odd block count: the last pair's odd block is absent
@@ -40,11 +52,7 @@ def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compi
 def test_m1_kernel_order_matches_standard(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
                                           m_rows: int, ilp: int, a16: str) -> None:
     ops = _ops()
-    monkeypatch.setenv("LEECHQ_A16", a16)
-    w = random_tetra48(d_out, d_in, seed=d_in + m_rows)
-    k = to_kernel_order(w)
-    x = torch.randn(m_rows, d_in, generator=torch.Generator().manual_seed(d_out)) * 4
-    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    w, k, x, xp = _both_orders(monkeypatch, d_out, d_in, m_rows, a16)
     cfg = replace(ops.m1_config(d_out, w.n_blocks, torch.device("cpu"), w.tail_cols, m_rows),
                   ilp=ilp)
     want = ops.tetra48_matvec_prepared(xp, w, m_rows, cfg)
@@ -95,11 +103,7 @@ def test_imma_kernel_order_matches_standard(monkeypatch: pytest.MonkeyPatch, d_o
     """The int8 tensor-core kernel on kernel-order words equals its standard-order launch bit
     for bit and is within the f64 bound."""
     ops = _ops()
-    monkeypatch.setenv("LEECHQ_A16", a16)
-    w = random_tetra48(d_out, d_in, seed=d_in + m_rows)
-    k = to_kernel_order(w)
-    x = torch.randn(m_rows, d_in, generator=torch.Generator().manual_seed(m_rows)) * 4
-    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
+    w, k, x, xp = _both_orders(monkeypatch, d_out, d_in, m_rows, a16)
     want = ops.tetra48_matvec_imma_prepared(xp, w, m_rows, k_per=4)
     got = ops.tetra48_matvec_imma_prepared(xp, k, m_rows, k_per=4)
     assert torch.equal(got, want)

@@ -233,34 +233,45 @@ def global_store128(ptr, a, b, c, d, ok, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def table_load32(tab_ptr, base, word, USE_ASM: tl.constexpr):
-    """Word ``word`` of the staged table (shared memory at ``base``) or of ``tab_ptr``
-    (interpreter): uint32."""
+def smem_load32_at(tab_ptr, addr, USE_ASM: tl.constexpr):
+    """The table word at shared-space byte address ``addr`` (GPU), or at word ``addr // 4`` of
+    ``tab_ptr`` (interpreter, where the staged base is 0): uint32."""
     if USE_ASM:
         out = tl.inline_asm_elementwise(
-            "ld.shared.u32 $0, [$1];", "=r,r", [base + word * 4], dtype=tl.uint32, is_pure=False,
-            pack=1,
-        )
+            "ld.shared.u32 $0, [$1];", "=r,r", [addr], dtype=tl.uint32, is_pure=False, pack=1)
     else:
-        out = tl.load(tab_ptr + word).to(tl.uint32)
+        out = tl.load(tab_ptr + (addr >> 2)).to(tl.uint32)
     return out
+
+
+@triton.jit
+def smem_load128_at(tab_ptr, addr, USE_ASM: tl.constexpr):
+    """Four table words from shared-space byte address ``addr`` (16-byte aligned; interpreter:
+    words ``addr // 4 …+3`` of ``tab_ptr``): 4 × uint32."""
+    if USE_ASM:
+        a, b, c, d = tl.inline_asm_elementwise(
+            "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
+            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=False, pack=1)
+    else:
+        w = addr >> 2
+        a = tl.load(tab_ptr + w).to(tl.uint32)
+        b = tl.load(tab_ptr + w + 1).to(tl.uint32)
+        c = tl.load(tab_ptr + w + 2).to(tl.uint32)
+        d = tl.load(tab_ptr + w + 3).to(tl.uint32)
+    return a, b, c, d
+
+
+@triton.jit
+def table_load32(tab_ptr, base, word, USE_ASM: tl.constexpr):
+    """Word ``word`` of the staged table (shared memory at ``base``; 0 under the interpreter,
+    which reads ``tab_ptr``): uint32."""
+    return smem_load32_at(tab_ptr, base + word * 4, USE_ASM)
 
 
 @triton.jit
 def table_load128(tab_ptr, base, word, USE_ASM: tl.constexpr):
     """Words ``word .. word+3`` (``word`` a multiple of 4) of the staged table: 4 × uint32."""
-    if USE_ASM:
-        a, b, c, d = tl.inline_asm_elementwise(
-            "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
-            "=r,=r,=r,=r,r", [base + word * 4], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
-            is_pure=False, pack=1,
-        )
-    else:
-        a = tl.load(tab_ptr + word).to(tl.uint32)
-        b = tl.load(tab_ptr + word + 1).to(tl.uint32)
-        c = tl.load(tab_ptr + word + 2).to(tl.uint32)
-        d = tl.load(tab_ptr + word + 3).to(tl.uint32)
-    return a, b, c, d
+    return smem_load128_at(tab_ptr, base + word * 4, USE_ASM)
 
 
 # Warp-level helpers of the int8 tensor-core kernel (:mod:`.tetra48_imma`). They act on 1-D tensors

@@ -55,6 +55,8 @@ from leechq.kernels.triton._bits import (
     reserve_smem,
     shfl_xor,
     smem_base,
+    smem_load32_at,
+    smem_load128_at,
     smem_store32,
     table_load32,
     table_load128,
@@ -379,35 +381,6 @@ def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr,
     mp = 2 - 4 * p
     kp = 0x72727272 + p * 0x1D1D1D1D
     return h1, h2, h3, mp, kp, (v20 >> 27) & 1
-
-
-@triton.jit
-def smem_load32_at(tab_ptr, addr, USE_ASM: tl.constexpr):
-    """The table word at shared-space byte address ``addr`` (GPU), or at word ``addr // 4`` of
-    ``tab_ptr`` (interpreter, where the staged base is 0): uint32."""
-    if USE_ASM:
-        out = tl.inline_asm_elementwise(
-            "ld.shared.u32 $0, [$1];", "=r,r", [addr], dtype=tl.uint32, is_pure=False, pack=1)
-    else:
-        out = tl.load(tab_ptr + (addr >> 2)).to(tl.uint32)
-    return out
-
-
-@triton.jit
-def smem_load128_at(tab_ptr, addr, USE_ASM: tl.constexpr):
-    """Four table words from shared-space byte address ``addr`` (16-byte aligned; interpreter:
-    words ``addr // 4 …+3`` of ``tab_ptr``): 4 × uint32."""
-    if USE_ASM:
-        a, b, c, d = tl.inline_asm_elementwise(
-            "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
-            dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=False, pack=1)
-    else:
-        w = addr >> 2
-        a = tl.load(tab_ptr + w).to(tl.uint32)
-        b = tl.load(tab_ptr + w + 1).to(tl.uint32)
-        c = tl.load(tab_ptr + w + 2).to(tl.uint32)
-        d = tl.load(tab_ptr + w + 3).to(tl.uint32)
-    return a, b, c, d
 
 
 @triton.jit
