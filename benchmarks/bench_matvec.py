@@ -134,7 +134,7 @@ def _config_of(config):
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
                   fused: bool, config, null: bool = False, noprep: bool = False,
                   rotate: bool = False, limbs: bool = False, noprep_limbs: bool = False,
-                  korder: bool = False) -> Pass:
+                  korder: bool = False, t64: bool = False) -> Pass:
     """Lattice (or null-control) pass. ``noprep``: the activations arrive already prepared (as the
     rotation kernel writes them in a served model), so the pass is the matvec launches only.
     ``rotate``: the served pass — each input group is rotated straight into the prepared layout
@@ -147,7 +147,9 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     records (``reference.m1_limb_records``) where a one-group rotation would write them (arm
     ``tetra48-m1-fused-noprep-limbs``).
     ``korder``: the Tetra words in kernel order (``formats.layouts.tetra48_korder``; the ``m1``
-    launches decode them with ``CODE = TETRA_K``; arms ``*-korder``)."""
+    launches decode them with ``CODE = TETRA_K``; arms ``*-korder``).
+    ``t64``: the Tetra records in the ``tetra64`` layout (``formats.layouts.tetra64``: table
+    addresses and shells; ``CODE = TETRA_64``; arms ``*-t64``)."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -160,6 +162,10 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
         from leechq.formats.layouts.tetra48_korder import to_kernel_order
 
         layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
+    if t64:
+        from leechq.formats.layouts.tetra64 import to_tetra64
+
+        layers = [{k: to_tetra64(w) for k, w in lw.items()} for lw in layers]
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     order = tetra_kernel_tables(device).order if base == "tetra48" else natural_order(device)
     first = layers[0]
@@ -235,7 +241,7 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     launches = model.layers * (len(first) + (0 if noprep else 4))
     name = (("null" if null else base) + ("-fused" if fused else "")
             + ("-noprep" if noprep else "") + ("-limbs" if pre_lbs is not None else "")
-            + ("-korder" if korder else ""))
+            + ("-korder" if korder else "") + ("-t64" if t64 else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -620,7 +626,7 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
                                + groups * (1 if noprep else 2))
     name = (layout + "-imma" + (f"-rps{rows_per_step}" if rows_per_step != 2 else "")
             + ("-ksum" if fused_sum else "") + "-fused" + ("-noprep" if noprep else "")
-            + ("-korder" if korder else ""))
+            + ("-korder" if korder else "") + ("-t64" if t64 else ""))
     p = Pass(name, batch, run, nbytes, launches)
 
     def check() -> float:
@@ -743,6 +749,9 @@ def sass_report(configs: dict) -> dict:
         jobs["tetra48-m1-korder/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
             ILP=c1.ilp, MB=1, A16=a16, CODE=2), 2 * c1.ilp, c1.num_warps)  # kernel order
+        jobs["tetra48-m1-t64/M1"] = (m1_kernel, I.M1_SIGNATURE, dict(
+            N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True,
+            ILP=c1.ilp, MB=1, A16=True, CODE=3), 2 * c1.ilp, c1.num_warps)  # tetra64
         jobs["null-m1/M1"] = (null_m1_kernel, m1, dict(
             N_BLOCKS=170, TAIL_COLS=16, ROWS=c1.rows, NW=c1.num_warps, BP=c1.bp, USE_ASM=True),
             2, c1.num_warps)
@@ -1061,6 +1070,10 @@ def main() -> None:
                     m, "tetra48", b, args.sets, device, 4, True, c, noprep=True, korder=True),
                 "served-korder": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, korder=True),
+                "tetra48-m1-fused-noprep-t64": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, noprep=True, t64=True),
+                "served-t64": lambda m=model, b=batch, c=m1: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, t64=True),
                 "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
@@ -1241,7 +1254,8 @@ def dry_run() -> None:
     p.check()
     m1 = MatvecConfig(rows=8, bp=8, num_warps=1, kernel="m1", ctas_per_sm=1)
     for kw in ({}, {"noprep": True}, {"rotate": True}, {"noprep": True, "korder": True},
-               {"rotate": True, "korder": True}):
+               {"rotate": True, "korder": True}, {"noprep": True, "t64": True},
+               {"rotate": True, "t64": True}):
         p = build_lattice(tiny, "tetra48", 1, 1, "cpu", 0, True, m1, **kw)
         p.run(0)
         print("tetra48-m1", kw, "err", p.check())

@@ -30,8 +30,18 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--rows", type=int, default=1,
                     help="activation rows: 1 the m1 kernel, 2..8 the int8 tensor-core kernel")
+    ap.add_argument("--layout", choices=("standard", "korder", "t64"), default="standard",
+                    help="the Tetra words' layout (formats.layouts.tetra48_korder / tetra64)")
     args = ap.parse_args()
     w = random_tetra48(args.d_out, args.d_in, seed=1, device="cuda")
+    if args.layout == "korder":
+        from leechq.formats.layouts.tetra48_korder import to_kernel_order
+
+        w = to_kernel_order(w)
+    elif args.layout == "t64":
+        from leechq.formats.layouts.tetra64 import to_tetra64
+
+        w = to_tetra64(w)
     x = torch.randn(args.rows, args.d_in, device="cuda")
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cuda").order)
     if args.rows == 1:

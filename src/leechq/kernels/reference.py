@@ -247,8 +247,13 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
-    words in either order, ``w.korder``)."""
+    words in any of the Tetra layouts: standard, kernel order ``w.korder``, ``w.t64``)."""
     nb = w.n_blocks
+    if w.t64:
+        from leechq.formats.layouts.tetra64 import canonical_blocks
+
+        word = canonical_blocks(w)
+        return word & ((1 << 47) - 1), word >> 47
     if w.korder:
         from leechq.formats.layouts.tetra48_korder import korder_blocks, standard_order_blocks
 

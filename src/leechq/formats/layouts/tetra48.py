@@ -46,6 +46,11 @@ def korder_stride(n_blocks: int) -> int:
     return -(-3 * -(-n_blocks // 2) // 2) * 2
 
 
+def t64_stride(n_blocks: int) -> int:
+    """u32 words per row in the ``tetra64`` layout (:mod:`.tetra64`): four per block pair."""
+    return 4 * -(-n_blocks // 2)
+
+
 @dataclass(frozen=True)
 class Tetra48Weight:
     """A Tetra-coded matrix in the served ``tetra48`` layout.
@@ -63,6 +68,8 @@ class Tetra48Weight:
         rotation: the input rotation the activation must receive, or None.
         korder: the words are in kernel order (:mod:`.tetra48_korder`, rows of
             :func:`korder_stride` words), read only by the batch-1 ``m1`` kernel.
+        t64: the words are in the ``tetra64`` layout (:mod:`.tetra64`: table addresses and shells,
+            rows of :func:`t64_stride` words), read only by the batch-1 ``m1`` kernel.
     """
 
     d_out: int
@@ -76,6 +83,7 @@ class Tetra48Weight:
     n_centroids: int = 2
     rotation: RotationTables | None = None
     korder: bool = False
+    t64: bool = False
 
     @property
     def n_blocks(self) -> int:
@@ -88,6 +96,8 @@ class Tetra48Weight:
     @property
     def stride(self) -> int:
         """u32 words per row."""
+        if self.t64:
+            return t64_stride(self.n_blocks)
         return korder_stride(self.n_blocks) if self.korder else stride_u32(self.n_blocks)
 
     @property
@@ -96,6 +106,8 @@ class Tetra48Weight:
 
     def validate(self) -> None:
         """Check every tensor's shape and dtype; raise :class:`InvalidInput` naming it."""
+        if self.korder and self.t64:
+            raise InvalidInput("Tetra48Weight: korder and t64 are two different layouts")
         expect = {
             "words": ((self.d_out, self.stride), torch.int32),
             "row_scales": ((self.d_out,), torch.float32),
@@ -201,6 +213,10 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
     Raises:
         InvalidInput: the record concatenates matrices with different gain pairs.
     """
+    if w.t64:
+        from leechq.formats.layouts.tetra64 import from_tetra64
+
+        w = from_tetra64(w)
     if w.korder:
         from leechq.formats.layouts.tetra48_korder import to_standard_order
 
@@ -242,8 +258,9 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
             and p.rotation.seed != parts[0].rotation.seed
         ):
             raise InvalidInput("concat_rows: fused matrices must share one input rotation")
-        if p.korder != parts[0].korder:
-            raise InvalidInput("concat_rows: fused matrices must share one word order")
+        if p.korder != parts[0].korder or p.t64 != parts[0].t64:
+            raise InvalidInput("concat_rows: fused matrices must share one word order "
+                               "(standard, kernel order or tetra64)")
     cat = lambda name: torch.cat([getattr(p, name) for p in parts], dim=0)  # noqa: E731
     out = Tetra48Weight(
         d_out=sum(p.d_out for p in parts),
@@ -257,6 +274,7 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
         n_centroids=max(p.n_centroids for p in parts),
         rotation=parts[0].rotation,
         korder=parts[0].korder,
+        t64=parts[0].t64,
     )
     out.validate()
     return out

@@ -81,7 +81,7 @@ def _pairs(words: torch.Tensor, n_pairs: int) -> torch.Tensor:
 
 def _rows(w0: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, stride: int) -> torch.Tensor:
     """int32 [d_out, stride]: the three words of each pair back to back, zero padded."""
-    flat = torch.stack([w0, w1, w2], dim=-1).reshape(w0.shape[0], -1)
+    flat = torch.stack([w0, w1, w2], dim=-1).reshape(w0.shape[0], 3 * w0.shape[1])
     flat = torch.nn.functional.pad(flat, (0, stride - flat.shape[1]))
     return _to_int32(flat)
 
@@ -91,13 +91,13 @@ def blocks_from_words(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     t = _pairs(words, -(-n_blocks // 2))
     even = t[..., 0] | (t[..., 1] & 0xFFFF) << 32
     odd = t[..., 1] >> 16 | t[..., 2] << 16
-    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], -1)[:, :n_blocks]
+    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
 
 
 def korder_words(kblocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """Kernel-order rows (int32 [d_out, korder_stride(n_blocks)]) from kernel-order words."""
     pad = -n_blocks % 2
-    k = torch.nn.functional.pad(kblocks, (0, pad)).reshape(kblocks.shape[0], -1, 2)
+    k = torch.nn.functional.pad(kblocks, (0, pad)).reshape(kblocks.shape[0], (n_blocks + pad) // 2, 2)
     even, odd = k[..., 0], k[..., 1]
     return _rows(even & _M32, odd & _M32, even >> 32 | (odd >> 32) << 16,
                  korder_stride(n_blocks))
@@ -108,7 +108,7 @@ def korder_blocks(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     t = _pairs(words, -(-n_blocks // 2))
     even = t[..., 0] | (t[..., 2] & 0xFFFF) << 32
     odd = t[..., 1] | (t[..., 2] >> 16) << 32
-    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], -1)[:, :n_blocks]
+    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
 
 
 def to_kernel_order(w: Tetra48Weight) -> Tetra48Weight:
@@ -128,7 +128,7 @@ def to_standard_order(w: Tetra48Weight) -> Tetra48Weight:
         raise InvalidInput("to_standard_order: the words are in the standard order already")
     b = standard_order_blocks(korder_blocks(w.words, w.n_blocks))
     pad = -w.n_blocks % 2
-    b = torch.nn.functional.pad(b, (0, pad)).reshape(w.d_out, -1, 2)
+    b = torch.nn.functional.pad(b, (0, pad)).reshape(w.d_out, (w.n_blocks + pad) // 2, 2)
     even, odd = b[..., 0], b[..., 1]
     words = _rows(even & _M32, (even >> 32) | (odd & 0xFFFF) << 16, odd >> 16,
                   stride_u32(w.n_blocks))

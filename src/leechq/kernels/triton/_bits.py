@@ -177,6 +177,33 @@ def dp4a(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
     return out
 
 
+@triton.jit
+def dp4a_u(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
+    """``acc + Σ_i a_i·b_i`` over the 4 bytes of two uint32 tensors: ``a`` unsigned bytes, ``b``
+    unsigned (``B_SIGNED = False``) or signed bytes; 32-bit accumulator, wrapping (an int32 view
+    of the exact sum whenever that fits)."""
+    if USE_ASM:
+        if B_SIGNED:
+            out = tl.inline_asm_elementwise(
+                "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )
+        else:
+            out = tl.inline_asm_elementwise(
+                "dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
+                is_pure=True, pack=1,
+            )
+    else:
+        out = acc.to(tl.int32)
+        for i in tl.static_range(4):
+            ai = ((a >> (8 * i)) & 0xFF).to(tl.int32)
+            bi = ((b >> (8 * i)) & 0xFF).to(tl.int32)
+            if B_SIGNED:
+                bi = tl.where(bi >= 128, bi - 256, bi)
+            out = out + ai * bi
+    return out
+
+
 # Shared-memory tables (layouts-kernels-recipe.md §3.1: the decoder tables belong in on-chip memory,
 # not in L1 gathers). Triton has no shared-memory API, so the kernels that use these helpers reserve
 # the space with a never-taken gather (``reserve_smem``: Triton then sizes its dynamic shared memory
@@ -391,6 +418,21 @@ def global_load128_all(ptr, USE_ASM: tl.constexpr):
         c = tl.load(ptr + 2).to(tl.int32, bitcast=True)
         d = tl.load(ptr + 3).to(tl.int32, bitcast=True)
     return a, b, c, d
+
+
+@triton.jit
+def global_load64f_all(ptr, USE_ASM: tl.constexpr):
+    """``ptr[0], ptr[1]`` (float32, ``ptr`` 8-byte aligned, always valid): one
+    ``ld.global.nc.v2`` per element."""
+    if USE_ASM:
+        a, b = tl.inline_asm_elementwise(
+            "ld.global.nc.v2.f32 {$0, $1}, [$2];", "=r,=r,l", [ptr],
+            dtype=(tl.float32, tl.float32), is_pure=False, pack=1,
+        )
+    else:
+        a = tl.load(ptr)
+        b = tl.load(ptr + 1)
+    return a, b
 
 
 @triton.jit

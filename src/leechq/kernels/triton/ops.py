@@ -58,7 +58,14 @@ from leechq.kernels.triton.tetra48_imma import (
     imma_fused_kernel,
     imma_kernel,
 )
-from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, TETRA_K, m1_kernel, null_m1_kernel
+from leechq.kernels.triton.tetra48_m1 import (
+    PLANES14,
+    TETRA,
+    TETRA_64,
+    TETRA_K,
+    m1_kernel,
+    null_m1_kernel,
+)
 from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
 if TYPE_CHECKING:
@@ -454,6 +461,19 @@ def _check_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> b
     return _m1_first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases, limbs)
 
 
+def _check_m1_t64(device: torch.device, cfg: MatvecConfig) -> bool:
+    """:func:`_check_m1` on a record in the ``tetra64`` layout (``CODE = TETRA_64``)."""
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.formats.layouts.tetra64 import to_tetra64
+
+    cases = _m1_check_cases(device, cfg, lambda *a, **k: to_tetra64(random_tetra48(*a, **k)),
+                            ref.tetra48_dequantize_rotated,
+                            lambda d: tetra_kernel_tables(d).order,
+                            lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m))
+    return _m1_first_use_check("batch-1 Tetra kernel on tetra64 records (m1)", device, cfg,
+                               cases, False)
+
+
 def _m1_first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
                         limbs: bool) -> bool:
     """:func:`_first_use_check` of an ``m1`` kernel, or (``limbs``) of its form that loads limb
@@ -808,12 +828,17 @@ def _check_limbs(limbs: torch.Tensor, m_rows: int, n_blocks: int, device: torch.
 
 
 def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str,
-                   korder_ok: bool = False) -> None:
+                   korder_ok: bool = False, t64_ok: bool = False) -> None:
     if getattr(w, "korder", False) and not korder_ok:
         raise InvalidInput(
             "this Tetra48Weight has its words in kernel order, which only the m1 and int8 "
             "kernels read (tetra48_matvec_prepared); convert it back with "
             "formats.layouts.tetra48_korder.to_standard_order")
+    if getattr(w, "t64", False) and not t64_ok:
+        raise InvalidInput(
+            "this Tetra48Weight is in the tetra64 layout, which only the m1 kernel reads "
+            "(tetra48_matvec_prepared); convert it back with "
+            "formats.layouts.tetra64.from_tetra64")
     dev = words.device
     check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
     check_tensor(w.row_scales, "row_scales", torch.float32, (w.d_out,), device=dev)
@@ -846,14 +871,23 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     (:func:`m1_limbs`, written by the rotation), which the ``m1`` launches then load instead of
     converting the prepared rows (used only on that path). Words in kernel order
     (``w.korder``, ``formats.layouts.tetra48_korder``) take the ``m1`` plan or the int8 kernel
-    (``CODE = TETRA_K``); the tiled kernel raises :class:`UnsupportedShape` on them."""
-    _check_lattice(w, w.words, "words", korder_ok=True)
-    if config is None and imma_default(w, m_rows):
+    (``CODE = TETRA_K``); the tiled kernel raises :class:`UnsupportedShape` on them. The
+    ``tetra64`` layout (``w.t64``, ``formats.layouts.tetra64``) takes the ``m1`` plan for every
+    row count (``CODE = TETRA_64``; 16-bit activations only, no limb records)."""
+    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
+    if w.t64:
+        if not act16():
+            raise UnsupportedShape("the tetra64 layout is decoded with 16-bit activations only "
+                                   "(LEECHQ_A16=0 is set); serve it with LEECHQ_A16=1 or pack "
+                                   "the standard layout")
+        limbs = None
+    if config is None and imma_default(w, m_rows) and not w.t64:
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    plan = _m1_groups(w, m_rows, xp.device, config)
+    plan = _m1_groups(w, m_rows, xp.device, config, _check_m1_t64 if w.t64 else None,
+                      many_rows=w.t64)
     if plan is not None:
         first = 0
         if limbs is not None:
@@ -865,10 +899,11 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                        limbs=None if limbs is None else limbs[first:])
             first += rows
         return y
-    if w.korder:
+    if w.korder or w.t64:
         raise UnsupportedShape(
-            f"kernel-order words are read only by the m1 and int8 kernels, neither of which "
-            f"takes {m_rows} rows of this matrix here (config {config}); use the standard order")
+            f"{'kernel-order words are' if w.korder else 'the tetra64 layout is'} read only by "
+            f"the m1 and int8 kernels, none of which takes {m_rows} rows of this matrix here "
+            f"(config {config}); use the standard order")
     cfg = _tile_config(config or default_config(m_rows), m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -880,17 +915,18 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
 
 
 def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device,
-               config: MatvecConfig | None, check: Callable | None = None
-               ) -> list[tuple[int, MatvecConfig]] | None:
+               config: MatvecConfig | None, check: Callable | None = None,
+               many_rows: bool = False) -> list[tuple[int, MatvecConfig]] | None:
     """The ``(rows, configuration)`` launch groups of an ``m1`` kernel for ``m_rows`` activation
     rows, or None when the tiled kernel serves them. With no ``config``: the row groups of
     :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18
     ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8) — one row anywhere, several only on
     a GPU (:func:`_many_row_m1_default`); an ``m1`` ``config`` serves all rows (several need its
     ``mb`` > 1). Every group must fit the kernel and pass :func:`m1_enabled` with ``check`` (the
-    kernel's first-use check; default: Tetra's)."""
+    kernel's first-use check; default: Tetra's). ``many_rows``: several rows take the ``m1``
+    row groups under the interpreter too (a layout only ``m1`` reads)."""
     if config is None:
-        if m_rows > 1 and not _many_row_m1_default():
+        if m_rows > 1 and not (many_rows or _many_row_m1_default()):
             return None
         plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows)
     else:
@@ -944,7 +980,8 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         consts = {"CODE": PLANES14.value, **consts}
     else:  # the Tetra kernel, or its control (which reads no weight words)
         data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
-        code = TETRA_K.value if getattr(w, "korder", False) else TETRA.value
+        code = (TETRA_64.value if getattr(w, "t64", False)
+                else TETRA_K.value if getattr(w, "korder", False) else TETRA.value)
         consts = {"CODE": code, "SEL_TABLE": True, **consts} if lattice else consts
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl

@@ -51,6 +51,9 @@ from leechq.kernels.triton._bits import (
     and_or,
     await_previous_grid,
     dp4a,
+    dp4a_u,
+    global_load64f_all,
+    global_load128_all,
     prmt,
     reserve_smem,
     shfl_xor,
@@ -134,12 +137,10 @@ def block_scale(mx):
 
 
 @triton.jit
-def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
-             A16: tl.constexpr = False):
-    """One block per lane of the prepared activation (parity PAR): the exponent ``E`` (float32)
-    and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them.
-    ``A16``: each coordinate rounded to a multiple of 256 (16 significant bits, :data:`A16_STEP`;
-    ``reference.round_activation``), so every limb-0 word is zero and the consumers skip it."""
+def _block_q(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False):
+    """One block per lane of the prepared activation (parity PAR): its exponent ``E`` (float32)
+    and its 24 rounded integers ``q`` (trio order): ``x̃ = rint(x / E)`` (``|x̃| < 2^22``), with
+    ``A16`` the 16-bit ``rint(x̃ / 256)`` (:data:`A16_STEP`, ``reference.round_activation``)."""
     base = xb + PAR * 24 * NPP
     x0 = tl.load(base + 0 * NPP)
     x1 = tl.load(base + 1 * NPP)
@@ -175,30 +176,22 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
     s, e_blk = block_scale(mx)
     if A16:
         s = s * A16_INV  # x̃ / 256, rounded; its bytes become limbs 1 and 2
-    q0 = _rint(x0, s)
-    q1 = _rint(x1, s)
-    q2 = _rint(x2, s)
-    q3 = _rint(x3, s)
-    q4 = _rint(x4, s)
-    q5 = _rint(x5, s)
-    q6 = _rint(x6, s)
-    q7 = _rint(x7, s)
-    q8 = _rint(x8, s)
-    q9 = _rint(x9, s)
-    q10 = _rint(x10, s)
-    q11 = _rint(x11, s)
-    q12 = _rint(x12, s)
-    q13 = _rint(x13, s)
-    q14 = _rint(x14, s)
-    q15 = _rint(x15, s)
-    q16 = _rint(x16, s)
-    q17 = _rint(x17, s)
-    q18 = _rint(x18, s)
-    q19 = _rint(x19, s)
-    q20 = _rint(x20, s)
-    q21 = _rint(x21, s)
-    q22 = _rint(x22, s)
-    q23 = _rint(x23, s)
+    return (e_blk, _rint(x0, s), _rint(x1, s), _rint(x2, s), _rint(x3, s), _rint(x4, s),
+            _rint(x5, s), _rint(x6, s), _rint(x7, s), _rint(x8, s), _rint(x9, s), _rint(x10, s),
+            _rint(x11, s), _rint(x12, s), _rint(x13, s), _rint(x14, s), _rint(x15, s),
+            _rint(x16, s), _rint(x17, s), _rint(x18, s), _rint(x19, s), _rint(x20, s),
+            _rint(x21, s), _rint(x22, s), _rint(x23, s))
+
+
+@triton.jit
+def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
+             A16: tl.constexpr = False):
+    """One block per lane of the prepared activation (parity PAR): the exponent ``E`` (float32)
+    and the 18 limb words ``L[limb][section][half]`` in the order the decoder consumes them.
+    ``A16``: each coordinate rounded to a multiple of 256 (16 significant bits, :data:`A16_STEP`;
+    ``reference.round_activation``), so every limb-0 word is zero and the consumers skip it."""
+    (e_blk, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16, q17, q18,
+     q19, q20, q21, q22, q23) = _block_q(xb, NPP, PAR, A16)
     # half 0 of section k holds coordinates 8k + 0, 2, 4, 6 (the even nibbles), half 1 the odd ones
     a00, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM, A16)
     a01, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM, A16)
@@ -207,6 +200,28 @@ def _x_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
     a20, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM, A16)
     a21, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM, A16)
     return (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
+            c00, c01, c10, c11, c20, c21)
+
+
+@triton.jit
+def _x_limbs64(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
+    """What the ``tetra64`` decode (:func:`_pair_dot64`) needs of one block per lane of the
+    prepared activation (parity PAR), always with 16-bit activations: ``F = 8·E`` (float32),
+    ``−112·S`` and ``−120·S`` (int32; ``S = Σ q``, the block's integer sum: the offsets of
+    ``8·⟨y, q⟩`` for ``p = 0`` and ``p = 1``), then the 12 limb words ``L[limb 1, 2][section]
+    [half]`` of :func:`_x_limbs` (limb 1 unsigned bytes, limb 2 signed)."""
+    (e_blk, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16, q17, q18,
+     q19, q20, q21, q22, q23) = _block_q(xb, NPP, PAR, True)
+    _a, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM, True)
+    _a, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM, True)
+    _a, b10, c10 = _limbs_of_quad(q8, q10, q12, q14, USE_ASM, True)
+    _a, b11, c11 = _limbs_of_quad(q9, q11, q13, q15, USE_ASM, True)
+    _a, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM, True)
+    _a, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM, True)
+    s = (((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+         + (((q8 + q9) + (q10 + q11)) + ((q12 + q13) + (q14 + q15)))
+         + (((q16 + q17) + (q18 + q19)) + ((q20 + q21) + (q22 + q23))))
+    return (e_blk * 8.0, s * -112, s * -120, b00, b01, b10, b11, b20, b21,
             c00, c01, c10, c11, c20, c21)
 
 
@@ -411,6 +426,85 @@ def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
+    """``8·⟨y, q⟩`` (int32) of one activation row's block per element for the ``tetra64``
+    decode: ``he``/``ho`` the block's even / odd nibbles of each section (bytes ``h`` and
+    ``16·h``), ``p`` its parity (bool), ``x`` the row's :func:`_x_limbs64`. Every coordinate is
+    ``2h − 14 − p``, so ``8·⟨y, q⟩ = 16·Σ h·q − (112 + 8p)·S``: four ``dp4a`` chains (limb 1 / 2
+    × even / odd nibbles) of three sections, the offset as the first chain's start (no wrap:
+    ``|16·Σ h·q| ≤ 16·15·24·2^14 < 2^27``)."""
+    (_f, nk0, nk1, b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21) = x
+    z = tl.zeros(he1.shape, tl.int32)
+    e1 = dp4a_u(he3, b20, dp4a_u(he2, b10, dp4a_u(he1, b00, z, False, USE_ASM), False, USE_ASM),
+                False, USE_ASM)
+    o1 = dp4a_u(ho3, b21, dp4a_u(ho2, b11, dp4a_u(ho1, b01, tl.where(p, nk1, nk0), False,
+                                                  USE_ASM), False, USE_ASM), False, USE_ASM)
+    e2 = dp4a_u(he3, c20, dp4a_u(he2, c10, dp4a_u(he1, c00, z, True, USE_ASM), True, USE_ASM),
+                True, USE_ASM)
+    o2 = dp4a_u(ho3, c21, dp4a_u(ho2, c11, dp4a_u(ho1, c01, z, True, USE_ASM), True, USE_ASM),
+                True, USE_ASM)
+    return ((e2 * 16 + o2) << 8) + (e1 * 16 + o1)
+
+
+@triton.jit
+def _block_dot64(a1, a2, a3, apa, apb, m, g, p, cent0, cent1, tab_ptr, x0, x1, x2, x3,
+                 MB: tl.constexpr, USE_ASM: tl.constexpr):
+    """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one ``tetra64`` block per element for the first ``MB``
+    activation rows: ``a1..a3`` the shared-memory byte addresses of its three rank rows, ``apa``
+    / ``apb`` of its two pattern entries (copy included), ``m`` its shell (float32 ≥ 1), ``g`` /
+    ``p`` its gain bit and parity (bool). ``h = f ^ PA ^ PB`` per section, split into even and
+    odd nibbles by one mask each; ``1/‖y‖ = rsqrt(m) / 4`` (the 4 folded into ``F``)."""
+    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
+    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
+    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
+    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
+    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
+    he1 = h1 & 0x0F0F0F0F
+    ho1 = h1 & 0xF0F0F0F0
+    he2 = h2 & 0x0F0F0F0F
+    ho2 = h2 & 0xF0F0F0F0
+    he3 = h3 & 0x0F0F0F0F
+    ho3 = h3 & 0xF0F0F0F0
+    scale = tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
+    d0 = _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    if MB >= 2:
+        d1 = (_row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x1, USE_ASM).to(tl.float32)
+              * (scale * x1[0]))
+    if MB >= 4:
+        d2 = (_row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x2, USE_ASM).to(tl.float32)
+              * (scale * x2[0]))
+        d3 = (_row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x3, USE_ASM).to(tl.float32)
+              * (scale * x3[0]))
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
+    ``formats.layouts.tetra64``): each table address is one mask or one shift of a word (the
+    lane's pattern-copy byte offset ``sbr`` merged in), the shells are the words' top five bits."""
+    (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
+    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
+    m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
+    pa = base + PA_WORD * 4
+    pb = base + PB_WORD * 4
+    e0, e1, e2, e3 = _block_dot64(
+        base + (w0 & m12), base + (w1 & m12), base + (w2 & m12), pa + and_or(w3, m7, sbr, USE_ASM),
+        pb + and_or(w3 << 7, m7, sbr, USE_ASM), (w0 >> 27).to(tl.float32), (w0 & 1) != 0,
+        (w0 & 0x4000000) != 0, cent0, cent1, tab_ptr, xe0, xe1, xe2, xe3, MB, USE_ASM)
+    o0, o1, o2, o3 = _block_dot64(
+        base + ((w0 >> 12) & m12), base + ((w1 >> 12) & m12), base + ((w2 >> 12) & m12),
+        pa + ((w3 >> 19) | sbr), pb + and_or(w2 >> 19, m7, sbr, USE_ASM),
+        (w1 >> 27).to(tl.float32), (w0 & 2) != 0, (w1 & 1) != 0, cent0, cent1, tab_ptr, xo0, xo1,
+        xo2, xo3, MB, USE_ASM)
+    return e0 + o0, e1 + o1, e2 + o2, e3 + o3
+
+
+@triton.jit
 def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.constexpr = False):
     """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
     a multiple of 16 below 512; 0 → 0); ``sb_rep`` and ``COMPACT`` as in :func:`decode_nibbles`."""
@@ -475,10 +569,13 @@ def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.conste
 
 @triton.jit
 def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, LIMBS: tl.constexpr,
-                 USE_ASM: tl.constexpr, A16: tl.constexpr = False):
+                 USE_ASM: tl.constexpr, A16: tl.constexpr = False, X64: tl.constexpr = False):
     """One block per lane: read from stored limb records (``LIMBS``) or converted from the
-    prepared layout (:func:`_x_limbs`; ``A16``: 16-bit activations)."""
-    if LIMBS:
+    prepared layout (:func:`_x_limbs`; ``A16``: 16-bit activations; ``X64``: what the
+    ``tetra64`` decode reads, :func:`_x_limbs64`)."""
+    if X64:
+        return _x_limbs64(xb, NPP, PAR, USE_ASM)
+    elif LIMBS:
         return _x_limbs_stored(xb, NPP, PAR, A16)
     else:
         return _x_limbs(xb, NPP, PAR, USE_ASM, A16)
@@ -486,13 +583,13 @@ def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, LIMBS: tl.constexpr,
 
 @triton.jit
 def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr,
-               LIMBS: tl.constexpr = False, A16: tl.constexpr = False):
+               LIMBS: tl.constexpr = False, A16: tl.constexpr = False, X64: tl.constexpr = False):
     """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` activation rows (``xr``:
     row 0's pointers per lane, rows ``stride_x`` apart; prepared rows, or with ``LIMBS`` stored
     limb records), as one tuple ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat
-    row 0 (never used)."""
-    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM, A16)
-    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM, A16)
+    row 0 (never used); ``X64``: :func:`_x_limbs64` tuples."""
+    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM, A16, X64)
+    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM, A16, X64)
     xe1 = xe0
     xo1 = xo0
     xe2 = xe0
@@ -500,13 +597,13 @@ def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.co
     xe3 = xe0
     xo3 = xo0
     if MB >= 2:
-        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM, A16)
-        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM, A16)
+        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
+        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
     if MB >= 4:
-        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM, A16)
-        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM, A16)
-        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM, A16)
-        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM, A16)
+        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
+        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
+        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
+        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
     return xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3
 
 
@@ -535,6 +632,10 @@ PLANES14 = tl.constexpr(1)
 TETRA_K = tl.constexpr(2)
 """``m1_kernel``'s ``CODE`` for a ``tetra48`` matrix in kernel order
 (``formats.layouts.tetra48_korder``: the same decode with cheaper table addresses)."""
+TETRA_64 = tl.constexpr(3)
+"""``m1_kernel``'s ``CODE`` for a Tetra matrix in the ``tetra64`` layout
+(``formats.layouts.tetra64``: 4 words per block pair holding the table addresses and shells;
+:func:`_pair_dot64`; 16-bit activations only)."""
 
 
 @triton.jit
@@ -574,6 +675,10 @@ def m1_kernel(
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2  # tetra48.stride_u32
     elif CODE == 2:
         STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
+    elif CODE == 3:
+        STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
+        tl.static_assert(A16, "the tetra64 decode needs 16-bit activations (A16)")
+        tl.static_assert(not LIMBS, "the tetra64 decode converts the prepared rows itself")
     else:
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
@@ -582,7 +687,7 @@ def m1_kernel(
     else:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     sb_rep = sb_copy(e)
-    if CODE == 2:  # kernel order: the copy as a byte offset
+    if CODE >= 2:  # kernel order, tetra64: the copy as a byte offset
         sb_rep = sb_rep * 4
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
@@ -592,27 +697,32 @@ def m1_kernel(
     part = part_ptr + sl * MB * d_out
     if CODE == 2:  # kernel order: rows hold all three words of the last pair (zeros for an
         ok_o = ok_e  # absent odd block), and the even block's bits are in w0 and w2
-    w, ca, cb = _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W, CODE)
+    if CODE == 3:  # tetra64: lanes past the row's pairs read its last pair (their activation is
+        pair = tl.minimum(pair, NP - 1)  # the zero padding), so no load needs a mask
+    w, ca, cb = _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
+                            USE_ASM)
     if ILP == 2:
         v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
-                                CODE)
+                                CODE, USE_ASM)
     # the table and the first words (read-only) are in flight before the activation is ready
     await_previous_grid(PDL)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
     if LIMBS:
-        xs = _row_limbs(xl_ptr + pair, stride_l, NPP, MB, USE_ASM, True, A16)
+        xs = _row_limbs(xl_ptr + sl * BP + lane, stride_l, NPP, MB, USE_ASM, True, A16)
     else:
-        xs = _row_limbs(xp_ptr + pair, stride_x, NPP, MB, USE_ASM, False, A16)
+        xs = _row_limbs(xp_ptr + sl * BP + lane, stride_x, NPP, MB, USE_ASM, False, A16,
+                        CODE == 3)
     for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
         nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + ILP * RI, rows + ILP * RI)
         nrow = tl.where(k + 1 < n_iter, nxt, d_out)
-        n, na, nb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE)
+        n, na, nb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
+                                USE_ASM)
         if ILP == 2:
             m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
-                                    STRIDE_W, CODE)
+                                    STRIDE_W, CODE, USE_ASM)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
                                     USE_ASM, A16)
         if ILP == 2:
@@ -633,10 +743,17 @@ def m1_kernel(
 
 @triton.jit
 def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr,
-                CODE: tl.constexpr):
-    """The words of each element's block (record) pair as a tuple — 3 for Tetra, 7 for
-    Planes14 — and its row's centroid pair (zeros past ``d_out``)."""
-    if CODE != 1:
+                CODE: tl.constexpr, USE_ASM: tl.constexpr = False):
+    """The words of each element's block (record) pair as a tuple — 3 for Tetra, 4 for
+    ``tetra64``, 7 for Planes14 — and its row's centroid pair (zeros past ``d_out``; ``tetra64``:
+    rows past ``d_out`` read row 0, whose sums are never stored, and no load is masked)."""
+    if CODE == 3:
+        rc = tl.where(rows < d_out, rows, 0)
+        w0, w1, w2, w3 = global_load128_all(w_ptr + rc * STRIDE_W + 4 * pair, USE_ASM)
+        ca, cb = global_load64f_all(cent_ptr + rc * 2, USE_ASM)
+        words = (w0.to(tl.uint32, bitcast=True), w1.to(tl.uint32, bitcast=True),
+                 w2.to(tl.uint32, bitcast=True), w3.to(tl.uint32, bitcast=True))
+    elif CODE != 1:
         w0, w1, w2, ca, cb = _load_row(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W)
         words = (w0, w1, w2)
     else:
@@ -649,7 +766,11 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
-    if CODE != 1:
+    if CODE == 3:
+        w0, w1, w2, w3 = words
+        d0, d1, d2, d3 = _pair_dot64(w0, w1, w2, w3, ca, cb, tab_ptr, base, sb_rep, xs, MB,
+                                     USE_ASM)
+    elif CODE != 1:
         w0, w1, w2 = words
         d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,
                                    A16, CODE == 2)
