@@ -302,10 +302,12 @@ def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
+def sweep_groups(model: Model, n_sets: int, device: str, reps: int, t64: bool = False) -> dict:
     """Time each projection group of ``model`` (36 distinct matrices of one shape, prepared input,
     batch 1, one CUDA graph of its 36 launches) under every geometry of :func:`sweep_configs`;
-    verify each on one matrix per shape first. Returns ``{group: [(ms, config dict), ...]}``."""
+    verify each on one matrix per shape first (against the f64 product with the activation the
+    kernel multiplies, ``ops.kernel_activation``). ``t64``: the records in the ``tetra64``
+    layout. Returns ``{group: [(ms, config dict), ...]}``."""
     import torch
 
     from leechq.formats.layouts.tetra48 import random_tetra48
@@ -321,6 +323,10 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
         d_out, d_in = sum(shapes[n][0] for n in grp), shapes[grp[0]][1]
         ws = [random_tetra48(d_out, d_in, seed=1000 * gi + i, device=device)
               for i in range(model.layers)]
+        if t64:
+            from leechq.formats.layouts.tetra64 import to_tetra64
+
+            ws = [to_tetra64(w) for w in ws]
         xs = [ops.prepare_activation(torch.randn(1, d_in, device=device), ws[0].n_blocks, order)
               for _ in range(n_sets)]
         y = torch.empty(1, d_out, device=device)
@@ -331,7 +337,7 @@ def sweep_groups(model: Model, n_sets: int, device: str, reps: int) -> dict:
         for cfg in sweep_configs(d_out, d_in, _sms()):
             try:
                 got = ops.tetra48_matvec_prepared(xp0, ws[0], 1, cfg)
-                err = ref.row_bound_error(got, x0, dense)
+                err = ref.row_bound_error(got, ops.kernel_activation(x0, ws[0].n_blocks), dense)
                 if not err <= 1e-5:
                     raise AssertionError(f"error {err:.2e}")
 
@@ -817,8 +823,10 @@ def git_rev() -> str:
 
 
 def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, sweep: bool,
-                 workers: int, arms: str = "tetra48,planes14,null,int4,rotation") -> float:
-    """Compile every kernel specialization in parallel processes (fills Triton's disk cache)."""
+                 workers: int, arms: str = "tetra48,planes14,null,int4,rotation",
+                 sweep_t64: bool = False) -> float:
+    """Compile every kernel specialization in parallel processes (fills Triton's disk cache;
+    ``sweep_t64``: the sweep's geometries on tetra64 records)."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -846,7 +854,7 @@ def warm_compile(models: list[str], batches: tuple[int, ...], configs: dict, swe
             for grp in m.groups():
                 d_out, d_in = sum(shapes[n][0] for n in grp), shapes[grp[0]][1]
                 for cfg in sweep_configs(d_out, d_in, sms):
-                    jobs.append(("tetra48", d_in, 1, cfg))
+                    jobs.append(("tetra48-t64" if sweep_t64 else "tetra48", d_in, 1, cfg))
     jobs = list(dict.fromkeys(jobs))
     t0 = time.time()
     ctx = mp.get_context("spawn")
@@ -899,6 +907,10 @@ def _warm_job(job) -> None:
             ops.tetra48_matvec_prepared(xp, w, rows, c)
     else:
         w = random_tetra48(64, d_in, device=dev)
+        if kind == "tetra48-t64":
+            from leechq.formats.layouts.tetra64 import to_tetra64
+
+            w = to_tetra64(w)
         xp = ops.prepare_activation(x, w.n_blocks, tetra_kernel_tables(dev).order)
         if kind == "null":
             ops.null_matvec_prepared(xp, w, batch, cfg)
@@ -957,6 +969,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true",
                     help="time the batch-1 Tetra geometries per projection group of qwen3-8b first "
                          "and use the best per shape")
+    ap.add_argument("--sweep-t64", action="store_true",
+                    help="with --sweep: time the geometries on tetra64 records")
     ap.add_argument("--warm-workers", type=int, default=12)
     ap.add_argument("--no-sass", action="store_true")
     ap.add_argument("--warm-only", action="store_true", help="compile every specialization, exit")
@@ -985,7 +999,7 @@ def main() -> None:
     print(f"# {gpu}, torch {torch.__version__}, triton {__import__('triton').__version__}",
           flush=True)
     t_warm = warm_compile(models, batches, {**configs, "tile1": tile1}, sweep, args.warm_workers,
-                          args.arms)
+                          args.arms, args.sweep_t64)
     print(f"# parallel compile: {t_warm:.1f} s", flush=True)
     if args.warm_only:
         return
@@ -995,7 +1009,8 @@ def main() -> None:
     best_by_shape: dict = {}
     sweep_table: dict = {}
     if sweep:
-        sweep_table = sweep_groups(MODELS["qwen3-8b"], args.sets, device, args.reps)
+        sweep_table = sweep_groups(MODELS["qwen3-8b"], args.sets, device, args.reps,
+                                   args.sweep_t64)
         for key, entry in sweep_table.items():
             if entry["rows"]:
                 best_by_shape[tuple(entry["shape"])] = MatvecConfig(**entry["rows"][0][1])

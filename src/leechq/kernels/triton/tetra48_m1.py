@@ -746,10 +746,11 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
                 CODE: tl.constexpr, USE_ASM: tl.constexpr = False):
     """The words of each element's block (record) pair as a tuple — 3 for Tetra, 4 for
     ``tetra64``, 7 for Planes14 — and its row's centroid pair (zeros past ``d_out``; ``tetra64``:
-    rows past ``d_out`` read row 0, whose sums are never stored, and no load is masked)."""
+    rows past ``d_out`` read the last row, whose sums are not stored for them, and no load is
+    masked)."""
     if CODE == 3:
-        rc = tl.where(rows < d_out, rows, 0)
-        w0, w1, w2, w3 = global_load128_all(w_ptr + rc * STRIDE_W + 4 * pair, USE_ASM)
+        rc = tl.minimum(rows, d_out - 1).to(tl.int64)
+        w0, w1, w2, w3 = global_load128_all((w_ptr + 4 * pair) + rc * STRIDE_W, USE_ASM)
         ca, cb = global_load64f_all(cent_ptr + rc * 2, USE_ASM)
         words = (w0.to(tl.uint32, bitcast=True), w1.to(tl.uint32, bitcast=True),
                  w2.to(tl.uint32, bitcast=True), w3.to(tl.uint32, bitcast=True))
