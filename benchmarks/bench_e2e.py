@@ -42,6 +42,8 @@ What it does, in order:
    * ``tetra48-korder`` (opt-in form): ``tetra48`` with the words in kernel order
      (``formats.layouts.tetra48_korder``: cheaper table addresses in the ``m1``, int8 and
      dequantization decodes; GPU only);
+   * ``tetra48-std`` (diagnostic): ``tetra48`` with the words in the standard ``tetra48`` layout
+     instead of the served default ``tetra64`` (``formats.layouts.tetra64``; ``LEECHQ_T64=0``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -391,7 +393,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
-                 "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder"):
+                 "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -407,6 +409,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
                 codebook="ball" if arm.startswith("ball") else "tetra",
                 korder=arm == "tetra48-korder" and on_cuda(),
+                t64=False if arm in ("tetra48-korder", "tetra48-std") else None,
             )
         info["paths"] = execution_paths(model)
     else:
@@ -640,7 +643,7 @@ def parse() -> argparse.Namespace:
         default=None,
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
-        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,hf-fp16",
+        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,tetra48-std,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -582,14 +582,14 @@ def build_batched(model: Model, kind: str, batch: int, n_sets: int, device: str,
 
 def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
                noprep: bool = False, rows_per_step: int = 2, fused_sum: bool = False,
-               layout: str = "tetra48", korder: bool = False) -> Pass:
+               layout: str = "tetra48", korder: bool = False, t64: bool = False) -> Pass:
     """Fused Tetra groups through the int8 tensor-core kernel (ops.tetra48_matvec_imma_prepared,
     1..8 rows): per layer and group input the preparation launch (none with ``noprep``: the
     prepared layout is given, as the rotation writes it in a served model), one activation-record
     launch shared by the group's matrices, then per matrix the MMA kernel and its slice sum (in
     the MMA kernel with ``fused_sum``). ``layout``: ``tetra48`` or ``planes14`` (the Planes14
     decode, activation in ``planes14_m1_order``). ``korder``: Tetra words in kernel order
-    (``formats.layouts.tetra48_korder``)."""
+    (``formats.layouts.tetra48_korder``); ``t64``: in the ``tetra64`` layout."""
     import torch
 
     from leechq.kernels import reference as ref
@@ -601,6 +601,10 @@ def build_imma(model: Model, batch: int, n_sets: int, device: str, seed: int,
         from leechq.formats.layouts.tetra48_korder import to_kernel_order
 
         layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
+    if t64:
+        from leechq.formats.layouts.tetra64 import to_tetra64
+
+        layers = [{k: to_tetra64(w) for k, w in lw.items()} for lw in layers]
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     tetra = layout == "tetra48"
     order = tetra_kernel_tables(device).order if tetra else ops.planes14_m1_order(device)
@@ -1085,10 +1089,11 @@ def main() -> None:
                     m, "tetra48", b, args.sets, device, 4, True, c, noprep=True, korder=True),
                 "served-korder": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, korder=True),
-                "tetra48-m1-fused-noprep-t64": lambda m=model, b=batch, c=m1: build_lattice(
-                    m, "tetra48", b, args.sets, device, 4, True, c, noprep=True, t64=True),
-                "served-t64": lambda m=model, b=batch, c=m1: build_lattice(
-                    m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, t64=True),
+                # tetra64: the library's own plan (ops.m1_config(t64=True) at one row)
+                "tetra48-m1-fused-noprep-t64": lambda m=model, b=batch: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, None, noprep=True, t64=True),
+                "served-t64": lambda m=model, b=batch: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, None, rotate=True, t64=True),
                 "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
@@ -1124,6 +1129,8 @@ def main() -> None:
                 m, b, args.sets, device, 13, noprep=True, rows_per_step=4)
             builders["tetra48-imma-fused-noprep-korder"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, korder=True)
+            builders["tetra48-imma-fused-noprep-t64"] = lambda m=model, b=batch: build_imma(
+                m, b, args.sets, device, 13, noprep=True, t64=True)
             builders["tetra48-imma-ksum-fused-noprep"] = lambda m=model, b=batch: build_imma(
                 m, b, args.sets, device, 13, noprep=True, fused_sum=True)
             builders["planes14-imma-fused-noprep"] = lambda m=model, b=batch: build_imma(

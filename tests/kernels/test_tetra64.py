@@ -1,8 +1,9 @@
 """The ``m1`` kernel on the ``tetra64`` layout (``CODE = TETRA_64``, ``formats.layouts.tetra64``):
 under the interpreter bit for bit the standard-order kernel (one, two and four activation rows,
 one and two rows per loop trip, an odd block count, a tail, a row count that is not a multiple
-of the chunk) and within the f64 bound; 24-bit activations and the other Tetra paths refuse the
-layout; offline, the hot loop's instruction count; on the GPU, full shapes."""
+of the chunk) and within the f64 bound; the int8 kernel and the float16 dequantization on the
+layout, bit for bit their standard-order outputs; the refusals (24-bit activations in ``m1``,
+the tiled kernel); offline, the hot loop's instruction count; on the GPU, full shapes."""
 
 from __future__ import annotations
 
@@ -75,20 +76,50 @@ def test_default_plan_takes_several_rows(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_tetra64_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
-    """24-bit activations, the tiled kernel, the dequantization and the int8 kernel refuse the
-    layout with errors that say so."""
+    """The batch-1 kernel with a configuration refuses the layout under 24-bit activations, and
+    the tiled kernel refuses it, with errors that say so."""
     ops = _ops()
-    w, t, x, xp = _both(monkeypatch, 8, 48, 1)
+    _w, t, _x, xp = _both(monkeypatch, 8, 48, 1)
     monkeypatch.setenv("LEECHQ_A16", "0")
+    cfg = ops.m1_config(8, 2, torch.device("cpu"))
     with pytest.raises(UnsupportedShape, match="16-bit activations"):
-        ops.tetra48_matvec_prepared(xp, t, 1)
+        ops.tetra48_matvec_prepared(xp, t, 1, cfg)
     monkeypatch.setenv("LEECHQ_A16", "1")
     with pytest.raises(UnsupportedShape, match="tetra64"):
         ops.tetra48_matvec_prepared(xp, t, 1, ops.MatvecConfig(8, 4, 4, False))
     with pytest.raises(InvalidInput, match="tetra64"):
-        ops.tetra48_dequantize_f16(t)
-    with pytest.raises(InvalidInput, match="tetra64"):
-        ops.tetra48_matvec_imma_prepared(xp, t, 1)
+        ops.tetra48_matvec(torch.randn(1, 48), t, ops.MatvecConfig(8, 4, 4, False))
+
+
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "a16"), [(19, 24 * 7 + 5, 3, "1"),
+                                                              (16, 24 * 4, 1, "0")])
+def test_imma_tetra64_matches_standard(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
+                                       m_rows: int, a16: str) -> None:
+    """The int8 kernel on tetra64 records (the stored shells for ``1/‖y‖``) equals its
+    standard-order output bit for bit; with 24-bit activations and no configuration the layout
+    takes it at one row too."""
+    ops = _ops()
+    w, t, _x, xp = _both(monkeypatch, d_out, d_in, m_rows)
+    monkeypatch.setenv("LEECHQ_A16", a16)
+    want = ops.tetra48_matvec_imma_prepared(xp, w, m_rows)
+    got = torch.full((m_rows, d_out), float("nan"))
+    ops.tetra48_matvec_imma_prepared(xp, t, m_rows, out=got)
+    assert torch.equal(got, want)
+    if a16 == "0":
+        assert torch.equal(ops.tetra48_matvec_prepared(xp, t, m_rows), want)
+
+
+@interp
+@pytest.mark.parametrize("grouped", [True, False])
+def test_dequantize_tetra64(grouped: bool) -> None:
+    """The float16 copy of a tetra64 record equals the standard order's bit for bit (odd block
+    count: the padding block is not written)."""
+    ops = _ops()
+    w = random_tetra48(7, 24 * 5 + 3, seed=5)
+    cfg = replace(ops.DEQUANT_DEFAULT, grouped=grouped)
+    assert torch.equal(ops.tetra48_dequantize_f16(to_tetra64(w), config=cfg),
+                       ops.tetra48_dequantize_f16(w, config=cfg))
 
 
 _SASS = """
@@ -139,3 +170,24 @@ def test_m1_tetra64_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_i
     assert torch.equal(got, want)
     xr = ref.round_activation(x, w.n_blocks)
     assert ref.row_bound_error(got, xr, ref.tetra48_dequantize_rotated(t)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(6144, 4096, 3), (4096, 12288, 8),
+                                                       (5120, 5120, 16), (4096, 4096, 20)])
+def test_default_path_tetra64_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
+                                          m_rows: int) -> None:
+    """On the GPU with no configuration (the int8 kernel for 3..16 rows, the float16 copy
+    beyond): tetra64 records give the standard order's output bit for bit, within 1e-5 of the
+    f64 product for the integer kernels (the copy's GEMM is float16)."""
+    ops = _ops()
+    w, t, x, xp = _both(monkeypatch, d_out, d_in, m_rows, "cuda")
+    if m_rows <= ops.IMMA_ROWS:
+        want = ops.tetra48_matvec_prepared(xp, w, m_rows)
+        got = torch.full((m_rows, d_out), float("nan"), device="cuda")
+        ops.tetra48_matvec_prepared(xp, t, m_rows, out=got)
+        assert torch.equal(got, want)
+        xr = ref.round_activation(x, w.n_blocks)
+        assert ref.row_bound_error(got, xr, ref.tetra48_dequantize_rotated(t)) <= 1e-5
+    else:
+        assert torch.equal(ops.tetra48_matmul_dense(x, t), ops.tetra48_matmul_dense(x, w))

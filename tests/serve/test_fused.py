@@ -388,6 +388,49 @@ def test_direct_tetra_group_in_kernel_order(monkeypatch: pytest.MonkeyPatch, row
     assert torch.equal(kor(x), std(x))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_direct_tetra_group_in_tetra64(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """``_direct_group(t64=True)`` holds its words in the ``tetra64`` layout and gives the
+    standard-layout group's outputs bit for bit (one and two rows on ``m1``, three on the int8
+    kernel, forced here as on a GPU); ``t64=None`` follows ``ops.t64_serving`` (off on the CPU)."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.random_codes import _direct_group, _DirectLattice
+
+    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
+    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # as on a GPU
+    rot = generate_rotation(72, 5)
+    lattices = [_DirectLattice(16, 72, rot), _DirectLattice(8, 72, rot)]
+    std = _direct_group(lattices, "cpu", torch.float32, seed=2, t64=False)
+    t64 = _direct_group(lattices, "cpu", torch.float32, seed=2, t64=True)
+    assert t64.parts[0].t64 and not std.parts[0].t64
+    assert not _direct_group(lattices, "cpu", torch.float32, seed=2).parts[0].t64
+    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
+    assert torch.equal(t64(x), std(x))
+
+
+def test_group_from_modules_serves_tetra64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``ops.t64_serving`` says so, a group of finalized members holds one ``tetra64``
+    copy, the members' plans read row views of it, and the outputs are the standard layout's
+    bit for bit."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.fused import LatticeGroup
+
+    recs = _records(True)
+    biases = [torch.randn(16), torch.randn(8)]
+    x = torch.randn(1, 72, generator=torch.Generator().manual_seed(3))
+    want = LatticeGroup.from_records(recs, biases, "cpu")(x)
+    monkeypatch.setattr(ops, "t64_serving", lambda device: True)
+    mods = [_FinalizedStandIn(r, b) for r, b in zip(recs, biases, strict=True)]
+    group = fuse_group(mods, torch.float32, "cpu")
+    assert isinstance(group, LatticeGroup) and group.parts[0].t64
+    words = group.parts[0].words
+    for m, off in zip(mods, (0, recs[0].d_out), strict=True):
+        assert m._fused.packed["w"].t64
+        assert m._fused.packed["w"].words.data_ptr() == words[off:].data_ptr()
+    assert torch.equal(group(x), want)
+    assert LatticeGroup.from_records(recs, biases, "cpu").parts[0].t64
+
+
 def test_korder_needs_direct_tetra() -> None:
     from leechq.serve.random_codes import model_args, random_quantized_model
 

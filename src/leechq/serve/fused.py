@@ -262,7 +262,7 @@ class LatticeGroup(nn.Module):
         if why is not None:
             raise KernelUnavailable(why)
         mod = get_layout(layout)
-        packed = mod.concat_rows([mod.pack(r) for r in records]).to(device)
+        packed = _serving_layout(mod.concat_rows([mod.pack(r) for r in records]).to(device))
         return cls([packed], rot, _join_bias(biases, [r.d_out for r in records]), len(records))
 
     @classmethod
@@ -288,10 +288,12 @@ class LatticeGroup(nn.Module):
                 raise InvalidInput(f"{type(m).__name__} does not run the fused {layout} kernel")
             parts.append(box["w"])  # the member's packed record (its host f64 copies included)
         biases = [getattr(m, "bias", None) for m in members]
-        if len(parts) > 1:
-            parts = [_concat_and_share(members, parts)]
-        return cls(parts, records[0].rotation, _join_bias(biases, [r.d_out for r in records]),
-                   len(records))
+        cat = _concat_and_share(members, parts) if len(parts) > 1 else parts[0]
+        served = _serving_layout(cat)
+        if served is not cat:  # the members run on their rows of the served layout, one copy
+            _share_rows(members, [m._fused.packed["w"] for m in members], served)
+        return cls([served], records[0].rotation,
+                   _join_bias(biases, [r.d_out for r in records]), len(records))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = self._ops
@@ -311,7 +313,8 @@ class LatticeGroup(nn.Module):
         ``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense`` for an unrotated group),
         ``"mma"`` (Tetra's tensor-core kernel, :data:`MMA_ROWS` rows under ``LEECHQ_MMA=1``), or
         None where the lattice matvec serves them (:meth:`_matvec_path`)."""
-        if self.layout == "tetra48" and MMA_ROWS[0] <= m_rows <= mma_max_rows():
+        if (self.layout == "tetra48" and MMA_ROWS[0] <= m_rows <= mma_max_rows()
+                and not self.parts[0].t64):  # the opt-in float16 kernel reads tetra48 only
             return "mma"
         return None if self._matvec_path(m_rows) else "dense"
 
@@ -522,22 +525,44 @@ def _concat_and_share(members: Sequence[nn.Module], parts: list[Any]) -> Any:
     """One record for the group (rows concatenated: one launch, a larger grid) whose storage the
     members then share: each member's plan is re-pointed to its row slice of the concatenated
     tensors (views), so its old tensors are freed and memory holds one copy."""
-    from dataclasses import replace
-
     from leechq.formats.layouts import get as get_layout
 
+    cat = get_layout(_layout_of(parts[0])).concat_rows(parts)
+    _share_rows(members, parts, cat)
+    return cat
+
+
+def _share_rows(members: Sequence[nn.Module], parts: list[Any], cat: Any) -> None:
+    """Re-point each member's plan to its row slice of ``cat`` (the members' records ``parts``
+    concatenated, in their layout or in the ``tetra64`` one): views, so memory holds one copy."""
+    from dataclasses import replace
+
     layout = _layout_of(parts[0])
-    cat = get_layout(layout).concat_rows(parts)
     off = 0
     names = (_DATA[layout], "row_scales", "row_centroids", "tail")
+    order = {"korder": cat.korder, "t64": cat.t64} if layout == "tetra48" else {}
     for m, p in zip(members, parts, strict=True):
         plan = m._fused
         rows = slice(off, off + p.d_out)
         views = {n: getattr(cat, n)[rows] for n in names}
-        plan.packed["w"] = replace(p, **views)
+        plan.packed["w"] = replace(p, **order, **views)
         plan.tensors.update(views)
         off += p.d_out
-    return cat
+
+
+def _serving_layout(part: Any) -> Any:
+    """A group's packed record in the layout it is served in: a Tetra record in the standard
+    layout becomes ``tetra64`` where ``ops.t64_serving`` says so (a CUDA device, 16-bit
+    activations, ``LEECHQ_T64`` not 0), with its shells decoded on the device; anything else as
+    it is."""
+    from leechq.kernels.triton import ops
+
+    if (_layout_of(part) != "tetra48" or part.korder or part.t64
+            or not ops.t64_serving(part.device)):
+        return part
+    from leechq.formats.layouts.tetra64 import to_tetra64
+
+    return to_tetra64(part)
 
 
 _DATA = {"tetra48": "words", "planes14": "records"}

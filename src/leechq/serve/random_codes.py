@@ -184,6 +184,7 @@ def random_quantized_model(
     direct: bool = False,
     codebook: str = "tetra",
     korder: bool = False,
+    t64: bool | None = None,
 ) -> Transformer:
     """A serving model of ``args``' shape whose projections are random Tetra (or ball) matrices.
 
@@ -206,6 +207,9 @@ def random_quantized_model(
         korder: with ``direct`` and Tetra, the groups hold their words in kernel order
             (``formats.layouts.tetra48_korder``; read by the ``m1``, int8 and dequantization
             kernels — not by the opt-in ``LEECHQ_MMA`` kernel).
+        t64: with ``direct`` and Tetra, the groups in the ``tetra64`` layout
+            (``formats.layouts.tetra64``) or not; None: as a served model built from records
+            (``ops.t64_serving``).
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
@@ -214,6 +218,8 @@ def random_quantized_model(
         raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
     if korder and not (direct and codebook == "tetra"):
         raise InvalidInput("korder needs direct=True and the Tetra codebook")
+    if korder and t64:
+        raise InvalidInput("korder and t64 are two different layouts")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -234,7 +240,8 @@ def random_quantized_model(
 
     def group(records: list[Any], index: int) -> nn.Module:
         if direct:
-            return _direct_group(records, device, dtype, seed * 1_000_003 + index, korder)
+            return _direct_group(records, device, dtype, seed * 1_000_003 + index, korder,
+                                 False if korder else t64)
         return group_from_records(records, device, dtype, prefer)
 
     blocks = []
@@ -279,11 +286,12 @@ class _DirectLattice:
 
 def _direct_group(
     records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int,
-    korder: bool = False,
+    korder: bool = False, t64: bool | None = None,
 ) -> nn.Module:
     """Device-drawn lattice matrices (runs) and host-drawn int4 ones, as
     :func:`group_from_records` would group them, with weights scaled to variance about
-    ``1/d_in`` (``korder``: Tetra words in kernel order)."""
+    ``1/d_in`` (``korder``: Tetra words in kernel order; ``t64``: in the ``tetra64`` layout, or
+    None: the served default)."""
     from leechq.formats.layouts import planes14, tetra48
     from leechq.serve.build import ConcatLinear
     from leechq.serve.fused import LAYOUTS, LatticeGroup, fused_kernels_available
@@ -316,6 +324,14 @@ def _direct_group(
             from leechq.formats.layouts.tetra48_korder import to_kernel_order
 
             cat = to_kernel_order(cat)
+        elif name == "tetra48" and t64 is None:
+            from leechq.serve.fused import _serving_layout
+
+            cat = _serving_layout(cat)
+        elif name == "tetra48" and t64:
+            from leechq.formats.layouts.tetra64 import to_tetra64
+
+            cat = to_tetra64(cat)
         parts.append(LatticeGroup([cat], rot, None, members=len(run)))
         run.clear()
 

@@ -122,6 +122,25 @@ def act16() -> bool:
     return A16 if env is None else env == "1"
 
 
+T64_DEFAULT = True
+"""Whether served Tetra groups on a GPU hold their words in the ``tetra64`` layout
+(``formats.layouts.tetra64``: table addresses and shells, 16 bytes per block pair instead of 12;
+:func:`t64_serving`). H200, Qwen3-8B projections at batch 1 (BENCHMARKS.md §3 run 20): the
+``m1`` launches 2.51 → 1.87 ms with the standard order's geometry rule → the tetra64 sweep's,
+served with the rotations 2.79 → 2.29 ms. ``LEECHQ_T64=0`` keeps the standard layout (a
+quarter fewer weight bytes in memory)."""
+
+
+def t64_serving(device: torch.device | str) -> bool:
+    """Whether a Tetra group built for ``device`` now should use the ``tetra64`` layout:
+    :data:`T64_DEFAULT` or ``LEECHQ_T64``, a CUDA device, not under the interpreter (whose
+    serving tests keep the standard layout unless they ask), 16-bit activations
+    (:func:`act16`; the batch-1 kernel decodes the layout with them only)."""
+    env = os.environ.get("LEECHQ_T64")
+    on = T64_DEFAULT if env is None else env == "1"
+    return on and torch.device(device).type == "cuda" and not interpreting() and act16()
+
+
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """The activation the integer kernels multiply (for an f64 reference): ``x`` itself, or with
     :func:`act16` its 16-bit rounding (``reference.round_activation``)."""
@@ -272,7 +291,7 @@ bytes of stack; four rows at 168: 64–424)."""
 
 
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
-              m_rows: int = 1) -> MatvecConfig:
+              m_rows: int = 1, t64: bool = False) -> MatvecConfig:
     """The ``m1`` geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
     and ``m_rows`` activation rows (H200 sweeps of 2026-11-30, docs/kernels.md): one program per
     (row chunk, K-slice), two rows per warp and loop trip, the register cap of
@@ -281,10 +300,17 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     programs an SM holds (:func:`m1_wave_rows`; capped at :data:`M1_MAX_ROWS`), so that large
     matrices run fewer, longer programs (each stages the table once). Several activation rows
     share each decode: two rows in one launch, three or more four at a time (``mb``, one loop
-    row per trip for four: their limbs take the registers)."""
+    row per trip for four: their limbs take the registers). ``t64``: the geometry of the
+    ``tetra64`` decode at one row — the chunk of one wave of five programs per SM, no register
+    cap (H200 sweep, BENCHMARKS.md §3 run 20: the best of nine geometries on each Qwen3-8B
+    group; the cap and six programs per SM were slower)."""
     sms = _sm_count(device)
     mb = 1 if m_rows <= 1 else 2 if m_rows == 2 else 4
     ilp = 1 if mb == 4 else 2
+    if t64 and mb == 1:
+        return MatvecConfig(rows=min(m1_wave_rows(d_out, n_blocks, M1_RESIDENT[1] * sms, ilp=2),
+                                     M1_MAX_ROWS), bp=32, num_warps=4, kernel="m1",
+                            ctas_per_sm=0, ilp=2, maxnreg=0, mb=1)
     slices = ((n_blocks + 1) // 2 + 31) // 32
     rows = 64 if (d_out + 63) // 64 * slices >= 3 * sms else 32
     wave = m1_wave_rows(d_out, n_blocks, M1_RESIDENT[mb] * sms, ilp=ilp)
@@ -305,10 +331,11 @@ def m1_row_groups(m_rows: int) -> list[int]:
 
 
 def m1_plan(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
-            m_rows: int = 1) -> list[tuple[int, MatvecConfig]]:
+            m_rows: int = 1, t64: bool = False) -> list[tuple[int, MatvecConfig]]:
     """``(rows, configuration)`` per ``m1`` launch group for ``m_rows`` activation rows of a
-    ``d_out × 24·n_blocks`` matrix (:func:`m1_row_groups`, :func:`m1_config`)."""
-    return [(g, m1_config(d_out, n_blocks, device, tail_cols, m_rows=g))
+    ``d_out × 24·n_blocks`` matrix (:func:`m1_row_groups`, :func:`m1_config`; ``t64``: a
+    ``tetra64`` record)."""
+    return [(g, m1_config(d_out, n_blocks, device, tail_cols, m_rows=g, t64=t64))
             for g in m1_row_groups(m_rows)]
 
 
@@ -872,16 +899,20 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     converting the prepared rows (used only on that path). Words in kernel order
     (``w.korder``, ``formats.layouts.tetra48_korder``) take the ``m1`` plan or the int8 kernel
     (``CODE = TETRA_K``); the tiled kernel raises :class:`UnsupportedShape` on them. The
-    ``tetra64`` layout (``w.t64``, ``formats.layouts.tetra64``) takes the ``m1`` plan for every
-    row count (``CODE = TETRA_64``; 16-bit activations only, no limb records)."""
+    ``tetra64`` layout (``w.t64``, ``formats.layouts.tetra64``) takes the ``m1`` plan
+    (``CODE = TETRA_64``, which reads 16-bit activations only and no limb records) or the int8
+    kernel; with ``LEECHQ_A16=0`` and no configuration it takes the int8 kernel at every row
+    count."""
     _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
     if w.t64:
-        if not act16():
-            raise UnsupportedShape("the tetra64 layout is decoded with 16-bit activations only "
-                                   "(LEECHQ_A16=0 is set); serve it with LEECHQ_A16=1 or pack "
-                                   "the standard layout")
         limbs = None
-    if config is None and imma_default(w, m_rows) and not w.t64:
+        if not act16():
+            if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
+                return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
+            raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
+                                   "activations only (LEECHQ_A16=0 is set); pass no "
+                                   "configuration or serve with LEECHQ_A16=1")
+    if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
@@ -928,7 +959,8 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
     if config is None:
         if m_rows > 1 and not (many_rows or _many_row_m1_default()):
             return None
-        plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows)
+        plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows,
+                       getattr(w, "t64", False))
     else:
         plan = [(m_rows, config)]
     if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
@@ -1050,8 +1082,9 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
     :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
     same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
-    Words in kernel order (``w.korder``) are decoded as such."""
-    _check_lattice(w, w.words, "words", korder_ok=True)
+    Words in kernel order (``w.korder``) and the ``tetra64`` layout (``w.t64``) are decoded as
+    such."""
+    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
     dev = w.words.device
     out = _dequant_out(out, w, dev)
     cfg = dequant_config() if config is None else config
@@ -1059,7 +1092,8 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
         tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
             w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
             N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, KORDER=w.korder, num_warps=cfg.num_warps, num_stages=1,
+            GROUPED=cfg.grouped, KORDER=w.korder, T64=w.t64, num_warps=cfg.num_warps,
+            num_stages=1,
         )
     return out
 
@@ -1381,9 +1415,10 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
     given), the MMA kernel and the slice sum — two with ``fused_sum`` (default
     :data:`IMMA_FUSED_SUM`), where the MMA kernel adds the slices itself. Words in kernel order
-    (``w.korder``) are decoded as such (``CODE = TETRA_K``)."""
-    _check_lattice(w, w.words, "words", korder_ok=True)
-    code = TETRA_K.value if w.korder else TETRA.value
+    (``w.korder``) are decoded as such (``CODE = TETRA_K``), and so is the ``tetra64`` layout
+    (``w.t64``, ``CODE = TETRA_64``: its stored shells give ``1/‖y‖``)."""
+    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
+    code = TETRA_64.value if w.t64 else TETRA_K.value if w.korder else TETRA.value
     return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
                         acts, k_per, num_warps, row_groups, rows_per_step, maxnreg, fused_sum)
 

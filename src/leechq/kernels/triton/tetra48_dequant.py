@@ -40,8 +40,9 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.reference import DEQUANT_GROUP_PAIRS
-from leechq.kernels.triton._bits import byte_to_f32, global_store128, pack_f16x2
+from leechq.kernels.triton._bits import byte_to_f32, global_load128, global_store128, pack_f16x2
 from leechq.kernels.triton.tetra48_m1 import (
+    decode_block64,
     decode_nibbles,
     decode_nibbles_k,
     inv_norm,
@@ -99,6 +100,31 @@ def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
+    _store_block(e1, o1, e2, o2, e3, o3, n2, g, cent0, cent1, tab_ptr, base, sb_rep, out, step,
+                 ok, VEC, USE_ASM)
+
+
+@triton.jit
+def _dequant_block64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
+                     VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """:func:`_dequant_block` for block ``odd`` of a ``tetra64`` pair (``w0..w3``,
+    :func:`.tetra48_m1.decode_block64`): the norm is the stored shell's, ``‖y‖² = 16 m``, and
+    ``1/‖y‖`` the table's as for the other layouts."""
+    h1, h2, h3, mp, kp, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sb_rep * 4,
+                                              USE_ASM)
+    z = tl.zeros(w0.shape, tl.int32)
+    e1, o1, _n = section_values(h1, mp, kp, z, USE_ASM)
+    e2, o2, _n = section_values(h2, mp, kp, z, USE_ASM)
+    e3, o3, _n = section_values(h3, mp, kp, z, USE_ASM)
+    _store_block(e1, o1, e2, o2, e3, o3, m.to(tl.int32) * 16, g, cent0, cent1, tab_ptr, base,
+                 sb_rep, out, step, ok, VEC, USE_ASM)
+
+
+@triton.jit
+def _store_block(e1, o1, e2, o2, e3, o3, n2, g, cent0, cent1, tab_ptr, base, sb_rep, out, step,
+                 ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Scale a decoded block (its value words and ``n2 = ‖y‖²``) by ``centroid[g] / ‖y‖`` and
+    store its three sections (see :func:`_dequant_block`)."""
     scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM)
     store_eight(out, e1, o1, scale, ok, VEC, USE_ASM)
     store_eight(out + step, e2, o2, scale, ok, VEC, USE_ASM)
@@ -144,12 +170,15 @@ def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
 @triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
                            NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
-                           GROUPED: tl.constexpr = False, KORDER: tl.constexpr = False):
+                           GROUPED: tl.constexpr = False, KORDER: tl.constexpr = False,
+                           T64: tl.constexpr = False):
     """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words (``KORDER``: in
-    kernel order, ``formats.layouts.tetra48_korder``); see the module docstring. Any grid;
-    ``num_warps = NW``."""
+    kernel order, ``formats.layouts.tetra48_korder``; ``T64``: the ``tetra64`` layout); see the
+    module docstring. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    if KORDER:
+    if T64:
+        STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
+    elif KORDER:
         STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
     else:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
@@ -160,18 +189,38 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
         ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
-        # kernel order: the row holds all three words of its last pair
-        w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_e if KORDER else ok_o, STRIDE_W)
         cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
         cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
         out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
-        if KORDER:  # w0, w1: the blocks' low words; w2: their high halves
-            _dequant_block(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
-                           USE_ASM, True)
-            _dequant_block(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, out_o, step_o,
-                           ok_o, VEC, USE_ASM, True)
+        if T64:  # the pair's four words (rows hold all of their last pair)
+            a, b, c, d = global_load128(w_ptr + row * STRIDE_W + 4 * pair, ok_e, USE_ASM)
+            a = a.to(tl.uint32, bitcast=True)
+            b = b.to(tl.uint32, bitcast=True)
+            c = c.to(tl.uint32, bitcast=True)
+            d = d.to(tl.uint32, bitcast=True)
+            _dequant_block64(a, b, c, d, e < 0, cent0, cent1, tab_ptr, base, sb_rep, out_e,
+                             step_e, ok_e, VEC, USE_ASM)
+            _dequant_block64(a, b, c, d, e >= 0, cent0, cent1, tab_ptr, base, sb_rep, out_o,
+                             step_o, ok_o, VEC, USE_ASM)
         else:
-            _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
-                           USE_ASM)
-            _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
-                           sb_rep, out_o, step_o, ok_o, VEC, USE_ASM)
+            _dequant_pair(w_ptr, row, pair, ok_e, ok_o, cent0, cent1, tab_ptr, base, sb_rep,
+                          out_e, step_e, out_o, step_o, STRIDE_W, VEC, USE_ASM, KORDER)
+
+
+@triton.jit
+def _dequant_pair(w_ptr, row, pair, ok_e, ok_o, cent0, cent1, tab_ptr, base, sb_rep, out_e,
+                  step_e, out_o, step_o, STRIDE_W: tl.constexpr, VEC: tl.constexpr,
+                  USE_ASM: tl.constexpr, KORDER: tl.constexpr):
+    """Load and dequantize one ``tetra48`` block pair per element (standard or kernel order)."""
+    # kernel order: the row holds all three words of its last pair
+    w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_e if KORDER else ok_o, STRIDE_W)
+    if KORDER:  # w0, w1: the blocks' low words; w2: their high halves
+        _dequant_block(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                       USE_ASM, True)
+        _dequant_block(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, out_o, step_o, ok_o,
+                       VEC, USE_ASM, True)
+    else:
+        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                       USE_ASM)
+        _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
+                       out_o, step_o, ok_o, VEC, USE_ASM)

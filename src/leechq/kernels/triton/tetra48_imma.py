@@ -61,6 +61,7 @@ from leechq.kernels.triton._bits import (
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
+    decode_block64,
     decode_nibbles,
     decode_nibbles_k,
     limb_words,
@@ -156,7 +157,12 @@ def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, CODE: tl.constexpr,
     """The words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``): two of a
     ``tetra48`` row (``CODE`` 0), four of a ``planes14`` row (``CODE`` 1; the odd record of a
     pair starts in the high half of the pair's word 3), or the block's low word and its pair's
-    high-halves word in kernel order (``CODE`` 2, ``formats.layouts.tetra48_korder``)."""
+    high-halves word in kernel order (``CODE`` 2, ``formats.layouts.tetra48_korder``), or the
+    four words of the block's pair in the ``tetra64`` layout (``CODE`` 3)."""
+    if CODE == 3:
+        a, b, c, d = global_load128(w_ptr + rc * STRIDE_W + 4 * (blk // 2), ok, USE_ASM)
+        return (a.to(tl.uint32, bitcast=True), b.to(tl.uint32, bitcast=True),
+                c.to(tl.uint32, bitcast=True), d.to(tl.uint32, bitcast=True))
     if CODE == 0:
         pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
     elif CODE == 2:
@@ -195,6 +201,14 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
         quads, g, invw = _record_bytes(ra, rb, rc, rd, tab_ptr, base, True, USE_ASM)
         scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
         return quads, scale
+    if CODE == 3:  # tetra64: the pair's four words; the shell is stored
+        h1, h2, h3, mp, kp, gbit, m = decode_block64(x0, x1, x2, x3, odd, tab_ptr, base,
+                                                     sb_rep * 4, USE_ASM)
+        ev1, od1, _n2 = section_values(h1, mp, kp, tl.zeros(x0.shape, tl.int32), USE_ASM)
+        ev2, od2, _n2 = section_values(h2, mp, kp, _n2, USE_ASM)
+        ev3, od3, _n2 = section_values(h3, mp, kp, _n2, USE_ASM)
+        scale = tl.where(gbit != 0, cent1, cent0) * (tl.math.rsqrt(m) * 0.25)
+        return (ev1, od1, ev2, od2, ev3, od3), scale
     if CODE == 2:  # kernel order: x0 the block's low word, x1 its pair's high halves
         h1, h2, h3, mp, kp, gbit = decode_nibbles_k(x0, tl.where(odd, x1 >> 16, x1), tab_ptr,
                                                     base, sb_rep * 4, USE_ASM)
@@ -396,6 +410,9 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
         base = stage_table(tab_ptr, d_out, USE_ASM)
     elif CODE == 2:  # kernel order (tetra48.korder_stride)
         STRIDE_W: tl.constexpr = ((3 * ((N_BLOCKS + 1) // 2) + 1) // 2) * 2
+        base = stage_table(tab_ptr, d_out, USE_ASM)
+    elif CODE == 3:  # tetra64 (tetra48.t64_stride)
+        STRIDE_W: tl.constexpr = 4 * ((N_BLOCKS + 1) // 2)
         base = stage_table(tab_ptr, d_out, USE_ASM)
     else:
         STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)

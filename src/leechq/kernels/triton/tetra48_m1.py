@@ -426,6 +426,33 @@ def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
+    """:func:`decode_nibbles` for the even (``odd`` False) or odd block of a ``tetra64`` pair
+    (``w0..w3``, uint32; ``sbr``: the element's pattern-copy byte offset): the nibble words
+    ``h1..h3``, the value map ``(mp, kp)`` (value bytes + 128 = ``nibbles·2 + 114 − p``), the
+    gain bit and the shell ``m`` as float32 (at least 1). For decoders that take one block per
+    element (the int8 and dequantization kernels); ``m1`` decodes whole pairs
+    (:func:`_pair_dot64`)."""
+    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
+    m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
+    a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
+    a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
+    a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
+    apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 19) | sbr, and_or(w3, m7, sbr, USE_ASM))
+    apb = base + PB_WORD * 4 + and_or(tl.where(odd, w2 >> 19, w3 << 7), m7, sbr, USE_ASM)
+    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
+    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
+    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
+    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
+    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
+    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1)
+    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1)
+    m = tl.maximum(tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32), 1.0)
+    kp = (0x72727272 - p * 0x01010101).to(tl.uint32)
+    return h1, h2, h3, tl.full(w0.shape, 2, tl.int32), kp, g, m
+
+
+@triton.jit
 def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
     """``8·⟨y, q⟩`` (int32) of one activation row's block per element for the ``tetra64``
     decode: ``he``/``ho`` the block's even / odd nibbles of each section (bytes ``h`` and
