@@ -137,10 +137,14 @@ def block_scale(mx):
 
 
 @triton.jit
-def _block_q(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False):
+def _block_q(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False,
+             RAW: tl.constexpr = False):
     """One block per lane of the prepared activation (parity PAR): its exponent ``E`` (float32)
     and its 24 rounded integers ``q`` (trio order): ``x̃ = rint(x / E)`` (``|x̃| < 2^22``), with
-    ``A16`` the 16-bit ``rint(x̃ / 256)`` (:data:`A16_STEP`, ``reference.round_activation``)."""
+    ``A16`` the 16-bit ``rint(x̃ / 256)`` (:data:`A16_STEP`, ``reference.round_activation``).
+    ``RAW``: each ``q`` as the bits of its magic-number float, ``q + 0x4B400000`` (its low 22 bits
+    are ``q``'s two's complement: the bytes a consumer of 16-bit integers reads, one subtraction
+    fewer per coordinate)."""
     base = xb + PAR * 24 * NPP
     x0 = tl.load(base + 0 * NPP)
     x1 = tl.load(base + 1 * NPP)
@@ -176,11 +180,12 @@ def _block_q(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False
     s, e_blk = block_scale(mx)
     if A16:
         s = s * A16_INV  # x̃ / 256, rounded; its bytes become limbs 1 and 2
-    return (e_blk, _rint(x0, s), _rint(x1, s), _rint(x2, s), _rint(x3, s), _rint(x4, s),
-            _rint(x5, s), _rint(x6, s), _rint(x7, s), _rint(x8, s), _rint(x9, s), _rint(x10, s),
-            _rint(x11, s), _rint(x12, s), _rint(x13, s), _rint(x14, s), _rint(x15, s),
-            _rint(x16, s), _rint(x17, s), _rint(x18, s), _rint(x19, s), _rint(x20, s),
-            _rint(x21, s), _rint(x22, s), _rint(x23, s))
+    return (e_blk, _rint(x0, s, RAW), _rint(x1, s, RAW), _rint(x2, s, RAW), _rint(x3, s, RAW),
+            _rint(x4, s, RAW), _rint(x5, s, RAW), _rint(x6, s, RAW), _rint(x7, s, RAW),
+            _rint(x8, s, RAW), _rint(x9, s, RAW), _rint(x10, s, RAW), _rint(x11, s, RAW),
+            _rint(x12, s, RAW), _rint(x13, s, RAW), _rint(x14, s, RAW), _rint(x15, s, RAW),
+            _rint(x16, s, RAW), _rint(x17, s, RAW), _rint(x18, s, RAW), _rint(x19, s, RAW),
+            _rint(x20, s, RAW), _rint(x21, s, RAW), _rint(x22, s, RAW), _rint(x23, s, RAW))
 
 
 @triton.jit
@@ -211,16 +216,17 @@ def _x_limbs64(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
     ``8·⟨y, q⟩`` for ``p = 0`` and ``p = 1``), then the 12 limb words ``L[limb 1, 2][section]
     [half]`` of :func:`_x_limbs` (limb 1 unsigned bytes, limb 2 signed)."""
     (e_blk, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16, q17, q18,
-     q19, q20, q21, q22, q23) = _block_q(xb, NPP, PAR, True)
+     q19, q20, q21, q22, q23) = _block_q(xb, NPP, PAR, True, True)  # raw: q + 0x4B400000
     _a, b00, c00 = _limbs_of_quad(q0, q2, q4, q6, USE_ASM, True)
     _a, b01, c01 = _limbs_of_quad(q1, q3, q5, q7, USE_ASM, True)
     _a, b10, c10 = _limbs_of_quad(q8, q10, q12, q14, USE_ASM, True)
     _a, b11, c11 = _limbs_of_quad(q9, q11, q13, q15, USE_ASM, True)
     _a, b20, c20 = _limbs_of_quad(q16, q18, q20, q22, USE_ASM, True)
     _a, b21, c21 = _limbs_of_quad(q17, q19, q21, q23, USE_ASM, True)
-    s = (((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
-         + (((q8 + q9) + (q10 + q11)) + ((q12 + q13) + (q14 + q15)))
-         + (((q16 + q17) + (q18 + q19)) + ((q20 + q21) + (q22 + q23))))
+    s = ((((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+          + (((q8 + q9) + (q10 + q11)) + ((q12 + q13) + (q14 + q15)))
+          + (((q16 + q17) + (q18 + q19)) + ((q20 + q21) + (q22 + q23))))
+         - 0x0E000000)  # 24·0x4B400000 mod 2^32: wrapping int32, the exact sum (|S| < 2^19)
     return (e_blk * 8.0, s * -112, s * -120, b00, b01, b10, b11, b20, b21,
             c00, c01, c10, c11, c20, c21)
 
@@ -319,9 +325,13 @@ def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr, A16: tl.constexpr = Fals
 
 
 @triton.jit
-def _rint(x, s):
-    """``rint(x·s)`` as int32 for |x·s| < 2^22 (the magic-number add; no F2I)."""
-    return tl.fma(x, s, MAGIC_RINT).to(tl.int32, bitcast=True) - 0x4B400000
+def _rint(x, s, RAW: tl.constexpr = False):
+    """``rint(x·s)`` as int32 for |x·s| < 2^22 (the magic-number add; no F2I); ``RAW``: the
+    float's bits, ``rint(x·s) + 0x4B400000``."""
+    bits = tl.fma(x, s, MAGIC_RINT).to(tl.int32, bitcast=True)
+    if RAW:
+        return bits
+    return bits - 0x4B400000
 
 
 @triton.jit
