@@ -105,11 +105,13 @@ def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
 
 
 @triton.jit
-def _dequant_block64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
-                     VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """:func:`_dequant_block` for block ``odd`` of a ``tetra64`` pair (``w0..w3``,
-    :func:`.tetra48_m1.decode_block64`): the norm is the stored shell's, ``‖y‖² = 16 m``, and
-    ``1/‖y‖`` the table's as for the other layouts."""
+def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
+                     out, step, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """:func:`_dequant_block` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
+    (``w0..w3``, :func:`.tetra48_m1.decode_block64`; a constant block choice, so the field
+    selects fold away): the norm is the stored shell's, ``‖y‖² = 16 m``, and ``1/‖y‖`` the
+    table's as for the other layouts."""
+    odd = tl.full(w0.shape, ODD, tl.int1)
     h1, h2, h3, mp, kp, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sb_rep * 4,
                                               USE_ASM)
     z = tl.zeros(w0.shape, tl.int32)
@@ -198,9 +200,9 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
             b = b.to(tl.uint32, bitcast=True)
             c = c.to(tl.uint32, bitcast=True)
             d = d.to(tl.uint32, bitcast=True)
-            _dequant_block64(a, b, c, d, e < 0, cent0, cent1, tab_ptr, base, sb_rep, out_e,
+            _dequant_block64(a, b, c, d, False, cent0, cent1, tab_ptr, base, sb_rep, out_e,
                              step_e, ok_e, VEC, USE_ASM)
-            _dequant_block64(a, b, c, d, e >= 0, cent0, cent1, tab_ptr, base, sb_rep, out_o,
+            _dequant_block64(a, b, c, d, True, cent0, cent1, tab_ptr, base, sb_rep, out_o,
                              step_o, ok_o, VEC, USE_ASM)
         else:
             _dequant_pair(w_ptr, row, pair, ok_e, ok_o, cent0, cent1, tab_ptr, base, sb_rep,
