@@ -1298,7 +1298,8 @@ def dry_run() -> None:
         p.run(0)
         print(f"tetra48-{kind} err", p.check())
     for kw in ({}, {"noprep": True, "rows_per_step": 1}, {"noprep": True, "fused_sum": True},
-               {"noprep": True, "layout": "planes14"}, {"noprep": True, "korder": True}):
+               {"noprep": True, "layout": "planes14"}, {"noprep": True, "korder": True},
+               {"noprep": True, "t64": True}):
         p = build_imma(tiny, 3, 1, "cpu", 0, **kw)
         p.run(0)
         print("tetra48-imma", kw, "err", p.check())

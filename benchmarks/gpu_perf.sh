@@ -125,6 +125,12 @@
 #   pendingm what session m could not run: the int8 kernel's activation records from the
 #            prepared write's tile (GPU tests, the serving tests), e2e Qwen3-8B at batch 2 (PDL
 #            for one row only), 4 and 8 (the records path; tetra48-norotrec: their own launch)
+#   t64      the tetra64 layout (formats.layouts.tetra64, the served default since session p): its
+#            GPU tests (m1 full shapes, the default path at 3..20 rows) and the serving tests,
+#            then one token through the Qwen3-8B projections against the standard layout
+#   t64sweep the m1 geometry sweep on tetra64 records (bench_matvec --sweep --sweep-t64)
+#   t64e2e   e2e Qwen3-8B at batch 1, 2 and 8 (tetra48 = tetra64, tetra48-std) and Qwen3-14B at
+#            batch 1
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -421,12 +427,27 @@ kordere2e)
   e2e e2e-8b-korder 300 --models qwen3-8b --arms fp16,tetra48,tetra48-korder --batches 1,8 \
     --skip-gates --no-profile --budget-s 280
   ;;
+t64)
+  gpu_tests tests-t64 200 tests/kernels/test_tetra64.py tests/serve/test_gpu.py -k "tetra64 or fused"
+  matvec matvec-t64 200 --batches 1 --arms fp16,tetra48-m1-fused-noprep,\
+tetra48-m1-fused-noprep-t64,served,served-t64
+  ;;
+t64sweep)
+  matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\
+tetra48-m1-fused-noprep-t64,served-t64
+  ;;
+t64e2e)
+  e2e e2e-8b-t64 300 --models qwen3-8b --arms fp16,tetra48,tetra48-std --batches 1,2,8 \
+    --skip-gates --no-profile --budget-s 280
+  e2e e2e-14b-t64 220 --models qwen3-14b --arms fp16,tetra48 --batches 1 --skip-gates \
+    --no-profile --budget-s 200
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e)" >&2
   exit 2
   ;;
 esac

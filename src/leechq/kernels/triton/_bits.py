@@ -151,52 +151,21 @@ def dp4a_self(q, acc, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def dp4a(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
-    """``acc + Σ_i a_i·b_i`` over the 4 bytes of two uint32 tensors: ``a`` signed bytes, ``b``
-    unsigned bytes (``B_SIGNED = False``) or signed bytes; int32 accumulator (wrapping)."""
+def dp4a(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr, A_SIGNED: tl.constexpr = True):
+    """``acc + Σ_i a_i·b_i`` over the 4 bytes of two uint32 tensors: ``a`` signed bytes (or
+    unsigned with ``A_SIGNED = False``), ``b`` unsigned bytes (``B_SIGNED = False``) or signed
+    bytes; 32-bit accumulator, wrapping (an int32 view of the exact sum whenever that fits)."""
     if USE_ASM:
-        if B_SIGNED:
-            out = tl.inline_asm_elementwise(
-                "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
-                is_pure=True, pack=1,
-            )
-        else:
-            out = tl.inline_asm_elementwise(
-                "dp4a.s32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
-                is_pure=True, pack=1,
-            )
-    else:
-        out = acc
-        for i in tl.static_range(4):
-            ai = ((a >> (8 * i)) & 0xFF).to(tl.int32)
-            ai = tl.where(ai >= 128, ai - 256, ai)
-            bi = ((b >> (8 * i)) & 0xFF).to(tl.int32)
-            if B_SIGNED:
-                bi = tl.where(bi >= 128, bi - 256, bi)
-            out = out + ai * bi
-    return out
-
-
-@triton.jit
-def dp4a_u(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
-    """``acc + Σ_i a_i·b_i`` over the 4 bytes of two uint32 tensors: ``a`` unsigned bytes, ``b``
-    unsigned (``B_SIGNED = False``) or signed bytes; 32-bit accumulator, wrapping (an int32 view
-    of the exact sum whenever that fits)."""
-    if USE_ASM:
-        if B_SIGNED:
-            out = tl.inline_asm_elementwise(
-                "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
-                is_pure=True, pack=1,
-            )
-        else:
-            out = tl.inline_asm_elementwise(
-                "dp4a.u32.u32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, acc], dtype=tl.int32,
-                is_pure=True, pack=1,
-            )
+        op: tl.constexpr = ("dp4a." + ("s32" if A_SIGNED else "u32") + "."
+                            + ("s32" if B_SIGNED else "u32") + " $0, $1, $2, $3;")
+        out = tl.inline_asm_elementwise(op, "=r,r,r,r", [a, b, acc], dtype=tl.int32,
+                                        is_pure=True, pack=1)
     else:
         out = acc.to(tl.int32)
         for i in tl.static_range(4):
             ai = ((a >> (8 * i)) & 0xFF).to(tl.int32)
+            if A_SIGNED:
+                ai = tl.where(ai >= 128, ai - 256, ai)
             bi = ((b >> (8 * i)) & 0xFF).to(tl.int32)
             if B_SIGNED:
                 bi = tl.where(bi >= 128, bi - 256, bi)

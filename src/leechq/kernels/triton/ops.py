@@ -125,10 +125,10 @@ def act16() -> bool:
 T64_DEFAULT = True
 """Whether served Tetra groups on a GPU hold their words in the ``tetra64`` layout
 (``formats.layouts.tetra64``: table addresses and shells, 16 bytes per block pair instead of 12;
-:func:`t64_serving`). H200, Qwen3-8B projections at batch 1 (BENCHMARKS.md §3 run 20): the
-``m1`` launches 2.51 → 1.87 ms with the standard order's geometry rule → the tetra64 sweep's,
-served with the rotations 2.79 → 2.29 ms. ``LEECHQ_T64=0`` keeps the standard layout (a
-quarter fewer weight bytes in memory)."""
+:func:`t64_serving`). H200, Qwen3-8B projections at batch 1, one process (BENCHMARKS.md §3
+run 20): the ``m1`` launches 2.488 → 1.845 ms (1.87× → 2.52× fp16), served with the rotations
+2.756 → 2.283 ms; end to end 248.8 → 292.8 tok/s (§4 session p). ``LEECHQ_T64=0`` keeps the
+standard layout (a quarter fewer weight bytes in memory: 4.35 instead of 4.91 GB for Qwen3-8B)."""
 
 
 def t64_serving(device: torch.device | str) -> bool:

@@ -32,7 +32,9 @@ our own (§3.10 leaves it open):
   rows per launch, one decode each block for all of them, and with ``CODE = PLANES14`` runs the
   same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_K``
   over Tetra words in kernel order (``formats.layouts.tetra48_korder``, :func:`decode_nibbles_k`:
-  the same table reads from cheaper addresses).
+  the same table reads from cheaper addresses); with ``CODE = TETRA_64`` over the ``tetra64``
+  layout (``formats.layouts.tetra64``: the table addresses and shells stored, every coordinate
+  ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a GPU).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
@@ -51,7 +53,6 @@ from leechq.kernels.triton._bits import (
     and_or,
     await_previous_grid,
     dp4a,
-    dp4a_u,
     global_load64f_all,
     global_load128_all,
     prmt,
@@ -463,6 +464,15 @@ def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexp
 
 
 @triton.jit
+def _chain3(a1, b1, a2, b2, a3, b3, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr):
+    """``acc + Σ_k ⟨a_k, b_k⟩`` over three word pairs: a ``dp4a`` chain with unsigned ``a``
+    bytes (the nibble words) and ``b`` bytes unsigned or signed (``B_SIGNED``)."""
+    acc = dp4a(a1, b1, acc, B_SIGNED, USE_ASM, False)
+    acc = dp4a(a2, b2, acc, B_SIGNED, USE_ASM, False)
+    return dp4a(a3, b3, acc, B_SIGNED, USE_ASM, False)
+
+
+@triton.jit
 def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
     """``8·⟨y, q⟩`` (int32) of one activation row's block per element for the ``tetra64``
     decode: ``he``/``ho`` the block's even / odd nibbles of each section (bytes ``h`` and
@@ -472,14 +482,10 @@ def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
     ``|16·Σ h·q| ≤ 16·15·24·2^14 < 2^27``)."""
     (_f, nk0, nk1, b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21) = x
     z = tl.zeros(he1.shape, tl.int32)
-    e1 = dp4a_u(he3, b20, dp4a_u(he2, b10, dp4a_u(he1, b00, z, False, USE_ASM), False, USE_ASM),
-                False, USE_ASM)
-    o1 = dp4a_u(ho3, b21, dp4a_u(ho2, b11, dp4a_u(ho1, b01, tl.where(p, nk1, nk0), False,
-                                                  USE_ASM), False, USE_ASM), False, USE_ASM)
-    e2 = dp4a_u(he3, c20, dp4a_u(he2, c10, dp4a_u(he1, c00, z, True, USE_ASM), True, USE_ASM),
-                True, USE_ASM)
-    o2 = dp4a_u(ho3, c21, dp4a_u(ho2, c11, dp4a_u(ho1, c01, z, True, USE_ASM), True, USE_ASM),
-                True, USE_ASM)
+    e1 = _chain3(he1, b00, he2, b10, he3, b20, z, False, USE_ASM)
+    o1 = _chain3(ho1, b01, ho2, b11, ho3, b21, tl.where(p, nk1, nk0), False, USE_ASM)
+    e2 = _chain3(he1, c00, he2, c10, he3, c20, z, True, USE_ASM)
+    o2 = _chain3(ho1, c01, ho2, c11, ho3, c21, z, True, USE_ASM)
     return ((e2 * 16 + o2) << 8) + (e1 * 16 + o1)
 
 
