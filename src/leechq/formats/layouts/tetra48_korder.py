@@ -91,13 +91,15 @@ def blocks_from_words(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     t = _pairs(words, -(-n_blocks // 2))
     even = t[..., 0] | (t[..., 1] & 0xFFFF) << 32
     odd = t[..., 1] >> 16 | t[..., 2] << 16
-    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
+    both = torch.stack([even, odd], dim=-1)
+    return both.reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
 
 
 def korder_words(kblocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """Kernel-order rows (int32 [d_out, korder_stride(n_blocks)]) from kernel-order words."""
     pad = -n_blocks % 2
-    k = torch.nn.functional.pad(kblocks, (0, pad)).reshape(kblocks.shape[0], (n_blocks + pad) // 2, 2)
+    k = torch.nn.functional.pad(kblocks, (0, pad))
+    k = k.reshape(kblocks.shape[0], (n_blocks + pad) // 2, 2)
     even, odd = k[..., 0], k[..., 1]
     return _rows(even & _M32, odd & _M32, even >> 32 | (odd >> 32) << 16,
                  korder_stride(n_blocks))
@@ -108,7 +110,8 @@ def korder_blocks(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     t = _pairs(words, -(-n_blocks // 2))
     even = t[..., 0] | (t[..., 2] & 0xFFFF) << 32
     odd = t[..., 1] | (t[..., 2] >> 16) << 32
-    return torch.stack([even, odd], dim=-1).reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
+    both = torch.stack([even, odd], dim=-1)
+    return both.reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
 
 
 def to_kernel_order(w: Tetra48Weight) -> Tetra48Weight:
