@@ -50,6 +50,7 @@ from leechq.kernels.triton.tetra48_m1 import (
     sb_copy,
     section_values,
     stage_table,
+    value_map64,
 )
 
 GROUP_PAIRS = tl.constexpr(DEQUANT_GROUP_PAIRS)
@@ -112,14 +113,14 @@ def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, b
     selects fold away): the norm is the stored shell's, ``‖y‖² = 16 m``, and ``1/‖y‖`` the
     table's as for the other layouts."""
     odd = tl.full(w0.shape, ODD, tl.int1)
-    h1, h2, h3, mp, kp, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sb_rep * 4,
-                                              USE_ASM)
+    h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sb_rep * 4, USE_ASM)
+    mp, kp = value_map64(p)
     z = tl.zeros(w0.shape, tl.int32)
     e1, o1, _n = section_values(h1, mp, kp, z, USE_ASM)
     e2, o2, _n = section_values(h2, mp, kp, z, USE_ASM)
     e3, o3, _n = section_values(h3, mp, kp, z, USE_ASM)
-    _store_block(e1, o1, e2, o2, e3, o3, m.to(tl.int32) * 16, g, cent0, cent1, tab_ptr, base,
-                 sb_rep, out, step, ok, VEC, USE_ASM)
+    _store_block(e1, o1, e2, o2, e3, o3, m.to(tl.int32) * 16, g.to(tl.int32), cent0, cent1,
+                 tab_ptr, base, sb_rep, out, step, ok, VEC, USE_ASM)
 
 
 @triton.jit

@@ -69,6 +69,7 @@ from leechq.kernels.triton.tetra48_m1 import (
     sb_copy,
     section_values,
     stage_table,
+    value_map64,
 )
 
 HALF_WORDS = tl.constexpr(288)
@@ -202,12 +203,14 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
         scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
         return quads, scale
     if CODE == 3:  # tetra64: the pair's four words; the shell is stored
-        h1, h2, h3, mp, kp, gbit, m = decode_block64(x0, x1, x2, x3, odd, tab_ptr, base,
-                                                     sb_rep * 4, USE_ASM)
+        h1, h2, h3, p, g, m = decode_block64(x0, x1, x2, x3, odd, tab_ptr, base, sb_rep * 4,
+                                             USE_ASM)
+        mp, kp = value_map64(p)
         ev1, od1, _n2 = section_values(h1, mp, kp, tl.zeros(x0.shape, tl.int32), USE_ASM)
         ev2, od2, _n2 = section_values(h2, mp, kp, _n2, USE_ASM)
         ev3, od3, _n2 = section_values(h3, mp, kp, _n2, USE_ASM)
-        scale = tl.where(gbit != 0, cent1, cent0) * (tl.math.rsqrt(m) * 0.25)
+        # masked-off blocks load zeros: shell 1 keeps their (zero) products finite
+        scale = tl.where(g, cent1, cent0) * (tl.math.rsqrt(tl.maximum(m, 1.0)) * 0.25)
         return (ev1, od1, ev2, od2, ev3, od3), scale
     if CODE == 2:  # kernel order: x0 the block's low word, x1 its pair's high halves
         h1, h2, h3, mp, kp, gbit = decode_nibbles_k(x0, tl.where(odd, x1 >> 16, x1), tab_ptr,

@@ -438,12 +438,11 @@ def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
-    """:func:`decode_nibbles` for the even (``odd`` False) or odd block of a ``tetra64`` pair
-    (``w0..w3``, uint32; ``sbr``: the element's pattern-copy byte offset): the nibble words
-    ``h1..h3``, the value map ``(mp, kp)`` (value bytes + 128 = ``nibbles·2 + 114 − p``), the
-    gain bit and the shell ``m`` as float32 (at least 1). For decoders that take one block per
-    element (the int8 and dequantization kernels); ``m1`` decodes whole pairs
-    (:func:`_pair_dot64`)."""
+    """The even (``odd`` False) or odd block of a ``tetra64`` pair (``w0..w3``, uint32; ``odd`` a
+    bool tensor, constant where the caller knows the block, and then its field selects fold;
+    ``sbr``: the element's pattern-copy byte offset): the nibble words ``h1..h3``
+    (``h = f ^ PA ^ PB``; every coordinate is ``2h − 14 − p``), ``p`` and the gain bit (bool)
+    and the stored shell ``m`` as float32 (0 where the words are zeros, i.e. masked off)."""
     m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
     m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
     a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
@@ -456,11 +455,18 @@ def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexp
     h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
     h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
     h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
-    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1)
-    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1)
-    m = tl.maximum(tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32), 1.0)
-    kp = (0x72727272 - p * 0x01010101).to(tl.uint32)
-    return h1, h2, h3, tl.full(w0.shape, 2, tl.int32), kp, g, m
+    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1) != 0
+    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1) != 0
+    m = tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32)
+    return h1, h2, h3, p, g, m
+
+
+@triton.jit
+def value_map64(p):
+    """The value map of a ``tetra64`` block for :func:`section_values`: value bytes + 128 are
+    ``nibbles·mp + kp`` with ``mp = 2``, ``kp = 114 − p`` per byte."""
+    kp = (0x72727272 - p.to(tl.uint32) * 0x01010101).to(tl.uint32)
+    return tl.full(p.shape, 2, tl.int32), kp
 
 
 @triton.jit
@@ -490,18 +496,12 @@ def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _block_dot64(a1, a2, a3, apa, apb, m, g, p, cent0, cent1, tab_ptr, x0, x1, x2, x3,
-                 MB: tl.constexpr, USE_ASM: tl.constexpr):
+def _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, x0, x1, x2, x3, MB: tl.constexpr,
+                 USE_ASM: tl.constexpr):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one ``tetra64`` block per element for the first ``MB``
-    activation rows: ``a1..a3`` the shared-memory byte addresses of its three rank rows, ``apa``
-    / ``apb`` of its two pattern entries (copy included), ``m`` its shell (float32 ≥ 1), ``g`` /
-    ``p`` its gain bit and parity (bool). ``h = f ^ PA ^ PB`` per section, split into even and
-    odd nibbles by one mask each; ``1/‖y‖ = rsqrt(m) / 4`` (the 4 folded into ``F``)."""
-    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
-    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
-    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
-    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
-    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
+    activation rows, from :func:`decode_block64`'s nibble words, ``p``, gain bit and shell (≥ 1):
+    each section's nibbles split into even and odd bytes by one mask each;
+    ``1/‖y‖ = rsqrt(m) / 4`` (the 4 folded into ``F``)."""
     he1 = h1 & 0x0F0F0F0F
     ho1 = h1 & 0xF0F0F0F0
     he2 = h2 & 0x0F0F0F0F
@@ -528,22 +528,17 @@ def _block_dot64(a1, a2, a3, apa, apb, m, g, p, cent0, cent1, tab_ptr, x0, x1, x
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
                 USE_ASM: tl.constexpr):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
-    ``formats.layouts.tetra64``): each table address is one mask or one shift of a word (the
-    lane's pattern-copy byte offset ``sbr`` merged in), the shells are the words' top five bits."""
+    ``formats.layouts.tetra64``): both blocks by :func:`decode_block64` (each table address one
+    mask or one shift of a word, the lane's pattern-copy byte offset ``sbr`` merged in; the
+    shells the words' top five bits, at least 1 in every stored block)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
-    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
-    m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
-    pa = base + PA_WORD * 4
-    pb = base + PB_WORD * 4
-    e0, e1, e2, e3 = _block_dot64(
-        base + (w0 & m12), base + (w1 & m12), base + (w2 & m12), pa + and_or(w3, m7, sbr, USE_ASM),
-        pb + and_or(w3 << 7, m7, sbr, USE_ASM), (w0 >> 27).to(tl.float32), (w0 & 1) != 0,
-        (w0 & 0x4000000) != 0, cent0, cent1, tab_ptr, xe0, xe1, xe2, xe3, MB, USE_ASM)
-    o0, o1, o2, o3 = _block_dot64(
-        base + ((w0 >> 12) & m12), base + ((w1 >> 12) & m12), base + ((w2 >> 12) & m12),
-        pa + ((w3 >> 19) | sbr), pb + and_or(w2 >> 19, m7, sbr, USE_ASM),
-        (w1 >> 27).to(tl.float32), (w0 & 2) != 0, (w1 & 1) != 0, cent0, cent1, tab_ptr, xo0, xo1,
-        xo2, xo3, MB, USE_ASM)
+    even = tl.full(w0.shape, False, tl.int1)
+    h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, even, tab_ptr, base, sbr, USE_ASM)
+    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xe0, xe1, xe2, xe3, MB,
+                                  USE_ASM)
+    h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, ~even, tab_ptr, base, sbr, USE_ASM)
+    o0, o1, o2, o3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xo0, xo1, xo2, xo3, MB,
+                                  USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
