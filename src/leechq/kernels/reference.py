@@ -249,15 +249,10 @@ def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
     words in any of the Tetra layouts: standard, kernel order ``w.korder``, ``w.t64``)."""
     nb = w.n_blocks
-    if w.t64:
+    if w.korder or w.t64:  # the layouts' own inverse maps
         from leechq.formats.layouts.tetra64 import canonical_blocks
 
         word = canonical_blocks(w)
-        return word & ((1 << 47) - 1), word >> 47
-    if w.korder:
-        from leechq.formats.layouts.tetra48_korder import korder_blocks, standard_order_blocks
-
-        word = standard_order_blocks(korder_blocks(w.words, nb))
         return word & ((1 << 47) - 1), word >> 47
     raw = w.words.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 6 * nb]
     b = raw.reshape(w.d_out, nb, 6).to(torch.int64)

@@ -69,7 +69,8 @@ class Tetra48Weight:
         korder: the words are in kernel order (:mod:`.tetra48_korder`, rows of
             :func:`korder_stride` words), read only by the batch-1 ``m1`` kernel.
         t64: the words are in the ``tetra64`` layout (:mod:`.tetra64`: table addresses and shells,
-            rows of :func:`t64_stride` words), read only by the batch-1 ``m1`` kernel.
+            rows of :func:`t64_stride` words), read by the batch-1 ``m1``, int8 and
+            dequantization kernels.
     """
 
     d_out: int

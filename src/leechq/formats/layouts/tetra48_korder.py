@@ -114,6 +114,16 @@ def korder_blocks(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     return both.reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
 
 
+def standard_words(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """Standard ``tetra48`` rows (int32 [d_out, stride_u32(n_blocks)], contiguous) from canonical
+    48-bit words (int64 [d_out, n_blocks]); the inverse of :func:`blocks_from_words`."""
+    pad = -n_blocks % 2
+    b = torch.nn.functional.pad(blocks, (0, pad)).reshape(blocks.shape[0], (n_blocks + pad) // 2, 2)
+    even, odd = b[..., 0], b[..., 1]
+    return _rows(even & _M32, (even >> 32) | (odd & 0xFFFF) << 16, odd >> 16,
+                 stride_u32(n_blocks)).contiguous()
+
+
 def to_kernel_order(w: Tetra48Weight) -> Tetra48Weight:
     """The same matrix with its words in kernel order (``korder=True``); only the batch-1
     ``m1`` kernel reads it (``kernels.triton.ops.tetra48_matvec_prepared``)."""
@@ -129,12 +139,7 @@ def to_standard_order(w: Tetra48Weight) -> Tetra48Weight:
     """Inverse of :func:`to_kernel_order` (bit for bit)."""
     if not w.korder:
         raise InvalidInput("to_standard_order: the words are in the standard order already")
-    b = standard_order_blocks(korder_blocks(w.words, w.n_blocks))
-    pad = -w.n_blocks % 2
-    b = torch.nn.functional.pad(b, (0, pad)).reshape(w.d_out, (w.n_blocks + pad) // 2, 2)
-    even, odd = b[..., 0], b[..., 1]
-    words = _rows(even & _M32, (even >> 32) | (odd & 0xFFFF) << 16, odd >> 16,
-                  stride_u32(w.n_blocks))
-    out = replace(w, words=words.contiguous(), korder=False)
+    words = standard_words(standard_order_blocks(korder_blocks(w.words, w.n_blocks)), w.n_blocks)
+    out = replace(w, words=words, korder=False)
     out.validate()
     return out

@@ -48,13 +48,20 @@ from functools import cache
 import numpy as np
 import torch
 
+from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
 from leechq.errors import InvalidInput
-from leechq.formats.layouts.tetra48 import Tetra48Weight, stride_u32, t64_stride
+from leechq.formats.layouts.tetra48 import Tetra48Weight, t64_stride
+from leechq.formats.layouts.tetra48_korder import (
+    _fields,
+    blocks_from_words,
+    korder_blocks,
+    standard_order_blocks,
+    standard_words,
+)
 
-MID_SHIFT = 2048 - 1240
+MID_SHIFT = CLASS_ROWS - N0_MIXED
 """``R2 = i2 + MID_SHIFT`` for ``i2 ≥ 1240`` (the middle section's class-1 rows, tetra-format.md
 §1.5: ``rows[808 + i2]``)."""
-N0_MIXED = 1240
 M_BITS_SHIFT = 27
 CHUNK = 1 << 22
 """Blocks decoded at a time when computing shells (bounded memory on large matrices)."""
@@ -72,23 +79,6 @@ def x_all() -> int:
     if hit.size != 1:
         raise AssertionError("the all-ones word is not a unique codeword of the Tetra trellis")
     return int(hit[0])
-
-
-def _fields(b: torch.Tensor, spec: tuple[tuple[int, int], ...]) -> list[torch.Tensor]:
-    return [(b >> s) & ((1 << n) - 1) for s, n in spec]
-
-
-def _canonical_blocks(w: Tetra48Weight) -> torch.Tensor:
-    """The canonical 48-bit words (int64 [d_out, n_blocks]) of a standard or kernel-order record."""
-    from leechq.formats.layouts.tetra48_korder import (
-        blocks_from_words,
-        korder_blocks,
-        standard_order_blocks,
-    )
-
-    if w.korder:
-        return standard_order_blocks(korder_blocks(w.words, w.n_blocks))
-    return blocks_from_words(w.words, w.n_blocks)
 
 
 def shells(blocks: torch.Tensor) -> torch.Tensor:
@@ -126,7 +116,7 @@ def decode_fields(f: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`encode_blocks` (``f`` int64 [..., 7] → canonical words int64 [...]);
     raises :class:`InvalidInput` on fields no canonical word has."""
     r1, r2, r3, x, _m, p, g = f.unbind(-1)
-    dl = (r2 >= 2048).to(torch.int64)
+    dl = (r2 >= CLASS_ROWS).to(torch.int64)
     i2 = r2 - MID_SHIFT * dl
     bad = (dl == 1) & (i2 < N0_MIXED) | (dl == 0) & (r2 >= N0_MIXED) | (i2 > 2047)
     r = r1 >> 11
@@ -180,7 +170,7 @@ def to_tetra64(w: Tetra48Weight) -> Tetra48Weight:
     shells are decoded on the words' device."""
     if w.t64:
         raise InvalidInput("to_tetra64: the record is in the tetra64 layout already")
-    blocks = _canonical_blocks(w)
+    blocks = canonical_blocks(w)
     out = replace(w, words=pack_words(encode_blocks(blocks)).contiguous(), korder=False, t64=True)
     out.validate()
     return out
@@ -191,22 +181,16 @@ def canonical_blocks(w: Tetra48Weight) -> torch.Tensor:
     layouts (standard, kernel order, this one)."""
     if w.t64:
         return decode_fields(unpack_words(w.words, w.n_blocks))
-    return _canonical_blocks(w)
+    if w.korder:
+        return standard_order_blocks(korder_blocks(w.words, w.n_blocks))
+    return blocks_from_words(w.words, w.n_blocks)
 
 
 def from_tetra64(w: Tetra48Weight) -> Tetra48Weight:
     """Inverse of :func:`to_tetra64`: the standard-order record, bit for bit."""
-    from leechq.formats.layouts.tetra48_korder import _rows
-
     if not w.t64:
         raise InvalidInput("from_tetra64: the record is not in the tetra64 layout")
-    b = canonical_blocks(w)
-    pad = -w.n_blocks % 2
-    b = torch.nn.functional.pad(b, (0, pad)).reshape(w.d_out, (w.n_blocks + pad) // 2, 2)
-    even, odd = b[..., 0], b[..., 1]
-    words = _rows(even & _M32, (even >> 32) | (odd & 0xFFFF) << 16, odd >> 16,
-                  stride_u32(w.n_blocks))
-    out = replace(w, words=words.contiguous(), t64=False)
+    out = replace(w, words=standard_words(canonical_blocks(w), w.n_blocks), t64=False)
     out.validate()
     return out
 

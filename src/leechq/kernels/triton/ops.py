@@ -863,8 +863,9 @@ def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name:
             "formats.layouts.tetra48_korder.to_standard_order")
     if getattr(w, "t64", False) and not t64_ok:
         raise InvalidInput(
-            "this Tetra48Weight is in the tetra64 layout, which only the m1 kernel reads "
-            "(tetra48_matvec_prepared); convert it back with "
+            "this Tetra48Weight is in the tetra64 layout, which only the m1, int8 and "
+            "dequantization kernels read (tetra48_matvec_prepared, tetra48_dequantize_f16); "
+            "convert it back with "
             "formats.layouts.tetra64.from_tetra64")
     dev = words.device
     check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
