@@ -37,14 +37,26 @@ sys.path.insert(0, str(HERE))
 from shapes import MODELS, Model  # noqa: E402
 
 DATE = "2026-11-29"
-ACT_SUFFIX = {"-a16": "1", "-a24": "0"}
-"""An arm name ending in one of these runs that arm with ``LEECHQ_A16`` set so (16- or 24-bit
-activations in the integer kernels, ``ops.act16``); every other arm runs the library's default
-(``ops.A16``)."""
+ENV_SUFFIX = {"-a16": ("LEECHQ_A16", "1"), "-a24": ("LEECHQ_A16", "0"),
+              "-pb0": ("LEECHQ_T64_PBITS", "0"), "-pb16": ("LEECHQ_T64_PBITS", "16"),
+              "-pb32": ("LEECHQ_T64_PBITS", "32"), "-xs": ("LEECHQ_T64_XS", "1")}
+"""An arm name ending in one of these runs that arm with the variable set so: ``LEECHQ_A16``
+(16- or 24-bit activations in the integer kernels, ``ops.act16``), ``LEECHQ_T64_PBITS`` (the
+pattern-bits table for ``tetra64`` records, ``ops.t64_pbits``); every other arm runs the
+library's defaults."""
 
 
-def _act_suffix(arm: str) -> str:
-    return next((s for s in ACT_SUFFIX if arm.endswith(s)), "")
+def _env_of(arm: str) -> tuple[str, dict[str, str]]:
+    """``arm`` without its :data:`ENV_SUFFIX` suffixes (any number, e.g. ``-pb16-xs``) and the
+    variables they set."""
+    env: dict[str, str] = {}
+    while True:
+        suffix = next((s for s in ENV_SUFFIX if arm.endswith(s)), "")
+        if not suffix:
+            return arm, env
+        var, value = ENV_SUFFIX[suffix]
+        env.setdefault(var, value)
+        arm = arm[: -len(suffix)]
 
 
 # ----------------------------------------------------------------------------------- arm weights
@@ -131,6 +143,11 @@ def _config_of(config):
     return config if callable(config) else (lambda d_out, d_in: config)
 
 
+_LAYERS: dict = {}
+"""The last weights :func:`build_lattice` made (arms that differ only in switches, e.g. the
+``tetra64`` decode forms, reuse them instead of drawing and converting the same codes again)."""
+
+
 def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, seed: int,
                   fused: bool, config, null: bool = False, noprep: bool = False,
                   rotate: bool = False, limbs: bool = False, noprep_limbs: bool = False,
@@ -157,15 +174,19 @@ def build_lattice(model: Model, arm: str, batch: int, n_sets: int, device: str, 
     from leechq.kernels.triton import ops
 
     base = "tetra48" if arm in ("tetra48", "null") else arm
-    layers = _lattice_weights(model, base, fused, device, seed)
-    if korder:
-        from leechq.formats.layouts.tetra48_korder import to_kernel_order
+    key = (model.name, base, fused, device, seed, korder, t64)
+    layers = _LAYERS.get(key)
+    if layers is None:
+        layers = _lattice_weights(model, base, fused, device, seed)
+        if korder:
+            from leechq.formats.layouts.tetra48_korder import to_kernel_order
 
-        layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
-    if t64:
-        from leechq.formats.layouts.tetra64 import to_tetra64
+            layers = [{k: to_kernel_order(w) for k, w in lw.items()} for lw in layers]
+        if t64:
+            from leechq.formats.layouts.tetra64 import to_tetra64
 
-        layers = [{k: to_tetra64(w) for k, w in lw.items()} for lw in layers]
+            layers = [{k: to_tetra64(w) for k, w in lw.items()} for lw in layers]
+        _LAYERS[key] = layers
     xs = _layer_inputs(model, batch, n_sets, device, torch.float32)
     order = tetra_kernel_tables(device).order if base == "tetra48" else natural_order(device)
     first = layers[0]
@@ -1046,6 +1067,19 @@ def main() -> None:
                             maxnreg=cap if base.maxnreg else 0)
         return cfg
 
+    def cfg1_t64(resident: int):
+        """``ops.m1_config(t64=True)`` with chunks for one wave of ``resident`` programs per
+        SM (the library sizes them for ``ops.M1_RESIDENT[1]``)."""
+        from dataclasses import replace as _replace
+
+        from leechq.kernels.triton.ops import M1_MAX_ROWS, m1_wave_rows
+
+        def cfg(d_out: int, d_in: int):
+            base = m1_config(d_out, d_in // 24, torch.device(device), t64=True)
+            wave = m1_wave_rows(d_out, d_in // 24, resident * _sms(), ilp=base.ilp)
+            return _replace(base, rows=min(wave, M1_MAX_ROWS))
+        return cfg
+
     def cfg2_resident(resident: int):
         """The two-row rule (``ops.m1_config(m_rows=2)``) with chunks sized for one wave of
         ``resident`` programs per SM (16-bit activations: 96 registers, five fit; the rule
@@ -1077,6 +1111,11 @@ def main() -> None:
                                                     True, tile, null=True),
                 "null-m1-fused-noprep": lambda: build_lattice(
                     model, "null", batch, args.sets, device, 2, True, m1, null=True, noprep=True),
+                # the control in the tetra64 arms' geometry (ops.m1_config(t64=True))
+                "null-m1-fused-noprep-t64geo": lambda m=model, b=batch: build_lattice(
+                    m, "null", b, args.sets, device, 2, True,
+                    lambda d_out, d_in: m1_config(d_out, d_in // 24, torch.device(device),
+                                                  t64=True), null=True, noprep=True),
                 "tetra48-fused": lambda: build_lattice(model, "tetra48", batch, args.sets, device,
                                                        4, True, tile),
                 "tetra48-m1-fused": lambda: build_lattice(model, "tetra48", batch, args.sets,
@@ -1094,6 +1133,14 @@ def main() -> None:
                     m, "tetra48", b, args.sets, device, 4, True, None, noprep=True, t64=True),
                 "served-t64": lambda m=model, b=batch: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, None, rotate=True, t64=True),
+                # tetra64 with chunks for one wave of six programs per SM (the shared
+                # conversion, -xs, needs 80 registers)
+                "tetra48-m1-fused-noprep-t64r6": lambda m=model, b=batch: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, cfg1_t64(6), noprep=True,
+                    t64=True),
+                "served-t64r6": lambda m=model, b=batch: build_lattice(
+                    m, "tetra48", b, args.sets, device, 4, True, cfg1_t64(6), rotate=True,
+                    t64=True),
                 "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,
@@ -1162,17 +1209,18 @@ def main() -> None:
                     m, b, args.sets, device, 12, True, splits=n)
             if batch > 1:  # the no-weights control has one activation row
                 builders.pop("null-m1-fused-noprep")
+                builders.pop("null-m1-fused-noprep-t64geo")
             wanted = args.arms.split(",")
-            for arm in wanted:  # "<arm>-a16" / "-a24": that arm on 16- or 24-bit activations
-                base = arm[: -len(_act_suffix(arm))] if _act_suffix(arm) else arm
+            for arm in wanted:  # "<arm>-a16", "-pb16-xs", ...: that arm, its variables set
+                base = _env_of(arm)[0]
                 if base != arm and base in builders:
                     builders[arm] = builders[base]
             builders = {a: b for a, b in builders.items() if a in wanted}
             graphs = {}
             for arm, build in builders.items():
-                a16 = os.environ.pop("LEECHQ_A16", None)
-                if _act_suffix(arm):
-                    os.environ["LEECHQ_A16"] = ACT_SUFFIX[_act_suffix(arm)]
+                env = _env_of(arm)[1]
+                saved = {var: os.environ.pop(var, None) for var in env}
+                os.environ.update(env)
                 try:
                     p = build()
                     checks[f"{name}/{arm}/M{batch}"] = err = p.check()
@@ -1189,10 +1237,11 @@ def main() -> None:
                                     "error": repr(exc)[:500]})
                     torch.cuda.empty_cache()
                 finally:  # captured graphs keep their kernels; the environment goes back
-                    if a16 is None:
-                        os.environ.pop("LEECHQ_A16", None)
-                    else:
-                        os.environ["LEECHQ_A16"] = a16
+                    for var, old in saved.items():
+                        if old is None:
+                            os.environ.pop(var, None)
+                        else:
+                            os.environ[var] = old
             if "fp16" not in graphs:
                 continue
             per_round: dict[str, list[float]] = {a: [] for a in graphs}
@@ -1227,6 +1276,7 @@ def main() -> None:
                       f"{r['frac_copy_bw']:5.3f} of copy  {r['ratio_vs_fp16']:6.3f}x fp16 "
                       f"[{r['ratio_range'][0]}-{r['ratio_range'][1]}]", flush=True)
             del graphs
+            _LAYERS.clear()
             torch.cuda.empty_cache()
             _write(args.out, {"bench": "matvec", "gpu": gpu, "git": git_rev(), "partial": True,
                               "copy_gbps": round(copy_gbps, 1), "sweep": sweep_table,

@@ -131,6 +131,10 @@
 #   t64sweep the m1 geometry sweep on tetra64 records (bench_matvec --sweep --sweep-t64)
 #   t64e2e   e2e Qwen3-8B at batch 1, 2 and 8 (tetra48 = tetra64, tetra48-std) and Qwen3-14B at
 #            batch 1
+#   pbits    the tetra64 decode's pattern-bits tables (16 / 32 copies, tetra48_m1.decode_block64_bits)
+#            and the warps' shared activation conversion (XS): their GPU tests (full shapes, bit for
+#            bit), then one token through the Qwen3-8B projections against the 16-byte table, the
+#            control in the tetra64 geometry, chunks for six programs per SM, and Planes14 m1
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -431,6 +435,13 @@ t64)
   gpu_tests tests-t64 200 tests/kernels/test_tetra64.py tests/serve/test_gpu.py -k "tetra64 or fused"
   matvec matvec-t64 200 --batches 1 --arms fp16,tetra48-m1-fused-noprep,\
 tetra48-m1-fused-noprep-t64,served,served-t64
+  ;;
+pbits)
+  gpu_tests tests-pbits 150 tests/kernels/test_tetra64_bits.py
+  matvec matvec-pbits 400 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-pb16,tetra48-m1-fused-noprep-t64-pb32,\
+tetra48-m1-fused-noprep-t64-pb16-xs,tetra48-m1-fused-noprep-t64r6-pb16-xs,\
+null-m1-fused-noprep-t64geo,planes14-m1-fused
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\

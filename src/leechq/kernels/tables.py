@@ -189,6 +189,60 @@ def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
     return out
 
 
+M1_BITS_COPIES = (16, 32)
+"""Copy counts of the pattern-bits table (:func:`tetra_m1_bits_table_numpy`): 32 copies give
+each lane of a warp its own bank (one wavefront per lookup), 16 copies a table a quarter smaller
+whose lanes ``ℓ`` and ``ℓ + 16`` may share a bank (about two wavefronts per lookup)."""
+
+
+def pattern_bits(masks: np.ndarray) -> np.ndarray:
+    """Pattern entries ``[..., 4]`` of nibble masks (word ``k`` < 3: section ``k``, nibble ``i``
+    ``0xF`` or 0) → one uint32 each: bit ``4i + k`` is nibble ``i`` of section ``k``'s mask, so
+    ``((P >> k) & 0x11111111) · 15`` gives the mask back (and the XOR of two such words gives
+    the XOR of their masks)."""
+    out = np.zeros(masks.shape[:-1], dtype=np.uint32)
+    for k in range(3):
+        for i in range(8):
+            bit = (masks[..., k] >> np.uint32(4 * i)) & np.uint32(1)
+            out |= bit.astype(np.uint32) << np.uint32(4 * i + k)
+    return out
+
+
+def tetra_m1_bits_table_numpy(copies: int = 32) -> np.ndarray:
+    """The batch-1 ``tetra64`` table with the Golay pattern as bits (uint32): the re-coded rank
+    rows [4096] as in :func:`tetra_m1_table_numpy`, then ``PA`` and ``PB`` as one word per entry
+    (:func:`pattern_bits`), ``copies`` copies each (16 or 32, :data:`M1_BITS_COPIES`): entry
+    ``a``, copy ``c`` at word ``4096 + copies·a + c`` (``PA``) and ``4096 + 64·copies +
+    copies·a + c`` (``PB``). 8192 words with 32 copies, 6144 with 16. Every entry's masks are
+    checked to come back from its bits."""
+    if copies not in M1_BITS_COPIES:
+        raise ValueError(f"copies must be one of {M1_BITS_COPIES}, got {copies}")
+    hrow, pa, pb = _m1_parts()
+    bits_a, bits_b = pattern_bits(pa), pattern_bits(pb)
+    for bits, masks in ((bits_a, pa), (bits_b, pb)):
+        for k in range(3):
+            back = ((bits >> np.uint32(k)) & np.uint32(0x11111111)) * np.uint32(15)
+            if not np.array_equal(back, masks[:, k]):
+                raise AssertionError("pattern bits do not give the nibble masks back")
+    out = np.zeros(4096 + 2 * 64 * copies, dtype=np.uint32)
+    out[:4096] = hrow
+    out[4096:4096 + 64 * copies] = np.repeat(bits_a, copies)
+    out[4096 + 64 * copies:] = np.repeat(bits_b, copies)
+    return out
+
+
+def _tetra_m1_bits_build(device: str, copies: int) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_bits_table_numpy(copies).view(np.int32).copy()).to(device)
+
+
+def tetra_m1_bits_table(device: torch.device | str, copies: int = 32) -> torch.Tensor:
+    """:func:`tetra_m1_bits_table_numpy` as int32 on ``device`` (built once per device and copy
+    count)."""
+    if copies not in M1_BITS_COPIES:
+        raise ValueError(f"copies must be one of {M1_BITS_COPIES}, got {copies}")
+    return _memo(f"tetra_m1_bits{copies}", device, partial(_tetra_m1_bits_build, copies=copies))
+
+
 def _tetra_m1_build(device: str, compact: bool = False) -> torch.Tensor:
     return torch.from_numpy(tetra_m1_table_numpy(compact).view(np.int32).copy()).to(device)
 

@@ -29,6 +29,7 @@ from leechq.kernels.tables import (
     planes14_m1_order,
     planes14_m1_table,
     tetra_kernel_tables,
+    tetra_m1_bits_table,
     tetra_m1_table,
     tetra_m1_table_compact,
 )
@@ -139,6 +140,36 @@ def t64_serving(device: torch.device | str) -> bool:
     env = os.environ.get("LEECHQ_T64")
     on = T64_DEFAULT if env is None else env == "1"
     return on and torch.device(device).type == "cuda" and not interpreting() and act16()
+
+
+T64_PBITS = 0
+"""Copies of each pattern entry in the pattern-bits table the batch-1 kernel reads ``tetra64``
+records with (``tables.tetra_m1_bits_table``, ``tetra48_m1.decode_block64_bits``: the Golay
+pattern as one 4-byte word per table lookup instead of a 16-byte entry; 16 or 32), or 0 for the
+16-byte entries of ``tables.tetra_m1_table``. ``LEECHQ_T64_PBITS`` overrides it per launch
+(:func:`t64_pbits`)."""
+
+
+def t64_pbits() -> int:
+    """:data:`T64_PBITS`, or the ``LEECHQ_T64_PBITS`` override (0, 16 or 32)."""
+    env = os.environ.get("LEECHQ_T64_PBITS")
+    n = T64_PBITS if env is None else int(env) if env.strip().isdigit() else -1
+    if n not in (0, 16, 32):
+        raise InvalidInput(f"LEECHQ_T64_PBITS must be 0, 16 or 32, got {env!r}")
+    return n
+
+
+T64_XS = False
+"""Whether the batch-1 kernel's warps share the activation conversion of ``tetra64`` launches
+through shared memory (``tetra48_m1._x_limbs64_shared``; needs the 16-copy pattern-bits table,
+:data:`T64_PBITS` = 16, one activation row per launch, four warps of 32 pairs).
+``LEECHQ_T64_XS`` overrides it per launch."""
+
+
+def t64_xs() -> bool:
+    """:data:`T64_XS`, or the ``LEECHQ_T64_XS`` override (``1`` on)."""
+    env = os.environ.get("LEECHQ_T64_XS")
+    return T64_XS if env is None else env == "1"
 
 
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
@@ -1016,6 +1047,14 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         code = (TETRA_64.value if getattr(w, "t64", False)
                 else TETRA_K.value if getattr(w, "korder", False) else TETRA.value)
         consts = {"CODE": code, "SEL_TABLE": True, **consts} if lattice else consts
+        pbits = t64_pbits() if lattice and code == TETRA_64.value else 0
+        if pbits:
+            table = tetra_m1_bits_table(xp.device, pbits)
+            consts["PBITS"] = pbits
+            consts["XS"] = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
+                            and cfg.bp == 32)
+    if lattice:  # every parameter passed (see above)
+        consts = {"PBITS": 0, "XS": False, **consts}
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):

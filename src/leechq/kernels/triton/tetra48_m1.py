@@ -232,6 +232,130 @@ def _x_limbs64(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
             c00, c01, c10, c11, c20, c21)
 
 
+XS_WORD = tl.constexpr(6144)
+"""Word offset, in the staged table's shared memory, of the region through which the warps of a
+program share the activation conversion (:func:`_x_limbs64_shared`): after the 6144 words of the
+16-copy pattern-bits table, within the 8192 words :func:`stage_table` reserves."""
+XS_WORDS = tl.constexpr(8)
+"""Words each half-block conversion leaves there: the six limb words of its half, its partial
+integer sum and ``F = 8·E``."""
+
+
+@triton.jit
+def _x_half64(src, NPP: tl.constexpr):
+    """The twelve coordinates of one half block (trio positions ``8k + 2j + half``, ``src`` at
+    the half's first one) and their largest magnitude."""
+    x0 = tl.load(src + 0 * NPP)
+    x1 = tl.load(src + 2 * NPP)
+    x2 = tl.load(src + 4 * NPP)
+    x3 = tl.load(src + 6 * NPP)
+    x4 = tl.load(src + 8 * NPP)
+    x5 = tl.load(src + 10 * NPP)
+    x6 = tl.load(src + 12 * NPP)
+    x7 = tl.load(src + 14 * NPP)
+    x8 = tl.load(src + 16 * NPP)
+    x9 = tl.load(src + 18 * NPP)
+    x10 = tl.load(src + 20 * NPP)
+    x11 = tl.load(src + 22 * NPP)
+    m0 = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
+    m1 = tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
+    m2 = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
+    return (tl.maximum(tl.maximum(m0, m1), m2), x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10,
+            x11)
+
+
+@triton.jit
+def _share(v, src_e, xaddr, tab_ptr, USE_ASM: tl.constexpr):
+    """Element ``src_e``'s value of ``v`` (int32), for every element: on the GPU ``v`` has been
+    stored at ``xaddr`` (shared memory, one word per element, a barrier since) and is read from
+    ``xaddr`` of ``src_e``; under the interpreter a gather of ``v``."""
+    if USE_ASM:
+        return smem_load32_at(tab_ptr, xaddr + src_e * 4, USE_ASM).to(tl.int32, bitcast=True)
+    else:
+        return tl.gather(v, src_e, 0)
+
+
+@triton.jit
+def _x_limbs64_shared(xr, NPP: tl.constexpr, e, tab_ptr, base, USE_ASM: tl.constexpr):
+    """:func:`_x_limbs64` of both blocks of each lane's pair (``xr``: the row's first pair of
+    the K-slice in the prepared layout; one activation row, four warps), bit for bit, with the
+    conversion shared by the program's warps: element ``e`` (of 128) converts one half block —
+    the block of parity ``(e // 32) % 2`` of pair ``e % 32``, its even (``e < 64``) or odd trio
+    positions — and the results reach every warp through shared memory (``XS_WORD`` of the
+    staged region, two barriers; a gather under the interpreter). Each warp loads 12 activation
+    values per lane instead of 48 and converts a quarter as many. Returns the tuples of the even
+    and the odd block."""
+    lane = e % 32
+    par = (e // 32) % 2
+    half = e // 64
+    (mh, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10,
+     x11) = _x_half64(xr + lane + (par * 24 + half) * NPP, NPP)
+    xa = base + XS_WORD * 4  # the half maxima, then XS_WORDS words per element
+    mhi = mh.to(tl.int32, bitcast=True)
+    if USE_ASM:
+        smem_store32(xa + e * 4, mhi, e >= 0)
+        tl.debug_barrier()
+    mo = _share(mhi, e ^ 64, xa, tab_ptr, USE_ASM).to(tl.float32, bitcast=True)
+    s, e_blk = block_scale(tl.maximum(mh, mo))
+    s = s * A16_INV
+    q0 = _rint(x0, s, True)
+    q1 = _rint(x1, s, True)
+    q2 = _rint(x2, s, True)
+    q3 = _rint(x3, s, True)
+    q4 = _rint(x4, s, True)
+    q5 = _rint(x5, s, True)
+    q6 = _rint(x6, s, True)
+    q7 = _rint(x7, s, True)
+    q8 = _rint(x8, s, True)
+    q9 = _rint(x9, s, True)
+    q10 = _rint(x10, s, True)
+    q11 = _rint(x11, s, True)
+    _a, b0, c0 = _limbs_of_quad(q0, q1, q2, q3, USE_ASM, True)
+    _a, b1, c1 = _limbs_of_quad(q4, q5, q6, q7, USE_ASM, True)
+    _a, b2, c2 = _limbs_of_quad(q8, q9, q10, q11, USE_ASM, True)
+    # 12·0x4B400000 mod 2^32: wrapping int32, the half's exact integer sum
+    sh = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7)) + ((q8 + q9) + (q10 + q11)) \
+        - (0x87000000 - (1 << 32))
+    fb = (e_blk * 8.0).to(tl.int32, bitcast=True)
+    vals = (b0.to(tl.int32, bitcast=True), b1.to(tl.int32, bitcast=True),
+            b2.to(tl.int32, bitcast=True), c0.to(tl.int32, bitcast=True),
+            c1.to(tl.int32, bitcast=True), c2.to(tl.int32, bitcast=True), sh, fb)
+    xw = xa + 128 * 4
+    if USE_ASM:
+        for j in tl.static_range(XS_WORDS):
+            smem_store32(xw + (j * 128 + e) * 4, vals[j], e >= 0)
+        tl.debug_barrier()
+    ev = _block_shared(vals, lane, 0, xw, tab_ptr, USE_ASM)
+    od = _block_shared(vals, lane, 1, xw, tab_ptr, USE_ASM)
+    return ev, od
+
+
+@triton.jit
+def _block_shared(vals, lane, PAR: tl.constexpr, xw, tab_ptr, USE_ASM: tl.constexpr):
+    """The :func:`_x_limbs64` tuple of the parity-``PAR`` block of each lane's pair from the two
+    half conversions :func:`_x_limbs64_shared` shared (elements ``32·PAR + lane`` and
+    ``64 + 32·PAR + lane``)."""
+    e0 = 32 * PAR + lane
+    e1 = e0 + 64
+    u = tl.uint32
+    b00 = _share(vals[0], e0, xw + 0 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    b01 = _share(vals[0], e1, xw + 0 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    b10 = _share(vals[1], e0, xw + 1 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    b11 = _share(vals[1], e1, xw + 1 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    b20 = _share(vals[2], e0, xw + 2 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    b21 = _share(vals[2], e1, xw + 2 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c00 = _share(vals[3], e0, xw + 3 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c01 = _share(vals[3], e1, xw + 3 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c10 = _share(vals[4], e0, xw + 4 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c11 = _share(vals[4], e1, xw + 4 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c20 = _share(vals[5], e0, xw + 5 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    c21 = _share(vals[5], e1, xw + 5 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
+    sm = (_share(vals[6], e0, xw + 6 * 512, tab_ptr, USE_ASM)
+          + _share(vals[6], e1, xw + 6 * 512, tab_ptr, USE_ASM))
+    f = _share(vals[7], e0, xw + 7 * 512, tab_ptr, USE_ASM).to(tl.float32, bitcast=True)
+    return (f, sm * -112, sm * -120, b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21)
+
+
 LIMB_WORDS = tl.constexpr(19)
 """Words per block of a stored limb record (:func:`store_limb_tile`): the exponent ``E_b``
 (float32 bits), then the 18 limb words ``L[limb][section][half]``."""
@@ -462,6 +586,52 @@ def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexp
 
 
 @triton.jit
+def pattern_masks(pa, pb):
+    """The three sections' nibble masks from two pattern-bits words (``tables.pattern_bits``:
+    bit ``4i + k`` is nibble ``i`` of section ``k``): the XOR of the two, spread by a mask and a
+    multiply by 15 per section."""
+    pp = pa ^ pb
+    n1 = tl.full(pa.shape, 0x11111111, tl.uint32)
+    return (pp & n1) * 15, ((pp >> 1) & n1) * 15, ((pp >> 2) & n1) * 15
+
+
+@triton.jit
+def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
+                        USE_ASM: tl.constexpr):
+    """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
+    ``COPIES`` 16 or 32 copies of each pattern entry; ``sbr``: the lane's copy as a byte offset,
+    ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``, with the pattern read as one 4-byte
+    word per table (one or about two shared-memory wavefronts per warp instead of four for a
+    16-byte entry) and spread into nibble masks by :func:`pattern_masks`."""
+    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
+    a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
+    a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
+    a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
+    if COPIES == 32:  # entries 128 bytes apart: the layout's index fields are byte offsets
+        m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
+        apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 19) | sbr,
+                                             and_or(w3, m7, sbr, USE_ASM))
+        apb = base + (PA_WORD + 64 * 32) * 4 + and_or(tl.where(odd, w2 >> 19, w3 << 7), m7, sbr,
+                                                      USE_ASM)
+    else:  # 64 bytes apart: the index fields one bit lower
+        m6 = tl.full(w0.shape, 0xFC0, tl.uint32)
+        apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 20) | sbr,
+                                             and_or(w3 >> 1, m6, sbr, USE_ASM))
+        apb = base + (PA_WORD + 64 * 16) * 4 + and_or(tl.where(odd, w2 >> 20, w3 << 6), m6, sbr,
+                                                      USE_ASM)
+    pa = smem_load32_at(tab_ptr, apa, USE_ASM)
+    pb = smem_load32_at(tab_ptr, apb, USE_ASM)
+    f1 = smem_load32_at(tab_ptr, a1, USE_ASM)
+    f2 = smem_load32_at(tab_ptr, a2, USE_ASM)
+    f3 = smem_load32_at(tab_ptr, a3, USE_ASM)
+    k1, k2, k3 = pattern_masks(pa, pb)
+    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1) != 0
+    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1) != 0
+    m = tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32)
+    return f1 ^ k1, f2 ^ k2, f3 ^ k3, p, g, m
+
+
+@triton.jit
 def value_map64(p):
     """The value map of a ``tetra64`` block for :func:`section_values`: value bytes + 128 are
     ``nibbles·mp + kp`` with ``mp = 2``, ``kp = 114 − p`` per byte."""
@@ -525,18 +695,29 @@ def _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, x0, x1, x2, x3, MB: tl.const
 
 
 @triton.jit
+def _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS: tl.constexpr,
+              USE_ASM: tl.constexpr):
+    """:func:`decode_block64` (``PBITS`` 0) or :func:`decode_block64_bits` (``PBITS``: copies)."""
+    if PBITS:
+        return decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS, USE_ASM)
+    else:
+        return decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM)
+
+
+@triton.jit
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                USE_ASM: tl.constexpr, PBITS: tl.constexpr = 0):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
     ``formats.layouts.tetra64``): both blocks by :func:`decode_block64` (each table address one
     mask or one shift of a word, the lane's pattern-copy byte offset ``sbr`` merged in; the
-    shells the words' top five bits, at least 1 in every stored block)."""
+    shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (16 or 32):
+    by :func:`decode_block64_bits` on the pattern-bits table with that many copies."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     even = tl.full(w0.shape, False, tl.int1)
-    h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, even, tab_ptr, base, sbr, USE_ASM)
+    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, even, tab_ptr, base, sbr, PBITS, USE_ASM)
     e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xe0, xe1, xe2, xe3, MB,
                                   USE_ASM)
-    h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, ~even, tab_ptr, base, sbr, USE_ASM)
+    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, ~even, tab_ptr, base, sbr, PBITS, USE_ASM)
     o0, o1, o2, o3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xo0, xo1, xo2, xo3, MB,
                                   USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
@@ -683,7 +864,8 @@ def m1_kernel(
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
-    LIMBS: tl.constexpr = False, A16: tl.constexpr = False,
+    LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
+    XS: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -703,7 +885,11 @@ def m1_kernel(
     ``stride_l`` apart, :func:`store_limb_tile` — written by the rotation); the program loads
     them instead of converting the prepared rows (the tail is still read from ``xp_ptr``).
     ``A16``: the activation rounded to 16 bits per block (:data:`A16_STEP`; the limb records, if
-    given, written so), 12 ``dp4a`` per block and row instead of 18."""
+    given, written so), 12 ``dp4a`` per block and row instead of 18. ``PBITS`` (``TETRA_64``
+    only; 16 or 32, 0 off): ``tab_ptr`` is ``tables.tetra_m1_bits_table`` with that many copies
+    of each pattern entry, read by :func:`decode_block64_bits`. ``XS`` (with ``PBITS = 16``, one
+    row, four warps of 32 pairs): the warps share the activation conversion through shared
+    memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -720,13 +906,20 @@ def m1_kernel(
     else:
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    if CODE != 1:
-        base = stage_table(tab_ptr, d_out, USE_ASM)
-    else:
+    if CODE == 1:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+    elif PBITS == 16:
+        tl.static_assert(CODE == 3, "the pattern-bits table serves the tetra64 decode only")
+        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # 4096 + 2·64·16 words
+    else:
+        tl.static_assert(PBITS == 0 or (PBITS == 32 and CODE == 3),
+                         "PBITS: 16 or 32 copies, with the tetra64 decode")
+        base = stage_table(tab_ptr, d_out, USE_ASM)
     sb_rep = sb_copy(e)
     if CODE >= 2:  # kernel order, tetra64: the copy as a byte offset
         sb_rep = sb_rep * 4
+    if PBITS:  # one 4-byte copy per lane (mod PBITS)
+        sb_rep = ((e % PBITS) * 4).to(tl.uint32)
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
@@ -748,6 +941,11 @@ def m1_kernel(
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
     if LIMBS:
         xs = _row_limbs(xl_ptr + sl * BP + lane, stride_l, NPP, MB, USE_ASM, True, A16)
+    elif XS:
+        tl.static_assert(CODE == 3 and PBITS == 16 and MB == 1 and NW == 4 and BP == 32,
+                         "XS: the tetra64 decode on the 16-copy bits table, one row, 4 warps")
+        xse, xso = _x_limbs64_shared(xp_ptr + sl * BP, NPP, e, tab_ptr, base, USE_ASM)
+        xs = (xse, xso, xse, xso, xse, xso, xse, xso)
     else:
         xs = _row_limbs(xp_ptr + sl * BP + lane, stride_x, NPP, MB, USE_ASM, False, A16,
                         CODE == 3)
@@ -762,10 +960,10 @@ def m1_kernel(
             m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                     STRIDE_W, CODE, USE_ASM)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
-                                    USE_ASM, A16)
+                                    USE_ASM, A16, PBITS)
         if ILP == 2:
             b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
-                                        SEL_TABLE, USE_ASM, A16)
+                                        SEL_TABLE, USE_ASM, A16, PBITS)
             _store_rows_ilp2(a0, a1, a2, a3, b0, b1, b2, b3, rows, rows + RI, lane, part, d_out,
                              NW, BP, MB, USE_ASM)
             v, va, vb = m, ma, mb
@@ -803,12 +1001,13 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 
 @triton.jit
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
-               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
+               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False,
+               PBITS: tl.constexpr = 0):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
     if CODE == 3:
         w0, w1, w2, w3 = words
         d0, d1, d2, d3 = _pair_dot64(w0, w1, w2, w3, ca, cb, tab_ptr, base, sb_rep, xs, MB,
-                                     USE_ASM)
+                                     USE_ASM, PBITS)
     elif CODE != 1:
         w0, w1, w2 = words
         d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,

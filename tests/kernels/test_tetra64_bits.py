@@ -1,0 +1,159 @@
+"""The batch-1 kernel's pattern-bits table for ``tetra64`` records (``PBITS``,
+``tables.tetra_m1_bits_table``, ``tetra48_m1.decode_block64_bits``) and the warps' shared
+activation conversion (``XS``, ``tetra48_m1._x_limbs64_shared``): the table gives every pattern
+entry's nibble masks back; under the interpreter both forms equal the 16-byte-entry decode bit
+for bit (one, two and four rows, odd blocks, tails, short K-slices); the switches' errors;
+offline, the instruction and load counts; on the GPU, full shapes bit for bit."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from offline_compile import run_offline
+
+from leechq.errors import InvalidInput
+from leechq.formats.layouts.tetra48 import random_tetra48
+from leechq.formats.layouts.tetra64 import to_tetra64
+from leechq.kernels import reference as ref
+from leechq.kernels import tables
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+
+
+def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compiles anything
+    pytest.importorskip("triton")
+    from leechq.kernels.triton import ops
+
+    return ops
+
+
+@pytest.mark.parametrize("copies", [16, 32])
+def test_bits_table_layout(copies: int) -> None:
+    """Rank rows as in the 16-byte table; entry ``a`` copy ``c`` of ``PA`` / ``PB`` at the
+    documented words; every copy of an entry equal; the masks of each entry back from its bits,
+    and the XOR of a ``PA`` and a ``PB`` word spreads to the XOR of their masks."""
+    bits = tables.tetra_m1_bits_table_numpy(copies)
+    std = tables.tetra_m1_table_numpy()
+    assert bits.dtype == np.uint32 and bits.size == 4096 + 2 * 64 * copies
+    assert np.array_equal(bits[:4096], std[:4096])
+    pa = bits[4096:4096 + 64 * copies].reshape(64, copies)
+    pb = bits[4096 + 64 * copies:].reshape(64, copies)
+    assert (pa == pa[:, :1]).all() and (pb == pb[:, :1]).all()
+    masks_a = std[tables.M1_PA_WORD:tables.M1_PB_WORD].reshape(64, tables.M1_COPIES, 4)[:, 0]
+    masks_b = std[tables.M1_PB_WORD:].reshape(64, tables.M1_COPIES, 4)[:, 0]
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 64, 500), rng.integers(0, 64, 500)
+    pp = pa[a, 0] ^ pb[b, 0]
+    for k in range(3):
+        spread = ((pp >> np.uint32(k)) & np.uint32(0x11111111)) * np.uint32(15)
+        assert np.array_equal(spread, masks_a[a, k] ^ masks_b[b, k])
+    with pytest.raises(ValueError, match="copies"):
+        tables.tetra_m1_bits_table_numpy(8)
+
+
+def _case(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int, m_rows: int):
+    """A random record in both layouts, its prepared activation, 16-bit activations."""
+    ops = _ops()
+    monkeypatch.setenv("LEECHQ_A16", "1")
+    device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
+        else "cpu"
+    w = random_tetra48(d_out, d_in, seed=3 * d_in + m_rows, device=device)
+    g = torch.Generator(device=device).manual_seed(d_out + 7 * m_rows)
+    x = torch.randn(m_rows, d_in, generator=g, device=device) * 3
+    xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables(device).order)
+    return ops, w, to_tetra64(w), x, xp
+
+
+def _run(ops, monkeypatch, t, xp, m_rows, cfg, pbits: str, xs: str) -> torch.Tensor:
+    monkeypatch.setenv("LEECHQ_T64_PBITS", pbits)
+    monkeypatch.setenv("LEECHQ_T64_XS", xs)
+    got = torch.full((m_rows, t.d_out), float("nan"), device=xp.device)
+    ops.tetra48_matvec_prepared(xp, t, m_rows, cfg, out=got)
+    return got
+
+
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ilp", "forms"), [
+    (40, 24 * 9 + 5, 1, 2, [("16", "0"), ("32", "0"), ("16", "1")]),  # odd blocks, a tail
+    (33, 24 * 70, 1, 1, [("16", "1"), ("32", "0")]),  # three K-slices, the last one short
+    (24, 256, 2, 2, [("16", "1"), ("32", "0")]),      # two rows: XS does not apply, PBITS does
+    (17, 24 * 5 + 1, 3, 1, [("16", "0")]),            # four rows per launch (three real)
+])
+def test_bits_and_shared_conversion_match(monkeypatch: pytest.MonkeyPatch, d_out: int,
+                                          d_in: int, m_rows: int, ilp: int,
+                                          forms: list[tuple[str, str]]) -> None:
+    ops, w, t, x, xp = _case(monkeypatch, d_out, d_in, m_rows)
+    cfg = replace(ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, m_rows), ilp=ilp)
+    want = _run(ops, monkeypatch, t, xp, m_rows, cfg, "0", "0")
+    assert ref.row_bound_error(want, ref.round_activation(x, w.n_blocks),
+                               ref.tetra48_dequantize_rotated(t)) <= 1e-5
+    for pbits, xs in forms:
+        assert torch.equal(_run(ops, monkeypatch, t, xp, m_rows, cfg, pbits, xs), want), \
+            (pbits, xs)
+
+
+def test_pbits_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad ``LEECHQ_T64_PBITS`` is named; the default is the 16-byte table."""
+    ops = _ops()
+    monkeypatch.delenv("LEECHQ_T64_PBITS", raising=False)
+    assert ops.t64_pbits() == ops.T64_PBITS
+    for bad in ("8", "x", "-16"):
+        monkeypatch.setenv("LEECHQ_T64_PBITS", bad)
+        with pytest.raises(InvalidInput, match="LEECHQ_T64_PBITS"):
+            ops.t64_pbits()
+
+
+_SASS = """
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.tetra48_m1 import m1_kernel
+out = []
+for pbits, xs in ((0, False), (16, False), (32, False), (16, True)):
+    ce = dict(N_BLOCKS=170, TAIL_COLS=16, ROWS=112, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1,
+              A16=True, CODE=3, PDL=True, PBITS=pbits, XS=xs)
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, ce, num_warps=4,
+                      aligned_ints=("d_out", "stride_x", "stride_y", "stride_l"))
+    text = I.sass(c)
+    ins = I.instructions(text)
+    lo, _hi = I.widest_loop(ins)
+    mix = I.hot_loop_mix(text)
+    ldg = sum(1 for a, op, _ in ins if a < lo and op.startswith("LDG") and ".128" not in op)
+    out += [mix["loop_total"], mix["loop"].get("LDS", 0), mix["loop"].get("IDP", 0), ldg,
+            I.resource_usage(c).get("registers", 0), I.resource_usage(c).get("local", 0)]
+print(*out)
+"""
+
+
+def test_bits_offline() -> None:
+    """Offline sm_90 compile of the tetra64 kernel (two rows per trip, one row, gate|up width):
+    the bits forms keep the 20 shared loads and 48 ``dp4a`` per trip at no more than 40
+    instructions over the 16-byte form (the pattern spread: 33 under Triton 3.9); the shared
+    conversion loads at most 16 scalar activation words per thread before the loop (48 when
+    every warp converts its slice) and needs fewer registers; no local memory."""
+    pytest.importorskip("triton")
+    v = [int(s) for s in run_offline(_SASS, timeout=900).split()[-24:]]
+    std, pb16, pb32, xs = v[0:6], v[6:12], v[12:18], v[18:24]
+    for form in (std, pb16, pb32, xs):
+        assert form[1] == 20 and form[2] == 48 and form[5] == 0, form
+    assert pb16[0] - std[0] <= 40 and pb32[0] - std[0] <= 40, (std, pb16, pb32)
+    assert std[3] >= 48 and xs[3] <= 16, (std, xs)
+    assert xs[4] < pb16[4], (xs, pb16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 4096), (24576, 4096),
+                                             (4096, 12288), (5120, 17408), (24, 24 * 213 + 8)])
+def test_bits_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int) -> None:
+    """On the GPU, the library's tetra64 geometry at real shapes: both bits tables and the
+    shared conversion give the 16-byte decode's output bit for bit (NaN-poisoned outputs)."""
+    ops, w, t, x, xp = _case(monkeypatch, d_out, d_in, 1)
+    cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, 1, t64=True)
+    want = _run(ops, monkeypatch, t, xp, 1, cfg, "0", "0")
+    assert ref.row_bound_error(want, ref.round_activation(x, w.n_blocks),
+                               ref.tetra48_dequantize_rotated(t)) <= 1e-5
+    for pbits, xs in (("16", "0"), ("32", "0"), ("16", "1")):
+        assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, xs), want), (pbits, xs)
