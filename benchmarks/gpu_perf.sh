@@ -135,6 +135,9 @@
 #            and the warps' shared activation conversion (XS): their GPU tests (full shapes, bit for
 #            bit), then one token through the Qwen3-8B projections against the 16-byte table, the
 #            control in the tetra64 geometry, chunks for six programs per SM, and Planes14 m1
+#   geo      the tetra64 geometry with fewer, wider programs (8 or 16 warps, sized for 2 or 1 per
+#            SM: one staged table per 16 warps instead of per 4) and the 8-copy pattern-bits table
+#            (20 KiB staged): GPU tests, then one token through the Qwen3-8B projections
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -442,6 +445,14 @@ pbits)
 tetra48-m1-fused-noprep-t64-pb16,tetra48-m1-fused-noprep-t64-pb32,\
 tetra48-m1-fused-noprep-t64-pb16-xs,tetra48-m1-fused-noprep-t64r6-pb16-xs,\
 null-m1-fused-noprep-t64geo,planes14-m1-fused
+  ;;
+geo)
+  matvec matvec-geo 400 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-pb16,tetra48-m1-fused-noprep-t64-pb8,\
+tetra48-m1-fused-noprep-t64-nw8,tetra48-m1-fused-noprep-t64-pb16-nw8,\
+tetra48-m1-fused-noprep-t64-pb8-nw8,tetra48-m1-fused-noprep-t64-pb16-nw16,\
+tetra48-m1-fused-noprep-t64-pb8-nw16,served-t64,served-t64-pb8-nw8,served-t64-pb16-nw16
+  gpu_tests tests-geo 120 tests/kernels/test_tetra64_bits.py -k full_shapes
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\

@@ -32,7 +32,7 @@ def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compi
     return ops
 
 
-@pytest.mark.parametrize("copies", [16, 32])
+@pytest.mark.parametrize("copies", [8, 16, 32])
 def test_bits_table_layout(copies: int) -> None:
     """Rank rows as in the 16-byte table; entry ``a`` copy ``c`` of ``PA`` / ``PB`` at the
     documented words; every copy of an entry equal; the masks of each entry back from its bits,
@@ -53,7 +53,7 @@ def test_bits_table_layout(copies: int) -> None:
         spread = ((pp >> np.uint32(k)) & np.uint32(0x11111111)) * np.uint32(15)
         assert np.array_equal(spread, masks_a[a, k] ^ masks_b[b, k])
     with pytest.raises(ValueError, match="copies"):
-        tables.tetra_m1_bits_table_numpy(8)
+        tables.tetra_m1_bits_table_numpy(4)
 
 
 def _case(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int, m_rows: int):
@@ -82,7 +82,7 @@ def _run(ops, monkeypatch, t, xp, m_rows, cfg, pbits: str, xs: str) -> torch.Ten
     (40, 24 * 9 + 5, 1, 2, [("16", "0"), ("32", "0"), ("16", "1")]),  # odd blocks, a tail
     (33, 24 * 70, 1, 1, [("16", "1"), ("32", "0")]),  # three K-slices, the last one short
     (24, 256, 2, 2, [("16", "1"), ("32", "0")]),      # two rows: XS does not apply, PBITS does
-    (17, 24 * 5 + 1, 3, 1, [("16", "0")]),            # four rows per launch (three real)
+    (17, 24 * 5 + 1, 3, 1, [("16", "0"), ("8", "0")]),  # four rows per launch (three real)
 ])
 def test_bits_and_shared_conversion_match(monkeypatch: pytest.MonkeyPatch, d_out: int,
                                           d_in: int, m_rows: int, ilp: int,
@@ -102,7 +102,7 @@ def test_pbits_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = _ops()
     monkeypatch.delenv("LEECHQ_T64_PBITS", raising=False)
     assert ops.t64_pbits() == ops.T64_PBITS
-    for bad in ("8", "x", "-16"):
+    for bad in ("4", "x", "-16"):
         monkeypatch.setenv("LEECHQ_T64_PBITS", bad)
         with pytest.raises(InvalidInput, match="LEECHQ_T64_PBITS"):
             ops.t64_pbits()
@@ -155,5 +155,11 @@ def test_bits_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int
     want = _run(ops, monkeypatch, t, xp, 1, cfg, "0", "0")
     assert ref.row_bound_error(want, ref.round_activation(x, w.n_blocks),
                                ref.tetra48_dequantize_rotated(t)) <= 1e-5
-    for pbits, xs in (("16", "0"), ("32", "0"), ("16", "1")):
+    for pbits, xs in (("16", "0"), ("32", "0"), ("8", "0"), ("16", "1")):
         assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, xs), want), (pbits, xs)
+    for nw in ("8", "16"):  # eight or sixteen warps per program, sized for 2 or 1 per SM
+        monkeypatch.setenv("LEECHQ_T64_NW", nw)
+        cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, 1, t64=True)
+        for pbits in ("0", "8", "16"):
+            assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, "0"), want), \
+                (nw, pbits)

@@ -189,10 +189,11 @@ def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
     return out
 
 
-M1_BITS_COPIES = (16, 32)
+M1_BITS_COPIES = (8, 16, 32)
 """Copy counts of the pattern-bits table (:func:`tetra_m1_bits_table_numpy`): 32 copies give
-each lane of a warp its own bank (one wavefront per lookup), 16 copies a table a quarter smaller
-whose lanes ``ℓ`` and ``ℓ + 16`` may share a bank (about two wavefronts per lookup)."""
+each lane of a warp its own bank (one wavefront per lookup, 32 KiB in all); 16 copies (24 KiB)
+let lanes ``ℓ`` and ``ℓ + 16`` share a bank, 8 copies (20 KiB) lanes ``ℓ + 8j`` (about two
+wavefronts per lookup)."""
 
 
 def pattern_bits(masks: np.ndarray) -> np.ndarray:
@@ -211,9 +212,9 @@ def pattern_bits(masks: np.ndarray) -> np.ndarray:
 def tetra_m1_bits_table_numpy(copies: int = 32) -> np.ndarray:
     """The batch-1 ``tetra64`` table with the Golay pattern as bits (uint32): the re-coded rank
     rows [4096] as in :func:`tetra_m1_table_numpy`, then ``PA`` and ``PB`` as one word per entry
-    (:func:`pattern_bits`), ``copies`` copies each (16 or 32, :data:`M1_BITS_COPIES`): entry
+    (:func:`pattern_bits`), ``copies`` copies each (8, 16 or 32, :data:`M1_BITS_COPIES`): entry
     ``a``, copy ``c`` at word ``4096 + copies·a + c`` (``PA``) and ``4096 + 64·copies +
-    copies·a + c`` (``PB``). 8192 words with 32 copies, 6144 with 16. Every entry's masks are
+    copies·a + c`` (``PB``). 8192 words with 32 copies, 6144 with 16, 5120 with 8. Every entry's masks are
     checked to come back from its bits."""
     if copies not in M1_BITS_COPIES:
         raise ValueError(f"copies must be one of {M1_BITS_COPIES}, got {copies}")

@@ -145,17 +145,17 @@ def t64_serving(device: torch.device | str) -> bool:
 T64_PBITS = 0
 """Copies of each pattern entry in the pattern-bits table the batch-1 kernel reads ``tetra64``
 records with (``tables.tetra_m1_bits_table``, ``tetra48_m1.decode_block64_bits``: the Golay
-pattern as one 4-byte word per table lookup instead of a 16-byte entry; 16 or 32), or 0 for the
+pattern as one 4-byte word per table lookup instead of a 16-byte entry; 8, 16 or 32), or 0 for the
 16-byte entries of ``tables.tetra_m1_table``. ``LEECHQ_T64_PBITS`` overrides it per launch
 (:func:`t64_pbits`)."""
 
 
 def t64_pbits() -> int:
-    """:data:`T64_PBITS`, or the ``LEECHQ_T64_PBITS`` override (0, 16 or 32)."""
+    """:data:`T64_PBITS`, or the ``LEECHQ_T64_PBITS`` override (0, 8, 16 or 32)."""
     env = os.environ.get("LEECHQ_T64_PBITS")
     n = T64_PBITS if env is None else int(env) if env.strip().isdigit() else -1
-    if n not in (0, 16, 32):
-        raise InvalidInput(f"LEECHQ_T64_PBITS must be 0, 16 or 32, got {env!r}")
+    if n not in (0, 8, 16, 32):
+        raise InvalidInput(f"LEECHQ_T64_PBITS must be 0, 8, 16 or 32, got {env!r}")
     return n
 
 
@@ -312,6 +312,10 @@ M1_MAX_ROWS = 256
 """Largest chunk :func:`m1_config` picks (the fixup unrolls ``rows / 32`` times)."""
 
 
+M1_MAX_ROWS_T64 = 1024
+"""Largest chunk of the batch-1 ``tetra64`` geometry: wide programs (16 warps, one per SM) take
+up to 576 rows per chunk at Qwen3-8B's gate|up for one wave."""
+
 M1_RESIDENT = {1: 5, 2: 3, 4: 2}
 """Programs per H200 SM by activation rows per launch (``mb``) that :func:`m1_config` sizes its
 chunks for. Registers per thread (Triton 3.6, sm_90, offline SASS with a launch's hints, Qwen3
@@ -339,15 +343,37 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     mb = 1 if m_rows <= 1 else 2 if m_rows == 2 else 4
     ilp = 1 if mb == 4 else 2
     if t64 and mb == 1:
-        return MatvecConfig(rows=min(m1_wave_rows(d_out, n_blocks, M1_RESIDENT[1] * sms, ilp=2),
-                                     M1_MAX_ROWS), bp=32, num_warps=4, kernel="m1",
-                            ctas_per_sm=0, ilp=2, maxnreg=0, mb=1)
+        nw, resident = t64_geometry()
+        return MatvecConfig(rows=min(m1_wave_rows(d_out, n_blocks, resident * sms, ilp=2,
+                                                  num_warps=nw), M1_MAX_ROWS_T64),
+                            bp=32, num_warps=nw, kernel="m1", ctas_per_sm=0, ilp=2, maxnreg=0,
+                            mb=1)
     slices = ((n_blocks + 1) // 2 + 31) // 32
     rows = 64 if (d_out + 63) // 64 * slices >= 3 * sms else 32
     wave = m1_wave_rows(d_out, n_blocks, M1_RESIDENT[mb] * sms, ilp=ilp)
     rows = max(rows, min(wave, M1_MAX_ROWS))
     return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=ilp,
                         maxnreg=m1_maxnreg(n_blocks, tail_cols) if mb == 1 else 0, mb=mb)
+
+
+T64_NUM_WARPS = 4
+"""Warps per program of the batch-1 kernel on ``tetra64`` records (:func:`m1_config`)."""
+
+
+def t64_geometry() -> tuple[int, int]:
+    """(warps per program, programs per SM) the batch-1 ``tetra64`` geometry is sized for:
+    :data:`T64_NUM_WARPS` and ``M1_RESIDENT[1]·4 / warps`` programs, or the overrides
+    ``LEECHQ_T64_NW`` (4, 8 or 16) and ``LEECHQ_T64_RESIDENT`` (1..8)."""
+    env_nw = os.environ.get("LEECHQ_T64_NW")
+    env_res = os.environ.get("LEECHQ_T64_RESIDENT")
+    nw = T64_NUM_WARPS if env_nw is None else int(env_nw) if env_nw.isdigit() else 0
+    if nw not in (4, 8, 16):
+        raise InvalidInput(f"LEECHQ_T64_NW must be 4, 8 or 16, got {env_nw!r}")
+    res = max(1, M1_RESIDENT[1] * 4 // nw) if env_res is None else (
+        int(env_res) if env_res.isdigit() else 0)
+    if not 1 <= res <= 8:
+        raise InvalidInput(f"LEECHQ_T64_RESIDENT must be 1..8, got {env_res!r}")
+    return nw, res
 
 
 def m1_row_groups(m_rows: int) -> list[int]:

@@ -599,26 +599,25 @@ def pattern_masks(pa, pb):
 def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
                         USE_ASM: tl.constexpr):
     """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
-    ``COPIES`` 16 or 32 copies of each pattern entry; ``sbr``: the lane's copy as a byte offset,
-    ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``, with the pattern read as one 4-byte
-    word per table (one or about two shared-memory wavefronts per warp instead of four for a
-    16-byte entry) and spread into nibble masks by :func:`pattern_masks`."""
+    ``COPIES`` 8, 16 or 32 copies of each pattern entry; ``sbr``: the lane's copy as a byte
+    offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``, with the pattern read as one
+    4-byte word per table (one shared-memory wavefront per warp with 32 copies, about two with
+    16 and 8, instead of four for a 16-byte entry) and spread into nibble masks by :func:`pattern_masks`."""
     m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
     a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
     a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
     a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
-    if COPIES == 32:  # entries 128 bytes apart: the layout's index fields are byte offsets
-        m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
-        apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 19) | sbr,
-                                             and_or(w3, m7, sbr, USE_ASM))
-        apb = base + (PA_WORD + 64 * 32) * 4 + and_or(tl.where(odd, w2 >> 19, w3 << 7), m7, sbr,
-                                                      USE_ASM)
-    else:  # 64 bytes apart: the index fields one bit lower
-        m6 = tl.full(w0.shape, 0xFC0, tl.uint32)
-        apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 20) | sbr,
-                                             and_or(w3 >> 1, m6, sbr, USE_ASM))
-        apb = base + (PA_WORD + 64 * 16) * 4 + and_or(tl.where(odd, w2 >> 20, w3 << 6), m6, sbr,
-                                                      USE_ASM)
+    # entries 4·COPIES bytes apart (2^LG): the layout's index fields sit at bit 7 (PA_e, as a
+    # 128-byte offset), bits 0..5 (PB_e) and 26..31 (PA_o, PB_o)
+    LG: tl.constexpr = 7 if COPIES == 32 else 6 if COPIES == 16 else 5
+    mk = tl.full(w0.shape, 63 << LG, tl.uint32)
+    if LG == 7:
+        pa_e = and_or(w3, mk, sbr, USE_ASM)
+    else:
+        pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)
+    apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> (26 - LG)) | sbr, pa_e)
+    apb = base + (PA_WORD + 64 * COPIES) * 4 + and_or(tl.where(odd, w2 >> (26 - LG), w3 << LG),
+                                                      mk, sbr, USE_ASM)
     pa = smem_load32_at(tab_ptr, apa, USE_ASM)
     pb = smem_load32_at(tab_ptr, apb, USE_ASM)
     f1 = smem_load32_at(tab_ptr, a1, USE_ASM)
@@ -886,7 +885,7 @@ def m1_kernel(
     them instead of converting the prepared rows (the tail is still read from ``xp_ptr``).
     ``A16``: the activation rounded to 16 bits per block (:data:`A16_STEP`; the limb records, if
     given, written so), 12 ``dp4a`` per block and row instead of 18. ``PBITS`` (``TETRA_64``
-    only; 16 or 32, 0 off): ``tab_ptr`` is ``tables.tetra_m1_bits_table`` with that many copies
+    only; 8, 16 or 32, 0 off): ``tab_ptr`` is ``tables.tetra_m1_bits_table`` with that many copies
     of each pattern entry, read by :func:`decode_block64_bits`. ``XS`` (with ``PBITS = 16``, one
     row, four warps of 32 pairs): the warps share the activation conversion through shared
     memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice."""
@@ -911,6 +910,9 @@ def m1_kernel(
     elif PBITS == 16:
         tl.static_assert(CODE == 3, "the pattern-bits table serves the tetra64 decode only")
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # 4096 + 2·64·16 words
+    elif PBITS == 8:
+        tl.static_assert(CODE == 3, "the pattern-bits table serves the tetra64 decode only")
+        base = stage_table(tab_ptr, d_out, USE_ASM, 5, 1024)  # 4096 + 2·64·8 words
     else:
         tl.static_assert(PBITS == 0 or (PBITS == 32 and CODE == 3),
                          "PBITS: 16 or 32 copies, with the tetra64 decode")
