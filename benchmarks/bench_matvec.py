@@ -1155,6 +1155,11 @@ def main() -> None:
                     m, "planes14", b, args.sets, device, 6, True, cfg1 if b == 1 else (
                         lambda d_out, d_in: m1_config(d_out, d_in // 24, torch.device(device),
                                                       m_rows=b))),
+                # Planes14 in the tetra64 arms' geometry (ops.t64_geometry: -nw8 / -nw16 / -rN)
+                "planes14-m1-fused-wide": lambda m=model, b=batch: build_lattice(
+                    m, "planes14", b, args.sets, device, 6, True,
+                    lambda d_out, d_in: m1_config(d_out, d_in // 24, torch.device(device),
+                                                  t64=True)),
                 "int4": lambda: build_int4(model, batch, args.sets, device, 8),
                 "tetra48-mma-fused": lambda: build_batched(model, "mma", batch, args.sets,
                                                            device, 10),

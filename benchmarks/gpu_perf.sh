@@ -451,7 +451,8 @@ geo)
 tetra48-m1-fused-noprep-t64-pb16,tetra48-m1-fused-noprep-t64-pb8,\
 tetra48-m1-fused-noprep-t64-nw8,tetra48-m1-fused-noprep-t64-pb16-nw8,\
 tetra48-m1-fused-noprep-t64-pb8-nw8,tetra48-m1-fused-noprep-t64-pb16-nw16,\
-tetra48-m1-fused-noprep-t64-pb8-nw16,served-t64,served-t64-pb8-nw8,served-t64-pb16-nw16
+tetra48-m1-fused-noprep-t64-pb8-nw16,served-t64,served-t64-pb8-nw8,served-t64-pb16-nw16,\
+planes14-m1-fused,planes14-m1-fused-wide-nw8,planes14-m1-fused-wide-nw16
   gpu_tests tests-geo 120 tests/kernels/test_tetra64_bits.py -k full_shapes
   ;;
 t64sweep)
