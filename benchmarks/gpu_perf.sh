@@ -138,6 +138,9 @@
 #   geo      the tetra64 geometry with fewer, wider programs (8 or 16 warps, sized for 2 or 1 per
 #            SM: one staged table per 16 warps instead of per 4) and the 8-copy pattern-bits table
 #            (20 KiB staged): GPU tests, then one token through the Qwen3-8B projections
+#   pb8      the 8-copy pattern-bits table as the served default (ops.T64_PBITS): the tetra64 and
+#            bits kernel tests and the fused serving tests on the GPU, then e2e Qwen3-8B at batch 1
+#            against the 16-byte entries (arm tetra48-pb0)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -454,6 +457,12 @@ tetra48-m1-fused-noprep-t64-pb8-nw8,tetra48-m1-fused-noprep-t64-pb16-nw16,\
 tetra48-m1-fused-noprep-t64-pb8-nw16,served-t64,served-t64-pb8-nw8,served-t64-pb16-nw16,\
 planes14-m1-fused,planes14-m1-fused-wide-nw8,planes14-m1-fused-wide-nw16
   gpu_tests tests-geo 120 tests/kernels/test_tetra64_bits.py -k full_shapes
+  ;;
+pb8)
+  gpu_tests tests-pb8 330 tests/kernels/test_tetra64.py tests/kernels/test_tetra64_bits.py \
+    tests/serve/test_gpu.py -k "tetra64 or bits or fused"
+  e2e e2e-8b-pb8 240 --models qwen3-8b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
+    --skip-gates --no-profile --budget-s 200
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\

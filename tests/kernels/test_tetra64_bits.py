@@ -98,14 +98,24 @@ def test_bits_and_shared_conversion_match(monkeypatch: pytest.MonkeyPatch, d_out
 
 
 def test_pbits_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bad ``LEECHQ_T64_PBITS`` is named; the default is the 16-byte table."""
+    """Bad ``LEECHQ_T64_PBITS`` / ``LEECHQ_T64_NW`` / ``LEECHQ_T64_RESIDENT`` values are named;
+    unset, the library's defaults apply (the 8-copy table, four warps, five programs per SM)."""
     ops = _ops()
-    monkeypatch.delenv("LEECHQ_T64_PBITS", raising=False)
-    assert ops.t64_pbits() == ops.T64_PBITS
-    for bad in ("4", "x", "-16"):
-        monkeypatch.setenv("LEECHQ_T64_PBITS", bad)
-        with pytest.raises(InvalidInput, match="LEECHQ_T64_PBITS"):
+    for var in ("LEECHQ_T64_PBITS", "LEECHQ_T64_NW", "LEECHQ_T64_RESIDENT"):
+        monkeypatch.delenv(var, raising=False)
+    assert ops.t64_pbits() == ops.T64_PBITS == 8
+    assert ops.t64_geometry() == (4, 5)
+    for var, bad in (("LEECHQ_T64_PBITS", "4"), ("LEECHQ_T64_PBITS", "x"),
+                     ("LEECHQ_T64_PBITS", "-16"), ("LEECHQ_T64_NW", "2"),
+                     ("LEECHQ_T64_NW", "eight"), ("LEECHQ_T64_RESIDENT", "0"),
+                     ("LEECHQ_T64_RESIDENT", "9")):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(InvalidInput, match=var):
             ops.t64_pbits()
+            ops.t64_geometry()
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("LEECHQ_T64_NW", "8")
+    assert ops.t64_geometry() == (8, 2)
 
 
 _SASS = """
@@ -148,8 +158,9 @@ def test_bits_offline() -> None:
 @pytest.mark.parametrize(("d_out", "d_in"), [(6144, 4096), (4096, 4096), (24576, 4096),
                                              (4096, 12288), (5120, 17408), (24, 24 * 213 + 8)])
 def test_bits_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int) -> None:
-    """On the GPU, the library's tetra64 geometry at real shapes: both bits tables and the
-    shared conversion give the 16-byte decode's output bit for bit (NaN-poisoned outputs)."""
+    """On the GPU, the library's tetra64 geometry at real shapes: the bits tables (8, 16, 32
+    copies) and the shared conversion give the 16-byte decode's output bit for bit
+    (NaN-poisoned outputs); at 4096 × 4096 also with 8 and 16 warps per program."""
     ops, w, t, x, xp = _case(monkeypatch, d_out, d_in, 1)
     cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, 1, t64=True)
     want = _run(ops, monkeypatch, t, xp, 1, cfg, "0", "0")
@@ -157,8 +168,8 @@ def test_bits_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int
                                ref.tetra48_dequantize_rotated(t)) <= 1e-5
     for pbits, xs in (("16", "0"), ("32", "0"), ("8", "0"), ("16", "1")):
         assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, xs), want), (pbits, xs)
-    for nw in ("8", "16"):  # eight or sixteen warps per program, sized for 2 or 1 per SM
-        monkeypatch.setenv("LEECHQ_T64_NW", nw)
+    for nw in ("8", "16") if (d_out, d_in) == (4096, 4096) else ():  # wider programs, sized
+        monkeypatch.setenv("LEECHQ_T64_NW", nw)                       # for 2 or 1 per SM
         cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, 1, t64=True)
         for pbits in ("0", "8", "16"):
             assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, "0"), want), \

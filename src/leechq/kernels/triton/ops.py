@@ -142,12 +142,16 @@ def t64_serving(device: torch.device | str) -> bool:
     return on and torch.device(device).type == "cuda" and not interpreting() and act16()
 
 
-T64_PBITS = 0
+T64_PBITS = 8
 """Copies of each pattern entry in the pattern-bits table the batch-1 kernel reads ``tetra64``
 records with (``tables.tetra_m1_bits_table``, ``tetra48_m1.decode_block64_bits``: the Golay
 pattern as one 4-byte word per table lookup instead of a 16-byte entry; 8, 16 or 32), or 0 for the
-16-byte entries of ``tables.tetra_m1_table``. ``LEECHQ_T64_PBITS`` overrides it per launch
-(:func:`t64_pbits`)."""
+16-byte entries of ``tables.tetra_m1_table``. H200, Qwen3-8B projections at batch 1, one process
+(BENCHMARKS.md §3 run 21): 1.863 ms with the 16-byte entries, 1.854 with 16 copies, **1.836**
+with 8 (20 KiB staged per program instead of 32; 2.513× → 2.551× fp16); 32 copies, one
+wavefront per lookup but a 32 KiB table, 1.949 against 1.851 in an earlier process — the
+staged bytes weigh more than the pattern lookups' bank conflicts. ``LEECHQ_T64_PBITS``
+overrides it per launch (:func:`t64_pbits`)."""
 
 
 def t64_pbits() -> int:
@@ -162,8 +166,11 @@ def t64_pbits() -> int:
 T64_XS = False
 """Whether the batch-1 kernel's warps share the activation conversion of ``tetra64`` launches
 through shared memory (``tetra48_m1._x_limbs64_shared``; needs the 16-copy pattern-bits table,
-:data:`T64_PBITS` = 16, one activation row per launch, four warps of 32 pairs).
-``LEECHQ_T64_XS`` overrides it per launch."""
+``LEECHQ_T64_PBITS=16``, one activation row per launch, four warps of 32 pairs). Off: measured
+slower (H200, Qwen3-8B projections, BENCHMARKS.md §3 run 21: 1.915 ms against 1.835 without,
+though it drops each warp's activation loads from 48 to 12 per lane and the registers from 96
+to 80; chunks for six programs per SM on those 80 registers: 2.123 ms). ``LEECHQ_T64_XS=1``
+turns it on per launch."""
 
 
 def t64_xs() -> bool:
@@ -357,7 +364,11 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
 
 
 T64_NUM_WARPS = 4
-"""Warps per program of the batch-1 kernel on ``tetra64`` records (:func:`m1_config`)."""
+"""Warps per program of the batch-1 kernel on ``tetra64`` records (:func:`m1_config`). Wider
+programs stage the table once for more warps but leave fewer warps per SM (16 against 20):
+H200, Qwen3-8B projections (BENCHMARKS.md §3 run 21), 8 warps × 2 programs 1.996–2.005 ms and
+16 × 1 2.370–2.389 against 1.836–1.863 for 4 × 5; Planes14 likewise 4.174 and 4.822 against
+3.428."""
 
 
 def t64_geometry() -> tuple[int, int]:
