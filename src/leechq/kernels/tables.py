@@ -18,6 +18,10 @@
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
   the codebook decoder in the tests).
+* The batch-1 ``tetra64`` table (:func:`tetra_m1_bits_table`, the default of the kernel's
+  ``tetra64`` decode): the same rank rows, the pattern tables as one word per entry (bit
+  ``4i + k`` = nibble ``i`` of section ``k``'s mask, :func:`pattern_bits`) in 8, 16 or 32
+  bank-spread copies.
 * Planes14: the 512-entry class table in its kernel form (``formats.layouts.planes14``).
 """
 

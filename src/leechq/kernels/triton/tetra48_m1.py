@@ -34,7 +34,9 @@ our own (§3.10 leaves it open):
   over Tetra words in kernel order (``formats.layouts.tetra48_korder``, :func:`decode_nibbles_k`:
   the same table reads from cheaper addresses); with ``CODE = TETRA_64`` over the ``tetra64``
   layout (``formats.layouts.tetra64``: the table addresses and shells stored, every coordinate
-  ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a GPU).
+  ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a GPU), whose
+  Golay pattern comes from the 16-byte entries or, with ``PBITS`` (the launcher's default, 8
+  copies), as one word per table spread into nibble masks (:func:`decode_block64_bits`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
