@@ -141,6 +141,7 @@
 #   pb8      the 8-copy pattern-bits table as the served default (ops.T64_PBITS): the tetra64 and
 #            bits kernel tests and the fused serving tests on the GPU, then e2e Qwen3-8B at batch 1
 #            against the 16-byte entries (arm tetra48-pb0)
+#   pb8e2e   e2e Qwen3-14B at batch 1 with the 8-copy pattern-bits table against the 16-byte entries
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -463,6 +464,10 @@ pb8)
     tests/serve/test_gpu.py -k "tetra64 or bits or fused"
   e2e e2e-8b-pb8 240 --models qwen3-8b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
     --skip-gates --no-profile --budget-s 200
+  ;;
+pb8e2e)
+  e2e e2e-14b-pb8 300 --models qwen3-14b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
+    --skip-gates --no-profile --budget-s 260
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\
