@@ -218,8 +218,8 @@ def tetra_m1_bits_table_numpy(copies: int = 32) -> np.ndarray:
     rows [4096] as in :func:`tetra_m1_table_numpy`, then ``PA`` and ``PB`` as one word per entry
     (:func:`pattern_bits`), ``copies`` copies each (8, 16 or 32, :data:`M1_BITS_COPIES`): entry
     ``a``, copy ``c`` at word ``4096 + copies·a + c`` (``PA``) and ``4096 + 64·copies +
-    copies·a + c`` (``PB``). 8192 words with 32 copies, 6144 with 16, 5120 with 8. Every entry's masks are
-    checked to come back from its bits."""
+    copies·a + c`` (``PB``). 8192 words with 32 copies, 6144 with 16, 5120 with 8. Every
+    entry's masks are checked to come back from its bits."""
     if copies not in M1_BITS_COPIES:
         raise ValueError(f"copies must be one of {M1_BITS_COPIES}, got {copies}")
     hrow, pa, pb = _m1_parts()

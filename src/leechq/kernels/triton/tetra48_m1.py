@@ -149,37 +149,11 @@ def _block_q(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False
     are ``q``'s two's complement: the bytes a consumer of 16-bit integers reads, one subtraction
     fewer per coordinate)."""
     base = xb + PAR * 24 * NPP
-    x0 = tl.load(base + 0 * NPP)
-    x1 = tl.load(base + 1 * NPP)
-    x2 = tl.load(base + 2 * NPP)
-    x3 = tl.load(base + 3 * NPP)
-    x4 = tl.load(base + 4 * NPP)
-    x5 = tl.load(base + 5 * NPP)
-    x6 = tl.load(base + 6 * NPP)
-    x7 = tl.load(base + 7 * NPP)
-    x8 = tl.load(base + 8 * NPP)
-    x9 = tl.load(base + 9 * NPP)
-    x10 = tl.load(base + 10 * NPP)
-    x11 = tl.load(base + 11 * NPP)
-    x12 = tl.load(base + 12 * NPP)
-    x13 = tl.load(base + 13 * NPP)
-    x14 = tl.load(base + 14 * NPP)
-    x15 = tl.load(base + 15 * NPP)
-    x16 = tl.load(base + 16 * NPP)
-    x17 = tl.load(base + 17 * NPP)
-    x18 = tl.load(base + 18 * NPP)
-    x19 = tl.load(base + 19 * NPP)
-    x20 = tl.load(base + 20 * NPP)
-    x21 = tl.load(base + 21 * NPP)
-    x22 = tl.load(base + 22 * NPP)
-    x23 = tl.load(base + 23 * NPP)
-    m0 = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
-    m1 = tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
-    m2 = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
-    m3 = tl.maximum(tl.maximum(tl.abs(x12), tl.abs(x13)), tl.maximum(tl.abs(x14), tl.abs(x15)))
-    m4 = tl.maximum(tl.maximum(tl.abs(x16), tl.abs(x17)), tl.maximum(tl.abs(x18), tl.abs(x19)))
-    m5 = tl.maximum(tl.maximum(tl.abs(x20), tl.abs(x21)), tl.maximum(tl.abs(x22), tl.abs(x23)))
-    mx = tl.maximum(tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3)), tl.maximum(m4, m5))
+    (m_e, x0, x2, x4, x6, x8, x10, x12, x14, x16, x18, x20,
+     x22) = _x_half64(base, NPP)
+    (m_o, x1, x3, x5, x7, x9, x11, x13, x15, x17, x19, x21,
+     x23) = _x_half64(base + NPP, NPP)
+    mx = tl.maximum(m_e, m_o)
     s, e_blk = block_scale(mx)
     if A16:
         s = s * A16_INV  # x̃ / 256, rounded; its bytes become limbs 1 and 2
@@ -245,8 +219,9 @@ integer sum and ``F = 8·E``."""
 
 @triton.jit
 def _x_half64(src, NPP: tl.constexpr):
-    """The twelve coordinates of one half block (trio positions ``8k + 2j + half``, ``src`` at
-    the half's first one) and their largest magnitude."""
+    """The twelve coordinates of one half block of the prepared activation (trio positions
+    ``8k + 2j + half``, ``src`` at the half's first one) and their largest magnitude (float32);
+    :func:`_block_q` reads a block as its two halves."""
     x0 = tl.load(src + 0 * NPP)
     x1 = tl.load(src + 2 * NPP)
     x2 = tl.load(src + 4 * NPP)
@@ -604,7 +579,8 @@ def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.cons
     ``COPIES`` 8, 16 or 32 copies of each pattern entry; ``sbr``: the lane's copy as a byte
     offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``, with the pattern read as one
     4-byte word per table (one shared-memory wavefront per warp with 32 copies, about two with
-    16 and 8, instead of four for a 16-byte entry) and spread into nibble masks by :func:`pattern_masks`."""
+    16 and 8, instead of four for a 16-byte entry) and spread into nibble masks by
+    :func:`pattern_masks`."""
     m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
     a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
     a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
@@ -613,10 +589,7 @@ def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.cons
     # 128-byte offset), bits 0..5 (PB_e) and 26..31 (PA_o, PB_o)
     LG: tl.constexpr = 7 if COPIES == 32 else 6 if COPIES == 16 else 5
     mk = tl.full(w0.shape, 63 << LG, tl.uint32)
-    if LG == 7:
-        pa_e = and_or(w3, mk, sbr, USE_ASM)
-    else:
-        pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)
+    pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)  # a shift by 0 with 32 copies
     apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> (26 - LG)) | sbr, pa_e)
     apb = base + (PA_WORD + 64 * COPIES) * 4 + and_or(tl.where(odd, w2 >> (26 - LG), w3 << LG),
                                                       mk, sbr, USE_ASM)
