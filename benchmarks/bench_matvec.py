@@ -1071,19 +1071,6 @@ def main() -> None:
                             maxnreg=cap if base.maxnreg else 0)
         return cfg
 
-    def cfg1_t64(resident: int):
-        """``ops.m1_config(t64=True)`` with chunks for one wave of ``resident`` programs per
-        SM (the library sizes them for ``ops.M1_RESIDENT[1]``)."""
-        from dataclasses import replace as _replace
-
-        from leechq.kernels.triton.ops import M1_MAX_ROWS, m1_wave_rows
-
-        def cfg(d_out: int, d_in: int):
-            base = m1_config(d_out, d_in // 24, torch.device(device), t64=True)
-            wave = m1_wave_rows(d_out, d_in // 24, resident * _sms(), ilp=base.ilp)
-            return _replace(base, rows=min(wave, M1_MAX_ROWS))
-        return cfg
-
     def cfg2_resident(resident: int):
         """The two-row rule (``ops.m1_config(m_rows=2)``) with chunks sized for one wave of
         ``resident`` programs per SM (16-bit activations: 96 registers, five fit; the rule
@@ -1137,14 +1124,6 @@ def main() -> None:
                     m, "tetra48", b, args.sets, device, 4, True, None, noprep=True, t64=True),
                 "served-t64": lambda m=model, b=batch: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, None, rotate=True, t64=True),
-                # tetra64 with chunks for one wave of six programs per SM (the shared
-                # conversion, -xs, needs 80 registers)
-                "tetra48-m1-fused-noprep-t64r6": lambda m=model, b=batch: build_lattice(
-                    m, "tetra48", b, args.sets, device, 4, True, cfg1_t64(6), noprep=True,
-                    t64=True),
-                "served-t64r6": lambda m=model, b=batch: build_lattice(
-                    m, "tetra48", b, args.sets, device, 4, True, cfg1_t64(6), rotate=True,
-                    t64=True),
                 "served-limbs": lambda m=model, b=batch, c=m1: build_lattice(
                     m, "tetra48", b, args.sets, device, 4, True, c, rotate=True, limbs=True),
                 "tetra48": lambda: build_lattice(model, "tetra48", batch, args.sets, device, 3,

@@ -447,7 +447,7 @@ pbits)
   gpu_tests tests-pbits 150 tests/kernels/test_tetra64_bits.py
   matvec matvec-pbits 400 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
 tetra48-m1-fused-noprep-t64-pb16,tetra48-m1-fused-noprep-t64-pb32,\
-tetra48-m1-fused-noprep-t64-pb16-xs,tetra48-m1-fused-noprep-t64r6-pb16-xs,\
+tetra48-m1-fused-noprep-t64-pb16-xs,tetra48-m1-fused-noprep-t64-pb16-xs-r6,\
 null-m1-fused-noprep-t64geo,planes14-m1-fused
   ;;
 geo)

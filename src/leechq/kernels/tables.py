@@ -242,9 +242,7 @@ def _tetra_m1_bits_build(device: str, copies: int) -> torch.Tensor:
 
 def tetra_m1_bits_table(device: torch.device | str, copies: int = 32) -> torch.Tensor:
     """:func:`tetra_m1_bits_table_numpy` as int32 on ``device`` (built once per device and copy
-    count)."""
-    if copies not in M1_BITS_COPIES:
-        raise ValueError(f"copies must be one of {M1_BITS_COPIES}, got {copies}")
+    count; an unknown count is refused by the builder)."""
     return _memo(f"tetra_m1_bits{copies}", device, partial(_tetra_m1_bits_build, copies=copies))
 
 

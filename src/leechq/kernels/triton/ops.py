@@ -154,13 +154,21 @@ staged bytes weigh more than the pattern lookups' bank conflicts. ``LEECHQ_T64_P
 overrides it per launch (:func:`t64_pbits`)."""
 
 
+def _env_choice(var: str, default: int, allowed: tuple[int, ...]) -> int:
+    """The integer switch ``var`` (``default`` when unset); a value outside ``allowed`` is an
+    :class:`InvalidInput` naming it."""
+    env = os.environ.get(var)
+    if env is None:
+        return default
+    n = int(env) if env.strip().isdigit() else None
+    if n not in allowed:
+        raise InvalidInput(f"{var} must be one of {', '.join(map(str, allowed))}, got {env!r}")
+    return n
+
+
 def t64_pbits() -> int:
     """:data:`T64_PBITS`, or the ``LEECHQ_T64_PBITS`` override (0, 8, 16 or 32)."""
-    env = os.environ.get("LEECHQ_T64_PBITS")
-    n = T64_PBITS if env is None else int(env) if env.strip().isdigit() else -1
-    if n not in (0, 8, 16, 32):
-        raise InvalidInput(f"LEECHQ_T64_PBITS must be 0, 8, 16 or 32, got {env!r}")
-    return n
+    return _env_choice("LEECHQ_T64_PBITS", T64_PBITS, (0, 8, 16, 32))
 
 
 T64_XS = False
@@ -375,16 +383,9 @@ def t64_geometry() -> tuple[int, int]:
     """(warps per program, programs per SM) the batch-1 ``tetra64`` geometry is sized for:
     :data:`T64_NUM_WARPS` and ``M1_RESIDENT[1]·4 / warps`` programs, or the overrides
     ``LEECHQ_T64_NW`` (4, 8 or 16) and ``LEECHQ_T64_RESIDENT`` (1..8)."""
-    env_nw = os.environ.get("LEECHQ_T64_NW")
-    env_res = os.environ.get("LEECHQ_T64_RESIDENT")
-    nw = T64_NUM_WARPS if env_nw is None else int(env_nw) if env_nw.isdigit() else 0
-    if nw not in (4, 8, 16):
-        raise InvalidInput(f"LEECHQ_T64_NW must be 4, 8 or 16, got {env_nw!r}")
-    res = max(1, M1_RESIDENT[1] * 4 // nw) if env_res is None else (
-        int(env_res) if env_res.isdigit() else 0)
-    if not 1 <= res <= 8:
-        raise InvalidInput(f"LEECHQ_T64_RESIDENT must be 1..8, got {env_res!r}")
-    return nw, res
+    nw = _env_choice("LEECHQ_T64_NW", T64_NUM_WARPS, (4, 8, 16))
+    return nw, _env_choice("LEECHQ_T64_RESIDENT", max(1, M1_RESIDENT[1] * 4 // nw),
+                           tuple(range(1, 9)))
 
 
 def m1_row_groups(m_rows: int) -> list[int]:

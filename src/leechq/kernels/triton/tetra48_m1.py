@@ -538,27 +538,41 @@ def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
-    """The even (``odd`` False) or odd block of a ``tetra64`` pair (``w0..w3``, uint32; ``odd`` a
-    bool tensor, constant where the caller knows the block, and then its field selects fold;
-    ``sbr``: the element's pattern-copy byte offset): the nibble words ``h1..h3``
-    (``h = f ^ PA ^ PB``; every coordinate is ``2h − 14 − p``), ``p`` and the gain bit (bool)
-    and the stored shell ``m`` as float32 (0 where the words are zeros, i.e. masked off)."""
+def _fields64(w0, w1, w2, w3, odd, base, sbr, LG: tl.constexpr, USE_ASM: tl.constexpr):
+    """The table addresses and scalars of the even (``odd`` False) or odd block of a ``tetra64``
+    pair (``w0..w3``, uint32; ``odd`` a bool tensor, constant where the caller knows the block,
+    and then its field selects fold): the shared-memory byte addresses ``a1..a3`` of its three
+    rank rows, the byte offsets ``opa`` / ``opb`` of its two pattern entries within their tables
+    for entries ``2^LG`` bytes apart (``sbr``, the element's copy as a byte offset, merged in;
+    the layout stores ``PA_e`` as a 128-byte offset at bit 7, ``PB_e`` in bits 0..5, ``PA_o``
+    and ``PB_o`` in bits 26..31), ``p`` and the gain bit (bool) and the stored shell ``m`` as
+    float32 (0 where the words are zeros, i.e. masked off)."""
     m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
-    m7 = tl.full(w0.shape, 0x1F80, tl.uint32)
+    mk = tl.full(w0.shape, 63 << LG, tl.uint32)
     a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
     a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
     a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
-    apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> 19) | sbr, and_or(w3, m7, sbr, USE_ASM))
-    apb = base + PB_WORD * 4 + and_or(tl.where(odd, w2 >> 19, w3 << 7), m7, sbr, USE_ASM)
-    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
-    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
-    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
-    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
-    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
+    pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)  # a shift by 0 for 128-byte entries
+    opa = tl.where(odd, (w3 >> (26 - LG)) | sbr, pa_e)
+    opb = and_or(tl.where(odd, w2 >> (26 - LG), w3 << LG), mk, sbr, USE_ASM)
     p = tl.where(odd, w1 & 1, (w0 >> 26) & 1) != 0
     g = tl.where(odd, (w0 >> 1) & 1, w0 & 1) != 0
     m = tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32)
+    return a1, a2, a3, opa, opb, p, g, m
+
+
+@triton.jit
+def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
+    """The even (``odd`` False) or odd block of a ``tetra64`` pair (:func:`_fields64`; ``sbr``:
+    the element's pattern-copy byte offset in the 16-byte-entry table): the nibble words
+    ``h1..h3`` (``h = f ^ PA ^ PB``; every coordinate is ``2h − 14 − p``), ``p`` and the gain
+    bit (bool) and the stored shell ``m`` as float32 (0 where the words are zeros)."""
+    a1, a2, a3, opa, opb, p, g, m = _fields64(w0, w1, w2, w3, odd, base, sbr, 7, USE_ASM)
+    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, base + PA_WORD * 4 + opa, USE_ASM)
+    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, base + PB_WORD * 4 + opb, USE_ASM)
+    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
+    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
+    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
     return h1, h2, h3, p, g, m
 
 
@@ -576,32 +590,19 @@ def pattern_masks(pa, pb):
 def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
                         USE_ASM: tl.constexpr):
     """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
-    ``COPIES`` 8, 16 or 32 copies of each pattern entry; ``sbr``: the lane's copy as a byte
-    offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``, with the pattern read as one
-    4-byte word per table (one shared-memory wavefront per warp with 32 copies, about two with
-    16 and 8, instead of four for a 16-byte entry) and spread into nibble masks by
-    :func:`pattern_masks`."""
-    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
-    a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
-    a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
-    a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
-    # entries 4·COPIES bytes apart (2^LG): the layout's index fields sit at bit 7 (PA_e, as a
-    # 128-byte offset), bits 0..5 (PB_e) and 26..31 (PA_o, PB_o)
+    ``COPIES`` 8, 16 or 32 copies of each pattern entry, ``4·COPIES`` bytes per entry; ``sbr``:
+    the lane's copy as a byte offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``,
+    with the pattern read as one 4-byte word per table (one shared-memory wavefront per warp
+    with 32 copies, about two with 16 and 8, instead of four for a 16-byte entry) and spread
+    into nibble masks by :func:`pattern_masks`."""
     LG: tl.constexpr = 7 if COPIES == 32 else 6 if COPIES == 16 else 5
-    mk = tl.full(w0.shape, 63 << LG, tl.uint32)
-    pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)  # a shift by 0 with 32 copies
-    apa = base + PA_WORD * 4 + tl.where(odd, (w3 >> (26 - LG)) | sbr, pa_e)
-    apb = base + (PA_WORD + 64 * COPIES) * 4 + and_or(tl.where(odd, w2 >> (26 - LG), w3 << LG),
-                                                      mk, sbr, USE_ASM)
-    pa = smem_load32_at(tab_ptr, apa, USE_ASM)
-    pb = smem_load32_at(tab_ptr, apb, USE_ASM)
+    a1, a2, a3, opa, opb, p, g, m = _fields64(w0, w1, w2, w3, odd, base, sbr, LG, USE_ASM)
+    pa = smem_load32_at(tab_ptr, base + PA_WORD * 4 + opa, USE_ASM)
+    pb = smem_load32_at(tab_ptr, base + (PA_WORD + 64 * COPIES) * 4 + opb, USE_ASM)
     f1 = smem_load32_at(tab_ptr, a1, USE_ASM)
     f2 = smem_load32_at(tab_ptr, a2, USE_ASM)
     f3 = smem_load32_at(tab_ptr, a3, USE_ASM)
     k1, k2, k3 = pattern_masks(pa, pb)
-    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1) != 0
-    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1) != 0
-    m = tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32)
     return f1 ^ k1, f2 ^ k2, f3 ^ k3, p, g, m
 
 
@@ -882,21 +883,18 @@ def m1_kernel(
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     if CODE == 1:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
-    elif PBITS == 16:
-        tl.static_assert(CODE == 3, "the pattern-bits table serves the tetra64 decode only")
-        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # 4096 + 2·64·16 words
-    elif PBITS == 8:
-        tl.static_assert(CODE == 3, "the pattern-bits table serves the tetra64 decode only")
-        base = stage_table(tab_ptr, d_out, USE_ASM, 5, 1024)  # 4096 + 2·64·8 words
+    elif PBITS:  # 4096 + 2·64·PBITS words, in parts of 128·PBITS
+        tl.static_assert(CODE == 3 and (PBITS == 8 or PBITS == 16 or PBITS == 32),
+                         "PBITS: 8, 16 or 32 copies, with the tetra64 decode")
+        base = stage_table(tab_ptr, d_out, USE_ASM, 32 // PBITS + 1, 128 * PBITS)
     else:
-        tl.static_assert(PBITS == 0 or (PBITS == 32 and CODE == 3),
-                         "PBITS: 16 or 32 copies, with the tetra64 decode")
         base = stage_table(tab_ptr, d_out, USE_ASM)
-    sb_rep = sb_copy(e)
-    if CODE >= 2:  # kernel order, tetra64: the copy as a byte offset
-        sb_rep = sb_rep * 4
     if PBITS:  # one 4-byte copy per lane (mod PBITS)
         sb_rep = ((e % PBITS) * 4).to(tl.uint32)
+    elif CODE >= 2:  # kernel order, tetra64: the 16-byte copy as a byte offset
+        sb_rep = sb_copy(e) * 4
+    else:
+        sb_rep = sb_copy(e)
     ok_e = pair * 2 < N_BLOCKS
     ok_o = pair * 2 + 1 < N_BLOCKS
     n_chunks = (d_out + ROWS - 1) // ROWS
