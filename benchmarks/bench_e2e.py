@@ -46,6 +46,8 @@ What it does, in order:
      instead of the served default ``tetra64`` (``formats.layouts.tetra64``; ``LEECHQ_T64=0``);
    * ``tetra48-pb0`` (diagnostic): ``tetra48`` with the batch-1 kernel reading the 16-byte
      pattern entries instead of the 8-copy pattern-bits table (``LEECHQ_T64_PBITS=0``);
+   * ``tetra48-pf``, ``ball-pf`` / ``tetra48-nopf``, ``ball-nopf``: ``tetra48`` and ``ball`` with
+     the batch-1 kernel's L2 prefetch on / off (``LEECHQ_M1_PREFETCH``, ``ops.m1_prefetch``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -396,7 +398,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
                  "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
-                 "tetra48-pb0"):
+                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -527,7 +529,9 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-nopdl": {"LEECHQ_PDL": "0"}, "ball-nopdl": {"LEECHQ_PDL": "0"},
            "tetra48-limbs": {"LEECHQ_M1_LIMBS": "1"}, "ball-limbs": {"LEECHQ_M1_LIMBS": "1"},
            "tetra48-a24": {"LEECHQ_A16": "0"}, "ball-a24": {"LEECHQ_A16": "0"},
-           "tetra48-pb0": {"LEECHQ_T64_PBITS": "0"}}
+           "tetra48-pb0": {"LEECHQ_T64_PBITS": "0"},
+           **{f"{a}-pf": {"LEECHQ_M1_PREFETCH": "1"} for a in ("tetra48", "ball")},
+           **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -648,7 +652,7 @@ def parse() -> argparse.Namespace:
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
         "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,tetra48-std,"
-        "tetra48-pb0,hf-fp16",
+        "tetra48-pb0,tetra48-pf,ball-pf,tetra48-nopf,ball-nopf,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -142,6 +142,11 @@
 #            bits kernel tests and the fused serving tests on the GPU, then e2e Qwen3-8B at batch 1
 #            against the 16-byte entries (arm tetra48-pb0)
 #   pb8e2e   e2e Qwen3-14B at batch 1 with the 8-copy pattern-bits table against the 16-byte entries
+#   prefetch the batch-1 kernel's L2 prefetch of each program's rows before the grid wait
+#            (LEECHQ_M1_PREFETCH, ops.m1_prefetch): its GPU tests, then one token through the
+#            Qwen3-8B projections with and without it (m1 alone, the served pass, Planes14)
+#   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
+#            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -468,6 +473,17 @@ pb8)
 pb8e2e)
   e2e e2e-14b-pb8 300 --models qwen3-14b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
     --skip-gates --no-profile --budget-s 260
+  ;;
+prefetch)
+  gpu_tests tests-prefetch 120 tests/kernels/test_m1_prefetch.py
+  matvec matvec-prefetch 420 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-pf,served-t64,served-t64-pf,planes14-m1-fused,planes14-m1-fused-pf
+  ;;
+pfe2e)
+  gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \
+    tests/kernels/test_tetra64_bits.py tests/serve/test_gpu.py -k "prefetch or tetra64 or bits or fused"
+  e2e e2e-8b-pf 270 --models qwen3-8b --arms fp16,tetra48-nopf,tetra48-pf --batches 1 \
+    --skip-gates --no-profile --budget-s 230
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\

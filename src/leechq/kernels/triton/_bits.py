@@ -443,3 +443,26 @@ def fence_gpu(anchor, USE_ASM: tl.constexpr):
     else:
         out = anchor * 0
     return out
+
+
+@triton.jit
+def prefetch_l2(ptr, nbytes, ok, USE_ASM: tl.constexpr):
+    """Ask the copy engine to bring ``[ptr, ptr + nbytes)`` into L2 (``ptr``: any global pointer;
+    ``nbytes``: int32; ``ok``: per-element predicate): one ``cp.async.bulk.prefetch.L2`` (sm_90) per
+    element of the 16-byte aligned range inside it — the start rounded down and the end rounded
+    down, so the range never passes the last byte asked for (nor the start of an allocation,
+    which is 16-byte aligned). A hint only: nothing is written, no register waits on it, and the
+    bytes past the last aligned 16 stay for the demand loads. Without ``USE_ASM`` (the
+    interpreter) it does nothing; returns a dummy int32 zero."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 a, b; .reg .b32 n;\n"
+            "cvt.s64.s32 b, $2;\nadd.s64 b, $1, b;\nand.b64 b, b, -16;\n"
+            "and.b64 a, $1, -16;\nsub.s64 b, b, a;\ncvt.u32.u64 n, b;\n"
+            "setp.gt.s64 p, b, 0;\nsetp.ne.and.s32 p, $3, 0, p;\n"
+            "@p cp.async.bulk.prefetch.L2.global [a], n;\nmov.u32 $0, 0; }",
+            "=r,l,r,r", [ptr, nbytes, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )
+    else:
+        out = nbytes * 0
+    return out

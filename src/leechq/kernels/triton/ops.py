@@ -187,6 +187,21 @@ def t64_xs() -> bool:
     return T64_XS if env is None else env == "1"
 
 
+M1_PREFETCH = False
+"""Whether each batch-1 ``m1`` program (``tetra48_m1.prefetch_program``, the kernel's ``PF``)
+asks for all the weight words and centroids it will read into L2 before it waits for the
+previous grid (one ``cp.async.bulk.prefetch.L2`` per row slice; sm_90 and later, a hint with no
+result). ``LEECHQ_M1_PREFETCH=1`` / ``0`` overrides it per launch (:func:`m1_prefetch`)."""
+
+
+def m1_prefetch(device: torch.device) -> bool:
+    """:data:`M1_PREFETCH` (or ``LEECHQ_M1_PREFETCH``) on a CUDA device of compute capability ≥ 9
+    (the bulk prefetch is sm_90's); False under the interpreter."""
+    env = os.environ.get("LEECHQ_M1_PREFETCH")
+    on = M1_PREFETCH if env is None else env == "1"
+    return on and not interpreting() and _sm90(torch.device(device))
+
+
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """The activation the integer kernels multiply (for an f64 reference): ``x`` itself, or with
     :func:`act16` its 16-bit rounding (``reference.round_activation``)."""
@@ -215,6 +230,16 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     if torch.compiler.is_compiling():
         return False
+    return _sm90(device)
+
+
+def _sm90(device: torch.device) -> bool:
+    """Whether ``device`` is an NVIDIA GPU of compute capability ≥ 9 (cached per index; while
+    ``torch.compile`` traces, only a cached answer, else False)."""
+    if device.type != "cuda" or torch.version.hip:
+        return False
+    if torch.compiler.is_compiling():
+        return _PDL_DEVICES.get(device.index, False)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:
         _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
@@ -1092,7 +1117,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
             consts["XS"] = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
                             and cfg.bp == 32)
     if lattice:  # every parameter passed (see above)
-        consts = {"PBITS": 0, "XS": False, **consts}
+        consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), **consts}
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):

@@ -57,6 +57,7 @@ from leechq.kernels.triton._bits import (
     dp4a,
     global_load64f_all,
     global_load128_all,
+    prefetch_l2,
     prmt,
     reserve_smem,
     shfl_xor,
@@ -840,7 +841,7 @@ def m1_kernel(
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
     LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
-    XS: tl.constexpr = False,
+    XS: tl.constexpr = False, PF: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -864,7 +865,10 @@ def m1_kernel(
     only; 8, 16 or 32, 0 off): ``tab_ptr`` is ``tables.tetra_m1_bits_table`` with that many copies
     of each pattern entry, read by :func:`decode_block64_bits`. ``XS`` (with ``PBITS = 16``, one
     row, four warps of 32 pairs): the warps share the activation conversion through shared
-    memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice."""
+    memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice. ``PF``:
+    before it waits, the program asks for every weight word and centroid it will read into L2
+    (:func:`prefetch_program`: the chunk's programs each ask for a share of its rows), so the
+    launch's bytes stream while the earlier grids finish and the loop's loads meet L2, not DRAM."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -881,6 +885,8 @@ def m1_kernel(
     else:
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    if PF:  # first the program's words and centroids, into L2 (read-only, before the wait)
+        prefetch_program(w_ptr, cent_ptr, c0, sl, e, d_out, NS, STRIDE_W, ROWS, USE_ASM)
     if CODE == 1:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
     elif PBITS:  # 4096 + 2·64·PBITS words, in parts of 128·PBITS
@@ -950,6 +956,36 @@ def m1_kernel(
                           d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
         rows = nxt
         w, ca, cb = n, na, nb
+
+
+@triton.jit
+def prefetch_span(c, sl, d_out, NS: tl.constexpr, ROWS: tl.constexpr):
+    """The rows ``[a, b)`` whose words the program of K-slice ``sl`` asks L2 for on behalf of row
+    chunk ``c``'s ``NS`` programs: the chunk's rows cut into ``NS`` consecutive shares of
+    ``ceil(ROWS / NS)`` (the last ones short or empty at the matrix's end), so the chunk's
+    whole rows — every slice — are asked for once, as one contiguous range per program."""
+    share = (ROWS + NS - 1) // NS
+    a = tl.minimum(c * ROWS + sl * share, d_out)
+    return a, tl.minimum(tl.minimum(a + share, c * ROWS + ROWS), d_out)
+
+
+@triton.jit
+def prefetch_program(w_ptr, cent_ptr, c0, sl, e, d_out, NS: tl.constexpr,
+                     STRIDE_W: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """L2 prefetches (:func:`._bits.prefetch_l2`; lane 0, uniform addresses) for this program's
+    first row chunk ``c0``: its share of the chunk's rows (:func:`prefetch_span`; the chunk's
+    programs together ask for all its words, every K-slice), at most 1 MiB, and, from the
+    slice-0 program, the chunk's centroid pairs. Later chunks of the program (none in the one-wave
+    geometries) are not asked for. Nothing under the interpreter."""
+    if USE_ASM:
+        MAXR: tl.constexpr = max(1, ((1 << 20) - 16) // (STRIDE_W * 4))  # rows in one request
+        lead = e == 0
+        a, b = prefetch_span(c0, sl, d_out, NS, ROWS)
+        n = tl.minimum(b - a, MAXR) * (STRIDE_W * 4)
+        prefetch_l2(w_ptr + a.to(tl.int64) * STRIDE_W + e * 0, n + e * 0, lead, USE_ASM)
+        r0 = c0 * ROWS
+        prefetch_l2(cent_ptr + r0 * 2 + e * 0, (tl.minimum(d_out, r0 + ROWS) - r0) * 8 + e * 0,
+                    lead & (sl == 0), USE_ASM)
 
 
 @triton.jit
