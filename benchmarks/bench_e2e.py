@@ -48,6 +48,8 @@ What it does, in order:
      pattern entries instead of the 8-copy pattern-bits table (``LEECHQ_T64_PBITS=0``);
    * ``tetra48-pf``, ``ball-pf`` / ``tetra48-nopf``, ``ball-nopf``: ``tetra48`` and ``ball`` with
      the batch-1 kernel's L2 prefetch on / off (``LEECHQ_M1_PREFETCH``, ``ops.m1_prefetch``);
+   * ``tetra48-peel`` / ``tetra48-nopeel``: ``tetra48`` with the batch-1 kernel's first trip
+     decoded before the grid wait on / off (``LEECHQ_T64_PEEL``, ``ops.t64_peel``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -398,7 +400,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
                  "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
-                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf"):
+                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf", "tetra48-peel", "tetra48-nopeel"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -531,7 +533,8 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-a24": {"LEECHQ_A16": "0"}, "ball-a24": {"LEECHQ_A16": "0"},
            "tetra48-pb0": {"LEECHQ_T64_PBITS": "0"},
            **{f"{a}-pf": {"LEECHQ_M1_PREFETCH": "1"} for a in ("tetra48", "ball")},
-           **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")}}
+           **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")},
+           "tetra48-peel": {"LEECHQ_T64_PEEL": "1"}, "tetra48-nopeel": {"LEECHQ_T64_PEEL": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -652,7 +655,8 @@ def parse() -> argparse.Namespace:
         help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
         "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,tetra48-std,"
-        "tetra48-pb0,tetra48-pf,ball-pf,tetra48-nopf,ball-nopf,hf-fp16",
+        "tetra48-pb0,tetra48-pf,ball-pf,tetra48-nopf,ball-nopf,tetra48-peel,tetra48-nopeel,"
+        "hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -147,6 +147,11 @@
 #            Qwen3-8B projections with and without it (m1 alone, the served pass, Planes14)
 #   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
 #            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
+#   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
+#            (LEECHQ_T64_PEEL, ops.t64_peel): its GPU tests, then one token through the Qwen3-8B
+#            projections with and without it (m1 alone and the served pass, twice each)
+#   peele2e  the kernel and serving GPU tests (tetra64, bits, peel, prefetch, fused serving), then
+#            e2e Qwen3-8B at batch 1 with and without the peel
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -478,6 +483,19 @@ prefetch)
   gpu_tests tests-prefetch 120 tests/kernels/test_m1_prefetch.py
   matvec matvec-prefetch 420 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
 tetra48-m1-fused-noprep-t64-pf,served-t64,served-t64-pf,planes14-m1-fused,planes14-m1-fused-pf
+  ;;
+peel)
+  gpu_tests tests-peel 120 tests/kernels/test_tetra64_peel.py
+  matvec matvec-peel 420 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-peel,served-t64,served-t64-peel,tetra48-m1-fused-noprep-t64-nopeel,\
+tetra48-m1-fused-noprep-t64-peel-r6
+  ;;
+peele2e)
+  gpu_tests tests-peele2e 300 tests/kernels/test_tetra64_peel.py tests/kernels/test_m1_prefetch.py \
+    tests/kernels/test_tetra64.py tests/kernels/test_tetra64_bits.py tests/serve/test_gpu.py \
+    -k "peel or prefetch or tetra64 or bits or fused"
+  e2e e2e-8b-peel 270 --models qwen3-8b --arms fp16,tetra48-nopeel,tetra48-peel --batches 1 \
+    --skip-gates --no-profile --budget-s 230
   ;;
 pfe2e)
   gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \

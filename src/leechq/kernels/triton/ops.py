@@ -187,6 +187,19 @@ def t64_xs() -> bool:
     return T64_XS if env is None else env == "1"
 
 
+T64_PEEL = False
+"""Whether the batch-1 kernel on ``tetra64`` records decodes its first loop trip before it waits
+for the previous grid (``m1_kernel`` ``PEEL``: the trip's table lookups and scales overlap the
+earlier grids; after the wait that trip is only its ``dp4a`` chains). ``LEECHQ_T64_PEEL=1`` /
+``0`` overrides it per launch (:func:`t64_peel`)."""
+
+
+def t64_peel() -> bool:
+    """:data:`T64_PEEL`, or the ``LEECHQ_T64_PEEL`` override (``1`` on, ``0`` off)."""
+    env = os.environ.get("LEECHQ_T64_PEEL")
+    return T64_PEEL if env is None else env == "1"
+
+
 M1_PREFETCH = False
 """Whether each batch-1 ``m1`` program (``tetra48_m1.prefetch_program``, the kernel's ``PF``)
 asks for all the weight words and centroids it will read into L2 before it waits for the
@@ -1116,8 +1129,11 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
             consts["PBITS"] = pbits
             consts["XS"] = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
                             and cfg.bp == 32)
+        if lattice and code == TETRA_64.value:
+            consts["PEEL"] = t64_peel() and not consts.get("XS", False)
     if lattice:  # every parameter passed (see above)
-        consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), **consts}
+        consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), "PEEL": False,
+                  **consts}
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):

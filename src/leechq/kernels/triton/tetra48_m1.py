@@ -642,19 +642,17 @@ def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, x0, x1, x2, x3, MB: tl.constexpr,
-                 USE_ASM: tl.constexpr):
+def _block_dot64(h1, h2, h3, p, scale, x0, x1, x2, x3, MB: tl.constexpr, USE_ASM: tl.constexpr):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one ``tetra64`` block per element for the first ``MB``
-    activation rows, from :func:`decode_block64`'s nibble words, ``p``, gain bit and shell (≥ 1):
-    each section's nibbles split into even and odd bytes by one mask each;
-    ``1/‖y‖ = rsqrt(m) / 4`` (the 4 folded into ``F``)."""
+    activation rows, from :func:`decode_block64`'s nibble words and ``p`` and the block's
+    ``scale = centroid[g] · rsqrt(m)`` (:func:`_block_decode64`; ``1/‖y‖ = rsqrt(m) / 4``, the 4
+    folded into ``F``): each section's nibbles split into even and odd bytes by one mask each."""
     he1 = h1 & 0x0F0F0F0F
     ho1 = h1 & 0xF0F0F0F0
     he2 = h2 & 0x0F0F0F0F
     ho2 = h2 & 0xF0F0F0F0
     he3 = h3 & 0x0F0F0F0F
     ho3 = h3 & 0xF0F0F0F0
-    scale = tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
     d0 = _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
     d1 = d0
     d2 = d0
@@ -681,21 +679,57 @@ def _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS: tl.constexpr,
 
 
 @triton.jit
+def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
+                    USE_ASM: tl.constexpr):
+    """What :func:`_block_dot64` needs of the even (``odd`` False) or odd block of a ``tetra64``
+    pair, with no activation: :func:`_decode64`'s nibble words and ``p``, and the block's scale
+    ``centroid[g] · rsqrt(m)`` (float32)."""
+    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS, USE_ASM)
+    return h1, h2, h3, p, tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
+
+
+@triton.jit
+def _pair_decode64(words, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
+                   USE_ASM: tl.constexpr):
+    """:func:`_block_decode64` of both blocks of each element's ``tetra64`` pair (``words``: its
+    four uint32 words), as one tuple ``(even…, odd…)`` of ten values."""
+    w0, w1, w2, w3 = words
+    even = tl.full(w0.shape, False, tl.int1)
+    return (_block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr, PBITS,
+                            USE_ASM)
+            + _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr, PBITS,
+                              USE_ASM))
+
+
+@triton.jit
+def _pair_dot_decoded64(dec, xs, MB: tl.constexpr, USE_ASM: tl.constexpr):
+    """The pair sums of every activation row (``xs`` as in :func:`_pair_dot64`) from a pair
+    decoded by :func:`_pair_decode64`."""
+    (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
+    (h1, h2, h3, p, sc, k1, k2, k3, q, sd) = dec
+    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
+    o0, o1, o2, o3 = _block_dot64(k1, k2, k3, q, sd, xo0, xo1, xo2, xo3, MB, USE_ASM)
+    return e0 + o0, e1 + o1, e2 + o2, e3 + o3
+
+
+@triton.jit
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
                 USE_ASM: tl.constexpr, PBITS: tl.constexpr = 0):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
     ``formats.layouts.tetra64``): both blocks by :func:`decode_block64` (each table address one
     mask or one shift of a word, the lane's pattern-copy byte offset ``sbr`` merged in; the
-    shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (16 or 32):
-    by :func:`decode_block64_bits` on the pattern-bits table with that many copies."""
+    shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (8, 16 or
+    32): by :func:`decode_block64_bits` on the pattern-bits table with that many copies. Each
+    block is decoded, then met with the activation rows (:func:`_pair_decode64`,
+    :func:`_pair_dot_decoded64`)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     even = tl.full(w0.shape, False, tl.int1)
-    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, even, tab_ptr, base, sbr, PBITS, USE_ASM)
-    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xe0, xe1, xe2, xe3, MB,
-                                  USE_ASM)
-    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, ~even, tab_ptr, base, sbr, PBITS, USE_ASM)
-    o0, o1, o2, o3 = _block_dot64(h1, h2, h3, p, g, m, cent0, cent1, xo0, xo1, xo2, xo3, MB,
-                                  USE_ASM)
+    h1, h2, h3, p, sc = _block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr,
+                                        PBITS, USE_ASM)
+    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
+    h1, h2, h3, p, sc = _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr,
+                                        PBITS, USE_ASM)
+    o0, o1, o2, o3 = _block_dot64(h1, h2, h3, p, sc, xo0, xo1, xo2, xo3, MB, USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
@@ -841,7 +875,7 @@ def m1_kernel(
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
     LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
-    XS: tl.constexpr = False, PF: tl.constexpr = False,
+    XS: tl.constexpr = False, PF: tl.constexpr = False, PEEL: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -868,7 +902,10 @@ def m1_kernel(
     memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice. ``PF``:
     before it waits, the program asks for every weight word and centroid it will read into L2
     (:func:`prefetch_program`: the chunk's programs each ask for a share of its rows), so the
-    launch's bytes stream while the earlier grids finish and the loop's loads meet L2, not DRAM."""
+    launch's bytes stream while the earlier grids finish and the loop's loads meet L2, not DRAM.
+    ``PEEL`` (``TETRA_64``): the first loop trip's pairs are decoded before the grid wait
+    (:func:`_pair_decode64`) and the second trip's words loaded, so that after the wait the first
+    trip is only its ``dp4a`` chains (:func:`_pair_dot_decoded64`)."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -916,6 +953,19 @@ def m1_kernel(
     if ILP == 2:
         v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
                                 CODE, USE_ASM)
+    if PEEL:  # the first trip decoded before the wait, the second trip's words loaded
+        tl.static_assert(CODE == 3 and not XS, "PEEL: the tetra64 decode (not with XS)")
+        da = _pair_decode64(w, ca, cb, tab_ptr, base, sb_rep, PBITS, USE_ASM)
+        db = da
+        if ILP == 2:
+            db = _pair_decode64(v, va, vb, tab_ptr, base, sb_rep, PBITS, USE_ASM)
+        nxt = rows + ((cstep - 1) * ROWS + ILP * RI if IPC == 1 else ILP * RI)
+        nrow = tl.where(1 < n_iter, nxt, d_out)
+        w, ca, cb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
+                                USE_ASM)
+        if ILP == 2:
+            v, va, vb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
+                                    STRIDE_W, CODE, USE_ASM)
     # the table and the first words (read-only) are in flight before the activation is ready
     await_previous_grid(PDL)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
@@ -930,7 +980,17 @@ def m1_kernel(
     else:
         xs = _row_limbs(xp_ptr + sl * BP + lane, stride_x, NPP, MB, USE_ASM, False, A16,
                         CODE == 3)
-    for k in range(n_iter):
+    K0: tl.constexpr = 1 if PEEL else 0
+    if PEEL:  # the first trip's dots (a program always has a trip: the grid has no idle ones)
+        a0, a1, a2, a3 = _pair_dot_decoded64(da, xs, MB, USE_ASM)
+        b0, b1, b2, b3 = a0, a1, a2, a3
+        if ILP == 2:
+            b0, b1, b2, b3 = _pair_dot_decoded64(db, xs, MB, USE_ASM)
+        _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, 0, c0, cstep, e, lane, part, cnt_ptr,
+                  part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y,
+                  m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB, ILP, IPC, USE_ASM)
+        rows = nxt
+    for k in range(K0, n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
         nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + ILP * RI, rows + ILP * RI)
@@ -942,20 +1002,37 @@ def m1_kernel(
                                     STRIDE_W, CODE, USE_ASM)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
                                     USE_ASM, A16, PBITS)
+        b0, b1, b2, b3 = a0, a1, a2, a3
         if ILP == 2:
             b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
                                         SEL_TABLE, USE_ASM, A16, PBITS)
-            _store_rows_ilp2(a0, a1, a2, a3, b0, b1, b2, b3, rows, rows + RI, lane, part, d_out,
-                             NW, BP, MB, USE_ASM)
             v, va, vb = m, ma, mb
-        else:
-            _store_rows(a0, a1, a2, a3, rows, lane, part, d_out, NW, BP, MB)
-        if k % IPC == IPC - 1:
-            chunk = c0 + (k // IPC) * cstep
-            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
+        _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, k, c0, cstep, e, lane, part, cnt_ptr,
+                  part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y,
+                  m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB, ILP, IPC, USE_ASM)
         rows = nxt
         w, ca, cb = n, na, nb
+
+
+@triton.jit
+def _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, k, c0, cstep, e, lane, part, cnt_ptr,
+              part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y, m_rows,
+              NS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr, BP: tl.constexpr,
+              TAIL_COLS: tl.constexpr, NPP: tl.constexpr, MB: tl.constexpr, ILP: tl.constexpr,
+              IPC: tl.constexpr, USE_ASM: tl.constexpr):
+    """The end of loop trip ``k`` of an ``m1`` program: its row sums stored as partials (``a*``
+    at ``rows``, with ``ILP`` 2 ``b*`` at the next row set), then after a chunk's last trip the
+    ticket and, for the last program of the chunk, the fixup (:func:`_ticket_fixup`)."""
+    if ILP == 2:
+        RI: tl.constexpr = NW * 32 // BP
+        _store_rows_ilp2(a0, a1, a2, a3, b0, b1, b2, b3, rows, rows + RI, lane, part, d_out,
+                         NW, BP, MB, USE_ASM)
+    else:
+        _store_rows(a0, a1, a2, a3, rows, lane, part, d_out, NW, BP, MB)
+    if k % IPC == IPC - 1:
+        chunk = c0 + (k // IPC) * cstep
+        _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
+                      d_out, stride_x, stride_y, m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB)
 
 
 @triton.jit
