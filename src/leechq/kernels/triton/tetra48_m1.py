@@ -960,7 +960,7 @@ def m1_kernel(
         if ILP == 2:
             db = _pair_decode64(v, va, vb, tab_ptr, base, sb_rep, PBITS, USE_ASM)
         nxt = rows + ((cstep - 1) * ROWS + ILP * RI if IPC == 1 else ILP * RI)
-        nrow = tl.where(1 < n_iter, nxt, d_out)
+        nrow = tl.where(n_iter > 1, nxt, d_out)
         w, ca, cb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
                                 USE_ASM)
         if ILP == 2:
