@@ -400,7 +400,8 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
                  "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
-                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf", "tetra48-peel", "tetra48-nopeel"):
+                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf",
+                 "tetra48-peel", "tetra48-nopeel"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
