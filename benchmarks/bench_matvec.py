@@ -43,6 +43,8 @@ ENV_SUFFIX = {"-a16": ("LEECHQ_A16", "1"), "-a24": ("LEECHQ_A16", "0"),
               "-xs": ("LEECHQ_T64_XS", "1"), "-nw4": ("LEECHQ_T64_NW", "4"),
               "-pf": ("LEECHQ_M1_PREFETCH", "1"), "-nopf": ("LEECHQ_M1_PREFETCH", "0"),
               "-peel": ("LEECHQ_T64_PEEL", "1"), "-nopeel": ("LEECHQ_T64_PEEL", "0"),
+              "-w0": ("LEECHQ_M1_WAIT", "0"), "-w1": ("LEECHQ_M1_WAIT", "1"),
+              "-w2": ("LEECHQ_M1_WAIT", "2"),
               "-nw8": ("LEECHQ_T64_NW", "8"), "-nw16": ("LEECHQ_T64_NW", "16"),
               **{f"-r{n}": ("LEECHQ_T64_RESIDENT", str(n)) for n in range(1, 9)}}
 """An arm name ending in one of these runs that arm with the variable set so: ``LEECHQ_A16``
@@ -51,7 +53,8 @@ pattern-bits table for ``tetra64`` records, ``ops.t64_pbits``), ``LEECHQ_T64_XS`
 conversion), ``LEECHQ_T64_NW`` / ``LEECHQ_T64_RESIDENT`` (the batch-1 ``tetra64`` geometry,
 ``ops.t64_geometry``), ``LEECHQ_M1_PREFETCH`` (the batch-1 kernel's L2 prefetch,
 ``ops.m1_prefetch``), ``LEECHQ_T64_PEEL`` (its first trip decoded before the grid wait,
-``ops.t64_peel``); every other arm runs the library's defaults."""
+``ops.t64_peel``), ``LEECHQ_M1_WAIT`` (where it waits for the previous grid, ``ops.m1_wait``);
+every other arm runs the library's defaults."""
 
 
 def _env_of(arm: str) -> tuple[str, dict[str, str]]:

@@ -145,6 +145,10 @@
 #   prefetch the batch-1 kernel's L2 prefetch of each program's rows before the grid wait
 #            (LEECHQ_M1_PREFETCH, ops.m1_prefetch): its GPU tests, then one token through the
 #            Qwen3-8B projections with and without it (m1 alone, the served pass, Planes14)
+#   wait     where the batch-1 m1 program waits for the previous grid (LEECHQ_M1_WAIT: 2 after
+#            its staging and first words, the default; 1 after the staging; 0 first): the PDL
+#            and tetra64 GPU tests at each, registers of the variants under this Triton, then one
+#            token through the Qwen3-8B projections (m1 alone and the served pass)
 #   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
 #            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
 #   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
@@ -496,6 +500,25 @@ peele2e)
     -k "peel or prefetch or tetra64 or bits or fused"
   e2e e2e-8b-peel 270 --models qwen3-8b --arms fp16,tetra48-nopeel,tetra48-peel --batches 1 \
     --skip-gates --no-profile --budget-s 230
+  ;;
+wait)
+  for w in 0 1; do
+    LEECHQ_M1_WAIT=$w gpu_tests tests-wait$w 100 tests/kernels/test_tetra64_bits.py -k full_shapes
+  done
+  python - <<'PY' 2>&1 | grep -v -i warn
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.tetra48_m1 import m1_kernel
+for extra in ({}, {"WAIT": 1}, {"WAIT": 0}, {"PEEL": True}, {"PF": True}):
+    ce = dict(N_BLOCKS=170, TAIL_COLS=16, ROWS=112, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1,
+              A16=True, CODE=3, PDL=True, PBITS=8, **extra)
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, ce, num_warps=4,
+                      aligned_ints=("d_out", "stride_x", "stride_y", "stride_l"))
+    print("registers (Triton here)", extra, I.resource_usage(c),
+          I.hot_loop_mix(I.sass(c))["loop_total"])
+PY
+  matvec matvec-wait 420 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-w1,tetra48-m1-fused-noprep-t64-w0,served-t64,served-t64-w1,\
+served-t64-w0,null-m1-fused-noprep-t64geo
   ;;
 pfe2e)
   gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \

@@ -200,6 +200,18 @@ def t64_peel() -> bool:
     return T64_PEEL if env is None else env == "1"
 
 
+M1_WAIT = 2
+"""Where a batch-1 ``m1`` program launched with PDL waits for the previous grid (``m1_kernel``
+``WAIT``): 2 after staging its table and loading its first words (the default since session l),
+1 after the staging only, 0 before anything. ``LEECHQ_M1_WAIT`` overrides it per launch
+(:func:`m1_wait`; ``PF`` and ``PEEL`` need 2)."""
+
+
+def m1_wait() -> int:
+    """:data:`M1_WAIT`, or the ``LEECHQ_M1_WAIT`` override (0, 1 or 2)."""
+    return _env_choice("LEECHQ_M1_WAIT", M1_WAIT, (0, 1, 2))
+
+
 M1_PREFETCH = False
 """Whether each batch-1 ``m1`` program (``tetra48_m1.prefetch_program``, the kernel's ``PF``)
 asks for all the weight words and centroids it will read into L2 before it waits for the
@@ -1134,6 +1146,9 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     if lattice:  # every parameter passed (see above)
         consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), "PEEL": False,
                   **consts}
+        consts["WAIT"] = m1_wait()
+        if consts["WAIT"] != 2:  # the work before the wait goes with it
+            consts["PF"] = consts["PEEL"] = False
     pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
     xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
     for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):

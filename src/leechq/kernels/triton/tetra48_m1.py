@@ -876,6 +876,7 @@ def m1_kernel(
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
     LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
     XS: tl.constexpr = False, PF: tl.constexpr = False, PEEL: tl.constexpr = False,
+    WAIT: tl.constexpr = 2,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -905,7 +906,9 @@ def m1_kernel(
     launch's bytes stream while the earlier grids finish and the loop's loads meet L2, not DRAM.
     ``PEEL`` (``TETRA_64``): the first loop trip's pairs are decoded before the grid wait
     (:func:`_pair_decode64`) and the second trip's words loaded, so that after the wait the first
-    trip is only its ``dp4a`` chains (:func:`_pair_dot_decoded64`)."""
+    trip is only its ``dp4a`` chains (:func:`_pair_dot_decoded64`). ``WAIT``: where the program
+    waits for the previous grid with ``PDL`` — 2 after the staging and the first words (and
+    ``PF`` / ``PEEL``), 1 after the staging, 0 before anything."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -922,6 +925,9 @@ def m1_kernel(
     else:
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
+    tl.static_assert(WAIT == 2 or not (PF or PEEL), "PF and PEEL work before the wait (WAIT 2)")
+    if WAIT == 0:
+        await_previous_grid(PDL)
     if PF:  # first the program's words and centroids, into L2 (read-only, before the wait)
         prefetch_program(w_ptr, cent_ptr, c0, sl, e, d_out, NS, STRIDE_W, ROWS, USE_ASM)
     if CODE == 1:
@@ -932,6 +938,8 @@ def m1_kernel(
         base = stage_table(tab_ptr, d_out, USE_ASM, 32 // PBITS + 1, 128 * PBITS)
     else:
         base = stage_table(tab_ptr, d_out, USE_ASM)
+    if WAIT == 1:
+        await_previous_grid(PDL)
     if PBITS:  # one 4-byte copy per lane (mod PBITS)
         sb_rep = ((e % PBITS) * 4).to(tl.uint32)
     elif CODE >= 2:  # kernel order, tetra64: the 16-byte copy as a byte offset
@@ -967,7 +975,8 @@ def m1_kernel(
             v, va, vb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                     STRIDE_W, CODE, USE_ASM)
     # the table and the first words (read-only) are in flight before the activation is ready
-    await_previous_grid(PDL)
+    if WAIT == 2:
+        await_previous_grid(PDL)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
     if LIMBS:
