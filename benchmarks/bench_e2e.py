@@ -50,6 +50,8 @@ What it does, in order:
      the batch-1 kernel's L2 prefetch on / off (``LEECHQ_M1_PREFETCH``, ``ops.m1_prefetch``);
    * ``tetra48-peel`` / ``tetra48-nopeel``: ``tetra48`` with the batch-1 kernel's first trip
      decoded before the grid wait on / off (``LEECHQ_T64_PEEL``, ``ops.t64_peel``);
+   * ``tetra48-nosplit`` (diagnostic): ``tetra48`` with the batch-1 kernel's pattern XOR kept
+     apart from its nibble masks (``LEECHQ_T64_SPLIT=0``, ``ops.t64_split``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
@@ -401,7 +403,7 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
                  "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
                  "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf",
-                 "tetra48-peel", "tetra48-nopeel"):
+                 "tetra48-peel", "tetra48-nopeel", "tetra48-nosplit"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -535,7 +537,8 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            "tetra48-pb0": {"LEECHQ_T64_PBITS": "0"},
            **{f"{a}-pf": {"LEECHQ_M1_PREFETCH": "1"} for a in ("tetra48", "ball")},
            **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")},
-           "tetra48-peel": {"LEECHQ_T64_PEEL": "1"}, "tetra48-nopeel": {"LEECHQ_T64_PEEL": "0"}}
+           "tetra48-peel": {"LEECHQ_T64_PEEL": "1"}, "tetra48-nopeel": {"LEECHQ_T64_PEEL": "0"},
+           "tetra48-nosplit": {"LEECHQ_T64_SPLIT": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -657,7 +660,7 @@ def parse() -> argparse.Namespace:
         "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
         "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,tetra48-std,"
         "tetra48-pb0,tetra48-pf,ball-pf,tetra48-nopf,ball-nopf,tetra48-peel,tetra48-nopeel,"
-        "hf-fp16",
+        "tetra48-nosplit,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

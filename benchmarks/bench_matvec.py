@@ -44,7 +44,7 @@ ENV_SUFFIX = {"-a16": ("LEECHQ_A16", "1"), "-a24": ("LEECHQ_A16", "0"),
               "-pf": ("LEECHQ_M1_PREFETCH", "1"), "-nopf": ("LEECHQ_M1_PREFETCH", "0"),
               "-peel": ("LEECHQ_T64_PEEL", "1"), "-nopeel": ("LEECHQ_T64_PEEL", "0"),
               "-w0": ("LEECHQ_M1_WAIT", "0"), "-w1": ("LEECHQ_M1_WAIT", "1"),
-              "-w2": ("LEECHQ_M1_WAIT", "2"),
+              "-w2": ("LEECHQ_M1_WAIT", "2"), "-nosplit": ("LEECHQ_T64_SPLIT", "0"),
               "-nw8": ("LEECHQ_T64_NW", "8"), "-nw16": ("LEECHQ_T64_NW", "16"),
               **{f"-r{n}": ("LEECHQ_T64_RESIDENT", str(n)) for n in range(1, 9)}}
 """An arm name ending in one of these runs that arm with the variable set so: ``LEECHQ_A16``
@@ -53,8 +53,9 @@ pattern-bits table for ``tetra64`` records, ``ops.t64_pbits``), ``LEECHQ_T64_XS`
 conversion), ``LEECHQ_T64_NW`` / ``LEECHQ_T64_RESIDENT`` (the batch-1 ``tetra64`` geometry,
 ``ops.t64_geometry``), ``LEECHQ_M1_PREFETCH`` (the batch-1 kernel's L2 prefetch,
 ``ops.m1_prefetch``), ``LEECHQ_T64_PEEL`` (its first trip decoded before the grid wait,
-``ops.t64_peel``), ``LEECHQ_M1_WAIT`` (where it waits for the previous grid, ``ops.m1_wait``);
-every other arm runs the library's defaults."""
+``ops.t64_peel``), ``LEECHQ_M1_WAIT`` (where it waits for the previous grid, ``ops.m1_wait``),
+``LEECHQ_T64_SPLIT`` (the pattern XOR apart from the nibble masks, ``ops.t64_split``); every
+other arm runs the library's defaults."""
 
 
 def _env_of(arm: str) -> tuple[str, dict[str, str]]:

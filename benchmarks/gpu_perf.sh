@@ -149,6 +149,11 @@
 #            its staging and first words, the default; 1 after the staging; 0 first): the PDL
 #            and tetra64 GPU tests at each, registers of the variants under this Triton, then one
 #            token through the Qwen3-8B projections (m1 alone and the served pass)
+#   split    the pattern XOR merged into the nibble masks (ops.T64_SPLIT, the default since
+#            session r; LEECHQ_T64_SPLIT=0 keeps it apart): one token through the Qwen3-8B
+#            projections both ways (m1 alone and the served pass), then the tetra64 GPU tests
+#            (bits full shapes with the XOR apart too, the default plans) and the fused serving
+#   splite2e e2e Qwen3-8B at batch 1, the XOR merged (default) against apart (tetra48-nosplit)
 #   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
 #            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
 #   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
@@ -519,6 +524,16 @@ PY
   matvec matvec-wait 420 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
 tetra48-m1-fused-noprep-t64-w1,tetra48-m1-fused-noprep-t64-w0,served-t64,served-t64-w1,\
 served-t64-w0,null-m1-fused-noprep-t64geo
+  ;;
+split)
+  matvec matvec-split 240 --batches 1 --arms fp16,tetra48-m1-fused-noprep-t64,\
+tetra48-m1-fused-noprep-t64-nosplit,served-t64,served-t64-nosplit
+  gpu_tests tests-split 300 tests/kernels/test_tetra64_bits.py tests/kernels/test_tetra64.py \
+    tests/serve/test_gpu.py -k "full_shapes or tetra64 or fused"
+  ;;
+splite2e)
+  e2e e2e-8b-split 280 --models qwen3-8b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
+    --skip-gates --no-profile --budget-s 240
   ;;
 pfe2e)
   gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \

@@ -172,3 +172,47 @@ def test_pdl_only_for_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
     xp = ref.prepare_activation(torch.randn(1, 128), w.n_blocks, order)
     ops._launch_m1("null", xp, w, torch.empty(1, w.d_out), cfg)
     assert null.calls[0]["PDL"] and null.calls[0]["launch_pdl"]
+
+
+def test_m1_wait_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LEECHQ_M1_WAIT`` picks where a PDL ``m1`` program waits (default 2); other values are
+    named errors."""
+    from leechq.errors import InvalidInput
+
+    monkeypatch.delenv("LEECHQ_M1_WAIT", raising=False)
+    assert ops.m1_wait() == ops.M1_WAIT == 2
+    for value in ("0", "1", "2"):
+        monkeypatch.setenv("LEECHQ_M1_WAIT", value)
+        assert ops.m1_wait() == int(value)
+    for bad in ("3", "x", "-1"):
+        monkeypatch.setenv("LEECHQ_M1_WAIT", bad)
+        with pytest.raises(InvalidInput, match="LEECHQ_M1_WAIT"):
+            ops.m1_wait()
+
+
+_WAIT_SCRIPT = r"""
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.tetra48_m1 import m1_kernel
+
+for wait in (0, 1, 2):
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
+        N_BLOCKS=12, TAIL_COLS=5, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1, PDL=True,
+        WAIT=wait), num_warps=4)
+    body = [ln.split("//")[0].strip().replace(" ;", ";") for ln in c.asm["ptx"].splitlines()]
+    at = [i for i, ln in enumerate(body) if ln.startswith("griddepcontrol.wait")]
+    staged = [i for i, ln in enumerate(body) if ln.startswith("st.shared")]
+    words = [i for i, ln in enumerate(body) if "ld.global.b32" in ln]
+    assert len(at) == 1, (wait, at)
+    if wait == 0:
+        assert at[0] < min(staged), "waits before the staging"
+    elif wait == 1:
+        assert max(staged) < at[0] < min(words), "waits after the staging, before the words"
+    else:
+        assert max(staged) < at[0] and sum(i < at[0] for i in words) >= 6, "after the words"
+print("ok")
+"""
+
+
+def test_m1_wait_places_the_wait() -> None:
+    out = run_offline(_WAIT_SCRIPT)
+    assert out.strip().endswith("ok"), out[-2000:]

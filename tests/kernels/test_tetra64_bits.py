@@ -97,6 +97,21 @@ def test_bits_and_shared_conversion_match(monkeypatch: pytest.MonkeyPatch, d_out
             (pbits, xs)
 
 
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows"), [(40, 24 * 9 + 5, 1), (17, 24 * 70, 2)])
+def test_split_xor_matches(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
+                           m_rows: int) -> None:
+    """The pattern XOR merged into the nibble masks (``SPLIT``, the default) and kept apart
+    (``LEECHQ_T64_SPLIT=0``) give the same output bit for bit (8-copy table)."""
+    ops, w, t, x, xp = _case(monkeypatch, d_out, d_in, m_rows)
+    cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, m_rows)
+    monkeypatch.setenv("LEECHQ_T64_SPLIT", "0")
+    apart = _run(ops, monkeypatch, t, xp, m_rows, cfg, "8", "0")
+    monkeypatch.delenv("LEECHQ_T64_SPLIT")
+    assert ops.t64_split()
+    assert torch.equal(_run(ops, monkeypatch, t, xp, m_rows, cfg, "8", "0"), apart)
+
+
 def test_pbits_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bad ``LEECHQ_T64_PBITS`` / ``LEECHQ_T64_NW`` / ``LEECHQ_T64_RESIDENT`` values are named;
     unset, the library's defaults apply (the 8-copy table, four warps, five programs per SM)."""
@@ -122,9 +137,10 @@ _SASS = """
 from leechq.kernels.triton import introspect as I
 from leechq.kernels.triton.tetra48_m1 import m1_kernel
 out = []
-for pbits, xs in ((0, False), (16, False), (32, False), (16, True)):
+for pbits, xs, split in ((0, False, True), (16, False, True), (32, False, True),
+                        (16, True, True), (8, False, True), (8, False, False)):
     ce = dict(N_BLOCKS=170, TAIL_COLS=16, ROWS=112, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1,
-              A16=True, CODE=3, PDL=True, PBITS=pbits, XS=xs)
+              A16=True, CODE=3, PDL=True, PBITS=pbits, XS=xs, SPLIT=split)
     c = I.compile_for(m1_kernel, I.M1_SIGNATURE, ce, num_warps=4,
                       aligned_ints=("d_out", "stride_x", "stride_y", "stride_l"))
     text = I.sass(c)
@@ -141,15 +157,18 @@ print(*out)
 def test_bits_offline() -> None:
     """Offline sm_90 compile of the tetra64 kernel (two rows per trip, one row, gate|up width):
     the bits forms keep the 20 shared loads and 48 ``dp4a`` per trip at no more than 40
-    instructions over the 16-byte form (the pattern spread: 33 under Triton 3.9); the shared
-    conversion loads at most 16 scalar activation words per thread before the loop (48 when
-    every warp converts its slice) and needs fewer registers; no local memory."""
+    instructions over the 16-byte form (the pattern spread: 33 under Triton 3.9, 21 with the
+    XOR merged into the masks); merging saves at least 12 per trip (one ``lop3`` per section
+    and block); the shared conversion loads at most 16 scalar activation words per thread
+    before the loop (48 when every warp converts its slice) and needs fewer registers; no
+    local memory, at most 96 registers for the 8-copy default."""
     pytest.importorskip("triton")
-    v = [int(s) for s in run_offline(_SASS, timeout=900).split()[-24:]]
-    std, pb16, pb32, xs = v[0:6], v[6:12], v[12:18], v[18:24]
-    for form in (std, pb16, pb32, xs):
+    v = [int(s) for s in run_offline(_SASS, timeout=900).split()[-36:]]
+    std, pb16, pb32, xs, pb8, pb8_apart = (v[6 * i:6 * i + 6] for i in range(6))
+    for form in (std, pb16, pb32, xs, pb8, pb8_apart):
         assert form[1] == 20 and form[2] == 48 and form[5] == 0, form
     assert pb16[0] - std[0] <= 40 and pb32[0] - std[0] <= 40, (std, pb16, pb32)
+    assert pb8_apart[0] - pb8[0] >= 12 and pb8[4] <= 96, (pb8, pb8_apart)
     assert std[3] >= 48 and xs[3] <= 16, (std, xs)
     assert xs[4] < pb16[4], (xs, pb16)
 
@@ -168,6 +187,9 @@ def test_bits_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int
                                ref.tetra48_dequantize_rotated(t)) <= 1e-5
     for pbits, xs in (("16", "0"), ("32", "0"), ("8", "0"), ("16", "1")):
         assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, pbits, xs), want), (pbits, xs)
+    monkeypatch.setenv("LEECHQ_T64_SPLIT", "0")  # the pattern XOR apart
+    assert torch.equal(_run(ops, monkeypatch, t, xp, 1, cfg, "8", "0"), want)
+    monkeypatch.delenv("LEECHQ_T64_SPLIT")
     for nw in ("8", "16") if (d_out, d_in) == (4096, 4096) else ():  # wider programs, sized
         monkeypatch.setenv("LEECHQ_T64_NW", nw)                       # for 2 or 1 per SM
         cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, 1, t64=True)

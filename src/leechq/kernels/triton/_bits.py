@@ -466,3 +466,17 @@ def prefetch_l2(ptr, nbytes, ok, USE_ASM: tl.constexpr):
     else:
         out = nbytes * 0
     return out
+
+
+@triton.jit
+def xor_and(a, b, mask, USE_ASM: tl.constexpr):
+    """``(a ^ b) & mask`` of uint32 tensors as one ``lop3`` (LUT ``0x28``) on the GPU: where
+    ``a ^ b`` has several masked uses the compiler keeps the XOR as its own instruction."""
+    if USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "lop3.b32 $0, $1, $2, $3, 0x28;", "=r,r,r,r", [a, b, mask], dtype=tl.uint32,
+            is_pure=True, pack=1,
+        )
+    else:
+        out = (a ^ b) & mask
+    return out

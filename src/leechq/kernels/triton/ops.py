@@ -200,6 +200,19 @@ def t64_peel() -> bool:
     return T64_PEEL if env is None else env == "1"
 
 
+T64_SPLIT = True
+"""Whether the batch-1 kernel on ``tetra64`` records (with the pattern-bits table) merges each
+section's pattern XOR into its two nibble masks (``m1_kernel`` ``SPLIT``: one ``lop3`` each,
+``_bits.xor_and``; 287 → 275 SASS instructions per loop trip of four blocks, Triton 3.9
+offline). ``LEECHQ_T64_SPLIT=0`` keeps the XOR apart (:func:`t64_split`)."""
+
+
+def t64_split() -> bool:
+    """:data:`T64_SPLIT`, or the ``LEECHQ_T64_SPLIT`` override (``1`` on, ``0`` off)."""
+    env = os.environ.get("LEECHQ_T64_SPLIT")
+    return T64_SPLIT if env is None else env == "1"
+
+
 M1_WAIT = 2
 """Where a batch-1 ``m1`` program launched with PDL waits for the previous grid (``m1_kernel``
 ``WAIT``): 2 after staging its table and loading its first words (the default since session l),
@@ -1143,9 +1156,10 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
                             and cfg.bp == 32)
         if lattice and code == TETRA_64.value:
             consts["PEEL"] = t64_peel() and not consts.get("XS", False)
+            consts["SPLIT"] = t64_split()
     if lattice:  # every parameter passed (see above)
         consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), "PEEL": False,
-                  **consts}
+                  "SPLIT": True, **consts}
         consts["WAIT"] = m1_wait()
         if consts["WAIT"] != 2:  # the work before the wait goes with it
             consts["PF"] = consts["PEEL"] = False

@@ -67,6 +67,7 @@ from leechq.kernels.triton._bits import (
     smem_store32,
     table_load32,
     table_load128,
+    xor_and,
 )
 
 MAGIC_RINT = tl.constexpr(12582912.0)
@@ -588,14 +589,12 @@ def pattern_masks(pa, pb):
 
 
 @triton.jit
-def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
-                        USE_ASM: tl.constexpr):
-    """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
-    ``COPIES`` 8, 16 or 32 copies of each pattern entry, ``4·COPIES`` bytes per entry; ``sbr``:
-    the lane's copy as a byte offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``,
-    with the pattern read as one 4-byte word per table (one shared-memory wavefront per warp
-    with 32 copies, about two with 16 and 8, instead of four for a 16-byte entry) and spread
-    into nibble masks by :func:`pattern_masks`."""
+def decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
+                              USE_ASM: tl.constexpr):
+    """:func:`decode_block64_bits` before its last XOR: each section's rank-row word ``f`` and
+    pattern mask ``k`` (``h = f ^ k``), as ``f1, k1, f2, k2, f3, k3, p, g, m`` — so that a
+    caller masking ``h`` twice (even and odd nibbles) takes each mask of the XOR in one
+    :func:`._bits.xor_and`."""
     LG: tl.constexpr = 7 if COPIES == 32 else 6 if COPIES == 16 else 5
     a1, a2, a3, opa, opb, p, g, m = _fields64(w0, w1, w2, w3, odd, base, sbr, LG, USE_ASM)
     pa = smem_load32_at(tab_ptr, base + PA_WORD * 4 + opa, USE_ASM)
@@ -604,6 +603,20 @@ def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.cons
     f2 = smem_load32_at(tab_ptr, a2, USE_ASM)
     f3 = smem_load32_at(tab_ptr, a3, USE_ASM)
     k1, k2, k3 = pattern_masks(pa, pb)
+    return f1, k1, f2, k2, f3, k3, p, g, m
+
+
+@triton.jit
+def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
+                        USE_ASM: tl.constexpr):
+    """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
+    ``COPIES`` 8, 16 or 32 copies of each pattern entry, ``4·COPIES`` bytes per entry; ``sbr``:
+    the lane's copy as a byte offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``,
+    with the pattern read as one 4-byte word per table (one shared-memory wavefront per warp
+    with 32 copies, about two with 16 and 8, instead of four for a 16-byte entry) and spread
+    into nibble masks by :func:`pattern_masks` (:func:`decode_block64_bits_split`)."""
+    f1, k1, f2, k2, f3, k3, p, g, m = decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr,
+                                                                base, sbr, COPIES, USE_ASM)
     return f1 ^ k1, f2 ^ k2, f3 ^ k3, p, g, m
 
 
@@ -642,17 +655,21 @@ def _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _block_dot64(h1, h2, h3, p, scale, x0, x1, x2, x3, MB: tl.constexpr, USE_ASM: tl.constexpr):
+def _block_dot64(f1, k1, f2, k2, f3, k3, p, scale, x0, x1, x2, x3, MB: tl.constexpr,
+                 USE_ASM: tl.constexpr):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one ``tetra64`` block per element for the first ``MB``
-    activation rows, from :func:`decode_block64`'s nibble words and ``p`` and the block's
-    ``scale = centroid[g] · rsqrt(m)`` (:func:`_block_decode64`; ``1/‖y‖ = rsqrt(m) / 4``, the 4
-    folded into ``F``): each section's nibbles split into even and odd bytes by one mask each."""
-    he1 = h1 & 0x0F0F0F0F
-    ho1 = h1 & 0xF0F0F0F0
-    he2 = h2 & 0x0F0F0F0F
-    ho2 = h2 & 0xF0F0F0F0
-    he3 = h3 & 0x0F0F0F0F
-    ho3 = h3 & 0xF0F0F0F0
+    activation rows, from its sections' nibble words ``h = f ^ k`` (:func:`_decode64`), ``p``
+    and the block's ``scale = centroid[g] · rsqrt(m)`` (:func:`_block_decode64`;
+    ``1/‖y‖ = rsqrt(m) / 4``, the 4 folded into ``F``): each section's even and odd nibble
+    bytes by one :func:`._bits.xor_and` each."""
+    lo = tl.full(f1.shape, 0x0F0F0F0F, tl.uint32)
+    hi = tl.full(f1.shape, 0xF0F0F0F0, tl.uint32)
+    he1 = xor_and(f1, k1, lo, USE_ASM)
+    ho1 = xor_and(f1, k1, hi, USE_ASM)
+    he2 = xor_and(f2, k2, lo, USE_ASM)
+    ho2 = xor_and(f2, k2, hi, USE_ASM)
+    he3 = xor_and(f3, k3, lo, USE_ASM)
+    ho3 = xor_and(f3, k3, hi, USE_ASM)
     d0 = _row_dot64(he1, ho1, he2, ho2, he3, ho3, p, x0, USE_ASM).to(tl.float32) * (scale * x0[0])
     d1 = d0
     d2 = d0
@@ -670,35 +687,46 @@ def _block_dot64(h1, h2, h3, p, scale, x0, x1, x2, x3, MB: tl.constexpr, USE_ASM
 
 @triton.jit
 def _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS: tl.constexpr,
-              USE_ASM: tl.constexpr):
-    """:func:`decode_block64` (``PBITS`` 0) or :func:`decode_block64_bits` (``PBITS``: copies)."""
-    if PBITS:
-        return decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS, USE_ASM)
+              USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
+    """:func:`decode_block64` (``PBITS`` 0) or :func:`decode_block64_bits` (``PBITS``: copies)
+    as ``f1, k1, f2, k2, f3, k3, p, g, m`` with ``h = f ^ k`` per section: the pattern-bits
+    form split (:func:`decode_block64_bits_split`) when ``SPLIT``, else ``h`` and a zero ``k``."""
+    if PBITS and SPLIT:
+        return decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS,
+                                         USE_ASM)
     else:
-        return decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM)
+        if PBITS:
+            h1, h2, h3, p, g, m = decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr,
+                                                      PBITS, USE_ASM)
+        else:
+            h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM)
+        z = tl.zeros(w0.shape, tl.uint32)
+        return h1, z, h2, z, h3, z, p, g, m
 
 
 @triton.jit
 def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
-                    USE_ASM: tl.constexpr):
+                    USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
     """What :func:`_block_dot64` needs of the even (``odd`` False) or odd block of a ``tetra64``
-    pair, with no activation: :func:`_decode64`'s nibble words and ``p``, and the block's scale
-    ``centroid[g] · rsqrt(m)`` (float32)."""
-    h1, h2, h3, p, g, m = _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS, USE_ASM)
-    return h1, h2, h3, p, tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
+    pair, with no activation: :func:`_decode64`'s ``f1, k1, f2, k2, f3, k3, p`` and the block's
+    scale ``centroid[g] · rsqrt(m)`` (float32)."""
+    f1, k1, f2, k2, f3, k3, p, g, m = _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS,
+                                                USE_ASM, SPLIT)
+    return f1, k1, f2, k2, f3, k3, p, tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
 
 
 @triton.jit
 def _pair_decode64(words, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
                    USE_ASM: tl.constexpr):
     """:func:`_block_decode64` of both blocks of each element's ``tetra64`` pair (``words``: its
-    four uint32 words), as one tuple ``(even…, odd…)`` of ten values."""
+    four uint32 words), as one tuple ``(even…, odd…)`` of sixteen values, each section's ``h``
+    whole (a zero ``k``: the tuple is held across the grid wait, three words fewer per block)."""
     w0, w1, w2, w3 = words
     even = tl.full(w0.shape, False, tl.int1)
     return (_block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                            USE_ASM)
+                            USE_ASM, False)
             + _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                              USE_ASM))
+                              USE_ASM, False))
 
 
 @triton.jit
@@ -706,30 +734,31 @@ def _pair_dot_decoded64(dec, xs, MB: tl.constexpr, USE_ASM: tl.constexpr):
     """The pair sums of every activation row (``xs`` as in :func:`_pair_dot64`) from a pair
     decoded by :func:`_pair_decode64`."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
-    (h1, h2, h3, p, sc, k1, k2, k3, q, sd) = dec
-    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
-    o0, o1, o2, o3 = _block_dot64(k1, k2, k3, q, sd, xo0, xo1, xo2, xo3, MB, USE_ASM)
+    (f1, k1, f2, k2, f3, k3, p, sc, g1, j1, g2, j2, g3, j3, q, sd) = dec
+    e0, e1, e2, e3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
+    o0, o1, o2, o3 = _block_dot64(g1, j1, g2, j2, g3, j3, q, sd, xo0, xo1, xo2, xo3, MB, USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
 @triton.jit
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
-                USE_ASM: tl.constexpr, PBITS: tl.constexpr = 0):
+                USE_ASM: tl.constexpr, PBITS: tl.constexpr = 0, SPLIT: tl.constexpr = True):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
     ``formats.layouts.tetra64``): both blocks by :func:`decode_block64` (each table address one
     mask or one shift of a word, the lane's pattern-copy byte offset ``sbr`` merged in; the
     shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (8, 16 or
-    32): by :func:`decode_block64_bits` on the pattern-bits table with that many copies. Each
-    block is decoded, then met with the activation rows (:func:`_pair_decode64`,
-    :func:`_pair_dot_decoded64`)."""
+    32): by :func:`decode_block64_bits_split` on the pattern-bits table with that many copies.
+    Each block is decoded (:func:`_block_decode64`; ``SPLIT`` False: the pattern XOR as its own
+    instruction, as before 2026-12-02 session r), then met with the activation rows
+    (:func:`_block_dot64`)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     even = tl.full(w0.shape, False, tl.int1)
-    h1, h2, h3, p, sc = _block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr,
-                                        PBITS, USE_ASM)
-    e0, e1, e2, e3 = _block_dot64(h1, h2, h3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
-    h1, h2, h3, p, sc = _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr,
-                                        PBITS, USE_ASM)
-    o0, o1, o2, o3 = _block_dot64(h1, h2, h3, p, sc, xo0, xo1, xo2, xo3, MB, USE_ASM)
+    f1, k1, f2, k2, f3, k3, p, sc = _block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr,
+                                                    base, sbr, PBITS, USE_ASM, SPLIT)
+    e0, e1, e2, e3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
+    f1, k1, f2, k2, f3, k3, p, sc = _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr,
+                                                    base, sbr, PBITS, USE_ASM, SPLIT)
+    o0, o1, o2, o3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xo0, xo1, xo2, xo3, MB, USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
@@ -876,7 +905,7 @@ def m1_kernel(
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
     LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
     XS: tl.constexpr = False, PF: tl.constexpr = False, PEEL: tl.constexpr = False,
-    WAIT: tl.constexpr = 2,
+    WAIT: tl.constexpr = 2, SPLIT: tl.constexpr = True,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -908,7 +937,9 @@ def m1_kernel(
     (:func:`_pair_decode64`) and the second trip's words loaded, so that after the wait the first
     trip is only its ``dp4a`` chains (:func:`_pair_dot_decoded64`). ``WAIT``: where the program
     waits for the previous grid with ``PDL`` — 2 after the staging and the first words (and
-    ``PF`` / ``PEEL``), 1 after the staging, 0 before anything."""
+    ``PF`` / ``PEEL``), 1 after the staging, 0 before anything. ``SPLIT`` (``TETRA_64`` with
+    ``PBITS``): each section's pattern XOR merged into its two nibble masks
+    (:func:`decode_block64_bits_split`, :func:`._bits.xor_and`); False keeps the XOR apart."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -1010,11 +1041,11 @@ def m1_kernel(
             m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                     STRIDE_W, CODE, USE_ASM)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
-                                    USE_ASM, A16, PBITS)
+                                    USE_ASM, A16, PBITS, SPLIT)
         b0, b1, b2, b3 = a0, a1, a2, a3
         if ILP == 2:
             b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
-                                        SEL_TABLE, USE_ASM, A16, PBITS)
+                                        SEL_TABLE, USE_ASM, A16, PBITS, SPLIT)
             v, va, vb = m, ma, mb
         _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, k, c0, cstep, e, lane, part, cnt_ptr,
                   part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y,
@@ -1099,12 +1130,12 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 @triton.jit
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
                SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False,
-               PBITS: tl.constexpr = 0):
+               PBITS: tl.constexpr = 0, SPLIT: tl.constexpr = True):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
     if CODE == 3:
         w0, w1, w2, w3 = words
         d0, d1, d2, d3 = _pair_dot64(w0, w1, w2, w3, ca, cb, tab_ptr, base, sb_rep, xs, MB,
-                                     USE_ASM, PBITS)
+                                     USE_ASM, PBITS, SPLIT)
     elif CODE != 1:
         w0, w1, w2 = words
         d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,
