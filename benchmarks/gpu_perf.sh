@@ -154,6 +154,7 @@
 #            projections both ways (m1 alone and the served pass), then the tetra64 GPU tests
 #            (bits full shapes with the XOR apart too, the default plans) and the fused serving
 #   splite2e e2e Qwen3-8B at batch 1, the XOR merged (default) against apart (tetra48-nosplit)
+#   split14b the same for Qwen3-14B at batch 1
 #   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
 #            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
 #   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
@@ -534,6 +535,10 @@ tetra48-m1-fused-noprep-t64-nosplit,served-t64,served-t64-nosplit
 splite2e)
   e2e e2e-8b-split 280 --models qwen3-8b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
     --skip-gates --no-profile --budget-s 240
+  ;;
+split14b)
+  e2e e2e-14b-split 290 --models qwen3-14b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
+    --skip-gates --no-profile --budget-s 250
   ;;
 pfe2e)
   gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \
