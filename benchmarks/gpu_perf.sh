@@ -155,13 +155,9 @@
 #            (bits full shapes with the XOR apart too, the default plans) and the fused serving
 #   splite2e e2e Qwen3-8B at batch 1, the XOR merged (default) against apart (tetra48-nosplit)
 #   split14b the same for Qwen3-14B at batch 1
-#   pfe2e    the kernel and serving GPU tests (tetra64, bits, prefetch, fused serving), then e2e
-#            Qwen3-8B at batch 1 with and without the prefetch (Tetra and ball)
 #   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
 #            (LEECHQ_T64_PEEL, ops.t64_peel): its GPU tests, then one token through the Qwen3-8B
 #            projections with and without it (m1 alone and the served pass, twice each)
-#   peele2e  the kernel and serving GPU tests (tetra64, bits, peel, prefetch, fused serving), then
-#            e2e Qwen3-8B at batch 1 with and without the peel
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -500,13 +496,6 @@ peel)
 tetra48-m1-fused-noprep-t64-peel,served-t64,served-t64-peel,tetra48-m1-fused-noprep-t64-nopeel,\
 tetra48-m1-fused-noprep-t64-peel-r6
   ;;
-peele2e)
-  gpu_tests tests-peele2e 300 tests/kernels/test_tetra64_peel.py tests/kernels/test_m1_prefetch.py \
-    tests/kernels/test_tetra64.py tests/kernels/test_tetra64_bits.py tests/serve/test_gpu.py \
-    -k "peel or prefetch or tetra64 or bits or fused"
-  e2e e2e-8b-peel 270 --models qwen3-8b --arms fp16,tetra48-nopeel,tetra48-peel --batches 1 \
-    --skip-gates --no-profile --budget-s 230
-  ;;
 wait)
   for w in 0 1; do
     LEECHQ_M1_WAIT=$w gpu_tests tests-wait$w 100 tests/kernels/test_tetra64_bits.py -k full_shapes
@@ -539,12 +528,6 @@ splite2e)
 split14b)
   e2e e2e-14b-split 290 --models qwen3-14b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
     --skip-gates --no-profile --budget-s 250
-  ;;
-pfe2e)
-  gpu_tests tests-pfe2e 300 tests/kernels/test_m1_prefetch.py tests/kernels/test_tetra64.py \
-    tests/kernels/test_tetra64_bits.py tests/serve/test_gpu.py -k "prefetch or tetra64 or bits or fused"
-  e2e e2e-8b-pf 270 --models qwen3-8b --arms fp16,tetra48-nopf,tetra48-pf --batches 1 \
-    --skip-gates --no-profile --budget-s 230
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\
