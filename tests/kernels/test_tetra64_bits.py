@@ -103,7 +103,7 @@ def test_split_xor_matches(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: in
                            m_rows: int) -> None:
     """The pattern XOR merged into the nibble masks (``SPLIT``, the default) and kept apart
     (``LEECHQ_T64_SPLIT=0``) give the same output bit for bit (8-copy table)."""
-    ops, w, t, x, xp = _case(monkeypatch, d_out, d_in, m_rows)
+    ops, w, t, _x, xp = _case(monkeypatch, d_out, d_in, m_rows)
     cfg = ops.m1_config(d_out, w.n_blocks, xp.device, w.tail_cols, m_rows)
     monkeypatch.setenv("LEECHQ_T64_SPLIT", "0")
     apart = _run(ops, monkeypatch, t, xp, m_rows, cfg, "8", "0")
