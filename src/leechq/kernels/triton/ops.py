@@ -190,7 +190,8 @@ def t64_xs() -> bool:
 T64_PEEL = False
 """Whether the batch-1 kernel on ``tetra64`` records decodes its first loop trip before it waits
 for the previous grid (``m1_kernel`` ``PEEL``: the trip's table lookups and scales overlap the
-earlier grids; after the wait that trip is only its ``dp4a`` chains). ``LEECHQ_T64_PEEL=1`` /
+earlier grids; after the wait that trip is only its ``dp4a`` chains). Off: measured slower (H200,
+Qwen3-8B projections, BENCHMARKS.md §3 run 22: 1.993 against 1.831 ms). ``LEECHQ_T64_PEEL=1`` /
 ``0`` overrides it per launch (:func:`t64_peel`)."""
 
 
@@ -203,8 +204,10 @@ def t64_peel() -> bool:
 T64_SPLIT = True
 """Whether the batch-1 kernel on ``tetra64`` records (with the pattern-bits table) merges each
 section's pattern XOR into its two nibble masks (``m1_kernel`` ``SPLIT``: one ``lop3`` each,
-``_bits.xor_and``; 287 → 275 SASS instructions per loop trip of four blocks, Triton 3.9
-offline). ``LEECHQ_T64_SPLIT=0`` keeps the XOR apart (:func:`t64_split`)."""
+``_bits.xor_and``; 287 → 275 SASS instructions per loop trip of four blocks, Triton 3.9 and
+3.6 offline). H200, one process (BENCHMARKS.md §3 run 22): Qwen3-8B projections at batch 1
+1.819 → 1.776 ms (2.576× → 2.636× fp16); end to end 296.2 → 299.9 tok/s.
+``LEECHQ_T64_SPLIT=0`` keeps the XOR apart (:func:`t64_split`)."""
 
 
 def t64_split() -> bool:
@@ -216,7 +219,8 @@ def t64_split() -> bool:
 M1_WAIT = 2
 """Where a batch-1 ``m1`` program launched with PDL waits for the previous grid (``m1_kernel``
 ``WAIT``): 2 after staging its table and loading its first words (the default since session l),
-1 after the staging only, 0 before anything. ``LEECHQ_M1_WAIT`` overrides it per launch
+1 after the staging only, 0 before anything (H200, Qwen3-8B projections, BENCHMARKS.md §3
+run 22: 1.815, 1.902 and 1.992 ms). ``LEECHQ_M1_WAIT`` overrides it per launch
 (:func:`m1_wait`; ``PF`` and ``PEEL`` need 2)."""
 
 
@@ -229,7 +233,9 @@ M1_PREFETCH = False
 """Whether each batch-1 ``m1`` program (``tetra48_m1.prefetch_program``, the kernel's ``PF``)
 asks for all the weight words and centroids it will read into L2 before it waits for the
 previous grid (one ``cp.async.bulk.prefetch.L2`` per row slice; sm_90 and later, a hint with no
-result). ``LEECHQ_M1_PREFETCH=1`` / ``0`` overrides it per launch (:func:`m1_prefetch`)."""
+result). Off: measured slower (H200, Qwen3-8B projections, BENCHMARKS.md §3 run 22: 1.959
+against 1.816 ms; Planes14 3.807 against 3.414). ``LEECHQ_M1_PREFETCH=1`` / ``0`` overrides it
+per launch (:func:`m1_prefetch`)."""
 
 
 def m1_prefetch(device: torch.device) -> bool:
