@@ -193,6 +193,12 @@ e2e() {
   grep "tok/s\|status" "$OUT/$name.log" | cut -c1-200
 }
 
+# e2e_b1 NAME TIMEOUT MODEL ARM BUDGET: e2e of MODEL at batch 1, fp16 and tetra48 against ARM
+e2e_b1() {
+  e2e "$1" "$2" --models "$3" --arms "fp16,tetra48,$4" --batches 1 --skip-gates --no-profile \
+    --budget-s "$5"
+}
+
 case $step in
 tests)
   gpu_tests tests-kernels 280 tests/kernels/test_triton_gpu.py \
@@ -478,12 +484,10 @@ planes14-m1-fused,planes14-m1-fused-wide-nw8,planes14-m1-fused-wide-nw16
 pb8)
   gpu_tests tests-pb8 330 tests/kernels/test_tetra64.py tests/kernels/test_tetra64_bits.py \
     tests/serve/test_gpu.py -k "tetra64 or bits or fused"
-  e2e e2e-8b-pb8 240 --models qwen3-8b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
-    --skip-gates --no-profile --budget-s 200
+  e2e_b1 e2e-8b-pb8 240 qwen3-8b tetra48-pb0 200
   ;;
 pb8e2e)
-  e2e e2e-14b-pb8 300 --models qwen3-14b --arms fp16,tetra48,tetra48-pb0 --batches 1 \
-    --skip-gates --no-profile --budget-s 260
+  e2e_b1 e2e-14b-pb8 300 qwen3-14b tetra48-pb0 260
   ;;
 prefetch)
   gpu_tests tests-prefetch 120 tests/kernels/test_m1_prefetch.py
@@ -522,12 +526,10 @@ tetra48-m1-fused-noprep-t64-nosplit,served-t64,served-t64-nosplit
     tests/serve/test_gpu.py -k "full_shapes or tetra64 or fused"
   ;;
 splite2e)
-  e2e e2e-8b-split 280 --models qwen3-8b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
-    --skip-gates --no-profile --budget-s 240
+  e2e_b1 e2e-8b-split 280 qwen3-8b tetra48-nosplit 240
   ;;
 split14b)
-  e2e e2e-14b-split 290 --models qwen3-14b --arms fp16,tetra48,tetra48-nosplit --batches 1 \
-    --skip-gates --no-profile --budget-s 250
+  e2e_b1 e2e-14b-split 290 qwen3-14b tetra48-nosplit 250
   ;;
 t64sweep)
   matvec matvec-t64-sweep 420 --batches 1 --sweep --sweep-t64 --arms fp16,\

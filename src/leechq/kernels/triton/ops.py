@@ -115,12 +115,17 @@ token, the same greedy agreement. ``LEECHQ_A16=0`` keeps 24 bits (read per launc
 :func:`act16`)."""
 
 
+def _env_flag(var: str, default: bool) -> bool:
+    """The on/off switch ``var``: ``default`` when unset, else whether it is ``1``."""
+    env = os.environ.get(var)
+    return default if env is None else env == "1"
+
+
 def act16() -> bool:
     """Whether the integer kernels run on 16-bit activations now (:data:`A16`, or the
     ``LEECHQ_A16`` override). The rotation that writes activation records and the kernels that
     read them must agree, so both read this at launch."""
-    env = os.environ.get("LEECHQ_A16")
-    return A16 if env is None else env == "1"
+    return _env_flag("LEECHQ_A16", A16)
 
 
 T64_DEFAULT = True
@@ -137,9 +142,8 @@ def t64_serving(device: torch.device | str) -> bool:
     :data:`T64_DEFAULT` or ``LEECHQ_T64``, a CUDA device, not under the interpreter (whose
     serving tests keep the standard layout unless they ask), 16-bit activations
     (:func:`act16`; the batch-1 kernel decodes the layout with them only)."""
-    env = os.environ.get("LEECHQ_T64")
-    on = T64_DEFAULT if env is None else env == "1"
-    return on and torch.device(device).type == "cuda" and not interpreting() and act16()
+    return (_env_flag("LEECHQ_T64", T64_DEFAULT) and torch.device(device).type == "cuda"
+            and not interpreting() and act16())
 
 
 T64_PBITS = 8
@@ -183,8 +187,7 @@ turns it on per launch."""
 
 def t64_xs() -> bool:
     """:data:`T64_XS`, or the ``LEECHQ_T64_XS`` override (``1`` on)."""
-    env = os.environ.get("LEECHQ_T64_XS")
-    return T64_XS if env is None else env == "1"
+    return _env_flag("LEECHQ_T64_XS", T64_XS)
 
 
 T64_PEEL = False
@@ -197,8 +200,7 @@ Qwen3-8B projections, BENCHMARKS.md §3 run 22: 1.993 against 1.831 ms). ``LEECH
 
 def t64_peel() -> bool:
     """:data:`T64_PEEL`, or the ``LEECHQ_T64_PEEL`` override (``1`` on, ``0`` off)."""
-    env = os.environ.get("LEECHQ_T64_PEEL")
-    return T64_PEEL if env is None else env == "1"
+    return _env_flag("LEECHQ_T64_PEEL", T64_PEEL)
 
 
 T64_SPLIT = True
@@ -212,8 +214,7 @@ section's pattern XOR into its two nibble masks (``m1_kernel`` ``SPLIT``: one ``
 
 def t64_split() -> bool:
     """:data:`T64_SPLIT`, or the ``LEECHQ_T64_SPLIT`` override (``1`` on, ``0`` off)."""
-    env = os.environ.get("LEECHQ_T64_SPLIT")
-    return T64_SPLIT if env is None else env == "1"
+    return _env_flag("LEECHQ_T64_SPLIT", T64_SPLIT)
 
 
 M1_WAIT = 2
@@ -241,9 +242,8 @@ per launch (:func:`m1_prefetch`)."""
 def m1_prefetch(device: torch.device) -> bool:
     """:data:`M1_PREFETCH` (or ``LEECHQ_M1_PREFETCH``) on a CUDA device of compute capability ≥ 9
     (the bulk prefetch is sm_90's); False under the interpreter."""
-    env = os.environ.get("LEECHQ_M1_PREFETCH")
-    on = M1_PREFETCH if env is None else env == "1"
-    return on and not interpreting() and _sm90(torch.device(device))
+    return (_env_flag("LEECHQ_M1_PREFETCH", M1_PREFETCH) and not interpreting()
+            and _sm90(torch.device(device)))
 
 
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
@@ -1154,15 +1154,13 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
         code = (TETRA_64.value if getattr(w, "t64", False)
                 else TETRA_K.value if getattr(w, "korder", False) else TETRA.value)
         consts = {"CODE": code, "SEL_TABLE": True, **consts} if lattice else consts
-        pbits = t64_pbits() if lattice and code == TETRA_64.value else 0
-        if pbits:
-            table = tetra_m1_bits_table(xp.device, pbits)
-            consts["PBITS"] = pbits
-            consts["XS"] = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
-                            and cfg.bp == 32)
         if lattice and code == TETRA_64.value:
-            consts["PEEL"] = t64_peel() and not consts.get("XS", False)
-            consts["SPLIT"] = t64_split()
+            pbits = t64_pbits()
+            if pbits:
+                table = tetra_m1_bits_table(xp.device, pbits)
+            xs = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
+                  and cfg.bp == 32)
+            consts.update(PBITS=pbits, XS=xs, PEEL=t64_peel() and not xs, SPLIT=t64_split())
     if lattice:  # every parameter passed (see above)
         consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), "PEEL": False,
                   "SPLIT": True, **consts}

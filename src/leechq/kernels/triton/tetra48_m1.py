@@ -717,16 +717,16 @@ def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr, PBITS
 
 @triton.jit
 def _pair_decode64(words, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
-                   USE_ASM: tl.constexpr):
+                   USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
     """:func:`_block_decode64` of both blocks of each element's ``tetra64`` pair (``words``: its
-    four uint32 words), as one tuple ``(even…, odd…)`` of sixteen values, each section's ``h``
-    whole (a zero ``k``: the tuple is held across the grid wait, three words fewer per block)."""
+    four uint32 words), as one tuple ``(even…, odd…)`` of sixteen values (``SPLIT`` False: each
+    section's ``h`` whole and a zero ``k``, three words fewer per block to hold)."""
     w0, w1, w2, w3 = words
     even = tl.full(w0.shape, False, tl.int1)
     return (_block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                            USE_ASM, False)
+                            USE_ASM, SPLIT)
             + _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                              USE_ASM, False))
+                              USE_ASM, SPLIT))
 
 
 @triton.jit
@@ -750,7 +750,9 @@ def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.con
     32): by :func:`decode_block64_bits_split` on the pattern-bits table with that many copies.
     Each block is decoded (:func:`_block_decode64`; ``SPLIT`` False: the pattern XOR as its own
     instruction, as before 2026-12-02 session r), then met with the activation rows
-    (:func:`_block_dot64`)."""
+    (:func:`_block_dot64`) before the next is decoded: the order the hot loop was timed in
+    (:func:`_pair_decode64` and :func:`_pair_dot_decoded64` split the same steps for the peeled
+    trip)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     even = tl.full(w0.shape, False, tl.int1)
     f1, k1, f2, k2, f3, k3, p, sc = _block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr,
@@ -994,11 +996,11 @@ def m1_kernel(
                                 CODE, USE_ASM)
     if PEEL:  # the first trip decoded before the wait, the second trip's words loaded
         tl.static_assert(CODE == 3 and not XS, "PEEL: the tetra64 decode (not with XS)")
-        da = _pair_decode64(w, ca, cb, tab_ptr, base, sb_rep, PBITS, USE_ASM)
+        da = _pair_decode64(w, ca, cb, tab_ptr, base, sb_rep, PBITS, USE_ASM, False)
         db = da
         if ILP == 2:
-            db = _pair_decode64(v, va, vb, tab_ptr, base, sb_rep, PBITS, USE_ASM)
-        nxt = rows + ((cstep - 1) * ROWS + ILP * RI if IPC == 1 else ILP * RI)
+            db = _pair_decode64(v, va, vb, tab_ptr, base, sb_rep, PBITS, USE_ASM, False)
+        nxt = _next_rows(rows, 0, cstep, ROWS, ILP * RI, IPC)
         nrow = tl.where(n_iter > 1, nxt, d_out)
         w, ca, cb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
                                 USE_ASM)
@@ -1033,7 +1035,7 @@ def m1_kernel(
     for k in range(K0, n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
-        nxt = tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + ILP * RI, rows + ILP * RI)
+        nxt = _next_rows(rows, k, cstep, ROWS, ILP * RI, IPC)
         nrow = tl.where(k + 1 < n_iter, nxt, d_out)
         n, na, nb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
                                 USE_ASM)
@@ -1052,6 +1054,14 @@ def m1_kernel(
                   m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB, ILP, IPC, USE_ASM)
         rows = nxt
         w, ca, cb = n, na, nb
+
+
+@triton.jit
+def _next_rows(rows, k, cstep, ROWS: tl.constexpr, STEP: tl.constexpr, IPC: tl.constexpr):
+    """The rows of the trip after trip ``k`` (``STEP`` rows per trip, ``IPC`` trips per chunk):
+    the next ``STEP`` rows of the chunk, or after a chunk's last trip the program's next chunk
+    (``cstep`` chunks on)."""
+    return tl.where(k % IPC == IPC - 1, rows + (cstep - 1) * ROWS + STEP, rows + STEP)
 
 
 @triton.jit
