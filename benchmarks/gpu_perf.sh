@@ -158,6 +158,9 @@
 #   peel     the tetra64 batch-1 kernel's first trip decoded before the grid wait
 #            (LEECHQ_T64_PEEL, ops.t64_peel): its GPU tests, then one token through the Qwen3-8B
 #            projections with and without it (m1 alone and the served pass, twice each)
+#   breakdown where a served step's time goes (benchmarks/step_breakdown.py): Qwen3-8B at batch
+#            1, fp16 and tetra48, the decode step's kernels by kind under its graph and the
+#            prefill of 32 and 512 tokens (wall, device busy, host operators)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -541,12 +544,17 @@ t64e2e)
   e2e e2e-14b-t64 220 --models qwen3-14b --arms fp16,tetra48 --batches 1 --skip-gates \
     --no-profile --budget-s 200
   ;;
+breakdown)
+  timeout 520 python benchmarks/step_breakdown.py --model qwen3-8b --arms fp16,tetra48 \
+    --prompt-lens 32,512 > "$OUT/breakdown.log" 2>&1
+  grep -v '^{"bench' "$OUT/breakdown.log" | cut -c1-200 | tail -80
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown)" >&2
   exit 2
   ;;
 esac
