@@ -54,6 +54,9 @@ What it does, in order:
      apart from its nibble masks (``LEECHQ_T64_SPLIT=0``, ``ops.t64_split``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
+   * ``tetra48-sdpa``, ``fp16-sdpa`` (diagnostic): ``tetra48`` and ``fp16`` with the decode
+     step's attention through ``scaled_dot_product_attention`` over the whole static cache
+     (``LEECHQ_DECODE_ATTN=0``) instead of the split-key kernel (``ops.decode_attention``);
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
@@ -325,15 +328,16 @@ def run_gates(n_tokens: int, compile_pieces: bool, graphs: bool) -> dict[str, An
 
 
 def time_engine(
-    engine: Engine, batch: int, prompt_len: int, new_tokens: int, repeats: int
+    engine: Engine, batch: int, prompt_len: int, new_tokens: int, repeats: int,
+    seq_len: int | None = None,
 ) -> dict[str, Any]:
     vocab = engine.model.args.vocab_size
     prompts = random_prompts(batch, prompt_len, vocab, seed=batch)
     engine.release()
     free()
     reset_peak()
-    engine.generate_ids(prompts, new_tokens)  # warm-up: compile, capture
-    runs = [engine.generate_ids(prompts, new_tokens) for _ in range(repeats)]
+    engine.generate_ids(prompts, new_tokens, seq_len=seq_len)  # warm-up: compile, capture
+    runs = [engine.generate_ids(prompts, new_tokens, seq_len=seq_len) for _ in range(repeats)]
     tok = [r.decode_tok_s for r in runs]
     e2e = [r.batch * (r.steps + 1) / (r.prefill_s + r.decode_s) for r in runs]
     res = {
@@ -396,14 +400,14 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     before = mem_allocated()
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
-    if arm == "fp16":
+    if arm in ("fp16", "fp16-sdpa"):
         model = random_dense(args, torch.float16, dev, seed=0)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
                  "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
                  "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
                  "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
                  "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf",
-                 "tetra48-peel", "tetra48-nopeel", "tetra48-nosplit"):
+                 "tetra48-peel", "tetra48-nopeel", "tetra48-nosplit", "tetra48-sdpa"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -538,7 +542,8 @@ ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_
            **{f"{a}-pf": {"LEECHQ_M1_PREFETCH": "1"} for a in ("tetra48", "ball")},
            **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")},
            "tetra48-peel": {"LEECHQ_T64_PEEL": "1"}, "tetra48-nopeel": {"LEECHQ_T64_PEEL": "0"},
-           "tetra48-nosplit": {"LEECHQ_T64_SPLIT": "0"}}
+           "tetra48-nosplit": {"LEECHQ_T64_SPLIT": "0"},
+           "fp16-sdpa": {"LEECHQ_DECODE_ATTN": "0"}, "tetra48-sdpa": {"LEECHQ_DECODE_ATTN": "0"}}
 """The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
 
 
@@ -575,7 +580,7 @@ def _bench_engine(name: str, arm: str, model: Any, info: dict[str, Any], batches
         if over_budget(f"{name} {arm} batch {b}", results, model=name, arm=arm, batch=b):
             continue
         try:
-            r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
+            r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats, a.seq_len)
         except torch.cuda.OutOfMemoryError as exc:
             log(f"{name} {arm} batch {b}: OOM ({exc})")
             results.append({"model": name, "arm": arm, "batch": b, "skipped": "OOM"})
@@ -629,7 +634,7 @@ def bench_artifact(
         weights = round((mem_allocated() - before) / GB, 3)
         engine = Engine(model, graphs=not a.no_graphs, compile=not a.no_compile)
         for b in batches:
-            r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats)
+            r = time_engine(engine, b, a.prompt_len, a.new_tokens, a.repeats, a.seq_len)
             if arm == "fp16-dense":
                 fp16_tok[b] = r["tok_s"]
             results.append(
@@ -664,6 +669,9 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="KV-cache slots per session (default: the engine's, prompt + new tokens "
+                        "to the next power of two >= 128); a chat engine holds its longest context")
     p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--hf-new-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
@@ -714,6 +722,7 @@ def main() -> int:
         "protocol": {
             "prompt_len": a.prompt_len,
             "new_tokens": a.new_tokens,
+            "seq_len": a.seq_len,
             "hf_new_tokens": a.hf_new_tokens,
             "repeats": a.repeats,
             "graphs": not a.no_graphs,

@@ -161,6 +161,12 @@
 #   breakdown where a served step's time goes (benchmarks/step_breakdown.py): Qwen3-8B at batch
 #            1, fp16 and tetra48, the decode step's kernels by kind under its graph and the
 #            prefill of 32 and 512 tokens (wall, device busy, host operators)
+#   attn     the decode step's split-key attention kernel (ops.decode_attention, the default on
+#            CUDA): its GPU tests and the serving GPU tests, the step by kernel kind with and
+#            without it at 1024 slots, then e2e Qwen3-8B batch 1 (fp16 and tetra48, each with the
+#            kernel and with SDPA over the whole cache: arms fp16-sdpa, tetra48-sdpa)
+#   attne2e  e2e Qwen3-8B batch 1 with and without the kernel (fp16-sdpa, tetra48-sdpa), at the
+#            default 128-slot cache and at 4096 slots
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -549,12 +555,24 @@ breakdown)
     --prompt-lens 32,512 > "$OUT/breakdown.log" 2>&1
   grep -v '^{"bench' "$OUT/breakdown.log" | cut -c1-200 | tail -80
   ;;
+attn)
+  gpu_tests tests-attn 280 tests/kernels/test_decode_attention.py tests/serve/test_gpu.py
+  timeout 200 python benchmarks/step_breakdown.py --model qwen3-8b --arms \
+    fp16,fp16-sdpa,tetra48,tetra48-sdpa --no-prefill --seq-len 1024 > "$OUT/breakdown-attn.log" 2>&1
+  grep -v '^{"bench' "$OUT/breakdown-attn.log" | grep -v Warn | cut -c1-200 | tail -40
+  ;;
+attne2e)
+  e2e e2e-8b-attn 330 --models qwen3-8b --arms fp16,fp16-sdpa,tetra48,tetra48-sdpa \
+    --batches 1 --skip-gates --no-profile --budget-s 300
+  e2e e2e-8b-attn4k 230 --models qwen3-8b --arms fp16,tetra48,tetra48-sdpa \
+    --batches 1 --skip-gates --no-profile --budget-s 200 --seq-len 4096
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e)" >&2
   exit 2
   ;;
 esac

@@ -160,6 +160,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--no-prefill", action="store_true")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("step_breakdown needs a CUDA device", file=sys.stderr)
@@ -179,7 +180,7 @@ def main() -> int:
                 for k, v in d["kinds"].items():
                     print(f"    {k:16s} {v['launches']:7.1f} {v['ms']:8.4f} ms", flush=True)
             row["prefill"] = []
-            for length in (int(s) for s in a.prompt_lens.split(",")):
+            for length in ([] if a.no_prefill else [int(s) for s in a.prompt_lens.split(",")]):
                 pf = prefill_breakdown(engine, vocab, a.seq_len, length, a.repeats)
                 row["prefill"].append(pf)
                 print(f"{arm:10s} prefill {length:5d}: {pf['prefill_ms']:8.2f} ms wall, device "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -153,3 +154,38 @@ def test_random_dense_runs_and_is_seeded() -> None:
     with torch.no_grad():
         la, lb = _full_logits(a, tokens), _full_logits(b, tokens)
     assert torch.equal(la, lb) and torch.isfinite(la).all()
+
+
+def test_decode_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leechq.serve.model import decode_kernel_enabled
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("LEECHQ_DECODE_ATTN", raising=False)
+    assert not decode_kernel_enabled(cpu, 1)  # the CPU keeps SDPA unless asked
+    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
+    assert not decode_kernel_enabled(cpu, 2)  # prompts: SDPA
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert decode_kernel_enabled(cpu, 1)
+    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
+    assert not decode_kernel_enabled(cpu, 1)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+@torch.no_grad()
+def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step through the split-key kernel (left-padded batch) == the SDPA step."""
+    pytest.importorskip("triton")
+    model = from_hf_model(tiny_hf_model("qwen3"))
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 97, (2, 9), generator=g)
+    pad = torch.tensor([3, 0])
+    cache = KVCache(model.args, 2, 96, torch.float32, "cpu")
+    model(tokens[:, :8], torch.arange(8), pad, cache.k, cache.v)
+    steps = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("LEECHQ_DECODE_ATTN", flag)
+        k = [c.clone() for c in cache.k]
+        v = [c.clone() for c in cache.v]
+        steps[flag] = model(tokens[:, 8:], torch.tensor([8]), pad, k, v)
+    assert (steps["1"] - steps["0"]).abs().max().item() < 1e-4

@@ -19,6 +19,8 @@ Contracts (shapes; docs/kernels.md has the tolerances):
 * ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
 * ``int4_matvec(x [M, d_in], w: Int4Weight) / int8_matvec(x, w: Int8Weight) -> [M, d_out] f32``.
 * ``int4_embedding(ids [T] int, table: Int4Weight) / int8_embedding -> [T, d] f32``.
+* ``decode_attention(q [B, n_kv, G, hd], k_cache, v_cache [B, n_kv, S, hd], slot [1], pad [B],
+  scale) -> [B, n_kv, G, hd] f32``: one query position per row over a static cache.
 
 :func:`row_bound_error` is the measure the kernels are held to against these references.
 """
@@ -497,3 +499,23 @@ def int8_embedding(ids: torch.Tensor, table: Int8Weight) -> torch.Tensor:
     ids = _check_ids(ids, table.d_out)
     return _group_affine(table.qweight[ids], table.scales[ids], table.biases[ids],
                          table.group).to(torch.float32)
+
+
+# ------------------------------------------------------------------------------ decode attention
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot: torch.Tensor, pad: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention of one query position per row in float64, narrowed to float32: key slot
+    ``s`` of row ``b`` is seen from the query's slot ``t = slot[0]`` iff ``pad[b] <= s <= t`` or
+    ``s == t`` (the serving model's mask). q [B, n_kv, G, hd]; k_cache, v_cache [B, n_kv, S, hd];
+    slot int64 [1]; pad int64 [B] → [B, n_kv, G, hd] f32."""
+    if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise InvalidInput("q must be [B, n_kv, G, hd] and k_cache, v_cache [B, n_kv, S, hd]")
+    keys = torch.arange(k_cache.shape[2], device=q.device)
+    t = slot.reshape(-1)[:1].to(q.device)
+    seen = ((keys[None, :] <= t) & (keys[None, :] >= pad.to(q.device)[:, None])) | (keys == t)
+    scores = torch.einsum("bhgd,bhsd->bhgs", q.double(), k_cache.double()) * scale
+    scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhgs,bhsd->bhgd", probs, v_cache.double()).to(torch.float32)

@@ -8,7 +8,10 @@ deliberately small:
 * RMSNorm with the Hugging Face rounding (normalise in f32, narrow, then multiply by the weight);
 * RoPE in the "rotate half" convention, default / linear / llama3 frequencies; Qwen3's q/k norms;
 * GQA attention through ``scaled_dot_product_attention`` over a static cache; the query heads that
-  share a key/value head are folded into the query length, so no K/V is ever repeated;
+  share a key/value head are folded into the query length, so no K/V is ever repeated. A decode
+  step (one position per row) on CUDA runs the split-key kernel instead
+  (``leechq.kernels.triton.ops.decode_attention``, :func:`decode_kernel_enabled`), which reads only
+  the slots the query sees;
 * SwiGLU MLP.
 
 The model never owns a weight format. Every projection is an ``nn.Module`` mapping ``[..., d_in]``
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -295,6 +299,34 @@ def attention_mask(
     return mask[:, None].repeat(1, 1, groups, 1)
 
 
+def decode_kernel_enabled(device: torch.device, positions: int) -> bool:
+    """Whether a forward of ``positions`` positions per row on ``device`` runs its attention
+    through the split-key decode kernel (``ops.decode_attention``) instead of
+    ``scaled_dot_product_attention``: one position, a CUDA device with Triton, unless
+    ``LEECHQ_DECODE_ATTN=0`` (read per forward, on the host). On the CPU only when asked for
+    (``LEECHQ_DECODE_ATTN=1``) under the Triton interpreter (the CI route to the kernel)."""
+    flag = os.environ.get("LEECHQ_DECODE_ATTN")
+    if positions != 1 or flag == "0":
+        return False
+    if device.type == "cuda":
+        from leechq.kernels import triton as triton_kernels
+
+        return triton_kernels.available()
+    return flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def decode_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slots: torch.Tensor, pad: torch.Tensor, scale: float) -> torch.Tensor:
+    """The decode step's attention (``ops.decode_attention``) from :func:`qkv_split_rope`'s
+    ``q`` [B, n_kv, groups, head_dim] for the one position at ``slots`` [1]: [B, n_kv, groups,
+    head_dim], what ``scaled_dot_product_attention`` gives under :func:`attention_mask`."""
+    from leechq.kernels.triton import ops
+
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return ops.decode_attention(q, k_cache, v_cache, slots, pad, scale)
+
+
 def norm_project(
     proj: nn.Module,
     x: torch.Tensor,
@@ -438,9 +470,11 @@ class Block(nn.Module):
         v_cache: torch.Tensor,
         slots: torch.Tensor,
         fns: Pieces,
+        pad: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention sub-layer from the fused q|k|v projection ``qkv`` [B, T, q_size + 2·kv_size]
-        (``self.wqkv`` of the normalised input) → [B, T, dim]; writes the cache."""
+        (``self.wqkv`` of the normalised input) → [B, T, dim]; writes the cache. ``mask`` None: a
+        decode step (T = 1) through :func:`decode_attend`, which needs ``pad``."""
         a = self.args
         t = qkv.shape[1]
         q, k, v = fns.qkv_split_rope(
@@ -456,9 +490,14 @@ class Block(nn.Module):
         )
         k_cache.index_copy_(2, slots, k)
         v_cache.index_copy_(2, slots, v)
-        o = F.scaled_dot_product_attention(
-            q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5
-        )
+        if mask is None:
+            if pad is None:
+                raise InvalidInput("Block.attention without a mask needs pad (the decode kernel)")
+            o = decode_attend(q, k_cache, v_cache, slots, pad, a.head_dim**-0.5)
+        else:
+            o = F.scaled_dot_product_attention(
+                q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5
+            )
         return self.wo(merge_heads(o, a.n_heads, t))
 
 
@@ -515,15 +554,19 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         positions = (slots[None, :] - pad[:, None]).clamp_min(0)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, x.dtype)
-        visible = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
-        # Additive form, built once per forward and shared by every layer (SDPA would otherwise
-        # convert a boolean mask in each layer). Every row has a visible key, so no row is all -inf.
-        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
-        mask = mask.masked_fill(~visible, float("-inf"))
+        mask: torch.Tensor | None = None
+        if not decode_kernel_enabled(x.device, int(tokens.shape[1])):
+            visible = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
+            # Additive form, built once per forward and shared by every layer (SDPA would
+            # otherwise convert a boolean mask in each layer). Every row has a visible key, so no
+            # row is all -inf.
+            mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
+            mask = mask.masked_fill(~visible, float("-inf"))
         delta: torch.Tensor | None = None
         for i, blk in enumerate(self.blocks):
             x, qkv = norm_project(blk.wqkv, x, delta, blk.attn_norm.weight, a.norm_eps, fns)
-            attn = blk.attention(qkv, cos, sin, mask, k_caches[i], v_caches[i], slots, fns)
+            attn = blk.attention(qkv, cos, sin, mask, k_caches[i], v_caches[i], slots, fns,
+                                 pad)
             x, gate_up = norm_project(blk.w13, x, attn, blk.mlp_norm.weight, a.norm_eps, fns)
             delta = silu_project(blk.w2, gate_up, x.dtype, fns)
         if last_only:

@@ -1,0 +1,126 @@
+"""The decode-step attention kernels (``ops.decode_attention``) against their float64 twin
+(``reference.decode_attention``): under the Triton interpreter at small shapes, on the GPU at the
+Qwen3 shapes.
+
+Tolerances: float32 inputs (IEEE products) within 1e-5 of the twin; float16 / bfloat16 inputs
+within four units in the last place of the output dtype at the output's magnitude, plus the
+softmax weights' rounding to that dtype before they meet the values (as any flash kernel does).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from leechq.errors import InvalidInput
+from leechq.kernels import reference as ref
+
+pytest.importorskip("triton")
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+
+_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compiles anything
+    from leechq.kernels.triton import ops
+
+    return ops
+
+
+def _case(b: int, n_kv: int, g: int, hd: int, seq: int, dtype: torch.dtype, device: str,
+          seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n_kv, g, hd, generator=gen)
+    k = torch.randn(b, n_kv, seq, hd, generator=gen)
+    v = torch.randn(b, n_kv, seq, hd, generator=gen)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))  # type: ignore[return-value]
+
+
+def _check(q, k, v, slot: int, pad: list[int]) -> None:
+    dev = q.device
+    s = torch.tensor([slot], device=dev)
+    p = torch.tensor(pad, device=dev)
+    scale = q.shape[-1] ** -0.5
+    out = _ops().decode_attention(q, k, v, s, p, scale)
+    want = ref.decode_attention(q, k, v, s, p, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
+    assert torch.isfinite(out).all()
+    err = (out.float() - want).abs().max().item()
+    assert err <= _TOL[q.dtype] * max(1.0, want.abs().max().item()), err
+
+
+@interp
+@pytest.mark.parametrize(("dtype", "b", "n_kv", "g", "hd", "seq", "slot", "pad"), [
+    (torch.float32, 1, 2, 4, 32, 100, 37, [0]),        # two splits, the second partly seen
+    (torch.float32, 2, 2, 3, 24, 300, 250, [0, 7]),    # odd head_dim and groups, a padded row
+    (torch.float32, 1, 1, 1, 16, 64, 0, [0]),          # the first slot: the query sees itself
+    (torch.float32, 2, 1, 2, 16, 200, 5, [0, 9]),      # a pad query (pad > slot): itself only
+    (torch.float16, 2, 2, 2, 32, 200, 130, [0, 64]),   # pad on a tile boundary
+    (torch.bfloat16, 1, 2, 4, 32, 130, 129, [3]),      # the last slot
+])
+def test_matches_twin(dtype, b, n_kv, g, hd, seq, slot, pad) -> None:
+    q, k, v = _case(b, n_kv, g, hd, seq, dtype, "cpu")
+    _check(q, k, v, slot, pad)
+
+
+@interp
+def test_several_tiles_per_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = _ops()
+    monkeypatch.setattr(ops, "DECODE_ATTN_MAX_SPLITS", 2)
+    assert ops.decode_attention_splits(300) == (192, 2)
+    q, k, v = _case(1, 2, 2, 16, 300, torch.float32, "cpu", seed=4)
+    _check(q, k, v, 290, [0])
+    _check(q, k, v, 100, [10])  # the second split empty
+
+
+def test_split_arithmetic() -> None:
+    ops = _ops()
+    assert ops.decode_attention_splits(1) == (64, 1)
+    assert ops.decode_attention_splits(1024) == (64, 16)
+    assert ops.decode_attention_splits(4096) == (64, 64)
+    assert ops.decode_attention_splits(4097) == (128, 33)
+    assert ops.decode_attention_splits(32768) == (512, 64)
+
+
+@interp
+def test_strided_query_and_cache_views() -> None:
+    """The serving model's q is a permuted view and its caches may be slices of a larger one."""
+    q, k, v = _case(1, 2, 4, 16, 96, torch.float32, "cpu", seed=5)
+    q_view = q.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # strided over heads
+    _check(q_view, k[:, :, :80], v[:, :, :80], 50, [0])
+
+
+@interp
+def test_bad_input_is_named() -> None:
+    ops = _ops()
+    q, k, v = _case(1, 2, 2, 16, 64, torch.float32, "cpu")
+    s, p = torch.tensor([3]), torch.tensor([0])
+    with pytest.raises(InvalidInput, match="k_cache is torch.float16"):
+        ops.decode_attention(q, k.half(), v, s, p, 0.25)
+    with pytest.raises(InvalidInput, match="k_cache and v_cache must be"):
+        ops.decode_attention(q, k[:, :1], v[:, :1], s, p, 0.25)
+    with pytest.raises(InvalidInput, match="pad must have shape"):
+        ops.decode_attention(q, k, v, s, torch.tensor([0, 0]), 0.25)
+    with pytest.raises(InvalidInput, match="slot must be torch.int64"):
+        ops.decode_attention(q, k, v, s.int(), p, 0.25)
+    with pytest.raises(InvalidInput, match="unit stride along head_dim"):
+        ops.decode_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, s, p, 0.25)
+    with pytest.raises(InvalidInput, match="4-D"):
+        ops.decode_attention(q[0], k, v, s, p, 0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("b", "n_kv", "g", "seq", "slot", "pad"), [
+    (1, 8, 4, 4096, 4000, [0]),          # Qwen3-8B
+    (3, 8, 5, 1024, 700, [0, 13, 699]),  # Qwen3-14B's groups, padded rows
+    (1, 8, 4, 40000, 39999, [0]),        # several tiles per split, the last slot
+])
+def test_full_shapes_on_gpu(dtype, b, n_kv, g, seq, slot, pad) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    q, k, v = _case(b, n_kv, g, 128, seq, dtype, "cuda", seed=seq)
+    _check(q, k, v, slot, pad)
