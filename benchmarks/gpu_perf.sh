@@ -162,9 +162,9 @@
 #            1, fp16 and tetra48, the decode step's kernels by kind under its graph and the
 #            prefill of 32 and 512 tokens (wall, device busy, host operators)
 #   attn     the decode step's split-key attention kernel (ops.decode_attention, the default on
-#            CUDA): its GPU tests and the serving GPU tests, the step by kernel kind with and
-#            without it at 1024 slots, then e2e Qwen3-8B batch 1 (fp16 and tetra48, each with the
-#            kernel and with SDPA over the whole cache: arms fp16-sdpa, tetra48-sdpa)
+#            CUDA) and the captured prefill per bucket width: their GPU tests and the serving GPU
+#            tests, then the step by kernel kind (fp16, tetra48 with and without the kernel) at
+#            1024 slots and the prefill of 32 and 512 tokens
 #   attne2e  e2e Qwen3-8B batch 1 with and without the kernel (fp16-sdpa, tetra48-sdpa), at the
 #            default 128-slot cache and at 4096 slots
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
@@ -558,7 +558,7 @@ breakdown)
 attn)
   gpu_tests tests-attn 280 tests/kernels/test_decode_attention.py tests/serve/test_gpu.py
   timeout 200 python benchmarks/step_breakdown.py --model qwen3-8b --arms \
-    fp16,fp16-sdpa,tetra48,tetra48-sdpa --no-prefill --seq-len 1024 > "$OUT/breakdown-attn.log" 2>&1
+    fp16,tetra48,tetra48-sdpa --prompt-lens 32,512 --seq-len 1024 > "$OUT/breakdown-attn.log" 2>&1
   grep -v '^{"bench' "$OUT/breakdown-attn.log" | grep -v Warn | cut -c1-200 | tail -40
   ;;
 attne2e)

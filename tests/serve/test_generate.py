@@ -183,3 +183,23 @@ def test_reference_fallback_on_an_accelerator_is_announced() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_reference(model, torch.device("cpu"))  # the CPU path is the reference by design
+
+
+def test_prefill_buckets() -> None:
+    from leechq.serve.generate import prefill_bucket
+
+    assert [prefill_bucket(n) for n in (1, 16, 17, 100, 256, 257, 700)] == \
+        [16, 16, 32, 128, 256, 512, 768]
+
+
+def test_padded_prefill_equals_unpadded() -> None:
+    """The bucket padding the engine applies on CUDA (forced here on the CPU) leaves the tokens
+    unchanged: padding positions are invisible to the prompt's."""
+    model = from_hf_model(tiny_hf_model("qwen3"))
+    plain = Engine(model)
+    padded = Engine(model)
+    padded.pad_prompts = True
+    prompts = [[5, 9, 13, 2, 77, 31, 4], [8, 8, 1]]
+    assert padded._prefill_span(7, 10, 128) == 16
+    assert padded.generate_ids(prompts, 10).tokens == plain.generate_ids(prompts, 10).tokens
+    assert padded._prefill_span(120, 10, 128) == 120  # no room for the bucket: unpadded

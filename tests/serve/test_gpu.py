@@ -239,3 +239,24 @@ def test_graphs_survive_released_and_replaced_sessions() -> None:
     longer = engine.generate_ids(PROMPTS[:1], 96).tokens  # seq_len grows: session replaced
     assert longer == eager.generate_ids(PROMPTS[:1], 96).tokens
     assert longer[0][:16] == first[0]
+
+
+def test_prefill_graphs_per_bucket_equal_eager_prefill() -> None:
+    """Prompt batches of 11, 20 and 40 tokens (with padded rows) prefill through one captured
+    graph per bucket width (16, 32, 64), reused by a later prompt of the same bucket; the tokens
+    equal an engine that runs the same padded prefill eagerly, and a prompt that no bucket fits in
+    the cache runs unpadded."""
+    model = _cuda_model()
+    graph = Engine(model, graphs=True, compile=True)
+    eager = Engine(model, graphs=False, compile=True)
+    assert graph.prefill_graphs and not eager.prefill_graphs
+    g = torch.Generator().manual_seed(9)
+    for width in (11, 20, 40, 30):
+        prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (width, 3, width - 2)]
+        got = graph.generate_ids(prompts, 24, seq_len=128)
+        assert got.tokens == eager.generate_ids(prompts, 24, seq_len=128).tokens
+    assert sorted(graph.session(3, 128).prefills) == [16, 32, 64]
+    prompt = [torch.randint(0, 97, (120,), generator=g).tolist()]  # 128 + 8 > 128 slots
+    assert graph._prefill_span(120, 8, 128) == 120
+    assert graph.generate_ids(prompt, 8, seq_len=128).tokens == \
+        eager.generate_ids(prompt, 8, seq_len=128).tokens
