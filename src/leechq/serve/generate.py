@@ -93,6 +93,17 @@ class GenerationOutput:
         return self.batch * self.steps / self.decode_s if self.decode_s > 0 else float("nan")
 
 
+@dataclass
+class _PrefillGraph:
+    """A captured prefill of one padded width: the graph and every tensor it reads or writes
+    outside its pool (a graph does not keep its inputs alive; these references do)."""
+
+    graph: CapturedStep
+    tokens: torch.Tensor  # int64 [B, W], copied in before each replay
+    slots: torch.Tensor  # int64 [W], 0..W-1
+    held: dict[str, torch.Tensor]  # "logits": the graph's output
+
+
 class _Session:
     """The static buffers of one batch size: KV cache, step inputs/outputs, sampler values,
     graphs."""
@@ -111,8 +122,7 @@ class _Session:
         self.seen = torch.zeros(batch, model.args.vocab_size, dtype=torch.bool, device=dev)
         self.sampler = SamplerState(dev)
         self.graphs: dict[tuple[Any, ...], CapturedStep] = {}
-        # Captured prefills by padded width: (graph, its token buffer, its output holder).
-        self.prefills: dict[int, tuple[CapturedStep, torch.Tensor, dict[str, torch.Tensor]]] = {}
+        self.prefills: dict[int, _PrefillGraph] = {}  # captured prefills by padded width
         # One memory pool per session, shared by its graphs and dropped with them. A pool handle
         # kept by the engine across sessions breaks: when the last graph of a pool is freed (a
         # session replaced or released) the allocator deletes the pool, and a later capture into
@@ -403,12 +413,11 @@ class Engine:
             if sess.pool is None:
                 sess.pool = graph_pool()
             # The warm-up writes cache slots 0..W-1, which the replay below rewrites.
-            entry = (CapturedStep(forward, lambda: None, pool=sess.pool), buf, held)
-            sess.prefills[width] = entry
-        graph, buf, held = entry
-        buf.copy_(tokens)
-        graph()
-        return held["logits"]
+            graph = CapturedStep(forward, lambda: None, pool=sess.pool)
+            entry = sess.prefills[width] = _PrefillGraph(graph, buf, slots, held)
+        entry.tokens.copy_(tokens)
+        entry.graph()
+        return entry.held["logits"]
 
     @staticmethod
     def _emit(
