@@ -167,6 +167,9 @@
 #            1024 slots and the prefill of 32 and 512 tokens
 #   attne2e  e2e Qwen3-8B batch 1 with and without the kernel (fp16-sdpa, tetra48-sdpa), at the
 #            default 128-slot cache and at 4096 slots
+#   epilogue the many-row epilogue with 16 activation rows per program (ops.EPILOGUE_ROWS): the
+#            dense-path GPU tests, the prefill breakdown of Tetra and ball at 32 and 512 tokens,
+#            then e2e Qwen3-14B batch 1 (the decode attention kernel, the captured prefill)
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -567,12 +570,20 @@ attne2e)
   e2e e2e-8b-attn4k 230 --models qwen3-8b --arms fp16,tetra48,tetra48-sdpa \
     --batches 1 --skip-gates --no-profile --budget-s 200 --seq-len 4096
   ;;
+epilogue)
+  gpu_tests tests-epilogue 200 tests/kernels/test_triton_gpu.py -k "dense_path or dense_products"
+  timeout 150 python benchmarks/step_breakdown.py --model qwen3-8b --arms tetra48,ball \
+    --no-decode --prompt-lens 32,512 > "$OUT/breakdown-epilogue.log" 2>&1
+  grep -v '^{"bench' "$OUT/breakdown-epilogue.log" | grep -v "host\|Warn\|warn" | tail -40
+  e2e e2e-14b-attn 220 --models qwen3-14b --arms fp16,tetra48 --batches 1 --skip-gates \
+    --no-profile --budget-s 190
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e | epilogue)" >&2
   exit 2
   ;;
 esac

@@ -511,6 +511,11 @@ def test_dense_products_from_the_rotation_order(layout: str) -> None:
     epi = ops._scale_and_tail(y16, x16, w)
     want = ref.scale_and_tail(y16, x16[:, 5 * 24:], w.row_scales, w.tail)
     assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
+    rows = ops.EPILOGUE_ROWS + 5  # several rows per program, the last program ragged
+    y_many, x_many = torch.randn(rows, 40).half(), torch.randn(rows, w.d_in).half()
+    epi = ops._scale_and_tail(y_many, x_many, w)
+    want = ref.scale_and_tail(y_many, x_many[:, 5 * 24:], w.row_scales, w.tail)
+    assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
     with pytest.raises(InvalidInput, match="x16"):
         ops.matmul_dense_ordered(x.half()[:, :-1].contiguous(), w)
     with pytest.raises(InvalidInput, match="x16"):

@@ -1381,6 +1381,11 @@ def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes1
     return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
 
 
+EPILOGUE_ROWS = 16
+"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from this many
+rows on; fewer rows take one row per program."""
+
+
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
                     ) -> torch.Tensor:
     """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
@@ -1391,9 +1396,11 @@ def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Plane
     if m_rows and w.d_out:
         tail_x = x[:, BLOCK * w.n_blocks:]
         bo = 256
-        scale_tail_kernel[(m_rows, triton.cdiv(w.d_out, bo))](
-            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out,
-            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, num_warps=4,
+        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_ROWS else 1
+        scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
+            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
+            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
+            num_warps=4,
         )
     return out
 
