@@ -1382,8 +1382,13 @@ def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes1
 
 
 EPILOGUE_ROWS = 16
-"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from this many
-rows on; fewer rows take one row per program."""
+"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from
+:data:`EPILOGUE_MIN_ROWS` rows on; fewer rows take one row per program. H200, Qwen3-8B prefill,
+the 144 epilogues (``benchmarks/step_breakdown.py``): 512 rows 4.29 → 2.41 ms; 32 rows 0.54 →
+0.99 ms (too few programs), hence the threshold."""
+
+EPILOGUE_MIN_ROWS = 128
+"""From this many activation rows the epilogue takes :data:`EPILOGUE_ROWS` per program."""
 
 
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
@@ -1396,7 +1401,7 @@ def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Plane
     if m_rows and w.d_out:
         tail_x = x[:, BLOCK * w.n_blocks:]
         bo = 256
-        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_ROWS else 1
+        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
         scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
             y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
             TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
