@@ -170,6 +170,9 @@
 #   epilogue the many-row epilogue with 16 activation rows per program (ops.EPILOGUE_ROWS): the
 #            dense-path GPU tests, the prefill breakdown of Tetra and ball at 32 and 512 tokens,
 #            then e2e Qwen3-14B batch 1 (the decode attention kernel, the captured prefill)
+#   attnw    the decode attention kernel writing the step's key and value into the cache (no
+#            index_copy_ launches): GPU tests, the decode step by kernel kind at 1024 slots, e2e
+#            Qwen3-8B batch 1 at 128 and 4096 slots
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -578,12 +581,22 @@ epilogue)
   e2e e2e-14b-attn 220 --models qwen3-14b --arms fp16,tetra48 --batches 1 --skip-gates \
     --no-profile --budget-s 190
   ;;
+attnw)
+  gpu_tests tests-attnw 280 tests/kernels/test_decode_attention.py tests/serve/test_gpu.py
+  timeout 120 python benchmarks/step_breakdown.py --model qwen3-8b --arms fp16,tetra48 \
+    --no-prefill --seq-len 1024 > "$OUT/breakdown-attnw.log" 2>&1
+  grep -v '^{"bench' "$OUT/breakdown-attnw.log" | grep -v "Warn\|warn" | tail -20
+  e2e e2e-8b-attnw 130 --models qwen3-8b --arms fp16,tetra48 --batches 1 --skip-gates \
+    --no-profile --budget-s 110
+  e2e e2e-8b-attnw4k 130 --models qwen3-8b --arms fp16,tetra48 --batches 1 --skip-gates \
+    --no-profile --budget-s 110 --seq-len 4096
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e | epilogue)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e | epilogue | attnw)" >&2
   exit 2
   ;;
 esac

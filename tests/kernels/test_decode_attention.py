@@ -93,6 +93,24 @@ def test_strided_query_and_cache_views() -> None:
     _check(q_view, k[:, :, :80], v[:, :, :80], 50, [0])
 
 
+@pytest.mark.parametrize("slot", [0, 63, 64, 130])  # a tile's first, last, the next split
+def test_step_key_and_value_written_by_the_kernel(slot: int) -> None:
+    """With the step's own key and value the kernel writes them into slot t (only there) and
+    attends to them; the twin writes them first, then attends."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton interpreter (TRITON_INTERPRET=1) is off")
+    q, k, v = _case(2, 2, 3, 16, 200, torch.float32, "cpu", seed=slot)
+    k_new, v_new = (torch.randn(2, 2, 1, 16) for _ in range(2))
+    s, p = torch.tensor([slot]), torch.tensor([0, min(slot, 5)])
+    kc, vc = k.clone(), v.clone()
+    out = _ops().decode_attention(q, kc, vc, s, p, 0.25, k_new=k_new, v_new=v_new)
+    kr, vr = k.clone(), v.clone()
+    want = ref.decode_attention(q, kr, vr, s, p, 0.25, k_new=k_new, v_new=v_new)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert torch.equal(kc[:, :, slot], k_new[:, :, 0]) and (kc != k).sum() > 0
+    assert (out - want).abs().max().item() <= 1e-5
+
+
 @interp
 def test_bad_input_is_named() -> None:
     ops = _ops()
@@ -110,6 +128,10 @@ def test_bad_input_is_named() -> None:
         ops.decode_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, s, p, 0.25)
     with pytest.raises(InvalidInput, match="4-D"):
         ops.decode_attention(q[0], k, v, s, p, 0.25)
+    with pytest.raises(InvalidInput, match="go together"):
+        ops.decode_attention(q, k, v, s, p, 0.25, k_new=k[:, :, :1])
+    with pytest.raises(InvalidInput, match=r"v_new must be \[1, 2, 1, 16\]"):
+        ops.decode_attention(q, k, v, s, p, 0.25, k_new=k[:, :, :1], v_new=v[:, :, :2])
 
 
 @pytest.mark.gpu

@@ -182,10 +182,17 @@ def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
     pad = torch.tensor([3, 0])
     cache = KVCache(model.args, 2, 96, torch.float32, "cpu")
     model(tokens[:, :8], torch.arange(8), pad, cache.k, cache.v)
-    steps = {}
+    steps, caches = {}, {}
     for flag in ("0", "1"):
         monkeypatch.setenv("LEECHQ_DECODE_ATTN", flag)
         k = [c.clone() for c in cache.k]
         v = [c.clone() for c in cache.v]
         steps[flag] = model(tokens[:, 8:], torch.tensor([8]), pad, k, v)
+        caches[flag] = torch.stack(k + v)
     assert (steps["1"] - steps["0"]).abs().max().item() < 1e-4
+    # The kernel wrote slot 8 as index_copy_ did: exactly in layer 0 (its keys come from the
+    # embedding), within the attention's rounding in the layers after it.
+    n = model.args.n_layers
+    assert torch.equal(caches["1"][[0, n]], caches["0"][[0, n]])
+    assert (caches["1"] - caches["0"]).abs().max().item() < 1e-4
+    assert caches["1"][:, :, :, 8].abs().sum() > 0

@@ -315,16 +315,18 @@ def decode_kernel_enabled(device: torch.device, positions: int) -> bool:
     return flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def decode_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slots: torch.Tensor, pad: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor,
+                  scale: float) -> torch.Tensor:
     """The decode step's attention (``ops.decode_attention``) from :func:`qkv_split_rope`'s
-    ``q`` [B, n_kv, groups, head_dim] for the one position at ``slots`` [1]: [B, n_kv, groups,
-    head_dim], what ``scaled_dot_product_attention`` gives under :func:`attention_mask`."""
+    ``q`` [B, n_kv, groups, head_dim], ``k`` and ``v`` [B, n_kv, 1, head_dim] for the one position
+    at ``slots`` [1]: writes ``k``, ``v`` into that cache slot (inside the kernel) and returns
+    [B, n_kv, groups, head_dim], what ``scaled_dot_product_attention`` gives under
+    :func:`attention_mask` after the cache write."""
     from leechq.kernels.triton import ops
 
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    return ops.decode_attention(q, k_cache, v_cache, slots, pad, scale)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return ops.decode_attention(q, k_cache, v_cache, slots, pad, scale, k_new=k, v_new=v)
 
 
 def norm_project(
@@ -488,13 +490,13 @@ class Block(nn.Module):
             a.head_dim,
             a.norm_eps,
         )
-        k_cache.index_copy_(2, slots, k)
-        v_cache.index_copy_(2, slots, v)
         if mask is None:
             if pad is None:
                 raise InvalidInput("Block.attention without a mask needs pad (the decode kernel)")
-            o = decode_attend(q, k_cache, v_cache, slots, pad, a.head_dim**-0.5)
+            o = decode_attend(q, k, v, k_cache, v_cache, slots, pad, a.head_dim**-0.5)
         else:
+            k_cache.index_copy_(2, slots, k)
+            v_cache.index_copy_(2, slots, v)
             o = F.scaled_dot_product_attention(
                 q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5
             )

@@ -29,17 +29,21 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def decode_attention_partial_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, pad_ptr, po_ptr, pml_ptr,
-    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, qk_scale,
+    q_ptr, k_ptr, v_ptr, slot_ptr, pad_ptr, po_ptr, pml_ptr, kn_ptr, vn_ptr,
+    sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, qk_scale,
     N_KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr, IEEE: tl.constexpr,
+    WRITE: tl.constexpr,
 ):
     """Partials of split ``program_id(1)`` for row ``b`` and key/value head ``h``
     (``program_id(0) = b·N_KV + h``): ``po`` f32 [B·N_KV, NSPLIT, G, D] (unnormalised weighted
     values), ``pml`` f32 [B·N_KV, NSPLIT, G, 2] (running maximum of ``log2e · scale · q·k``, or
     −inf for an empty split, and the sum of ``2^(score − max)``). ``qk_scale`` is ``log2e ·
     scale``; the head dimension's last stride is 1. ``IEEE``: both products in float32 (float32
-    inputs; bfloat16 under the interpreter, whose ``tl.dot`` has no bfloat16)."""
+    inputs; bfloat16 under the interpreter, whose ``tl.dot`` has no bfloat16). ``WRITE``: the
+    step's own key and value (``kn``, ``vn``: [B, N_KV, D] by their strides) stand in for cache
+    slot ``t`` and the program whose split holds ``t`` writes them there — no other program reads
+    that slot, so the cache write needs no launch of its own."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = bh // N_KV
@@ -58,11 +62,19 @@ def decode_attention_partial_kernel(
     end = tl.minimum(start + SPLIT, t + 1)
     kb = k_ptr + b * sk_b + h * sk_h
     vb = v_ptr + b * sv_b + h * sv_h
+    if WRITE:
+        k_new = tl.load(kn_ptr + b * skn_b + h * skn_h + d, mask=d_ok, other=0.0)
+        v_new = tl.load(vn_ptr + b * svn_b + h * svn_h + d, mask=d_ok, other=0.0)
+        own = d_ok & (tl.zeros([DP], tl.int32) + t >= start) & (tl.zeros([DP], tl.int32) + t < end)
+        tl.store(kb + t * sk_s + d, k_new, mask=own)
+        tl.store(vb + t * sv_s + d, v_new, mask=own)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
         k = tl.load(kb + n[:, None] * sk_s + d[None, :], mask=n_ok[:, None] & d_ok[None, :],
                     other=0.0)
+        if WRITE:  # slot t from registers: its store above need not be visible yet
+            k = tl.where((n == t)[:, None], k_new[None, :], k)
         if IEEE:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -77,6 +89,8 @@ def decode_attention_partial_kernel(
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(vb + n[:, None] * sv_s + d[None, :], mask=n_ok[:, None] & d_ok[None, :],
                     other=0.0)
+        if WRITE:
+            v = tl.where((n == t)[:, None], v_new[None, :], v)
         if IEEE:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:

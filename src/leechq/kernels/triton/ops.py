@@ -2028,7 +2028,9 @@ def decode_attention_splits(seq_len: int) -> tuple[int, int]:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot: torch.Tensor, pad: torch.Tensor, scale: float) -> torch.Tensor:
+                     slot: torch.Tensor, pad: torch.Tensor, scale: float,
+                     k_new: torch.Tensor | None = None,
+                     v_new: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query position per row over a static KV cache (the serving model's decode
     step), reading only the slots the query sees (twin: ``reference.decode_attention``).
 
@@ -2040,6 +2042,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         pad: int64 [B], each row's left padding; key slot ``s`` is seen iff ``pad[b] <= s <= t``
             or ``s == t``.
         scale: the softmax scale (``head_dim ** -0.5``).
+        k_new, v_new: [B, n_kv, 1, head_dim] of q's dtype (unit stride along ``head_dim``), the
+            step's own key and value: written into slot ``t`` of the caches by the kernel (no
+            separate cache write) and used for it; None when the caches already hold them.
 
     Returns:
         [B, n_kv, G, head_dim] of q's dtype, contiguous (so also [B, 1, n_kv·G·head_dim]).
@@ -2048,7 +2053,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
             dimension above 256.
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    if (k_new is None) != (v_new is None):
+        raise InvalidInput("k_new and v_new go together")
+    news = () if k_new is None else (("k_new", k_new), ("v_new", v_new))
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), *news):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise InvalidInput(f"{name} must be a 4-D tensor")
         if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -2066,6 +2074,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             or k_cache.shape[3] != hd:
         raise InvalidInput(f"k_cache and v_cache must be [{b}, {n_kv}, S, {hd}], got "
                            f"{list(k_cache.shape)} and {list(v_cache.shape)}")
+    for name, t in news:
+        if tuple(t.shape) != (b, n_kv, 1, hd):
+            raise InvalidInput(f"{name} must be [{b}, {n_kv}, 1, {hd}], got {list(t.shape)}")
     if not 1 <= hd <= 256:
         raise InvalidInput(f"head_dim must be 1..256, got {hd}")
     check_tensor(slot, "slot", torch.int64, (1,), device=q.device)
@@ -2078,15 +2089,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     po = torch.empty(b * n_kv * nsplit * g * hd, dtype=torch.float32, device=q.device)
     pml = torch.empty(b * n_kv * nsplit * g * 2, dtype=torch.float32, device=q.device)
     dp = max(16, triton.next_power_of_2(hd))
+    kn, vn = (k_cache, v_cache) if k_new is None else (k_new, v_new)
     decode_attention_partial_kernel[(b * n_kv, nsplit)](
-        q, k_cache, v_cache, slot, pad, po, pml,
+        q, k_cache, v_cache, slot, pad, po, pml, kn, vn,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        float(scale) * LOG2E,
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E,
         N_KV=n_kv, G=g, GP=max(16, triton.next_power_of_2(g)), D=hd, DP=dp,
         BLOCK_N=DECODE_ATTN_BLOCK_N, SPLIT=split, NSPLIT=nsplit,
         IEEE=q.dtype == torch.float32 or (interpreting() and q.dtype == torch.bfloat16),
-        num_warps=4,
+        WRITE=k_new is not None, num_warps=4,
     )
     decode_attention_combine_kernel[(b * n_kv * g,)](
         po, pml, out, G=g, D=hd, DP=dp, NSPLIT=nsplit,
