@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_e2e  # noqa: E402  (the arms and the environment record live there)
+import bench_e2e
 
-from leechq.serve.generate import Engine  # noqa: E402
+from leechq.serve.generate import Engine
 
 KINDS = (
     ("m1", ("m1_kernel",)),

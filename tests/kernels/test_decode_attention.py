@@ -116,13 +116,13 @@ def test_bad_input_is_named() -> None:
     ops = _ops()
     q, k, v = _case(1, 2, 2, 16, 64, torch.float32, "cpu")
     s, p = torch.tensor([3]), torch.tensor([0])
-    with pytest.raises(InvalidInput, match="k_cache is torch.float16"):
+    with pytest.raises(InvalidInput, match=r"k_cache is torch\.float16"):
         ops.decode_attention(q, k.half(), v, s, p, 0.25)
     with pytest.raises(InvalidInput, match="k_cache and v_cache must be"):
         ops.decode_attention(q, k[:, :1], v[:, :1], s, p, 0.25)
     with pytest.raises(InvalidInput, match="pad must have shape"):
         ops.decode_attention(q, k, v, s, torch.tensor([0, 0]), 0.25)
-    with pytest.raises(InvalidInput, match="slot must be torch.int64"):
+    with pytest.raises(InvalidInput, match=r"slot must be torch\.int64"):
         ops.decode_attention(q, k, v, s.int(), p, 0.25)
     with pytest.raises(InvalidInput, match="unit stride along head_dim"):
         ops.decode_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, s, p, 0.25)
