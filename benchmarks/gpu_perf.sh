@@ -173,6 +173,8 @@
 #   attnw    the decode attention kernel writing the step's key and value into the cache (no
 #            index_copy_ launches): GPU tests, the decode step by kernel kind at 1024 slots, e2e
 #            Qwen3-8B batch 1 at 128 and 4096 slots
+#   prefillc the prefill's pieces compiled with symbolic sizes (Engine.prefill_fns): the serving
+#            GPU tests of graphs, prefill and compiled pieces, the prefill breakdown at 32 and 512
 # Note: the device copy's .git may show an older HEAD; record the local sha with the results.
 set -u
 step=$1
@@ -591,12 +593,18 @@ attnw)
   e2e e2e-8b-attnw4k 130 --models qwen3-8b --arms fp16,tetra48 --batches 1 --skip-gates \
     --no-profile --budget-s 110 --seq-len 4096
   ;;
+prefillc)
+  gpu_tests tests-prefillc 200 tests/serve/test_gpu.py -k "graph or prefill or compiled or greedy"
+  timeout 150 python benchmarks/step_breakdown.py --model qwen3-8b --arms fp16,tetra48 \
+    --no-decode --prompt-lens 32,512 > "$OUT/breakdown-prefillc.log" 2>&1
+  grep -v '^{"bench' "$OUT/breakdown-prefillc.log" | grep -v "host\|Warn\|warn" | tail -40
+  ;;
 pdle2e)
   e2e e2e-8b-pdl 300 --models qwen3-8b --arms fp16,tetra48,tetra48-nopdl,ball,ball-nopdl \
     --batches 1 --skip-gates --no-profile --budget-s 280
   ;;
 *)
-  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e | epilogue | attnw)" >&2
+  echo "unknown step $step (tests | matvec | sweep | smallm | batched | rotation | e2e | e2esmall | planes14 | pending | p14rows | p14dense | mid | imma16 | dense | final | rotrec | preops | rotsplit | imma | imma2 | imma3 | dequant | densek | densekb | densek2 | densek3 | densek14 | densek5 | pendingk | pdl | pdle2e | pdl2 | pdl3 | pdl4 | pdlnext | limbs | limbse2e | rotorder | pendingm | a16 | a16b | caps | e2eprof | korder | kordere2e | t64 | t64sweep | t64e2e | breakdown | attn | attne2e | epilogue | attnw | prefillc)" >&2
   exit 2
   ;;
 esac

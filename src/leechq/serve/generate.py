@@ -150,8 +150,8 @@ class Engine:
         graphs: capture the decode step in a CUDA graph (default: on CUDA devices).
         prefill_graphs: capture the prefill too, one graph per bucket width (default: ``graphs``;
             see :func:`prefill_bucket`).
-        compile: ``torch.compile`` the pure-tensor pieces of the decode step (default: on CUDA
-            devices).
+        compile: ``torch.compile`` the pure-tensor pieces of the decode step and, with symbolic
+            sizes, of the prefill (default: on CUDA devices).
         check_every: decode steps between host checks for "every row finished".
     """
 
@@ -174,6 +174,8 @@ class Engine:
             raise InvalidInput("CUDA graphs were requested but the model is not on a CUDA device")
         use_compile = on_cuda if compile is None else compile
         self.fns: Pieces = Pieces.compiled() if use_compile else EAGER
+        # The prefill's pieces: compiled with symbolic sizes (one compile for every prompt width).
+        self.prefill_fns: Pieces = Pieces.compiled(dynamic=True) if use_compile else EAGER
         self.check_every = max(1, check_every)
         self.dtype = self._activation_dtype()
         warn_if_reference(model, model.device)
@@ -400,7 +402,7 @@ class Engine:
         model, cache = self.model, sess.cache
         if not self.prefill_graphs or width > PREFILL_GRAPH_MAX_WIDTH:
             slots = torch.arange(width, device=tokens.device)
-            return model(tokens, slots, sess.pad, cache.k, cache.v, True, EAGER)
+            return model(tokens, slots, sess.pad, cache.k, cache.v, True, self.prefill_fns)
         entry = sess.prefills.get(width)
         if entry is None:
             buf = tokens.clone()
@@ -408,7 +410,8 @@ class Engine:
             held: dict[str, torch.Tensor] = {}
 
             def forward() -> None:
-                held["logits"] = model(buf, slots, sess.pad, cache.k, cache.v, True, EAGER)
+                held["logits"] = model(buf, slots, sess.pad, cache.k, cache.v, True,
+                                       self.prefill_fns)
 
             if sess.pool is None:
                 sess.pool = graph_pool()

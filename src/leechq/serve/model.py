@@ -371,16 +371,17 @@ class Pieces:
     silu_mul: Callable[..., torch.Tensor] = silu_mul
 
     @classmethod
-    def compiled(cls) -> Pieces:
+    def compiled(cls, dynamic: bool = False) -> Pieces:
         """Each piece through ``torch.compile`` (default mode: fused kernels, no graphs of its own;
         the whole decode step is captured by :mod:`leechq.serve.graphs`). One shared set per
-        process, so every engine reuses the same compiled code (one compile per shape, not per
-        engine)."""
-        return _compiled_pieces()
+        process and ``dynamic``, so every engine reuses the same compiled code (one compile per
+        shape, not per engine). ``dynamic``: sizes symbolic, one compile for every prompt width
+        (the prefill's set)."""
+        return _compiled_pieces(dynamic)
 
 
 @functools.cache
-def _compiled_pieces() -> Pieces:
+def _compiled_pieces(dynamic: bool = False) -> Pieces:
     import torch._dynamo
 
     # One specialisation per (model shape, batch size): raise dynamo's per-function limit so a
@@ -389,10 +390,10 @@ def _compiled_pieces() -> Pieces:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
     return Pieces(
-        rms_norm=_CompiledOrEager(rms_norm),
-        add_rms_norm=_CompiledOrEager(add_rms_norm),
-        qkv_split_rope=_CompiledOrEager(qkv_split_rope),
-        silu_mul=_CompiledOrEager(silu_mul),
+        rms_norm=_CompiledOrEager(rms_norm, dynamic),
+        add_rms_norm=_CompiledOrEager(add_rms_norm, dynamic),
+        qkv_split_rope=_CompiledOrEager(qkv_split_rope, dynamic),
+        silu_mul=_CompiledOrEager(silu_mul, dynamic),
     )
 
 
@@ -400,9 +401,10 @@ class _CompiledOrEager:
     """``torch.compile(fn)``, falling back to ``fn`` for good (with a warning) if compiling fails,
     so a missing compiler toolchain costs speed, never the generation."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], dynamic: bool = False) -> None:
         self.fn = fn
-        self.compiled: Callable[..., Any] | None = torch.compile(fn, dynamic=False, fullgraph=True)
+        self.compiled: Callable[..., Any] | None = torch.compile(fn, dynamic=dynamic,
+                                                                 fullgraph=True)
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is None:
