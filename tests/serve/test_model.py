@@ -166,6 +166,7 @@ def test_decode_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not decode_kernel_enabled(cpu, 2)  # prompts: SDPA
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert decode_kernel_enabled(cpu, 1)
+    assert not decode_kernel_enabled(cpu, 1, head_dim=512)  # wider than the kernel takes
     monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
     assert not decode_kernel_enabled(cpu, 1)
 

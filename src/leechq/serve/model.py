@@ -299,14 +299,19 @@ def attention_mask(
     return mask[:, None].repeat(1, 1, groups, 1)
 
 
-def decode_kernel_enabled(device: torch.device, positions: int) -> bool:
+DECODE_KERNEL_MAX_HEAD_DIM = 256
+"""The widest attention head the decode kernel takes (wider heads keep SDPA)."""
+
+
+def decode_kernel_enabled(device: torch.device, positions: int, head_dim: int = 128) -> bool:
     """Whether a forward of ``positions`` positions per row on ``device`` runs its attention
     through the split-key decode kernel (``ops.decode_attention``) instead of
-    ``scaled_dot_product_attention``: one position, a CUDA device with Triton, unless
+    ``scaled_dot_product_attention``: one position, heads of at most
+    :data:`DECODE_KERNEL_MAX_HEAD_DIM`, a CUDA device with Triton, unless
     ``LEECHQ_DECODE_ATTN=0`` (read per forward, on the host). On the CPU only when asked for
     (``LEECHQ_DECODE_ATTN=1``) under the Triton interpreter (the CI route to the kernel)."""
     flag = os.environ.get("LEECHQ_DECODE_ATTN")
-    if positions != 1 or flag == "0":
+    if positions != 1 or flag == "0" or head_dim > DECODE_KERNEL_MAX_HEAD_DIM:
         return False
     if device.type == "cuda":
         from leechq.kernels import triton as triton_kernels
@@ -559,7 +564,7 @@ class Transformer(nn.Module):
         positions = (slots[None, :] - pad[:, None]).clamp_min(0)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, x.dtype)
         mask: torch.Tensor | None = None
-        if not decode_kernel_enabled(x.device, int(tokens.shape[1])):
+        if not decode_kernel_enabled(x.device, int(tokens.shape[1]), a.head_dim):
             visible = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
             # Additive form, built once per forward and shared by every layer (SDPA would
             # otherwise convert a boolean mask in each layer). Every row has a visible key, so no
