@@ -112,6 +112,18 @@ def test_step_key_and_value_written_by_the_kernel(slot: int) -> None:
 
 
 @interp
+def test_slot_past_the_cache_reads_and_writes_nothing_past_it() -> None:
+    q, k, v = _case(1, 2, 2, 16, 70, torch.float32, "cpu", seed=6)
+    kc, vc = k.clone(), v.clone()
+    k_new, v_new = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    s, p = torch.tensor([75]), torch.tensor([0])
+    out = _ops().decode_attention(q, kc, vc, s, p, 0.25, k_new=k_new, v_new=v_new)
+    assert torch.equal(kc, k) and torch.equal(vc, v)  # slot 75 does not exist: nothing written
+    want = ref.decode_attention(q, k, v, s, p, 0.25)  # every slot seen
+    assert (out - want).abs().max().item() <= 1e-5
+
+
+@interp
 def test_bad_input_is_named() -> None:
     ops = _ops()
     q, k, v = _case(1, 2, 2, 16, 64, torch.float32, "cpu")
@@ -128,6 +140,8 @@ def test_bad_input_is_named() -> None:
         ops.decode_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, s, p, 0.25)
     with pytest.raises(InvalidInput, match="4-D"):
         ops.decode_attention(q[0], k, v, s, p, 0.25)
+    with pytest.raises(InvalidInput, match="no slots"):
+        ops.decode_attention(q, k[:, :, :0], v[:, :, :0], s, p, 0.25)
     with pytest.raises(InvalidInput, match="go together"):
         ops.decode_attention(q, k, v, s, p, 0.25, k_new=k[:, :, :1])
     with pytest.raises(InvalidInput, match=r"v_new must be \[1, 2, 1, 16\]"):
@@ -146,3 +160,41 @@ def test_full_shapes_on_gpu(dtype, b, n_kv, g, seq, slot, pad) -> None:
         pytest.skip("no CUDA device")
     q, k, v = _case(b, n_kv, g, 128, seq, dtype, "cuda", seed=seq)
     _check(q, k, v, slot, pad)
+
+
+_OFFLINE = r"""
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.decode_attention import (
+    decode_attention_combine_kernel, decode_attention_partial_kernel)
+
+ints = ("sq_b", "sq_h", "sq_g", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s", "skn_b", "skn_h",
+        "svn_b", "svn_h", "seq_len")
+for dtype in ("fp16", "bf16"):
+    for write in (False, True):
+        sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
+               "slot_ptr": "*i64", "pad_ptr": "*i64", "po_ptr": "*fp32", "pml_ptr": "*fp32",
+               "kn_ptr": f"*{dtype}", "vn_ptr": f"*{dtype}", "qk_scale": "fp32",
+               **{k: "i32" for k in ints}}
+        c = I.compile_for(decode_attention_partial_kernel, sig, dict(
+            N_KV=8, G=4, GP=16, D=128, DP=128, BLOCK_N=64, SPLIT=64, NSPLIT=64, IEEE=False,
+            WRITE=write), num_warps=4, aligned_ints=ints)
+        res = I.resource_usage(c)
+        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (dtype, write, res)
+        text = I.sass(c)
+        assert "HMMA" in text or "HGMMA" in text, (dtype, write)  # the products on tensor cores
+c = I.compile_for(decode_attention_combine_kernel,
+                  {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp16"},
+                  dict(G=4, D=128, DP=128, NSPLIT=64, SP=64), num_warps=1)
+assert I.resource_usage(c).get("local", 0) == 0
+print("ok")
+"""
+
+
+def test_kernels_compile_for_sm90_without_local_memory() -> None:
+    """Offline (Triton's ptxas for sm_90, no GPU): both kernels at the Qwen3-8B shape, float16 and
+    bfloat16, with and without the cache write, compile without local memory and run the
+    partial kernel's products on tensor cores."""
+    from offline_compile import run_offline
+
+    out = run_offline(_OFFLINE, timeout=600)
+    assert out.strip().endswith("ok"), out[-2000:]

@@ -31,6 +31,7 @@ LOG2E = 1.4426950408889634
 def decode_attention_partial_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, pad_ptr, po_ptr, pml_ptr, kn_ptr, vn_ptr,
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, qk_scale,
+    seq_len,
     N_KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr, IEEE: tl.constexpr,
     WRITE: tl.constexpr,
@@ -43,7 +44,8 @@ def decode_attention_partial_kernel(
     inputs; bfloat16 under the interpreter, whose ``tl.dot`` has no bfloat16). ``WRITE``: the
     step's own key and value (``kn``, ``vn``: [B, N_KV, D] by their strides) stand in for cache
     slot ``t`` and the program whose split holds ``t`` writes them there — no other program reads
-    that slot, so the cache write needs no launch of its own."""
+    that slot, so the cache write needs no launch of its own. No load or store reaches past the
+    cache's ``seq_len`` slots, whatever ``t``."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = bh // N_KV
@@ -59,7 +61,7 @@ def decode_attention_partial_kernel(
     l_sum = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
     start = sp * SPLIT
-    end = tl.minimum(start + SPLIT, t + 1)
+    end = tl.minimum(tl.minimum(start + SPLIT, t + 1), seq_len)  # never past the cache
     kb = k_ptr + b * sk_b + h * sk_h
     vb = v_ptr + b * sv_b + h * sv_h
     if WRITE:

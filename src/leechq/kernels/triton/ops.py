@@ -2038,7 +2038,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q: [B, n_kv, G, head_dim] (float16, bfloat16 or float32; the ``G`` query heads that share
             each key/value head, head ``kv·G + g``), unit stride along ``head_dim``.
         k_cache, v_cache: [B, n_kv, S, head_dim] of q's dtype, unit stride along ``head_dim``.
-        slot: int64 [1], the query's cache slot ``t`` (read on the device: graph-safe).
+        slot: int64 [1], the query's cache slot ``t < S`` (read on the device: graph-safe; a
+            larger ``t`` reads and writes nothing past the cache, and its slot is not written).
         pad: int64 [B], each row's left padding; key slot ``s`` is seen iff ``pad[b] <= s <= t``
             or ``s == t``.
         scale: the softmax scale (``head_dim ** -0.5``).
@@ -2051,7 +2052,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Raises:
         InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
-            dimension above 256.
+            dimension above 256, a cache without slots.
     """
     if (k_new is None) != (v_new is None):
         raise InvalidInput("k_new and v_new go together")
@@ -2082,9 +2083,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     check_tensor(slot, "slot", torch.int64, (1,), device=q.device)
     check_tensor(pad, "pad", torch.int64, (b,), device=q.device)
     seq_len = int(k_cache.shape[2])
+    if seq_len == 0:
+        raise InvalidInput("k_cache and v_cache have no slots")
     out = torch.empty(b, n_kv, g, hd, dtype=q.dtype, device=q.device)
-    if out.numel() == 0 or seq_len == 0:
-        return out.zero_()
+    if out.numel() == 0:
+        return out
     split, nsplit = decode_attention_splits(seq_len)
     po = torch.empty(b * n_kv * nsplit * g * hd, dtype=torch.float32, device=q.device)
     pml = torch.empty(b * n_kv * nsplit * g * 2, dtype=torch.float32, device=q.device)
@@ -2094,7 +2097,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, slot, pad, po, pml, kn, vn,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E,
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E, seq_len,
         N_KV=n_kv, G=g, GP=max(16, triton.next_power_of_2(g)), D=hd, DP=dp,
         BLOCK_N=DECODE_ATTN_BLOCK_N, SPLIT=split, NSPLIT=nsplit,
         IEEE=q.dtype == torch.float32 or (interpreting() and q.dtype == torch.bfloat16),
