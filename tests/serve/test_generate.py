@@ -203,3 +203,7 @@ def test_padded_prefill_equals_unpadded() -> None:
     assert padded._prefill_span(7, 10, 128) == 16
     assert padded.generate_ids(prompts, 10).tokens == plain.generate_ids(prompts, 10).tokens
     assert padded._prefill_span(120, 10, 128) == 120  # no room for the bucket: unpadded
+    long = [[(7 * i) % 97 for i in range(120)]]
+    assert padded.generate_ids(long, 5).tokens == plain.generate_ids(long, 5).tokens
+    assert padded.session(1, 0).seq_len == 256  # the engine sized the cache for the bucket
+    assert plain.session(1, 0).seq_len == 128

@@ -267,7 +267,8 @@ class Engine:
             stop_ids: token ids that finish a row (at most :data:`MAX_STOP_IDS`).
             pad_id: id used for left padding and for the positions after a row finished.
             stream: called with ``(row, token_id)`` for each new token of each unfinished row.
-            seq_len: KV-cache slots (default: prompt + new tokens, next power of two ≥ 128).
+            seq_len: KV-cache slots (default: prompt + new tokens, the prompt padded to its
+                bucket on CUDA, next power of two ≥ 128).
 
         Returns:
             :class:`GenerationOutput`.
@@ -281,7 +282,9 @@ class Engine:
         key = sampling.key()
         batch, lengths, width = self._check_prompts(prompts, max_new_tokens, stop_ids)
         need = width + max_new_tokens
-        slots = seq_len if seq_len is not None else session_slots(need)
+        # A cache the engine sizes also holds the prompt's bucket (the captured prefill's width).
+        padded = (prefill_bucket(width) if self.pad_prompts else width) + max_new_tokens
+        slots = seq_len if seq_len is not None else session_slots(padded)
         if need > slots:
             raise InvalidInput(
                 f"the longest prompt ({width} tokens) plus max_new_tokens ({max_new_tokens}) needs "
