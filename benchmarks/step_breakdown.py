@@ -12,9 +12,10 @@ head) and batch 1:
    one profiled run of graph replays: the kernels' summed durations by kind (``m1`` projections,
    rotations, attention, compiled pieces, GEMMs, ...). Under programmatic dependent launch kernels
    overlap, so a kind's sum can exceed its share of the wall time; ``busy`` is the sum of all.
-2. **Prefill** of ``--prompt-lens`` tokens, eager (as the engine runs it): wall ms (median of
-   ``--repeats``), and in one profiled run the device busy time, the kernel launches and the host
-   operators with the most self time.
+2. **Prefill** of ``--prompt-lens`` tokens as the engine runs it (a captured graph per bucket
+   width since session s; eager before): wall ms (median of ``--repeats``), and in one profiled
+   run the device busy time, the kernel launches and the host operators with the most self
+   time.
 
 The last stdout line is one JSON object ``{"bench": "step_breakdown", ...}``, also written to
 ``$OUT/step-breakdown.json`` when ``OUT`` is set.
@@ -86,10 +87,6 @@ def top_names(events: list[Any], n: int, top: int = 12) -> list[dict[str, Any]]:
     return [{"name": k, "launches": round(c / n, 1), "ms": round(t / n, 4)} for k, (c, t) in rows]
 
 
-def sync() -> None:
-    torch.cuda.synchronize()
-
-
 @torch.no_grad()
 def decode_breakdown(engine: Engine, vocab: int, seq_len: int, repeats: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
@@ -102,11 +99,11 @@ def decode_breakdown(engine: Engine, vocab: int, seq_len: int, repeats: int) -> 
     sess = engine.session(1, seq_len)
     graph = next(iter(sess.graphs.values()))
     n = 20
-    sync()
+    bench_e2e.sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             graph()
-        sync()
+        bench_e2e.sync()
     events = kernel_events(prof)
     busy = sum(e.time_range.elapsed_us() for e in events) / 1000 / n
     return {"ms_per_step": round(ms, 4), "kernels_per_step": round(len(events) / n, 1),
@@ -123,16 +120,13 @@ def prefill_breakdown(engine: Engine, vocab: int, seq_len: int, length: int,
     engine.generate_ids(prompts, 1, seq_len=seq_len)  # warm-up: this width's kernels compiled
     walls = []
     for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        r = engine.generate_ids(prompts, 1, seq_len=seq_len)
-        walls.append(1000 * r.prefill_s)
-        del t0
-    sync()
+        bench_e2e.sync()
+        walls.append(1000 * engine.generate_ids(prompts, 1, seq_len=seq_len).prefill_s)
+    bench_e2e.sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         engine.generate_ids(prompts, 1, seq_len=seq_len)
-        sync()
+        bench_e2e.sync()
         wall_prof = 1000 * (time.perf_counter() - t0)
     events = kernel_events(prof)
     busy = sum(e.time_range.elapsed_us() for e in events) / 1000

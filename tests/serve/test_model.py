@@ -161,14 +161,14 @@ def test_decode_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("LEECHQ_DECODE_ATTN", raising=False)
-    assert not decode_kernel_enabled(cpu, 1)  # the CPU keeps SDPA unless asked
+    assert not decode_kernel_enabled(cpu, 1, 128)  # the CPU keeps SDPA unless asked
     monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
-    assert not decode_kernel_enabled(cpu, 2)  # prompts: SDPA
+    assert not decode_kernel_enabled(cpu, 2, 128)  # prompts: SDPA
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert decode_kernel_enabled(cpu, 1)
-    assert not decode_kernel_enabled(cpu, 1, head_dim=512)  # wider than the kernel takes
+    assert decode_kernel_enabled(cpu, 1, 128)
+    assert not decode_kernel_enabled(cpu, 1, 512)  # wider than the kernel takes
     monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
-    assert not decode_kernel_enabled(cpu, 1)
+    assert not decode_kernel_enabled(cpu, 1, 128)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -129,6 +129,13 @@ class _Session:
         # the stale handle fails an internal assertion.
         self.pool: Any = None
 
+    def graph_pool(self) -> Any:
+        """The session's graph memory pool (made on first use), shared by its decode and prefill
+        graphs, which never run concurrently."""
+        if self.pool is None:
+            self.pool = graph_pool()
+        return self.pool
+
     def snapshot(self) -> Callable[[], None]:
         """A function that restores the small state buffers to their current values."""
         saved = [
@@ -240,9 +247,7 @@ class Engine:
             return step
         if key not in sess.graphs:
             sess.slot.zero_()  # warm-up writes slots 0 and 1, which the prefill rewrites
-            if sess.pool is None:
-                sess.pool = graph_pool()
-            sess.graphs[key] = CapturedStep(step, sess.snapshot(), pool=sess.pool)
+            sess.graphs[key] = CapturedStep(step, sess.snapshot(), pool=sess.graph_pool())
         return sess.graphs[key]
 
     # -- generation --------------------------------------------------------------------------------
@@ -416,10 +421,8 @@ class Engine:
                 held["logits"] = model(buf, slots, sess.pad, cache.k, cache.v, True,
                                        self.prefill_fns)
 
-            if sess.pool is None:
-                sess.pool = graph_pool()
             # The warm-up writes cache slots 0..W-1, which the replay below rewrites.
-            graph = CapturedStep(forward, lambda: None, pool=sess.pool)
+            graph = CapturedStep(forward, lambda: None, pool=sess.graph_pool())
             entry = sess.prefills[width] = _PrefillGraph(graph, buf, slots, held)
         entry.tokens.copy_(tokens)
         entry.graph()

@@ -299,25 +299,26 @@ def attention_mask(
     return mask[:, None].repeat(1, 1, groups, 1)
 
 
-DECODE_KERNEL_MAX_HEAD_DIM = 256
-"""The widest attention head the decode kernel takes (wider heads keep SDPA)."""
-
-
-def decode_kernel_enabled(device: torch.device, positions: int, head_dim: int = 128) -> bool:
+def decode_kernel_enabled(device: torch.device, positions: int, head_dim: int) -> bool:
     """Whether a forward of ``positions`` positions per row on ``device`` runs its attention
     through the split-key decode kernel (``ops.decode_attention``) instead of
-    ``scaled_dot_product_attention``: one position, heads of at most
-    :data:`DECODE_KERNEL_MAX_HEAD_DIM`, a CUDA device with Triton, unless
+    ``scaled_dot_product_attention``: one position, heads the kernel takes
+    (``ops.DECODE_ATTN_MAX_HEAD_DIM``; wider heads keep SDPA), a CUDA device with Triton, unless
     ``LEECHQ_DECODE_ATTN=0`` (read per forward, on the host). On the CPU only when asked for
     (``LEECHQ_DECODE_ATTN=1``) under the Triton interpreter (the CI route to the kernel)."""
     flag = os.environ.get("LEECHQ_DECODE_ATTN")
-    if positions != 1 or flag == "0" or head_dim > DECODE_KERNEL_MAX_HEAD_DIM:
+    if positions != 1 or flag == "0":
         return False
     if device.type == "cuda":
         from leechq.kernels import triton as triton_kernels
 
-        return triton_kernels.available()
-    return flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+        if not triton_kernels.available():
+            return False
+    elif not (flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    from leechq.kernels.triton import ops
+
+    return head_dim <= ops.DECODE_ATTN_MAX_HEAD_DIM
 
 
 def decode_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -2017,14 +2017,16 @@ DECODE_ATTN_BLOCK_N = 64
 DECODE_ATTN_MAX_SPLITS = 64
 """At most this many key splits per (row, key/value head); a split holds a whole number of tiles."""
 
+DECODE_ATTN_MAX_HEAD_DIM = 256
+"""The widest attention head :func:`decode_attention` takes."""
+
 
 def decode_attention_splits(seq_len: int) -> tuple[int, int]:
     """``(keys per split, splits)`` of :func:`decode_attention` over a ``seq_len``-slot cache: one
     tile per split up to ``BLOCK_N · MAX_SPLITS`` slots, more tiles per split beyond."""
-    tiles = max(1, -(-seq_len // DECODE_ATTN_BLOCK_N))
-    per_split = -(-tiles // DECODE_ATTN_MAX_SPLITS)
-    split = per_split * DECODE_ATTN_BLOCK_N
-    return split, -(-seq_len // split)
+    tiles = max(1, triton.cdiv(seq_len, DECODE_ATTN_BLOCK_N))
+    split = triton.cdiv(tiles, DECODE_ATTN_MAX_SPLITS) * DECODE_ATTN_BLOCK_N
+    return split, triton.cdiv(seq_len, split)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -2052,7 +2054,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Raises:
         InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
-            dimension above 256, a cache without slots.
+            dimension above :data:`DECODE_ATTN_MAX_HEAD_DIM`, a cache without slots.
     """
     if (k_new is None) != (v_new is None):
         raise InvalidInput("k_new and v_new go together")
@@ -2078,8 +2080,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     for name, t in news:
         if tuple(t.shape) != (b, n_kv, 1, hd):
             raise InvalidInput(f"{name} must be [{b}, {n_kv}, 1, {hd}], got {list(t.shape)}")
-    if not 1 <= hd <= 256:
-        raise InvalidInput(f"head_dim must be 1..256, got {hd}")
+    if not 1 <= hd <= DECODE_ATTN_MAX_HEAD_DIM:
+        raise InvalidInput(f"head_dim must be 1..{DECODE_ATTN_MAX_HEAD_DIM}, got {hd}")
     check_tensor(slot, "slot", torch.int64, (1,), device=q.device)
     check_tensor(pad, "pad", torch.int64, (b,), device=q.device)
     seq_len = int(k_cache.shape[2])
