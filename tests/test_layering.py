@@ -1,4 +1,4 @@
-"""The import-direction rules of architecture.md §6.2, checked statically over src/leechq.
+"""The import-direction rules of docs/architecture.md §1, checked statically over src/leechq.
 
 Layers (a module may import leechq modules of its own layer or below):
 lattice (0) → codebooks (1) → quant, formats, data (2) → kernels (3) → nn (4) → models (5) →

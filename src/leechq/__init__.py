@@ -17,7 +17,7 @@ _SUBPACKAGES = {
     "integrations", "cli", "utils", "errors", "registry",
 }
 _LAZY_ATTRS: dict[str, tuple[str, str]] = {
-    # The curated public API (architecture.md §6.1); each is imported on first access.
+    # The curated public API (docs/architecture.md §1); each is imported on first access.
     "load": ("leechq.models.load", "load"),
     "quantize_model": ("leechq.models.quantize", "quantize_model"),
     "QuantConfig": ("leechq.config", "QuantConfig"),

@@ -1,7 +1,8 @@
 """The resolved quantization configuration, recorded inside every artifact.
 
-Implements the configuration side of leech-core.md §5.1 (the recipe table) and pitfall P4 ("name and
-log the resolved configuration") / P14 (record the full resolved configuration in the artifact).
+Implements the configuration side of docs/quantizer.md §1 (the recipe table) and pitfalls P4 ("name
+and log the resolved configuration") / P14 (record the full resolved configuration in the artifact)
+of docs/quantizer.md §9.
 :class:`QuantConfig` is a frozen dataclass: what a run does is exactly what ``to_dict()`` says, and
 a resumed run refuses to continue under a configuration whose :meth:`QuantConfig.digest` differs
 (P12).
@@ -24,7 +25,7 @@ SCHEMA_VERSION = 1
 ``quantization_config``)."""
 
 BASE_ROTATION_SEED = 0x110FEED
-"""Base seed of the incoherence rotation (leech-core.md §5.3); effective seeds are derived per
+"""Base seed of the incoherence rotation (docs/quantizer.md §3); effective seeds are derived per
 (block, activation) and stored per matrix."""
 
 TAIL_POLICIES = ("keep_exact", "refuse")
@@ -34,7 +35,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 HESSIAN_DTYPES = ("float32", "float64")
 RAW_ENCODINGS = ("keep", "int8", "int4")
 CONTROL_CODEBOOKS = ("identity", "scalar-round")
-"""Codebook names that select a control quantizer (leech-core.md §5.5 controls); they write no
+"""Codebook names that select a control quantizer (docs/quantizer.md §5 controls); they write no
 artifact."""
 
 
@@ -45,11 +46,11 @@ class QuantConfig:
     Attributes:
         codebook: direction codebook name in :mod:`leechq.codebooks` ("ball" or "tetra").
         gain_bits: gain bits per 24-block (0, 1 or 2): ``2**gain_bits`` per-matrix centroids
-            relative to the frozen row scale (leech-core.md §4.6, §5.4). 0 bits is one constant per
-            matrix.
+            relative to the frozen row scale (docs/codebooks.md §1, docs/quantizer.md §4). 0 bits is
+            one constant per matrix.
         centroid_iters: Lloyd–Max iterations for the gain centroids (40 in the reference).
-        damping: relative Hessian damping λ: ``H + λ·mean(diag H)·I`` (leech-core.md §5.2).
-        rotate: apply the input-side incoherence rotation (leech-core.md §5.3).
+        damping: relative Hessian damping λ: ``H + λ·mean(diag H)·I`` (docs/quantizer.md §2).
+        rotate: apply the input-side incoherence rotation (docs/quantizer.md §3).
         rotation_seed: base seed; effective seed = ``base ⊕ (block << 32) ⊕ (act << 16)``.
         error_feedback: GPTQ error propagation (False = plain rounding with the same codebook).
         propagation: how the error feedback is applied: "exact" (element-wise, row-batch
@@ -59,20 +60,21 @@ class QuantConfig:
         calib_windows: number of calibration windows (64 in the reference).
         calib_window_len: tokens per window (2048 in the reference).
         calib_batch: windows pushed through a block per forward call (numerics only).
-        tail_policy: "keep_exact" (d_in mod 24 columns kept as f32 in the rotated basis, §5.6) or
+        tail_policy: "keep_exact" (d_in mod 24 columns kept as f32 in the rotated basis,
+        docs/quantizer.md §6) or
             "refuse" (a ragged width is an error).
         device: "auto" (CUDA when present, else CPU), "cpu" or "cuda".
         dtype: compute dtype of the blocks during calibration ("float32" in the reference).
         hessian_dtype: accumulation dtype of the Hessians ("float32" on the device in the
         reference).
         int4_modules: module-name suffixes (e.g. "self_attn.v_proj") kept as int4 g128 instead of
-            the lattice (layouts-kernels-recipe.md §5.2); may be qualified by layer as
+            the lattice (docs/quantizer.md §7); may be qualified by layer as
             "layers.12.mlp.down_proj".
         int4_group: int4 group size along the row.
         int4_gptq: GPTQ-compensate int4 matrices (False = round-to-nearest of the original tensor,
             as the published recipe does).
         embedding_encoding: "keep" (as stored in the checkpoint), "int8" or "int4" group-affine for
-            the token embedding and an untied head (layouts-kernels-recipe.md §5.5).
+            the token embedding and an untied head (docs/format.md §3).
         embedding_group: group size of the group-affine embedding encoding.
         calibration: free-form provenance of the calibration text (dataset, revision, split).
     """

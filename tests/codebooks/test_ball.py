@@ -117,7 +117,7 @@ def test_zero_blocks_and_scale_invariance() -> None:
 
 
 def test_gaussian_quality_gate() -> None:
-    # §6.2 stream: the first 600 eval blocks after the 4 000 train blocks, 1 gain bit.
+    # The docs/codebooks.md §4 stream: the first 600 eval blocks after the 4 000 train blocks.
     rng = SplitMix64(0x64A42026)
     train = rng.gaussians(4000 * 24).reshape(4000, 24)
     evaluation = torch.from_numpy(rng.gaussians(600 * 24).reshape(600, 24))
@@ -127,7 +127,8 @@ def test_gaussian_quality_gate() -> None:
     xhat = shape_gain_decode(points, gains, ones, centroids)
     mse = float(((evaluation - xhat) ** 2).mean())
     sqnr_db = 10 * math.log10(1 / mse)
-    assert sqnr_db >= 10.95  # measured 11.047 dB (MSE 0.07858; full §6.2 protocol: 0.0781)
+    # measured 11.047 dB (MSE 0.07858; full docs/codebooks.md §4 protocol: 0.0781)
+    assert sqnr_db >= 10.95
     cos = (evaluation * points).sum(1) / evaluation.norm(dim=1) / points.double().norm(dim=1)
     assert float(cos.mean()) > 0.96  # spec: 0.9644 over 20 000 blocks
     shells = (points.to(torch.int64) ** 2).sum(dim=1) // 16

@@ -1,6 +1,6 @@
 """The batched torch search (codebooks.ball_search) against its numpy reference (lattice.nearest).
 
-The tie rule of leech-core.md §4.4 lets an implementation differ from the reference only by a few
+The tie rule of docs/lattice.md §6.3 lets an implementation differ from the reference only by a few
 ulp on near-ties; this one re-scores every near-tie with the reference's formula and rule, so the
 tests ask for identical points and bit-identical scores on random and adversarial inputs.
 """

@@ -22,7 +22,7 @@ from leechq.utils.splitmix import SplitMix64
 
 
 def _plain_lloyd(samples: list[float], bits: int, iterations: int) -> list[float]:
-    """Independent plain-Python Lloyd–Max with the rules of leech-core.md §5.4."""
+    """Independent plain-Python Lloyd–Max with the rules of docs/quantizer.md §4."""
     x = sorted(samples)
     n, k = len(x), 1 << bits
     c = [x[(2 * j + 1) * n // (2 * k)] for j in range(k)]
@@ -39,7 +39,7 @@ def _plain_lloyd(samples: list[float], bits: int, iterations: int) -> list[float
 
 
 def test_centroids_of_the_spec_train_set() -> None:
-    # leech-core.md §4.6: 1-bit centroids of the raw norms of the §6.2 train set.
+    # docs/codebooks.md §1: 1-bit centroids of the raw norms of the docs/codebooks.md §4 train set.
     train = SplitMix64(0x64A42026).gaussians(4000 * 24).reshape(4000, 24)
     norms = torch.from_numpy(np.sqrt((train * train).sum(axis=1)))
     c = fit_centroids(norms, 1, 60)

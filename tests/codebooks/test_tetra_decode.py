@@ -1,4 +1,4 @@
-"""Tetra decode, word/byte conventions and the point → label map (tetra-format.md §1)."""
+"""Tetra decode, word/byte conventions and the point → label map (docs/codebooks.md §3)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from leechq.lattice.golay import golay_code
 
 LABEL_LIMIT = 1 << 47
 
-# (word, disk bytes, served bytes, point) — tetra-format.md §1.3.
+# (word, disk bytes, served bytes, point) — docs/codebooks.md §3.5.
 VECTORS = [
     ("000000000000", "000000000000", "000000000000", [0] * 24),
     ("800000000000", "000000000001", "000000000080", [0] * 24),
@@ -80,7 +80,7 @@ def oracle_tables(oracle):
 
 
 def _is_leech(points: np.ndarray) -> np.ndarray:
-    """Membership in √8·Λ24 (leech-core §0 / layouts-kernels-recipe §0.1), computed inline."""
+    """Membership in √8·Λ24 (docs/lattice.md §2.1), computed inline."""
     y = points.astype(np.int64)
     p = y[:, 0] & 1
     same_parity = ((y & 1) == p[:, None]).all(axis=1)

@@ -1,4 +1,4 @@
-"""The Tetra direction search (layouts-kernels-recipe.md §2.8; leech-core.md §6.2 quality gate)."""
+"""The Tetra direction search (docs/codebooks.md §3.7; docs/codebooks.md §4 quality gate)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ TRAIN_BLOCKS = 4000
 
 
 def _gaussian_stream(eval_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """leech-core §6.2: 4000 train blocks, then the eval blocks, 24 Gaussians per block."""
+    """docs/codebooks.md §4: 4000 train blocks, then the eval blocks, 24 Gaussians per block."""
     rng = SplitMix64(GAUSSIAN_SEED)
     train = rng.gaussians(24 * TRAIN_BLOCKS).reshape(TRAIN_BLOCKS, 24)
     return train, rng.gaussians(24 * eval_blocks).reshape(eval_blocks, 24)
 
 
 def _lloyd_max(samples: np.ndarray, levels: int = 2, iterations: int = 60) -> np.ndarray:
-    """Scalar Lloyd–Max as in leech-core §6.2 (quantile start, ties to the lower level)."""
+    """Scalar Lloyd–Max as in docs/codebooks.md §4 (quantile start, ties to the lower level)."""
     ordered = np.sort(samples)
     n = ordered.size
     c = np.array([ordered[(2 * j + 1) * n // (2 * levels)] for j in range(levels)])
@@ -165,11 +165,12 @@ def test_encode_rejects_bad_input():
 
 
 # ---------------------------------------------------------------------------------------------
-# Quality gate (leech-core §6.2 protocol)
+# Quality gate (docs/codebooks.md §4 protocol)
 
 
 def test_gaussian_retention_on_2000_blocks():
-    """First 2000 eval blocks of the §6.2 stream. Measured: MSE 0.08539, retention 88.743 %.
+    """First 2000 eval blocks of the docs/codebooks.md §4 stream. Measured: MSE 0.08539, retention
+    88.743 %.
 
     Threshold 88.64 %: 0.1 pp below the measured value. The computation is deterministic on one
     platform; across CPUs and BLAS builds only exact near-ties can flip, each moving the MSE by

@@ -1,6 +1,7 @@
 """The fast exact Tetra search (leechq.codebooks.tetra_fast) against the reference search.
 
-layouts-kernels-recipe.md §2.4 (row lists), §2.8 (encoder); tetra-format.md §1.7 (valid words).
+docs/codebooks.md §3.3 (row lists), docs/codebooks.md §3.7 (encoder); docs/codebooks.md §3.4 (valid
+words).
 """
 
 from __future__ import annotations

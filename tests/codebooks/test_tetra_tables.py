@@ -1,4 +1,4 @@
-"""Tetra tables rebuilt from first principles (tetra-format.md §2, layouts-kernels-recipe §2.10)."""
+"""Tetra tables rebuilt from first principles (docs/codebooks.md §3.6)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_values_and_invnorm(tables):
 
 
 def test_closed_form_value_formula(tables):
-    """layouts-kernels-recipe §2.3: value = s ? u + 2 − 2p : −u, u = 2ρ + p, s = (ρ ⊕ c ⊕ p) & 1."""
+    """docs/codebooks.md §3.3: value = s ? u + 2 − 2p : −u, u = 2ρ + p, s = (ρ ⊕ c ⊕ p) & 1."""
     for p in (0, 1):
         for c in (0, 1):
             for rank in range(8):

@@ -57,7 +57,7 @@ def test_pack_round_trip(label_bits: int, gain_bits: int, nbytes: int) -> None:
 
 
 def test_47_plus_1_is_the_published_tetra_disk_stream() -> None:
-    """tetra-format.md §1.3 vectors: int.from_bytes(6 bytes, "big") == (label << 1) | gain."""
+    """docs/codebooks.md §3.5 vectors: int.from_bytes(6 bytes, "big") == (label << 1) | gain."""
     words = [0x000000000000, 0x800000000000, 0x000000000001, 0x7FFFFFFFFFFF, 0x12C4D7902316]
     disk = ["000000000000", "000000000001", "000000000002", "fffffffffffe", "2589af20462c"]
     labels = torch.tensor([w & (2**47 - 1) for w in words], dtype=torch.int64)[None]

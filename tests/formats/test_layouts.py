@@ -45,7 +45,7 @@ def _ball_qw(d_out: int, d_in: int, seed: int = 0) -> QuantizedWeight:
 
 @pytest.mark.parametrize(("nb", "stride"), [(1, 2), (2, 4), (106, 160), (170, 256), (405, 608)])
 def test_tetra48_stride(nb: int, stride: int) -> None:
-    assert tetra48.stride_u32(nb) == stride  # tetra-format.md §4.1 examples
+    assert tetra48.stride_u32(nb) == stride  # docs/kernels.md examples
 
 
 def test_tetra48_round_trip_and_bytes() -> None:
@@ -54,7 +54,7 @@ def test_tetra48_round_trip_and_bytes() -> None:
     back = tetra48.unpack(w)
     for name in ("labels", "gains", "row_scales", "centroids", "tail"):
         assert torch.equal(getattr(back, name), getattr(qw, name)), name
-    # Row bytes = the served stream of tetra-format.md §1.3, then zero padding.
+    # Row bytes = the served stream of docs/codebooks.md §3.5, then zero padding.
     from leechq.codebooks.tetra import served_bytes_from_words, words_from_labels_gains
 
     raw = w.words.numpy().view(np.uint8).reshape(5, -1)
@@ -66,7 +66,7 @@ def test_tetra48_round_trip_and_bytes() -> None:
 
 
 def test_tetra48_test_vector_bytes() -> None:
-    # tetra-format.md §1.3: word 12c4d7902316 is served as bytes 16 23 90 d7 c4 12.
+    # docs/codebooks.md §3.5: word 12c4d7902316 is served as bytes 16 23 90 d7 c4 12.
     word = 0x12C4D7902316
     words = tetra48.words_from_codes(np.array([[word & ((1 << 47) - 1)]]), np.array([[word >> 47]]))
     assert words.view(np.uint8)[0, :6].tobytes().hex() == "162390d7c412"

@@ -86,7 +86,7 @@ def test_transpose_exact_order_matches_scalar_loop() -> None:
     m, k = t.pow2, t.odd
     rng = np.random.default_rng(0)
     row = rng.standard_normal(24)
-    # Scalar reference of tetra-format.md §1.6 step 3.
+    # Scalar reference of docs/format.md §2 step 3.
     v = [[row[g * m + j] for j in range(m)] for g in range(k)]
     mixed = [[0.0] * m for _ in range(k)]
     for g in range(k):

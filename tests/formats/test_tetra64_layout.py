@@ -26,7 +26,7 @@ def test_x_all_is_the_all_ones_codeword() -> None:
 
 
 def test_fields_follow_the_decode() -> None:
-    """Per block: the three rows are those the decode reads (tetra-format.md §1.5), the pattern
+    """Per block: the three rows are those the decode reads (docs/codebooks.md §3.4), the pattern
     index is x (x ^ X_ALL for p = 1: the complemented codeword), the shell is ‖y‖²/16 (1 for the
     origin), p and g as in the word."""
     b = torch.cat([torch.tensor([0, 1 << 47, 1]), _random_blocks(4000, 1)])

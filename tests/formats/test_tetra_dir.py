@@ -1,4 +1,4 @@
-"""The published Tetra directory (tetra-format.md §3): leechq ↔ dir identity, and the oracle
+"""The published Tetra directory (docs/format.md §5): leechq ↔ dir identity, and the oracle
 ``llvq-tetra`` 0.1.0 (checkdense, ``PackedModel.dequantize``, its transformers quantizer) accepting
 what leechq writes, bit for bit; hostile directories refused with a clear error."""
 
@@ -159,7 +159,7 @@ def test_round_trip_identity(written: tuple[Path, Any, Any, Any], tmp_path: Path
         "tetra_blocks": sum(r.d_out * r.n_blocks for r in records.values()
                             if isinstance(r, QuantizedWeight)),
         "quantized_weights": sum(r.d_out * r.d_in for r in records.values())}
-    # k = 1 stores small = [[1.0]] (leech-core.md §5.3); rotations are de-duplicated by (n, seed).
+    # k = 1 stores small = [[1.0]] (docs/quantizer.md §3); rotations are de-duplicated by (n, seed).
     want_keys = {f"88_{rotation_seed(i, a):016x}" for i in (0, 1) for a in (0, 2)}
     want_keys |= {f"72_{rotation_seed(0, 3):016x}", f"64_{rotation_seed(1, 1):016x}"}
     assert set(qc["rotations"]) == want_keys
@@ -176,7 +176,7 @@ def test_round_trip_identity(written: tuple[Path, Any, Any, Any], tmp_path: Path
 
 
 def test_disk_bytes_match_the_spec_vectors(tmp_path: Path) -> None:
-    """tetra-format.md §1.3: word → the 6 disk bytes, and the decoded points, via our writer."""
+    """docs/codebooks.md §3.5: word → the 6 disk bytes, and the decoded points, via our writer."""
     vectors = [
         ("000000000000", "000000000000"), ("800000000000", "000000000001"),
         ("000000000001", "000000000002"), ("7fffffffffff", "fffffffffffe"),
@@ -219,8 +219,9 @@ def test_packed_model_dequantize_is_bit_identical(written: tuple[Path, Any, Any,
 @functools.cache
 def _every_shell_labels() -> torch.Tensor:
     """Labels covering the origin and shells 2..26 (all that 40,000 random labels reach, plus
-    label 1 = (1^23, -3) for m = 2 and the §1.3 vector of m = 26), each at many positions, as
-    [rows, 13] (d_in = 13·24 + 8 = 320 = 5·64: a tail, and a rotation with a 5×5 mix)."""
+    label 1 = (1^23, -3) for m = 2 and the docs/codebooks.md §3.5 vector of m = 26), each at many
+    positions, as [rows, 13] (d_in = 13·24 + 8 = 320 = 5·64: a tail, and a rotation with a 5×5
+    mix)."""
     from leechq.codebooks.tetra import decode
 
     g = torch.Generator().manual_seed(3)

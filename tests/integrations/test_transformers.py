@@ -1,4 +1,4 @@
-"""transformers integration, the three tiers of architecture.md §2.3 on CPU: config round trip,
+"""transformers integration, the three tiers of docs/architecture.md §2 on CPU: config round trip,
 replacement on the meta skeleton (through from_pretrained), same logits as ``leechq.load``,
 ``save_pretrained`` round trip with byte-identical records, and clear errors."""
 
@@ -145,7 +145,7 @@ def test_artifact_for_another_model(tmp_path: Path) -> None:
 
 def test_registration_is_explicit() -> None:
     """``import leechq`` (and the standalone loader) registers nothing with transformers; importing
-    the integration module does (architecture.md §7.1: the one documented import line)."""
+    the integration module does (docs/architecture.md §2: the one documented import line)."""
     code = (
         "import leechq, leechq.models.load\n"
         "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING as Q\n"

@@ -1,4 +1,4 @@
-"""Permutation classes, shell sizes and the v1 class layout (leech-core.md §2.2, §3.1–§3.3)."""
+"""Permutation classes, shell sizes and the v1 class layout (docs/lattice.md §2.2, §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The extended Golay code G24 in canonical order (leech-core.md §1, §6.1)."""
+"""The extended Golay code G24 in canonical order (docs/lattice.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bijective v1 index (leech-core.md §3.4–§3.8): test vectors, exhaustive Shell(2), every class
+"""The bijective v1 index (docs/lattice.md §4): test vectors, exhaustive Shell(2), every class
 boundary, random round trips, scalar == vectorized, rejection of non-members."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Membership in √8·Λ24, shells and Golay words (leech-core.md §2.1–§2.2, pitfall P10)."""
+"""Membership in √8·Λ24, shells and Golay words (docs/lattice.md §2; pitfall P10)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Brute force enumerates Shell(2) (and, in the slow tier, Shell(3)) with the test oracle and checks:
 the per-shell maxima d_m, the closed form of every (class, codeword) pair, the smallest-index
-maximiser of each pair, and the full tie rule of leech-core.md §4.4 on the balls Λ24(2) and Λ24(3).
+maximiser of each pair, and the full tie rule of docs/lattice.md §6.3 on the balls Λ24(2) and
+Λ24(3).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def _adversarial(rng: np.random.Generator, count: int) -> list[np.ndarray]:
 
 
 def _brute_ball(queries: list[np.ndarray], max_shell: int) -> list[int]:
-    """v1 index of the §4.4 winner over Λ24(max_shell) for each query, by exhaustive scoring.
+    """v1 index of the docs/lattice.md §6.3 winner over Λ24(max_shell) for each query, by exhaustive
+    scoring.
 
     Queries must already be scaled (max|x_i| ∈ [1, 2)) like the search scales them.
     """
@@ -101,7 +103,7 @@ def _scaled(x: np.ndarray) -> np.ndarray:
 
 
 def test_spec_tie_example_picks_smallest_index() -> None:
-    # leech-core.md §4.4: (4,4,0^22) and (8,8,0^22) both score exactly √2; index 1 wins.
+    # docs/lattice.md §6.3: (4,4,0^22) and (8,8,0^22) both score exactly √2; index 1 wins.
     x = np.zeros(24)
     x[:2] = 1.0
     point, score = nr.search(x, 12)

@@ -1,4 +1,4 @@
-"""Block GPTQ (leech-core.md §5.5): the reference controls and the format invariants.
+"""Block GPTQ (docs/quantizer.md §5): the reference controls and the format invariants.
 
 * an identity quantizer leaves a matrix unchanged bit for bit; with the rotation, up to f32
   rounding;

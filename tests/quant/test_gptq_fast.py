@@ -1,4 +1,4 @@
-"""The fast GPTQ paths against their reference twins (leech-core.md §5.5).
+"""The fast GPTQ paths against their reference twins (docs/quantizer.md §5).
 
 * the concurrent loop (several matrices, one coder call per global step) equals coding each
   matrix alone, bit for bit on the CPU with exact propagation — also when a matrix ends early;

@@ -1,4 +1,4 @@
-"""Row-scale training (layouts-kernels-recipe.md §5.3): schedule, loss, the λ module, fold-back
+"""Row-scale training (docs/quantizer.md §7): schedule, loss, the λ module, fold-back
 exactness, end-to-end training on a tiny model, and checkpoint/resume."""
 
 from __future__ import annotations

@@ -220,8 +220,8 @@ def run(args: argparse.Namespace) -> int:
             # faster on a CPU, where the element-wise update dominates the quantization time.
             propagation="lazy",
         )
-        # An 8-bit (group 64) embedding table: −1.6 bits per parameter on SmolLM2 for +0.0004 KL
-        # (BENCHMARKS.md §7), so the demo's file is smaller than the 4-bit GGUF it started from.
+        # An 8-bit (group 64) embedding table: −1.6 bits per parameter on SmolLM2 for +0.0004 KL,
+        # so the demo's file is smaller than the 4-bit GGUF it started from.
         cfg = cfg.replace(embedding_encoding=DEMO_EMBEDDING)
         _say(cfg.describe())
         work = copy.deepcopy(ref.model)  # quantize_model modifies its model in place

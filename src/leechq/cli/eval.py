@@ -1,6 +1,6 @@
 """``leechq eval OUT``: perplexity and KL of an artifact against its reference model.
 
-A thin shell (architecture.md §6.1 ``cli/eval.py``) over :func:`leechq.models.load.load`,
+A thin shell (docs/architecture.md §1 ``cli/eval.py``) over :func:`leechq.models.load.load`,
 :func:`leechq.models.hf_load.load_model` and :func:`leechq.eval.runner.run_suite` on the offline
 evaluation split. The reference defaults to the model the artifact was quantized from (its
 ``provenance.model_id``). The JSON report is the last line of stdout; a summary goes to stderr.

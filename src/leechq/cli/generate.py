@@ -1,6 +1,6 @@
 """``leechq run OUT --prompt P``: answer one prompt with a quantized model, streaming the tokens.
 
-A thin shell (architecture.md §6.1 ``cli/generate.py``) over :func:`leechq.models.load.load` and
+A thin shell (docs/architecture.md §1 ``cli/generate.py``) over :func:`leechq.models.load.load` and
 :func:`leechq.serve.generate.generate`. The prompt goes through the tokenizer's chat template when
 it has one (unless ``--raw``), through :func:`leechq.serve.chat.format_chat`.
 """

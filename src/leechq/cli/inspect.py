@@ -1,8 +1,8 @@
 """``leechq inspect OUT``: what an artifact holds and costs, under each accounting rule apart.
 
-Implements architecture.md §6.1 (``cli/inspect.py``) over
+Implements docs/architecture.md §1 (``cli/inspect.py``) over
 :func:`leechq.formats.artifact.artifact_report`. Per-matrix rates are printed by projection kind
-(every matrix with ``--matrices``), then the three rates of layouts-kernels-recipe.md §4.9, each on
+(every matrix with ``--matrices``), then the three rates of docs/format.md §4, each on
 its own line with its own denominator, never combined:
 
 1. kernel bits per quantized weight (what a kernel streams: payload + f32 tail + f32 row scale);

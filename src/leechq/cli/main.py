@@ -1,7 +1,7 @@
 """``leechq``: the command-line entry point, a thin shell over the library.
 
-Implements architecture.md §6.1 (``cli/main.py``) with the lazy-subcommand pattern of transformers'
-CLI (§2.3): the parser below names every command and its options using only the standard library,
+See docs/architecture.md §1 (``cli/main.py``). The lazy-subcommand pattern of transformers'
+CLI: the parser below names every command and its options using only the standard library,
 and a command's module (which imports torch) is imported only when that command runs, so
 ``leechq --help`` and ``leechq CMD --help`` stay fast and never import torch, triton or
 transformers.

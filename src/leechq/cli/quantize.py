@@ -1,10 +1,10 @@
 """``leechq quantize MODEL OUT``: quantize a model into an artifact directory.
 
-A thin shell (architecture.md §6.1 ``cli/quantize.py``) over
+A thin shell (docs/architecture.md §1 ``cli/quantize.py``) over
 :func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the offline
 calibration split of :mod:`leechq.data` and :func:`leechq.models.quantize.quantize_model`. The
 "bare" recipe is the configuration's defaults: every block projection on the lattice with one gain
-bit and the input rotation, embeddings kept. The "full" recipe (layouts-kernels-recipe.md §5) runs
+bit and the input rotation, embeddings kept. The "full" recipe (docs/quantizer.md §7) runs
 :func:`leechq.quant.recipe.run_recipe` on top: int4 for the most KL-sensitive matrices under a
 whole-model bits-per-parameter budget, 4-bit embedding tables, row scales trained by KL to the
 reference. Its calibration text is cut into disjoint roles (encoding | sensitivity | row-scale

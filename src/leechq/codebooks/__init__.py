@@ -1,7 +1,7 @@
 """Layer 1: codebooks over the lattice core, selected by name.
 
-``leechq.codebooks.get("ball")`` returns the Λ24(12) ball codebook (47-bit v1 index, leech-core.md §3–§4);
-``get("tetra")`` returns the Tetra codebook (tetra-format.md). Both satisfy
+``leechq.codebooks.get("ball")`` returns the Λ24(12) ball codebook (47-bit v1 index,
+docs/codebooks.md §2); ``get("tetra")`` returns the Tetra codebook (docs/codebooks.md). Both satisfy
 :class:`leechq.codebooks.base.Codebook`. Instances are built lazily on first ``get``.
 """
 

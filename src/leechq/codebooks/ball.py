@@ -1,10 +1,11 @@
 """The ball codebook: directions coded by the exact angular search over Λ24(12) and the v1 index.
 
-Implements the direction half of the shipped code (leech-core.md §4, labels of §3): ``encode`` finds
-the exact angular nearest point of Λ24(M) \\ {0} (:mod:`leechq.codebooks.ball_search`, tie rule of
-§4.4) and returns its v1 index (``lattice.indexing``); ``decode`` maps indices back to points of
-√8·Λ24. The registry default is M = 12 (47-bit labels, 0 ..= N(12)); M = 13 gives the 48-bit ball.
-Gains are coded separately (:mod:`leechq.codebooks.shape_gain`).
+Implements the direction half of the shipped code (docs/codebooks.md §2; search docs/lattice.md §6,
+labels docs/lattice.md §4): ``encode`` finds the exact angular nearest point of Λ24(M) \\ {0}
+(:mod:`leechq.codebooks.ball_search`, tie rule of docs/lattice.md §6.3) and returns its v1 index
+(``lattice.indexing``); ``decode`` maps indices back to points of √8·Λ24. The registry default is M
+= 12 (47-bit labels, 0 ..= N(12)); M = 13 gives the 48-bit ball. Gains are coded separately
+(:mod:`leechq.codebooks.shape_gain`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from leechq.lattice.classes import ball_size, index_bits
 from leechq.lattice.indexing import decode_indices, encode_points
 
 PINNED_FINGERPRINT = "338f420f11866319"
-"""Fingerprint of index format v1 (leech-core.md §3.9), the same for every ball size."""
+"""Fingerprint of index format v1 (docs/lattice.md §5), the same for every ball size."""
 
 
 @cache

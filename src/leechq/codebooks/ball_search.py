@@ -1,11 +1,11 @@
 """Batched exact angular search on the Leech ball Λ24(M) in torch (CPU, CUDA): the encoder hot path.
 
-Same results as the numpy reference :func:`leechq.lattice.nearest.search` (leech-core.md §4.1–§4.4,
+Same results as the numpy reference :func:`leechq.lattice.nearest.search` (docs/lattice.md §6,
 tie rule included) for a whole batch ``x: [N, 24]``. The design is GPU-first: no Python loop over
 queries, codewords or classes, a few large tensor operations per chunk of queries.
 
-Stage 1, closed forms (§4.2) for the (class, codeword) pairs that can win, laid out as [query,
-feature, codeword] with the 4096 Golay codewords on the last (contiguous) axis:
+Stage 1, closed forms (docs/lattice.md §6) for the (class, codeword) pairs that can win, laid out as
+[query, feature, codeword] with the 4096 Golay codewords on the last (contiguous) axis:
 
 1. Per query, five 24×24 "comes before" matrices: the order of ``y = ±x`` (+ on the codeword)
    depends on which of two coordinates lie on the codeword (4 cases, odd coset), and the order of
@@ -19,7 +19,8 @@ feature, codeword] with the 4096 Golay codewords on the last (contiguous) axis:
 3. A class maximum is then a dot product of the class's values (α ascending for odd classes; word
    values then free values for even classes, with the repair coefficient ``−2·w_min``) with those
    features, divided by √(16m) (folded into the coefficients).
-4. Pruning (§4.3) per query: the support-blind bound of every class (class magnitudes against the
+4. Pruning (docs/lattice.md §6) per query: the support-blind bound of every class (class magnitudes
+against the
    sorted |x|) is one [n, 24] @ [24, K] product. Each family (odd coset; even classes of one Golay
    weight) first scores its two highest-bound classes, which gives a lower bound on the best score;
    then each query scores only the classes whose bound reaches it, typically ≈ 30 of 301, gathered
@@ -37,8 +38,8 @@ products.
 Approximate mode (``mode="approx"``, not recommended): each query also drops every class outside its
 ``top_classes`` highest bounds (padding rows of a chunk may still score a few more). Stage 2 stays
 exact on what remains; the class choice may not be optimal. Measured: +15 % speed on an H200 (184 k
-vs 160 k blocks/s, top 24) for +0.18 % Gaussian MSE (4 000 §6.2 blocks: 0.07834 vs 0.07821), nothing
-on the CPU, where stage 1's features dominate.
+vs 160 k blocks/s, top 24) for +0.18 % Gaussian MSE (4 000 docs/codebooks.md §4 blocks: 0.07834 vs
+0.07821), nothing on the CPU, where stage 1's features dominate.
 
 Inputs are scaled per query by an exact power of two (max|x_i| ∈ [1, 2)), as in the reference.
 
@@ -462,7 +463,7 @@ def _repair(
 
 
 def tie_rule_scores(x: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in float64 (leech-core.md §4.4), batched.
+    """``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in float64 (docs/lattice.md §6.3), batched.
 
     Args:
         x: float [Q, 24] (widened to float64).

@@ -1,8 +1,8 @@
 """The codebook protocol shared by the ball (Λ24(12)) and Tetra codebooks.
 
 A codebook maps 24-dimensional directions to integer labels and labels back to points of the integer
-embedding √8·Λ24 (leech-core.md §0). Labels carry the direction only; gains are coded separately
-(``leechq.codebooks.shape_gain``). See architecture.md §6.3.
+embedding √8·Λ24 (docs/lattice.md). Labels carry the direction only; gains are coded separately
+(``leechq.codebooks.shape_gain``). See docs/architecture.md §1.
 """
 
 from __future__ import annotations

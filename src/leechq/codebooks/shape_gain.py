@@ -1,21 +1,23 @@
 """Shape–gain coding of 24-blocks: direction from a codebook, gain from per-matrix Lloyd–Max levels.
 
-Implements leech-core.md §4.6 (the shipped rule) and the gain-centroid fit of §5.4.
-Codebook-agnostic: any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball or
-Tetra).
+Implements docs/codebooks.md §1 (the shipped rule) and the gain-centroid fit of docs/quantizer.md
+§4. Codebook-agnostic: any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball
+or Tetra).
 
 - :func:`fit_centroids`: Lloyd–Max on scalar samples (K = 2^bits levels, quantile initialisation
   ``sorted[⌊(2j+1)n/(2K)⌋]``, assignment to the nearest centroid with ties to the lower index, each
   non-empty centroid replaced by its cluster mean, centroids re-sorted every iteration; 0 bits → the
   mean).
 - :func:`choose_gains`: the norm rule, ``g = argmin_j |‖v‖/s − c_j|``, ties to the lower index. The
-  block norm is rounded, not the projection (§4.6 step 3).
+  block norm is rounded, not the projection (docs/codebooks.md §1 step 3).
 - :func:`reconstruct`: ``v̂ = p·(c_g·s)/√(16m)`` evaluated in float64 exactly as ``picked = c_g * s;
-  scale = picked / sqrt(16m); p_i * scale`` (§4.6 step 4), the sequence a decoder must repeat for
-  bit-exact round trips. ``sqrt(16m)`` is taken from a table built with :func:`math.sqrt` (IEEE
-  correctly rounded): torch's vectorised float64 ``sqrt`` on CPU is not always correctly rounded (it
-  returns sqrt(32) one ulp low), which would make CPU and CUDA decoders disagree.
-- :func:`shape_gain_encode` / :func:`shape_gain_decode`: the whole block code (§4.6 steps 1–5).
+  scale = picked / sqrt(16m); p_i * scale`` (docs/codebooks.md §1 step 4), the sequence a decoder
+  must repeat for bit-exact round trips. ``sqrt(16m)`` is taken from a table built with
+  :func:`math.sqrt` (IEEE correctly rounded): torch's vectorised float64 ``sqrt`` on CPU is not
+  always correctly rounded (it returns sqrt(32) one ulp low), which would make CPU and CUDA decoders
+  disagree.
+- :func:`shape_gain_encode` / :func:`shape_gain_decode`: the whole block code (docs/codebooks.md §1
+steps 1–5).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from leechq.errors import InvalidInput
 
 
 def fit_centroids(samples: torch.Tensor, bits: int, iterations: int = 40) -> torch.Tensor:
-    """Lloyd–Max gain levels (leech-core.md §5.4).
+    """Lloyd–Max gain levels (docs/quantizer.md §4).
 
     Args:
         samples: float [n] scalar samples (e.g. ‖block‖/s per block), n ≥ 1.
@@ -81,7 +83,7 @@ def nearest_level(values: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 def choose_gains(
     norms: torch.Tensor, row_scale: torch.Tensor, centroids: torch.Tensor
 ) -> torch.Tensor:
-    """The norm rule of §4.6 step 3.
+    """The norm rule of docs/codebooks.md §1 step 3.
 
     Args:
         norms: float64 [N], block norms ‖v‖.
@@ -118,7 +120,7 @@ def exact_norms(points: torch.Tensor) -> torch.Tensor:
 def reconstruct(
     points: torch.Tensor, gains: torch.Tensor, row_scale: torch.Tensor, centroids: torch.Tensor
 ) -> torch.Tensor:
-    """v̂ = p·(c_g·s)/√(16m) in the exact float64 order of §4.6 step 4.
+    """v̂ = p·(c_g·s)/√(16m) in the exact float64 order of docs/codebooks.md §1 step 4.
 
     Args:
         points: int [N, 24] lattice points (integer embedding; the origin reconstructs to zeros).
@@ -154,7 +156,7 @@ def _check_blocks(blocks: torch.Tensor, row_scale: torch.Tensor, centroids: torc
 def shape_gain_encode(
     blocks: torch.Tensor, row_scale: torch.Tensor, centroids: torch.Tensor, codebook: Codebook
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Code blocks by shape and gain (§4.6 steps 1–3, 5).
+    """Code blocks by shape and gain (docs/codebooks.md §1 steps 1–3, 5).
 
     Args:
         blocks: float [N, 24] (any float dtype; norms in float64).

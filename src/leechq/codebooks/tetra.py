@@ -1,8 +1,9 @@
 """The Tetra codebook: 47-bit labels ↔ points of √8·Λ24, bit-compatible with llvq-tetra 0.1.0.
 
-Implements tetra-format.md §1: the field layout (§1.2), the two byte conventions of the 48-bit word
-(§1.3), the integer-only decode (§1.5, batched torch on CPU and CUDA, with a numpy reference twin)
-and the inverse map of a codebook point to its label (§1.7). The direction search (``encode``) lives
+Implements docs/codebooks.md §3: the field layout (docs/codebooks.md §3.4), the two byte conventions
+of the 48-bit word (docs/codebooks.md §3.5), the integer-only decode (docs/codebooks.md §3.4,
+batched torch on CPU and CUDA, with a numpy reference twin) and the inverse map of a codebook point
+to its label (docs/codebooks.md §3.4). The direction search (``encode``) lives
 in :mod:`leechq.codebooks.tetra_encoder`; the tables in :mod:`leechq.codebooks.tetra_tables`.
 
 Word conventions: ``word = label | gain << 47``. On disk a block is 6 bytes, big-endian, of
@@ -43,7 +44,7 @@ FIELDS: dict[str, tuple[int, int]] = {
     "b3": (35, 1),
     "i3": (36, 11),
 }
-"""Field name → (lowest bit, width) of a label (tetra-format.md §1.2)."""
+"""Field name → (lowest bit, width) of a label (docs/codebooks.md §3.4)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def _check_labels(labels: torch.Tensor, name: str = "labels") -> torch.Tensor:
 
 
 def split_fields(labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Field values of labels (§1.2): int64 [...] → dict name → int64 [...]."""
+    """Field values of labels (docs/codebooks.md §3.4): int64 [...] → dict name → int64 [...]."""
     return {n: (labels >> lo) & ((1 << w) - 1) for n, (lo, w) in FIELDS.items()}
 
 
@@ -104,7 +105,7 @@ def pack_fields(**fields: Any) -> Any:
 
 
 def decode(labels: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
-    """Decode Tetra labels to lattice points (tetra-format.md §1.5), integer-only.
+    """Decode Tetra labels to lattice points (docs/codebooks.md §3.4), integer-only.
 
     Args:
         labels: int64 [...] in [0, 2^47), any device.
@@ -143,7 +144,7 @@ def decode(labels: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
     patterns = torch.stack((c1, c2, c3), dim=1).to(torch.uint8)  # [n, 3]
     bits = (torch.gather(patterns, 1, tab["section"].expand(n, 24)) >> tab["bit_in_byte"]) & 1
     p8 = p.to(torch.uint8).unsqueeze(1)
-    # val(p + 2c, ρ) in closed form (from layouts-kernels-recipe §2.3): with odd = (ρ ⊕ c ⊕ p) & 1,
+    # val(p + 2c, ρ) in closed form (from docs/codebooks.md §3.3): with odd = (ρ ⊕ c ⊕ p) & 1,
     # value = odd·(4ρ + 2) − (2ρ + p). Every term fits in int8 (|value| ≤ 10 for ranks ≤ 4).
     odd = ((ranks ^ bits ^ p8) & 1).to(torch.int8)
     ranks = ranks.to(torch.int8)
@@ -152,7 +153,8 @@ def decode(labels: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
 
 
 def decode_reference(labels: torch.Tensor) -> torch.Tensor:
-    """Reference twin of :func:`decode`: a plain numpy walk of §1.5 with the ``values`` table.
+    """Reference twin of :func:`decode`: a plain numpy walk of docs/codebooks.md §3.4 with the
+    ``values`` table.
 
     Args:
         labels: int64 [...] in [0, 2^47).
@@ -187,7 +189,7 @@ def decode_reference(labels: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Points → labels (§1.7)
+# Points → labels (docs/codebooks.md §3.4)
 
 
 @cache
@@ -281,7 +283,7 @@ def encode_point_mask(points: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_point(points: Any) -> Any:
-    """Label of each codebook point (tetra-format.md §1.7); the inverse of :func:`decode`.
+    """Label of each codebook point (docs/codebooks.md §3.4); the inverse of :func:`decode`.
 
     Args:
         points: integer [..., 24] natural order (torch tensor or numpy array).
@@ -305,7 +307,7 @@ def encode_point(points: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
-# Words and byte streams (§1.3)
+# Words and byte streams (docs/codebooks.md §3.5)
 
 
 def _is_torch(x: Any) -> bool:
@@ -338,7 +340,8 @@ def words_from_labels_gains(labels: Any, gains: Any) -> Any:
 
 
 def labels_gains_from_words(words: Any) -> tuple[Any, Any]:
-    """Split 48-bit words into (labels, gains); bits ≥ 48 are ignored (§1.5 step 1)."""
+    """Split 48-bit words into (labels, gains); bits ≥ 48 are ignored (docs/codebooks.md §3.4 step
+    1)."""
     if _is_torch(words):
         w = words.to(torch.int64)
         return w & (LABEL_LIMIT - 1), (w >> GAIN_SHIFT) & 1
@@ -431,10 +434,10 @@ def words_from_served_bytes(data: Any) -> Any:
 
 
 class TetraCodebook:
-    """The Tetra codebook (tetra-format.md): 2^47 points of √8·Λ24 with m ≤ 26.
+    """The Tetra codebook (docs/codebooks.md): 2^47 points of √8·Λ24 with m ≤ 26.
 
-    ``encode`` maximizes ``⟨x, y⟩/‖y‖`` over the codebook (layouts-kernels-recipe.md §2.8);
-    ``decode`` is the bit-exact integer decode of §1.5.
+    ``encode`` maximizes ``⟨x, y⟩/‖y‖`` over the codebook (docs/codebooks.md §3.7);
+    ``decode`` is the bit-exact integer decode of docs/codebooks.md §3.4.
     """
 
     name = "tetra"
@@ -442,7 +445,7 @@ class TetraCodebook:
     label_bits = LABEL_BITS
 
     def fingerprint(self) -> str:
-        """The pinned map fingerprint ``"9c3060086c7a13e6"`` (§2.2)."""
+        """The pinned map fingerprint ``"9c3060086c7a13e6"`` (docs/codebooks.md §3.6)."""
         return FINGERPRINT
 
     def decode(self, labels: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,23 @@
 """The Tetra direction search: x ∈ R^24 → the label whose point maximizes ⟨x, y⟩/‖y‖.
 
-Implements the encoder of layouts-kernels-recipe.md §2.8 with an exact inner step. For a trial
+Implements the encoder of docs/codebooks.md §3.7 with an exact inner step. For a trial
 scale λ the nearest codebook point to ``z = x/λ`` maximizes ``Σ_sections 2⟨z_s, y_s⟩ − ‖y_s‖²``,
 which separates over the three sections once the trellis path and the section classes are fixed:
 
 1. **Per section, exactly.** For each section, parity p, pattern byte c and row list, the best row
-   is found by a max-plus dynamic program over the list's closed form (§2.4): a row list is
-   ``{T < B} ∪ {T = B, ρ ≤lex cut}`` with ``T = Σ tri(ρ_j)`` (``cost = 8 + 8T``), and
+   is found by a max-plus dynamic program over the list's closed form (docs/codebooks.md §3.3): a
+   row list is ``{T < B} ∪ {T = B, ρ ≤lex cut}`` with ``T = Σ tri(ρ_j)`` (``cost = 8 + 8T``), and
    ``T ≡ class (mod 2)``. Coordinates are combined in pairs, pairs into halves (tables over the
    budget ``T ∈ 0..11``, with ``lt``/``eq``/``le`` variants for the lexicographic tie group), and
    halves into the section for all 128 even-weight bytes at once. No shrink ladder or parity
    repair is needed: the result is the exact optimum over the rows of the list.
-2. **Join over the trellis** (§2.8 step 3): maximize ``E1[p][r][s8] + E2[p][δ][c2] +
+2. **Join over the trellis** (docs/codebooks.md §3.7 step 3): maximize ``E1[p][r][s8] + E2[p][δ][c2]
++
    E3[p][p⊕r⊕δ][s16]`` over all 2·2·2·64·16 = 8192 combinations, exhaustively.
 3. **Backtrack** the winning section rows from half-vector scores (cheap, per block).
 4. **Scales.** A few fixed target norms ``‖z‖`` (optionally followed by alternating (Lloyd)
    refinement ``λ ← ⟨x, y⟩/‖y‖²``); the best ratio ``⟨x, y⟩/‖y‖`` over all trials wins (ties →
-   earlier trial). Measured on the leech-core §6.2 protocol (20 000 eval blocks, 1 gain bit):
+   earlier trial). Measured on the docs/codebooks.md §4 protocol (20 000 eval blocks, 1 gain bit):
    retention 88.870 % with the two default scales, 88.950 % with :data:`QUALITY_NORMS`.
 
 Everything is batched torch (CPU or CUDA, float32 scores), blocks on the innermost axis. On one
@@ -59,9 +60,10 @@ TRI5 = (0, 1, 3, 6, 10)
 
 DEFAULT_NORMS = (12.75, 15.25)
 """Target norms ``‖z‖`` (lattice units; ‖y‖² = 16 m) of the default two searches. Chosen on the
-leech-core §6.2 *training* split (2000 blocks, grid 11..19.5 step 0.25): the best pair of scales
-reaches mean cosine 0.96094, the best single scale (14.25) 0.96027, a 35-point grid 0.96103. The
-author's pair (15.2 and 15.2/1.14, from α = 0.3218) gives 0.96091 with this exact inner search."""
+docs/codebooks.md §4 *training* split (2000 blocks, grid 11..19.5 step 0.25): the best pair of
+scales reaches mean cosine 0.96094, the best single scale (14.25) 0.96027, a 35-point grid 0.96103.
+The author's pair (15.2 and 15.2/1.14, from α = 0.3218) gives 0.96091 with this exact inner
+search."""
 QUALITY_NORMS = (11.75, 14.0, 16.0)
 """Three searches: mean cosine 0.96101 on the same training blocks (within 2e-5 of the grid)."""
 DEFAULT_REFINE = 0

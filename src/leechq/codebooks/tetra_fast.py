@@ -1,10 +1,10 @@
 """Fast exact Tetra nearest-point search (the default CPU encoder).
 
-Implements the same search as :mod:`leechq.codebooks.tetra_encoder` (layouts-kernels-recipe.md §2.8
-with an exact inner step; row lists in the closed form of §2.4, tetra-format.md §1.7): for a target
-``z`` (lattice units) it returns the codebook point maximizing ``2⟨z, y⟩ − ‖y‖²``. Only the work is
-organized differently, so that a CPU core spends its time in a few hundred cache-sized tensor
-operations (every table is ``[..., M]`` with the M blocks of a chunk innermost):
+Implements the same search as :mod:`leechq.codebooks.tetra_encoder` (docs/codebooks.md §3.7
+with an exact inner step; row lists in the closed form of docs/codebooks.md §3.3, docs/codebooks.md
+§3.4): for a target ``z`` (lattice units) it returns the codebook point maximizing ``2⟨z, y⟩ −
+‖y‖²``. Only the work is organized differently, so that a CPU core spends its time in a few hundred
+cache-sized tensor operations (every table is ``[..., M]`` with the M blocks of a chunk innermost):
 
 1. **Pairs, then halves.** For each coordinate pair, pattern bits and budget ``T = Σ tri(ρ_j)``
    (0..11) the best pair score; pairs are combined into half sections (4 coordinates, 16 nibbles)
@@ -33,7 +33,7 @@ rounding of each other. :func:`encode` runs the same scale schedule as
 CPU default). Measured on the 2-core development machine with one intra-op thread (its other
 core busy with other jobs, load 2.7–3): about 10 500 blocks/s against 2 500 for the
 ``"exact"`` DP in the same process (4.1–4.6× across runs; at load 5, 4 100 against 1 100);
-leech-core §6.2 Gaussian retention 88.870 %, bit-identical MSE to ``"exact"`` (20 000 eval
+docs/codebooks.md §4 Gaussian retention 88.870 %, bit-identical MSE to ``"exact"`` (20 000 eval
 blocks). Cost per block and search is flat for chunks of 256 to 2048 blocks.
 
 The separable shortcut (nearest lattice point without row lists, then a membership check) was

@@ -1,14 +1,14 @@
 """The Tetra decode tables, rebuilt from first principles (no data file).
 
-Implements tetra-format.md §2.1 (and layouts-kernels-recipe.md §2.1–§2.4, §2.10): the trio order of
+Implements docs/codebooks.md §3.1–§3.3 and §3.6: the trio order of
 the ``0xC75`` Golay code, the 64-state trellis at cuts 8 and 16 with the echelon (smallest coset
 member) state numbering, the rank-vector rows sorted by ``(cost, lexicographic)``, the mixed split
 ``N0 = 1240`` and the value table. Every tensor carries exactly the name, dtype and shape of the
 published ``tetra-tables.safetensors``; the per-tensor sha256 digests pin them (tests).
 
-Also here, because the kernels and the encoder need them: ``invnorm`` (layouts-kernels-recipe.md
-§2.6: ``f32(1/sqrt(f64(16 m)))``, entry 0 = 0), the 12 F2-linear pattern columns of §2.2, and the
-closed-form list boundaries of §2.4 (each row list is ``{T < B} ∪ {T = B, ρ ≤lex cut}`` with
+Also here, because the kernels and the encoder need them: ``invnorm`` (``f32(1/sqrt(f64(16 m)))``,
+entry 0 = 0), the 12 F2-linear pattern columns of docs/codebooks.md §3.2, and the closed-form list
+boundaries of docs/codebooks.md §3.3 (each row list is ``{T < B} ∪ {T = B, ρ ≤lex cut}`` with
 ``T = Σ tri(ρ_j)``, ``cost = 8 + 8·T``).
 
 Nothing is computed at import; :func:`tetra_tables` builds everything once (a few milliseconds).
@@ -25,17 +25,18 @@ import numpy as np
 from leechq.lattice.golay import golay_code
 
 FINGERPRINT = "9c3060086c7a13e6"
-"""The pinned Tetra map fingerprint (tetra-format.md §2.2; an opaque constant)."""
+"""The pinned Tetra map fingerprint (docs/codebooks.md §3.6; an opaque constant)."""
 
 TRIO_OCTADS = (0x00149F, 0x0F6840, 0xF08320)
-"""The three disjoint octads whose coordinates, in turn, give the trio order (§1.4)."""
+"""The three disjoint octads whose coordinates, in turn, give the trio order (docs/codebooks.md
+§3.1)."""
 
 SECTION = 8
 CLASS_ROWS = 2048
 N0_MIXED = 1240
 LABEL_BITS = 47
 MAX_RANK = 7
-"""Ranks 0..7 name a member of ``o + 4Z`` (§1.7); the rows only use 0..4."""
+"""Ranks 0..7 name a member of ``o + 4Z`` (docs/codebooks.md §3.3); the rows only use 0..4."""
 
 TABLE_NAMES = (
     "order",
@@ -63,10 +64,10 @@ PUBLISHED_DIGESTS = {
     "rows": "3cb31a97d042a0784e38b43e09426b1ee62b6c220fd34d71a4d21fe812c3653b",
     "values": "122811857cda78ca1887ff88a2cbe75a524b10c1e40d5546b68bd1540bef4bc7",
 }
-"""Per-tensor sha256 of the shipped tables (tetra-format.md §2), little-endian C-order bytes."""
+"""Per-tensor sha256 of the shipped tables (docs/codebooks.md §3.6), little-endian C-order bytes."""
 
 BRANCHES_AS_U16_DIGEST = "fa6aee80f834fe7e092240929bf584c193e30a8d38a36ae327899ccee3361eb7"
-"""sha256 of ``branches_u16`` narrowed to ``<u2``, as kernels upload it (layouts-kernels §2.10)."""
+"""sha256 of ``branches_u16`` narrowed to ``<u2``, as kernels upload it."""
 
 TRI = np.array([k * (k + 1) // 2 for k in range(MAX_RANK + 1)], dtype=np.int64)
 """``tri(ρ) = ρ(ρ+1)/2``; ``cost(ρ) = Σ (2ρ_j+1)² = 8 + 8·Σ tri(ρ_j)`` over a section."""
@@ -74,7 +75,7 @@ TRI = np.array([k * (k + 1) // 2 for k in range(MAX_RANK + 1)], dtype=np.int64)
 
 @dataclass(frozen=True)
 class RowList:
-    """One of the row lists in closed form (layouts-kernels-recipe.md §2.4).
+    """One of the row lists in closed form (docs/codebooks.md §3.3).
 
     A rank vector is a member iff ``class == cls`` (when ``cls`` is not None) and
     ``T < budget or (T == budget and ρ ≤lex cut)`` with ``T = Σ tri(ρ_j)``.
@@ -97,7 +98,7 @@ class RowList:
 
 @dataclass(frozen=True)
 class TetraTables:
-    """The Tetra tables (tetra-format.md §2) plus kernel and encoder constants.
+    """The Tetra tables (docs/codebooks.md §3.6) plus kernel and encoder constants.
 
     Attributes:
         order: uint8 [24], trio position → natural coordinate.
@@ -193,7 +194,8 @@ def _permute(words: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 
 def _states(words: np.ndarray, cut: int) -> np.ndarray:
-    """Trellis state of each codeword at ``cut`` (§2.1 step 3: rank of its least coset member)."""
+    """Trellis state of each codeword at ``cut`` (docs/codebooks.md §3.2: rank of its least
+    coset member)."""
     low = (1 << cut) - 1
     sub = words[((words & ~low) == 0) | ((words & low) == 0)]
     span = np.unique((sub[:, None] ^ sub[None, :]).ravel())
@@ -232,7 +234,8 @@ def _trellis(trio_words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _rank_rows() -> tuple[np.ndarray, int, list[RowList]]:
-    """Rows (uint32 [4096]), N0, and the closed forms of the three lists (§2.1 steps 5–6)."""
+    """Rows (uint32 [4096]), N0, and the closed forms of the three lists (docs/codebooks.md
+    §3.3)."""
     cap = 64
     while True:
         # A rank ρ > rmax alone costs (2ρ+1)² + 7 ≥ cap: {0..rmax}^8 holds every vector under cap.
@@ -321,7 +324,8 @@ def rows_ranks(rows: np.ndarray) -> np.ndarray:
 
 
 def pattern_from_columns(x: np.ndarray) -> np.ndarray:
-    """Trio-order Golay pattern of ``x = s8 | b1<<6 | b2<<7 | b3<<11`` from the §2.2 columns."""
+    """Trio-order Golay pattern of ``x = s8 | b1<<6 | b2<<7 | b3<<11`` from the columns of
+    docs/codebooks.md §3.2."""
     cols = tetra_tables().columns.astype(np.int64)
     x = np.asarray(x, dtype=np.int64)
     out = np.zeros_like(x)

@@ -19,7 +19,7 @@ gives 56 evaluation files (1.36 MB) and 441 calibration files (9.69 MB). The rul
 the path, so it survives package updates; the text may change with the package version, which is
 why :func:`corpus_info` reports the version and a content fingerprint.
 
-Windows (leech-core.md §6.4 protocol): the text is tokenized once without special tokens and cut
+Windows (docs/evaluation.md protocol): the text is tokenized once without special tokens and cut
 into ``n_windows`` contiguous, non-overlapping windows of ``window`` tokens from token 0. The token
 fingerprint (:func:`token_fingerprint`) proves two arms saw the same tokens.
 
@@ -344,9 +344,9 @@ def load_text(
 
     * ``"pydoc"``: split ``"calibration"`` or ``"evaluation"`` (offline, see the module docstring).
     * ``"wikitext2"``: ``wikitext-2-raw-v1``, split ``"train"``/``"validation"``/``"test"``; rows
-      joined with ``"\\n\\n"`` (leech-core.md §6.4).
+      joined with ``"\\n\\n"`` (docs/evaluation.md).
     * ``"c4"``: ``allenai/c4``; split ``"evaluation"`` reads shard 00000 of the validation set,
-      ``"calibration"`` shard 00001 (disjoint, leech-core.md §5.2); ``text`` fields joined with
+      ``"calibration"`` shard 00001 (disjoint, docs/quantizer.md §2); ``text`` fields joined with
       ``"\\n\\n"`` until ``max_chars`` (default 8 000 000) characters.
 
     Args:

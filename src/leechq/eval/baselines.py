@@ -10,7 +10,7 @@
   quantizer, whose ``s``/``m`` are computed when the sweep enters a group, from the already
   error-corrected weights. Hessians ``H = (1/N) Σ x xᵀ`` come from calibration windows, captured
   block by block: pass 1 runs the block's inputs through its original weights and accumulates one
-  Hessian per shared activation (leech-core.md §5.2: q/k/v, o, gate/up, down); the 7 matrices are
+  Hessian per shared activation (docs/quantizer.md §2: q/k/v, o, gate/up, down); the 7 matrices are
   quantized; pass 2 advances the inputs through the quantized block. Damping ``0.01·mean(diag H)``;
   linear algebra in f64. Same rate as RTN.
 * **HQQ 2-bit g64** (optional): the ``hqq`` package's half-quadratic solver for scale and zero,

@@ -1,4 +1,4 @@
-"""Perplexity on fixed, non-overlapping token windows (leech-core.md §6.4 protocol).
+"""Perplexity on fixed, non-overlapping token windows (docs/evaluation.md protocol).
 
 ``ppl = exp(total NLL / total predicted tokens)``: each window of ``T`` tokens is scored on its own
 (no context carried across windows), predicting tokens 1..T−1 from their prefixes, so a window

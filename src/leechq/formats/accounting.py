@@ -1,13 +1,14 @@
 """Whole-model accounting of records that are still in memory (before an artifact is written).
 
-Implements rule 2 of layouts-kernels-recipe.md §4.9 ("whole-model b/param") for planning: the
+Implements rule 2 of docs/format.md §4 ("whole-model b/param") for planning: the
 full-model recipe chooses int4 matrices and table widths under a bits-per-parameter budget before
 anything is on disk. The per-record rule is :func:`leechq.formats.artifact._record_bits` (reused,
 not restated); raw tensors follow :func:`leechq.formats.artifact.artifact_report`'s rule (float
 tensors at 16 bits, group-affine tables at their code bits plus f16 scale and offset per group).
 A test pins :func:`whole_model_bits` to ``artifact_report``'s ``whole_model_bits_per_param`` on a
 written artifact, so the two cannot drift apart. Kernel b/w and on-disk rate are not computed here:
-they belong to the written file (``artifact_report``), and the three are never mixed (§4.9, P17).
+they belong to the written file (``artifact_report``), and the three are never mixed
+(docs/format.md §4).
 """
 
 from __future__ import annotations

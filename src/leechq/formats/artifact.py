@@ -9,11 +9,11 @@ A directory holds
 * ``model.safetensors`` — per lattice record ``<module>.codes`` (U8: one big-endian integer ``(label
   << gain_bits) | gain`` of ``ceil((label_bits + gain_bits)/8)`` bytes per block, row-major by (row,
   block); for 47 + 1 bits this is exactly the published Tetra disk stream, 6 bytes a block,
-  tetra-format.md §1.3), ``<module>.row_scales`` (F64), ``<module>.centroids`` (F64),
+  docs/codebooks.md §3.5), ``<module>.row_scales`` (F64), ``<module>.centroids`` (F64),
   ``<module>.tail`` (F32, rotated basis, only when ``d_in mod 24 > 0``); rotation tables
   ``leechq.rotations.<d_in>_<seed:016x>.signs`` (F64 ±1) and ``.small`` (F64 ``Q_odd``)
   de-duplicated by (width, effective seed); int4 records ``<module>.qweight/.scales/.biases``
-  (tetra-format.md §3.2); every other tensor under its own name, as stored in the checkpoint, or
+  (docs/format.md §5); every other tensor under its own name, as stored in the checkpoint, or
   group-affine quantized (``<name>.qweight/.scales/.biases``) when the config asks for it;
 * tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
 
@@ -22,7 +22,7 @@ commit point, so a crash never leaves a directory that looks complete. Readers v
 and name the file / tensor at fault. Kernels repack at load; nothing here depends on a served
 layout.
 
-Three accounting rules, never mixed (layouts-kernels-recipe.md §4.9): :func:`artifact_report` gives
+Three accounting rules, never mixed (docs/format.md §4): :func:`artifact_report` gives
 kernel bits per quantized weight, whole-model bits per parameter, and the on-disk rate separately.
 """
 
@@ -136,7 +136,7 @@ def unpack_codes(
 
 @dataclass
 class GroupAffine:
-    """A group-affine 4- or 8-bit tensor along its last dimension (layouts-kernels-recipe.md §5.5).
+    """A group-affine 4- or 8-bit tensor along its last dimension (docs/format.md §3).
 
     ``w = f32(scale)·f32(q) + f32(bias)`` (two f32 roundings). 4 bits: two codes a byte, low nibble
     first; 8 bits: one code a byte.
@@ -843,7 +843,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
 
 
 def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str, float]:
-    """Bits of one record under the three accounting rules (layouts-kernels-recipe.md §4.9)."""
+    """Bits of one record under the three accounting rules (docs/format.md §4)."""
     if isinstance(rec, QuantizedWeight):
         blocks = rec.d_out * rec.n_blocks
         code = blocks * (label_bits + rec.gain_bits)

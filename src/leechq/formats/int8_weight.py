@@ -1,6 +1,6 @@
 """Group-affine 8-bit rows: the head / embedding tables of the served model.
 
-Implements layouts-kernels-recipe.md §5.5 at 8 bits (the published "quant" raw format, MLX's
+Implements docs/format.md §3 at 8 bits (the published "quant" raw format, MLX's
 group-affine scheme): along each row, groups of ``group`` (64) columns share one f16 scale and one f16
 bias; a code ``q`` ∈ 0..255 (one byte per weight, row-major) reconstructs as
 ``f32(scale)·f32(q) + f32(bias)`` — a multiply rounded to f32, then an add rounded to f32 (no FMA), so

@@ -1,7 +1,8 @@
 """The input-side incoherence rotation Q = (Q_odd ⊗ H_m)·D: generation from a seed, and application.
 
-Implements leech-core.md §5.3 and tetra-format.md §1.6 step 3. For a width ``n``: ``m`` is the largest
-power of two dividing ``n`` and ``k = n / m`` (odd). Coordinates are laid out ``index = group·m + j``.
+Implements docs/quantizer.md §3 and docs/format.md §2 step 3. For a width ``n``: ``m`` is the
+largest power of two dividing ``n`` and ``k = n / m`` (odd). Coordinates are laid out ``index =
+group·m + j``.
 
 ``Q v``: multiply by the ±1 signs ``D``; apply the orthonormal Walsh–Hadamard transform (Sylvester
 order, butterflies ``(a, b) → (a+b, a−b)``, then × ``1/√m``) to each of the ``k`` contiguous groups;
@@ -101,7 +102,7 @@ class RotationTables:
 
 
 def generate_rotation(n: int, seed: int) -> RotationTables:
-    """Generate the rotation tables of width ``n`` from ``seed`` (leech-core.md §5.3).
+    """Generate the rotation tables of width ``n`` from ``seed`` (docs/quantizer.md §3).
 
     First ``n`` Gaussians give the signs (negative draw → −1). If ``k > 1``, ``k`` rows of ``k``
     Gaussians each are orthonormalized by modified Gram–Schmidt (sequential f64 dot products, a
@@ -185,7 +186,7 @@ def apply_rotation(x: torch.Tensor, tables: RotationTables) -> torch.Tensor:
 def apply_rotation_transpose(x: torch.Tensor, tables: RotationTables) -> torch.Tensor:
     """``Qᵀ x`` along the last dimension: the Q_oddᵀ mix, per-group WHT × 1/√m, then signs.
 
-    This is the un-rotation of decoded rows (tetra-format.md §1.6 step 3); in float64 it reproduces
+    This is the un-rotation of decoded rows (docs/format.md §2 step 3); in float64 it reproduces
     the published reader's bits.
     """
     _check(x, tables)

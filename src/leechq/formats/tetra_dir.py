@@ -1,7 +1,8 @@
 """The published Tetra checkpoint directory (``quant_method: "llvq"``, ``llvq_layout_version`` 1).
 
-Implements tetra-format.md §3 bit for bit, in both directions, with the word conventions of §1.3
-and the dense path of §1.6:
+Implements docs/format.md §5 bit for bit, in both directions, with the word conventions of
+docs/codebooks.md §3.5
+and the dense path of docs/format.md §2:
 
 * :func:`read_tetra_dir` opens a directory that ``llvq-tetra`` 0.1.0 reads (``config.json`` with its
   ``quantization_config``, ``model.safetensors``, optional ``llvq-digest.json`` /
@@ -16,16 +17,18 @@ and the dense path of §1.6:
 * :func:`artifact_to_tetra_dir` converts a leechq artifact (:mod:`leechq.formats.artifact`) whose
   lattice records all use the Tetra codebook with 1 gain bit.
 * :func:`dense_digest` is the ``llvq-dense-digest.json`` content: sha256 of each dequantized f32
-  matrix (little-endian, row-major) from :func:`dequantize_record`, the §1.6 path with a correctly
-  rounded f64 square root (torch's CPU f64 ``sqrt`` is not, for three Tetra shells).
+  matrix (little-endian, row-major) from :func:`dequantize_record`, the docs/format.md §2 path with
+  a correctly rounded f64 square root (torch's CPU f64 ``sqrt`` is not, for three Tetra shells).
 
 Names: leechq keys records by module path (``model.layers.0.self_attn.q_proj``); the file keys
 them ``<module>.weight`` with ``prefix = <module>``, and stores the fields as ``<module>.codes`` and
-so on (§3.2). Raw tensors keep their model names; a quantized raw tensor ``X.weight`` stores
+so on (docs/format.md §5). Raw tensors keep their model names; a quantized raw tensor ``X.weight``
+stores
 ``X.qweight/.scales/.biases``.
 
 What a writer without the author's sealed ``.llvq`` cannot reproduce is recorded honestly:
-``artifact_sha256`` is the sha256 of ``model.safetensors`` (§3.3), ``artifact_version`` is null,
+``artifact_sha256`` is the sha256 of ``model.safetensors`` (docs/format.md §5),
+``artifact_version`` is null,
 ``codebook_fingerprint`` (the Ball map's) is null.
 """
 
@@ -88,7 +91,7 @@ INDEX_BITS = LABEL_BITS
 GAIN_BITS = 1
 INT4_RECORD_GROUP = 128
 SHELL_CAP = 12
-"""Legacy descriptor field the published writer emits and no reader uses (§3.1)."""
+"""Legacy descriptor field the published writer emits and no reader uses (docs/format.md §5)."""
 
 DENSE_CONVENTION = "sha256 over the dequantized f32 values, little-endian, row-major"
 FIELD_CONVENTION = "sha256 over little-endian bit patterns, in the order the field stores them"
@@ -136,7 +139,8 @@ class TetraDirectory:
 
     def dense_state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor dense as ``llvq-tetra`` materializes it: records as ``<module>.weight`` f32
-        (§1.6 / §3.2 arithmetic), raw tensors as f32 of their dims (f16 widened exactly)."""
+        (docs/format.md §2, §5 arithmetic), raw tensors as f32 of their dims (f16 widened
+        exactly)."""
         out = {f"{name}.weight": dequantize_record(rec) for name, rec in self.records.items()}
         for name, value in self.raw.items():
             out[name] = dense_raw(value)
@@ -156,7 +160,7 @@ def _sqrt_f64(x: torch.Tensor) -> torch.Tensor:
 def dequantize_record_f64(rec: QuantizedWeight) -> torch.Tensor:
     """The f64 matrix [d_out, d_in] of a Tetra record in the natural basis, before the narrowing.
 
-    tetra-format.md §1.6 steps 1–3: per block ``scale = (centroid[g]·row_scale[i]) /
+    docs/format.md §2 steps 1–3: per block ``scale = (centroid[g]·row_scale[i]) /
     sqrt(f64(‖y‖²))`` and ``w_j = f64(y_j)·scale`` (origin → 0), the f32 tail widened, then the rows
     un-rotated in f64 (``Qᵀ``).
     """
@@ -174,7 +178,7 @@ def dequantize_record_f64(rec: QuantizedWeight) -> torch.Tensor:
 
 
 def dequantize_record(rec: QuantizedWeight | Int4Weight) -> torch.Tensor:
-    """The dense f32 matrix [d_out, d_in] exactly as tetra-format.md §1.6 / §3.2 define it.
+    """The dense f32 matrix [d_out, d_in] exactly as docs/format.md §2, §5 define it.
 
     Tetra records: :func:`dequantize_record_f64` narrowed to f32 once. Int4:
     ``f32(scale)·f32(q) + f32(bias)``. Bit-identical to ``llvq_tetra.PackedModel.dequantize``
@@ -212,7 +216,7 @@ def _f16_bits(t: torch.Tensor) -> np.ndarray:
 def dense_digest(
     records: Mapping[str, QuantizedWeight | Int4Weight], raw: Mapping[str, RawValue]
 ) -> dict[str, dict[str, str]]:
-    """The ``records`` and ``raw`` maps of ``llvq-dense-digest.json`` (§3.4).
+    """The ``records`` and ``raw`` maps of ``llvq-dense-digest.json`` (docs/format.md §5).
 
     Args:
         records: module path → record; digested under ``<module>.weight``.
@@ -333,14 +337,15 @@ def check_tables() -> None:
     """Refuse to decode when this build's Tetra tables are not the published map.
 
     Raises:
-        FingerprintMismatch: a rebuilt table's sha256 differs from the published digest (§2).
+        FingerprintMismatch: a rebuilt table's sha256 differs from the published digest
+            (docs/codebooks.md §3.6).
     """
     got = tetra_tables().digests()
     bad = sorted(n for n, want in PUBLISHED_DIGESTS.items() if got.get(n) != want)
     if bad:
         raise FingerprintMismatch(
-            f"this build's Tetra tables {bad} differ from the published digests (tetra-format.md "
-            "§2): its labels would decode to different points than llvq-tetra's"
+            f"this build's Tetra tables {bad} differ from the published digests (docs/codebooks.md "
+            "§3.6): its labels would decode to different points than llvq-tetra's"
         )
 
 
@@ -374,7 +379,7 @@ def _seed(desc: Mapping[str, Any], where: str) -> int:
 
 
 def _check_header(qc: Any, cfg_path: Path) -> dict[str, Any]:
-    """Validate the ``quantization_config`` constants (§3.1, §3.3) before any tensor is read."""
+    """Validate the ``quantization_config`` constants (docs/format.md §5) before reading tensors."""
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         got = qc.get("quant_method") if isinstance(qc, dict) else None
         raise ArtifactError(f"{cfg_path}: quantization_config.quant_method is {got!r}, "
@@ -747,7 +752,8 @@ def build_tetra_tensors(
     allow_8bit_raw: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], dict[str, Any],
            dict[str, QuantizedWeight | Int4Weight], dict[str, RawValue]]:
-    """The safetensors dict and the ``records`` / ``rotations`` / ``raw`` descriptors (§3.1–§3.2).
+    """The safetensors dict and the ``records`` / ``rotations`` / ``raw`` descriptors
+    (docs/format.md §5).
 
     Args:
         records: module path → record (Tetra codebook with 1 gain bit, or int4 group 128).
@@ -872,7 +878,7 @@ def build_tetra_tensors(
         if ga.bits == 8 and not allow_8bit_raw:
             raise InvalidInput(
                 f"raw tensor {name} is 8-bit group-affine: the format defines it, but llvq-tetra "
-                "0.1.0 cannot read it (tetra-format.md §5); use 4 bits or pass allow_8bit_raw=True"
+                "0.1.0 cannot read it (docs/format.md §5); use 4 bits or pass allow_8bit_raw=True"
             )
         if ga.bits not in (4, 8) or (ga.bits == 4 and ga.cols % 2):
             raise InvalidInput(f"raw tensor {name}: {ga.bits}-bit rows of {ga.cols} columns "
@@ -1013,7 +1019,7 @@ def write_tetra_dir(
         _fsync_write(tmp / DENSE_DIGEST_FILE, json.dumps({
             "artifact": artifact,
             "convention": DENSE_CONVENTION,
-            "reference": "leechq.formats.quantized_weight (tetra-format.md §1.6, §3.2)",
+            "reference": "leechq.formats.quantized_weight (docs/format.md §2, §5)",
             "records": dense["records"],
             "raw": dense["raw"],
         }, indent=2).encode())

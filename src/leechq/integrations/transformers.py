@@ -1,6 +1,6 @@
 """transformers integration: ``AutoModelForCausalLM.from_pretrained(<leechq artifact>)``.
 
-Implements architecture.md §7.1 with transformers' public registration API only
+Implements docs/architecture.md §2 with transformers' public registration API only
 (``register_quantization_config`` / ``register_quantizer`` of ``transformers.quantizers.auto``; no
 mapping is mutated by hand, no function patched). Importing this module registers the method
 ``"leechq"``; after that, a directory whose ``config.json`` carries

@@ -1,6 +1,6 @@
 """Layer 0: the exact Leech-lattice core (Golay code, Λ24 membership, classes, index, search).
 
-Pure Python/numpy and integer-exact; imports no torch. See leech-core.md §1–§4. Tables are built
+Pure Python/numpy and integer-exact; imports no torch. See docs/lattice.md §1–§6. Tables are built
 lazily on first use, never at import.
 """
 

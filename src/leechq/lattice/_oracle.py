@@ -1,13 +1,14 @@
 """Slow, obviously correct brute-force helpers for tests and benchmarks only (never the fast path).
 
 - :func:`shell2_points`: the 196 560 minimal vectors of √8·Λ24, built straight from the membership
-  rule of leech-core.md §2.1 (codewords, parities, sums), without the index;
+  rule of docs/lattice.md §2.1 (codewords, parities, sums), without the index;
 - :func:`shell_points`: every point of Shell(m), by decoding its index range in chunks (the brief of
-  §4.5: Shell(3) has 16 773 120 points);
+  docs/lattice.md §6: Shell(3) has 16 773 120 points);
 - :func:`lex_arrangements`, :func:`naive_rank`: lexicographic multiset permutations by plain
   recursion (and, for tiny cases, by sorting ``itertools.permutations``);
 - :func:`naive_class_points`: all points of one class in v1 index order, composed digit by digit
-  with ``itertools.product`` in the order §3.6 prescribes (feasible for small classes only).
+  with ``itertools.product`` in the order docs/lattice.md §4 prescribes (feasible for small classes
+  only).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def shell2_points() -> np.ndarray:
 
     Cached and read-only.
 
-    Built from the three shapes of §2.2, each derived from the membership rule:
+    Built from the three shapes of docs/lattice.md §2.2, each derived from the membership rule:
     (±4)^2 anywhere (1 104); (±2)^8 on an octad with an even number of minus signs (97 152);
     (±3, ±1^23): for each codeword c and position i, every coordinate ≡ 3 (mod 4) exactly on c
     (98 304).
@@ -137,10 +138,10 @@ def _kinds(cls: LatticeClass) -> tuple[_Ints, _Ints, _Ints, _Ints]:
 def naive_class_points(cls: LatticeClass, limit: int = 2_000_000) -> np.ndarray:
     """All points of one class in v1 index order, int32 [|C|, 24] (small classes only).
 
-    Composes the digits of §3.6 most significant first with ``itertools.product``: codeword rank,
-    on arrangement, off arrangement, support signs (all but the last; the last one restores the
-    parity p_req), non-zero off-support signs. Odd classes: codeword rank, arrangement; the signs
-    follow from the codeword (a value ≡ 3 mod 4 exactly on it).
+    Composes the digits of docs/lattice.md §4 most significant first with ``itertools.product``:
+    codeword rank, on arrangement, off arrangement, support signs (all but the last; the last one
+    restores the parity p_req), non-zero off-support signs. Odd classes: codeword rank, arrangement;
+    the signs follow from the codeword (a value ≡ 3 mod 4 exactly on it).
     """
     if cls.size > limit:
         raise ValueError(f"class {cls.number} has {cls.size} points, more than limit={limit}")

@@ -1,6 +1,6 @@
 """Permutation classes of the Leech-lattice ball Λ24(M) and their layout (index format v1).
 
-Implements leech-core.md §3.1–§3.3: a class is a (coset, magnitude multiset) pair of the integer
+Implements docs/lattice.md §3: a class is a (coset, magnitude multiset) pair of the integer
 embedding √8·Λ24. The enumeration loops, the per-shell layout order (shells ascending; even classes of a
 shell before its odd classes, each in emission order) and the cardinality formulas are all part of the
 file format: the offsets below define the bijective 47/48-bit index (``lattice.indexing``).
@@ -77,7 +77,7 @@ class LatticeClass:
 
     def levels(self) -> tuple[tuple[int, int], ...]:
         """Distinct magnitudes (zero included when present) as (value, count), sorted by count
-        descending then value descending (the order of the fingerprint, leech-core.md §3.9)."""
+        descending then value descending (the order of the fingerprint, docs/lattice.md §5)."""
         counts: dict[int, int] = {}
         for v in self.magnitudes():
             counts[v] = counts.get(v, 0) + 1

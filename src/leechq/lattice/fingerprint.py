@@ -1,6 +1,6 @@
 """The codebook fingerprint of index format v1: a 64-bit FNV-1a hash of the whole index map.
 
-Implements leech-core.md §3.9. The hash covers the Golay generator and canonical word order, the
+Implements docs/lattice.md §5. The hash covers the Golay generator and canonical word order, the
 class layout (ranges and magnitude levels of all 383 classes of Λ24(13)) and the decoded points of
 seven probe indices per class, so any silent change of generator, word order, class order, digit
 order or sign convention changes it (pitfall P12). Format v1 is pinned to ``0x338f420f11866319``;
@@ -62,7 +62,7 @@ def _probe(h: _Fnv1a64, index: int, limit: int) -> None:
 
 @cache
 def codebook_fingerprint() -> int:
-    """The v1 fingerprint computed from this build's index map (§3.9).
+    """The v1 fingerprint computed from this build's index map (docs/lattice.md §5).
 
     Returns:
         A 64-bit integer; equals :data:`EXPECTED_FINGERPRINT` for a correct implementation.

@@ -1,13 +1,14 @@
 """The bijective v1 index of the Leech ball Λ24(M): lattice point <-> integer in 0..N(M).
 
-Implements leech-core.md §3.4–§3.7 (format v1, pinned by the fingerprint of §3.9):
+Implements docs/lattice.md §4 (format v1, pinned by the fingerprint of docs/lattice.md §5):
 
 - index 0 is the origin; a non-zero point of class C (``lattice.classes``) has index
   ``1 + offset(C) + local`` with ``0 <= local < |C|``;
 - ``local`` is a mixed-radix number, most significant digit first:
   even class of Golay weight w: ``(((g·A_on + r_on)·A_off + r_off)·S_w + r_sw)·S_f + r_sf``;
   odd class: ``flat_rank(c)·A + r_arr``;
-- r_on, r_off, r_arr are lexicographic multiset-permutation ranks (§3.5) of the magnitude kinds
+- r_on, r_off, r_arr are lexicographic multiset-permutation ranks (docs/lattice.md §4) of the
+magnitude kinds
   over the codeword's support positions (word kinds by descending value), the off-support positions
   (free kinds by descending value, zero last) and all 24 positions (odd kinds by descending value),
   each in ascending coordinate order;
@@ -20,11 +21,11 @@ Two implementations with the same results:
 - vectorized numpy, for millions of labels: :func:`encode_points`, :func:`decode_indices`. The class
   is found by ``searchsorted`` over class ends, the digits are peeled in int64, and the arrangement
   (un)rank runs slot by slot over all rows at once with the incremental multinomial recurrence of
-  §3.5 (``M_j = M·c_j / n_left``) in float64, which is exact here (every class has ≤ 5.4e9
-  arrangements, so all products stay integers < 2^53); the per-row kind counts are packed in one
-  int64 and the kind of a slot is found for all kinds at once with a SWAR compare (see the comment
-  above ``_FIELDS``). Codewords come by rank from the canonical table. Rows go in chunks of 2^13
-  to stay in cache; there is no Python loop over rows.
+  docs/lattice.md §4 (``M_j = M·c_j / n_left``) in float64, which is exact here (every class has ≤
+  5.4e9 arrangements, so all products stay integers < 2^53); the per-row kind counts are packed in
+  one int64 and the kind of a slot is found for all kinds at once with a SWAR compare (see the
+  comment above ``_FIELDS``). Codewords come by rank from the canonical table. Rows go in chunks of
+  2^13 to stay in cache; there is no Python loop over rows.
 
 Speed: see :data:`SPEED_NOTE`; measure again with ``OMP_NUM_THREADS=1 python -c
 "from leechq.lattice.indexing import _benchmark; print(_benchmark())"``.
@@ -60,7 +61,8 @@ _CHUNK = 1 << 13
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared primitive: lexicographic multiset-permutation rank (§3.5), exact with Python ints
+# Shared primitive: lexicographic multiset-permutation rank (docs/lattice.md §4), exact with Python
+# ints
 # --------------------------------------------------------------------------------------------------
 
 
@@ -73,7 +75,8 @@ def multinomial(counts: Sequence[int]) -> int:
 
 
 def multiset_rank(sequence: Sequence[int], counts: Sequence[int]) -> int:
-    """Lexicographic rank of a kind sequence among all arrangements of the multiset (§3.5).
+    """Lexicographic rank of a kind sequence among all arrangements of the multiset (docs/lattice.md
+    §4).
 
     Args:
         sequence: kind index per slot (kind 0 orders first), length Σ counts.
@@ -136,7 +139,7 @@ def multiset_unrank(rank: int, counts: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class ClassLayout:
-    """The digits of one class's local rank (§3.6).
+    """The digits of one class's local rank (docs/lattice.md §4).
 
     Attributes:
         cls: the class.
@@ -313,7 +316,7 @@ def decode_index(index: int, max_shell: int = FORMAT_MAX_SHELL) -> np.ndarray:
         kinds = multiset_unrank(r_arr, layout.on_counts)
         for pos, kind in enumerate(kinds):
             magnitude = layout.on_values[kind]
-            # +a iff (pos in the codeword) XOR (a ≡ 1 mod 4); otherwise −a (§3.1, §3.6).
+            # +a iff (pos in the codeword) XOR (a ≡ 1 mod 4); otherwise −a (docs/lattice.md §3, §4).
             positive = bool(word >> pos & 1) != (magnitude % 4 == 1)
             coords[pos] = magnitude if positive else -magnitude
     else:
@@ -435,7 +438,8 @@ def _tables() -> _Tables:
             code_of[number, value] = kind_code
             if value == 0:
                 zero_code[number] = kind_code
-            # The sign bit read for a slot makes it negative iff bit XOR (value ≡ 1 mod 4) (§3.6).
+            # The sign bit read for a slot makes it negative iff bit XOR (value ≡ 1 mod 4)
+            # (docs/lattice.md §4).
             for bit in (0, 1):
                 negative = bit ^ (value % 4 == 1)
                 signed_value[number, kind_code, bit] = -value if negative else value
@@ -561,7 +565,8 @@ def _decode_chunk(idx: np.ndarray, t: _Tables) -> np.ndarray:
     i = np.maximum(idx - 1, 0)  # the origin (idx 0) is decoded as class 0 and zeroed at the end
     cls = np.searchsorted(t.ends, i, side="right")
     local = i - t.offsets[cls]
-    # Peel the digits, least significant first (§3.7); the sign radices are powers of two and
+    # Peel the digits, least significant first (docs/lattice.md §4); the sign radices are powers of
+    # two and
     # (r_on, r_off) stay together as one rank (see the comment above _FIELDS).
     sf_bits = t.sign_free_bits[cls]
     r_sf = local & ((1 << sf_bits) - 1)
@@ -578,7 +583,8 @@ def _decode_chunk(idx: np.ndarray, t: _Tables) -> np.ndarray:
     # Sign stream, one bit per non-zero slot in slot order; the slot is negative iff (its bit) XOR
     # (magnitude ≡ 1 mod 4). Even classes: the w support signs (r_sw, then the parity bit that makes
     # the number of negative word values ≡ p_req), then r_sf. Odd classes: NOT(codeword), so a
-    # magnitude is +a iff (position in c) XOR (a ≡ 1 mod 4) (§3.6). Zero slots consume no bit.
+    # magnitude is +a iff (position in c) XOR (a ≡ 1 mod 4) (docs/lattice.md §4). Zero slots consume
+    # no bit.
     parity = (_popcount(r_sw).astype(np.int64) + t.p_req[cls]) & 1
     even_stream = np.where(n_on > 0, r_sw | (parity << np.maximum(n_on - 1, 0)), 0)
     even_stream |= r_sf << n_on
@@ -674,7 +680,8 @@ def _encode_chunk(raw: np.ndarray, t: _Tables, max_shell: int) -> np.ndarray:
         far = np.zeros(n, dtype=bool)
         x = raw.astype(np.int32)
     # x mod 4 decides everything about membership: bit 0 is the coset parity, bit 1 the Golay bit
-    # (for either coset the §2.1 bit ((x_i − p)/2) mod 2 equals bit 1 of x_i in two's complement).
+    # (for either coset the docs/lattice.md §2.1 bit ((x_i − p)/2) mod 2 equals bit 1 of x_i in
+    # two's complement).
     mod4 = x.astype(np.uint8) & 3  # two's complement: the low bits survive the cast
     word_bytes = np.packbits(mod4 >> 1, axis=1, bitorder="little").astype(np.int64)
     word = word_bytes[:, 0] | (word_bytes[:, 1] << 8) | (word_bytes[:, 2] << 16)

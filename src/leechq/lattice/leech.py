@@ -1,6 +1,6 @@
 """Membership in the integer embedding L = √8·Λ24 and the shell of a lattice point.
 
-Implements leech-core.md §2.1–§2.2. A vector x ∈ Z^24 is in L iff, for one parity p ∈ {0, 1}:
+Implements docs/lattice.md §2.1–§2.2. A vector x ∈ Z^24 is in L iff, for one parity p ∈ {0, 1}:
 (i) every x_i ≡ p (mod 2); (ii) the word with bit i = ((x_i − p)/2) mod 2 (Euclidean mod) is a
 codeword of the extended Golay code G24 (``lattice.golay``); (iii) Σ x_i ≡ 4p (mod 8). Members have
 squared norm 16·m with m the shell (m = 0 for the origin; Shell(1) is empty).
@@ -52,7 +52,8 @@ def as_int_point(point: Sequence[int] | np.ndarray, what: str = "point") -> list
 
 
 def golay_word(point: Sequence[int] | np.ndarray) -> int:
-    """The 24-bit word of §2.1: bit i = ((x_i − p)/2) mod 2 with p = x_0 mod 2 (Euclidean mods).
+    """The 24-bit word of docs/lattice.md §2.1: bit i = ((x_i − p)/2) mod 2 with p = x_0 mod 2
+    (Euclidean mods).
 
     For an even member this is {i : x_i ≡ 2 (mod 4)}; for an odd member {i : x_i ≡ 3 (mod 4)}.
     The word is computed for any integer vector; membership is not checked.
@@ -72,7 +73,7 @@ def golay_word(point: Sequence[int] | np.ndarray) -> int:
 
 
 def _membership_failure(coords: list[int]) -> str | None:
-    """Name the first §2.1 condition the point fails, or None if it is a member."""
+    """Name the first docs/lattice.md §2.1 condition the point fails, or None if it is a member."""
     parity = coords[0] % 2
     if any(v % 2 != parity for v in coords):
         return "coordinates do not all have the same parity (condition (i))"
@@ -87,7 +88,7 @@ def _membership_failure(coords: list[int]) -> str | None:
 
 
 def is_member(point: Sequence[int] | np.ndarray) -> bool:
-    """Whether 24 integers form a point of L = √8·Λ24 (leech-core.md §2.1).
+    """Whether 24 integers form a point of L = √8·Λ24 (docs/lattice.md §2.1).
 
     Args:
         point: 24 integers (the origin is a member).

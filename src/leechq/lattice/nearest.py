@@ -1,15 +1,15 @@
 """Exact nearest-point search on the Leech ball Λ24(M): the readable reference.
 
-Implements leech-core.md §4.1–§4.4 in numpy (no torch). Everything works in the integer embedding L
+Implements docs/lattice.md §6 in numpy (no torch). Everything works in the integer embedding L
 = √8·Λ24 (a point of shell m has squared norm 16·m).
 
 - :func:`search` returns the exact angular argmax ``argmax_{v ∈ Λ24(M) \\ {0}} ⟨x,v⟩/√(16m)`` and
   its score; the all-zero block gives the origin with score 0.
 - :func:`shell_maxima` returns the per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x,v⟩`` that the
-  spherical-shaping variant needs (§4.1).
+  spherical-shaping variant needs (docs/lattice.md §6).
 
-How (§4.2–§4.3). A class (``lattice.classes``) fixes a coset and a magnitude multiset. With the
-Golay codeword c fixed as well, the class maximum has a closed form:
+How (docs/lattice.md §6). A class (``lattice.classes``) fixes a coset and a magnitude multiset. With
+the Golay codeword c fixed as well, the class maximum has a closed form:
 
 - odd class: with ``y_i = x_i`` on c and ``−x_i`` off c, and ``α(a) = +a`` (a ≡ 3 mod 4) or ``−a``
   (a ≡ 1 mod 4), the score is ``Σ α·y``, maximised by pairing the α multiset ascending with y
@@ -22,17 +22,17 @@ Golay codeword c fixed as well, the class maximum has a closed form:
 Classes are visited by decreasing support-blind upper bound (class magnitudes paired with the global
 |x|, both descending) and the scan stops when no remaining class can reach the incumbent.
 
-Ties (§4.4, normative for leechq). The winner is, among the points of maximal score, the one with
-the smallest v1 index, scores being ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in float64 (x
-widened exactly). The index orders points by class, then codeword rank, then the local digits
-(§3.6). So the search keeps every (class, codeword) pair whose closed-form maximum is within a small
-tolerance of the best, builds each pair's smallest-index maximiser (:func:`class_maximizer`: among
-equal |x| (or equal y) larger magnitudes go to lower coordinates; zero coordinates take positive
-signs; a parity repair goes where it lowers the sign digit most), scores those points with the
-formula above and keeps the largest score, ties to the smallest (class, codeword). Equal-score
-maximisers inside one (class, codeword) pair are compared in exact arithmetic, which coincides with
-the float rule whenever the products and partial sums are exact (always for float32 inputs of
-moderate range).
+Ties (docs/lattice.md §6.3, normative for leechq). The winner is, among the points of maximal score,
+the one with the smallest v1 index, scores being ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` in
+float64 (x widened exactly). The index orders points by class, then codeword rank, then the local
+digits (docs/lattice.md §4). So the search keeps every (class, codeword) pair whose closed-form
+maximum is within a small tolerance of the best, builds each pair's smallest-index maximiser
+(:func:`class_maximizer`: among equal |x| (or equal y) larger magnitudes go to lower coordinates;
+zero coordinates take positive signs; a parity repair goes where it lowers the sign digit most),
+scores those points with the formula above and keeps the largest score, ties to the smallest (class,
+codeword). Equal-score maximisers inside one (class, codeword) pair are compared in exact
+arithmetic, which coincides with the float rule whenever the products and partial sums are exact
+(always for float32 inputs of moderate range).
 
 Scale. x is first multiplied by an exact power of two so that max|x_i| ∈ [1, 2); reported scores are
 scaled back. This is the identity on every score unless the unscaled float64 formula would overflow
@@ -87,7 +87,8 @@ class ClassSearchData:
 
 
 def _alpha(a: int) -> int:
-    """Signed value of odd magnitude a on a codeword position (§3.1): +a if a ≡ 3 mod 4, else −a."""
+    """Signed value of odd magnitude a on a codeword position (docs/lattice.md §3): +a if a ≡ 3 mod
+    4, else −a."""
     return a if a % 4 == 3 else -a
 
 
@@ -160,7 +161,8 @@ def power_of_two_exponent(x: np.ndarray) -> int:
 
 
 def reference_score(x: np.ndarray, point: np.ndarray) -> float:
-    """The tie-rule score ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` (float64, §4.4).
+    """The tie-rule score ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` (float64, docs/lattice.md
+    §6.3).
 
     Args:
         x: float64 [24].
@@ -223,7 +225,7 @@ def _class_maxima(query: _Query, data: ClassSearchData) -> np.ndarray:
 
 
 def class_codeword_maxima(x: np.ndarray, cls: LatticeClass) -> np.ndarray:
-    """Closed-form ``max ⟨x, v⟩`` over one class for each of its codewords (§4.2).
+    """Closed-form ``max ⟨x, v⟩`` over one class for each of its codewords (docs/lattice.md §6).
 
     Args:
         x: float [24].
@@ -240,7 +242,8 @@ def class_codeword_maxima(x: np.ndarray, cls: LatticeClass) -> np.ndarray:
 
 
 def shell_maxima(x: np.ndarray, max_shell: int = 13) -> np.ndarray:
-    """Per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x, v⟩`` for m = 2..max_shell (§4.1).
+    """Per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x, v⟩`` for m = 2..max_shell (docs/lattice.md
+    §6).
 
     Args:
         x: float [24] (any scale; the zero vector gives zeros).
@@ -259,7 +262,8 @@ def shell_maxima(x: np.ndarray, max_shell: int = 13) -> np.ndarray:
 
 
 def spherical_error(x: np.ndarray, beta: float, max_shell: int = 13) -> float:
-    """Squared error of the spherical-shaping code β·(Λ24(M) ∪ {0}) (§4.1), from the shell maxima.
+    """Squared error of the spherical-shaping code β·(Λ24(M) ∪ {0}) (docs/lattice.md §6), from the
+    shell maxima.
 
     Args:
         x: float [24].
@@ -313,7 +317,7 @@ def _place_odd(x: np.ndarray, cls: LatticeClass, on: list[bool], point: np.ndarr
     order = sorted(range(DIM), key=lambda i: (y[i], i))  # y ascending, ties by coordinate
     alphas = sorted(_alpha(a) for a in _expand(cls.odd_kinds))  # paired with y ascending
     # Equal y values may share their α values freely; the smallest index puts the larger magnitudes
-    # on the lower coordinates (kinds are ranked by descending magnitude, §3.5).
+    # on the lower coordinates (kinds are ranked by descending magnitude, docs/lattice.md §4).
     start = 0
     while start < DIM:
         stop = start
@@ -442,7 +446,8 @@ def search_detailed(x: np.ndarray, max_shell: int = 12) -> SearchResult:
 
 
 def search(x: np.ndarray, max_shell: int = 12) -> tuple[np.ndarray, float]:
-    """Exact angular nearest point of one block on the ball Λ24(max_shell) (§4.1–§4.4).
+    """Exact angular nearest point of one block on the ball Λ24(max_shell) (docs/lattice.md §6,
+    §6.3).
 
     Args:
         x: float [24] (any real dtype, any scale; finite).

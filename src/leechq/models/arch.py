@@ -1,7 +1,7 @@
 """Per-architecture facts the quantizer, baselines and evaluation need about a decoder-only model.
 
 Owns, for each supported family (Llama, Mistral, Qwen2, Qwen3), where the decoder blocks live, the
-seven projections of a block and which of them read the same activation (leech-core.md §5.2: act 0
+seven projections of a block and which of them read the same activation (docs/quantizer.md §2: act 0
 = attention input for q/k/v, act 1 = attention output for o, act 2 = MLP input for gate/up, act 3 =
 ``silu(gate)·up`` for down), the block and final norms, the embedding and head paths, and whether
 the head is tied to the embedding. Everything here is a fact about transformers' module tree
@@ -20,7 +20,7 @@ from typing import Any
 
 from leechq.errors import UnsupportedArchitecture
 
-# Activation indices of leech-core.md §5.2 (one Hessian per index per block).
+# Activation indices of docs/quantizer.md §2 (one Hessian per index per block).
 ACT_ATTN_IN = 0
 ACT_ATTN_OUT = 1
 ACT_MLP_IN = 2
@@ -33,7 +33,8 @@ class Projection:
 
     Attributes:
         name: path relative to the block, e.g. ``"self_attn.q_proj"``.
-        act: index of the activation it reads (0..3, leech-core.md §5.2); projections with the same
+        act: index of the activation it reads (0..3, docs/quantizer.md §2); projections with the
+            same
             index share one input and therefore one Hessian.
     """
 

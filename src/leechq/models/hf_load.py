@@ -12,7 +12,7 @@ CPU), so the first load writes the dequantized model as a plain safetensors dire
 ``<cache root>/converted/<gguf sha256[:16]>/`` (temp dir + rename) and later loads read that
 directory (a few seconds). The converted weights are the same f32 values bit for bit.
 
-transformers is imported only inside functions (architecture.md §6.2).
+transformers is imported only inside functions (docs/architecture.md §1).
 """
 
 from __future__ import annotations

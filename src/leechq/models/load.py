@@ -1,6 +1,6 @@
 """``leechq.load``: an artifact directory → a causal LM with ``LeechqLinear`` modules.
 
-Implements architecture.md §6.1 (``models/load.py``) and §7.3: the standalone loader, which shares
+The standalone loader (docs/architecture.md §1, ``models/load.py``), which shares
 the module type, the replacement and the finalize step with the transformers integration
 (``leechq.integrations.transformers``) but does not go through ``from_pretrained``:
 
@@ -18,7 +18,7 @@ the module type, the replacement and the finalize step with the transformers int
 6. move to the device and finalize every quantized module (dense reference path on CPU, fused
    kernels on CUDA where they exist), then group q/k/v and gate/up for a shared activation rotation.
 
-transformers is imported inside functions only (architecture.md §6.2).
+transformers is imported inside functions only (docs/architecture.md §1).
 """
 
 from __future__ import annotations

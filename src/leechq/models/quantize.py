@@ -1,6 +1,6 @@
 """Model glue: quantize a transformers Llama/Qwen2/Qwen3-shaped causal LM block by block.
 
-Implements leech-core.md §5.2's sequential procedure for transformers models, with the 5.x
+Implements docs/quantizer.md §2's sequential procedure for transformers models, with the 5.x
 decoder-layer call signature ``layer(hidden_states, attention_mask=..., position_ids=...,
 position_embeddings=(cos, sin))``, on top of the generic driver
 :func:`leechq.quant.layerwise.quantize_blocks`, then writes the artifact

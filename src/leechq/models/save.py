@@ -1,6 +1,6 @@
 """``leechq.models.save``: write a model holding :class:`LeechqLinear` modules back to an artifact.
 
-Implements the save half of architecture.md §6.1 (``models/save.py``) for models that already carry
+The save half of ``models/`` (docs/architecture.md §1) for models that already carry
 their records — a model returned by :func:`leechq.models.load.load`, or one whose linears were
 replaced by hand. The quantizer writes its artifacts directly through
 :func:`leechq.formats.artifact.write_artifact`; this module is the same writer fed from a live

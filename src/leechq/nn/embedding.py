@@ -1,6 +1,6 @@
 """Packed 4/8-bit token embedding and output head: the tables stay group-affine on the device.
 
-Implements layouts-kernels-recipe.md §5.5 (embedding / head formats and kernels) for ``leechq.load``
+Implements docs/format.md §3 (embedding / head formats and kernels) for ``leechq.load``
 and serving. A :class:`PackedEmbedding` holds one group-affine table — ``qweight`` uint8 [vocab,
 dim/2] (4 bits, low nibble = even column) or [vocab, dim] (8 bits), f16 ``scales`` and ``biases``
 [vocab, ceil(dim/group)] — as buffers on its device, and never a dense copy of it. A

@@ -1,6 +1,6 @@
 """``LeechqLinear``: the quantized linear module of ``leechq.load``, transformers and serving.
 
-Implements architecture.md §2.3/§6.1 (``nn/linear.py``) and rule A4 (no lazy state in ``forward``).
+See docs/architecture.md §1–§2 (``nn/linear.py``); no lazy state in ``forward``.
 A module holds one canonical record — a lattice-coded :class:`~leechq.formats.quantized_weight.
 QuantizedWeight` (ball or Tetra) or an :class:`~leechq.formats.quantized_weight.Int4Weight` — plus
 an optional bias, and serves it through one of two execution paths fixed once by :meth:`finalize`:
@@ -8,7 +8,7 @@ an optional bias, and serves it through one of two execution paths fixed once by
 * **dense** (the reference path; always used on CPU): the record is dequantized *once*, at finalize,
   into a natural-basis ``[d_out, d_in]`` weight of the serving dtype, and ``forward`` is
   ``F.linear``. Chosen over "rotate the activation, dot with the rotated-basis weight" because it is
-  bit-identical to :meth:`QuantizedWeight.dequantize` (the f64 un-rotation of tetra-format.md §1.6)
+  bit-identical to :meth:`QuantizedWeight.dequantize` (the f64 un-rotation of docs/format.md §2)
   by construction, costs no rotation per call, and uses the CPU's fastest matmul. Its price is
   memory: the dense weight is resident, so the CPU path demonstrates quality, not compression.
 * **fused** (CUDA, where a kernel of :mod:`leechq.kernels.select` can implement the record): the
@@ -293,7 +293,7 @@ class LeechqLinear(nn.Module):
         self, destination: dict[str, Any], prefix: str, keep_vars: bool
     ) -> None:
         # The canonical record is what a LeechqLinear serializes, never its served form: the same
-        # tensors the artifact holds, so save → load is byte-identical (architecture.md §7.1).
+        # tensors the artifact holds, so save → load is byte-identical (docs/architecture.md §2).
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.record is not None:
             if self._canonical is None:  # packed once, then kept (about 2 bits per weight)

@@ -1,6 +1,6 @@
 """Deterministic calibration windows from a token stream.
 
-Implements the windowing of leech-core.md §5.2: the calibration text is tokenized once (no special
+Implements the windowing of docs/quantizer.md §2: the calibration text is tokenized once (no special
 tokens) and cut into ``n`` contiguous, non-overlapping windows of ``length`` tokens starting at
 token 0 (the reference takes 64 × 2048 = 131 072 tokens). No hub access happens here: the text comes
 from the caller (``leechq.data``), and :func:`token_digest` pins the exact tokens a run used

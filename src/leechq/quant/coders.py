@@ -2,11 +2,11 @@
 
 A coder turns ``v`` (float64 [rows, 24], the current error-compensated values of one 24-column
 group, possibly gathered from several matrices) into codes and the exact reconstruction the loop
-continues with (leech-core.md §5.5). Per-matrix parameters (the gain centroids) may be given once
+continues with (docs/quantizer.md §5). Per-matrix parameters (the gain centroids) may be given once
 ([K]) or per row ([rows, K]), so that one coder call can serve the groups of several matrices
 (:func:`leechq.quant.gptq.gptq_quantize_many`). Three kinds:
 
-* :class:`ShapeGainCoder` — the shipped rule (leech-core.md §4.6, §5.4): direction from a
+* :class:`ShapeGainCoder` — the shipped rule (docs/codebooks.md §1): direction from a
   registered codebook (ONE batched search per call), gain by the norm rule against per-matrix
   Lloyd–Max centroids fitted before the loop, reconstruction in the exact f64 order of the decoder
   (:func:`leechq.codebooks.shape_gain.reconstruct`). It is the semantics of
@@ -14,12 +14,12 @@ continues with (leech-core.md §5.5). Per-matrix parameters (the gain centroids)
   syncs on CUDA. For the ball, whose search yields points, the labels are *deferred*: the loop keeps
   the points and asks :meth:`ShapeGainCoder.labels_of` once per matrix at the end (the index is a
   CPU computation, ~1.4 µs per point, better paid once than in every step).
-* :class:`IdentityCoder` — returns ``v`` unchanged (the control of §5.5: must leave a layer
-  unchanged).
+* :class:`IdentityCoder` — returns ``v`` unchanged (the control of docs/quantizer.md §1: keeps a
+  layer unchanged).
 * :class:`ScalarRoundCoder` — a uniform scalar grid relative to the row scale; a codebook-free
   control for tests of the loop itself.
 
-Gain centroids (§5.4) are fitted by :func:`fit_gain_levels`: on the CPU exactly
+Gain centroids (docs/quantizer.md §4) are fitted by :func:`fit_gain_levels`: on the CPU exactly
 :func:`leechq.codebooks.shape_gain.fit_centroids`; on an accelerator the same Lloyd–Max iteration
 run on the device (:func:`lloyd_max_device`, deterministic masked sums instead of a per-cluster
 ``mean``), which agrees with the CPU fit up to the rounding of the cluster sums and avoids moving
@@ -80,7 +80,7 @@ class BlockCoder(Protocol):
 
 
 def row_scales(w_rot: torch.Tensor) -> torch.Tensor:
-    """Frozen per-row scale (leech-core.md §5.4): ``sqrt(Σ_j W'_ij² / max(1, ⌊d_in/24⌋))``.
+    """Frozen per-row scale (docs/quantizer.md §4): ``sqrt(Σ_j W'_ij² / max(1, ⌊d_in/24⌋))``.
 
     Args:
         w_rot: float64 [d_out, d_in], the rotated weights before GPTQ (tail included).
@@ -155,7 +155,7 @@ def lloyd_max_device(samples: torch.Tensor, bits: int, iterations: int = 40) -> 
 
 
 def fit_gain_levels(samples: torch.Tensor, bits: int, iterations: int = 40) -> torch.Tensor:
-    """Per-matrix gain centroids (leech-core.md §5.4), float64 [K] ascending on samples' device.
+    """Per-matrix gain centroids (docs/quantizer.md §4), float64 [K] ascending on samples' device.
 
     On the CPU this is exactly :func:`leechq.codebooks.shape_gain.fit_centroids` (the reference);
     elsewhere :func:`lloyd_max_device` (same method, device-rounded cluster sums).
@@ -184,7 +184,7 @@ def _row_levels(levels: torch.Tensor, rows: int, device: torch.device) -> torch.
 def choose_gains_rows(
     norms: torch.Tensor, scales: torch.Tensor, levels: torch.Tensor
 ) -> torch.Tensor:
-    """The norm rule of §4.6 step 3 with per-row levels: the same float64 operations as
+    """The norm rule (docs/codebooks.md §1 step 3) with per-row levels: the same float64 ops as
     :func:`leechq.codebooks.shape_gain.choose_gains` (nearest level, ties to the lower index; a zero
     scale picks level 0).
 
@@ -219,7 +219,7 @@ def block_norms(points: torch.Tensor) -> torch.Tensor:
 def reconstruct_rows(
     points: torch.Tensor, gains: torch.Tensor, scales: torch.Tensor, levels: torch.Tensor
 ) -> torch.Tensor:
-    """``v̂ = p·(c_g·s)/√(16m)`` in the exact float64 order of §4.6 step 4 (the order of
+    """``v̂ = p·(c_g·s)/√(16m)`` in the exact f64 order of docs/codebooks.md §1 step 4 (the order of
     :func:`leechq.codebooks.shape_gain.reconstruct` and of the decoders), with per-row levels.
 
     Args:
@@ -288,7 +288,7 @@ class ScalarRoundCoder:
 
 
 class ShapeGainCoder:
-    """Shape–gain coding over a registered codebook (leech-core.md §4.6).
+    """Shape–gain coding over a registered codebook (docs/codebooks.md §1).
 
     Args:
         codebook: registry name ("ball", "tetra", or a codebook registered by a test).
@@ -344,7 +344,8 @@ class ShapeGainCoder:
     def code(
         self, v: torch.Tensor, row_scales: torch.Tensor, centroids: torch.Tensor
     ) -> BlockCodes:
-        # §4.6 steps 1-3, 5: one batched direction search for every row of the call; zero blocks
+        # docs/codebooks.md §1 steps 1-3, 5: one batched direction search for every row of the call;
+        # zero blocks
         # come back as (label 0, gain 0, origin). Same operations as shape_gain.shape_gain_encode.
         if v.dim() != 2 or v.shape[1] != BLOCK:
             raise InvalidInput(f"blocks must have shape [N, 24], got {list(v.shape)}")
@@ -358,7 +359,7 @@ class ShapeGainCoder:
             labels = torch.where(zero.to(labels.device), 0, labels)
         gains = torch.where(zero, 0, gains)
         points = torch.where(zero[:, None], 0, points).to(torch.int32)
-        # §4.6 step 4, in the decoder's exact f64 order.
+        # docs/codebooks.md §1 step 4, in the decoder's exact f64 order.
         values = reconstruct_rows(points, gains, scales, centroids)
         return BlockCodes(
             labels=labels, gains=gains.to(torch.uint8), values=values, points=points

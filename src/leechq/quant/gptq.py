@@ -1,6 +1,6 @@
 """Block GPTQ over 24-column groups with shape–gain coding, and the int4 path.
 
-Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
+Implements docs/quantizer.md §5 exactly (and docs/quantizer.md §4, §6):
 
 * the weights are rotated ``W' = W Qᵀ`` (Q applied to every row) in f64;
 * row scales ``s_i`` are computed once on the full rotated row (tail included) and frozen; the
@@ -12,7 +12,7 @@ Implements leech-core.md §5.5 exactly (and §5.4, §5.6):
 * the ``d_in mod 24`` tail columns are never quantized but absorb every correction, then are rounded
   to f32 in the rotated basis (``KeepExact``) so that the file and the evaluated model agree (P13);
 * there is no retraction (a no-op for gain-reset coding, and it would cancel any gain code,
-  §5.7/P3).
+  docs/quantizer.md §5, pitfall P3 of its §9).
 
 Speed (one GPU must quantize an 8B model in minutes): :func:`gptq_quantize_many` runs the loops of
 several matrices (all linears of a transformer block) concurrently, gathering the current column
@@ -34,7 +34,7 @@ the decoder's own f64 sequence, so the record always decodes to exactly the eval
 same bytes).
 
 The int4 path (:func:`quantize_int4`) keeps a matrix as the published ``int4g128`` record in the
-natural basis: round-to-nearest of the original tensor (the recipe, layouts-kernels-recipe.md §5.2),
+natural basis: round-to-nearest of the original tensor (the recipe, docs/quantizer.md §7),
 or optionally column-wise GPTQ against the natural-basis Hessian with the group scales frozen.
 """
 
@@ -372,7 +372,8 @@ def schedule(n_groups: Sequence[int], rows: Sequence[int] | None = None) -> list
 
 
 def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
-    """The concurrent §5.5 loop: at each global step, one coder call for the next column group of
+    """The concurrent loop of docs/quantizer.md §5: at each global step, one coder call for the next
+    column group of
     every matrix due (rows stacked), then each matrix stores its codes and propagates its error."""
     for active in schedule([m.nb for m in matrices], [m.rows for m in matrices]):
         group = [matrices[j] for j in active]
@@ -424,7 +425,7 @@ def gptq_quantize_many(
     propagation: str = "auto",
     window: int = DEFAULT_WINDOW,
 ) -> list[GPTQResult]:
-    """Code several matrices with block GPTQ concurrently (leech-core.md §5.5).
+    """Code several matrices with block GPTQ concurrently (docs/quantizer.md §5).
 
     Every matrix runs its own left → right loop with its own factor, rotation and centroids; at
     each global step (:func:`schedule`) the next column group of every matrix due is coded in ONE
@@ -468,7 +469,7 @@ def gptq_quantize(
     propagation: str = "auto",
     window: int = DEFAULT_WINDOW,
 ) -> GPTQResult:
-    """Code one matrix with block GPTQ (leech-core.md §5.5), all rows at once.
+    """Code one matrix with block GPTQ (docs/quantizer.md §5), all rows at once.
 
     Args:
         weight: [d_out, d_in] float, natural basis (on the compute device).
@@ -498,7 +499,7 @@ def gptq_quantize_reference(
     """Reference twin of :func:`gptq_quantize`: the same loop run serially, one row at a time, with
     exact (element-wise) propagation.
 
-    On the CPU it agrees with the batched loop bit for bit (rows are independent, §5.5).
+    On the CPU it agrees with the batched loop bit for bit (rows are independent).
     """
     w, u, scales, centroids = _setup(weight, u, coder, rotation, tail_policy, name)
     nb = w.shape[1] // BLOCK

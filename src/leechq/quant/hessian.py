@@ -1,6 +1,6 @@
 """Input second moments of the linear layers: capture, rotation, damping, inverse-Cholesky factor.
 
-Implements leech-core.md §5.2 ("Calibration and Hessians") and the Hessian half of §5.3:
+Implements docs/quantizer.md §2 (calibration and Hessians) and the Hessian half of its §3:
 
 * ``H = (1/N) Σ x xᵀ`` over the N token rows that reach a linear input, accumulated on the device in
   f32 (the reference) or f64;

@@ -1,6 +1,6 @@
 """The sequential, resumable block-by-block driver (generic: no model-specific code).
 
-Implements the sequential procedure of leech-core.md §5.2. For transformer block t:
+Implements the sequential procedure of docs/quantizer.md §2. For transformer block t:
 
 1. pass 1: push the calibration hidden states, which already went through the *quantized* blocks
    0..t−1, through block t with its *original* weights, accumulating one Hessian per distinct linear
@@ -639,7 +639,7 @@ def quantize_blocks(
     progress: bool = True,
     on_block: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Quantize ``blocks`` sequentially (leech-core.md §5.2).
+    """Quantize ``blocks`` sequentially (docs/quantizer.md §2).
 
     Args:
         blocks: the model's transformer blocks in order (see :class:`Block`).

@@ -1,24 +1,26 @@
 """The ``bare`` and ``full`` quantization recipes as composable, recorded steps.
 
-Implements layouts-kernels-recipe.md §5 (the full-model recipe of the sealed Tetra files) on top of
+Implements docs/quantizer.md §7 (the full-model recipe of the sealed Tetra files) on top of
 the lattice encoder, with every resolved setting and every measured decision recorded in the
 artifact (pitfall P4: the log line and the metadata come from the objects that ran, never from a
 hard-coded string):
 
 1. **encode** — the layer-wise lattice encoding (``quantize_fn``; int4 for ``forced_int4``);
-2. **int4 by sensitivity** (§5.2, §5.4) — for every lattice matrix, the KL reduction on
+2. **int4 by sensitivity** (docs/quantizer.md §7) — for every lattice matrix, the KL reduction on
    *calibration* windows when that matrix alone goes to int4 g128 (round-to-nearest of the original
    tensor) in the encoded model with the final tables (:mod:`leechq.quant.sensitivity`); likewise
    for every 4-bit table, the reduction when it alone is 8-bit (``table_upgrades``); a greedy choice
    by gain per bit under the whole-model ``target_bpp`` budget; then a re-encode with the chosen
    int4 set (``requantize``, faithful: later lattice matrices are calibrated through the int4 ones)
    or a post-hoc swap of the records;
-3. **tables** (§5.5) — group-affine 4- or 8-bit token embedding (group 64, f16 scale and offset) and
+3. **tables** (docs/format.md §3) — group-affine 4- or 8-bit token embedding (group 64, f16 scale
+   and offset) and
    a separate width for an untied head; a tied head is one table, stored once;
-4. **row scales** (§5.3) — λ per lattice row trained by KL to the teacher, folded into the f64 row
+4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
+   into the f64 row
    scales (:mod:`leechq.quant.row_scales`).
 
-The planned accounting (whole-model bits per parameter, rule 2 of §4.9) comes from
+The planned accounting (whole-model bits per parameter, rule 2 of docs/format.md §4) comes from
 :mod:`leechq.formats.accounting`; the written artifact's three rates come from
 :func:`leechq.formats.artifact.artifact_report`.
 
@@ -70,7 +72,7 @@ class Recipe:
     Attributes:
         name: "bare", "full" or a free name for a custom composition.
         int4_selection: run step 2 (int4 for the most sensitive lattice matrices).
-        target_bpp: whole-model bits-per-parameter budget of step 2 (rule 2 of §4.9).
+        target_bpp: whole-model bits-per-parameter budget of step 2 (rule 2 of docs/format.md §4).
         requantize: step 2 re-encodes with the chosen int4 set (True) or swaps records post hoc.
         forced_int4: module-name patterns kept int4 from the first encode (e.g. "self_attn.v_proj").
         int4_group: int4 group size.

@@ -1,6 +1,6 @@
 """Row-scale training: fit one multiplier per output row of every lattice matrix by KL to a teacher.
 
-Implements layouts-kernels-recipe.md §5.3 (step 2 of the full-model recipe; zero bits). The codes,
+Implements docs/quantizer.md §7 (step 2 of the full-model recipe; zero bits). The codes,
 gains, centroids, tails and rotations of every lattice record stay frozen — the decoder is a table
 lookup and never sees a gradient. Per lattice matrix a vector ``λ ∈ R^{d_out}`` (init 1) scales only
 the *lattice columns* of each row, never the tail::
@@ -64,7 +64,7 @@ log = logging.getLogger("leechq.quant")
 
 @dataclass(frozen=True)
 class RowScaleConfig:
-    """Settings of one row-scale training run (defaults: the reference's, §5.3).
+    """Settings of one row-scale training run (defaults: the reference's, docs/quantizer.md §7).
 
     Attributes:
         steps: optimizer steps; 0 = set from ``time_budget_s`` after a probe.
@@ -624,7 +624,7 @@ def train_row_scales(
     """Train λ of every lattice record of ``student`` against ``teacher``; fold it back.
 
     On return the student's lattice linears hold the decode of the folded records (the artifact's
-    exact weights); int4 records in ``records`` are left alone (no λ, §5.3).
+    exact weights); int4 records in ``records`` are left alone (no λ, docs/quantizer.md §7).
 
     Args:
         student: the quantized model; its modules named in ``records`` are its lattice linears

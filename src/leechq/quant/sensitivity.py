@@ -1,6 +1,6 @@
 """Per-matrix sensitivity on calibration text, and the greedy int4 choice under a bit budget.
 
-Implements the selection side of layouts-kernels-recipe.md §5.2/§5.4 (step 3 of the full-model
+Implements the selection side of docs/quantizer.md §7 (step 3 of the full-model
 recipe: "store the matrices that lose most in int4, paid for by 4-bit embedding tables"). The
 reference chose its int4 sets (v_proj; v/o/down of a layer range) by hand from MMLU A/Bs; here the
 choice is measured and recorded:

@@ -1,6 +1,6 @@
 """Layer 6: inference — the decode loop with a static KV cache and CUDA graphs (issue 6).
 
-Modules (architecture.md §2.4, §6.1; layouts-kernels-recipe.md §3.5–§3.6):
+Modules (docs/architecture.md §3, §1; docs/kernels.md):
 
 * :mod:`~leechq.serve.model` — a small Llama/Qwen2/Qwen3 decoder over projection modules;
 * :mod:`~leechq.serve.build` — the decoder from a transformers model, state dict or random weights;

@@ -1,4 +1,4 @@
-"""The static key/value cache of the decode loop (architecture.md §2.4, issue 6).
+"""The static key/value cache of the decode loop (docs/architecture.md §3, issue 6).
 
 One pair of tensors per layer, ``[B, n_kv_heads, S, head_dim]`` in the activation dtype, allocated
 once for a batch size and a slot count ``S`` and written in place with ``index_copy_``; nothing is

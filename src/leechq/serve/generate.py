@@ -1,6 +1,6 @@
 """The decode loop: prefill, then one token per step from a static cache, optionally graph-captured.
 
-Implements issue 6's serving loop (architecture.md §2.4, the gpt-fast shape). :class:`Engine` owns a
+The serving loop (docs/architecture.md §3, the gpt-fast shape). :class:`Engine` owns a
 :class:`~leechq.serve.model.Transformer`, its per-batch sessions (KV cache and the small state
 buffers of the step) and the captured graphs. One call of :meth:`Engine.generate_ids`:
 

@@ -1,4 +1,4 @@
-"""CUDA-graph capture of the decode step (architecture.md §2.4; issue 6).
+"""CUDA-graph capture of the decode step (docs/architecture.md §3; issue 6).
 
 The decode step is a closure over static buffers (token, slot, caches, sampler values) that reads
 and writes only those buffers and never synchronises with the host, so one captured graph replays

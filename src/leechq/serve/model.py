@@ -1,8 +1,8 @@
 """A small decoder for the Llama / Qwen2 / Qwen3 families, built for a static KV cache and CUDA
 graphs.
 
-This is the serving model of issue 6 (architecture.md §2.4: gpt-fast's static cache and
-graph-captured decode; layouts-kernels-recipe.md §3.5: q/k/v and gate/up fused by rows). It is
+This is the serving model of issue 6 (docs/architecture.md §3: gpt-fast's static cache and
+graph-captured decode; docs/kernels.md: q/k/v and gate/up fused by rows). It is
 deliberately small:
 
 * RMSNorm with the Hugging Face rounding (normalise in f32, narrow, then multiply by the weight);

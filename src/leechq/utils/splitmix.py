@@ -1,10 +1,10 @@
 """SplitMix64: the deterministic generator behind rotations, fingerprints and Gaussian benchmarks.
 
-Implements leech-core.md §5.3 (state update, finalizer, uniform and Box–Muller Gaussian draws) and the
-finalizer used by the codebook fingerprint (§3.9). Everything is exact 64-bit integer arithmetic in
-Python; Gaussians use the C library's ``log``/``cos`` through :mod:`math`, scalar, as the spec requires
-for bit-exact rotation tables. A vectorized numpy twin is provided for bulk Gaussian streams where
-last-ulp agreement with libm is not part of any format (benchmarks).
+Implements docs/quantizer.md §3 (state update, finalizer, uniform and Box–Muller Gaussian draws) and
+the finalizer used by the codebook fingerprint (docs/lattice.md §5). Everything is exact 64-bit
+integer arithmetic in Python; Gaussians use the C library's ``log``/``cos`` through :mod:`math`,
+scalar, as the spec requires for bit-exact rotation tables. A vectorized numpy twin is provided for
+bulk Gaussian streams where last-ulp agreement with libm is not part of any format (benchmarks).
 """
 
 from __future__ import annotations

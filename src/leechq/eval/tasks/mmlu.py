@@ -1,4 +1,4 @@
-"""MMLU, 5-shot, scored by the logits of the answer letters (leech-core.md §6.4 protocol).
+"""MMLU, 5-shot, scored by the logits of the answer letters (docs/evaluation.md protocol).
 
 Protocol (Hendrycks et al.; the configuration 2-bit papers report):
 
