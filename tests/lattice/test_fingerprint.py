@@ -1,5 +1,5 @@
-"""The codebook fingerprint of index format v1 (docs/lattice.md §5; pitfall P12 of docs/quantizer.md
-§9)."""
+"""The codebook fingerprint of index format v1 (docs/lattice.md §5; pitfall P12 of
+docs/quantizer.md §9)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Shape–gain coding of 24-blocks: direction from a codebook, gain from per-matrix Lloyd–Max levels.
 
-Implements docs/codebooks.md §1 (the shipped rule) and the gain-centroid fit of docs/quantizer.md
-§4. Codebook-agnostic: any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball
-or Tetra).
+Implements docs/codebooks.md §1 (the shipped rule and the gain-centroid fit). Codebook-agnostic:
+any :class:`leechq.codebooks.base.Codebook` supplies the direction (the ball or Tetra).
 
 - :func:`fit_centroids`: Lloyd–Max on scalar samples (K = 2^bits levels, quantile initialisation
   ``sorted[⌊(2j+1)n/(2K)⌋]``, assignment to the nearest centroid with ties to the lower index, each

@@ -1,7 +1,7 @@
 """Fast exact Tetra nearest-point search (the default CPU encoder).
 
 Implements the same search as :mod:`leechq.codebooks.tetra_encoder` (docs/codebooks.md §3.7
-with an exact inner step; row lists in the closed form of docs/codebooks.md §3.3, docs/codebooks.md
+with an exact inner step; row lists in the closed form of docs/codebooks.md §3.3, valid words
 §3.4): for a target ``z`` (lattice units) it returns the codebook point maximizing ``2⟨z, y⟩ −
 ‖y‖²``. Only the work is organized differently, so that a CPU core spends its time in a few hundred
 cache-sized tensor operations (every table is ``[..., M]`` with the M blocks of a chunk innermost):

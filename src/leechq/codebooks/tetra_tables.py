@@ -28,8 +28,8 @@ FINGERPRINT = "9c3060086c7a13e6"
 """The pinned Tetra map fingerprint (docs/codebooks.md §3.6; an opaque constant)."""
 
 TRIO_OCTADS = (0x00149F, 0x0F6840, 0xF08320)
-"""The three disjoint octads whose coordinates, in turn, give the trio order (docs/codebooks.md
-§3.1)."""
+"""The three disjoint octads whose coordinates, in turn, give the trio order (
+docs/codebooks.md §3.1)."""
 
 SECTION = 8
 CLASS_ROWS = 2048
@@ -234,8 +234,8 @@ def _trellis(trio_words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _rank_rows() -> tuple[np.ndarray, int, list[RowList]]:
-    """Rows (uint32 [4096]), N0, and the closed forms of the three lists (docs/codebooks.md
-    §3.3)."""
+    """Rows (uint32 [4096]), N0, and the closed forms of the three lists (
+    docs/codebooks.md §3.3)."""
     cap = 64
     while True:
         # A rank ρ > rmax alone costs (2ρ+1)² + 7 ≥ cap: {0..rmax}^8 holds every vector under cap.

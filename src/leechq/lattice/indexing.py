@@ -75,8 +75,8 @@ def multinomial(counts: Sequence[int]) -> int:
 
 
 def multiset_rank(sequence: Sequence[int], counts: Sequence[int]) -> int:
-    """Lexicographic rank of a kind sequence among all arrangements of the multiset (docs/lattice.md
-    §4).
+    """Lexicographic rank of a kind sequence among all arrangements of the multiset (
+    docs/lattice.md §4).
 
     Args:
         sequence: kind index per slot (kind 0 orders first), length Σ counts.

@@ -161,8 +161,8 @@ def power_of_two_exponent(x: np.ndarray) -> int:
 
 
 def reference_score(x: np.ndarray, point: np.ndarray) -> float:
-    """The tie-rule score ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` (float64, docs/lattice.md
-    §6.3).
+    """The tie-rule score ``fl(Σ_{i ascending} fl(x_i·v_i)) / sqrt(16m)`` (float64,
+    docs/lattice.md §6.3).
 
     Args:
         x: float64 [24].
@@ -242,8 +242,8 @@ def class_codeword_maxima(x: np.ndarray, cls: LatticeClass) -> np.ndarray:
 
 
 def shell_maxima(x: np.ndarray, max_shell: int = 13) -> np.ndarray:
-    """Per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x, v⟩`` for m = 2..max_shell (docs/lattice.md
-    §6).
+    """Per-shell maxima ``d_m(x) = max_{v ∈ Shell(m)} ⟨x, v⟩`` for m = 2..max_shell (
+    docs/lattice.md §6).
 
     Args:
         x: float [24] (any scale; the zero vector gives zeros).
@@ -446,8 +446,8 @@ def search_detailed(x: np.ndarray, max_shell: int = 12) -> SearchResult:
 
 
 def search(x: np.ndarray, max_shell: int = 12) -> tuple[np.ndarray, float]:
-    """Exact angular nearest point of one block on the ball Λ24(max_shell) (docs/lattice.md §6,
-    §6.3).
+    """Exact angular nearest point of one block on the ball Λ24(max_shell) (docs/lattice.md
+    §6, ties §6.3).
 
     Args:
         x: float [24] (any real dtype, any scale; finite).
