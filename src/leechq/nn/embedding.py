@@ -1,11 +1,12 @@
 """Packed 4/8-bit token embedding and output head: the tables stay group-affine on the device.
 
-Implements layouts-kernels-recipe.md §5.5 (embedding / head formats and kernels) for ``leechq.load``
-and serving. A :class:`PackedEmbedding` holds one group-affine table — ``qweight`` uint8 [vocab,
-dim/2] (4 bits, low nibble = even column) or [vocab, dim] (8 bits), f16 ``scales`` and ``biases``
-[vocab, ceil(dim/group)] — as buffers on its device, and never a dense copy of it. A
-:class:`PackedHead` computes logits from a table: the embedding's own (a tied head: the very same
-module and buffers, no second copy) or one of its own (an untied 4/8-bit ``lm_head``).
+For ``leechq.load``, transformers and serving. A :class:`PackedEmbedding` holds one group-affine
+table — ``qweight`` uint8 [vocab, dim/2] (4 bits, low nibble = even column) or [vocab, dim]
+(8 bits), f16 ``scales`` and ``biases`` [vocab, ceil(dim/group)] — as buffers on its device, and
+never a dense copy of it. A :class:`PackedHead` computes logits from a table: the embedding's own
+(a tied head: the very same module and buffers, no second copy) or one of its own (an untied
+4/8-bit ``lm_head``). Under ``torch.compile`` the Triton gather and matvec are opaque custom ops
+(:mod:`leechq.nn.custom_ops`).
 
 Execution, fixed once by ``finalize(device, dtype, prefer)`` (rule A4, as
 :class:`leechq.nn.linear.LeechqLinear`):
@@ -37,6 +38,7 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.int8_weight import Int8Weight
 from leechq.formats.quantized_weight import Int4Weight
+from leechq.nn import custom_ops
 from leechq.nn.linear import Execution, ReferencePathWarning
 
 Table = Int4Weight | Int8Weight
@@ -117,6 +119,7 @@ class PackedEmbedding(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
+        self._key = 0  # the Triton gather's custom-op key (0: no kernel)
 
     @property
     def prefer(self) -> str:
@@ -240,6 +243,7 @@ class PackedEmbedding(nn.Module):
                 q.index_select(0, flat), s.index_select(0, flat), b.index_select(0, flat)
             ).to(dtype).reshape(-1, dim)
             name = f"torch-int{self.bits}-embedding"
+        self._key = custom_ops.register(self._lookup) if kernel is not None else 0
         self._prefer = prefer
         path = "fused" if kernel is not None else "reference"
         self.execution = Execution(path, str(device), dtype, kernel=name, reason=reason)
@@ -274,7 +278,12 @@ class PackedEmbedding(nn.Module):
             got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise InvalidInput(f"PackedEmbedding takes int32/int64 token ids, got {got}")
         flat = ids.reshape(-1).contiguous()
-        return self._lookup(flat).reshape(*ids.shape, self.embedding_dim)
+        if self._key:
+            rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
+                                               self.execution.dtype)
+        else:
+            rows = self._lookup(flat)
+        return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("PackedEmbedding was never finalized: call finalize(device, dtype) "
@@ -314,6 +323,7 @@ class PackedHead(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._matvec: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._key = 0  # the Triton matvec's custom-op key (0: none)
         self._max_rows = 0
         self._dtype = torch.float32
 
@@ -366,11 +376,13 @@ class PackedHead(nn.Module):
         shape = Shape(t.num_embeddings, t.embedding_dim, 1, t.group)
         kernel, reason = _select("matvec", f"int{t.bits}", shape, device, prefer)
         self._matvec = None
+        self._key = 0
         self._max_rows = 0
         name = "chunked-dequantize-matmul"
         if kernel is not None:
             fn, table = kernel.function(), t.table()
-            self._matvec = lambda x2: fn(x2, table)
+            self._matvec = lambda x2: fn(x2, table).to(dtype)
+            self._key = custom_ops.register(self._matvec)
             self._max_rows = MAX_TRITON_ROWS
             name = f"{kernel.name} (≤{MAX_TRITON_ROWS} rows; chunked beyond)"
         self._dtype = dtype
@@ -400,7 +412,7 @@ class PackedHead(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self._matvec is not None and 1 <= x2.shape[0] <= self._max_rows:
-            y = self._matvec(x2.contiguous()).to(self._dtype)
+            y = custom_ops.fused_linear(x2.contiguous(), self._key, self.out_features, self._dtype)
         else:
             y = self._chunked(x2.to(self._dtype))
         return y.reshape(*lead, self.out_features)

@@ -1,6 +1,5 @@
 """``LeechqLinear``: the quantized linear module of ``leechq.load``, transformers and serving.
 
-Implements architecture.md §2.3/§6.1 (``nn/linear.py``) and rule A4 (no lazy state in ``forward``).
 A module holds one canonical record — a lattice-coded :class:`~leechq.formats.quantized_weight.
 QuantizedWeight` (ball or Tetra) or an :class:`~leechq.formats.quantized_weight.Int4Weight` — plus
 an optional bias, and serves it through one of two execution paths fixed once by :meth:`finalize`:
@@ -8,13 +7,16 @@ an optional bias, and serves it through one of two execution paths fixed once by
 * **dense** (the reference path; always used on CPU): the record is dequantized *once*, at finalize,
   into a natural-basis ``[d_out, d_in]`` weight of the serving dtype, and ``forward`` is
   ``F.linear``. Chosen over "rotate the activation, dot with the rotated-basis weight" because it is
-  bit-identical to :meth:`QuantizedWeight.dequantize` (the f64 un-rotation of tetra-format.md §1.6)
-  by construction, costs no rotation per call, and uses the CPU's fastest matmul. Its price is
+  bit-identical to :meth:`QuantizedWeight.dequantize` (its f64 un-rotation) by construction, costs no rotation per call, and uses the CPU's fastest matmul. Its price is
   memory: the dense weight is resident, so the CPU path demonstrates quality, not compression.
 * **fused** (CUDA, where a kernel of :mod:`leechq.kernels.select` can implement the record): the
   record is repacked into the kernel's layout at finalize; ``forward`` rotates the activation with
   the stored tables (lattice records) and calls the fused dequant+matvec. When no kernel can, the
-  module falls back to the dense path and warns with every rejection reason.
+  module falls back to the dense path and warns with every rejection reason. Lattice kernels
+  multiply the activation rounded to 16 bits whatever the serving dtype (int4: the serving dtype);
+  the output is in the serving dtype. The precision and its per-output tolerance are the contract
+  of ``docs/contracts.md``. Under ``torch.compile`` the fused product is one opaque custom op
+  (:mod:`leechq.nn.custom_ops`), so ``fullgraph=True`` traces it.
 
 Nothing in ``forward`` reads a tensor value on the host, builds state, or branches on anything but
 the number of activation rows (batch-size kernel selection, A4).
@@ -37,6 +39,7 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables
+from leechq.nn import custom_ops
 
 Record = QuantizedWeight | Int4Weight
 """A canonical quantized matrix."""
@@ -97,6 +100,7 @@ class LeechqLinear(nn.Module):
         # The dense path's weight: a non-persistent buffer, so .to() moves it, state_dict skips it.
         self.register_buffer("weight_dense", None, persistent=False)
         self._fused: Any = None
+        self._fused_key = 0
         self._shared_rotation: Any = None
         self._forward_impl = self._forward_unfinalized
 
@@ -242,6 +246,7 @@ class LeechqLinear(nn.Module):
                 self.weight_dense = None
                 plan.shared = self._shared_rotation
                 self._fused = plan
+                self._fused_key = custom_ops.register(plan)
                 self._forward_impl = self._forward_fused
                 self.execution = Execution("fused", str(device), dtype, kernel=plan.kernel_name)
                 return self.execution
@@ -282,7 +287,8 @@ class LeechqLinear(nn.Module):
         return F.linear(x, self.weight_dense, self.bias)
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._fused(x)
+        # One opaque custom op while compiling (leechq.nn.custom_ops), the plan itself otherwise.
+        y = custom_ops.fused_linear(x, self._fused_key, self.out_features, self.execution.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -293,7 +299,7 @@ class LeechqLinear(nn.Module):
         self, destination: dict[str, Any], prefix: str, keep_vars: bool
     ) -> None:
         # The canonical record is what a LeechqLinear serializes, never its served form: the same
-        # tensors the artifact holds, so save → load is byte-identical (architecture.md §7.1).
+        # tensors the artifact holds, so save → load is byte-identical.
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.record is not None:
             if self._canonical is None:  # packed once, then kept (about 2 bits per weight)
