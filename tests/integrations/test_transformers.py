@@ -16,6 +16,7 @@ from leechq_tiny import ARCHS, ids, make_artifact
 import leechq.integrations.transformers as integ
 from leechq.errors import FingerprintMismatch, IncompatibleVersion
 from leechq.models.load import load
+from leechq.nn.embedding import PackedEmbedding, PackedHead
 from leechq.nn.linear import LeechqLinear
 
 
@@ -93,8 +94,8 @@ def test_save_pretrained_round_trip(tmp_path: Path) -> None:
 
 
 def test_group_affine_embedding(tmp_path: Path) -> None:
-    """A 4-bit embedding (three stored keys) merges into the dense tied parameter while loading and
-    is written back as the same three tensors."""
+    """A 4-bit embedding (three stored keys) stays packed after loading (the tied head reads the
+    same table) and is written back as the same three tensors."""
     from leechq_tiny import quantize_randomly, tiny_model
     from safetensors.torch import load_file
 
@@ -118,7 +119,10 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
     )
     ours, _ = load(out, device="cpu", tokenizer=False)
     hf = _from_pretrained(out, dtype=torch.float32)
-    torch.testing.assert_close(hf.model.embed_tokens.weight, raw[emb].dequantize(), rtol=0, atol=0)
+    assert isinstance(hf.model.embed_tokens, PackedEmbedding)
+    assert isinstance(hf.lm_head, PackedHead) and hf.lm_head.table is hf.model.embed_tokens
+    torch.testing.assert_close(hf.model.embed_tokens.dequantize_rows(), raw[emb].dequantize(),
+                               rtol=0, atol=0)
     x = ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)

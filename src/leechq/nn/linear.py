@@ -101,6 +101,7 @@ class LeechqLinear(nn.Module):
         self.register_buffer("weight_dense", None, persistent=False)
         self._fused: Any = None
         self._fused_key = 0
+        self._prefer = "auto"
         self._shared_rotation: Any = None
         self._forward_impl = self._forward_unfinalized
 
@@ -224,6 +225,9 @@ class LeechqLinear(nn.Module):
         if device is None:
             device = self.bias.device if self.bias is not None else torch.device("cpu")
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._prefer = prefer
         if device.type == "meta":
             raise InvalidInput("LeechqLinear.finalize: cannot finalize on the meta device")
         if self.bias is not None:
@@ -270,6 +274,24 @@ class LeechqLinear(nn.Module):
         self._shared_rotation = slot
         if self._fused is not None:
             self._fused.shared = slot
+
+    def _apply(self, fn: Any, recurse: bool = True) -> LeechqLinear:
+        # ``.to(device)`` / ``.half()`` of a finalized module: the served form (a packed plan or
+        # the dense weight) is rebuilt from the record for the new device and dtype, with the same
+        # preference; the old dense weight is dropped first so it is not copied for nothing.
+        ex = self.execution
+        if ex is None:
+            return super()._apply(fn, recurse)
+        before = torch.empty(0, device=ex.device, dtype=ex.dtype)
+        after = fn(before)
+        dtype = after.dtype if after.dtype in (torch.float32, torch.float16,
+                                               torch.bfloat16) else ex.dtype
+        if after.device == before.device and dtype == ex.dtype:
+            return super()._apply(fn, recurse)
+        self.weight_dense = None
+        super()._apply(fn, recurse)
+        self.finalize(after.device, dtype, prefer=self._prefer)
+        return self
 
     # ------------------------------------------------------------------ forward
 
