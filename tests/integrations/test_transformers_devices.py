@@ -58,7 +58,8 @@ def _assert_served_on(model: Any, device: str, kind: str) -> None:
 
 
 def _check_against_leechq_load(path: Path, device: str, dtype: torch.dtype, how: str,
-                               kind: str) -> None:
+                               kind: str) -> Any:
+    """Load through transformers, check placement, logits and greedy tokens; return the model."""
     hf = _hf(path, device, dtype, how)
     _assert_served_on(hf, device, kind)
     ours, _ = load(path, device=device, dtype=dtype, tokenizer=False)
@@ -71,6 +72,7 @@ def _check_against_leechq_load(path: Path, device: str, dtype: torch.dtype, how:
         out = hf.generate(x[:1], **gen)
         assert out.shape == (1, x.shape[1] + 6)
         torch.testing.assert_close(out, ours.generate(x[:1], **gen), rtol=0, atol=0)
+    return hf
 
 
 @pytest.mark.parametrize("how", ["device_map", "to"])
@@ -87,18 +89,15 @@ def test_cuda_load_matches_leechq_load(tmp_path: Path, kind: str, how: str,
                                        dtype: torch.dtype) -> None:
     """On CUDA every projection and table runs its fused kernel, and the model equals
     ``leechq.load(device="cuda")`` bit for bit, loaded through ``device_map`` or moved by ``.to``."""
-    path = ARTIFACTS[kind](tmp_path)
-    _check_against_leechq_load(path, "cuda", dtype, how, kind)
-    hf = _hf(path, "cuda", dtype, how)
+    hf = _check_against_leechq_load(ARTIFACTS[kind](tmp_path), "cuda", dtype, how, kind)
     paths = {m.execution.path for m in hf.modules()
              if isinstance(m, (LeechqLinear, PackedEmbedding, PackedHead))}
     assert paths == {"fused"}, paths
 
 
-def test_to_moves_and_back(tmp_path: Path) -> None:
-    """``.to`` re-serves every module on the target: a LeechqLinear whose execution says another
-    device is re-finalized there (here: a module finalized on the CPU, moved to the meta device
-    refuses clearly, and ``.to("cpu")`` keeps it working)."""
+def test_to_on_the_cpu(tmp_path: Path) -> None:
+    """``.to`` on the device the model is on changes nothing; ``.to("meta")`` is refused with a
+    clear error (a served module cannot live there)."""
     from leechq.errors import InvalidInput
 
     path = ARTIFACTS["full-tied"](tmp_path)
