@@ -62,7 +62,8 @@ def hf_config(shape: dict[str, Any], layers: int | None) -> Any:
 
 def build_artifact(out: Path, config: Any, embed_bits: int, seed: int = 0) -> Path:
     """A random-code artifact of ``config`` at ``out``: Tetra projections (q/k/v and gate/up share
-    their rotation), int4 ``v_proj``, fp16 norms, a fp16 or ``embed_bits``-bit embedding and head."""
+    their rotation), int4 ``v_proj``, fp16 norms, a fp16 or ``embed_bits``-bit embedding and
+    head."""
     from transformers import AutoModelForCausalLM
 
     from leechq.config import QuantConfig

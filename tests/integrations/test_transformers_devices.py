@@ -88,7 +88,8 @@ def test_cpu_load_matches_leechq_load(tmp_path: Path, kind: str, how: str) -> No
 def test_cuda_load_matches_leechq_load(tmp_path: Path, kind: str, how: str,
                                        dtype: torch.dtype) -> None:
     """On CUDA every projection and table runs its fused kernel, and the model equals
-    ``leechq.load(device="cuda")`` bit for bit, loaded through ``device_map`` or moved by ``.to``."""
+    ``leechq.load(device="cuda")`` bit for bit, loaded through ``device_map`` or moved by
+    ``.to``."""
     hf = _check_against_leechq_load(ARTIFACTS[kind](tmp_path), "cuda", dtype, how, kind)
     paths = {m.execution.path for m in hf.modules()
              if isinstance(m, (LeechqLinear, PackedEmbedding, PackedHead))}

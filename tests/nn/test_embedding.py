@@ -1,6 +1,7 @@
 """PackedEmbedding / PackedHead (leechq.nn.embedding): lookups bit-exact against the dequantized
-table, logits against the float64 product (per-output tolerance from the dtypes, tests/tolerance.py), Triton (interpreter) against the reference twins, tied
-heads sharing one table, memory accounting, clear errors — and the same on CUDA (gpu marker)."""
+table, logits against the float64 product (per-output tolerance from the dtypes,
+tests/tolerance.py), Triton (interpreter) against the reference twins, tied heads sharing one table,
+memory accounting, clear errors — and the same on CUDA (gpu marker)."""
 
 from __future__ import annotations
 

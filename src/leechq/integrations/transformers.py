@@ -393,12 +393,12 @@ class LeechqHfQuantizer(HfQuantizer):
         """The canonical tensors: every record as stored (byte-identical), the rotation tables,
         group-affine raw tensors as loaded, and every other tensor as held."""
         from leechq.formats.quantized_weight import QuantizedWeight
+        from leechq.nn.embedding import PackedEmbedding, PackedHead
         from leechq.nn.records import rotation_tensors
         from leechq.nn.replace import leechq_modules
 
-        from leechq.nn.embedding import PackedEmbedding, PackedHead
-
-        packed = [n for n, m in model.named_modules() if isinstance(m, (PackedEmbedding, PackedHead))]
+        packed = [n for n, m in model.named_modules()
+                  if isinstance(m, (PackedEmbedding, PackedHead))]
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()
                  if not any(k.startswith(p + ".") for p in packed)}
         for module in leechq_modules(model).values():

@@ -130,13 +130,15 @@ class PackedEmbedding(nn.Module):
 
     @classmethod
     def from_table(cls, table: Table) -> PackedEmbedding:
-        """A module over an :class:`Int4Weight` or :class:`Int8Weight` [vocab, dim] (tensors kept)."""
+        """A module over an :class:`Int4Weight` or :class:`Int8Weight` [vocab, dim] (tensors
+        kept)."""
         if isinstance(table, Int4Weight):
             bits = 4
         elif isinstance(table, Int8Weight):
             bits = 8
         else:
-            raise InvalidInput(f"PackedEmbedding needs an Int4Weight or Int8Weight, got {type(table)}")
+            raise InvalidInput(
+                f"PackedEmbedding needs an Int4Weight or Int8Weight, got {type(table)}")
         return cls(bits, table.d_out, table.d_in, table.group, table.qweight, table.scales,
                    table.biases)
 
@@ -175,7 +177,8 @@ class PackedEmbedding(nn.Module):
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes a dense [vocab, dim] table of ``dtype`` would hold (what packing saves)."""
-        return self.num_embeddings * self.embedding_dim * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        return self.num_embeddings * self.embedding_dim * size
 
     # ------------------------------------------------------------------ exact dequantization
 

@@ -7,8 +7,9 @@ an optional bias, and serves it through one of two execution paths fixed once by
 * **dense** (the reference path; always used on CPU): the record is dequantized *once*, at finalize,
   into a natural-basis ``[d_out, d_in]`` weight of the serving dtype, and ``forward`` is
   ``F.linear``. Chosen over "rotate the activation, dot with the rotated-basis weight" because it is
-  bit-identical to :meth:`QuantizedWeight.dequantize` (its f64 un-rotation) by construction, costs no rotation per call, and uses the CPU's fastest matmul. Its price is
-  memory: the dense weight is resident, so the CPU path demonstrates quality, not compression.
+  bit-identical to :meth:`QuantizedWeight.dequantize` (its f64 un-rotation) by construction,
+  costs no rotation per call, and uses the CPU's fastest matmul. Its price is memory: the dense
+  weight is resident, so the CPU path demonstrates quality, not compression.
 * **fused** (CUDA, where a kernel of :mod:`leechq.kernels.select` can implement the record): the
   record is repacked into the kernel's layout at finalize; ``forward`` rotates the activation with
   the stored tables (lattice records) and calls the fused dequant+matvec. When no kernel can, the
