@@ -110,3 +110,57 @@ def test_to_on_the_cpu(tmp_path: Path) -> None:
         torch.testing.assert_close(hf(x).logits, before, rtol=0, atol=0)
     with pytest.raises(InvalidInput, match="meta"):
         hf.to("meta")
+
+
+def _graph_ops(model: Any, x: torch.Tensor) -> set[str]:
+    """The call targets of the graph(s) ``torch.compile(model, fullgraph=True)`` traces."""
+    import torch._dynamo
+
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, _inputs: list) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, fullgraph=True, backend=capture)(x)
+    return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_cpu_compile_fullgraph_of_a_loaded_model(tmp_path: Path) -> None:
+    """``torch.compile(model, fullgraph=True)`` over a full-recipe model loaded by transformers
+    traces in one graph, with the packed tables as leechq custom ops, and computes what eager
+    does."""
+    import torch._dynamo
+
+    hf = _hf(ARTIFACTS["full-untied"](tmp_path), "cpu", torch.float32, "device_map")
+    x = ids()
+    ops = _graph_ops(hf, x)
+    assert any("leechq.packed_embedding" in t for t in ops), ops
+    torch._dynamo.reset()
+    compiled = torch.compile(hf, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).logits, hf(x).logits, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bare", "full-untied"])
+def test_cuda_compile_fullgraph_of_a_loaded_model(tmp_path: Path, kind: str) -> None:
+    """What a user does after ``from_pretrained(..., device_map="cuda")``: ``torch.compile(model,
+    fullgraph=True)`` with inductor. The fused kernels are leechq custom ops in the traced graph;
+    the compiled logits equal eager up to inductor's reordering of float32 elementwise work and
+    reductions (per element: 2^-13 relative plus 2^-13 of the logits' RMS)."""
+    import torch._dynamo
+
+    hf = _hf(ARTIFACTS[kind](tmp_path), "cuda", torch.float32, "device_map")
+    x = ids().cuda()
+    ops = _graph_ops(hf, x)
+    assert any("leechq.fused_linear" in t for t in ops), ops
+    torch._dynamo.reset()
+    compiled = torch.compile(hf, fullgraph=True)
+    with torch.no_grad():
+        want = hf(x).logits
+        got = compiled(x).logits
+    rms = float(want.double().pow(2).mean().sqrt())
+    torch.testing.assert_close(got, want, rtol=2**-13, atol=2**-13 * rms)

@@ -130,7 +130,13 @@ def test_a_dtype_cast_keeps_the_f16_scales() -> None:
     emb.to(torch.bfloat16)  # a cast of the whole model must not round the f16 scales to bf16
     assert emb.scales.dtype == torch.float16 and emb.biases.dtype == torch.float16
     assert emb.qweight.dtype == torch.uint8
-    assert torch.equal(emb(ids), before)  # still finalized, same dtype, same values
+    after = emb(ids)  # still finalized: the served dtype follows the cast, the values the table
+    assert after.dtype == torch.bfloat16 and torch.equal(after, before.bfloat16())
+    head = PackedHead.tied_to(emb)
+    head.finalize("cpu", torch.bfloat16)
+    head.float()
+    assert head.execution.dtype == torch.float32 and emb.execution.dtype == torch.float32
+    assert head(activations(2)).dtype == torch.float32
 
 
 def test_errors() -> None:

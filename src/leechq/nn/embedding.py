@@ -5,8 +5,8 @@ table — ``qweight`` uint8 [vocab, dim/2] (4 bits, low nibble = even column) or
 (8 bits), f16 ``scales`` and ``biases`` [vocab, ceil(dim/group)] — as buffers on its device, and
 never a dense copy of it. A :class:`PackedHead` computes logits from a table: the embedding's own
 (a tied head: the very same module and buffers, no second copy) or one of its own (an untied
-4/8-bit ``lm_head``). Under ``torch.compile`` the Triton gather and matvec are opaque custom ops
-(:mod:`leechq.nn.custom_ops`).
+4/8-bit ``lm_head``). Under ``torch.compile`` every lookup and the Triton matvec are opaque custom
+ops (:mod:`leechq.nn.custom_ops`).
 
 Execution, fixed once by ``finalize(device, dtype, prefer)`` (rule A4, as
 :class:`leechq.nn.linear.LeechqLinear`):
@@ -59,6 +59,13 @@ def _check_finalize_args(dtype: torch.dtype, prefer: str, what: str) -> None:
         raise InvalidInput(f"prefer must be 'auto', 'reference' or 'fused', got {prefer!r}")
 
 
+def _cast_dtype(fn: Any, dtype: torch.dtype) -> torch.dtype:
+    """The serving dtype after ``Module._apply(fn)``: what ``fn`` makes of a ``dtype`` tensor when
+    that is a serving dtype (``model.half()``, ``model.to(torch.bfloat16)``), else ``dtype``."""
+    cast = fn(torch.empty(0, dtype=dtype)).dtype
+    return cast if cast in _DTYPES else dtype
+
+
 def _target_device(device: torch.device | str | None, current: torch.device) -> torch.device:
     """``device`` (default ``current``) with a CUDA index made explicit, so that it compares equal
     to the device a tensor reports."""
@@ -91,8 +98,9 @@ class PackedEmbedding(nn.Module):
     """A token embedding whose table stays packed: ids int [...] → [..., dim] (activation dtype).
 
     Build with :meth:`from_group_affine` or :meth:`from_table`, then :meth:`finalize` once on the
-    device (``.to(device)`` after finalize re-finalizes on the new device with the same dtype and
-    preference; a dtype cast of the module leaves the f16 scales and biases untouched).
+    device (``.to(device)`` after finalize re-finalizes on the new device with the same preference;
+    a dtype cast of the module changes the output dtype and leaves the f16 scales and biases
+    untouched).
 
     Attributes:
         bits: 4 or 8.
@@ -119,7 +127,7 @@ class PackedEmbedding(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
-        self._key = 0  # the Triton gather's custom-op key (0: no kernel)
+        self._key = 0  # the lookup's custom-op key (leechq.nn.custom_ops), set by finalize
 
     @property
     def prefer(self) -> str:
@@ -246,7 +254,7 @@ class PackedEmbedding(nn.Module):
                 q.index_select(0, flat), s.index_select(0, flat), b.index_select(0, flat)
             ).to(dtype).reshape(-1, dim)
             name = f"torch-int{self.bits}-embedding"
-        self._key = custom_ops.register(self._lookup) if kernel is not None else 0
+        self._key = custom_ops.register(self._lookup)
         self._prefer = prefer
         path = "fused" if kernel is not None else "reference"
         self.execution = Execution(path, str(device), dtype, kernel=name, reason=reason)
@@ -266,7 +274,8 @@ class PackedEmbedding(nn.Module):
             if new is not None and old is not None and new.dtype != old.dtype:
                 self._buffers[n] = old.to(new.device)
         if self.execution is not None:  # moved: the kernels must read the moved tensors
-            self.finalize(self.qweight.device, self.execution.dtype, prefer=self._prefer)
+            self.finalize(self.qweight.device, _cast_dtype(fn, self.execution.dtype),
+                          prefer=self._prefer)
         return self
 
     # ------------------------------------------------------------------ forward
@@ -281,11 +290,10 @@ class PackedEmbedding(nn.Module):
             got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise InvalidInput(f"PackedEmbedding takes int32/int64 token ids, got {got}")
         flat = ids.reshape(-1).contiguous()
-        if self._key:
-            rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
-                                               self.execution.dtype)
-        else:
-            rows = self._lookup(flat)
+        if self.execution is None:
+            return self._unfinalized(flat)
+        rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
+                                           self.execution.dtype)
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
@@ -401,7 +409,8 @@ class PackedHead(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> PackedHead:
         super()._apply(fn, recurse)
         if self.execution is not None:
-            self.finalize(self.table.qweight.device, self.execution.dtype, prefer=self._prefer)
+            self.finalize(self.table.qweight.device, _cast_dtype(fn, self.execution.dtype),
+                          prefer=self._prefer)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
