@@ -27,6 +27,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_interp)
 
 
+@pytest.fixture(autouse=True)
+def _float32_products_in_float32():
+    """Every test starts with float32 matmuls in full float32 (no TF32 on a GPU), whatever an
+    earlier test or library set: the per-output tolerances of float32 products assume it."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
 @pytest.fixture
 def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """A small offline corpus laid out like the Python-docs ``_sources`` tree (24 files of random
