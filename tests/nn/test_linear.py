@@ -316,6 +316,31 @@ def test_cuda_fused_matches_reference(kind: str, d_in: int, d_out: int, m_rows: 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind,kernel", [("tetra", "m1_kernel"), ("ball", "m1_kernel"),
+                                         ("int4", "intq_matvec_kernel")])
+def test_cuda_one_row_runs_the_decode_kernel(kind: str, kernel: str) -> None:
+    """A batch-1 product launches the batch-1 decode kernel (Triton function ``kernel``), not the
+    tiled kernel a failed first-use check falls back to: the profiler lists what ran."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    rec = _gpu_record(kind, 2560, 256)
+    mod = LeechqLinear.from_record(rec)
+    x = torch.randn(1, 2560, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert mod.finalize("cuda", torch.float32).kernel == FUSED_KERNEL[kind]
+        mod(x)  # first use: compilation and the first-use check
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            mod(x)
+            torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
+    assert any(kernel in n for n in names), names
+    assert not any("tetra48_matvec_kernel" in n for n in names), names
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_fused_half_dtypes(dtype: torch.dtype) -> None:
     rec = lattice_record("tetra", 256, 2560, seed=11)
