@@ -162,18 +162,6 @@ def test_registration_is_explicit() -> None:
     assert res.stdout.split() == ["False", "True"]
 
 
-@pytest.mark.gpu
-def test_from_pretrained_on_cuda_matches_leechq_load(tmp_path: Path) -> None:
-    out, _ = make_artifact(tmp_path, "qwen2")
-    ours, _ = load(out, device="cuda", dtype=torch.bfloat16, tokenizer=False)
-    hf = _from_pretrained(out, dtype=torch.bfloat16, device_map="cuda")
-    paths = {m.execution.path for m in hf.modules() if isinstance(m, LeechqLinear)}
-    assert paths == {"fused"}
-    x = ids().cuda()
-    with torch.no_grad():
-        torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
-
-
 def test_dequantize_gives_plain_linears(tmp_path: Path) -> None:
     out, _ = make_artifact(tmp_path, "qwen2", tokenizer=False)
     hf = _from_pretrained(out, dtype=torch.float32)
