@@ -25,3 +25,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "interp" in item.keywords and not interp:
             item.add_marker(skip_interp)
+
+
+@pytest.fixture(autouse=True)
+def _float32_products_in_float32():
+    """Every test starts with float32 matmuls in full float32 (no TF32 on a GPU), whatever an
+    earlier test or library set: the per-output tolerances of float32 products assume it."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture
+def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """A small offline corpus laid out like the Python-docs ``_sources`` tree (24 files of random
+    words of the tiny tokenizer's vocabulary, both splits populated), installed through
+    ``$LEECHQ_PYDOC_SOURCES`` with a private ``$LEECHQ_CACHE``: what ``leechq quantize`` calibrates
+    on and ``leechq eval`` evaluates on, with no download. Returns the ``_sources`` path."""
+    import random
+
+    from leechq_tiny import WORDS
+
+    from leechq.data.corpus import split_of
+
+    root = tmp_path_factory.mktemp("corpus")
+    sources = root / "_sources"
+    rng = random.Random(0)
+    for i in range(24):
+        rel = f"library/m{i}.rst.txt"
+        (sources / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sources / rel).write_text(" ".join(rng.choice(WORDS) for _ in range(400)) + "\n")
+    splits = {split_of(f"library/m{i}.rst.txt") for i in range(24)}
+    assert splits == {"calibration", "evaluation"}, splits
+    monkeypatch.setenv("LEECHQ_PYDOC_SOURCES", str(sources))
+    monkeypatch.setenv("LEECHQ_CACHE", str(root / "cache"))
+    return sources

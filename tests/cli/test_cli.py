@@ -109,15 +109,8 @@ def test_prompt_uses_the_chat_template() -> None:
 
 
 def test_eval_reports_ppl_and_kl(
-    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
 ) -> None:
-    from leechq.data.corpus import pydoc_sources_dir
-    from leechq.errors import ArtifactError
-
-    try:
-        pydoc_sources_dir(fetch=False)
-    except ArtifactError:
-        pytest.skip("offline evaluation corpus not fetched on this machine")
     ref = tmp_path / "ref"
     tiny_model("llama").save_pretrained(ref)
     tiny_tokenizer().save_pretrained(ref)
@@ -193,24 +186,16 @@ def test_chat_reads_turns_until_exit(artifact: Path) -> None:
 
 
 def _tiny_llama_dir(tmp_path: Path) -> Path:
-    """A tiny random Llama saved as a transformers directory (skips without the offline corpus,
-    which quantization calibrates on)."""
-    from leechq.data.corpus import pydoc_sources_dir
-    from leechq.errors import ArtifactError
-
-    try:
-        pydoc_sources_dir(fetch=False)
-    except ArtifactError:
-        pytest.skip("offline corpus not fetched on this machine")
+    """A tiny random Llama saved as a transformers directory (calibrated on ``fixture_corpus``)."""
     src = tmp_path / "tiny"
     tiny_model("llama").save_pretrained(src)
     tiny_tokenizer().save_pretrained(src)
     return src
 
 
-@pytest.mark.slow
 def test_quantize_then_demo_on_a_tiny_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    fixture_corpus: Path
 ) -> None:
     """The real pipeline (quantizer, artifact, load, generate, eval) on a tiny random model: the
     quantize command, then the demo reusing nothing (its own cache)."""
@@ -268,9 +253,8 @@ def test_target_bpp_needs_the_full_recipe(
     assert not (tmp_path / "q").exists()
 
 
-@pytest.mark.slow
 def test_quantize_full_recipe_on_a_tiny_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
 ) -> None:
     """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales, all
     recorded in the artifact, which loads and matches the recorded accounting."""

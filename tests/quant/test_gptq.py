@@ -195,15 +195,14 @@ def test_zero_rows_code_to_the_origin() -> None:
 
 
 def _real_codebooks() -> list[object]:
-    """Registered shipped codebooks; Tetra's encoder is slower per call, so its run is in the slow
-    tier."""
+    """Registered shipped codebooks (both run in the default tier: a fraction of a second each)."""
     from leechq.codebooks import names
 
     out: list[object] = []
     if "ball" in names():
         out.append("ball")
     if "tetra" in names():
-        out.append(pytest.param("tetra", marks=pytest.mark.slow))
+        out.append("tetra")
     return out
 
 

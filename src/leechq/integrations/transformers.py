@@ -1,6 +1,6 @@
 """transformers integration: ``AutoModelForCausalLM.from_pretrained(<leechq artifact>)``.
 
-Implements docs/architecture.md §2 with transformers' public registration API only
+Uses transformers' public registration API only
 (``register_quantization_config`` / ``register_quantizer`` of ``transformers.quantizers.auto``; no
 mapping is mutated by hand, no function patched). Importing this module registers the method
 ``"leechq"``; after that, a directory whose ``config.json`` carries
@@ -20,11 +20,16 @@ Lifecycle (the HfQuantizer hooks of transformers 5):
   so
   transformers' own loader fills everything by name (f64 scales stay f64: the loader keeps the dtype
   of the buffer it loads into);
-* group-affine raw tensors (a 4/8-bit embedding) are merged into their dense parameter during the
-  load by a ``WeightConverter`` (:meth:`LeechqHfQuantizer.get_weight_conversions`);
+* group-affine raw tensors (a 4/8-bit embedding or head) are read by a ``WeightConverter``
+  (:meth:`LeechqHfQuantizer.get_weight_conversions`) that keeps their three stored tensors; a
+  transient dense copy on the CPU fills the skeleton's parameter;
 * ``_process_model_after_weight_loading`` builds the canonical records, drops the store, finalizes
   every module on the device it was loaded to (dense reference path on CPU, fused kernels on CUDA
-  where they exist) and groups q/k/v and gate/up for a shared input rotation;
+  where they exist), groups q/k/v and gate/up for a shared input rotation, and puts a
+  :class:`~leechq.nn.embedding.PackedEmbedding` / :class:`~leechq.nn.embedding.PackedHead` over
+  the kept tensors in place of a group-affine embedding / head (the dense copy is dropped), on the
+  device ``device_map`` gives that module. The packed modules and every ``LeechqLinear`` follow a
+  later ``.to(device)``;
 * ``save_pretrained`` writes the canonical records again (:meth:`get_state_dict_and_metadata`), byte
   for byte, and the same ``quantization_config``.
 
@@ -304,7 +309,43 @@ class LeechqHfQuantizer(HfQuantizer):
         dtype = self.dtype or torch.float32
         finalize_all(self.modules, devices, dtype)
         share_groups(self.modules)
+        self._install_packed_tables(model, dtype, next(iter(devices.values()), None))
         return model
+
+    def _install_packed_tables(self, model: Any, dtype: torch.dtype,
+                               fallback: torch.device | None) -> None:
+        """Packed modules in place of the group-affine embedding / head, finalized where
+        ``device_map`` puts them (default: where the quantized projections are)."""
+        from types import SimpleNamespace
+
+        from leechq.formats.artifact import GroupAffine
+        from leechq.models.load import install_packed_tables
+
+        qc = self.quantization_config
+        raw_quant, raw = {}, {}
+        for name, desc in qc.raw.items():
+            if isinstance(desc, dict) and desc.get("encoding") == "quant" and name in self.captured:
+                got = self.captured[name]
+                raw_quant[name] = GroupAffine(tuple(desc["dims"]), int(desc["bits"]),
+                                              int(desc["group"]), got["qweight"], got["scales"],
+                                              got["biases"])
+            else:
+                raw[name] = desc
+        if not raw_quant:
+            return
+        fallback = fallback or next(
+            (p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+        art = SimpleNamespace(raw=raw, raw_quant=raw_quant, tied=dict(qc.tied))
+        packed, handled = install_packed_tables(model, art, model.config)
+        # transformers must not tie (or look for) the dense parameters these modules replaced.
+        tied_keys = getattr(model, "all_tied_weights_keys", None)
+        if isinstance(tied_keys, dict):
+            for key in [k for k, v in tied_keys.items() if k in handled or v in handled]:
+                tied_keys.pop(key)
+        names = {id(m): n for n, m in model.named_modules()}
+        for module in packed:  # the embedding before a head that reads its table
+            name = names.get(id(module), "")
+            module.finalize(_placement(model, name, fallback), dtype)
 
     def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
         """``model.dequantize()``: every LeechqLinear becomes an ``nn.Linear`` holding its exact
@@ -352,10 +393,14 @@ class LeechqHfQuantizer(HfQuantizer):
         """The canonical tensors: every record as stored (byte-identical), the rotation tables,
         group-affine raw tensors as loaded, and every other tensor as held."""
         from leechq.formats.quantized_weight import QuantizedWeight
+        from leechq.nn.embedding import PackedEmbedding, PackedHead
         from leechq.nn.records import rotation_tensors
         from leechq.nn.replace import leechq_modules
 
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        packed = [n for n, m in model.named_modules()
+                  if isinstance(m, (PackedEmbedding, PackedHead))]
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()
+                 if not any(k.startswith(p + ".") for p in packed)}
         for module in leechq_modules(model).values():
             rec = module.record
             if isinstance(rec, QuantizedWeight) and rec.rotation is not None:
@@ -373,6 +418,21 @@ class LeechqHfQuantizer(HfQuantizer):
                 for suffix, t in captured[name].items():
                     state[f"{name}.{suffix}"] = t
         return state, {}
+
+
+def _placement(model: Any, name: str, fallback: torch.device) -> torch.device:
+    """The device ``model.hf_device_map`` gives module ``name`` (longest matching prefix), else
+    ``fallback``."""
+    dmap = getattr(model, "hf_device_map", None)
+    if isinstance(dmap, dict):
+        keys = [k for k in dmap if k == "" or name == k or name.startswith(k + ".")]
+        if keys:
+            where = dmap[max(keys, key=len)]
+            if isinstance(where, int):
+                return torch.device("cuda", where)
+            if str(where) not in ("disk", "meta"):
+                return torch.device(where)
+    return fallback
 
 
 if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:

@@ -1,11 +1,12 @@
 """Packed 4/8-bit token embedding and output head: the tables stay group-affine on the device.
 
-Implements docs/format.md §3 (embedding / head formats and kernels) for ``leechq.load``
-and serving. A :class:`PackedEmbedding` holds one group-affine table — ``qweight`` uint8 [vocab,
-dim/2] (4 bits, low nibble = even column) or [vocab, dim] (8 bits), f16 ``scales`` and ``biases``
-[vocab, ceil(dim/group)] — as buffers on its device, and never a dense copy of it. A
-:class:`PackedHead` computes logits from a table: the embedding's own (a tied head: the very same
-module and buffers, no second copy) or one of its own (an untied 4/8-bit ``lm_head``).
+For ``leechq.load``, transformers and serving. A :class:`PackedEmbedding` holds one group-affine
+table — ``qweight`` uint8 [vocab, dim/2] (4 bits, low nibble = even column) or [vocab, dim]
+(8 bits), f16 ``scales`` and ``biases`` [vocab, ceil(dim/group)] — as buffers on its device, and
+never a dense copy of it. A :class:`PackedHead` computes logits from a table: the embedding's own
+(a tied head: the very same module and buffers, no second copy) or one of its own (an untied
+4/8-bit ``lm_head``). Under ``torch.compile`` every lookup and the Triton matvec are opaque custom
+ops (:mod:`leechq.nn.custom_ops`).
 
 Execution, fixed once by ``finalize(device, dtype, prefer)`` (rule A4, as
 :class:`leechq.nn.linear.LeechqLinear`):
@@ -37,6 +38,7 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.int8_weight import Int8Weight
 from leechq.formats.quantized_weight import Int4Weight
+from leechq.nn import custom_ops
 from leechq.nn.linear import Execution, ReferencePathWarning
 
 Table = Int4Weight | Int8Weight
@@ -55,6 +57,13 @@ def _check_finalize_args(dtype: torch.dtype, prefer: str, what: str) -> None:
         raise InvalidInput(f"{what} serves float32/float16/bfloat16, not {dtype}")
     if prefer not in _PREFERS:
         raise InvalidInput(f"prefer must be 'auto', 'reference' or 'fused', got {prefer!r}")
+
+
+def _cast_dtype(fn: Any, dtype: torch.dtype) -> torch.dtype:
+    """The serving dtype after ``Module._apply(fn)``: what ``fn`` makes of a ``dtype`` tensor when
+    that is a serving dtype (``model.half()``, ``model.to(torch.bfloat16)``), else ``dtype``."""
+    cast = fn(torch.empty(0, dtype=dtype)).dtype
+    return cast if cast in _DTYPES else dtype
 
 
 def _target_device(device: torch.device | str | None, current: torch.device) -> torch.device:
@@ -89,8 +98,9 @@ class PackedEmbedding(nn.Module):
     """A token embedding whose table stays packed: ids int [...] → [..., dim] (activation dtype).
 
     Build with :meth:`from_group_affine` or :meth:`from_table`, then :meth:`finalize` once on the
-    device (``.to(device)`` after finalize re-finalizes on the new device with the same dtype and
-    preference; a dtype cast of the module leaves the f16 scales and biases untouched).
+    device (``.to(device)`` after finalize re-finalizes on the new device with the same preference;
+    a dtype cast of the module changes the output dtype and leaves the f16 scales and biases
+    untouched).
 
     Attributes:
         bits: 4 or 8.
@@ -117,6 +127,7 @@ class PackedEmbedding(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
+        self._key = 0  # the lookup's custom-op key (leechq.nn.custom_ops), set by finalize
 
     @property
     def prefer(self) -> str:
@@ -127,13 +138,15 @@ class PackedEmbedding(nn.Module):
 
     @classmethod
     def from_table(cls, table: Table) -> PackedEmbedding:
-        """A module over an :class:`Int4Weight` or :class:`Int8Weight` [vocab, dim] (tensors kept)."""
+        """A module over an :class:`Int4Weight` or :class:`Int8Weight` [vocab, dim] (tensors
+        kept)."""
         if isinstance(table, Int4Weight):
             bits = 4
         elif isinstance(table, Int8Weight):
             bits = 8
         else:
-            raise InvalidInput(f"PackedEmbedding needs an Int4Weight or Int8Weight, got {type(table)}")
+            raise InvalidInput(
+                f"PackedEmbedding needs an Int4Weight or Int8Weight, got {type(table)}")
         return cls(bits, table.d_out, table.d_in, table.group, table.qweight, table.scales,
                    table.biases)
 
@@ -172,7 +185,8 @@ class PackedEmbedding(nn.Module):
 
     def dense_bytes(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes a dense [vocab, dim] table of ``dtype`` would hold (what packing saves)."""
-        return self.num_embeddings * self.embedding_dim * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        return self.num_embeddings * self.embedding_dim * size
 
     # ------------------------------------------------------------------ exact dequantization
 
@@ -240,6 +254,7 @@ class PackedEmbedding(nn.Module):
                 q.index_select(0, flat), s.index_select(0, flat), b.index_select(0, flat)
             ).to(dtype).reshape(-1, dim)
             name = f"torch-int{self.bits}-embedding"
+        self._key = custom_ops.register(self._lookup)
         self._prefer = prefer
         path = "fused" if kernel is not None else "reference"
         self.execution = Execution(path, str(device), dtype, kernel=name, reason=reason)
@@ -259,7 +274,8 @@ class PackedEmbedding(nn.Module):
             if new is not None and old is not None and new.dtype != old.dtype:
                 self._buffers[n] = old.to(new.device)
         if self.execution is not None:  # moved: the kernels must read the moved tensors
-            self.finalize(self.qweight.device, self.execution.dtype, prefer=self._prefer)
+            self.finalize(self.qweight.device, _cast_dtype(fn, self.execution.dtype),
+                          prefer=self._prefer)
         return self
 
     # ------------------------------------------------------------------ forward
@@ -274,7 +290,11 @@ class PackedEmbedding(nn.Module):
             got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise InvalidInput(f"PackedEmbedding takes int32/int64 token ids, got {got}")
         flat = ids.reshape(-1).contiguous()
-        return self._lookup(flat).reshape(*ids.shape, self.embedding_dim)
+        if self.execution is None:
+            return self._unfinalized(flat)
+        rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
+                                           self.execution.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("PackedEmbedding was never finalized: call finalize(device, dtype) "
@@ -314,6 +334,7 @@ class PackedHead(nn.Module):
         self.execution: Execution | None = None
         self._prefer = "auto"
         self._matvec: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._key = 0  # the Triton matvec's custom-op key (0: none)
         self._max_rows = 0
         self._dtype = torch.float32
 
@@ -366,11 +387,13 @@ class PackedHead(nn.Module):
         shape = Shape(t.num_embeddings, t.embedding_dim, 1, t.group)
         kernel, reason = _select("matvec", f"int{t.bits}", shape, device, prefer)
         self._matvec = None
+        self._key = 0
         self._max_rows = 0
         name = "chunked-dequantize-matmul"
         if kernel is not None:
             fn, table = kernel.function(), t.table()
-            self._matvec = lambda x2: fn(x2, table)
+            self._matvec = lambda x2: fn(x2, table).to(dtype)
+            self._key = custom_ops.register(self._matvec)
             self._max_rows = MAX_TRITON_ROWS
             name = f"{kernel.name} (≤{MAX_TRITON_ROWS} rows; chunked beyond)"
         self._dtype = dtype
@@ -386,7 +409,8 @@ class PackedHead(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> PackedHead:
         super()._apply(fn, recurse)
         if self.execution is not None:
-            self.finalize(self.table.qweight.device, self.execution.dtype, prefer=self._prefer)
+            self.finalize(self.table.qweight.device, _cast_dtype(fn, self.execution.dtype),
+                          prefer=self._prefer)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -400,7 +424,7 @@ class PackedHead(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self._matvec is not None and 1 <= x2.shape[0] <= self._max_rows:
-            y = self._matvec(x2.contiguous()).to(self._dtype)
+            y = custom_ops.fused_linear(x2.contiguous(), self._key, self.out_features, self._dtype)
         else:
             y = self._chunked(x2.to(self._dtype))
         return y.reshape(*lead, self.out_features)

@@ -1,6 +1,5 @@
 """``LeechqLinear``: the quantized linear module of ``leechq.load``, transformers and serving.
 
-See docs/architecture.md §1–§2 (``nn/linear.py``); no lazy state in ``forward``.
 A module holds one canonical record — a lattice-coded :class:`~leechq.formats.quantized_weight.
 QuantizedWeight` (ball or Tetra) or an :class:`~leechq.formats.quantized_weight.Int4Weight` — plus
 an optional bias, and serves it through one of two execution paths fixed once by :meth:`finalize`:
@@ -8,13 +7,17 @@ an optional bias, and serves it through one of two execution paths fixed once by
 * **dense** (the reference path; always used on CPU): the record is dequantized *once*, at finalize,
   into a natural-basis ``[d_out, d_in]`` weight of the serving dtype, and ``forward`` is
   ``F.linear``. Chosen over "rotate the activation, dot with the rotated-basis weight" because it is
-  bit-identical to :meth:`QuantizedWeight.dequantize` (the f64 un-rotation of docs/format.md §2)
-  by construction, costs no rotation per call, and uses the CPU's fastest matmul. Its price is
-  memory: the dense weight is resident, so the CPU path demonstrates quality, not compression.
+  bit-identical to :meth:`QuantizedWeight.dequantize` (its f64 un-rotation) by construction,
+  costs no rotation per call, and uses the CPU's fastest matmul. Its price is memory: the dense
+  weight is resident, so the CPU path demonstrates quality, not compression.
 * **fused** (CUDA, where a kernel of :mod:`leechq.kernels.select` can implement the record): the
   record is repacked into the kernel's layout at finalize; ``forward`` rotates the activation with
   the stored tables (lattice records) and calls the fused dequant+matvec. When no kernel can, the
-  module falls back to the dense path and warns with every rejection reason.
+  module falls back to the dense path and warns with every rejection reason. Lattice kernels
+  multiply the activation rounded to 16 bits whatever the serving dtype (int4: the serving dtype);
+  the output is in the serving dtype. The precision and its per-output tolerance are the contract
+  of ``docs/contracts.md``. Under ``torch.compile`` the fused product is one opaque custom op
+  (:mod:`leechq.nn.custom_ops`), so ``fullgraph=True`` traces it.
 
 Nothing in ``forward`` reads a tensor value on the host, builds state, or branches on anything but
 the number of activation rows (batch-size kernel selection, A4).
@@ -37,6 +40,7 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables
+from leechq.nn import custom_ops
 
 Record = QuantizedWeight | Int4Weight
 """A canonical quantized matrix."""
@@ -97,6 +101,8 @@ class LeechqLinear(nn.Module):
         # The dense path's weight: a non-persistent buffer, so .to() moves it, state_dict skips it.
         self.register_buffer("weight_dense", None, persistent=False)
         self._fused: Any = None
+        self._fused_key = 0
+        self._prefer = "auto"
         self._shared_rotation: Any = None
         self._forward_impl = self._forward_unfinalized
 
@@ -220,6 +226,9 @@ class LeechqLinear(nn.Module):
         if device is None:
             device = self.bias.device if self.bias is not None else torch.device("cpu")
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._prefer = prefer
         if device.type == "meta":
             raise InvalidInput("LeechqLinear.finalize: cannot finalize on the meta device")
         if self.bias is not None:
@@ -242,6 +251,7 @@ class LeechqLinear(nn.Module):
                 self.weight_dense = None
                 plan.shared = self._shared_rotation
                 self._fused = plan
+                self._fused_key = custom_ops.register(plan)
                 self._forward_impl = self._forward_fused
                 self.execution = Execution("fused", str(device), dtype, kernel=plan.kernel_name)
                 return self.execution
@@ -266,6 +276,24 @@ class LeechqLinear(nn.Module):
         if self._fused is not None:
             self._fused.shared = slot
 
+    def _apply(self, fn: Any, recurse: bool = True) -> LeechqLinear:
+        # ``.to(device)`` / ``.half()`` of a finalized module: the served form (a packed plan or
+        # the dense weight) is rebuilt from the record for the new device and dtype, with the same
+        # preference; the old dense weight is dropped first so it is not copied for nothing.
+        ex = self.execution
+        if ex is None:
+            return super()._apply(fn, recurse)
+        before = torch.empty(0, device=ex.device, dtype=ex.dtype)
+        after = fn(before)
+        dtype = after.dtype if after.dtype in (torch.float32, torch.float16,
+                                               torch.bfloat16) else ex.dtype
+        if after.device == before.device and dtype == ex.dtype:
+            return super()._apply(fn, recurse)
+        self.weight_dense = None
+        super()._apply(fn, recurse)
+        self.finalize(after.device, dtype, prefer=self._prefer)
+        return self
+
     # ------------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +310,8 @@ class LeechqLinear(nn.Module):
         return F.linear(x, self.weight_dense, self.bias)
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._fused(x)
+        # One opaque custom op while compiling (leechq.nn.custom_ops), the plan itself otherwise.
+        y = custom_ops.fused_linear(x, self._fused_key, self.out_features, self.execution.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -293,7 +322,7 @@ class LeechqLinear(nn.Module):
         self, destination: dict[str, Any], prefix: str, keep_vars: bool
     ) -> None:
         # The canonical record is what a LeechqLinear serializes, never its served form: the same
-        # tensors the artifact holds, so save → load is byte-identical (docs/architecture.md §2).
+        # tensors the artifact holds, so save → load is byte-identical.
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.record is not None:
             if self._canonical is None:  # packed once, then kept (about 2 bits per weight)
