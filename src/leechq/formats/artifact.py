@@ -28,7 +28,7 @@ kernel bits per quantized weight, whole-model bits per parameter, and the on-dis
 
 from __future__ import annotations
 
-import hashlib
+import glob
 import json
 import math
 import os
@@ -50,6 +50,13 @@ from leechq.errors import (
     IncompatibleVersion,
     InvalidInput,
     LeechqError,
+)
+from leechq.formats.integrity import (
+    check_config_fields,
+    check_record_magnitudes,
+    load_json,
+    sha256_file,
+    verify_manifest,
 )
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
@@ -275,11 +282,7 @@ def _codebook_fingerprint(name: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -287,6 +290,77 @@ def _fsync_write(path: Path, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def check_replaceable(out: str | os.PathLike[str]) -> None:
+    """Refuse to replace ``out`` unless it is a complete leechq artifact and nothing else.
+
+    ``out`` may be replaced (``overwrite=True``, ``--force``) only when it is a real directory
+    (not a link) whose ``leechq-manifest.json`` is valid, names ``quant_method`` "leechq", lists
+    every file the directory holds, and whose listed files have their recorded sizes. A folder of
+    the user's files, a file, or an artifact with foreign files added is never deleted.
+
+    Raises:
+        ArtifactError: ``out`` is not such a directory (the reason named); nothing is touched.
+    """
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return
+    refuse = f"{path} exists and is not a complete leechq artifact; refusing to replace it"
+    if path.is_symlink() or not path.is_dir():
+        raise ArtifactError(f"{refuse} (it is not a directory)")
+    try:
+        manifest = load_json(path / MANIFEST_FILE)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{refuse} ({MANIFEST_FILE}: {exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("quant_method") != QUANT_METHOD:
+        raise ArtifactError(f"{refuse} (its manifest is not a leechq manifest)")
+    try:
+        files = verify_manifest(path, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=False)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{refuse} ({exc})") from exc
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in files and p.name != MANIFEST_FILE)
+    if foreign:
+        raise ArtifactError(f"{refuse} (it holds files the manifest does not list: {foreign[:3]})")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_stale_partials(out: str | os.PathLike[str]) -> list[Path]:
+    """Remove what a killed write of ``out`` left behind; returns the paths handled.
+
+    A writer assembles ``.<name>.partial-<pid>`` and, when replacing, moves the old artifact to
+    ``.<name>.old-<pid>``. For a writer whose process is gone: a partial directory is deleted (it
+    was never committed); an old artifact is put back when ``out`` is missing (the writer died
+    between its two renames), else deleted. Directories of a live process are left alone.
+    """
+    path = Path(out)
+    parent = path.parent
+    handled: list[Path] = []
+    if not parent.is_dir():
+        return handled
+    for kind in ("partial", "old"):
+        prefix = f".{path.name}.{kind}-"
+        for p in sorted(parent.glob(f"{glob.escape(prefix)}*")):
+            tail = p.name[len(prefix):]
+            if not tail.isdigit() or _pid_alive(int(tail)) or not p.is_dir() or p.is_symlink():
+                continue
+            if kind == "old" and not path.exists():
+                os.replace(p, path)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+            handled.append(p)
+    return handled
 
 
 def build_tensors(
@@ -441,8 +515,9 @@ def write_artifact(
         The directory path.
     """
     out = Path(out_dir)
-    if out.exists() and not overwrite:
+    if (out.exists() or out.is_symlink()) and not overwrite:
         raise ArtifactError(f"{out} already exists (pass overwrite=True to replace it)")
+    check_replaceable(out)
     if quant_config.codebook in CONTROL_CODEBOOKS:
         raise InvalidInput(
             f"codebook {quant_config.codebook!r} is a control and produces no artifact"
@@ -471,11 +546,15 @@ def write_artifact(
         "tied": tied,
         "provenance": dict(provenance or {}),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_partials(out)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{out}: cannot create the artifact here: {exc}") from exc
     try:
         from safetensors.torch import save_file
 
@@ -507,12 +586,16 @@ def write_artifact(
         manifest = {"quant_method": QUANT_METHOD, "schema_version": SCHEMA_VERSION, "files": files}
         _fsync_write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
         if out.exists():
+            check_replaceable(out)  # still only a leechq artifact, right before the swap
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)  # the commit point
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArtifactError(f"{out}: writing the artifact failed: {exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -554,6 +637,10 @@ def _parse_header(path: Path) -> dict[str, Any]:
             raise ArtifactError(f"{path}: tensor {name!r} has a malformed header entry") from exc
         if dtype not in _ST_DTYPES:
             raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise ArtifactError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
         itemsize = torch.empty(0, dtype=_ST_DTYPES[dtype]).element_size()
         if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
             raise ArtifactError(
@@ -614,12 +701,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     if not root.is_dir():
         raise ArtifactError(f"{where}: not a directory")
     cfg_path = root / CONFIG_FILE
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"{cfg_path}: missing") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{cfg_path}: unreadable or not JSON: {exc}") from exc
+    cfg = load_json(cfg_path)
     qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise ArtifactError(
@@ -630,30 +712,11 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raise IncompatibleVersion(
             f"{cfg_path}: artifact schema_version {version!r}; this build reads {SCHEMA_VERSION}"
         )
-    manifest_path = root / MANIFEST_FILE
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"{manifest_path}: missing (the artifact was never completed)") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{manifest_path}: unreadable: {exc}") from exc
-    for name in (CONFIG_FILE, MODEL_FILE):
-        if name not in files:
-            raise ArtifactError(f"{manifest_path}: does not list {name}")
-    for name, info in files.items():
-        p = root / name
-        if not p.is_file():
-            raise ArtifactError(f"{p}: listed in the manifest but missing")
-        if p.stat().st_size != info.get("bytes"):
-            raise ArtifactError(
-                f"{p}: {p.stat().st_size} bytes, the manifest says {info.get('bytes')} (truncated?)"
-            )
-        if verify and _sha256(p) != info.get("sha256"):
-            raise ArtifactError(f"{p}: sha256 differs from the manifest (corrupt file)")
+    verify_manifest(root, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=verify)
+    check_config_fields(qc.get("config"), str(cfg_path))
     try:
         quant_config = QuantConfig.from_dict(qc.get("config"))
-    except LeechqError as exc:
+    except (LeechqError, TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, IncompatibleVersion):
             raise
         raise ArtifactError(f"{cfg_path}: invalid quantization_config.config: {exc}") from exc
@@ -681,6 +744,16 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     for key in ("records", "rotations", "raw", "tied"):
         if not isinstance(qc.get(key), dict):
             raise ArtifactError(f"{cfg_path}: quantization_config.{key} must be an object")
+    for section in ("records", "rotations", "raw"):
+        for name, desc in qc[section].items():
+            if not isinstance(desc, dict):
+                raise ArtifactError(
+                    f"{cfg_path}: quantization_config.{section}.{name} must be an object, "
+                    f"got {type(desc).__name__}"
+                )
+    for alias, target in qc["tied"].items():
+        if not isinstance(target, str):
+            raise ArtifactError(f"{cfg_path}: quantization_config.tied.{alias} must be a string")
 
     model_path = root / MODEL_FILE
     header = _parse_header(model_path)
@@ -704,7 +777,9 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         m, k = split_width(n) if n > 0 else (0, 0)
         try:
             seed = int(desc["seed"])
-        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(desc["seed"], (bool, float)) or not 0 <= seed < 1 << 64:
+                raise ValueError(desc["seed"])
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ArtifactError(f"{cfg_path}: {ctx} has no valid seed") from exc
         if key != f"{n}_{seed:016x}" or desc.get("pow2") != m or desc.get("odd") != k:
             raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent with its key")
@@ -774,14 +849,17 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
             if group < 2 or d_in % 2 or desc.get("groups_per_row") != -(-d_in // group):
                 raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent")
             gpr = -(-d_in // group)
-            records[name] = Int4Weight(
-                d_out=d_out,
-                d_in=d_in,
-                group=group,
-                qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
-                scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
-                biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
-            )
+            try:
+                records[name] = Int4Weight(
+                    d_out=d_out,
+                    d_in=d_in,
+                    group=group,
+                    qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
+                    scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
+                    biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
+                )
+            except InvalidInput as exc:
+                raise ArtifactError(f"{model_path}: {ctx}: {exc}") from exc
         else:
             raise ArtifactError(f"{cfg_path}: {ctx} has unknown kind {kind!r}")
 
@@ -827,6 +905,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     extra = sorted(set(k for k in header if k != "__metadata__") - used)
     if extra:
         raise ArtifactError(f"{model_path}: tensors not described by config.json: {extra[:5]}")
+    check_record_magnitudes(records, str(model_path))
     return Artifact(
         path=root,
         config=cfg,
@@ -872,7 +951,7 @@ def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str
     }
 
 
-def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
     """Per-matrix rates and the three accounting rates of an artifact, reported separately.
 
     Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits
@@ -886,8 +965,11 @@ def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given
       for the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of
       the records over the quantized weights.
+
+    ``verified`` says whether every file's sha256 was checked against the manifest (``verify``);
+    everything else of :func:`read_artifact` (sizes, schema, tensors, magnitudes) is always checked.
     """
-    art = read_artifact(directory, verify=False)
+    art = read_artifact(directory, verify=verify)
     from leechq.codebooks import get
 
     label_bits = get(art.quant_config.codebook).label_bits
@@ -919,6 +1001,7 @@ def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     dir_bytes = sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file())
     return {
         "codebook": art.quant_config.codebook,
+        "verified": bool(verify),
         "config": art.quant_config.to_dict(),
         "matrices": matrices,
         "counts": {
