@@ -319,7 +319,9 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
         files = verify_manifest(path, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=False)
     except ArtifactError as exc:
         raise ArtifactError(f"{refuse} ({exc})") from exc
-    foreign = sorted(p.name for p in path.iterdir() if p.name not in files and p.name != MANIFEST_FILE)
+    foreign = sorted(
+        p.name for p in path.iterdir() if p.name not in files and p.name != MANIFEST_FILE
+    )
     if foreign:
         raise ArtifactError(f"{refuse} (it holds files the manifest does not list: {foreign[:3]})")
 

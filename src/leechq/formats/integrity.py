@@ -128,11 +128,15 @@ def verify_manifest(
             raise ArtifactError(f"{p}: listed in the manifest but missing (or not a plain file)")
         size = p.stat().st_size
         if size != info["bytes"]:
-            raise ArtifactError(f"{p}: {size} bytes, the manifest says {info['bytes']} (truncated?)")
+            raise ArtifactError(
+                f"{p}: {size} bytes, the manifest says {info['bytes']} (truncated?)"
+            )
     if verify:
         for name, info in files.items():
             if sha256_file(root / name) != info["sha256"]:
-                raise ArtifactError(f"{root / name}: sha256 differs from the manifest (corrupt file)")
+                raise ArtifactError(
+                    f"{root / name}: sha256 differs from the manifest (corrupt file)"
+                )
     return files
 
 
