@@ -52,8 +52,10 @@ from leechq.errors import (
     LeechqError,
 )
 from leechq.formats.integrity import (
+    CONTENT_KEY,
     check_config_fields,
     check_record_magnitudes,
+    content_digest,
     load_json,
     sha256_file,
     verify_manifest,
@@ -292,6 +294,39 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+MAX_OUT_NAME_BYTES = 255 - 24  # room for ".<name>.partial-<pid>" and "<name>.rows-ckpt"
+
+
+def check_output_path(out: str | os.PathLike[str]) -> None:
+    """Refuse an output directory that cannot be written, before any work is done.
+
+    Raises:
+        ArtifactError: an empty name, a name longer than :data:`MAX_OUT_NAME_BYTES` bytes (the
+            temporary and checkpoint names add to it), or a nearest existing ancestor that is not
+            a writable directory.
+    """
+    path = Path(out)
+    name = path.name
+    if not name or name in (".", ".."):
+        raise ArtifactError(f"{out!s}: not a usable directory name")
+    if len(os.fsencode(name)) > MAX_OUT_NAME_BYTES:
+        raise ArtifactError(
+            f"output name {name[:40]}... is {len(os.fsencode(name))} bytes; at most "
+            f"{MAX_OUT_NAME_BYTES} fit the file system with the temporary and checkpoint suffixes"
+        )
+    try:
+        anc = path.absolute().parent
+        while not anc.exists() and anc != anc.parent:
+            anc = anc.parent
+        usable = anc.is_dir() and os.access(anc, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise ArtifactError(f"{out!s}: cannot be created: {exc}") from exc
+    if not anc.is_dir():
+        raise ArtifactError(f"{out!s}: cannot be created: {anc} is not a directory")
+    if not usable:
+        raise ArtifactError(f"{out!s}: cannot be created: {anc} is not writable")
+
+
 def check_replaceable(out: str | os.PathLike[str]) -> None:
     """Refuse to replace ``out`` unless it is a complete leechq artifact and nothing else.
 
@@ -519,6 +554,7 @@ def write_artifact(
     out = Path(out_dir)
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise ArtifactError(f"{out} already exists (pass overwrite=True to replace it)")
+    check_output_path(out)
     check_replaceable(out)
     if quant_config.codebook in CONTROL_CODEBOOKS:
         raise InvalidInput(
@@ -714,7 +750,19 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raise IncompatibleVersion(
             f"{cfg_path}: artifact schema_version {version!r}; this build reads {SCHEMA_VERSION}"
         )
-    verify_manifest(root, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=verify)
+    model_path = root / MODEL_FILE
+    manifest_path = root / MANIFEST_FILE
+    sealed: str | None = None
+    if manifest_path.exists() or manifest_path.is_symlink() or not model_path.is_file():
+        verify_manifest(root, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=verify)
+    else:  # written by save_pretrained: the tensors carry their own content digest
+        meta = _parse_header(model_path).get("__metadata__")
+        sealed = meta.get(CONTENT_KEY) if isinstance(meta, dict) else None
+        if not isinstance(sealed, str):
+            raise ArtifactError(
+                f"{manifest_path}: missing (the artifact was never completed), and "
+                f"{MODEL_FILE} carries no {CONTENT_KEY}"
+            )
     check_config_fields(qc.get("config"), str(cfg_path))
     try:
         quant_config = QuantConfig.from_dict(qc.get("config"))
@@ -757,7 +805,6 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         if not isinstance(target, str):
             raise ArtifactError(f"{cfg_path}: quantization_config.tied.{alias} must be a string")
 
-    model_path = root / MODEL_FILE
     header = _parse_header(model_path)
     try:
         from safetensors.torch import load_file
@@ -765,6 +812,10 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         tensors = load_file(str(model_path))
     except Exception as exc:  # safetensors raises its own types; name the file
         raise ArtifactError(f"{model_path}: unreadable safetensors: {exc}") from exc
+    if sealed is not None and verify and content_digest(tensors) != sealed:
+        raise ArtifactError(
+            f"{model_path}: tensors differ from their {CONTENT_KEY} (corrupt file)"
+        )
     used: set[str] = set()
 
     def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:

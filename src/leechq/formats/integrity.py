@@ -8,7 +8,9 @@ same pieces. The checks (docs/integrity.md states the guarantee of each entry po
 * **names** — every file name in a manifest is a plain name inside the directory
   (:func:`check_plain_name`); nothing outside the directory is opened or hashed;
 * **manifest** — its schema (``files``: name → {``bytes`` int, ``sha256`` 64 hex}), sizes, and the
-  sha256 of every listed file, streamed once per load (:func:`verify_manifest`);
+  sha256 of every listed file, streamed once per load (:func:`verify_manifest`); a directory that
+  ``save_pretrained`` wrote has no manifest: its ``model.safetensors`` metadata carries
+  :data:`CONTENT_KEY`, the :func:`content_digest` of its tensors, checked instead;
 * **metadata schema** — the stored :class:`~leechq.config.QuantConfig` fields have the JSON types
   the dataclass declares, the error naming the field (:func:`check_config_fields`);
 * **decoded magnitudes** — every lattice record's largest decoded weight is bounded below the f32
@@ -42,7 +44,29 @@ F32_MAX = float(torch.finfo(torch.float32).max)
 # (scale x centroid x point coordinate, an activation times a weight) cannot overflow by rounding.
 MAGNITUDE_LIMIT = F32_MAX / 2**16
 MAX_NAME_LEN = 255
+CONTENT_KEY = "leechq_content_sha256"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def content_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 (hex) over every tensor, by sorted name: name, dtype, shape and row-major bytes.
+
+    What ``save_pretrained`` stores under :data:`CONTENT_KEY` in the safetensors metadata, where no
+    manifest is written: the gate checks the loaded tensors against it.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        flat = t.reshape(-1)
+        if flat.numel():
+            h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def content_metadata(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """The safetensors metadata that seals ``tensors``: ``{CONTENT_KEY: content_digest(...)}``."""
+    return {CONTENT_KEY: content_digest(tensors)}
 
 
 def check_plain_name(name: Any, where: str) -> str:
@@ -262,3 +286,57 @@ def check_model_keys(
             f"{where}: the artifact lacks {len(missing)} tensor(s) the model needs, e.g. "
             f"{missing[:5]}"
         )
+
+
+def check_pretrained(model: Any, checkpoint_files: Any, *, verify: bool = True) -> Any:
+    """The gate for ``from_pretrained``: verify the artifact behind a model skeleton.
+
+    Called by the transformers integration once leechq's placeholders are in the skeleton, before
+    transformers reads any weight: runs :func:`check_artifact` on the directory holding
+    ``checkpoint_files`` (or ``model.config._name_or_path`` when transformers passes none), then
+    checks that every state-dict tensor of the skeleton is stored in the file, produced from a
+    group-affine table, or tied (an alias of the artifact, or a head the config ties), so that no
+    parameter is left to random initialisation.
+
+    Args:
+        model: the skeleton (a torch module with ``config``).
+        checkpoint_files: the file list transformers resolved, or None.
+        verify: hash every file (always, from the integration).
+
+    Returns:
+        The :class:`~leechq.formats.artifact.Artifact` read.
+
+    Raises:
+        ArtifactError: the directory cannot be located, or fails any check (named).
+    """
+    from leechq.formats.artifact import MODEL_FILE, _parse_header
+
+    root: Path | None = None
+    files = list(checkpoint_files or [])
+    if files:
+        parents = {Path(f).parent for f in files}
+        names = {Path(f).name for f in files}
+        if len(parents) != 1 or names != {MODEL_FILE}:
+            raise ArtifactError(
+                f"a leechq artifact is one {MODEL_FILE}; transformers resolved {files[:3]}"
+            )
+        root = parents.pop()
+    else:
+        guess = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if isinstance(guess, str) and guess and Path(guess).is_dir():
+            root = Path(guess)
+    if root is None:
+        raise ArtifactError(
+            "cannot locate the leechq artifact directory to verify it (from_pretrained reads "
+            "leechq artifacts from a local directory)"
+        )
+    with torch.device("cpu"):  # from_pretrained builds the skeleton under a meta default
+        art = check_artifact(root, verify=verify)
+    header = _parse_header(root / MODEL_FILE)
+    available = {k for k in header if k != "__metadata__"} | set(art.raw_quant)
+    tied_ok = set(art.tied)
+    if bool(getattr(model.config, "tie_word_embeddings", False)):
+        # transformers 5 declares the tied names as {target: source} (older: a list of targets)
+        tied_ok |= {str(k) for k in (getattr(model, "_tied_weights_keys", None) or ())}
+    check_model_keys(model.state_dict().keys(), available, tied_ok, str(root))
+    return art

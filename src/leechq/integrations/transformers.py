@@ -261,6 +261,9 @@ class LeechqHfQuantizer(HfQuantizer):
         device = next(iter(model.parameters())).device
         with torch.device(device):
             model.leechq = RotationStore(qc.rotations)
+        from leechq.formats.integrity import check_pretrained
+
+        check_pretrained(model, kwargs.get("checkpoint_files"))  # the integrity gate
 
     def get_weight_conversions(self) -> list[Any]:
         """One converter per group-affine raw tensor (three stored keys → one dense parameter)."""
@@ -372,7 +375,9 @@ class LeechqHfQuantizer(HfQuantizer):
                 state.pop(name, None)
                 for suffix, t in captured[name].items():
                     state[f"{name}.{suffix}"] = t
-        return state, {}
+        from leechq.formats.integrity import content_metadata
+
+        return state, content_metadata(state)  # no manifest here: the tensors seal themselves
 
 
 if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:

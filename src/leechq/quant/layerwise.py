@@ -302,8 +302,18 @@ class Checkpoint:
             return {"run_id": self.run_id, "n_blocks": self.n_blocks, "done": 0, "stats": {}}
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise ArtifactError(f"checkpoint {path} is unreadable: {exc}") from exc
+        if not isinstance(state, dict):
+            raise ArtifactError(f"checkpoint {path} is not a JSON object")
+        done, stats = state.get("done"), state.get("stats")
+        if not isinstance(done, int) or isinstance(done, bool) or not 0 <= done <= self.n_blocks:
+            raise ArtifactError(
+                f"checkpoint {path}: field 'done' must be an integer in [0, {self.n_blocks}], "
+                f"got {done!r}"
+            )
+        if not isinstance(stats, dict):
+            raise ArtifactError(f"checkpoint {path}: field 'stats' must be an object")
         if state.get("run_id") != self.run_id or state.get("n_blocks") != self.n_blocks:
             raise InvalidInput(
                 f"checkpoint {self.dir} belongs to a different run (run id "
