@@ -291,12 +291,9 @@ def check_model_keys(
 def check_pretrained(model: Any, checkpoint_files: Any, *, verify: bool = True) -> Any:
     """The gate for ``from_pretrained``: verify the artifact behind a model skeleton.
 
-    Called by the transformers integration once leechq's placeholders are in the skeleton, before
-    transformers reads any weight: runs :func:`check_artifact` on the directory holding
-    ``checkpoint_files`` (or ``model.config._name_or_path`` when transformers passes none), then
-    checks that every state-dict tensor of the skeleton is stored in the file, produced from a
-    group-affine table, or tied (an alias of the artifact, or a head the config ties), so that no
-    parameter is left to random initialisation.
+    Called by the transformers integration first thing in its before-loading hook, before leechq
+    reads a descriptor or transformers reads a weight: runs :func:`check_artifact` on the directory
+    holding ``checkpoint_files`` (or ``model.config._name_or_path`` when transformers passes none).
 
     Args:
         model: the skeleton (a torch module with ``config``).
@@ -309,7 +306,7 @@ def check_pretrained(model: Any, checkpoint_files: Any, *, verify: bool = True) 
     Raises:
         ArtifactError: the directory cannot be located, or fails any check (named).
     """
-    from leechq.formats.artifact import MODEL_FILE, _parse_header
+    from leechq.formats.artifact import MODEL_FILE
 
     root: Path | None = None
     files = list(checkpoint_files or [])
@@ -331,12 +328,23 @@ def check_pretrained(model: Any, checkpoint_files: Any, *, verify: bool = True) 
             "leechq artifacts from a local directory)"
         )
     with torch.device("cpu"):  # from_pretrained builds the skeleton under a meta default
-        art = check_artifact(root, verify=verify)
-    header = _parse_header(root / MODEL_FILE)
+        return check_artifact(root, verify=verify)
+
+
+def check_pretrained_keys(model: Any, art: Any) -> None:
+    """After leechq's placeholders went into the skeleton: every state-dict tensor must be stored
+    in the artifact, produced from a group-affine table, or tied (an alias of the artifact, or a
+    head the config ties), so that transformers leaves no parameter to random initialisation.
+
+    Raises:
+        ArtifactError: the missing names.
+    """
+    from leechq.formats.artifact import MODEL_FILE, _parse_header
+
+    header = _parse_header(Path(art.path) / MODEL_FILE)
     available = {k for k in header if k != "__metadata__"} | set(art.raw_quant)
     tied_ok = set(art.tied)
     if bool(getattr(model.config, "tie_word_embeddings", False)):
         # transformers 5 declares the tied names as {target: source} (older: a list of targets)
         tied_ok |= {str(k) for k in (getattr(model, "_tied_weights_keys", None) or ())}
-    check_model_keys(model.state_dict().keys(), available, tied_ok, str(root))
-    return art
+    check_model_keys(model.state_dict().keys(), available, tied_ok, str(art.path))

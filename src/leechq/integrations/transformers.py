@@ -253,17 +253,17 @@ class LeechqHfQuantizer(HfQuantizer):
         return dtype
 
     def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
+        from leechq.formats.integrity import check_pretrained, check_pretrained_keys
         from leechq.nn.replace import replace_with_placeholders
 
+        art = check_pretrained(model, kwargs.get("checkpoint_files"))  # the integrity gate
         qc = self.quantization_config
         skip = list(getattr(qc, "modules_to_not_convert", None) or [])
         self.modules = replace_with_placeholders(model, qc.records, skip=skip)
         device = next(iter(model.parameters())).device
         with torch.device(device):
             model.leechq = RotationStore(qc.rotations)
-        from leechq.formats.integrity import check_pretrained
-
-        check_pretrained(model, kwargs.get("checkpoint_files"))  # the integrity gate
+        check_pretrained_keys(model, art)  # every skeleton tensor stored or tied
 
     def get_weight_conversions(self) -> list[Any]:
         """One converter per group-affine raw tensor (three stored keys → one dense parameter)."""
