@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from leechq.errors import LeechqError
 from leechq.formats.artifact import MANIFEST_FILE, read_artifact
-from leechq.formats.tetra_dir import DENSE_DIGEST_FILE, DIGEST_FILE
+from leechq.formats.tetra_dir import DIGEST_FILE
 from leechq.formats.tetra_read import read_tetra_dir
 from leechq.formats.tetra_write import artifact_to_tetra_dir
 
@@ -103,10 +103,10 @@ def _json_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
     out = [prefix] if prefix else []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            out += _json_paths(v, prefix + (k,))
+            out += _json_paths(v, (*prefix, k))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            out += _json_paths(v, prefix + (i,))
+            out += _json_paths(v, (*prefix, i))
     return out
 
 
@@ -213,8 +213,9 @@ def _load(d: Path) -> Any:
 
 
 def _from_pretrained(d: Path) -> Any:
-    import leechq.integrations.transformers  # noqa: F401
     from transformers import AutoModelForCausalLM
+
+    import leechq.integrations.transformers  # noqa: F401
 
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
     with torch.no_grad():
@@ -292,7 +293,7 @@ def _run_path(path: str, intact: dict[str, Path], tmp_path: Path,
         except LeechqError:
             outcomes["error"] += 1
             continue
-        except Exception as exc:  # noqa: BLE001 - the point: no other exception may escape
+        except Exception as exc:
             failures.append(f"seed {seed} {what}: raw {type(exc).__name__}: {exc}"[:300])
             continue
         if got == baseline:

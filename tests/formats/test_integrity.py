@@ -105,11 +105,11 @@ def test_finite_scales_that_overflow_are_refused(art: Path, value: float) -> Non
         t[key][0] = value
 
     edit_tensors(art, blow)
-    with pytest.raises(ArtifactError, match="row 0.*beyond what f32 holds"):
+    with pytest.raises(ArtifactError, match=r"row 0.*beyond what f32 holds"):
         read_artifact(art)
     from leechq.models.load import load
 
-    with pytest.raises(ArtifactError, match="beyond what f32 holds"):
+    with pytest.raises(ArtifactError, match=r"beyond what f32 holds"):
         load(art, device="cpu", tokenizer=False)
 
 
@@ -149,8 +149,9 @@ def test_manifest_schema_names_the_field(art: Path) -> None:
 
 
 def _from_pretrained(d: Path) -> Any:
-    import leechq.integrations.transformers  # noqa: F401
     from transformers import AutoModelForCausalLM
+
+    import leechq.integrations.transformers  # noqa: F401
 
     return AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
 
@@ -246,7 +247,7 @@ def test_overwrite_replaces_only_a_complete_artifact(art: Path, tmp_path: Path) 
     assert a_file.read_text() == "keep"
     mixed = Path(shutil.copytree(art, tmp_path / "mixed"))
     (mixed / "my-notes.txt").write_text("mine")
-    with pytest.raises(ArtifactError, match="my-notes.txt"):
+    with pytest.raises(ArtifactError, match=r"my-notes\.txt"):
         _rewrite(art, mixed)
     assert (mixed / "my-notes.txt").read_text() == "mine"
     target = Path(shutil.copytree(art, tmp_path / "target"))
@@ -255,7 +256,9 @@ def test_overwrite_replaces_only_a_complete_artifact(art: Path, tmp_path: Path) 
     check_replaceable(tmp_path / "absent")  # nothing there: fine
 
 
-def test_cli_force_refuses_a_user_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_force_refuses_a_user_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from leechq.cli.main import main
 
     user = tmp_path / "docs"
@@ -342,5 +345,5 @@ def test_tetra_overflowing_scale_is_refused(tetra: Path) -> None:
     tensors[key] = tensors[key].clone()
     tensors[key][0] = 1e300
     save_file(tensors, str(tetra / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(LeechqError, match="beyond what f32 holds"):
+    with pytest.raises(LeechqError, match=r"beyond what f32 holds"):
         read_tetra_dir(tetra, verify=False)
