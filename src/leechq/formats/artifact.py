@@ -17,6 +17,10 @@ A directory holds
   group-affine quantized (``<name>.qweight/.scales/.biases``) when the config asks for it;
 * tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
 
+:class:`GroupAffine` lives in :mod:`leechq.formats.group_affine`, the safetensors header parser
+and tensor checks in :mod:`leechq.formats.safetensors_io`, the checks every reader applies in
+:mod:`leechq.formats.integrity` (docs/integrity.md); all are re-exported names here.
+
 The directory is assembled under a hidden temporary name and renamed into place: the rename is the
 commit point, so a crash never leaves a directory that looks complete. Readers validate everything
 and name the file / tensor at fault. Kernels repack at load; nothing here depends on a served
@@ -33,7 +37,6 @@ import json
 import math
 import os
 import shutil
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ from leechq.errors import (
     InvalidInput,
     LeechqError,
 )
+from leechq.formats.group_affine import GroupAffine
 from leechq.formats.integrity import (
     CONTENT_KEY,
     check_config_fields,
@@ -62,6 +66,11 @@ from leechq.formats.integrity import (
 )
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
+from leechq.formats.safetensors_io import DTYPE_NAMES as _DTYPE_NAMES
+from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
+from leechq.formats.safetensors_io import expect_tensor as _expect
+from leechq.formats.safetensors_io import fsync_write as _fsync_write
+from leechq.formats.safetensors_io import parse_header as _parse_header
 
 QUANT_METHOD = "leechq"
 CODE_ORDER = "msb_first_block"
@@ -70,19 +79,6 @@ CONFIG_FILE = "config.json"
 MANIFEST_FILE = "leechq-manifest.json"
 ROTATION_PREFIX = "leechq.rotations."
 
-_ST_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,88 +133,6 @@ def unpack_codes(
     gains = (words & ((1 << gain_bits) - 1)).to(torch.uint8)
     labels = words >> gain_bits
     return labels.reshape(d_out, n_blocks), gains.reshape(d_out, n_blocks)
-
-
-# --------------------------------------------------------------------------------------------------
-# group-affine raw tensors (embedding / head)
-
-
-@dataclass
-class GroupAffine:
-    """A group-affine 4- or 8-bit tensor along its last dimension (layouts-kernels-recipe.md §5.5).
-
-    ``w = f32(scale)·f32(q) + f32(bias)`` (two f32 roundings). 4 bits: two codes a byte, low nibble
-    first; 8 bits: one code a byte.
-
-    Attributes:
-        dims: the dense shape.
-        bits: 4 or 8.
-        group: group size along the last dimension.
-        qweight: uint8 [rows, cols/2] (4 bits) or [rows, cols] (8 bits), rows = prod(dims[:-1]).
-        scales, biases: float16 [rows, ceil(cols/group)].
-    """
-
-    dims: tuple[int, ...]
-    bits: int
-    group: int
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    biases: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return int(math.prod(self.dims[:-1]))
-
-    @property
-    def cols(self) -> int:
-        return int(self.dims[-1])
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor, bits: int, group: int) -> GroupAffine:
-        """Min/max round-to-nearest group-affine quantization of a float tensor."""
-        if bits not in (4, 8):
-            raise InvalidInput(f"group-affine bits must be 4 or 8, got {bits}")
-        if weight.dim() < 1 or not bool(torch.isfinite(weight).all()):
-            raise InvalidInput("group-affine quantization needs a finite tensor")
-        dims = tuple(int(d) for d in weight.shape)
-        w2 = weight.detach().reshape(-1, dims[-1]).to(torch.float32).cpu()
-        if bits == 4:
-            rec = Int4Weight.quantize(w2, group=group)
-            return cls(dims, 4, group, rec.qweight, rec.scales, rec.biases)
-        rows, cols = w2.shape
-        groups = -(-cols // group)
-        pad = groups * group - cols
-        padded = torch.nn.functional.pad(w2, (0, pad), value=float("nan")).reshape(
-            rows, groups, group
-        )
-        lo = torch.nan_to_num(padded, nan=float("inf")).amin(dim=-1)
-        hi = torch.nan_to_num(padded, nan=float("-inf")).amax(dim=-1)
-        scales = ((hi - lo) / 255.0).to(torch.float16)
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        biases = lo.to(torch.float16)
-        col_group = torch.arange(cols) // group
-        s32 = scales.to(torch.float32)[:, col_group]
-        b32 = biases.to(torch.float32)[:, col_group]
-        q = torch.clamp(torch.round((w2 - b32) / s32), 0, 255)
-        cand = torch.stack([torch.clamp(q + d, 0, 255) for d in (-1.0, 0.0, 1.0)])
-        err = ((s32 * cand + b32) - w2).abs()
-        q = cand.gather(0, err.argmin(dim=0, keepdim=True))[0].to(torch.uint8)
-        return cls(dims, 8, group, q.contiguous(), scales, biases)
-
-    def codes(self) -> torch.Tensor:
-        """uint8 [rows, cols]."""
-        if self.bits == 8:
-            return self.qweight
-        lo = self.qweight & 0x0F
-        hi = self.qweight >> 4
-        return torch.stack((lo, hi), dim=-1).reshape(self.rows, self.cols)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        col_group = torch.arange(self.cols) // self.group
-        scale = self.scales.to(torch.float32)[:, col_group]
-        bias = self.biases.to(torch.float32)[:, col_group]
-        prod = scale * self.codes().to(torch.float32)
-        return (prod + bias).reshape(self.dims).to(dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,13 +199,6 @@ def _codebook_fingerprint(name: str) -> str:
 
 def _sha256(path: Path) -> str:
     return sha256_file(path)
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 MAX_OUT_NAME_BYTES = 255 - 24  # room for ".<name>.partial-<pid>" and "<name>.rows-ckpt"
@@ -642,75 +549,6 @@ def write_artifact(
 
 # --------------------------------------------------------------------------------------------------
 # reading
-
-
-def _parse_header(path: Path) -> dict[str, Any]:
-    """Parse and bounds-check a safetensors header; errors name the file and the tensor."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise ArtifactError(f"{path}: truncated ({size} bytes, no safetensors header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8 or n > 100_000_000:
-                raise ArtifactError(f"{path}: header length {n} exceeds the file size {size}")
-            raw = fh.read(n)
-    except OSError as exc:
-        raise ArtifactError(f"{path}: unreadable: {exc}") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: corrupt safetensors header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
-    data_len = size - 8 - n
-    end_max = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (lo, hi) = info["dtype"], info["shape"], info["data_offsets"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{path}: tensor {name!r} has a malformed header entry") from exc
-        if dtype not in _ST_DTYPES:
-            raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise ArtifactError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
-        itemsize = torch.empty(0, dtype=_ST_DTYPES[dtype]).element_size()
-        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
-            raise ArtifactError(
-                f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)"
-            )
-        if hi - lo != itemsize * math.prod(shape):
-            raise ArtifactError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
-        end_max = max(end_max, hi)
-    if end_max != data_len:
-        raise ArtifactError(f"{path}: data section is {data_len} bytes but tensors cover {end_max}")
-    return header
-
-
-def _expect(
-    tensors: Mapping[str, torch.Tensor],
-    key: str,
-    dtype: torch.dtype,
-    shape: tuple[int, ...],
-    where: str,
-) -> torch.Tensor:
-    if key not in tensors:
-        raise ArtifactError(f"{where}: missing tensor {key!r}")
-    t = tensors[key]
-    if t.dtype != dtype:
-        raise ArtifactError(f"{where}: tensor {key!r} has dtype {t.dtype}, expected {dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ArtifactError(
-            f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
-        )
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
-    return t
 
 
 def _int_field(desc: Mapping[str, Any], key: str, where: str) -> int:
