@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from leechq.codebooks.base import BLOCK
 from leechq.config import QuantConfig
-from leechq.errors import ArtifactError, InvalidInput
+from leechq.errors import ArtifactError, InvalidInput, LeechqError
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
 from leechq.quant.coders import BlockCoder, IdentityCoder, ScalarRoundCoder, ShapeGainCoder
@@ -338,7 +338,12 @@ class Checkpoint:
             tensors = load_file(str(path))
         except Exception as exc:  # corrupt or missing: name the file
             raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
-        return records_from_tensors(tensors, meta)
+        try:
+            return records_from_tensors(tensors, meta)
+        except LeechqError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise ArtifactError(f"checkpoint file {path} is inconsistent: {exc!r}") from exc
 
     def load_states(self) -> list[torch.Tensor]:
         path = self.dir / f"states_{self.done - 1:04d}.safetensors"
@@ -346,7 +351,10 @@ class Checkpoint:
             tensors = load_file(str(path))
         except Exception as exc:
             raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
-        return [tensors[f"states.{i}"] for i in range(len(tensors))]
+        try:
+            return [tensors[f"states.{i}"] for i in range(len(tensors))]
+        except KeyError as exc:
+            raise ArtifactError(f"checkpoint file {path} lacks {exc}") from exc
 
     def commit(
         self,
