@@ -619,12 +619,28 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         raise OSError("disk full")
 
     monkeypatch.setattr(tetra_write, "_fsync_write", boom)  # fails after model.safetensors
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ArtifactError, match="disk full"):
         write_tetra_dir(out, base, records, raw, overwrite=True)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ArtifactError, match="disk full"):
         write_tetra_dir(tmp_path / "new", base, records, raw)
     assert sorted(os.listdir(tmp_path)) == ["d"]  # no partial directory left behind
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_overwrite_replaces_only_a_tetra_directory(tmp_path: Path) -> None:
+    base, records, raw = _contents()
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep")
+    with pytest.raises(ArtifactError, match="not a complete Tetra directory"):
+        write_tetra_dir(user, base, records, raw, overwrite=True)
+    assert (user / "notes.txt").read_text() == "keep"
+    out = write_tetra_dir(tmp_path / "d", base, records, raw, tokenizer_files=TOKENIZER)
+    write_tetra_dir(out, base, records, raw, tokenizer_files=TOKENIZER, overwrite=True)
+    (out / "extra.bin").write_bytes(b"mine")
+    with pytest.raises(ArtifactError, match="extra.bin"):
+        write_tetra_dir(out, base, records, raw, overwrite=True)
+    assert (out / "extra.bin").read_bytes() == b"mine"
 
 
 # --------------------------------------------------------------------------------------------------

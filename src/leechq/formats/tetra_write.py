@@ -30,8 +30,11 @@ from leechq.formats.artifact import (
     GroupAffine,
     _fsync_write,
     _sha256,
+    check_output_path,
+    clean_stale_partials,
     read_artifact,
 )
+from leechq.formats.integrity import load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.tetra_dir import (
@@ -290,8 +293,10 @@ def write_tetra_dir(
         ArtifactError: ``out`` exists and ``overwrite`` is False.
     """
     dest = Path(out)
-    if dest.exists() and not overwrite:
+    if (dest.exists() or dest.is_symlink()) and not overwrite:
         raise ArtifactError(f"{dest} already exists (pass overwrite=True to replace it)")
+    check_output_path(dest)
+    check_tetra_replaceable(dest)
     base = {k: v for k, v in dict(base_config).items() if k != "quantization_config"}
     if base.get("dtype") is None and base.get("torch_dtype") is None:
         # transformers' dtype="auto" would otherwise take the file's first floating tensor (an
@@ -315,11 +320,15 @@ def write_tetra_dir(
     dense = dense_digest(recs, norm_raw)
     field_recs, field_rots, field_raw = _field_digests(recs, norm_raw)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_partials(dest)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{dest}: cannot create the directory here: {exc}") from exc
     try:
         from safetensors.torch import save_file
 
@@ -372,16 +381,52 @@ def write_tetra_dir(
             "config_base": base,
         }, indent=2, default=str).encode())
         if dest.exists():
+            check_tetra_replaceable(dest)  # still only a Tetra directory, right before the swap
             old = dest.parent / f".{dest.name}.old-{os.getpid()}"
             os.replace(dest, old)
             os.replace(tmp, dest)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, dest)  # the commit point
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArtifactError(f"{dest}: writing the directory failed: {exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def check_tetra_replaceable(out: str | os.PathLike[str]) -> None:
+    """Refuse to replace ``out`` unless it is a complete Tetra directory this writer could have
+    written, and nothing else: a real directory whose ``config.json`` names ``quant_method``
+    "llvq", with ``model.safetensors`` and an ``llvq-digest.json`` whose ``blobs`` list every
+    other file it holds. A folder of the user's files is never deleted.
+
+    Raises:
+        ArtifactError: the reason, naming ``out``; nothing is touched.
+    """
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return
+    refuse = f"{path} exists and is not a complete Tetra directory; refusing to replace it"
+    if path.is_symlink() or not path.is_dir():
+        raise ArtifactError(f"{refuse} (it is not a directory)")
+    try:
+        cfg = load_json(path / CONFIG_FILE)
+        digest = load_json(path / DIGEST_FILE)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{refuse} ({exc})") from exc
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    blobs = digest.get("blobs") if isinstance(digest, dict) else None
+    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+        raise ArtifactError(f"{refuse} (config.json does not name quant_method {QUANT_METHOD!r})")
+    if not isinstance(blobs, dict) or not (path / MODEL_FILE).is_file():
+        raise ArtifactError(f"{refuse} (no {MODEL_FILE}, or {DIGEST_FILE} lists no blobs)")
+    known = {*_RESERVED_FILES, *blobs}
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in known)
+    if foreign:
+        raise ArtifactError(f"{refuse} (it holds files the digest does not list: {foreign[:3]})")
 
 
 # --------------------------------------------------------------------------------------------------
