@@ -7,9 +7,11 @@ deleted), with and without the manifest (or ``artifact_sha256``) refreshed so th
 checks are reached too. Every case must end in a leechq error (:class:`LeechqError`) or load output
 bit-identical to the intact artifact's: never another exception, never different output.
 
-Load paths: :func:`read_artifact` through the gate, ``leechq.load``, ``from_pretrained``,
-``leechq inspect`` (in-process CLI: exit 2 with one line on stderr, or the intact report), and
-:func:`read_tetra_dir`. The slow paths take a smaller share of the cases.
+A second tiny artifact with a 4-bit group-affine embedding and an 8-bit untied head goes through
+the gate and ``leechq.load`` too. Load paths: :func:`read_artifact` through the gate,
+``leechq.load``, ``from_pretrained``, ``leechq inspect`` (in-process CLI: exit 2 with one line
+on stderr, or the intact report), and :func:`read_tetra_dir`. The slow paths take a smaller share
+of the cases.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 from leechq_tiny import ids, make_artifact
+from packed_tiny import packed_artifact
 from safetensors.torch import load_file, save_file
 
 from leechq.errors import LeechqError
@@ -33,7 +36,10 @@ from leechq.formats.tetra_dir import DIGEST_FILE
 from leechq.formats.tetra_read import read_tetra_dir
 from leechq.formats.tetra_write import artifact_to_tetra_dir
 
-CASES = {"gate": 200, "load": 60, "inspect": 60, "from_pretrained": 30, "tetra": 200}
+CASES = {
+    "gate": 200, "load": 60, "inspect": 60, "from_pretrained": 30, "tetra": 200,
+    "gate-packed": 60, "load-packed": 20,
+}
 JUNK: list[Any] = [
     "zz", 5, -1, 0, 1e300, -3e38, None, True, [], [1, 2], {}, {"a": 1}, "../../../etc/hostname",
     "x" * 300, 2**70,
@@ -261,24 +267,25 @@ def intact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("fuzz")
     art, _ = make_artifact(base, "llama")
     tetra = artifact_to_tetra_dir(art, base / "tetra", allow_lossy_raw=True)
-    return {"artifact": art, "tetra": Path(tetra)}
+    packed, _ = packed_artifact(base, "qwen3", 4, 8)  # group-affine embedding and untied head
+    return {"artifact": art, "tetra": Path(tetra), "packed": packed}
 
 
 def _run_path(path: str, intact: dict[str, Path], tmp_path: Path,
               capsys: pytest.CaptureFixture[str]) -> dict[str, int]:
     tetra = path == "tetra"
-    src = intact["tetra" if tetra else "artifact"]
+    src = intact["tetra" if tetra else "packed" if path.endswith("-packed") else "artifact"]
     d = tmp_path / "case"  # one fixed path, so that outputs naming the directory compare equal
     loader: Callable[[Path], Any] = {
         "gate": _gate, "load": _load, "from_pretrained": _from_pretrained, "tetra": _tetra,
-        "inspect": lambda p: _inspect(p, capsys),
+        "inspect": lambda p: _inspect(p, capsys), "gate-packed": _gate, "load-packed": _load,
     }[path]
     shutil.copytree(src, d)
     baseline = loader(d)
     outcomes = {"error": 0, "identical": 0, "not leechq": 0}
     failures: list[str] = []
     seed0 = {"gate": 0, "load": 10_000, "inspect": 20_000, "from_pretrained": 30_000,
-             "tetra": 40_000}[path]
+             "tetra": 40_000, "gate-packed": 50_000, "load-packed": 60_000}[path]
     for case in range(CASES[path]):
         seed = seed0 + case
         shutil.rmtree(d)
