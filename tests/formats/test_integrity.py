@@ -347,3 +347,25 @@ def test_tetra_overflowing_scale_is_refused(tetra: Path) -> None:
     save_file(tensors, str(tetra / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(LeechqError, match=r"beyond what f32 holds"):
         read_tetra_dir(tetra, verify=False)
+
+
+@pytest.mark.gpu
+def test_gate_on_cuda_paths(art: Path) -> None:
+    """The gate is the same when the model goes to CUDA (leechq.load and from_pretrained with a
+    CUDA device map)."""
+    from leechq.models.load import load
+
+    def blow(t: dict[str, torch.Tensor]) -> None:
+        key = _first_scales(t)
+        t[key] = t[key].clone()
+        t[key][0] = 3e38
+
+    edit_tensors(art, blow)
+    with pytest.raises(ArtifactError, match="beyond what f32 holds"):
+        load(art, device="cuda", tokenizer=False)
+    from transformers import AutoModelForCausalLM
+
+    import leechq.integrations.transformers  # noqa: F401
+
+    with pytest.raises(ArtifactError, match="beyond what f32 holds"):
+        AutoModelForCausalLM.from_pretrained(str(art), dtype=torch.bfloat16, device_map="cuda")
