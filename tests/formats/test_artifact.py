@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import sys
 from collections.abc import Iterator
@@ -207,7 +208,7 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path: Path) -> None:
             Path(d, "tokenizer.json").write_text("{")
             raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ArtifactError, match="disk full"):
         write_artifact(
             tmp_path / "art3",
             base_config={},
@@ -332,6 +333,9 @@ def test_fingerprint_version_and_completeness(tmp_path: Path) -> None:
     os.remove(path / "leechq-manifest.json")
     with pytest.raises(ArtifactError, match="never completed"):
         read_artifact(path)
+    with pytest.raises(ArtifactError, match="not a complete leechq artifact"):
+        _write(tmp_path, overwrite=True)  # no manifest: not replaced
+    shutil.rmtree(path)
     path = _write(tmp_path, overwrite=True)
     _edit_config(path, lambda qc: qc.update({"quant_method": "llvq"}))
     with pytest.raises(ArtifactError, match="quant_method"):

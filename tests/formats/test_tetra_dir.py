@@ -19,20 +19,19 @@ import pytest
 import torch
 
 from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
-from leechq.formats import tetra_dir
+from leechq.formats import tetra_read, tetra_write
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import generate_rotation, rotation_seed
 from leechq.formats.tetra_dir import (
     DENSE_DIGEST_FILE,
     DIGEST_FILE,
-    artifact_to_tetra_dir,
     dequantize_record,
     dequantize_record_f64,
     expected_shapes,
-    read_tetra_dir,
-    write_tetra_dir,
 )
+from leechq.formats.tetra_read import read_tetra_dir
+from leechq.formats.tetra_write import artifact_to_tetra_dir, tetra_dir_summary, write_tetra_dir
 
 pytest.importorskip("llvq_tetra")
 from llvq_tetra.reader import PackedModel
@@ -154,7 +153,7 @@ def test_round_trip_identity(written: tuple[Path, Any, Any, Any], tmp_path: Path
     assert qc["tetra_fingerprint"] == "9c3060086c7a13e6" and qc["code_order"] == "msb_first_dense"
     model_bytes = (out / "model.safetensors").read_bytes()
     assert qc["artifact_sha256"] == hashlib.sha256(model_bytes).hexdigest()
-    assert tetra_dir.tetra_dir_summary(d) == {
+    assert tetra_dir_summary(d) == {
         "tetra_records": 11, "int4_records": 3, "rotations": 6, "raw_tensors": 10,
         "tetra_blocks": sum(r.d_out * r.n_blocks for r in records.values()
                             if isinstance(r, QuantizedWeight)),
@@ -394,7 +393,10 @@ def test_reads_a_directory_written_from_the_spec_alone(tmp_path: Path) -> None:
     }
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "custom", "torch_dtype": "bfloat16", "quantization_config": qc}))
-    d = read_tetra_dir(tmp_path)
+    # No digest file and an artifact_sha256 of a sealed file we do not have: unverifiable.
+    with pytest.raises(ArtifactError, match="cannot be verified"):
+        read_tetra_dir(tmp_path)
+    d = read_tetra_dir(tmp_path, verify=False)
     rec = d.records["blk"]
     assert isinstance(rec, QuantizedWeight) and rec.rotation is not None
     assert rec.labels.tolist() == labels.tolist() and rec.gains.tolist() == gains.tolist()
@@ -447,7 +449,7 @@ def test_stream_not_whole_words(written: tuple[Path, Any, Any, Any], tmp_path: P
     _edit_tensors(p, lambda t: t.__setitem__(f"{Q}.codes", torch.cat(
         [t[f"{Q}.codes"], torch.zeros(1, dtype=torch.uint8)])))
     with pytest.raises(ArtifactError, match="not a multiple of 6"):
-        read_tetra_dir(p, verify_digests=False)
+        read_tetra_dir(p, verify=False)
 
 
 def test_stream_of_the_wrong_word_count(written: tuple[Path, Any, Any, Any],
@@ -455,7 +457,7 @@ def test_stream_of_the_wrong_word_count(written: tuple[Path, Any, Any, Any],
     p = _copy(written, tmp_path)
     _edit_tensors(p, lambda t: t.__setitem__(f"{Q}.codes", t[f"{Q}.codes"][:-6].clone()))
     with pytest.raises(ArtifactError, match=rf"{Q}.codes.*shape"):
-        read_tetra_dir(p, verify_digests=False)
+        read_tetra_dir(p, verify=False)
 
 
 @pytest.mark.parametrize(
@@ -488,7 +490,7 @@ def test_fingerprint_is_case_insensitive(written: tuple[Path, Any, Any, Any],
 
 def test_tables_whose_digests_differ(written: tuple[Path, Any, Any, Any],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tetra_dir.tetra_tables()
+    real = tetra_read.tetra_tables()
 
     class Broken:
         def digests(self) -> dict[str, str]:
@@ -496,7 +498,7 @@ def test_tables_whose_digests_differ(written: tuple[Path, Any, Any, Any],
             d["rows"] = "0" * 64
             return d
 
-    monkeypatch.setattr(tetra_dir, "tetra_tables", lambda: Broken())
+    monkeypatch.setattr(tetra_read, "tetra_tables", lambda: Broken())
     with pytest.raises(FingerprintMismatch, match="rows"):
         read_tetra_dir(written[0])
 
@@ -508,7 +510,7 @@ def test_rotation_table_digest_differs(written: tuple[Path, Any, Any, Any],
     _edit_tensors(p, lambda t: t[f"llvq.rotations.{key}.signs"].mul_(-1.0))  # still ±1
     with pytest.raises(ArtifactError, match=rf"rotations {key} field 'signs' digest differs"):
         read_tetra_dir(p)
-    assert len(read_tetra_dir(p, verify_digests=False).records) == 14  # otherwise well formed
+    assert len(read_tetra_dir(p, verify=False).records) == 14  # otherwise well formed
 
 
 def test_shape_disagreements(written: tuple[Path, Any, Any, Any], tmp_path: Path) -> None:
@@ -548,7 +550,7 @@ def test_missing_extra_and_retyped_tensors(written: tuple[Path, Any, Any, Any],
         shutil.copytree(written[0], p)
         _edit_tensors(p, edit)
         with pytest.raises(ArtifactError, match=match):
-            read_tetra_dir(p, verify_digests=False)
+            read_tetra_dir(p, verify=False)
 
 
 def test_truncated_or_missing_files(written: tuple[Path, Any, Any, Any], tmp_path: Path) -> None:
@@ -617,13 +619,29 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def boom(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(tetra_dir, "_fsync_write", boom)  # fails after model.safetensors
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(tetra_write, "_fsync_write", boom)  # fails after model.safetensors
+    with pytest.raises(ArtifactError, match="disk full"):
         write_tetra_dir(out, base, records, raw, overwrite=True)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ArtifactError, match="disk full"):
         write_tetra_dir(tmp_path / "new", base, records, raw)
     assert sorted(os.listdir(tmp_path)) == ["d"]  # no partial directory left behind
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_overwrite_replaces_only_a_tetra_directory(tmp_path: Path) -> None:
+    base, records, raw = _contents()
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep")
+    with pytest.raises(ArtifactError, match="not a complete Tetra directory"):
+        write_tetra_dir(user, base, records, raw, overwrite=True)
+    assert (user / "notes.txt").read_text() == "keep"
+    out = write_tetra_dir(tmp_path / "d", base, records, raw, tokenizer_files=TOKENIZER)
+    write_tetra_dir(out, base, records, raw, tokenizer_files=TOKENIZER, overwrite=True)
+    (out / "extra.bin").write_bytes(b"mine")
+    with pytest.raises(ArtifactError, match="extra.bin"):
+        write_tetra_dir(out, base, records, raw, overwrite=True)
+    assert (out / "extra.bin").read_bytes() == b"mine"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ replacement on the meta skeleton (through from_pretrained), same logits as ``lee
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -137,12 +138,21 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
 
 
 def test_artifact_for_another_model(tmp_path: Path) -> None:
-    from leechq.errors import UnsupportedArchitecture
+    from leechq.errors import ArtifactError, UnsupportedArchitecture
 
     out, _ = make_artifact(tmp_path, "llama", tokenizer=False)
     cfg = json.loads((out / "config.json").read_text())
     cfg["intermediate_size"] = 104
     (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="config.json"):  # the gate: config.json was edited
+        _from_pretrained(out, dtype=torch.float32)
+    manifest = json.loads((out / "leechq-manifest.json").read_text())
+    data = (out / "config.json").read_bytes()
+    manifest["files"]["config.json"] = {
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (out / "leechq-manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UnsupportedArchitecture, match="mlp"):
         _from_pretrained(out, dtype=torch.float32)
 

@@ -16,11 +16,19 @@ from typing import Any
 
 
 def reference_of(artifact: str | Path) -> str | None:
-    """The ``model_id`` recorded in an artifact's provenance, if any."""
-    cfg = json.loads((Path(artifact) / "config.json").read_text(encoding="utf-8"))
-    prov = cfg.get("quantization_config", {}).get("provenance", {})
+    """The ``model_id`` recorded in an artifact's provenance, if any.
+
+    Raises:
+        ArtifactError: ``config.json`` missing or not JSON (the artifact is verified in full by
+            the load that follows).
+    """
+    from leechq.formats.integrity import load_json
+
+    cfg = load_json(Path(artifact) / "config.json")
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    prov = qc.get("provenance") if isinstance(qc, dict) else None
     model_id = prov.get("model_id") if isinstance(prov, dict) else None
-    return str(model_id) if model_id else None
+    return str(model_id) if isinstance(model_id, str) and model_id else None
 
 
 def evaluate(

@@ -27,6 +27,11 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
     counts, rates, cfg = report["counts"], report["rates"], report["config"]
     lines.append(f"artifact   {directory}")
     lines.append(
+        "integrity  sha256 of every file verified against the manifest"
+        if report.get("verified")
+        else "integrity  NOT verified (--no-verify): sizes, schema and tensors checked, hashes not"
+    )
+    lines.append(
         f"codebook   {report['codebook']} + {cfg['gain_bits']} gain bit(s), "
         f"rotation {'on' if cfg['rotate'] else 'off'}, "
         f"int4 modules {cfg['int4_modules'] or 'none'}, "
@@ -107,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the report of ``args.artifact`` (text, or JSON with ``--json``)."""
     from leechq.formats.artifact import artifact_report
 
-    report = artifact_report(args.artifact)
+    verify = not getattr(args, "no_verify", False)
+    report = artifact_report(args.artifact, verify=verify)
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:

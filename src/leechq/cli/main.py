@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -128,7 +129,10 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "[default: auto]",
     )
     p.add_argument(
-        "--force", action="store_true", help="overwrite OUT if it already holds an artifact"
+        "--force",
+        action="store_true",
+        help="replace OUT when it is a complete leechq artifact (anything else is refused, "
+        "untouched)",
     )
 
 
@@ -174,6 +178,12 @@ def _args_eval(p: argparse.ArgumentParser) -> None:
 
 def _args_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="artifact directory")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the sha256 check of every file against the manifest (sizes, schema and "
+        "tensors are still checked; the report says it was not verified)",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument("--matrices", action="store_true", help="list every matrix (default: a summary)")
 
@@ -248,24 +258,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_DEVICE_RE = re.compile(r"(auto|cpu|cuda(:[0-9]+)?)")
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit status.
 
-    Library errors (:class:`leechq.errors.LeechqError`) are printed as one line on stderr with exit
-    status 2; anything else is a bug and propagates with its traceback.
+    User errors are printed as one line on stderr with exit status 2: library errors
+    (:class:`leechq.errors.LeechqError`), operating-system errors (an unwritable or over-long
+    path, a full disk, an unreachable hub: :class:`OSError`), and a ``--device`` that is not
+    ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (checked before anything is loaded). Anything else
+    is a bug and propagates with its traceback.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    device = getattr(args, "device", None)
+    if device is not None and not _DEVICE_RE.fullmatch(device):
+        print(
+            f"leechq {args.command}: error: unknown device {device!r}; choose auto, cpu, cuda "
+            "or cuda:N",
+            file=sys.stderr,
+        )
+        return 2
     from leechq.errors import LeechqError
 
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
-    except LeechqError as exc:
-        print(f"leechq {args.command}: error: {exc}", file=sys.stderr)
+    except (LeechqError, OSError) as exc:
+        print(f"leechq {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("", file=sys.stderr)

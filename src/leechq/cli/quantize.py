@@ -55,6 +55,24 @@ def quant_config(
     )
 
 
+def check_out(out: str, force: bool) -> None:
+    """Refuse an OUT that cannot be written, or that exists and may not be replaced, before the
+    model is loaded: a new OUT must be creatable; an existing one needs ``--force`` and must be a
+    complete leechq artifact (never a folder of other files,
+    :func:`leechq.formats.artifact.check_replaceable`)."""
+    from pathlib import Path
+
+    from leechq.errors import InvalidInput
+    from leechq.formats.artifact import check_output_path, check_replaceable
+
+    check_output_path(out)
+    path = Path(out)
+    if path.exists() or path.is_symlink():
+        if not force:
+            raise InvalidInput(f"{out} already exists (pass --force to replace an artifact)")
+        check_replaceable(path)
+
+
 def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales; writes ``args.out``.
 
@@ -163,23 +181,21 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Quantize ``args.model`` into ``args.out``; prints the artifact's rates at the end."""
-    import torch
-
     from leechq.cli.inspect import format_report
     from leechq.formats.artifact import artifact_report
     from leechq.models.hf_load import load_model
+    from leechq.models.load import resolve_device
     from leechq.models.quantize import quantize_model
 
     if getattr(args, "recipe", "bare") != "full" and getattr(args, "target_bpp", None) is not None:
         from leechq.errors import InvalidInput
 
         raise InvalidInput("--target-bpp applies to --recipe full only")
+    check_out(args.out, args.force)
+    device = resolve_device(args.device).type
     t0 = time.perf_counter()
     print(f"[quantize] loading {args.model}", file=sys.stderr)
     loaded = load_model(args.model, device="cpu", dtype="float32")
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     if getattr(args, "recipe", "bare") == "full":
         path = run_full_recipe(args, loaded, device)
         print(f"[quantize] wrote {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

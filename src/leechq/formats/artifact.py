@@ -17,6 +17,10 @@ A directory holds
   group-affine quantized (``<name>.qweight/.scales/.biases``) when the config asks for it;
 * tokenizer files, copied; ``leechq-manifest.json`` — byte sizes and sha256 of every file.
 
+:class:`GroupAffine` lives in :mod:`leechq.formats.group_affine`, the safetensors header parser
+and tensor checks in :mod:`leechq.formats.safetensors_io`, the checks every reader applies in
+:mod:`leechq.formats.integrity` (docs/integrity.md); all are re-exported names here.
+
 The directory is assembled under a hidden temporary name and renamed into place: the rename is the
 commit point, so a crash never leaves a directory that looks complete. Readers validate everything
 and name the file / tensor at fault. Kernels repack at load; nothing here depends on a served
@@ -28,12 +32,11 @@ kernel bits per quantized weight, whole-model bits per parameter, and the on-dis
 
 from __future__ import annotations
 
-import hashlib
+import glob
 import json
 import math
 import os
 import shutil
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +54,23 @@ from leechq.errors import (
     InvalidInput,
     LeechqError,
 )
+from leechq.formats.group_affine import GroupAffine
+from leechq.formats.integrity import (
+    CONTENT_KEY,
+    check_config_fields,
+    check_record_magnitudes,
+    content_digest,
+    load_json,
+    sha256_file,
+    verify_manifest,
+)
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
+from leechq.formats.safetensors_io import DTYPE_NAMES as _DTYPE_NAMES
+from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
+from leechq.formats.safetensors_io import expect_tensor as _expect
+from leechq.formats.safetensors_io import fsync_write as _fsync_write
+from leechq.formats.safetensors_io import parse_header as _parse_header
 
 QUANT_METHOD = "leechq"
 CODE_ORDER = "msb_first_block"
@@ -61,19 +79,6 @@ CONFIG_FILE = "config.json"
 MANIFEST_FILE = "leechq-manifest.json"
 ROTATION_PREFIX = "leechq.rotations."
 
-_ST_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,88 +133,6 @@ def unpack_codes(
     gains = (words & ((1 << gain_bits) - 1)).to(torch.uint8)
     labels = words >> gain_bits
     return labels.reshape(d_out, n_blocks), gains.reshape(d_out, n_blocks)
-
-
-# --------------------------------------------------------------------------------------------------
-# group-affine raw tensors (embedding / head)
-
-
-@dataclass
-class GroupAffine:
-    """A group-affine 4- or 8-bit tensor along its last dimension (docs/format.md §3).
-
-    ``w = f32(scale)·f32(q) + f32(bias)`` (two f32 roundings). 4 bits: two codes a byte, low nibble
-    first; 8 bits: one code a byte.
-
-    Attributes:
-        dims: the dense shape.
-        bits: 4 or 8.
-        group: group size along the last dimension.
-        qweight: uint8 [rows, cols/2] (4 bits) or [rows, cols] (8 bits), rows = prod(dims[:-1]).
-        scales, biases: float16 [rows, ceil(cols/group)].
-    """
-
-    dims: tuple[int, ...]
-    bits: int
-    group: int
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    biases: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return int(math.prod(self.dims[:-1]))
-
-    @property
-    def cols(self) -> int:
-        return int(self.dims[-1])
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor, bits: int, group: int) -> GroupAffine:
-        """Min/max round-to-nearest group-affine quantization of a float tensor."""
-        if bits not in (4, 8):
-            raise InvalidInput(f"group-affine bits must be 4 or 8, got {bits}")
-        if weight.dim() < 1 or not bool(torch.isfinite(weight).all()):
-            raise InvalidInput("group-affine quantization needs a finite tensor")
-        dims = tuple(int(d) for d in weight.shape)
-        w2 = weight.detach().reshape(-1, dims[-1]).to(torch.float32).cpu()
-        if bits == 4:
-            rec = Int4Weight.quantize(w2, group=group)
-            return cls(dims, 4, group, rec.qweight, rec.scales, rec.biases)
-        rows, cols = w2.shape
-        groups = -(-cols // group)
-        pad = groups * group - cols
-        padded = torch.nn.functional.pad(w2, (0, pad), value=float("nan")).reshape(
-            rows, groups, group
-        )
-        lo = torch.nan_to_num(padded, nan=float("inf")).amin(dim=-1)
-        hi = torch.nan_to_num(padded, nan=float("-inf")).amax(dim=-1)
-        scales = ((hi - lo) / 255.0).to(torch.float16)
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        biases = lo.to(torch.float16)
-        col_group = torch.arange(cols) // group
-        s32 = scales.to(torch.float32)[:, col_group]
-        b32 = biases.to(torch.float32)[:, col_group]
-        q = torch.clamp(torch.round((w2 - b32) / s32), 0, 255)
-        cand = torch.stack([torch.clamp(q + d, 0, 255) for d in (-1.0, 0.0, 1.0)])
-        err = ((s32 * cand + b32) - w2).abs()
-        q = cand.gather(0, err.argmin(dim=0, keepdim=True))[0].to(torch.uint8)
-        return cls(dims, 8, group, q.contiguous(), scales, biases)
-
-    def codes(self) -> torch.Tensor:
-        """uint8 [rows, cols]."""
-        if self.bits == 8:
-            return self.qweight
-        lo = self.qweight & 0x0F
-        hi = self.qweight >> 4
-        return torch.stack((lo, hi), dim=-1).reshape(self.rows, self.cols)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        col_group = torch.arange(self.cols) // self.group
-        scale = self.scales.to(torch.float32)[:, col_group]
-        bias = self.biases.to(torch.float32)[:, col_group]
-        prod = scale * self.codes().to(torch.float32)
-        return (prod + bias).reshape(self.dims).to(dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,18 +198,113 @@ def _codebook_fingerprint(name: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+MAX_OUT_NAME_BYTES = 255 - 24  # room for ".<name>.partial-<pid>" and "<name>.rows-ckpt"
+
+
+def check_output_path(out: str | os.PathLike[str]) -> None:
+    """Refuse an output directory that cannot be written, before any work is done.
+
+    Raises:
+        ArtifactError: an empty name, a name longer than :data:`MAX_OUT_NAME_BYTES` bytes (the
+            temporary and checkpoint names add to it), or a nearest existing ancestor that is not
+            a writable directory.
+    """
+    path = Path(out)
+    name = path.name
+    if not name or name in (".", ".."):
+        raise ArtifactError(f"{out!s}: not a usable directory name")
+    if len(os.fsencode(name)) > MAX_OUT_NAME_BYTES:
+        raise ArtifactError(
+            f"output name {name[:40]}... is {len(os.fsencode(name))} bytes; at most "
+            f"{MAX_OUT_NAME_BYTES} fit the file system with the temporary and checkpoint suffixes"
+        )
+    try:
+        anc = path.absolute().parent
+        while not anc.exists() and anc != anc.parent:
+            anc = anc.parent
+        usable = anc.is_dir() and os.access(anc, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise ArtifactError(f"{out!s}: cannot be created: {exc}") from exc
+    if not anc.is_dir():
+        raise ArtifactError(f"{out!s}: cannot be created: {anc} is not a directory")
+    if not usable:
+        raise ArtifactError(f"{out!s}: cannot be created: {anc} is not writable")
+
+
+def check_replaceable(out: str | os.PathLike[str]) -> None:
+    """Refuse to replace ``out`` unless it is a complete leechq artifact and nothing else.
+
+    ``out`` may be replaced (``overwrite=True``, ``--force``) only when it is a real directory
+    (not a link) whose ``leechq-manifest.json`` is valid, names ``quant_method`` "leechq", lists
+    every file the directory holds, and whose listed files have their recorded sizes. A folder of
+    the user's files, a file, or an artifact with foreign files added is never deleted.
+
+    Raises:
+        ArtifactError: ``out`` is not such a directory (the reason named); nothing is touched.
+    """
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return
+    refuse = f"{path} exists and is not a complete leechq artifact; refusing to replace it"
+    if path.is_symlink() or not path.is_dir():
+        raise ArtifactError(f"{refuse} (it is not a directory)")
+    try:
+        manifest = load_json(path / MANIFEST_FILE)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{refuse} ({MANIFEST_FILE}: {exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("quant_method") != QUANT_METHOD:
+        raise ArtifactError(f"{refuse} (its manifest is not a leechq manifest)")
+    try:
+        files = verify_manifest(path, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=False)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{refuse} ({exc})") from exc
+    foreign = sorted(
+        p.name for p in path.iterdir() if p.name not in files and p.name != MANIFEST_FILE
+    )
+    if foreign:
+        raise ArtifactError(f"{refuse} (it holds files the manifest does not list: {foreign[:3]})")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_stale_partials(out: str | os.PathLike[str]) -> list[Path]:
+    """Remove what a killed write of ``out`` left behind; returns the paths handled.
+
+    A writer assembles ``.<name>.partial-<pid>`` and, when replacing, moves the old artifact to
+    ``.<name>.old-<pid>``. For a writer whose process is gone: a partial directory is deleted (it
+    was never committed); an old artifact is put back when ``out`` is missing (the writer died
+    between its two renames), else deleted. Directories of a live process are left alone.
+    """
+    path = Path(out)
+    parent = path.parent
+    handled: list[Path] = []
+    if not parent.is_dir():
+        return handled
+    for kind in ("partial", "old"):
+        prefix = f".{path.name}.{kind}-"
+        for p in sorted(parent.glob(f"{glob.escape(prefix)}*")):
+            tail = p.name[len(prefix):]
+            if not tail.isdigit() or _pid_alive(int(tail)) or not p.is_dir() or p.is_symlink():
+                continue
+            if kind == "old" and not path.exists():
+                os.replace(p, path)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+            handled.append(p)
+    return handled
 
 
 def build_tensors(
@@ -441,8 +459,10 @@ def write_artifact(
         The directory path.
     """
     out = Path(out_dir)
-    if out.exists() and not overwrite:
+    if (out.exists() or out.is_symlink()) and not overwrite:
         raise ArtifactError(f"{out} already exists (pass overwrite=True to replace it)")
+    check_output_path(out)
+    check_replaceable(out)
     if quant_config.codebook in CONTROL_CODEBOOKS:
         raise InvalidInput(
             f"codebook {quant_config.codebook!r} is a control and produces no artifact"
@@ -471,11 +491,15 @@ def write_artifact(
         "tied": tied,
         "provenance": dict(provenance or {}),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_partials(out)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{out}: cannot create the artifact here: {exc}") from exc
     try:
         from safetensors.torch import save_file
 
@@ -507,12 +531,16 @@ def write_artifact(
         manifest = {"quant_method": QUANT_METHOD, "schema_version": SCHEMA_VERSION, "files": files}
         _fsync_write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
         if out.exists():
+            check_replaceable(out)  # still only a leechq artifact, right before the swap
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)  # the commit point
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArtifactError(f"{out}: writing the artifact failed: {exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -521,71 +549,6 @@ def write_artifact(
 
 # --------------------------------------------------------------------------------------------------
 # reading
-
-
-def _parse_header(path: Path) -> dict[str, Any]:
-    """Parse and bounds-check a safetensors header; errors name the file and the tensor."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise ArtifactError(f"{path}: truncated ({size} bytes, no safetensors header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8 or n > 100_000_000:
-                raise ArtifactError(f"{path}: header length {n} exceeds the file size {size}")
-            raw = fh.read(n)
-    except OSError as exc:
-        raise ArtifactError(f"{path}: unreadable: {exc}") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: corrupt safetensors header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
-    data_len = size - 8 - n
-    end_max = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (lo, hi) = info["dtype"], info["shape"], info["data_offsets"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{path}: tensor {name!r} has a malformed header entry") from exc
-        if dtype not in _ST_DTYPES:
-            raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-        itemsize = torch.empty(0, dtype=_ST_DTYPES[dtype]).element_size()
-        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
-            raise ArtifactError(
-                f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)"
-            )
-        if hi - lo != itemsize * math.prod(shape):
-            raise ArtifactError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
-        end_max = max(end_max, hi)
-    if end_max != data_len:
-        raise ArtifactError(f"{path}: data section is {data_len} bytes but tensors cover {end_max}")
-    return header
-
-
-def _expect(
-    tensors: Mapping[str, torch.Tensor],
-    key: str,
-    dtype: torch.dtype,
-    shape: tuple[int, ...],
-    where: str,
-) -> torch.Tensor:
-    if key not in tensors:
-        raise ArtifactError(f"{where}: missing tensor {key!r}")
-    t = tensors[key]
-    if t.dtype != dtype:
-        raise ArtifactError(f"{where}: tensor {key!r} has dtype {t.dtype}, expected {dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ArtifactError(
-            f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
-        )
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
-    return t
 
 
 def _int_field(desc: Mapping[str, Any], key: str, where: str) -> int:
@@ -614,12 +577,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     if not root.is_dir():
         raise ArtifactError(f"{where}: not a directory")
     cfg_path = root / CONFIG_FILE
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"{cfg_path}: missing") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{cfg_path}: unreadable or not JSON: {exc}") from exc
+    cfg = load_json(cfg_path)
     qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise ArtifactError(
@@ -630,30 +588,23 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raise IncompatibleVersion(
             f"{cfg_path}: artifact schema_version {version!r}; this build reads {SCHEMA_VERSION}"
         )
+    model_path = root / MODEL_FILE
     manifest_path = root / MANIFEST_FILE
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"{manifest_path}: missing (the artifact was never completed)") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{manifest_path}: unreadable: {exc}") from exc
-    for name in (CONFIG_FILE, MODEL_FILE):
-        if name not in files:
-            raise ArtifactError(f"{manifest_path}: does not list {name}")
-    for name, info in files.items():
-        p = root / name
-        if not p.is_file():
-            raise ArtifactError(f"{p}: listed in the manifest but missing")
-        if p.stat().st_size != info.get("bytes"):
+    sealed: str | None = None
+    if manifest_path.exists() or manifest_path.is_symlink() or not model_path.is_file():
+        verify_manifest(root, MANIFEST_FILE, (CONFIG_FILE, MODEL_FILE), verify=verify)
+    else:  # written by save_pretrained: the tensors carry their own content digest
+        meta = _parse_header(model_path).get("__metadata__")
+        sealed = meta.get(CONTENT_KEY) if isinstance(meta, dict) else None
+        if not isinstance(sealed, str):
             raise ArtifactError(
-                f"{p}: {p.stat().st_size} bytes, the manifest says {info.get('bytes')} (truncated?)"
+                f"{manifest_path}: missing (the artifact was never completed), and "
+                f"{MODEL_FILE} carries no {CONTENT_KEY}"
             )
-        if verify and _sha256(p) != info.get("sha256"):
-            raise ArtifactError(f"{p}: sha256 differs from the manifest (corrupt file)")
+    check_config_fields(qc.get("config"), str(cfg_path))
     try:
         quant_config = QuantConfig.from_dict(qc.get("config"))
-    except LeechqError as exc:
+    except (LeechqError, TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, IncompatibleVersion):
             raise
         raise ArtifactError(f"{cfg_path}: invalid quantization_config.config: {exc}") from exc
@@ -681,8 +632,17 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     for key in ("records", "rotations", "raw", "tied"):
         if not isinstance(qc.get(key), dict):
             raise ArtifactError(f"{cfg_path}: quantization_config.{key} must be an object")
+    for section in ("records", "rotations", "raw"):
+        for name, desc in qc[section].items():
+            if not isinstance(desc, dict):
+                raise ArtifactError(
+                    f"{cfg_path}: quantization_config.{section}.{name} must be an object, "
+                    f"got {type(desc).__name__}"
+                )
+    for alias, target in qc["tied"].items():
+        if not isinstance(target, str):
+            raise ArtifactError(f"{cfg_path}: quantization_config.tied.{alias} must be a string")
 
-    model_path = root / MODEL_FILE
     header = _parse_header(model_path)
     try:
         from safetensors.torch import load_file
@@ -690,6 +650,10 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         tensors = load_file(str(model_path))
     except Exception as exc:  # safetensors raises its own types; name the file
         raise ArtifactError(f"{model_path}: unreadable safetensors: {exc}") from exc
+    if sealed is not None and verify and content_digest(tensors) != sealed:
+        raise ArtifactError(
+            f"{model_path}: tensors differ from their {CONTENT_KEY} (corrupt file)"
+        )
     used: set[str] = set()
 
     def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:
@@ -704,7 +668,9 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         m, k = split_width(n) if n > 0 else (0, 0)
         try:
             seed = int(desc["seed"])
-        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(desc["seed"], (bool, float)) or not 0 <= seed < 1 << 64:
+                raise ValueError(desc["seed"])
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ArtifactError(f"{cfg_path}: {ctx} has no valid seed") from exc
         if key != f"{n}_{seed:016x}" or desc.get("pow2") != m or desc.get("odd") != k:
             raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent with its key")
@@ -774,14 +740,17 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
             if group < 2 or d_in % 2 or desc.get("groups_per_row") != -(-d_in // group):
                 raise ArtifactError(f"{cfg_path}: {ctx} descriptor is inconsistent")
             gpr = -(-d_in // group)
-            records[name] = Int4Weight(
-                d_out=d_out,
-                d_in=d_in,
-                group=group,
-                qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
-                scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
-                biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
-            )
+            try:
+                records[name] = Int4Weight(
+                    d_out=d_out,
+                    d_in=d_in,
+                    group=group,
+                    qweight=take(f"{name}.qweight", torch.uint8, (d_out, d_in // 2), ctx),
+                    scales=take(f"{name}.scales", torch.float16, (d_out, gpr), ctx),
+                    biases=take(f"{name}.biases", torch.float16, (d_out, gpr), ctx),
+                )
+            except InvalidInput as exc:
+                raise ArtifactError(f"{model_path}: {ctx}: {exc}") from exc
         else:
             raise ArtifactError(f"{cfg_path}: {ctx} has unknown kind {kind!r}")
 
@@ -827,6 +796,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
     extra = sorted(set(k for k in header if k != "__metadata__") - used)
     if extra:
         raise ArtifactError(f"{model_path}: tensors not described by config.json: {extra[:5]}")
+    check_record_magnitudes(records, str(model_path))
     return Artifact(
         path=root,
         config=cfg,
@@ -872,7 +842,7 @@ def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str
     }
 
 
-def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
     """Per-matrix rates and the three accounting rates of an artifact, reported separately.
 
     Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits
@@ -886,8 +856,11 @@ def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given
       for the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of
       the records over the quantized weights.
+
+    ``verified`` says whether every file's sha256 was checked against the manifest (``verify``);
+    everything else of :func:`read_artifact` (sizes, schema, tensors, magnitudes) is always checked.
     """
-    art = read_artifact(directory, verify=False)
+    art = read_artifact(directory, verify=verify)
     from leechq.codebooks import get
 
     label_bits = get(art.quant_config.codebook).label_bits
@@ -919,6 +892,7 @@ def artifact_report(directory: str | os.PathLike[str]) -> dict[str, Any]:
     dir_bytes = sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file())
     return {
         "codebook": art.quant_config.codebook,
+        "verified": bool(verify),
         "config": art.quant_config.to_dict(),
         "matrices": matrices,
         "counts": {

@@ -258,14 +258,17 @@ class LeechqHfQuantizer(HfQuantizer):
         return dtype
 
     def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
+        from leechq.formats.integrity import check_pretrained, check_pretrained_keys
         from leechq.nn.replace import replace_with_placeholders
 
+        art = check_pretrained(model, kwargs.get("checkpoint_files"))  # the integrity gate
         qc = self.quantization_config
         skip = list(getattr(qc, "modules_to_not_convert", None) or [])
         self.modules = replace_with_placeholders(model, qc.records, skip=skip)
         device = next(iter(model.parameters())).device
         with torch.device(device):
             model.leechq = RotationStore(qc.rotations)
+        check_pretrained_keys(model, art)  # every skeleton tensor stored or tied
 
     def get_weight_conversions(self) -> list[Any]:
         """One converter per group-affine raw tensor (three stored keys → one dense parameter)."""
@@ -417,7 +420,9 @@ class LeechqHfQuantizer(HfQuantizer):
                 state.pop(name, None)
                 for suffix, t in captured[name].items():
                     state[f"{name}.{suffix}"] = t
-        return state, {}
+        from leechq.formats.integrity import content_metadata
+
+        return state, content_metadata(state)  # no manifest here: the tensors seal themselves
 
 
 def _placement(model: Any, name: str, fallback: torch.device) -> torch.device:

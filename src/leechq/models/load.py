@@ -4,8 +4,10 @@ The standalone loader (docs/architecture.md §1, ``models/load.py``), which shar
 the module type, the replacement and the finalize step with the transformers integration
 (``leechq.integrations.transformers``) but does not go through ``from_pretrained``:
 
-1. read and validate the artifact (:func:`leechq.formats.artifact.read_artifact`: manifest sizes and
-   sha256, schema version, codebook fingerprint, every tensor's dtype and shape);
+1. read and validate the artifact through the integrity gate
+   (:func:`leechq.formats.integrity.check_artifact`: manifest names, sizes and sha256, schema
+   version and field types, codebook fingerprint, every tensor's dtype, shape and finiteness,
+   decoded magnitudes; docs/integrity.md);
 2. build the model skeleton from ``config.json`` with its parameters on the meta device (buffers
    such as RoPE frequencies are computed normally), in the serving dtype;
 3. replace the recorded linears by :class:`LeechqLinear` (:mod:`leechq.nn.replace`);
@@ -35,15 +37,23 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``/None → CUDA when available, else CPU; anything else as given (validated)."""
+    """``"auto"``/None → CUDA when available, else CPU; "cpu", "cuda", "cuda:N" or such a
+    torch.device as given. Any other device type (tpu, mps, meta, ...) is refused: leechq runs on
+    the CPU or on CUDA only."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise InvalidInput(f"unknown device {device!r}") from exc
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"unknown device {device!r}; choose auto, cpu, cuda or cuda:N") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidInput(f"unknown device {device!r}; leechq runs on cpu or cuda only")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InvalidInput(f"device {device!r} requested but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InvalidInput(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     return dev
 
 
@@ -230,7 +240,7 @@ def load(
         FingerprintMismatch: a codebook this build decodes differently.
         UnsupportedArchitecture: a model type transformers cannot build, or records that do not fit.
     """
-    from leechq.formats.artifact import read_artifact
+    from leechq.formats.integrity import check_artifact
     from leechq.nn.replace import (
         finalize_all,
         leechq_modules,
@@ -241,7 +251,7 @@ def load(
     root = Path(path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    art = read_artifact(root, verify=verify)
+    art = check_artifact(root, verify=verify)
     config = base_config(art.config)
     model = build_skeleton(config, dt)
     replace_with_records(model, art.records)

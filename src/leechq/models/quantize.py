@@ -31,7 +31,12 @@ import torch
 
 from leechq.config import CONTROL_CODEBOOKS, QuantConfig
 from leechq.errors import InvalidInput
-from leechq.formats.artifact import GroupAffine, write_artifact
+from leechq.formats.artifact import (
+    GroupAffine,
+    check_output_path,
+    check_replaceable,
+    write_artifact,
+)
 from leechq.models.arch import ArchSpec, arch_of
 from leechq.quant.calibration import token_digest
 from leechq.quant.layerwise import LinearSpec, Record, RunResult, quantize_blocks, resolve_device
@@ -137,19 +142,25 @@ def check_model(model: Any) -> ArchSpec:
     return arch
 
 
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 (hex) of a tensor's dtype, shape and every byte of its contents (row-major)."""
+    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel():
+        h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
 def _model_fingerprint(model: Any) -> str:
-    """Cheap identity of the weights: names, shapes, dtypes and a few values of every tensor."""
+    """Identity of the weights: the full content hash of every state-dict tensor, by name.
+
+    The resume key (with the configuration and the calibration digest): editing any single value
+    of the source model changes it, so a checkpoint of another model is never reused.
+    """
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
-        flat = t.detach().reshape(-1)
-        sample = (
-            torch.cat([flat[:16], flat[-16:]]).to(torch.float64).cpu().numpy()
-            if flat.numel()
-            else []
-        )
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-        h.update(bytes(memoryview(sample)) if len(sample) else b"")
-    return h.hexdigest()[:16]
+        h.update(f"{name}|{tensor_digest(t)}\n".encode())
+    return h.hexdigest()[:32]
 
 
 def capture_layer_inputs(
@@ -414,8 +425,10 @@ def quantize_model(
         raise InvalidInput(
             f"codebook {config.codebook!r} is a control quantizer and cannot write an artifact"
         )
-    if out.exists() and not overwrite:
+    if (out.exists() or out.is_symlink()) and not overwrite:
         raise InvalidInput(f"{out} already exists (pass overwrite=True to replace it)")
+    check_output_path(out)
+    check_replaceable(out)  # before hours of work: only a complete leechq artifact is replaced
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".ckpt")
     mq = quantize_model_in_place(
         model, calib_windows, config, progress=progress, checkpoint_dir=ckpt, model_id=model_id

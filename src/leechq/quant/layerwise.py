@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from leechq.codebooks.base import BLOCK
 from leechq.config import QuantConfig
-from leechq.errors import ArtifactError, InvalidInput
+from leechq.errors import ArtifactError, InvalidInput, LeechqError
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
 from leechq.quant.coders import BlockCoder, IdentityCoder, ScalarRoundCoder, ShapeGainCoder
@@ -302,8 +302,18 @@ class Checkpoint:
             return {"run_id": self.run_id, "n_blocks": self.n_blocks, "done": 0, "stats": {}}
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise ArtifactError(f"checkpoint {path} is unreadable: {exc}") from exc
+        if not isinstance(state, dict):
+            raise ArtifactError(f"checkpoint {path} is not a JSON object")
+        done, stats = state.get("done"), state.get("stats")
+        if not isinstance(done, int) or isinstance(done, bool) or not 0 <= done <= self.n_blocks:
+            raise ArtifactError(
+                f"checkpoint {path}: field 'done' must be an integer in [0, {self.n_blocks}], "
+                f"got {done!r}"
+            )
+        if not isinstance(stats, dict):
+            raise ArtifactError(f"checkpoint {path}: field 'stats' must be an object")
         if state.get("run_id") != self.run_id or state.get("n_blocks") != self.n_blocks:
             raise InvalidInput(
                 f"checkpoint {self.dir} belongs to a different run (run id "
@@ -328,7 +338,12 @@ class Checkpoint:
             tensors = load_file(str(path))
         except Exception as exc:  # corrupt or missing: name the file
             raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
-        return records_from_tensors(tensors, meta)
+        try:
+            return records_from_tensors(tensors, meta)
+        except LeechqError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise ArtifactError(f"checkpoint file {path} is inconsistent: {exc!r}") from exc
 
     def load_states(self) -> list[torch.Tensor]:
         path = self.dir / f"states_{self.done - 1:04d}.safetensors"
@@ -336,7 +351,10 @@ class Checkpoint:
             tensors = load_file(str(path))
         except Exception as exc:
             raise ArtifactError(f"checkpoint file {path} is unreadable: {exc}") from exc
-        return [tensors[f"states.{i}"] for i in range(len(tensors))]
+        try:
+            return [tensors[f"states.{i}"] for i in range(len(tensors))]
+        except KeyError as exc:
+            raise ArtifactError(f"checkpoint file {path} lacks {exc}") from exc
 
     def commit(
         self,

@@ -1,0 +1,111 @@
+"""Low-level safetensors and file handling shared by the artifact and Tetra formats: the dtype
+table, a bounds-checked header parser, the tensor expectation check (dtype, shape, finiteness)
+and an fsync'ed write. Every failure is an :class:`~leechq.errors.ArtifactError` naming the file
+and tensor."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leechq.errors import ArtifactError
+
+ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in ST_DTYPES.items()}
+
+
+def fsync_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def parse_header(path: Path) -> dict[str, Any]:
+    """Parse and bounds-check a safetensors header; errors name the file and the tensor."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ArtifactError(f"{path}: truncated ({size} bytes, no safetensors header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > 100_000_000:
+                raise ArtifactError(f"{path}: header length {n} exceeds the file size {size}")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable: {exc}") from exc
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{path}: corrupt safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path}: safetensors header is not a JSON object")
+    data_len = size - 8 - n
+    end_max = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (lo, hi) = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: tensor {name!r} has a malformed header entry") from exc
+        if dtype not in ST_DTYPES:
+            raise ArtifactError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise ArtifactError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+        itemsize = torch.empty(0, dtype=ST_DTYPES[dtype]).element_size()
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= data_len):
+            raise ArtifactError(
+                f"{path}: tensor {name!r} lies outside the file (truncated or corrupt)"
+            )
+        if hi - lo != itemsize * math.prod(shape):
+            raise ArtifactError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
+        end_max = max(end_max, hi)
+    if end_max != data_len:
+        raise ArtifactError(f"{path}: data section is {data_len} bytes but tensors cover {end_max}")
+    return header
+
+
+def expect_tensor(
+    tensors: Mapping[str, torch.Tensor],
+    key: str,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    where: str,
+) -> torch.Tensor:
+    """``tensors[key]`` if present with ``dtype`` and ``shape`` and (floats) finite, else an
+    :class:`ArtifactError` naming ``where`` and the tensor."""
+    if key not in tensors:
+        raise ArtifactError(f"{where}: missing tensor {key!r}")
+    t = tensors[key]
+    if t.dtype != dtype:
+        raise ArtifactError(f"{where}: tensor {key!r} has dtype {t.dtype}, expected {dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ArtifactError(
+            f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
+        )
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
+    return t
