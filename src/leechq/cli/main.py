@@ -117,6 +117,14 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "--window", type=int, default=512, help="calibration window length in tokens [default: 512]"
     )
     p.add_argument(
+        "--calib-data",
+        default=None,
+        metavar="PATH|hf:NAME[:SPLIT]",
+        help="calibration text: a text file, a JSONL file (its 'text' field), a folder of "
+        ".txt/.md/.rst/.jsonl files, or hf:NAME[:SPLIT] (the datasets package) [default: the "
+        "offline Python-docs calibration split]",
+    )
+    p.add_argument(
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
     )
     p.add_argument(

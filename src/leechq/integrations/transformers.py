@@ -253,10 +253,13 @@ class LeechqHfQuantizer(HfQuantizer):
         return dtype
 
     def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
+        from leechq.models.experts import needs_split, split_experts
         from leechq.nn.replace import replace_with_placeholders
 
         qc = self.quantization_config
         skip = list(getattr(qc, "modules_to_not_convert", None) or [])
+        if needs_split(qc.records):  # experts quantized one matrix each (leechq.models.experts)
+            split_experts(model, copy_weights=False)
         self.modules = replace_with_placeholders(model, qc.records, skip=skip)
         device = next(iter(model.parameters())).device
         with torch.device(device):

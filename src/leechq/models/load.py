@@ -231,6 +231,7 @@ def load(
         UnsupportedArchitecture: a model type transformers cannot build, or records that do not fit.
     """
     from leechq.formats.artifact import read_artifact
+    from leechq.models.experts import needs_split, split_experts
     from leechq.nn.replace import (
         finalize_all,
         leechq_modules,
@@ -244,6 +245,8 @@ def load(
     art = read_artifact(root, verify=verify)
     config = base_config(art.config)
     model = build_skeleton(config, dt)
+    if needs_split(art.records):  # experts quantized one matrix each (leechq.models.experts)
+        split_experts(model, copy_weights=False)
     replace_with_records(model, art.records)
 
     packed, handled = install_packed_tables(model, art, config)
