@@ -2,8 +2,9 @@
 
 A thin shell (architecture.md §6.1 ``cli/quantize.py``) over
 :func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the
-calibration text (the offline corpus's calibration split of :mod:`leechq.data`, or the user's own
-text with ``--calib-data``: :mod:`leechq.data.user_text`) and :func:`leechq.models.quantize.quantize_model`. The
+calibration text (the offline default of :mod:`leechq.data`: the calibration splits of the Python
+docs and of the standard library's code, interleaved; or the user's own text with
+``--calib-data``: :mod:`leechq.data.user_text`) and :func:`leechq.models.quantize.quantize_model`. The
 "bare" recipe is the configuration's defaults: every block projection on the lattice with one gain
 bit and the input rotation, embeddings kept. The "full" recipe (layouts-kernels-recipe.md §5) runs
 :func:`leechq.quant.recipe.run_recipe` on top: int4 for the most KL-sensitive matrices under a
@@ -21,12 +22,13 @@ from typing import Any
 
 
 def calibration_source(calib_data: str | None) -> tuple[str, str]:
-    """``(text, source)`` of the calibration text: the offline corpus's calibration split, or the
-    user's text named by ``--calib-data`` (:func:`leechq.data.user_text.load_user_text`)."""
-    from leechq.data import calibration_text
-
+    """``(text, source)`` of the calibration text: the offline default (Python-docs prose and
+    standard-library code interleaved, :func:`leechq.data.code_corpus.mixed_calibration_text`), or
+    the user's text named by ``--calib-data`` (:func:`leechq.data.user_text.load_user_text`)."""
     if calib_data is None:
-        return calibration_text(), "pydoc:calibration"
+        from leechq.data.code_corpus import MIXED_SOURCE, mixed_calibration_text
+
+        return mixed_calibration_text(), MIXED_SOURCE
     from leechq.data.user_text import load_user_text
 
     user = load_user_text(calib_data)
