@@ -14,7 +14,8 @@ Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
 * ``chat OUT``            interactive chat with an artifact;
 * ``eval OUT``            perplexity / KL against the reference (``leechq.eval``), JSON last line;
 * ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
-* ``demo``                the end-to-end demo of ``./run demo``.
+* ``demo``                the end-to-end demo of ``./run demo``;
+* ``convert DIR OUT``     a published Tetra checkpoint (``quant_method: "llvq"``) as an artifact.
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _args_convert(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help='a published Tetra checkpoint directory (quant_method "llvq")')
+    p.add_argument("out", help="the leechq artifact directory to write")
+    p.add_argument(
+        "--verify-dense",
+        action="store_true",
+        help="also check llvq-dense-digest.json (dequantizes every matrix: slow)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+
+
 COMMANDS: tuple[LazyCommand, ...] = (
     LazyCommand(
         "quantize",
@@ -235,6 +247,12 @@ COMMANDS: tuple[LazyCommand, ...] = (
         "quantize a small model on this machine, answer a prompt, report size and quality",
         "leechq.cli.demo",
         _args_demo,
+    ),
+    LazyCommand(
+        "convert",
+        "convert a published Tetra checkpoint into a leechq artifact (lossless)",
+        "leechq.cli.convert",
+        _args_convert,
     ),
 )
 
