@@ -115,3 +115,42 @@ def test_calib_data_folder_through_the_cli(tmp_path: Path) -> None:
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert f"user:{folder} (2 documents" in json.dumps(qc)
     assert "12x32 tokens" in json.dumps(qc)
+
+
+@pytest.mark.parametrize("variant", ["mistral-sliding-window", "llama-yarn"])
+def test_sliding_window_and_yarn_run_through_transformers(
+    tmp_path: Path, variant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The serving engine refuses sliding windows and YaRN; such a model still quantizes, loads
+    and runs (transformers' own attention and rotary code, with the one-line note)."""
+    from leechq_tiny import family_config, tiny_tokenizer
+
+    family = variant.split("-")[0]
+    cfg = family_config(family)
+    if family == "mistral":
+        cfg.sliding_window = 8
+    else:
+        cfg.rope_parameters = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+    torch.manual_seed(0)
+    dense = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    src = tmp_path / "dense"
+    dense.save_pretrained(str(src))
+    tiny_tokenizer().save_pretrained(str(src))
+    out = tmp_path / "q"
+    argv = ["quantize", str(src), str(out), "--calib-data", str(_calib_file(tmp_path))]
+    assert main(argv + ["--calib-tokens", "128", "--window", "32", "--device", "cpu"]) == 0
+    x = ids(24, 2)  # longer than the window of 8
+    ours, _ = load(out, device="cpu")
+    with torch.no_grad():
+        assert _cos(ours(x).logits, dense(x).logits) >= 0.9
+    capsys.readouterr()
+    argv = ["run", str(out), "--prompt", "the water", "--raw", "--max-new-tokens", "2"]
+    assert main(argv + ["--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "serving through transformers" in err
+    assert ("sliding-window" in err) if family == "mistral" else ("yarn" in err)
