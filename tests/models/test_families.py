@@ -25,9 +25,9 @@ transformers = pytest.importorskip("transformers")
 MIN_COSINE = {"gemma2": 0.7, "gemma3": 0.7, "olmo2": 0.7}
 
 
-def _calib_file(tmp: Path) -> Path:
+def _calib_file(tmp: Path, n_words: int = 400) -> Path:
     g = torch.Generator().manual_seed(3)
-    words = [WORDS[int(i)] for i in torch.randint(3, len(WORDS), (400,), generator=g)]
+    words = [WORDS[int(i)] for i in torch.randint(3, len(WORDS), (n_words,), generator=g)]
     path = tmp / "calib.txt"
     path.write_text(" ".join(words), encoding="utf-8")
     return path
@@ -154,3 +154,25 @@ def test_sliding_window_and_yarn_run_through_transformers(
     err = capsys.readouterr().err
     assert "serving through transformers" in err
     assert ("sliding-window" in err) if family == "mistral" else ("yarn" in err)
+
+
+@pytest.mark.parametrize(("family", "bpp"), [("qwen3_moe", "3"), ("phi3", "8")])
+def test_full_recipe_on_a_mixture_of_experts_and_an_all_int4_budget(
+    tmp_path: Path, family: str, bpp: str
+) -> None:
+    """``--recipe full`` on split experts (the reference is split on loading too), and a budget so
+    large that every matrix becomes int4 (row-scale training has nothing to do and is skipped)."""
+    import json
+
+    src, dense = save_family_model(tmp_path, family)
+    out = tmp_path / "q"
+    argv = ["quantize", str(src), str(out), "--recipe", "full", "--target-bpp", bpp]
+    argv += ["--calib-tokens", "64", "--window", "32", "--train-steps", "2", "--train-tokens", "64"]
+    argv += ["--calib-data", str(_calib_file(tmp_path, 3000)), "--device", "cpu"]
+    assert main(argv) == 0
+    ours, _ = load(out, device="cpu")
+    x = ids(16, 2)
+    with torch.no_grad():
+        assert _cos(ours(x).logits, dense(x).logits) >= 0.9
+    qc = json.dumps(json.loads((out / "config.json").read_text())["quantization_config"])
+    assert ("no lattice records" in qc) is (family == "phi3")
