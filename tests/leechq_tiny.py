@@ -338,8 +338,31 @@ FAMILIES = (
     "olmo2",
     "qwen3_moe",
     "mixtral",
+    "gemma",
+    "granite",
+    "smollm3",
+    "helium",
+    "olmo",
+    "cohere",
+    "glm",
+    "starcoder2",
+    "qwen2_moe",
+    "olmoe",
+    "phimoe",
 )
 """Families :mod:`leechq.models.arch` supports, one tiny model each (:func:`family_config`)."""
+
+EXPERTS = 4
+"""Experts per sparse MLP of the tiny mixture-of-experts models (top 2)."""
+
+
+def family_linears(family: str) -> int:
+    """Quantized linears per block of :func:`family_model` (2 per expert for split experts)."""
+    moe = {"qwen3_moe": 4, "mixtral": 4, "olmoe": 4, "phimoe": 4, "qwen2_moe": 4 + 3}
+    fused = {"phi3": 4, "glm": 6, "starcoder2": 6}
+    if family in moe:
+        return moe[family] + 2 * EXPERTS
+    return fused.get(family, 7)
 
 
 def family_config(family: str, vocab_size: int = 96) -> Any:
@@ -390,6 +413,31 @@ def family_config(family: str, vocab_size: int = 96) -> Any:
     if family == "mixtral":
         common["intermediate_size"] = 48
         return transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
+    simple = {
+        "gemma": "GemmaConfig",
+        "granite": "GraniteConfig",
+        "smollm3": "SmolLM3Config",
+        "helium": "HeliumConfig",
+        "olmo": "OlmoConfig",
+        "cohere": "CohereConfig",
+        "glm": "GlmConfig",
+        "starcoder2": "Starcoder2Config",
+    }
+    if family in simple:
+        extra = {"head_dim": 12} if family in ("gemma", "glm", "helium") else {}
+        return getattr(transformers, simple[family])(**extra, **common)
+    if family == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=48,
+            **common,
+        )
+    if family == "olmoe":
+        return transformers.OlmoeConfig(num_experts=4, num_experts_per_tok=2, **common)
+    if family == "phimoe":
+        return transformers.PhimoeConfig(num_local_experts=4, num_experts_per_tok=2, **common)
     raise ValueError(family)
 
 
@@ -403,6 +451,8 @@ def family_model(family: str, seed: int = 0) -> Any:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 base = 0.0 if family.startswith("gemma") else 1.0  # Gemma scales by 1 + weight
+                if family in ("olmo", "cohere", "starcoder2", "phimoe"):  # LayerNorm weights too
+                    base = 1.0
                 p.copy_(base + 0.1 * torch.randn_like(p))
     return model.eval()
 

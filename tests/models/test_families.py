@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from leechq_tiny import FAMILIES, WORDS, family_model, ids, save_family_model
+from leechq_tiny import FAMILIES, WORDS, family_linears, family_model, ids, save_family_model
 
 import leechq.integrations.transformers  # noqa: F401  (registers quant_method "leechq")
 from leechq.cli.main import main
@@ -56,8 +56,7 @@ def test_family_quantizes_loads_both_ways_and_runs(
     assert tok is not None
     n_ours = sum(isinstance(m, LeechqLinear) for m in ours.modules())
     n_hf = sum(isinstance(m, LeechqLinear) for m in hf.modules())
-    expected = {"phi3": 4, "qwen3_moe": 12, "mixtral": 12}.get(family, 7) * 2
-    assert n_ours == n_hf == expected
+    assert n_ours == n_hf == family_linears(family) * 2
     assert bool(torch.isfinite(got).all())
     assert _cos(got, ref) >= MIN_COSINE.get(family, 0.9), _cos(got, ref)
     torch.testing.assert_close(via_hf, got, rtol=1e-4, atol=1e-4)
@@ -94,7 +93,7 @@ def test_identity_coder_reproduces_every_family(family: str) -> None:
     mq = quantize_model_in_place(model, ids(32, 4, seed=1), cfg, progress=False)
     with torch.no_grad():
         out = model(x).logits
-    assert len(mq.records) == {"phi3": 4, "qwen3_moe": 12, "mixtral": 12}.get(family, 7) * 2
+    assert len(mq.records) == family_linears(family) * 2
     torch.testing.assert_close(out, ref, rtol=0, atol=2e-5 * float(ref.abs().max()))
 
 

@@ -253,6 +253,40 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             moe=True,
         ),
         ArchSpec("mixtral", model_types=("mixtral",), gguf_names=(), projections=_ATTN, moe=True),
+        # Further families the walk handles as they are (each tested like the ten above).
+        ArchSpec("gemma", model_types=("gemma",), gguf_names=("gemma",)),
+        ArchSpec("granite", model_types=("granite",), gguf_names=()),
+        ArchSpec("smollm3", model_types=("smollm3",), gguf_names=()),
+        ArchSpec("helium", model_types=("helium",), gguf_names=()),
+        ArchSpec("olmo", model_types=("olmo",), gguf_names=()),
+        ArchSpec("cohere", model_types=("cohere",), gguf_names=()),
+        ArchSpec(
+            "glm",
+            model_types=("glm",),
+            gguf_names=(),
+            projections=_ATTN
+            + (
+                Projection("mlp.gate_up_proj", ACT_MLP_IN),
+                Projection("mlp.down_proj", ACT_MLP_PRODUCT),
+            ),
+        ),
+        ArchSpec(
+            "starcoder2",
+            model_types=("starcoder2",),
+            gguf_names=("starcoder2",),
+            projections=_ATTN
+            + (Projection("mlp.c_fc", ACT_MLP_IN), Projection("mlp.c_proj", ACT_MLP_PRODUCT)),
+        ),
+        ArchSpec(
+            "qwen2_moe",
+            model_types=("qwen2_moe",),
+            gguf_names=("qwen2moe",),
+            projections=_ATTN,
+            qkv_bias=True,
+            moe=True,
+        ),
+        ArchSpec("olmoe", model_types=("olmoe",), gguf_names=(), projections=_ATTN, moe=True),
+        ArchSpec("phimoe", model_types=("phimoe",), gguf_names=(), projections=_ATTN, moe=True),
     )
 }
 
