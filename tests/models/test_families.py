@@ -175,3 +175,35 @@ def test_full_recipe_on_a_mixture_of_experts_and_an_all_int4_budget(
         assert _cos(ours(x).logits, dense(x).logits) >= 0.9
     qc = json.dumps(json.loads((out / "config.json").read_text())["quantization_config"])
     assert ("no lattice records" in qc) is (family == "phi3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_on_cuda_quantizes_and_serves_with_fused_kernels(
+    tmp_path: Path, family: str
+) -> None:
+    """On a GPU: the walk quantizes on CUDA, both loaders put the fused kernels in every quantized
+    linear (experts included) and agree with each other and with the CPU reference path, and
+    generation runs (the engine, or transformers' own modules)."""
+    from leechq.serve.generate import generate
+
+    src, dense = save_family_model(tmp_path, family)
+    out = tmp_path / "q"
+    argv = ["quantize", str(src), str(out), "--calib-data", str(_calib_file(tmp_path))]
+    assert main(argv + ["--calib-tokens", "128", "--window", "32", "--device", "cuda"]) == 0
+    x = ids(16, 2)
+    cpu, _ = load(out, device="cpu", dtype=torch.float32, tokenizer=False)
+    ours, tok = load(out, device="cuda", dtype=torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), dtype=torch.bfloat16, device_map="cuda"
+    )
+    paths = {m.execution.path for m in ours.modules() if isinstance(m, LeechqLinear)}
+    assert paths == {"fused"}, paths
+    with torch.no_grad():
+        ref = cpu(x).logits
+        got = ours(x.cuda()).logits.float().cpu()
+        torch.testing.assert_close(hf(x.cuda()).logits, ours(x.cuda()).logits, rtol=0, atol=0)
+        assert _cos(got, ref) >= 0.99
+        assert _cos(got, dense(x).logits) >= MIN_COSINE.get(family, 0.9) - 0.02
+    text = generate(ours, tok, ["the water"], max_new_tokens=4).texts[0]
+    assert isinstance(text, str)
