@@ -123,7 +123,8 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         metavar="PATH|hf:NAME[:SPLIT]",
         help="calibration text: a text file, a JSONL file (its 'text' field), a folder of "
         ".txt/.md/.rst/.jsonl files, or hf:NAME[:SPLIT] (the datasets package) [default: the "
-        "offline Python-docs calibration split]",
+        "offline calibration splits of the Python docs and the standard library's code, "
+        "interleaved]",
     )
     p.add_argument(
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
