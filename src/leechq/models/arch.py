@@ -254,7 +254,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ),
         ArchSpec("mixtral", model_types=("mixtral",), gguf_names=(), projections=_ATTN, moe=True),
         # Further families the walk handles as they are (each tested like the ten above).
-        ArchSpec("gemma", model_types=("gemma",), gguf_names=("gemma",)),
+        ArchSpec("gemma", model_types=("gemma",), gguf_names=()),
         ArchSpec("granite", model_types=("granite",), gguf_names=()),
         ArchSpec("smollm3", model_types=("smollm3",), gguf_names=()),
         ArchSpec("helium", model_types=("helium",), gguf_names=()),
