@@ -399,7 +399,9 @@ def family_config(family: str, vocab_size: int = 96) -> Any:
     if family == "gemma3":
         common["tie_word_embeddings"] = True
         return transformers.Gemma3TextConfig(
-            head_dim=12, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+            head_dim=12,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
             **common,
         )
     if family == "phi3":
@@ -446,7 +448,9 @@ def family_model(family: str, seed: int = 0) -> Any:
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(family_config(family), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        family_config(family), dtype=torch.float32
+    )
     with torch.no_grad():  # non-trivial norms so that loading mistakes show
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

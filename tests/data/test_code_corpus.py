@@ -33,7 +33,7 @@ def test_fetch_code_from_a_deb_skips_docs_text_and_tests(
     monkeypatch.setenv("LEECHQ_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("LEECHQ_PYCODE_SOURCES", raising=False)
     code_corpus._code_text_cached.cache_clear()
-    with pytest.raises(ArtifactError, match="no copy of the libpython3.11-stdlib"):
+    with pytest.raises(ArtifactError, match=r"no copy of the libpython3\.11-stdlib"):
         code_corpus.code_sources_dir(fetch=False)
     p = "./usr/lib/python3.11/"
     files = {p + f"pkg/mod{i:02d}.py": f"def f{i}():\n    return {i}\n".encode() for i in range(40)}
@@ -60,7 +60,9 @@ def test_mixed_calibration_text_holds_both_domains_early(tmp_path: Path) -> None
     code = tmp_path / "code"
     for i in range(30):
         (code / "pkg").mkdir(parents=True, exist_ok=True)
-        (code / "pkg" / f"m{i:02d}.py").write_text("".join(f"x_{i}_{j} = {j}\n" for j in range(300)))
+        (code / "pkg" / f"m{i:02d}.py").write_text(
+            "".join(f"x_{i}_{j} = {j}\n" for j in range(300))
+        )
     code_corpus._code_text_cached.cache_clear()
     mixed = code_corpus.mixed_calibration_text(docs, code)
     prose, src = corpus.calibration_text(docs), code_corpus.code_text("calibration", code)

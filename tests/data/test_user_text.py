@@ -43,7 +43,7 @@ def test_folder_sorted_recursive_known_suffixes(tmp_path: Path) -> None:
 def test_bad_inputs_are_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="no such file or folder"):
         load_user_text(str(tmp_path / "missing.txt"))
-    with pytest.raises(InvalidInput, match="no .txt, .md, .rst, .jsonl files"):
+    with pytest.raises(InvalidInput, match=r"no \.txt, \.md, \.rst, \.jsonl files"):
         load_user_text(str(tmp_path))
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"ok \xff")
@@ -51,7 +51,9 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
         load_user_text(str(bad))
     j = tmp_path / "x.jsonl"
     j.write_text('{"text": "ok"}\n{"body": "no"}\n', encoding="utf-8")
-    with pytest.raises(InvalidInput, match=r'x\.jsonl:2: expected a JSON object with a string "text"'):
+    with pytest.raises(
+        InvalidInput, match=r'x\.jsonl:2: expected a JSON object with a string "text"'
+    ):
         load_user_text(str(j))
     j.write_text('{"text": "ok"}\n{nope\n', encoding="utf-8")
     with pytest.raises(InvalidInput, match=r"x\.jsonl:2: not JSON"):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from leechq.errors import UnsupportedArchitecture
 from leechq_tiny import FAMILIES, family_model, ids
 
+from leechq.errors import UnsupportedArchitecture
 from leechq.models.arch import (
     ARCHITECTURES,
     DENSE_LEAVES,
@@ -102,7 +101,10 @@ def test_tied_embeddings(tie: bool) -> None:
 
 
 def test_unsupported_architecture_message() -> None:
-    with pytest.raises(UnsupportedArchitecture, match=r"'gpt2'.*gemma2, gemma3, glm, .*mixtral, olmo, olmo2, .*qwen3_moe"):
+    with pytest.raises(
+        UnsupportedArchitecture,
+        match=r"'gpt2'.*gemma2, gemma3, glm, .*mixtral, olmo, olmo2, .*qwen3_moe",
+    ):
         arch_for_model_type("gpt2")
     with pytest.raises(UnsupportedArchitecture, match=r"no config\.model_type"):
         arch_of(object())

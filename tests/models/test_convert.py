@@ -94,16 +94,28 @@ def test_tetra_checkpoint_loads_converts_and_matches_llvq_tetra(tmp_path: Path, 
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, want, **tol)
     # the CLI runs the Tetra directory directly
-    assert main(["run", str(src), "--prompt", "the water", "--max-new-tokens", "2",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(["run", str(src), "--prompt", "the water", "--max-new-tokens", "2", "--device", "cpu"])
+        == 0
+    )
 
 
 def test_convert_refusals(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="not a Tetra checkpoint"):
         from leechq.cli.convert import run
 
-        run(type("A", (), {"source": str(tmp_path), "out": str(tmp_path / "o"),
-                           "force": False, "verify_dense": False})())
+        run(
+            type(
+                "A",
+                (),
+                {
+                    "source": str(tmp_path),
+                    "out": str(tmp_path / "o"),
+                    "force": False,
+                    "verify_dense": False,
+                },
+            )()
+        )
     src = _tetra_dir(tmp_path, "llama")
     tetra_dir_to_artifact(src, tmp_path / "o")
     with pytest.raises(ArtifactError, match="already exists"):

@@ -1,6 +1,6 @@
 """Every supported family end to end on a tiny random model: ``leechq quantize DIR OUT`` with the
-user's calibration text, then ``leechq.load`` and ``from_pretrained`` give finite logits close to the
-dense model's, and the same logits as each other."""
+user's calibration text, then ``leechq.load`` and ``from_pretrained`` give finite logits close to
+the dense model's, and the same logits as each other."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_family_quantizes_loads_both_ways_and_runs(
     # the CLI runs it (the serving engine, or transformers' own modules with a note) and inspects it
     capsys.readouterr()
     run_argv = ["run", str(out), "--prompt", "the water", "--raw", "--max-new-tokens", "3"]
-    assert main(run_argv + ["--device", "cpu", "--temperature", "0"]) == 0
+    assert main([*run_argv, "--device", "cpu", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     engine = family in ("llama", "mistral", "qwen2", "qwen3")
     assert ("serving through transformers" in captured.err) is not engine
@@ -142,14 +142,14 @@ def test_sliding_window_and_yarn_run_through_transformers(
     tiny_tokenizer().save_pretrained(str(src))
     out = tmp_path / "q"
     argv = ["quantize", str(src), str(out), "--calib-data", str(_calib_file(tmp_path))]
-    assert main(argv + ["--calib-tokens", "128", "--window", "32", "--device", "cpu"]) == 0
+    assert main([*argv, "--calib-tokens", "128", "--window", "32", "--device", "cpu"]) == 0
     x = ids(24, 2)  # longer than the window of 8
     ours, _ = load(out, device="cpu")
     with torch.no_grad():
         assert _cos(ours(x).logits, dense(x).logits) >= 0.9
     capsys.readouterr()
     argv = ["run", str(out), "--prompt", "the water", "--raw", "--max-new-tokens", "2"]
-    assert main(argv + ["--device", "cpu"]) == 0
+    assert main([*argv, "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "serving through transformers" in err
     assert ("sliding-window" in err) if family == "mistral" else ("yarn" in err)
@@ -190,7 +190,7 @@ def test_family_on_cuda_quantizes_and_serves_with_fused_kernels(
     src, dense = save_family_model(tmp_path, family)
     out = tmp_path / "q"
     argv = ["quantize", str(src), str(out), "--calib-data", str(_calib_file(tmp_path))]
-    assert main(argv + ["--calib-tokens", "128", "--window", "32", "--device", "cuda"]) == 0
+    assert main([*argv, "--calib-tokens", "128", "--window", "32", "--device", "cuda"]) == 0
     x = ids(16, 2)
     cpu, _ = load(out, device="cpu", dtype=torch.float32, tokenizer=False)
     ours, tok = load(out, device="cuda", dtype=torch.bfloat16)

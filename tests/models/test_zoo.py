@@ -233,8 +233,14 @@ def test_real_fetch_and_load_smollm2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("architecture", "family"),
-    [("gemma2", "gemma2"), ("gemma3", "gemma3"), ("phi3", "phi3"), ("qwen3moe", "qwen3_moe"),
-     ("qwen2moe", "qwen2_moe"), ("starcoder2", "starcoder2")],
+    [
+        ("gemma2", "gemma2"),
+        ("gemma3", "gemma3"),
+        ("phi3", "phi3"),
+        ("qwen3moe", "qwen3_moe"),
+        ("qwen2moe", "qwen2_moe"),
+        ("starcoder2", "starcoder2"),
+    ],
 )
 def test_gguf_of_every_family_transformers_reads(
     tmp_path: Path, architecture: str, family: str

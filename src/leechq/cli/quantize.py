@@ -4,7 +4,8 @@ A thin shell (architecture.md §6.1 ``cli/quantize.py``) over
 :func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the
 calibration text (the offline default of :mod:`leechq.data`: the calibration splits of the Python
 docs and of the standard library's code, interleaved; or the user's own text with
-``--calib-data``: :mod:`leechq.data.user_text`) and :func:`leechq.models.quantize.quantize_model`. The
+``--calib-data``: :mod:`leechq.data.user_text`) and
+:func:`leechq.models.quantize.quantize_model`. The
 "bare" recipe is the configuration's defaults: every block projection on the lattice with one gain
 bit and the input rotation, embeddings kept. The "full" recipe (layouts-kernels-recipe.md §5) runs
 :func:`leechq.quant.recipe.run_recipe` on top: int4 for the most KL-sensitive matrices under a

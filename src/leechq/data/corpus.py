@@ -151,7 +151,9 @@ def _apt_download(work: Path, package: str = PYDOC_PACKAGE, hint: str = "") -> P
         raise ArtifactError(
             f"apt-get not found: download {package}_*.deb from a Debian mirror and {hint}"
         )
-    proc = subprocess.run(["apt-get", "download", package], cwd=work, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["apt-get", "download", package], cwd=work, capture_output=True, text=True
+    )
     debs = sorted(work.glob(f"{package}_*.deb"))
     if proc.returncode != 0 or not debs:
         raise ArtifactError(

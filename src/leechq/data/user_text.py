@@ -10,12 +10,12 @@ A spec is one of:
   split=SPLIT)``, split ``train`` by default; NAME may be a hub id or a local dataset folder), its
   ``text`` column.
 
-Documents (files, JSONL lines, dataset rows) are stripped and joined with ``"\\n\\n"``, the same rule
-as the offline corpus (:mod:`leechq.data.corpus`); empty documents are dropped. The result is cut
-into token windows by :func:`leechq.data.corpus.token_windows`, which names the shortfall when the
-text is too short. Bad input (a missing path, a folder without text files, invalid UTF-8 or JSON,
-a JSONL line without ``text``, no text at all) raises :class:`~leechq.errors.InvalidInput` naming the
-file and line.
+Documents (files, JSONL lines, dataset rows) are stripped and joined with ``"\\n\\n"``, the same
+rule as the offline corpus (:mod:`leechq.data.corpus`); empty documents are dropped. The result is
+cut into token windows by :func:`leechq.data.corpus.token_windows`, which names the shortfall when
+the text is too short. Bad input (a missing path, a folder without text files, invalid UTF-8 or
+JSON, a JSONL line without ``text``, no text at all) raises :class:`~leechq.errors.InvalidInput`
+naming the file and line.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def _jsonl_documents(path: Path) -> list[str]:
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise InvalidInput(f'{path}:{lineno}: expected a JSON object with a string "text" field')
+            raise InvalidInput(
+                f'{path}:{lineno}: expected a JSON object with a string "text" field'
+            )
         docs.append(row["text"])
     return docs
 
@@ -125,9 +127,7 @@ def load_user_text(spec: str) -> UserText:
         if path.is_dir():
             files = _folder_files(path)
             if not files:
-                raise InvalidInput(
-                    f"{path}: no {', '.join(TEXT_SUFFIXES)} files in this folder"
-                )
+                raise InvalidInput(f"{path}: no {', '.join(TEXT_SUFFIXES)} files in this folder")
             docs = [d for f in files for d in _file_documents(f)]
         elif path.is_file():
             docs = _file_documents(path)

@@ -63,7 +63,8 @@ _ATTN = (
     Projection("self_attn.v_proj", ACT_ATTN_IN),
     Projection("self_attn.o_proj", ACT_ATTN_OUT),
 )
-_LLAMA_PROJECTIONS = _ATTN + (
+_LLAMA_PROJECTIONS = (
+    *_ATTN,
     Projection("mlp.gate_proj", ACT_MLP_IN),
     Projection("mlp.up_proj", ACT_MLP_IN),
     Projection("mlp.down_proj", ACT_MLP_PRODUCT),
@@ -227,7 +228,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec("mistral", model_types=("mistral",), gguf_names=("mistral",)),
         ArchSpec("qwen2", model_types=("qwen2",), gguf_names=("qwen2",), qkv_bias=True),
         ArchSpec("qwen3", model_types=("qwen3",), gguf_names=("qwen3",), extra_norms=_QK_NORMS),
-        ArchSpec("gemma2", model_types=("gemma2",), gguf_names=("gemma2",), extra_norms=_GEMMA_NORMS),
+        ArchSpec(
+            "gemma2", model_types=("gemma2",), gguf_names=("gemma2",), extra_norms=_GEMMA_NORMS
+        ),
         ArchSpec(
             "gemma3",
             model_types=("gemma3_text",),
@@ -264,8 +267,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "glm",
             model_types=("glm",),
             gguf_names=(),
-            projections=_ATTN
-            + (
+            projections=(
+                *_ATTN,
                 Projection("mlp.gate_up_proj", ACT_MLP_IN),
                 Projection("mlp.down_proj", ACT_MLP_PRODUCT),
             ),
@@ -274,8 +277,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "starcoder2",
             model_types=("starcoder2",),
             gguf_names=("starcoder2",),
-            projections=_ATTN
-            + (Projection("mlp.c_fc", ACT_MLP_IN), Projection("mlp.c_proj", ACT_MLP_PRODUCT)),
+            projections=(
+                *_ATTN,
+                Projection("mlp.c_fc", ACT_MLP_IN),
+                Projection("mlp.c_proj", ACT_MLP_PRODUCT),
+            ),
         ),
         ArchSpec(
             "qwen2_moe",

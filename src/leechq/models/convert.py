@@ -42,7 +42,9 @@ def is_tetra_dir(path: str | os.PathLike[str]) -> bool:
     return isinstance(qc, dict) and qc.get("quant_method") == "llvq"
 
 
-def _quant_config(records: dict[str, Any], raw: dict[str, Any], base: dict[str, Any]) -> QuantConfig:
+def _quant_config(
+    records: dict[str, Any], raw: dict[str, Any], base: dict[str, Any]
+) -> QuantConfig:
     """The configuration that describes the directory's weights (what they are, not how they were
     made: calibration is unknown)."""
     lattice = [r for r in records.values() if isinstance(r, QuantizedWeight)]

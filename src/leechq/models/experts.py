@@ -130,7 +130,7 @@ def split_experts(model: nn.Module, copy_weights: bool = True) -> list[str]:
 
 
 def needs_split(record_names: Any) -> bool:
-    """Whether artifact records name split experts (``….gate_up_proj.<e>`` / ``….down_proj.<e>``)."""
+    """Whether artifact records name split experts (``…gate_up_proj.<e>``, ``…down_proj.<e>``)."""
     for name in record_names:
         parts = str(name).rsplit(".", 2)
         if len(parts) == 3 and parts[1] in ("gate_up_proj", "down_proj") and parts[2].isdigit():

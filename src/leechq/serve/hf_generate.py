@@ -77,7 +77,9 @@ def generate_ids_hf(
             if tok in stops or step == max_new_tokens - 1:
                 break
             res = model(
-                input_ids=torch.tensor([[tok]], device=device), past_key_values=cache, use_cache=True
+                input_ids=torch.tensor([[tok]], device=device),
+                past_key_values=cache,
+                use_cache=True,
             )
             cache = res.past_key_values
         decode_s += time.perf_counter() - t0
