@@ -123,3 +123,21 @@ def test_convert_refusals(tmp_path: Path) -> None:
     (src / "model.safetensors").write_bytes(b"broken")
     with pytest.raises(ArtifactError):
         load(src, device="cpu")
+
+
+@pytest.mark.gpu
+def test_tetra_checkpoint_on_cuda_runs_the_fused_kernels(tmp_path: Path) -> None:
+    """On a GPU the converted checkpoint is served by the fused kernels and still gives
+    llvq-tetra's logits (bf16 activations: compared by cosine)."""
+    from leechq.nn.linear import LeechqLinear
+
+    src = _tetra_dir(tmp_path, "qwen3")
+    x = ids()
+    want = _llvq_logits(src, x)
+    model, _ = load(src, device="cuda", dtype=torch.bfloat16)
+    paths = {m.execution.path for m in model.modules() if isinstance(m, LeechqLinear)}
+    assert paths == {"fused"}, paths
+    with torch.no_grad():
+        got = model(x.cuda()).logits.float().cpu()
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cos) >= 0.999
