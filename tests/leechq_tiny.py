@@ -322,3 +322,153 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a-b| / max |b| (float64)."""
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     return float((a64 - b64).abs().max() / b64.abs().max().clamp_min(math.ulp(1.0)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny random models of every supported family (the architecture-agnostic quantizer's tests)
+
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "qwen3_moe",
+    "mixtral",
+    "gemma",
+    "granite",
+    "smollm3",
+    "helium",
+    "olmo",
+    "cohere",
+    "glm",
+    "starcoder2",
+    "qwen2_moe",
+    "olmoe",
+    "phimoe",
+)
+"""Families :mod:`leechq.models.arch` supports, one tiny model each (:func:`family_config`)."""
+
+EXPERTS = 4
+"""Experts per sparse MLP of the tiny mixture-of-experts models (top 2)."""
+
+
+def family_linears(family: str) -> int:
+    """Quantized linears per block of :func:`family_model` (2 per expert for split experts)."""
+    moe = {"qwen3_moe": 4, "mixtral": 4, "olmoe": 4, "phimoe": 4, "qwen2_moe": 4 + 3}
+    fused = {"phi3": 4, "glm": 6, "starcoder2": 6}
+    if family in moe:
+        return moe[family] + 2 * EXPERTS
+    return fused.get(family, 7)
+
+
+def family_config(family: str, vocab_size: int = 96) -> Any:
+    """A tiny config of ``family``: hidden 48, 2 layers, 4 heads of 12 (2 key/value heads), MLP
+    width 96 (experts: 4 of width 48, top 2), widths that are multiples of 24 except where the
+    family's own shapes make a tail (Phi-3's fused q/k/v of 96 rows is fine; Gemma's head 12 too).
+    """
+    import transformers
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**common)
+    if family == "mistral":
+        return transformers.MistralConfig(sliding_window=None, **common)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if family == "qwen3":
+        return transformers.Qwen3Config(head_dim=12, **common)
+    if family == "gemma2":
+        common["tie_word_embeddings"] = True
+        return transformers.Gemma2Config(head_dim=12, sliding_window=8, **common)
+    if family == "gemma3":
+        common["tie_word_embeddings"] = True
+        return transformers.Gemma3TextConfig(
+            head_dim=12,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
+    if family == "phi3":
+        return transformers.Phi3Config(**common)
+    if family == "olmo2":
+        return transformers.Olmo2Config(**common)
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(
+            head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, **common
+        )
+    if family == "mixtral":
+        common["intermediate_size"] = 48
+        return transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **common)
+    simple = {
+        "gemma": "GemmaConfig",
+        "granite": "GraniteConfig",
+        "smollm3": "SmolLM3Config",
+        "helium": "HeliumConfig",
+        "olmo": "OlmoConfig",
+        "cohere": "CohereConfig",
+        "glm": "GlmConfig",
+        "starcoder2": "Starcoder2Config",
+    }
+    if family in simple:
+        extra = {"head_dim": 12} if family in ("gemma", "glm", "helium") else {}
+        return getattr(transformers, simple[family])(**extra, **common)
+    if family == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=48,
+            **common,
+        )
+    if family == "olmoe":
+        return transformers.OlmoeConfig(num_experts=4, num_experts_per_tok=2, **common)
+    if family == "phimoe":
+        return transformers.PhimoeConfig(num_local_experts=4, num_experts_per_tok=2, **common)
+    raise ValueError(family)
+
+
+def family_model(family: str, seed: int = 0) -> Any:
+    """A randomly initialized dense causal LM of :func:`family_config` (float32, eval mode)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        family_config(family), dtype=torch.float32
+    )
+    with torch.no_grad():  # non-trivial norms so that loading mistakes show
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                base = 0.0 if family.startswith("gemma") else 1.0  # Gemma scales by 1 + weight
+                if family in ("olmo", "cohere", "starcoder2", "phimoe"):  # LayerNorm weights too
+                    base = 1.0
+                p.copy_(base + 0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def save_family_model(tmp: Path, family: str, seed: int = 0) -> tuple[Path, Any]:
+    """:func:`family_model` saved with ``save_pretrained`` (plus :func:`tiny_tokenizer`).
+
+    Returns:
+        ``(directory, the model)``.
+    """
+    model = family_model(family, seed=seed)
+    out = tmp / f"dense-{family}"
+    model.save_pretrained(str(out))
+    tiny_tokenizer().save_pretrained(str(out))
+    return out, model

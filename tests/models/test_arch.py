@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from leechq_tiny import FAMILIES, family_model, ids
 
 from leechq.errors import UnsupportedArchitecture
-from leechq.models.arch import ARCHITECTURES, arch_for_gguf, arch_for_model_type, arch_of
+from leechq.models.arch import (
+    ARCHITECTURES,
+    DENSE_LEAVES,
+    arch_for_gguf,
+    arch_for_model_type,
+    arch_of,
+)
+from leechq.models.experts import ExpertLinears, split_experts
 
 
 def _tiny(kind: str, tie: bool = False):
@@ -93,12 +101,16 @@ def test_tied_embeddings(tie: bool) -> None:
 
 
 def test_unsupported_architecture_message() -> None:
-    with pytest.raises(UnsupportedArchitecture, match=r"'gpt2'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(
+        UnsupportedArchitecture,
+        match=r"'gpt2'.*gemma2, gemma3, glm, .*mixtral, olmo, olmo2, .*qwen3_moe",
+    ):
         arch_for_model_type("gpt2")
     with pytest.raises(UnsupportedArchitecture, match=r"no config\.model_type"):
         arch_of(object())
-    with pytest.raises(UnsupportedArchitecture, match="GGUF architecture 'phi3'"):
-        arch_for_gguf("phi3")
+    with pytest.raises(UnsupportedArchitecture, match="GGUF architecture 'falcon'"):
+        arch_for_gguf("falcon")
+    assert arch_for_gguf("phi3").name == "phi3" and arch_for_gguf("gemma3").name == "gemma3"
     assert arch_for_gguf("qwen2").name == "qwen2"
 
 
@@ -107,3 +119,74 @@ def test_missing_submodule_is_named() -> None:
     del model.model.layers[0].mlp.up_proj
     with pytest.raises(UnsupportedArchitecture, match=r"mlp\.up_proj"):
         list(arch_of(model).iter_linears(model))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_walk_finds_its_linears_and_shared_inputs_are_shared(family: str) -> None:
+    """The generic walk: every nn.Linear of a block but the routers, in groups whose members see
+    the identical input tensor, distinct groups distinct inputs; fused experts split first."""
+    model = family_model(family)
+    split_experts(model)
+    arch = arch_of(model)
+    block = arch.layers(model)[0]
+    projections = arch.block_projections(block)
+    linears = {n for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
+    dense = {n for n in linears if n.rsplit(".", 1)[-1] in DENSE_LEAVES}  # routers
+    assert {p.name for p in projections} == linears - dense
+    assert [p.name for p in projections[: len(arch.projections)]] == [
+        p.name for p in arch.projections
+    ]
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        block.get_submodule(p.name).register_forward_pre_hook(
+            lambda _m, a, n=p.name: seen.__setitem__(n, a[0])
+        )
+        for p in projections
+    ]
+    with torch.no_grad():
+        model(ids(16, 2))
+    for h in hooks:
+        h.remove()
+    groups = arch.block_groups(block)
+    firsts = []
+    for names in groups.values():
+        called = [n for n in names if n in seen]
+        for n in called[1:]:
+            assert seen[n] is seen[called[0]], (n, called[0])
+        if called:
+            firsts.append(seen[called[0]])
+    if family != "cohere":  # Cohere's parallel block feeds attention and MLP one tensor
+        assert all(a is not b for i, a in enumerate(firsts) for b in firsts[i + 1 :])
+    if arch.moe:
+        experts = [p for p in projections if ".experts." in p.name]
+        assert len(experts) == 2 * 4 and len({p.act for p in experts}) == 8
+        assert not any(p.name.rsplit(".", 1)[-1] in DENSE_LEAVES for p in projections)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "phimoe"])
+def test_split_experts_computes_what_the_fused_module_does(family: str) -> None:
+    model = family_model(family)
+    x = ids(16, 2)
+    with torch.no_grad():
+        ref = model(x).logits
+        names = split_experts(model)
+        out = model(x).logits
+    assert names == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert all(isinstance(model.get_submodule(n), ExpertLinears) for n in names)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert split_experts(model) == []  # nothing fused is left
+
+
+def test_split_experts_refuses_another_layout() -> None:
+    class Odd(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(2, 8, 4))
+            self.down_proj = torch.nn.Parameter(torch.zeros(2, 4, 4))
+            self.down_proj_bias = torch.nn.Parameter(torch.zeros(2, 4))
+            self.act_fn = torch.nn.SiLU()
+
+    root = torch.nn.Module()
+    root.experts = Odd()
+    with pytest.raises(UnsupportedArchitecture, match=r"experts.*down_proj_bias"):
+        split_experts(root)

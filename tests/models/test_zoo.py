@@ -229,3 +229,25 @@ def test_real_fetch_and_load_smollm2(tmp_path: Path) -> None:
         assert torch.equal(direct(ids).logits, second.model(ids).logits)
     out = second.model.generate(ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0])
+
+
+@pytest.mark.parametrize(
+    ("architecture", "family"),
+    [
+        ("gemma2", "gemma2"),
+        ("gemma3", "gemma3"),
+        ("phi3", "phi3"),
+        ("qwen3moe", "qwen3_moe"),
+        ("qwen2moe", "qwen2_moe"),
+        ("starcoder2", "starcoder2"),
+    ],
+)
+def test_gguf_of_every_family_transformers_reads(
+    tmp_path: Path, architecture: str, family: str
+) -> None:
+    """GGUF architectures transformers dequantizes map to their families (metadata check)."""
+    from leechq.models.arch import arch_for_gguf
+
+    path = write_gguf(tmp_path / f"{architecture}.gguf", architecture)
+    assert zoo.check_gguf_metadata(path, architecture).architecture == architecture
+    assert arch_for_gguf(architecture).name == family

@@ -14,7 +14,8 @@ Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
 * ``chat OUT``            interactive chat with an artifact;
 * ``eval OUT``            perplexity / KL against the reference (``leechq.eval``), JSON last line;
 * ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
-* ``demo``                the end-to-end demo of ``./run demo``.
+* ``demo``                the end-to-end demo of ``./run demo``;
+* ``convert DIR OUT``     a published Tetra checkpoint (``quant_method: "llvq"``) as an artifact.
 """
 
 from __future__ import annotations
@@ -118,6 +119,15 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "--window", type=int, default=512, help="calibration window length in tokens [default: 512]"
     )
     p.add_argument(
+        "--calib-data",
+        default=None,
+        metavar="PATH|hf:NAME[:SPLIT]",
+        help="calibration text: a text file, a JSONL file (its 'text' field), a folder of "
+        ".txt/.md/.rst/.jsonl files, or hf:NAME[:SPLIT] (the datasets package) [default: the "
+        "offline calibration splits of the Python docs and the standard library's code, "
+        "interleaved]",
+    )
+    p.add_argument(
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
     )
     p.add_argument(
@@ -209,6 +219,17 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _args_convert(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help='a published Tetra checkpoint directory (quant_method "llvq")')
+    p.add_argument("out", help="the leechq artifact directory to write")
+    p.add_argument(
+        "--verify-dense",
+        action="store_true",
+        help="also check llvq-dense-digest.json (dequantizes every matrix: slow)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+
+
 COMMANDS: tuple[LazyCommand, ...] = (
     LazyCommand(
         "quantize",
@@ -237,6 +258,12 @@ COMMANDS: tuple[LazyCommand, ...] = (
         "quantize a small model on this machine, answer a prompt, report size and quality",
         "leechq.cli.demo",
         _args_demo,
+    ),
+    LazyCommand(
+        "convert",
+        "convert a published Tetra checkpoint into a leechq artifact (lossless)",
+        "leechq.cli.convert",
+        _args_convert,
     ),
 )
 

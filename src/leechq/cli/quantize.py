@@ -1,14 +1,17 @@
 """``leechq quantize MODEL OUT``: quantize a model into an artifact directory.
 
 A thin shell (docs/architecture.md §1 ``cli/quantize.py``) over
-:func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the offline
-calibration split of :mod:`leechq.data` and :func:`leechq.models.quantize.quantize_model`. The
+:func:`leechq.models.hf_load.load_model` (zoo alias, GGUF, HF directory or hub id), the
+calibration text (the offline default of :mod:`leechq.data`: the calibration splits of the Python
+docs and of the standard library's code, interleaved; or the user's own text with
+``--calib-data``: :mod:`leechq.data.user_text`) and
+:func:`leechq.models.quantize.quantize_model`. The
 "bare" recipe is the configuration's defaults: every block projection on the lattice with one gain
 bit and the input rotation, embeddings kept. The "full" recipe (docs/quantizer.md §7) runs
 :func:`leechq.quant.recipe.run_recipe` on top: int4 for the most KL-sensitive matrices under a
 whole-model bits-per-parameter budget, 4-bit embedding tables, row scales trained by KL to the
 reference. Its calibration text is cut into disjoint roles (encoding | sensitivity | row-scale
-training | monitor), all from the calibration split; the evaluation split is never read.
+training | monitor), all from the calibration text; the evaluation split is never read.
 """
 
 from __future__ import annotations
@@ -19,9 +22,30 @@ import time
 from typing import Any
 
 
-def calibration_windows(tokenizer: Any, calib_tokens: int, window: int) -> Any:
-    """``ceil(calib_tokens / window)`` windows of the offline calibration split (TokenWindows)."""
-    from leechq.data import calibration_text, token_windows
+def calibration_source(calib_data: str | None) -> tuple[str, str]:
+    """``(text, source)`` of the calibration text: the offline default (Python-docs prose and
+    standard-library code interleaved, :func:`leechq.data.code_corpus.mixed_calibration_text`), or
+    the user's text named by ``--calib-data`` (:func:`leechq.data.user_text.load_user_text`)."""
+    if calib_data is None:
+        from leechq.data.code_corpus import MIXED_SOURCE, mixed_calibration_text
+
+        return mixed_calibration_text(), MIXED_SOURCE
+    from leechq.data.user_text import load_user_text
+
+    user = load_user_text(calib_data)
+    return user.text, user.source
+
+
+def calibration_windows(
+    tokenizer: Any, calib_tokens: int, window: int, calib_data: str | None = None
+) -> Any:
+    """``ceil(calib_tokens / window)`` windows of the calibration text (TokenWindows).
+
+    The offline corpus always holds enough tokens; the user's text (``calib_data``) may not, and
+    then gives as many whole windows as it holds (a note on stderr), at least one.
+    """
+    from leechq.data import token_windows
+    from leechq.data.corpus import encode
     from leechq.errors import InvalidInput
 
     if calib_tokens < window or window < 2:
@@ -29,7 +53,22 @@ def calibration_windows(tokenizer: Any, calib_tokens: int, window: int) -> Any:
             f"--calib-tokens ({calib_tokens}) must be at least one --window ({window})"
         )
     n = -(-calib_tokens // window)
-    return token_windows(tokenizer, calibration_text(), n, window, source="pydoc:calibration")
+    text, source = calibration_source(calib_data)
+    if calib_data is not None:
+        have = len(encode(tokenizer, text))
+        if have < window:
+            raise InvalidInput(
+                f"--calib-data {calib_data!r} holds {have} tokens, fewer than one --window "
+                f"({window})"
+            )
+        if have < n * window:
+            print(
+                f"[quantize] --calib-data holds {have} tokens: {have // window} windows of "
+                f"{window} instead of {n}",
+                file=sys.stderr,
+            )
+            n = have // window
+    return token_windows(tokenizer, text, n, window, source=source)
 
 
 def quant_config(
@@ -82,7 +121,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from leechq.data import calibration_text, consecutive_windows
+    from leechq.data import consecutive_windows
     from leechq.errors import InvalidInput
     from leechq.models.quantize import quantize_model_in_place
     from leechq.quant.recipe import resolve_recipe, run_recipe
@@ -111,15 +150,16 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         (n_train, args.window),
         (2, args.window),
     ]
+    text, source = calibration_source(getattr(args, "calib_data", None))
     (calib, sens, train, monitor), fingerprint = consecutive_windows(
-        loaded.tokenizer, calibration_text(), sizes, source="pydoc:calibration"
+        loaded.tokenizer, text, sizes, source=source
     )
     cfg = quant_config(
         args.codebook,
         SimpleNamespace(n_windows=n_calib, window=args.window),
         device,
         args.seed,
-        f"pydoc:calibration {n_calib}x{args.window} tokens (+ sensitivity "
+        f"{source} {n_calib}x{args.window} tokens (+ sensitivity "
         f"{recipe.sensitivity_windows}x{recipe.sensitivity_window_len}, training "
         f"{n_train}x{args.window}, monitor 2x{args.window}), stream fingerprint {fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
@@ -201,7 +241,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"[quantize] wrote {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         print(format_report(artifact_report(path), str(path)))
         return 0
-    windows = calibration_windows(loaded.tokenizer, args.calib_tokens, args.window)
+    windows = calibration_windows(
+        loaded.tokenizer, args.calib_tokens, args.window, getattr(args, "calib_data", None)
+    )
     cfg = quant_config(
         args.codebook,
         windows,

@@ -1,7 +1,9 @@
-"""Layer 2: text data for calibration and evaluation (offline Python-docs corpus, online corpora).
+"""Layer 2: text data for calibration and evaluation (offline corpora, online corpora, the user's).
 
-The offline default corpus, its fixed calibration/evaluation split, token windows and token
-fingerprints live in :mod:`leechq.data.corpus`; the shared cache location in
+The offline Python-docs corpus, its fixed calibration/evaluation split, token windows and token
+fingerprints live in :mod:`leechq.data.corpus`; the standard-library code corpus and the default
+calibration mix of prose and code in :mod:`leechq.data.code_corpus`; the user's own calibration
+text (``--calib-data``) in :mod:`leechq.data.user_text`; the shared cache location in
 :mod:`leechq.data.cache`.
 Importing this package imports neither torch nor transformers.
 """

@@ -145,19 +145,19 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _apt_download(work: Path) -> Path:
+def _apt_download(work: Path, package: str = PYDOC_PACKAGE, hint: str = "") -> Path:
+    hint = hint or "set $LEECHQ_PYDOC_DEB, or $LEECHQ_PYDOC_SOURCES to an html/_sources directory"
     if shutil.which("apt-get") is None:
         raise ArtifactError(
-            f"apt-get not found: download {PYDOC_PACKAGE}_*.deb from a Debian mirror and set "
-            f"$LEECHQ_PYDOC_DEB, or set $LEECHQ_PYDOC_SOURCES to an html/_sources directory"
+            f"apt-get not found: download {package}_*.deb from a Debian mirror and {hint}"
         )
     proc = subprocess.run(
-        ["apt-get", "download", PYDOC_PACKAGE], cwd=work, capture_output=True, text=True
+        ["apt-get", "download", package], cwd=work, capture_output=True, text=True
     )
-    debs = sorted(work.glob(f"{PYDOC_PACKAGE}_*.deb"))
+    debs = sorted(work.glob(f"{package}_*.deb"))
     if proc.returncode != 0 or not debs:
         raise ArtifactError(
-            f"apt-get download {PYDOC_PACKAGE} failed (exit {proc.returncode}): "
+            f"apt-get download {package} failed (exit {proc.returncode}): "
             f"{proc.stderr.strip()[-1000:]}"
         )
     return debs[0]
@@ -187,8 +187,16 @@ def _ar_members(data: bytes) -> dict[str, bytes]:
     return out
 
 
-def _extract_sources(deb: Path, dest: Path) -> str:
-    """Extract the ``*.txt`` under html/_sources of a python3.11-doc .deb; return its version."""
+def _extract_sources(
+    deb: Path,
+    dest: Path,
+    prefix: str = _DEB_SOURCES_PREFIX,
+    suffix: str = ".txt",
+    skip: tuple[str, ...] = (),
+) -> str:
+    """Extract the ``*<suffix>`` files under ``prefix`` of a .deb (default: the ``*.txt`` under
+    html/_sources of python3.11-doc), except those whose path relative to ``prefix`` starts with
+    one of ``skip``; return the package version."""
     members = _ar_members(deb.read_bytes())
     data_name = next((n for n in members if n.startswith("data.tar")), None)
     if data_name is None:
@@ -207,9 +215,11 @@ def _extract_sources(deb: Path, dest: Path) -> str:
     with tarfile.open(fileobj=io.BytesIO(members[data_name]), mode="r:*") as tar:
         for m in tar.getmembers():
             name = m.name.removeprefix("./")
-            if not (name.startswith(_DEB_SOURCES_PREFIX) and name.endswith(".txt") and m.isfile()):
+            if not (name.startswith(prefix) and name.endswith(suffix) and m.isfile()):
                 continue
-            rel = name[len(_DEB_SOURCES_PREFIX) :]
+            rel = name[len(prefix) :]
+            if rel.startswith(skip):
+                continue
             if rel.startswith("/") or ".." in rel.split("/"):
                 raise ArtifactError(f"{deb}: unsafe member path {m.name!r}")
             out = dest / rel
@@ -217,7 +227,7 @@ def _extract_sources(deb: Path, dest: Path) -> str:
             out.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
             n += 1
     if n == 0:
-        raise ArtifactError(f"{deb}: no {_DEB_SOURCES_PREFIX}*.txt members; not {PYDOC_PACKAGE}?")
+        raise ArtifactError(f"{deb}: no {prefix}*{suffix} members")
     return version
 
 
@@ -343,6 +353,8 @@ def load_text(
     """A named corpus split as one string.
 
     * ``"pydoc"``: split ``"calibration"`` or ``"evaluation"`` (offline, see the module docstring).
+    * ``"pystdlib"``: the same splits of the standard library's code (offline,
+      :mod:`leechq.data.code_corpus`).
     * ``"wikitext2"``: ``wikitext-2-raw-v1``, split ``"train"``/``"validation"``/``"test"``; rows
       joined with ``"\\n\\n"`` (docs/evaluation.md).
     * ``"c4"``: ``allenai/c4``; split ``"evaluation"`` reads shard 00000 of the validation set,
@@ -362,6 +374,10 @@ def load_text(
     """
     if name == "pydoc":
         text = split_text(split)
+    elif name == "pystdlib":
+        from leechq.data.code_corpus import code_text
+
+        text = code_text(split)
     elif name in ("wikitext2", "c4"):
         datasets = _require_datasets()
         if data_files is not None:
@@ -382,7 +398,7 @@ def load_text(
         limit = max_chars if max_chars is not None else (C4_MAX_CHARS if name == "c4" else None)
         text = _join_rows(ds["text"], limit)
     else:
-        raise InvalidInput(f"unknown corpus {name!r}; choices: pydoc, wikitext2, c4")
+        raise InvalidInput(f"unknown corpus {name!r}; choices: pydoc, pystdlib, wikitext2, c4")
     return text[:max_chars] if max_chars is not None else text
 
 

@@ -259,11 +259,14 @@ class LeechqHfQuantizer(HfQuantizer):
 
     def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> None:
         from leechq.formats.integrity import check_pretrained, check_pretrained_keys
+        from leechq.models.experts import needs_split, split_experts
         from leechq.nn.replace import replace_with_placeholders
 
         art = check_pretrained(model, kwargs.get("checkpoint_files"))  # the integrity gate
         qc = self.quantization_config
         skip = list(getattr(qc, "modules_to_not_convert", None) or [])
+        if needs_split(qc.records):  # experts quantized one matrix each (leechq.models.experts)
+            split_experts(model, copy_weights=False)
         self.modules = replace_with_placeholders(model, qc.records, skip=skip)
         device = next(iter(model.parameters())).device
         with torch.device(device):

@@ -1,6 +1,9 @@
 """Load a reference model (zoo alias, GGUF file, local HF directory or hub id) through transformers.
 
-The returned model is a dense ``*ForCausalLM`` on the requested device and dtype plus its tokenizer.
+The returned model is a dense ``*ForCausalLM`` on the requested device and dtype plus its tokenizer;
+experts stored as one 3-D parameter are split into one linear per expert matrix
+(:mod:`leechq.models.experts`: same outputs), so every consumer — the quantizer, the recipe's
+reference, the baselines — sees the module tree the artifact records.
 It is the *reference* arm of every comparison: the model a quantizer starts from and the one KL and
 agreement are measured against.
 
@@ -29,6 +32,7 @@ from typing import Any
 from leechq.data.cache import cache_root
 from leechq.errors import InvalidInput
 from leechq.models.arch import ArchSpec, arch_of
+from leechq.models.experts import split_experts
 from leechq.models.zoo import ModelSource, resolve_model, sha256_file
 
 _CONVERTED_MARKER = "leechq-converted.json"
@@ -127,6 +131,7 @@ def load_model(
     model = model.to(device).eval()
     model.requires_grad_(False)
     arch = arch_of(model)
+    split_experts(model)  # one linear per expert matrix, as the quantizer and the artifact see them
     return LoadedModel(model, tokenizer, source, arch, time.perf_counter() - start, conv)
 
 

@@ -222,7 +222,8 @@ def load(
     """Load an artifact as a ready-to-run causal LM.
 
     Args:
-        path: the artifact directory (``leechq quantize`` output).
+        path: the artifact directory (``leechq quantize`` output), or a published Tetra checkpoint
+            (``quant_method: "llvq"``, converted losslessly on the fly).
         device: "auto" (CUDA when present), "cpu", "cuda", "cuda:N" or a torch.device.
         dtype: activation dtype, "auto" = float32 on CPU, bfloat16 on CUDA.
         prefer: kernel preference for every quantized module: "auto", "reference" or "fused"
@@ -241,6 +242,8 @@ def load(
         UnsupportedArchitecture: a model type transformers cannot build, or records that do not fit.
     """
     from leechq.formats.integrity import check_artifact
+    from leechq.models.convert import is_tetra_dir, read_tetra_as_artifact
+    from leechq.models.experts import needs_split, split_experts
     from leechq.nn.replace import (
         finalize_all,
         leechq_modules,
@@ -251,9 +254,12 @@ def load(
     root = Path(path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    art = check_artifact(root, verify=verify)
+    # A published Tetra checkpoint is converted on the fly (leechq.models.convert, lossless).
+    art = read_tetra_as_artifact(root) if is_tetra_dir(root) else check_artifact(root, verify=verify)
     config = base_config(art.config)
     model = build_skeleton(config, dt)
+    if needs_split(art.records):  # experts quantized one matrix each (leechq.models.experts)
+        split_experts(model, copy_weights=False)
     replace_with_records(model, art.records)
 
     packed, handled = install_packed_tables(model, art, config)

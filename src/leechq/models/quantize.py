@@ -1,17 +1,18 @@
-"""Model glue: quantize a transformers Llama/Qwen2/Qwen3-shaped causal LM block by block.
+"""Model glue: quantize a transformers decoder-only causal LM block by block.
 
-Implements docs/quantizer.md §2's sequential procedure for transformers models, with the 5.x
-decoder-layer call signature ``layer(hidden_states, attention_mask=..., position_ids=...,
-position_embeddings=(cos, sin))``, on top of the generic driver
-:func:`leechq.quant.layerwise.quantize_blocks`, then writes the artifact
-(:mod:`leechq.formats.artifact`).
+Implements docs/quantizer.md §2's sequential procedure for any family :mod:`leechq.models.arch`
+knows, on top of the generic driver :func:`leechq.quant.layerwise.quantize_blocks`, then writes the
+artifact (:mod:`leechq.formats.artifact`). Nothing here is specific to a family: each decoder layer
+runs its own ``forward`` on the arguments the model itself passed it, and every linear the
+architecture walk finds in it is quantized (experts stored as one 3-D parameter are split into one
+linear per expert matrix first, :mod:`leechq.models.experts`).
 
 How standalone decoder-layer calls get their extra arguments: every decoder layer is temporarily
 replaced by a capture stub and the model is run on one calibration batch; the stubs record what the
-model passes to each layer (the causal or sliding-window mask, the rotary ``(cos, sin)`` from
-``model.model.rotary_emb``, the position ids) and the first stub records the embeddings. The last
-stub stops the forward, so the head never runs. Which modules are the blocks, which linears they
-hold and which activation each reads come from :mod:`leechq.models.arch`.
+model passes to each layer (positional and keyword: the causal or sliding-window mask of that
+layer's attention type, the rotary ``(cos, sin)`` — global or local —, the position ids, ...) and
+the first stub records the embeddings. The last stub stops the forward, so the head never runs.
+Which linears a block holds and which activation each reads come from :mod:`leechq.models.arch`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from leechq.formats.artifact import (
     write_artifact,
 )
 from leechq.models.arch import ArchSpec, arch_of
+from leechq.models.experts import split_experts
 from leechq.quant.calibration import token_digest
 from leechq.quant.layerwise import LinearSpec, Record, RunResult, quantize_blocks, resolve_device
 
@@ -49,23 +51,42 @@ class _StopForward(Exception):
 
 
 class _CaptureStub(torch.nn.Module):
+    """Stands in for decoder layer ``index`` while the model runs once: records what it is called
+    with (hidden states of layer 0, the other positional and keyword arguments of every layer).
+    Attributes of the real layer (``attention_type`` and the like, which some models read while
+    building masks) stay visible through the stub."""
+
     def __init__(
-        self, index: int, sink: dict[int, Any], last: bool, hidden_sink: list[torch.Tensor]
+        self,
+        index: int,
+        sink: dict[int, Any],
+        last: bool,
+        hidden_sink: list[torch.Tensor],
+        layer: torch.nn.Module,
     ):
         super().__init__()
         self.index = index
         self.sink = sink
         self.last = last
         self.hidden_sink = hidden_sink
+        object.__setattr__(self, "_real", layer)  # not a submodule: its weights stay put
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_real"), name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args:
-            raise InvalidInput(
-                "decoder layers are expected to get everything but hidden_states by keyword"
-            )
+            hidden_states, rest = args[0], args[1:]
+        elif "hidden_states" in kwargs:
+            hidden_states, rest = kwargs.pop("hidden_states"), ()
+        else:
+            raise InvalidInput("a decoder layer was called without hidden states")
         if self.index == 0:
             self.hidden_sink.append(hidden_states)
-        self.sink[self.index] = kwargs
+        self.sink[self.index] = (rest, kwargs)
         if self.last:
             raise _StopForward
         return hidden_states
@@ -91,21 +112,22 @@ class _HFBlock:
         index: int,
         layer: torch.nn.Module,
         linears: list[LinearSpec],
-        kwargs_by_batch: dict[int, dict[str, Any]],
+        kwargs_by_batch: dict[int, tuple[tuple[Any, ...], dict[str, Any]]],
     ):
         self.index = index
         self.layer = layer
         self.linears = linears
         self._kwargs_by_batch = kwargs_by_batch
-        self._active: dict[int, dict[str, Any]] = {}
+        self._active: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        kwargs = self._active.get(hidden.shape[0])
-        if kwargs is None:
+        captured = self._active.get(hidden.shape[0])
+        if captured is None:
             raise InvalidInput(
                 f"no captured layer arguments for a batch of {hidden.shape[0]} windows"
             )
-        out = self.layer(hidden, **kwargs)
+        args, kwargs = captured
+        out = self.layer(hidden, *args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
     @contextmanager
@@ -128,12 +150,15 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 def check_model(model: Any) -> ArchSpec:
     """Check that ``model`` is a supported causal LM with finite weights; return its family.
 
+    Fused 3-D experts are split into per-expert linears here (in place, same outputs).
+
     Raises:
         UnsupportedArchitecture: an unknown family or module layout.
         InvalidInput: a parameter with NaN/inf values (named).
     """
     arch = arch_of(model)
     arch.layers(model)
+    split_experts(model)
     for name, p in model.named_parameters():
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
             raise InvalidInput(
@@ -169,7 +194,7 @@ def capture_layer_inputs(
     batches: Sequence[torch.Tensor],
     device: torch.device,
     dtype: torch.dtype,
-) -> tuple[list[torch.Tensor], list[dict[int, dict[str, Any]]]]:
+) -> tuple[list[torch.Tensor], list[dict[int, tuple[tuple[Any, ...], dict[str, Any]]]]]:
     """Embeddings entering block 0 and the keyword arguments each block receives.
 
     Args:
@@ -177,17 +202,20 @@ def capture_layer_inputs(
 
     Returns:
         (hidden states per batch [b, seq, d] in ``dtype`` on ``device``, per layer: {batch size:
-         kwargs} — kwargs captured from one batch of each size).
+         (positional arguments after the hidden states, keyword arguments)} — captured from one
+         batch of each size).
     """
     layers = arch.layers(model)
     n = len(layers)
     originals = list(layers)
-    kwargs_by_layer: list[dict[int, dict[str, Any]]] = [{} for _ in range(n)]
+    kwargs_by_layer: list[dict[int, tuple[tuple[Any, ...], dict[str, Any]]]] = [
+        {} for _ in range(n)
+    ]
     states: list[torch.Tensor] = []
     sink: dict[int, Any] = {}
     hidden_sink: list[torch.Tensor] = []
     for i in range(n):
-        layers[i] = _CaptureStub(i, sink, i == n - 1, hidden_sink)
+        layers[i] = _CaptureStub(i, sink, i == n - 1, hidden_sink, originals[i])
     params = list(model.parameters())
     orig_device = params[0].device if params else torch.device("cpu")
     embedding = arch.embedding(model)
@@ -210,11 +238,15 @@ def capture_layer_inputs(
                 b = int(batch.shape[0])
                 if b not in kwargs_by_layer[0]:
                     for i in range(n):
-                        kwargs_by_layer[i][b] = {
-                            k: v
-                            for k, v in sink[i].items()
-                            if k not in ("cache", "past_key_values", "use_cache")
-                        }
+                        rest, kw = sink[i]
+                        kwargs_by_layer[i][b] = (
+                            rest,
+                            {
+                                k: v
+                                for k, v in kw.items()
+                                if k not in ("cache", "past_key_values", "use_cache")
+                            },
+                        )
     finally:
         for i in range(n):
             layers[i] = originals[i]
@@ -298,8 +330,7 @@ def quantize_model_in_place(
     ones).
 
     Args:
-        model: a transformers ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (or
-            another family :mod:`leechq.models.arch` knows).
+        model: a transformers causal LM of a family :mod:`leechq.models.arch` knows.
         calib_windows: int64 [n_windows, seq] calibration token windows
             (:func:`leechq.quant.calibration.calibration_windows`).
         config: the resolved configuration.
@@ -331,15 +362,14 @@ def quantize_model_in_place(
     layers = arch.layers(model)
     blocks = []
     for i, layer in enumerate(layers):
-        mods = arch.block_linears(layer)
         specs = [
             LinearSpec(
                 name=f"{arch.layers_path}.{i}.{p.name}",
-                module=mods[p.name],
+                module=layer.get_submodule(p.name),
                 act=p.act,
                 int4=_matches(f"{arch.layers_path}.{i}.{p.name}", config.int4_modules),
             )
-            for p in arch.projections
+            for p in arch.block_projections(layer)
         ]
         blocks.append(_HFBlock(i, layer, specs, kwargs_by_layer[i]))
     provenance = {

@@ -5,7 +5,8 @@ Implements the sequential procedure of docs/quantizer.md §2. For transformer bl
 1. pass 1: push the calibration hidden states, which already went through the *quantized* blocks
    0..t−1, through block t with its *original* weights, accumulating one Hessian per distinct linear
    input (act 0..3);
-2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once;
+2. per activation: rotate with the effective seed ``rotation_seed(t, act)``, damp, factor once (an
+   input no calibration row reached — an expert never routed to — gets the identity Hessian);
 3. code every linear of the block (block GPTQ, or int4 for the matrices the config keeps at 4 bits)
    and write the dequantized weights back into the module (the exact weights the artifact decodes
    to, P13). The GPTQ loops of all lattice linears of the block run concurrently
@@ -586,7 +587,15 @@ def _quantize_block(
     timer.mark("hessians")
     factors: dict[int, _ActFactors] = {}
     for act, specs in by_act.items():
-        h = accs[act].finalize()
+        if accs[act].rows:
+            h = accs[act].finalize()
+        else:
+            # No calibration token reached this input (an expert the router never chose): with no
+            # data about the input, every direction weighs the same.
+            log.info(
+                "block %d act %d (%s): no calibration rows, identity Hessian", t, act, specs[0].name
+            )
+            h = torch.eye(accs[act].dim, dtype=torch.float64, device=accs[act].sum.device)
         del accs[act].sum
         factors[act] = _factors(t, act, specs, h, config)
     timer.mark("factor")

@@ -572,8 +572,12 @@ def run_recipe(
                                  for n, g in tables.items()},
                       "tied": dict(tied)})
 
-    # 4. row scales
-    if recipe.row_scales is not None:
+    # 4. row scales (nothing to train when the budget moved every matrix to int4)
+    if recipe.row_scales is not None and not any(
+        isinstance(r, QuantizedWeight) for r in records.values()
+    ):
+        meta["row_scales"] = {"skipped": "no lattice records (every matrix is int4)"}
+    elif recipe.row_scales is not None:
         t0 = time.perf_counter()
         train_model = _placed(student, device, dtype)
         teacher = _placed(reference, device, dtype)

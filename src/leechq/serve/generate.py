@@ -26,6 +26,7 @@ out, optional streaming of text deltas.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 import weakref
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from leechq.errors import InvalidInput
+from leechq.errors import InvalidInput, UnsupportedArchitecture
 from leechq.serve.build import from_hf_model, warn_if_reference, weight_bytes
 from leechq.serve.cache import KVCache, session_slots
 from leechq.serve.graphs import CapturedStep, graph_pool
@@ -507,6 +508,16 @@ class _Detokenizer:
         return delta
 
 
+_NOTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _note_fallback(model: Any, exc: Exception) -> None:
+    """One line on stderr, once per model: the engine does not run it, transformers does."""
+    if model not in _NOTED:
+        _NOTED.add(model)
+        print(f"[leechq] serving through transformers (slower): {exc}", file=sys.stderr)
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -542,8 +553,14 @@ def generate(
         else list(p)
         for p in prompts
     ]
-    engine = engine_for(model)
     source = model if not isinstance(model, (Engine, Transformer)) else None
+    try:
+        engine: Engine | None = engine_for(model)
+    except UnsupportedArchitecture as exc:
+        if source is None:
+            raise
+        engine = None  # transformers' own modules run it (leechq.serve.hf_generate)
+        _note_fallback(model, exc)
     sampling = sampling or (default_sampling(source) if source is not None else SamplingConfig())
     stop = stop_ids_for(source, tokenizer)
     pad = getattr(tokenizer, "pad_token_id", None)
@@ -557,6 +574,14 @@ def generate(
             if piece:
                 stream(row, piece)
 
-    out = engine.generate_ids(ids, max_new_tokens, sampling, stop, pad, callback, seq_len)
+    if engine is None:
+        from leechq.serve.hf_generate import generate_ids_hf
+
+        tokens, prefill_s, decode_s, steps = generate_ids_hf(
+            model, ids, max_new_tokens, sampling, stop, callback
+        )
+        out = GenerationOutput(tokens, [len(p) for p in ids], prefill_s, decode_s, steps, len(ids))
+    else:
+        out = engine.generate_ids(ids, max_new_tokens, sampling, stop, pad, callback, seq_len)
     out.texts = [tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
     return out

@@ -1,0 +1,166 @@
+"""The code domain of the offline calibration text, and the default mix of prose and code.
+
+Code corpus: the Python sources of the standard library as shipped by Debian's
+``libpython3.11-stdlib`` package, ``usr/lib/python3.11/**/*.py`` without ``pydoc_data/`` (the
+documentation's own text, which would leak the Python-docs evaluation split) and ``test/``. Where it
+comes from, in order: ``$LEECHQ_PYCODE_SOURCES`` (a directory laid out like ``usr/lib/python3.11``),
+the cache ``<cache root>/pycode/libpython3.11-stdlib/src``, else fetched into that cache the same
+way as the Python-docs corpus (``apt-get download`` or the ``.deb`` named by ``$LEECHQ_PYCODE_DEB``,
+members extracted in Python, temp dir + rename; :mod:`leechq.data.corpus`). Its files are split into
+calibration and evaluation by the same path-hash rule (:func:`leechq.data.corpus.split_of`).
+
+Default calibration text (:func:`mixed_calibration_text`): the calibration splits of the Python
+docs (English prose with code examples) and of the standard-library code, interleaved in pieces of
+about :data:`PIECE_CHARS` characters (each piece ends at a line end), docs first, so that every
+prefix of the text — the token windows are cut from token 0 — holds both domains in about equal
+parts; when one runs out the rest of the other follows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from leechq.data.cache import cache_root
+from leechq.errors import ArtifactError, InvalidInput
+
+CODE_PACKAGE = "libpython3.11-stdlib"
+_CODE_PREFIX = "usr/lib/python3.11/"
+_CODE_SKIP = ("pydoc_data/", "test/")
+_MANIFEST = "manifest.json"
+PIECE_CHARS = 4096
+"""Approximate characters per interleaved piece of :func:`mixed_calibration_text`."""
+MIXED_SOURCE = "pydoc+pystdlib:calibration"
+"""The description of the default calibration text in provenance."""
+
+
+def _cache_code_dir() -> Path:
+    return cache_root() / "pycode" / CODE_PACKAGE
+
+
+def code_sources_dir(*, fetch: bool = True) -> Path:
+    """The directory of the standard-library sources, fetched into the cache if needed.
+
+    Raises:
+        ArtifactError: no copy found and ``fetch`` is False, or fetching failed.
+    """
+    env = os.environ.get("LEECHQ_PYCODE_SOURCES")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_dir():
+            raise ArtifactError(f"$LEECHQ_PYCODE_SOURCES={env!r} is not a directory")
+        return p
+    cached = _cache_code_dir()
+    if (cached / _MANIFEST).is_file() and (cached / "src").is_dir():
+        return cached / "src"
+    if not fetch:
+        raise ArtifactError(
+            f"no copy of the {CODE_PACKAGE} sources: not cached at {cached}; call fetch_code() or "
+            "set $LEECHQ_PYCODE_SOURCES"
+        )
+    return fetch_code()
+
+
+def fetch_code(deb: Path | str | None = None) -> Path:
+    """Extract the ``*.py`` sources of ``libpython3.11-stdlib`` into the cache; return the path.
+
+    Args:
+        deb: a local ``.deb``; default ``$LEECHQ_PYCODE_DEB`` or else ``apt-get download``.
+
+    Raises:
+        ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no sources.
+    """
+    from leechq.data.corpus import _apt_download, _extract_sources, _sha256_file
+
+    dest = _cache_code_dir()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
+    try:
+        deb = deb or os.environ.get("LEECHQ_PYCODE_DEB")
+        hint = "set $LEECHQ_PYCODE_DEB, or $LEECHQ_PYCODE_SOURCES to a usr/lib/python3.11 directory"
+        deb_path = Path(deb) if deb else _apt_download(work, CODE_PACKAGE, hint)
+        version = _extract_sources(deb_path, work / "src", _CODE_PREFIX, ".py", _CODE_SKIP)
+        manifest = {
+            "package": CODE_PACKAGE,
+            "deb": deb_path.name,
+            "version": version,
+            "deb_sha256": _sha256_file(deb_path),
+        }
+        (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if deb is None:
+            deb_path.unlink()
+        os.chmod(work, 0o755)
+        if (dest / _MANIFEST).is_file():  # another process finished first
+            return dest / "src"
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(work, dest)
+        return dest / "src"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def code_files(split: str, root: Path | str | None = None) -> list[str]:
+    """The ``*.py`` files of one split (sorted posix paths relative to the sources).
+
+    Raises:
+        InvalidInput: unknown split name.
+    """
+    from leechq.data.corpus import SPLITS, split_of
+
+    if split not in SPLITS:
+        raise InvalidInput(f"unknown split {split!r}; choices: {', '.join(SPLITS)}")
+    base = Path(root) if root is not None else code_sources_dir()
+    rels = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py") if p.is_file())
+    return [r for r in rels if not r.startswith(_CODE_SKIP) and split_of(r) == split]
+
+
+def code_text(split: str, root: Path | str | None = None) -> str:
+    """One split of the code corpus: its files read as UTF-8, stripped, joined with ``"\\n\\n"``."""
+    base = Path(root) if root is not None else code_sources_dir()
+    return _code_text_cached(split, str(base))
+
+
+@cache
+def _code_text_cached(split: str, base: str) -> str:
+    parts = [(Path(base) / r).read_text(encoding="utf-8").strip() for r in code_files(split, base)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut after the first line end at or beyond every ``size`` characters (lossless:
+    the pieces concatenate to ``text``)."""
+    out, pos = [], 0
+    while pos < len(text):
+        cut = text.find("\n", pos + size)
+        end = len(text) if cut < 0 else cut + 1
+        out.append(text[pos:end])
+        pos = end
+    return out
+
+
+def interleave(first: str, second: str, size: int = PIECE_CHARS) -> str:
+    """Alternate :func:`pieces` of ``first`` and ``second`` (first's piece first); the rest of the
+    longer follows."""
+    a, b = pieces(first, size), pieces(second, size)
+    out: list[str] = []
+    for i in range(max(len(a), len(b))):
+        if i < len(a):
+            out.append(a[i])
+        if i < len(b):
+            out.append(b[i])
+    return "".join(out)
+
+
+def mixed_calibration_text(
+    docs_root: Path | str | None = None, code_root: Path | str | None = None
+) -> str:
+    """The default calibration text: Python-docs prose and standard-library code interleaved (see
+    the module docstring)."""
+    from leechq.data.corpus import calibration_text
+
+    return interleave(calibration_text(docs_root), code_text("calibration", code_root))
