@@ -28,7 +28,7 @@ transformers = pytest.importorskip("transformers")
 def _tetra_dir(tmp: Path, arch: str) -> Path:
     """A Tetra checkpoint written by leechq's published-format writer from random valid records
     (int4 v_proj, 4-bit embedding table, bf16 norms, the tiny tokenizer)."""
-    from leechq.formats.tetra_dir import artifact_to_tetra_dir
+    from leechq.formats.tetra_write import artifact_to_tetra_dir
 
     model = tiny_model(arch)
     records = quantize_randomly(model, codebook="tetra")
@@ -77,7 +77,7 @@ def test_tetra_checkpoint_loads_converts_and_matches_llvq_tetra(tmp_path: Path, 
     # leechq convert: field-for-field records, then from_pretrained and leechq.load
     out = tmp_path / "converted"
     assert main(["convert", str(src), str(out)]) == 0
-    from leechq.formats.tetra_dir import read_tetra_dir
+    from leechq.formats.tetra_read import read_tetra_dir
 
     d, art = read_tetra_dir(src), read_artifact(out)
     assert set(art.records) == set(d.records)
