@@ -284,6 +284,11 @@ class Engine:
                 positions.
         """
         sampling = sampling or SamplingConfig()
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            raise InvalidInput(
+                "presence and frequency penalties are per-request settings of the slot pool "
+                "(leechq.serve.scheduler), not of Engine.generate_ids"
+            )
         key = sampling.key()
         batch, lengths, width = self._check_prompts(prompts, max_new_tokens, stop_ids)
         need = width + max_new_tokens
