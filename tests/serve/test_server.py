@@ -254,3 +254,48 @@ def test_sse_wire_format(served: Served) -> None:
     assert all(ln.startswith("data: ") for ln in lines)
     last = json.loads(lines[-2][6:])
     assert last["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_leechq_serve_command_answers(tmp_path: Path) -> None:
+    """``leechq serve`` as a process: it binds the port, answers, and stops on SIGINT."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from leechq_tiny import make_artifact
+
+    out, _ = make_artifact(tmp_path, "qwen3")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leechq.cli.main", "serve", str(out), "--port", str(port),
+         "--device", "cpu", "--max-batch", "2", "--max-context", "64"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if _http(url, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [out.name]
+        res = client.chat.completions.create(model=out.name, max_tokens=4, temperature=0,
+                                             messages=[{"role": "user", "content": "the day"}])
+        assert res.usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
