@@ -210,3 +210,38 @@ def test_async_iteration(engine: Engine) -> None:
         assert events[-1].finish_reason == "length"
     finally:
         sched.close()
+
+
+@pytest.mark.interp
+def test_pool_through_the_decode_attention_kernel(engine: Engine,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode kernel (Triton interpreter) reads each row's slots of the shared clock as the
+    masked SDPA does: the same tokens, with a rebase on the way."""
+    pytest.importorskip("triton")
+    if __import__("os").environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    prompts = _prompts(3, seed=8, longest=12)
+
+    def run() -> list[list[int]]:
+        sched = Scheduler(engine, max_batch=2, max_context=24)
+        try:
+            hs = [sched.submit(Request(p, 6, stop_ids=[])) for p in prompts]
+            return [h.result(timeout=300)[0] for h in hs]
+        finally:
+            sched.close()
+
+    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
+    sdpa = run()
+    from leechq.kernels.triton import ops
+
+    calls = []
+    kernel = ops.decode_attention
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "decode_attention", counted)
+    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
+    assert run() == sdpa
+    assert calls  # the decode steps went through the kernel
