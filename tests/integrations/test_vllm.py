@@ -4,6 +4,7 @@ the whole record's product; an optional tier runs the vLLM classes when vLLM is 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,7 +106,77 @@ def test_names_and_shard_ids() -> None:
         shard_record(_lattice(4, 24), "diagonal", 0, 1)
 
 
-def test_vllm_registers_the_method(tmp_path: object) -> None:
+@pytest.fixture(scope="module")
+def vllm_tp1() -> object:
+    """vLLM's own layers on this process: tensor-parallel size 1 over gloo, on the CPU.
+
+    vLLM pins its own torch, so this tier runs only where vLLM is importable (its own
+    environment, ``VLLM_TARGET_DEVICE=cpu`` on a CPU machine)."""
+    pytest.importorskip("vllm")
+    import socket
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # vLLM's CPU platform insists on triton-cpu for its own kernels; no layer here uses them.
+        current_platform.check_and_update_config = lambda _cfg: None  # type: ignore[method-assign]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1)
+        yield
+
+
+def test_vllm_layers_serve_an_artifact(vllm_tp1: object, tmp_path: Path) -> None:
+    """The registered method in vLLM's QKVParallelLinear and RowParallelLinear: weights loaded
+    the way vLLM's model loaders call them, outputs equal to the leechq-loaded model's."""
+    from leechq_tiny import make_artifact
+    from safetensors import safe_open
+    from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    from leechq.integrations.vllm import artifact_quant_config, register
+    from leechq.models.load import load
+
+    register()
+    out, dense = make_artifact(tmp_path, "llama", int4=())
+    cfg = get_quantization_config("leechq").from_config(artifact_quant_config(out))
+    cfg.maybe_update_config(str(out))
+    c = dense.config
+    hd = c.hidden_size // c.num_attention_heads
+    pre = "model.layers.0.self_attn."
+    qkv = QKVParallelLinear(c.hidden_size, hd, c.num_attention_heads, c.num_key_value_heads,
+                            bias=False, quant_config=cfg, prefix=pre + "qkv_proj")
+    o = RowParallelLinear(c.num_attention_heads * hd, c.hidden_size, bias=False,
+                          quant_config=cfg, prefix=pre + "o_proj")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+            if not name.startswith(pre):
+                continue
+            module, suffix = name[len(pre):].split(".", 1)
+            if module in ("q_proj", "k_proj", "v_proj"):
+                p = getattr(qkv, suffix)
+                p.weight_loader(p, f.get_tensor(name), module[0])
+            elif module == "o_proj":
+                p = getattr(o, suffix)
+                p.weight_loader(p, f.get_tensor(name))
+    qkv.quant_method.process_weights_after_loading(qkv)
+    o.quant_method.process_weights_after_loading(o)
+    model, _ = load(out, device="cpu")
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(3, c.hidden_size, generator=torch.Generator().manual_seed(0))
+    want = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
+    torch.testing.assert_close(qkv(x)[0], want, rtol=1e-6, atol=1e-6)
+    z = torch.randn(3, c.num_attention_heads * hd, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(o(z)[0], attn.o_proj(z), rtol=1e-6, atol=1e-6)
+
+
+def test_vllm_registers_the_method() -> None:
     """Optional tier: only where vLLM is installed (its own environment)."""
     pytest.importorskip("vllm")
     from vllm.model_executor.layers.quantization import get_quantization_config

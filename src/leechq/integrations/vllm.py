@@ -320,6 +320,7 @@ def _vllm_classes() -> type:
             layer.leechq_split = "row" if input_size_per_partition < input_size else "column"
             layer.leechq_out_sizes = list(output_partition_sizes)
             layer.leechq_loaded = {}
+            layer.leechq_dtype = params_dtype
             suffixes = dict.fromkeys(s for d in descs for s in record_tensor_specs(d))
             for suffix in suffixes:
                 param = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
@@ -331,6 +332,8 @@ def _vllm_classes() -> type:
 
                 layer.register_parameter(suffix, param)
                 set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
+                # The placeholders are made under vLLM's device context: the serving device.
+                layer.leechq_device = param.device
 
         def process_weights_after_loading(self, layer: nn.Module) -> None:
             from vllm.distributed import (
@@ -353,12 +356,10 @@ def _vllm_classes() -> type:
                     rows = layer.leechq_out_sizes[i]
                     out = (rank * rows, (rank + 1) * rows)
                 shares.append(shard_record(record, layer.leechq_split, rank, world, out))
-            device = next((p.device for p in layer.parameters() if p.numel()), None)
             sharded = ShardedLinear(
                 shares, (lambda x: tensor_model_parallel_all_gather(x, dim=-1))
                 if world > 1 else None)
-            dtype = getattr(layer, "params_dtype", torch.float16)
-            sharded.finalize(device or torch.device("cuda"), dtype)
+            sharded.finalize(layer.leechq_device, layer.leechq_dtype)
             layer.leechq = sharded
             for s in dict.fromkeys(s for n in self.names
                                    for s in record_tensor_specs(self.config.records[n])):
