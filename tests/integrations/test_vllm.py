@@ -147,6 +147,11 @@ def test_vllm_layers_serve_an_artifact(vllm_tp1: object, tmp_path: Path) -> None
     out, dense = make_artifact(tmp_path, "llama", int4=())
     cfg = get_quantization_config("leechq").from_config(artifact_quant_config(out))
     cfg.maybe_update_config(str(out))
+    mapper = cfg.get_checkpoint_weight_mapper()
+    key = next(iter(cfg.rotations))
+    assert mapper.map_name(f"leechq.rotations.{key}.signs") is None  # not a layer's weight
+    name = "model.layers.0.self_attn.q_proj.codes"
+    assert mapper.map_name(name) == name
     c = dense.config
     hd = c.hidden_size // c.num_attention_heads
     pre = "model.layers.0.self_attn."

@@ -287,6 +287,17 @@ def _vllm_classes() -> type:
             if self.rotation_desc and (path / "config.json").is_file():
                 self.rotations = read_rotations(path, self.rotation_desc)
 
+        def get_checkpoint_weight_mapper(self) -> Any:
+            """vLLM's mapping of checkpoint names, dropping ``leechq.rotations.*`` (read by
+            :meth:`maybe_update_config` instead: they belong to no layer)."""
+            from vllm.model_executor.models.utils import WeightsMapper
+
+            from leechq.formats.artifact import ROTATION_PREFIX
+
+            drop = WeightsMapper(orig_to_new_prefix={ROTATION_PREFIX: None})
+            base = getattr(super(), "get_checkpoint_weight_mapper", None)
+            return base() | drop if base is not None else drop
+
         def get_quant_method(self, layer: nn.Module, prefix: str) -> Any:
             if not isinstance(layer, LinearBase):
                 return None
