@@ -245,3 +245,21 @@ def test_pool_through_the_decode_attention_kernel(engine: Engine,
     monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
     assert run() == sdpa
     assert calls  # the decode steps went through the kernel
+
+
+def test_a_failing_step_fails_every_request_loudly(engine: Engine) -> None:
+    from leechq.serve.scheduler import SchedulerClosed
+
+    sched = Scheduler(engine, max_batch=2, max_context=64)
+
+    def broken() -> list[int]:
+        raise RuntimeError("device lost")
+
+    sched.pool.step = broken  # type: ignore[method-assign]
+    handles = [sched.submit(Request(p, 5)) for p in _prompts(3)]
+    for h in handles:
+        with pytest.raises(SchedulerClosed, match="device lost"):
+            h.result(timeout=30)
+    assert not sched.alive and "device lost" in (sched.error or "")
+    with pytest.raises(SchedulerClosed):
+        sched.submit(Request([5], 2))

@@ -111,6 +111,10 @@ def test_streaming_reassembles_to_the_whole_answer(served: Served) -> None:
                c.choices[0].finish_reason]
     assert reasons == [whole.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    again = served.client.chat.completions.create(
+        model=NAME, messages=msgs, max_tokens=16, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert again.choices[0].message.content == whole.choices[0].message.content
     # completions too
     whole_c = _complete(served, "know the day")
     streamed = "".join(c.choices[0].text for c in _complete(served, "know the day", stream=True))
@@ -191,6 +195,12 @@ def test_a_client_that_disconnects_frees_its_row(served: Served,
         ("/v1/chat/completions", b'{"model": "tiny", "messages": "hi"}', 400),
         ("/v1/chat/completions",
          b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_p": 0}', 400),
+        ("/v1/chat/completions",
+         b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+         b'"chat_template_kwargs": "think"}', 400),
+        ("/v1/chat/completions",
+         b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image"}]}]}',
+         400),
     ],
 )
 def test_hostile_requests_get_4xx_and_the_server_keeps_serving(

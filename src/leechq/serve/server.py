@@ -6,7 +6,8 @@ Routes: ``POST /v1/chat/completions`` (the prompt rendered by the tokenizer's ch
 (server-sent events, ``data: {...}`` chunks then ``data: [DONE]``), with ``usage`` counts (in the
 stream when ``stream_options.include_usage`` is set). Sampling fields: ``temperature``, ``top_p``,
 ``top_k``, ``min_p``, ``seed``, ``presence_penalty``, ``frequency_penalty``,
-``repetition_penalty``, ``max_tokens`` (``max_completion_tokens``), ``stop``.
+``repetition_penalty``, ``max_tokens`` (``max_completion_tokens``), ``stop``; chats also take
+``chat_template_kwargs`` (e.g. Qwen3's ``{"enable_thinking": false}``).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed
 JSON, fields of the wrong type or out of range, unsupported options (``n`` > 1, ``logprobs``,
@@ -93,6 +94,7 @@ class ChatBody(_Body):
 
     messages: list[_Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     tools: list[Any] | None = None
 
@@ -183,8 +185,8 @@ def create_app(scheduler: Scheduler, tokenizer: Any, model_name: str) -> FastAPI
             raise ApiError(400, "logprobs and tools are not supported")
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            prompt = format_chat(tokenizer, messages)
-        except InvalidInput as exc:
+            prompt = format_chat(tokenizer, messages, **(body.chat_template_kwargs or {}))
+        except (InvalidInput, TypeError) as exc:
             raise ApiError(400, str(exc), param="messages") from None
         handle = submit(body, prompt, body.max_completion_tokens or body.max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
