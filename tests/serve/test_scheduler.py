@@ -74,10 +74,20 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine: Engine) -> None:
     prompts = _prompts(6, seed=1)
     cfgs = [SamplingConfig(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, seed=i,
                            presence_penalty=0.5, frequency_penalty=0.3) for i in range(6)]
-    sched = Scheduler(engine, max_batch=8, max_context=64)
+    sched = Scheduler(engine, max_batch=8, max_context=64, max_prefill_tokens=64)
+    admit, batches = sched.pool.admit, []
+
+    def counted(prompts: list[list[int]], *a: Any) -> Any:
+        batches.append(len(prompts) * max(map(len, prompts)))
+        return admit(prompts, *a)
+
+    sched.pool.admit = counted  # type: ignore[method-assign]
     try:
-        together = [sched.submit(Request(p, 12, c)) for p, c in zip(prompts, cfgs, strict=True)]
+        with sched._cv:  # all six wait together: the prefill budget splits them
+            together = [sched.submit(Request(p, 12, c))
+                        for p, c in zip(prompts, cfgs, strict=True)]
         together_t = [h.result(timeout=60)[0] for h in together]
+        assert len(batches) > 1 and all(b <= 64 for b in batches)
         alone = [sched.submit(Request(p, 12, c)).result(timeout=60)[0]
                  for p, c in zip(prompts, cfgs, strict=True)]
         assert together_t == alone

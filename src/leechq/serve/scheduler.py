@@ -222,11 +222,15 @@ class Scheduler:
         max_queue: waiting requests beyond which :meth:`submit` raises :class:`QueueFull`.
         stop_ids: default end-of-sequence ids of requests.
         pad_id: id of the prefill's left padding.
+        max_prefill_tokens: prompts joining in one prefill hold at most this many (padded) token
+            positions, unless a single prompt is longer — it bounds how long one prefill holds
+            up the decode steps of running requests.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any = None, max_batch: int = 8,
                  max_context: int | None = None, max_queue: int = 64,
-                 stop_ids: Sequence[int] = (), pad_id: int = 0) -> None:
+                 stop_ids: Sequence[int] = (), pad_id: int = 0,
+                 max_prefill_tokens: int = 8192) -> None:
         limit = engine.model.args.max_position_embeddings
         context = max_context if max_context is not None else min(limit, 4096)
         if max_queue < 1:
@@ -235,6 +239,7 @@ class Scheduler:
         self.engine, self.tokenizer = engine, tokenizer
         self.context, self.max_queue = context, max_queue
         self.stop_ids, self.pad_id = [int(t) for t in stop_ids], pad_id
+        self.max_prefill_tokens = max_prefill_tokens
         self.vocab = engine.model.args.vocab_size
         self._waiting: collections.deque[Handle] = collections.deque()
         self._rows: dict[int, Handle] = {}
@@ -344,7 +349,14 @@ class Scheduler:
                 self._waiting.remove(h)
                 h._finish("cancelled")
             free = self.pool.rows - len(self._rows)
-            joining = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            joining: list[Handle] = []
+            width = 0
+            while self._waiting and len(joining) < free:
+                w = max(width, len(self._waiting[0].request.prompt))
+                if joining and w * (len(joining) + 1) > self.max_prefill_tokens:
+                    break
+                joining.append(self._waiting.popleft())
+                width = w
         if joining:
             self._admit(joining)
         if self._rows:
