@@ -198,8 +198,8 @@ def create_app(scheduler: Scheduler, tokenizer: Any, model_name: str) -> FastAPI
 
         if body.stream:
             first = {"role": "assistant", "content": ""}
-            return _stream(scheduler, handle, body, lambda t, r: chunk({"content": t} if t else {},
-                                                                       r), chunk(first, None))
+            return _stream(req, scheduler, handle, body,
+                           lambda t, r: chunk({"content": t} if t else {}, r), chunk(first, None))
         text, reason = await _collect(scheduler, handle)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": model_name, "usage": _usage(handle),
@@ -228,7 +228,7 @@ def create_app(scheduler: Scheduler, tokenizer: Any, model_name: str) -> FastAPI
                         {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
 
         if body.stream:
-            return _stream(scheduler, handle, body, chunk, None)
+            return _stream(req, scheduler, handle, body, chunk, None)
         text, reason = await _collect(scheduler, handle)
         out = chunk(text, reason)
         out["usage"] = _usage(handle)
@@ -263,7 +263,7 @@ async def _collect(scheduler: Scheduler, handle: Handle) -> tuple[str, str | Non
     return "".join(parts), _reason(reason)
 
 
-def _stream(scheduler: Scheduler, handle: Handle, body: _Body,
+def _stream(req: Request, scheduler: Scheduler, handle: Handle, body: _Body,
             chunk: Callable[[str, str | None], dict[str, Any]],
             opening: dict[str, Any] | None) -> StreamingResponse:
     include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -273,6 +273,10 @@ def _stream(scheduler: Scheduler, handle: Handle, body: _Body,
             if opening is not None:
                 yield f"data: {json.dumps(opening)}\n\n"
             async for ev in handle:
+                # Servers whose ASGI spec lets Starlette stop listening for the disconnect still
+                # answer this poll; the finally below then frees the row.
+                if await req.is_disconnected():
+                    return
                 if ev.error:
                     err = {"error": {"message": ev.error, "type": "server_error"}}
                     yield f"data: {json.dumps(err)}\n\n"
