@@ -12,6 +12,7 @@ Modules (architecture.md §2.4, §6.1; layouts-kernels-recipe.md §3.5–§3.6):
 * :mod:`~leechq.serve.generate` — :class:`~leechq.serve.generate.Engine` and
   :func:`~leechq.serve.generate.generate` (what ``leechq run`` calls);
 * :mod:`~leechq.serve.chat` — chat templates and the interactive loop of ``leechq chat``;
+* :mod:`~leechq.serve.detok` — incremental detokenization of streamed tokens;
 * :mod:`~leechq.serve.pool` — the slot pool of continuous batching (KV rows on a shared clock);
 * :mod:`~leechq.serve.scheduler` — continuous batching: requests join and leave the decode steps;
 * :mod:`~leechq.serve.server` — the OpenAI-compatible HTTP API of ``leechq serve`` (FastAPI, the

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leechq.errors import InvalidInput, LeechqError
+from leechq.serve.detok import Detokenizer
 from leechq.serve.generate import Engine
 from leechq.serve.pool import SlotPool
 from leechq.serve.sampling import SamplingConfig
@@ -84,7 +85,7 @@ class Handle:
         self.prompt_tokens, self.completion_tokens = len(request.prompt), 0
         self.finish_reason: str | None = None
         self.cancelled = False
-        self._detok = _Detokenizer(tokenizer) if tokenizer is not None else None
+        self._detok = Detokenizer(tokenizer) if tokenizer is not None else None
         self._text = ""  # text produced so far (stop strings cut out)
         self._held = ""  # text withheld because a stop string may start in it
         self._sync: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -188,26 +189,6 @@ def _overlap(text: str, stop: str) -> int:
         if stop.startswith(text[-n:]):
             return n
     return 0
-
-
-class _Detokenizer:
-    """Incremental decoding of one request's tokens: each call returns the new text, decoding only
-    a short window of ids (the prefix/read offsets of text-generation-inference) and withholding an
-    incomplete UTF-8 sequence."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.ids = tokenizer, []
-        self.prefix = self.read = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        dec = self.tokenizer.decode
-        before = dec(self.ids[self.prefix : self.read], skip_special_tokens=True)
-        now = dec(self.ids[self.prefix :], skip_special_tokens=True)
-        if len(now) <= len(before) or now.endswith("\ufffd"):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return now[len(before) :]
 
 
 class Scheduler:
