@@ -12,6 +12,7 @@ Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
 * ``quantize MODEL OUT``  quantize a model into an artifact directory (``leechq.models.quantize``);
 * ``run OUT --prompt P``  generate from an artifact, streaming tokens (``leechq.serve``);
 * ``chat OUT``            interactive chat with an artifact;
+* ``serve OUT``           an OpenAI-compatible HTTP server with continuous batching;
 * ``eval OUT``            perplexity / KL against the reference (``leechq.eval``), JSON last line;
 * ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
 * ``demo``                the end-to-end demo of ``./run demo``;
@@ -172,6 +173,23 @@ def _args_chat(p: argparse.ArgumentParser) -> None:
     _dtype(p)
 
 
+def _args_serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind [default: 127.0.0.1]")
+    p.add_argument("--port", type=int, default=8000, help="port [default: 8000]")
+    p.add_argument("--max-batch", type=int, default=8, help="concurrent requests [default: 8]")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="longest request, prompt plus reply [default: the model's, at most 4096]",
+    )
+    p.add_argument("--max-queue", type=int, default=64, help="waiting requests [default: 64]")
+    p.add_argument("--model-name", default=None, help="name in /v1/models [default: the directory]")
+    _device(p)
+    _dtype(p)
+
+
 def _args_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", help="artifact directory written by `leechq quantize`")
     p.add_argument(
@@ -241,6 +259,9 @@ COMMANDS: tuple[LazyCommand, ...] = (
         "run", "generate from an artifact (streams tokens)", "leechq.cli.generate", _args_run
     ),
     LazyCommand("chat", "interactive chat with an artifact", "leechq.cli.chat", _args_chat),
+    LazyCommand(
+        "serve", "OpenAI-compatible HTTP server for an artifact", "leechq.cli.serve", _args_serve
+    ),
     LazyCommand(
         "eval",
         "perplexity and KL of an artifact against its reference",

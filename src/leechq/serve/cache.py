@@ -38,6 +38,9 @@ def session_slots(n: int) -> int:
 class KVCache:
     """Per-layer key and value tensors for ``batch`` rows and ``seq_len`` slots.
 
+    ``slots_are_positions`` False: a slot index is not a token position (the slot pool's shared
+    clock, :mod:`leechq.serve.pool`), so the cache may hold more slots than the model's positions.
+
     Attributes:
         k, v: lists (one per layer) of ``dtype`` tensors [batch, n_kv_heads, seq_len, head_dim].
         batch, seq_len: sizes.
@@ -50,12 +53,13 @@ class KVCache:
         seq_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        slots_are_positions: bool = True,
     ) -> None:
         if batch < 1 or seq_len < 1:
             raise InvalidInput(
                 f"KV cache needs batch >= 1 and seq_len >= 1, got {batch} and {seq_len}"
             )
-        if seq_len > args.max_position_embeddings:
+        if slots_are_positions and seq_len > args.max_position_embeddings:
             raise InvalidInput(
                 f"KV cache of {seq_len} slots exceeds the model's max_position_embeddings "
                 f"({args.max_position_embeddings})"

@@ -39,6 +39,7 @@ import torch
 from leechq.errors import InvalidInput, UnsupportedArchitecture
 from leechq.serve.build import from_hf_model, warn_if_reference, weight_bytes
 from leechq.serve.cache import KVCache, session_slots
+from leechq.serve.detok import Detokenizer
 from leechq.serve.graphs import CapturedStep, graph_pool
 from leechq.serve.model import EAGER, Pieces, Transformer
 from leechq.serve.sampling import SamplerState, SamplingConfig, select_tokens
@@ -285,6 +286,11 @@ class Engine:
                 positions.
         """
         sampling = sampling or SamplingConfig()
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            raise InvalidInput(
+                "presence and frequency penalties are per-request settings of the slot pool "
+                "(leechq.serve.scheduler), not of Engine.generate_ids"
+            )
         key = sampling.key()
         batch, lengths, width = self._check_prompts(prompts, max_new_tokens, stop_ids)
         need = width + max_new_tokens
@@ -493,21 +499,6 @@ def stop_ids_for(model: Any, tokenizer: Any) -> list[int]:
     return ids[:MAX_STOP_IDS]
 
 
-class _Detokenizer:
-    """Incremental decoding of one row: emits only text that no later token can change."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
-        return delta
-
-
 _NOTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -567,7 +558,7 @@ def generate(
     pad = pad if pad is not None else (stop[0] if stop else 0)
     callback: TokenCallback | None = None
     if stream is not None:
-        detoks = [_Detokenizer(tokenizer) for _ in ids]
+        detoks = [Detokenizer(tokenizer) for _ in ids]
 
         def callback(row: int, tok: int) -> None:
             piece = detoks[row].push(tok)
