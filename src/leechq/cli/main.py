@@ -106,6 +106,20 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=32768,
         help="full recipe: row-scale training tokens (windows of --window) [default: 32768]",
     )
+    p.add_argument(
+        "--tune-steps",
+        type=int,
+        default=0,
+        help="full recipe: end-to-end tuning of every continuous parameter after the row scales, "
+        "this many AdamW steps (0 = off unless --tune-seconds) [default: 0]",
+    )
+    p.add_argument(
+        "--tune-seconds",
+        type=float,
+        default=0.0,
+        help="full recipe: end-to-end tuning with this time budget when --tune-steps is 0 "
+        "(0 = off) [default: 0]",
+    )
     _device(p)
     p.add_argument(
         "--calib-tokens",
