@@ -13,7 +13,8 @@ choice is measured and recorded:
   so the model's weights are never modified. ``gain = KL(base) − KL(swapped)`` is the
   output-error reduction of that one change, with every other matrix as it will be served
   ("restore" mode). The same function measures the converse ("isolate" mode: base = the
-  reference, swap = the lattice decode, and ``−gain`` is the KL one quantized matrix causes). Never run it on the evaluation split.
+  reference, swap = the lattice decode, and ``−gain`` is the KL one quantized matrix causes).
+  Never run it on the evaluation split.
 * **selection** (:func:`select_under_budget`): greedy by ``gain / extra_bits`` (extra served bits
   of the int4 record over the lattice one), skipping non-positive gains, until the budget is spent.
   Gains are treated as additive — an approximation the held-out evaluation of the chosen set checks.
@@ -148,6 +149,44 @@ def _row_hook(rows: slice, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
     return hook
 
 
+def _layer_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The model's longest ``nn.ModuleList`` (its decoder layers), or None."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) > (len(best[1]) if best else 1):
+            best = (name, m)
+    return best
+
+
+def _repeat(out: Any, times: int) -> Any:
+    if times == 1:
+        return out
+    if isinstance(out, torch.Tensor):
+        return out.repeat(times, *([1] * (out.dim() - 1)))
+    return (_repeat(out[0], times), *out[1:])
+
+
+class _Replay(nn.Module):
+    """Stands in for a decoder layer: returns that layer's recorded output for the current batch
+    (the probes of a matrix in layer ℓ replay layers 0..ℓ-1, which the swap cannot change)."""
+
+    def __init__(self, layer: nn.Module, outputs: list[Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_layer", layer)
+        self.outputs = outputs
+        self.batch = 0
+        self.times = 1
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:  # attributes the parent model reads (e.g. attention_type)
+            return getattr(object.__getattribute__(self, "_layer"), name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return _repeat(self.outputs[self.batch], self.times)
+
+
 @torch.no_grad()
 def _pass_kl(
     model: nn.Module,
@@ -156,29 +195,53 @@ def _pass_kl(
     batch: int,
     chunk: int,
     group: Sequence[tuple[list[nn.Module], torch.Tensor] | None],
+    stack: nn.ModuleList | None = None,
+    recorded: list[list[Any]] | None = None,
+    skip: int = 0,
 ) -> list[float]:
     """Mean KL of each entry of ``group`` (None = the model as it is), all in the same forwards:
-    the windows are repeated once per entry and each entry's rows see only its own swap."""
+    the windows are repeated once per entry and each entry's rows see only its own swap.
+
+    With ``stack`` (the decoder layers): ``skip > 0`` replays the first ``skip`` layers from
+    ``recorded`` (per layer, per batch); ``skip == 0`` with an empty ``recorded`` records them.
+    """
     n_rows = len(group)
     totals = [0.0] * n_rows
-    for i, start in enumerate(range(0, windows.shape[0], batch)):
-        ids = windows[start : start + batch]
-        b = ids.shape[0]
-        handles = []
-        try:
-            for j, entry in enumerate(group):
-                if entry is None:
-                    continue
-                users, w = entry
-                for m in users:
-                    handles.append(m.register_forward_hook(_row_hook(slice(j * b, (j + 1) * b), w)))
-            logits = model_logits(model, ids.repeat(n_rows, 1))
-        finally:
-            for h in handles:
-                h.remove()
-        for j in range(n_rows):
-            part = logits[j * b : (j + 1) * b]
-            totals[j] += float(kl_loss(cache[i], part, chunk=chunk)) * b
+    replays: list[_Replay] = []
+    record = stack is not None and recorded is not None and skip == 0 and not recorded[0]
+    if stack is not None and recorded is not None and skip > 0:
+        for j in range(skip):
+            replays.append(_Replay(stack[j], recorded[j]))
+            stack[j] = replays[-1]
+    try:
+        for i, start in enumerate(range(0, windows.shape[0], batch)):
+            ids = windows[start : start + batch]
+            b = ids.shape[0]
+            for r in replays:
+                r.batch, r.times = i, n_rows
+            handles = []
+            try:
+                for j, entry in enumerate(group):
+                    if entry is None:
+                        continue
+                    users, w = entry
+                    for m in users:
+                        hook = _row_hook(slice(j * b, (j + 1) * b), w)
+                        handles.append(m.register_forward_hook(hook))
+                if record:
+                    for j, layer in enumerate(stack):
+                        handles.append(layer.register_forward_hook(
+                            lambda mod, args, out, j=j: recorded[j].append(out)))
+                logits = model_logits(model, ids.repeat(n_rows, 1))
+            finally:
+                for h in handles:
+                    h.remove()
+            for j in range(n_rows):
+                part = logits[j * b : (j + 1) * b]
+                totals[j] += float(kl_loss(cache[i], part, chunk=chunk)) * b
+    finally:
+        for j, r in enumerate(replays):
+            stack[j] = object.__getattribute__(r, "_layer")
     return [t / windows.shape[0] for t in totals]
 
 
@@ -199,7 +262,9 @@ def measure_swaps(
     The probes are batched: each forward carries ``batch`` windows once per candidate of a group
     of ``swaps_per_pass`` candidates, and a forward hook on each candidate's module (on every
     module sharing its weight: a tied head too) recomputes only that candidate's rows with the
-    swapped weight. The model's weights are never modified.
+    swapped weight. The model's weights are never modified. The base pass records the output of
+    every decoder layer (the model's longest ``nn.ModuleList``); a probe of a matrix in layer ℓ
+    replays layers 0..ℓ-1 from that record instead of computing them.
 
     Args:
         model: the model in its base state (unchanged on return).
@@ -248,22 +313,39 @@ def measure_swaps(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(names), desc="int4 sensitivity", unit="matrix", dynamic_ncols=True)
-    out: dict[str, SwapMeasurement] = {}
+    found = _layer_stack(model)
+    stack = found[1] if found is not None else None
+    recorded: list[list[Any]] | None = [[] for _ in stack] if stack is not None else None
+
+    def layer_of(name: str) -> int:
+        if found is None:
+            return 0
+        head = found[0] + "." if found[0] else ""
+        rest = name[len(head):] if name.startswith(head) else ""
+        idx = rest.split(".", 1)[0]
+        return int(idx) if idx.isdigit() and int(idx) < len(stack) else 0
+
+    layer = {n: layer_of(n) for n in names}
+    order = sorted(names, key=lambda n: layer[n])  # groups of similar depth skip the most
+    done: dict[str, SwapMeasurement] = {}
     try:
-        base = _pass_kl(model, windows, cache, batch, chunk, [None])[0]
-        for g0 in range(0, len(names), swaps_per_pass):
-            group = names[g0 : g0 + swaps_per_pass]
+        base = _pass_kl(model, windows, cache, batch, chunk, [None], stack, recorded)[0]
+        for g0 in range(0, len(order), swaps_per_pass):
+            group = order[g0 : g0 + swaps_per_pass]
+            skip = min(layer[n] for n in group) if stack is not None else 0
             t0 = time.perf_counter()
-            kls = _pass_kl(model, windows, cache, batch, chunk, [entries[n] for n in group])
+            kls = _pass_kl(model, windows, cache, batch, chunk, [entries[n] for n in group],
+                           stack, recorded, skip)
             share = (time.perf_counter() - t0) / len(group)
             for name, kl in zip(group, kls, strict=True):
-                out[name] = SwapMeasurement(name, base, kl, share)
+                done[name] = SwapMeasurement(name, base, kl, share)
                 log.info("sensitivity %s: KL %.5f -> %.5f", name, base, kl)
             if bar is not None:
                 bar.update(len(group))
     finally:
         if bar is not None:
             bar.close()
+    out = {n: done[n] for n in names}
     return out
 
 
