@@ -209,6 +209,12 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--eval-windows", type=int, default=None, help="held-out windows for quality")
     p.add_argument(
+        "--tune-seconds",
+        type=float,
+        default=240.0,
+        help="CPU budget of the end-to-end tuning step (0 skips it) [default: 240]",
+    )
+    p.add_argument(
         "--force", action="store_true", help="re-quantize even if a cached artifact exists"
     )
 
