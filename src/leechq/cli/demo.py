@@ -11,9 +11,9 @@ Issue 5 part 8. On a fresh machine the demo
    (``<cache>/demo/<model>-<codebook>``) and reused by later runs unless ``--force``;
 3. tunes every continuous parameter of the 2-bit model (row scales, gain centroids, the table's
    scales, norms; :mod:`leechq.quant.tune`) by KL to the reference on calibration windows, within
-   a CPU time budget (``--tune-seconds``, 0 skips it), the held-out calibration monitor keeping the
-   best state; prints the quality on held-out evaluation windows before and after, and writes the
-   tuned artifact next to the bare one;
+   a CPU time budget (``--tune-seconds``, default 180 s; 0 skips it), the held-out calibration
+   monitor keeping the best state; prints the quality on held-out evaluation windows before and
+   after, and writes the tuned artifact next to the bare one;
 4. loads the (tuned) artifact with :func:`leechq.load` and answers a prompt with the 2-bit model,
    streamed, with the sampling preset :data:`DEMO_SAMPLING`;
 5. prints the size under the three accounting rules (never mixed) and the file size against the

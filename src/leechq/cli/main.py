@@ -211,8 +211,8 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tune-seconds",
         type=float,
-        default=240.0,
-        help="CPU budget of the end-to-end tuning step (0 skips it) [default: 240]",
+        default=180.0,
+        help="CPU budget of the end-to-end tuning step (0 skips it) [default: 180]",
     )
     p.add_argument(
         "--force", action="store_true", help="re-quantize even if a cached artifact exists"
