@@ -207,3 +207,23 @@ def test_config_validation_and_round_trip() -> None:
                 {"monitor_every": 0}):
         with pytest.raises(InvalidInput):
             TuneConfig(**bad)
+
+
+@pytest.mark.gpu
+def test_tuning_on_cuda_in_bf16_autocast_lowers_kl_and_folds_exactly() -> None:
+    from recipe_tiny import windows
+
+    from leechq.quant.row_scales import mean_kl
+
+    reference, student, records, raw = _setup()
+    reference, student = reference.cuda(), student.cuda()
+    train, monitor = windows(8, 24, seed=1), windows(3, 24, seed=2)
+    before = mean_kl(student, reference, train)
+    cfg = TuneConfig(steps=12, warmup_steps=2, lr=2e-2, monitor_every=4)
+    res = tune_model(student, reference, records, raw, train, cfg, monitor_windows=monitor,
+                     progress=False)
+    assert mean_kl(student, reference, train) < before
+    assert res.monitor_kl_after <= res.monitor_kl_before
+    for name, rec in res.records.items():
+        w = student.get_submodule(name).weight
+        assert w.is_cuda and torch.equal(w.cpu(), rec.dequantize(torch.float32))
