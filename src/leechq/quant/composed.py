@@ -130,7 +130,6 @@ def _affine_fold(m: Any) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         s = (m.s0 * m.rho).to(torch.float16).cpu()
         b = (m.b0 + m.s0 * m.delta).to(torch.float16).cpu()
-    s = torch.where(s == 0, torch.ones_like(s), s)
     return s, b
 
 
@@ -233,8 +232,6 @@ class ComposedLinear(_Composed):
                     gains = rank[gains.long()].to(torch.uint8)
             return dataclasses.replace(src, row_scales=scales, centroids=cent, gains=gains)
         s, b = _affine_fold(self)
-        if self.kind == "int4":
-            return dataclasses.replace(src, scales=s, biases=b)
         return dataclasses.replace(src, scales=s, biases=b)
 
     def folded_bias(self) -> torch.Tensor | None:

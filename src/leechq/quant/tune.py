@@ -455,6 +455,7 @@ def tune_model(
         for name, p in params.items():
             g = _group_of(name, att)
             counts[g] = counts.get(g, 0) + p.numel()
+        nonneg = [p for n, p in params.items() if n.endswith((":lam", ":gamma"))]
         optimizer = torch.optim.AdamW(list(params.values()), lr=config.lr, betas=config.betas,
                                       weight_decay=config.weight_decay)
 
@@ -516,6 +517,9 @@ def tune_model(
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                with torch.no_grad():  # a row scale or a centroid cannot be negative
+                    for p in nonneg:
+                        p.clamp_(min=0.0)
                 history.append(float(loss.detach()))
                 if on_step is not None:
                     on_step(step, history[-1])
