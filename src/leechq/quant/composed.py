@@ -304,6 +304,7 @@ class Attached:
     originals: dict[str, nn.Module] = field(default_factory=dict)
     norm_params: dict[str, nn.Parameter] = field(default_factory=dict)
     hooks: list[Any] = field(default_factory=list)
+    parked: torch.device | None = None  # where the originals return to (they wait on the CPU)
 
     def parameters(self) -> dict[str, nn.Parameter]:
         """Every trainable factor by a stable name (shared factors once)."""
@@ -394,6 +395,10 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
                 att.hooks.append(module.register_forward_pre_hook(hook))
                 att.norms[tname] = factor
                 att.norm_params[tname] = param
+        if device.type == "cuda":  # the swapped-out dense weights wait on the CPU
+            for module in att.originals.values():
+                module.to("cpu")
+            att.parked = device
     except BaseException:
         detach(model, att)
         raise
@@ -410,6 +415,8 @@ def detach(model: nn.Module, att: Attached) -> None:
             del module.__dict__["weight"]
         module.weight = param
     for name, module in att.originals.items():
+        if att.parked is not None:
+            module.to(att.parked)
         _swap(model, name, module)
 
 

@@ -381,7 +381,7 @@ def tune_model(
         student: the quantized model (its quantized linears and tables hold the stored decode);
             it runs on the device it lives on (bf16 autocast there on CUDA, f32 on the CPU).
         teacher: the reference model (same vocabulary). With ``teacher_topk > 0`` it is only
-            used before training (its cache); the caller may drop it afterwards.
+            used before training (its cache) and this function drops its reference then.
         records: module name → record (every quantized linear of ``student``).
         raw: every other stored tensor (tables as :class:`GroupAffine`, norms and biases dense).
         windows: int64 [N, T] training windows (calibration text).
@@ -424,6 +424,8 @@ def tune_model(
             monitor_logits = [model_logits(teacher, monitor_windows[i : i + 1]).float().cpu()
                               for i in range(monitor_windows.shape[0])]
     teacher_seconds = time.perf_counter() - t0
+    if cache is not None:
+        teacher = None  # cached: the caller's placed copy can be freed during training
 
     @torch.no_grad()
     def score() -> float:
