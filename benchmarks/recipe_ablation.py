@@ -14,6 +14,10 @@ evaluation split (never used for any choice):
 * ``+int4+tables4`` the two together;
 * ``full``         +int4 + tables4 + row scales (the full recipe: sensitivity measured with the
                    final tables, then training on top), written as an artifact, re-loaded, checked;
+* ``+tune``        bare + end-to-end tuning of every continuous parameter (lattice row scales and
+                   centroids, norms, biases; :mod:`leechq.quant.tune`), the held-out calibration
+                   monitor keeping the best state;
+* ``full+tune``    the full recipe plus the tuning step (tables and int4 scales tuned too);
 * ``dense+tables8``, ``dense+tables4`` the table step alone on the dense reference: exact at full
                    depth (no encoding involved).
 
@@ -59,9 +63,10 @@ from leechq.config import QuantConfig
 from leechq.formats.artifact import artifact_report, read_artifact
 from leechq.quant.recipe import Recipe, resolve_recipe, run_recipe
 from leechq.quant.row_scales import RowScaleConfig, set_module_weights
+from leechq.quant.tune import TuneConfig
 
 ARMS = ("bare", "+rows", "+int4", "+int4+rows", "+tables8", "+tables4", "+int4+tables4", "full",
-        "dense+tables8", "dense+tables4")
+        "+tune", "full+tune", "dense+tables8", "dense+tables4")
 DEPENDS = {
     "+int4": {"full", "bare"},
     "+int4+rows": {"full", "bare", "+int4"},
@@ -146,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-lr", type=float, default=2e-3)
     p.add_argument("--train-warmup", type=int, default=4)
     p.add_argument("--train-batch", type=int, default=2)
+    p.add_argument("--tune-steps", type=int, default=30, help="steps of the +tune arms")
+    p.add_argument("--tune-lr", type=float, default=2e-3)
     p.add_argument("--sens-windows", type=int, default=2)
     p.add_argument("--sens-window", type=int, default=256)
     p.add_argument("--eval-windows", type=int, default=8)
@@ -202,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     rows_cfg = RowScaleConfig(steps=args.train_steps, lr=args.train_lr,
                               warmup_steps=args.train_warmup, batch=args.train_batch,
                               checkpoint_every=0)
+    tune_cfg = TuneConfig(steps=args.tune_steps, lr=args.tune_lr, warmup_steps=args.train_warmup,
+                          batch=args.train_batch, monitor_every=max(1, args.tune_steps // 10),
+                          checkpoint_every=0)
     common = dict(quantize_fn=qfn, embed_name=embed_name, head_name=head_name,
                   train_windows=train, sensitivity_windows=sens, monitor_windows=monitor,
                   dense_projections=proj)
@@ -261,9 +271,17 @@ def main(argv: list[str] | None = None) -> int:
         results["full"] = arm(full_recipe)
         chosen = results["full"].metadata["selection"]["int4"]
         finish("full")
+    if "full+tune" in need:
+        print("[ablation] full+tune", file=sys.stderr)
+        results["full+tune"] = arm(full_recipe.replace(name="full+tune", tune=tune_cfg))
+        finish("full+tune")
     if "bare" in need:
         results["bare"] = arm(Recipe(name="bare", device=args.device))
         finish("bare")
+    if "+tune" in need:
+        print("[ablation] +tune", file=sys.stderr)
+        results["+tune"] = arm(Recipe(name="tune", tune=tune_cfg, device=args.device))
+        finish("+tune")
     if "+rows" in need:
         print("[ablation] +rows", file=sys.stderr)
         results["+rows"] = arm(Recipe(name="rows", row_scales=rows_cfg, device=args.device))

@@ -233,6 +233,8 @@ def test_quantize_then_demo_on_a_tiny_model(
                 "4",
                 "--eval-windows",
                 "1",
+                "--tune-seconds",
+                "3",
             ]
         )
         == 0
@@ -240,6 +242,7 @@ def test_quantize_then_demo_on_a_tiny_model(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(last)
     assert summary["codebook"] == "tetra" and not summary["reused_artifact"]
+    assert summary["tune"]["summary"]["steps"] >= 1
     assert summary["kl"]["kl"] >= 0 and summary["ppl"]["ratio"] > 0
     assert summary["counts"]["lattice_records"] == 14
 

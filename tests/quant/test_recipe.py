@@ -31,6 +31,7 @@ from leechq.quant.recipe import (
     table_records,
 )
 from leechq.quant.row_scales import RowScaleConfig
+from leechq.quant.tune import TuneConfig
 
 pytest.importorskip("transformers")
 
@@ -44,6 +45,9 @@ def test_resolve_describe_and_round_trip() -> None:
     assert full.steps == ["encode", "int4_by_sensitivity", "tables", "row_scales"]
     assert (full.target_bpp, full.embedding_bits, full.head_bits) == (2.7, 4, 8)
     assert full.row_scales == RowScaleConfig()
+    tuned = resolve_recipe("full", tune=TuneConfig(steps=5, groups=("norms", "tables")))
+    assert tuned.steps[-1] == "tune" and "end-to-end tuning of norms, tables" in tuned.describe()
+    assert Recipe.from_dict(tuned.to_dict()) == tuned
     assert resolve_recipe("full", 3.1).target_bpp == 3.1
     custom = resolve_recipe("full", 2.5, embedding_bits=8, row_scales=None, requantize=False)
     assert custom.steps == ["encode", "int4_by_sensitivity", "tables"]
@@ -237,3 +241,30 @@ def test_recipe_refuses_inconsistent_inputs() -> None:
         run_recipe(reference, windows(4), config(), resolve_recipe("full"), **kw)
     with pytest.raises(InvalidInput, match="train_windows"):
         run_recipe(reference, windows(4), config(), Recipe(row_scales=RowScaleConfig()), **kw)
+
+
+def test_the_tuning_step_writes_an_artifact_that_gives_the_tuned_logits(tmp_path: Path) -> None:
+    from recipe_tiny import config, logits, quantize_fn, quantized, windows
+
+    from leechq.models.load import load
+
+    reference, student, enc = quantized("qwen2")  # tied 4-bit table, biases, tails
+    recipe = resolve_recipe(
+        "full", _target_between("qwen2", 0.5), sensitivity_windows=2, row_scales=None,
+        tune=TuneConfig(steps=6, warmup_steps=1, lr=2e-2, monitor_every=3),
+    )
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD)
+    res = run_recipe(reference, windows(4, seed=100), config(), recipe, **kw,
+                     train_windows=windows(6, seed=7), sensitivity_windows=windows(2, seed=8))
+    untuned = run_recipe(reference, windows(4, seed=100), config(), recipe.replace(tune=None),
+                         **kw, sensitivity_windows=windows(2, seed=8))
+    tune = res.metadata["tune"]
+    assert [s["step"] for s in res.metadata["steps"]][-1] == "tune"
+    assert tune["steps"] == 6 and tune["best_step"] == 6  # no monitor: the last state
+    assert set(tune["parameters"]) >= {"row_scales", "centroids", "tables", "norms", "biases"}
+    ids = windows(2, 16, seed=11)
+    assert not torch.allclose(logits(res.model, ids), logits(untuned.model, ids))
+    path = res.write(tmp_path / "tuned", base_config=reference.config.to_dict())
+    loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
+    torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
+    assert read_artifact(path).quantization_config["provenance"]["recipe"]["tune"]["steps"] == 6

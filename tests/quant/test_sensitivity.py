@@ -37,10 +37,12 @@ def test_swaps_find_the_damaged_matrix_and_leave_the_model_unchanged() -> None:
     before = {n: model.get_submodule(n).weight.detach().clone() for n in names}
     ids = windows(3, 20, seed=4)
     out_before = logits(model, ids)
-    seen = []
-    res = measure_swaps(model, reference, ids, originals, batch=2,
-                        progress=lambda i, n, name: seen.append((i, n, name)))
-    assert [s[2] for s in seen] == names and list(res) == names
+    res = measure_swaps(model, reference, ids, originals, batch=2, swaps_per_pass=4)
+    assert list(res) == names
+    # batching windows and candidates changes nothing but rounding
+    one_by_one = measure_swaps(model, reference, ids, originals, batch=1, swaps_per_pass=1)
+    for n in names:
+        assert res[n].kl_swapped == pytest.approx(one_by_one[n].kl_swapped, rel=1e-4, abs=1e-9)
     ranked = sorted(res, key=lambda n: -res[n].gain)
     assert ranked[:2] == [names[1], names[4]]  # the two most damaged ones, in order
     assert res[names[4]].gain > 10 * max(abs(res[n].gain) for n in ranked[2:])
@@ -51,6 +53,30 @@ def test_swaps_find_the_damaged_matrix_and_leave_the_model_unchanged() -> None:
     # restoring every matrix gives KL 0: the swapped-in weight really is used
     res_all = measure_swaps(reference, reference, ids, {names[1]: originals[names[1]]})
     assert res_all[names[1]].kl_swapped == pytest.approx(0.0, abs=1e-7)
+
+
+def test_a_tied_table_swap_changes_the_embedding_and_the_head() -> None:
+    from leechq_tiny import tiny_model
+    from recipe_tiny import logits, windows
+
+    from leechq.quant.row_scales import kl_loss
+
+    reference = tiny_model("qwen2")  # tied head
+    model = copy.deepcopy(reference)
+    emb = model.get_submodule("model.embed_tokens")
+    assert emb.weight is model.lm_head.weight
+    alt = emb.weight.detach() + 0.05 * torch.randn(emb.weight.shape,
+                                                   generator=torch.Generator().manual_seed(1))
+    ids = windows(2, 16, seed=5)
+    res = measure_swaps(model, reference, ids, {"model.embed_tokens": alt},
+                        swaps_per_pass=2)["model.embed_tokens"]
+    swapped = copy.deepcopy(model)
+    with torch.no_grad():
+        swapped.get_submodule("model.embed_tokens").weight.copy_(alt)  # the head follows
+        want = float(kl_loss(logits(reference, ids), logits(swapped, ids)))
+    assert res.kl_swapped == pytest.approx(want, rel=1e-4)
+    assert torch.equal(model.get_submodule("model.embed_tokens").weight,
+                       reference.get_submodule("model.embed_tokens").weight)
 
 
 def test_swaps_refuse_bad_input_before_touching_the_model() -> None:

@@ -109,6 +109,20 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=32768,
         help="full recipe: row-scale training tokens (windows of --window) [default: 32768]",
     )
+    p.add_argument(
+        "--tune-steps",
+        type=int,
+        default=0,
+        help="full recipe: end-to-end tuning of every continuous parameter after the row scales, "
+        "this many AdamW steps (0 = off unless --tune-seconds) [default: 0]",
+    )
+    p.add_argument(
+        "--tune-seconds",
+        type=float,
+        default=0.0,
+        help="full recipe: end-to-end tuning with this time budget when --tune-steps is 0 "
+        "(0 = off) [default: 0]",
+    )
     _device(p)
     p.add_argument(
         "--calib-tokens",
@@ -232,6 +246,12 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="prompt to answer")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--eval-windows", type=int, default=None, help="held-out windows for quality")
+    p.add_argument(
+        "--tune-seconds",
+        type=float,
+        default=180.0,
+        help="CPU budget of the end-to-end tuning step (0 skips it) [default: 180]",
+    )
     p.add_argument(
         "--force", action="store_true", help="re-quantize even if a cached artifact exists"
     )

@@ -139,8 +139,17 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         lr=args.train_lr,
         warmup_steps=max(1, steps // 10) if steps else 10,
     )
+    tune_steps, tune_seconds = getattr(args, "tune_steps", 0), getattr(args, "tune_seconds", 0.0)
+    if tune_steps < 0 or tune_seconds < 0:
+        raise InvalidInput("--tune-steps and --tune-seconds must be >= 0")
+    tune = None
+    if tune_steps or tune_seconds:
+        from leechq.quant.tune import TuneConfig
+
+        tune = TuneConfig(steps=tune_steps, time_budget_s=tune_seconds or 600.0)
     recipe = resolve_recipe(
-        "full", args.target_bpp, row_scales=rows, device="cuda" if device == "cuda" else "cpu"
+        "full", args.target_bpp, row_scales=rows, tune=tune,
+        device="cuda" if device == "cuda" else "cpu",
     )
     n_calib = -(-args.calib_tokens // args.window)
     n_train = args.train_tokens // args.window
@@ -193,6 +202,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         sensitivity_windows=sens,
         monitor_windows=monitor,
         checkpoint_dir=out.with_name(out.name + ".rows-ckpt"),
+        tune_checkpoint_dir=out.with_name(out.name + ".tune-ckpt"),
+        progress=True,
     )
     for step in result.metadata["steps"]:
         print(f"[quantize] step {step['step']}: {step['seconds']:.1f} s", file=sys.stderr)
@@ -209,6 +220,10 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         print(
             "[quantize] row scales: " + ", ".join(f"{k} {rs.get(k)}" for k in keys), file=sys.stderr
         )
+    if "tune" in result.metadata:
+        tn = result.metadata["tune"]
+        keys = ["steps", "best_step", "seconds", "monitor_kl_before", "monitor_kl_after"]
+        print("[quantize] tune: " + ", ".join(f"{k} {tn.get(k)}" for k in keys), file=sys.stderr)
     base = loaded.model.config.to_dict()
     base.pop("quantization_config", None)
     path = result.write(out, base_config=base, tokenizer=loaded.tokenizer, overwrite=args.force)
@@ -216,6 +231,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
 
     shutil.rmtree(encode_ckpt, ignore_errors=True)
     shutil.rmtree(out.with_name(out.name + ".rows-ckpt"), ignore_errors=True)
+    shutil.rmtree(out.with_name(out.name + ".tune-ckpt"), ignore_errors=True)
     return path
 
 

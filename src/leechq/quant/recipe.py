@@ -16,9 +16,13 @@ hard-coded string):
 3. **tables** (docs/format.md §3) — group-affine 4- or 8-bit token embedding (group 64, f16 scale
    and offset) and
    a separate width for an untied head; a tied head is one table, stored once;
-4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
-   into the f64 row
-   scales (:mod:`leechq.quant.row_scales`).
+4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded into the f64 row
+   scales (:mod:`leechq.quant.row_scales`);
+5. **tune** (optional) — every continuous stored number (row scales, gain centroids, int4 and table
+   scales/offsets, norm weights, biases) trained end to end by KL to the teacher, the held-out
+   monitor keeping the best state (:mod:`leechq.quant.tune`).
+
+Every step shows a progress bar with a time estimate (tqdm) when ``progress`` is on.
 
 The planned accounting (whole-model bits per parameter, rule 2 of docs/format.md §4) comes from
 :mod:`leechq.formats.accounting`; the written artifact's three rates come from
@@ -57,6 +61,7 @@ from leechq.quant.row_scales import (
     train_row_scales,
 )
 from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
+from leechq.quant.tune import TuneConfig, set_raw, tune_model
 
 log = logging.getLogger("leechq.quant")
 
@@ -83,6 +88,7 @@ class Recipe:
             bought from the same budget when its measured gain per bit is better.
         table_group: group size of the embedding/head tables.
         row_scales: step 4 settings (None skips the step).
+        tune: step 5 settings (None skips the step).
         sensitivity_windows: calibration windows used to measure step 2's gains.
         sensitivity_window_len: tokens per sensitivity window.
         device: "auto" (CUDA when present), "cpu" or "cuda": where steps 2 and 4 run.
@@ -100,6 +106,7 @@ class Recipe:
     table_upgrades: bool = False
     table_group: int = 64
     row_scales: RowScaleConfig | None = None
+    tune: TuneConfig | None = None
     sensitivity_windows: int = 4
     sensitivity_window_len: int = 256
     device: str = "auto"
@@ -141,6 +148,8 @@ class Recipe:
             out.append("tables")
         if self.row_scales is not None:
             out.append("row_scales")
+        if self.tune is not None:
+            out.append("tune")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +157,7 @@ class Recipe:
         out = dataclasses.asdict(self)
         out["forced_int4"] = list(self.forced_int4)
         out["row_scales"] = None if self.row_scales is None else self.row_scales.to_dict()
+        out["tune"] = None if self.tune is None else self.tune.to_dict()
         out["steps"] = self.steps
         out["schema"] = RECIPE_SCHEMA
         return out
@@ -162,6 +172,8 @@ class Recipe:
         rs = data.get("row_scales")
         if rs is not None:
             data["row_scales"] = RowScaleConfig.from_dict(rs)
+        if data.get("tune") is not None:
+            data["tune"] = TuneConfig.from_dict(data["tune"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> Recipe:
@@ -191,6 +203,15 @@ class Recipe:
             parts.append(
                 f"row scales by KL (AdamW lr {rs.lr:g}, warm-up {rs.warmup_steps}, cosine to "
                 f"{rs.final_lr_fraction:g}, batch {rs.batch}, {steps})"
+            )
+        if self.tune is not None:
+            tc = self.tune
+            steps = f"{tc.steps} steps" if tc.steps else f"{tc.time_budget_s:g} s budget"
+            teacher = f"teacher top-{tc.teacher_topk}" if tc.teacher_topk else "full teacher"
+            parts.append(
+                f"end-to-end tuning of {', '.join(tc.groups)} by KL ({teacher}, AdamW lr "
+                f"{tc.lr:g}, batch {tc.batch}, {steps}, held-out monitor every "
+                f"{tc.monitor_every} steps)"
             )
         return "; ".join(parts)
 
@@ -415,8 +436,10 @@ def run_recipe(
     monitor_windows: torch.Tensor | None = None,
     dense_projections: Sequence[str] = (),
     checkpoint_dir: Any = None,
+    tune_checkpoint_dir: Any = None,
     student: nn.Module | None = None,
     encoded: Any = None,
+    progress: bool = False,
 ) -> RecipeResult:
     """Run ``recipe`` on ``reference`` (left unchanged) and return the quantized model and records.
 
@@ -438,8 +461,10 @@ def run_recipe(
         dense_projections: raw projection tensors of a partial-depth run (accounting only, see
             :func:`projected_bits`).
         checkpoint_dir: directory for the row-scale checkpoint (resumable).
+        tune_checkpoint_dir: directory for the tuning checkpoint (resumable).
         student, encoded: a model already encoded with ``base_config`` (+ forced int4) and the
             ``quantize_fn`` result that made it, to skip the first encode (benchmarks reuse one).
+        progress: tqdm bars (with time estimates) for the sensitivity, row-scale and tuning steps.
 
     Returns:
         :class:`RecipeResult`.
@@ -448,8 +473,8 @@ def run_recipe(
         raise InvalidInput("run_recipe: the encoder must keep the tables (tables are step 3)")
     if recipe.int4_selection and sensitivity_windows is None:
         raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
-    if recipe.row_scales is not None and train_windows is None:
-        raise InvalidInput("run_recipe: row-scale training needs train_windows")
+    if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
+        raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
     log.info("leechq %s", recipe.describe())
     steps: list[dict[str, Any]] = []
@@ -499,7 +524,8 @@ def run_recipe(
                     swaps[module] = up.dequantize(torch.float32)
         sens_model = _placed(student, device, dtype)
         teacher = _placed(reference, device, dtype)
-        measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps)
+        measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps,
+                                 progress=progress)
         del sens_model, teacher
         planned_raw = {**raw, **tables}
         plan_bits = projected_bits(records, planned_raw, dense_projections)
@@ -583,7 +609,7 @@ def run_recipe(
         teacher = _placed(reference, device, dtype)
         result = train_row_scales(
             train_model, teacher, records, train_windows, recipe.row_scales,
-            checkpoint_dir=checkpoint_dir, monitor_windows=monitor_windows,
+            checkpoint_dir=checkpoint_dir, monitor_windows=monitor_windows, progress=progress,
         )
         del teacher
         records.update(result.records)
@@ -594,6 +620,26 @@ def run_recipe(
         meta["row_scales"]["device"] = str(device)
         meta["row_scales"]["dtype"] = str(dtype).replace("torch.", "")
         steps.append({"step": "row_scales", "seconds": time.perf_counter() - t0})
+
+    # 5. end-to-end tuning (the student in f32 on the device; bf16 autocast there on CUDA)
+    if recipe.tune is not None:
+        t0 = time.perf_counter()
+        train_model = _placed(student, device, torch.float32)
+        stored_raw = {n: t for n, t in raw.items() if n not in tied}
+        result = tune_model(
+            train_model, _placed(reference, device, dtype), records, stored_raw, train_windows,
+            recipe.tune, monitor_windows=monitor_windows, checkpoint_dir=tune_checkpoint_dir,
+            progress=progress,
+        )
+        records.update(result.records)
+        raw.update(result.raw)
+        if train_model is not student:
+            set_module_weights(student, result.records)
+            set_raw(student, result.raw)
+        meta["tune"] = result.summary()
+        meta["tune"]["train_windows"] = list(train_windows.shape)
+        meta["tune"]["device"] = str(device)
+        steps.append({"step": "tune", "seconds": time.perf_counter() - t0})
 
     final = projected_bits(records, raw, dense_projections)
     meta["whole_model_bits_per_param"] = final.bits_per_param

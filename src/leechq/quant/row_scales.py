@@ -139,8 +139,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def learning_rate(step: int, total_steps: int, config: RowScaleConfig) -> float:
+def learning_rate(step: int, total_steps: int, config: Any) -> float:
     """Learning rate of optimizer step ``step`` (0-based) of ``total_steps``.
+
+    ``config`` is any settings object with ``lr``, ``warmup_steps`` and ``final_lr_fraction``
+    (:class:`RowScaleConfig`, :class:`leechq.quant.tune.TuneConfig`).
 
     Linear warm-up ``lr·(step+1)/warmup`` over the first ``warmup_steps`` steps, then a cosine from
     ``lr`` down to ``final_lr_fraction·lr`` reached at the last step.
@@ -208,7 +211,7 @@ def kl_loss(
             f"teacher logits {tuple(teacher_logits.shape)} and student logits "
             f"{tuple(student_logits.shape)} differ in shape (same vocabulary required)"
         )
-    b, t, v = student_logits.shape
+    b, t, _v = student_logits.shape
     teacher_logits = teacher_logits.to(student_logits.device)
     total = student_logits.new_zeros((), dtype=torch.float32)
     for s in range(0, t, chunk):
@@ -576,12 +579,16 @@ def batch_at(windows: torch.Tensor, step: int, batch: int, seed: int) -> torch.T
 
     Deterministic in (windows, step, batch, seed), so a resumed run sees the same data.
     """
-    n = windows.shape[0]
+    return windows[batch_indices(windows.shape[0], step, batch, seed)]
+
+
+def batch_indices(n: int, step: int, batch: int, seed: int) -> list[int]:
+    """Indices into ``n`` windows of optimizer step ``step`` (the rule of :func:`batch_at`)."""
     idx = []
     for k in range(step * batch, (step + 1) * batch):
         epoch, pos = divmod(k, n)
         idx.append(int(_window_order(n, seed, epoch)[pos]))
-    return windows[idx]
+    return idx
 
 
 @torch.no_grad()
@@ -620,6 +627,7 @@ def train_row_scales(
     monitor_windows: torch.Tensor | None = None,
     keep_checkpoint: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    progress: bool = False,
 ) -> RowScaleResult:
     """Train λ of every lattice record of ``student`` against ``teacher``; fold it back.
 
@@ -636,7 +644,8 @@ def train_row_scales(
         checkpoint_dir: resumable run directory; removed after success unless ``keep_checkpoint``.
         monitor_windows: int64 [M, T'] fixed windows on which KL is measured before and after.
         keep_checkpoint: keep the checkpoint directory after success.
-        on_step: called as ``on_step(step, loss)`` after each optimizer step (tests, progress).
+        on_step: called as ``on_step(step, loss)`` after each optimizer step (tests).
+        progress: show a tqdm bar with a time estimate.
 
     Returns:
         :class:`RowScaleResult`.
@@ -711,6 +720,12 @@ def train_row_scales(
             }
             log.info("row scales: probe %.3f s/step → %d steps", per_step, total_steps)
 
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_steps, initial=start_step, desc="row scales", unit="step",
+                       dynamic_ncols=True)
         t_loop = time.perf_counter()
         for step in range(start_step, total_steps):
             lr = learning_rate(step, total_steps, config)
@@ -726,6 +741,9 @@ def train_row_scales(
             history.append(float(loss.detach()))
             if on_step is not None:
                 on_step(step, history[-1])
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(kl=f"{history[-1]:.4f}")
             done = step + 1
             if ckpt is not None and (
                 done == total_steps
@@ -736,6 +754,8 @@ def train_row_scales(
                     "optimizer": optimizer.state_dict(),
                     "history": history,
                 })
+        if bar is not None:
+            bar.close()
         loop_steps = total_steps - start_step
         per_step = (time.perf_counter() - t_loop) / max(1, loop_steps)
         factors = {n: w.scale.detach().cpu().clone() for n, w in wrappers.items()}

@@ -7,11 +7,14 @@ choice is measured and recorded:
 
 * **sensitivity** (:func:`measure_swaps`): with the model in a base state (e.g. every projection on
   the lattice), one matrix at a time is swapped to an alternative dense weight (e.g. its int4
-  decode), the mean KL(teacher ‖ model) over fixed *calibration* windows is measured, and the
-  matrix is swapped back. ``gain = KL(base) − KL(swapped)`` is the output-error reduction of that
-  one change, with every other matrix as it will be served ("restore" mode). The same function
-  measures the converse ("isolate" mode: base = the reference, swap = the lattice decode, and
-  ``−gain`` is the KL one quantized matrix causes). Never run it on the evaluation split.
+  decode) and the mean KL(teacher ‖ model) over fixed *calibration* windows is measured. The
+  probes are batched: several candidates share one forward, each on its own copy of the windows
+  (a forward hook recomputes that copy's rows of the candidate's module with the swapped weight),
+  so the model's weights are never modified. ``gain = KL(base) − KL(swapped)`` is the
+  output-error reduction of that one change, with every other matrix as it will be served
+  ("restore" mode). The same function measures the converse ("isolate" mode: base = the
+  reference, swap = the lattice decode, and ``−gain`` is the KL one quantized matrix causes).
+  Never run it on the evaluation split.
 * **selection** (:func:`select_under_budget`): greedy by ``gain / extra_bits`` (extra served bits
   of the int4 record over the lattice one), skipping non-positive gains, until the budget is spent.
   Gains are treated as additive — an approximation the held-out evaluation of the chosen set checks.
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import InvalidInput
@@ -123,15 +127,122 @@ def teacher_logits_cache(
     return out
 
 
+def _users(model: nn.Module, param: torch.Tensor) -> list[nn.Module]:
+    """Every module of ``model`` whose ``weight`` is ``param`` (a tied head and its embedding)."""
+    return [m for _, m in model.named_modules(remove_duplicate=False)
+            if getattr(m, "weight", None) is param]
+
+
+def _row_hook(rows: slice, weight: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """A forward hook that recomputes rows ``rows`` of a Linear/Embedding output with ``weight``."""
+
+    def hook(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        x = args[0][rows]
+        if isinstance(module, nn.Embedding):
+            alt = F.embedding(x, weight, module.padding_idx)
+        else:
+            alt = F.linear(x, weight, getattr(module, "bias", None))
+        out = out.clone()
+        out[rows] = alt.to(out.dtype)
+        return out
+
+    return hook
+
+
+def _layer_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The model's longest ``nn.ModuleList`` (its decoder layers), or None."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) > (len(best[1]) if best else 1):
+            best = (name, m)
+    return best
+
+
+def _repeat(out: Any, times: int) -> Any:
+    if times == 1:
+        return out
+    if isinstance(out, torch.Tensor):
+        return out.repeat(times, *([1] * (out.dim() - 1)))
+    return (_repeat(out[0], times), *out[1:])
+
+
+class _Replay(nn.Module):
+    """Stands in for a decoder layer: returns that layer's recorded output for the current batch
+    (the probes of a matrix in layer ℓ replay layers 0..ℓ-1, which the swap cannot change)."""
+
+    def __init__(self, layer: nn.Module, outputs: list[Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_layer", layer)
+        self.outputs = outputs
+        self.batch = 0
+        self.times = 1
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:  # attributes the parent model reads (e.g. attention_type)
+            return getattr(object.__getattribute__(self, "_layer"), name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return _repeat(self.outputs[self.batch], self.times)
+
+
 @torch.no_grad()
-def _kl(
-    model: Any, windows: torch.Tensor, cache: list[torch.Tensor], batch: int, chunk: int
-) -> float:
-    total = 0.0
-    for i, start in enumerate(range(0, windows.shape[0], batch)):
-        ids = windows[start : start + batch]
-        total += float(kl_loss(cache[i], model_logits(model, ids), chunk=chunk)) * ids.shape[0]
-    return total / windows.shape[0]
+def _pass_kl(
+    model: nn.Module,
+    windows: torch.Tensor,
+    cache: list[torch.Tensor],
+    batch: int,
+    chunk: int,
+    group: Sequence[tuple[list[nn.Module], torch.Tensor] | None],
+    stack: nn.ModuleList | None = None,
+    recorded: list[list[Any]] | None = None,
+    skip: int = 0,
+) -> list[float]:
+    """Mean KL of each entry of ``group`` (None = the model as it is), all in the same forwards:
+    the windows are repeated once per entry and each entry's rows see only its own swap.
+
+    With ``stack`` (the decoder layers): ``skip > 0`` replays the first ``skip`` layers from
+    ``recorded`` (per layer, per batch); ``skip == 0`` with an empty ``recorded`` records them.
+    """
+    n_rows = len(group)
+    totals = [0.0] * n_rows
+    replays: list[_Replay] = []
+    record = stack is not None and recorded is not None and skip == 0 and not recorded[0]
+    if stack is not None and recorded is not None and skip > 0:
+        for j in range(skip):
+            replays.append(_Replay(stack[j], recorded[j]))
+            stack[j] = replays[-1]
+    try:
+        for i, start in enumerate(range(0, windows.shape[0], batch)):
+            ids = windows[start : start + batch]
+            b = ids.shape[0]
+            for r in replays:
+                r.batch, r.times = i, n_rows
+            handles = []
+            try:
+                for j, entry in enumerate(group):
+                    if entry is None:
+                        continue
+                    users, w = entry
+                    for m in users:
+                        hook = _row_hook(slice(j * b, (j + 1) * b), w)
+                        handles.append(m.register_forward_hook(hook))
+                if record:
+                    for j, layer in enumerate(stack):
+                        handles.append(layer.register_forward_hook(
+                            lambda mod, args, out, j=j: recorded[j].append(out)))
+                logits = model_logits(model, ids.repeat(n_rows, 1))
+            finally:
+                for h in handles:
+                    h.remove()
+            for j in range(n_rows):
+                part = logits[j * b : (j + 1) * b]
+                totals[j] += float(kl_loss(cache[i], part, chunk=chunk)) * b
+    finally:
+        for j, r in enumerate(replays):
+            stack[j] = object.__getattribute__(r, "_layer")
+    return [t / windows.shape[0] for t in totals]
 
 
 def measure_swaps(
@@ -140,29 +251,43 @@ def measure_swaps(
     windows: torch.Tensor,
     swaps: Mapping[str, torch.Tensor],
     *,
-    batch: int = 1,
+    batch: int | None = None,
+    swaps_per_pass: int | None = None,
+    max_logit_bytes: int = 1 << 29,
     chunk: int = 256,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: bool = False,
 ) -> dict[str, SwapMeasurement]:
     """Mean KL to the teacher with each matrix of ``swaps`` swapped in alone.
 
+    The probes are batched: each forward carries ``batch`` windows once per candidate of a group
+    of ``swaps_per_pass`` candidates, and a forward hook on each candidate's module (on every
+    module sharing its weight: a tied head too) recomputes only that candidate's rows with the
+    swapped weight. The model's weights are never modified. The base pass records the output of
+    every decoder layer (the model's longest ``nn.ModuleList``); a probe of a matrix in layer ℓ
+    replays layers 0..ℓ-1 from that record instead of computing them.
+
     Args:
-        model: the model in its base state (left unchanged on return, also on error).
+        model: the model in its base state (unchanged on return).
         teacher: the reference model.
         windows: int64 [N, T] calibration windows (never the evaluation split).
-        swaps: module name → dense weight [d_out, d_in] to try in place of that module's weight.
-        batch: windows per forward.
+        swaps: module name → dense weight (shape of that module's weight) to try in its place;
+            the module must be an ``nn.Linear`` or ``nn.Embedding``.
+        batch: windows per forward (None: all of them).
+        swaps_per_pass: candidates per forward (None: as many as keep the logits of one forward
+            within ``max_logit_bytes`` in f32, at most 8).
+        max_logit_bytes: the logits budget of one forward when ``swaps_per_pass`` is None.
         chunk: positions per KL chunk.
-        progress: called as ``progress(i, n, name)`` before each measurement.
+        progress: show a tqdm bar with a time estimate.
 
     Returns:
-        name → :class:`SwapMeasurement` (same order as ``swaps``).
+        name → :class:`SwapMeasurement` (same order as ``swaps``); ``seconds`` is the candidate's
+        share of its pass.
     """
     if windows.dim() != 2 or windows.dtype != torch.int64:
         raise InvalidInput(
             f"windows must be int64 [N, T], got {windows.dtype} {list(windows.shape)}"
         )
-    modules = {}
+    entries: dict[str, tuple[list[nn.Module], torch.Tensor]] = {}
     for name, w in swaps.items():
         module = model.get_submodule(name)
         weight = getattr(module, "weight", None)
@@ -171,25 +296,56 @@ def measure_swaps(
                 f"swap for {name}: module weight {None if weight is None else list(weight.shape)}"
                 f" vs swap {list(w.shape)}"
             )
-        modules[name] = module
+        users = _users(model, weight)
+        bad = [type(m).__name__ for m in users if not isinstance(m, (nn.Linear, nn.Embedding))]
+        if bad:
+            raise InvalidInput(f"swap for {name}: its weight is used by {bad} (Linear/Embedding "
+                               "only)")
+        entries[name] = (users, w.to(device=weight.device, dtype=weight.dtype))
+    batch = windows.shape[0] if batch is None else max(1, int(batch))
     cache = teacher_logits_cache(teacher, windows, batch)
-    base = _kl(model, windows, cache, batch, chunk)
-    out: dict[str, SwapMeasurement] = {}
-    for i, (name, w) in enumerate(swaps.items()):
-        if progress is not None:
-            progress(i, len(swaps), name)
-        weight = modules[name].weight
-        saved = weight.detach().clone()
-        t0 = time.perf_counter()
-        try:
-            with torch.no_grad():
-                weight.copy_(w.to(device=weight.device, dtype=weight.dtype))
-            swapped = _kl(model, windows, cache, batch, chunk)
-        finally:
-            with torch.no_grad():
-                weight.copy_(saved)
-        out[name] = SwapMeasurement(name, base, swapped, time.perf_counter() - t0)
-        log.info("sensitivity %s: KL %.5f -> %.5f", name, base, swapped)
+    if swaps_per_pass is None:
+        per_copy = 4 * batch * windows.shape[1] * (cache[0].shape[-1] if cache else 1)
+        swaps_per_pass = max(1, min(8, max_logit_bytes // max(1, per_copy)))
+    names = list(entries)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(names), desc="int4 sensitivity", unit="matrix", dynamic_ncols=True)
+    found = _layer_stack(model)
+    stack = found[1] if found is not None else None
+    recorded: list[list[Any]] | None = [[] for _ in stack] if stack is not None else None
+
+    def layer_of(name: str) -> int:
+        if found is None:
+            return 0
+        head = found[0] + "." if found[0] else ""
+        rest = name[len(head):] if name.startswith(head) else ""
+        idx = rest.split(".", 1)[0]
+        return int(idx) if idx.isdigit() and int(idx) < len(stack) else 0
+
+    layer = {n: layer_of(n) for n in names}
+    order = sorted(names, key=lambda n: layer[n])  # groups of similar depth skip the most
+    done: dict[str, SwapMeasurement] = {}
+    try:
+        base = _pass_kl(model, windows, cache, batch, chunk, [None], stack, recorded)[0]
+        for g0 in range(0, len(order), swaps_per_pass):
+            group = order[g0 : g0 + swaps_per_pass]
+            skip = min(layer[n] for n in group) if stack is not None else 0
+            t0 = time.perf_counter()
+            kls = _pass_kl(model, windows, cache, batch, chunk, [entries[n] for n in group],
+                           stack, recorded, skip)
+            share = (time.perf_counter() - t0) / len(group)
+            for name, kl in zip(group, kls, strict=True):
+                done[name] = SwapMeasurement(name, base, kl, share)
+                log.info("sensitivity %s: KL %.5f -> %.5f", name, base, kl)
+            if bar is not None:
+                bar.update(len(group))
+    finally:
+        if bar is not None:
+            bar.close()
+    out = {n: done[n] for n in names}
     return out
 
 

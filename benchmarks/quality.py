@@ -1,0 +1,366 @@
+"""Quality report: each model × arm on two held-out sets, with paired bootstrap intervals.
+
+Arms (each a model that maps ids to logits, with its whole-model bits per parameter, rule 2):
+
+* ``bare``       every block projection on the lattice (the encoder's defaults);
+* ``full``       the full recipe at ``--target-bpp`` (int4 by sensitivity, 4/8-bit tables, row
+                 scales; :mod:`leechq.quant.recipe`);
+* ``full+tune``  the full recipe plus the end-to-end tuning step (:mod:`leechq.quant.tune`);
+* ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
+  ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports).
+
+Held-out sets (never used by any choice or training step): ``in-domain`` is the evaluation split of
+the calibration corpus (``--in-domain``, default ``pydoc``: the Python documentation, whose
+calibration split every arm calibrates and trains on); ``unseen`` is a corpus calibration never
+saw (``--unseen-domain``, default ``wikitext2``: English Wikipedia prose; needs ``datasets`` and
+its data; ``c4`` is the other choice).
+
+Measures per set: perplexity ratio to the reference, KL(reference ‖ arm) per predicted token,
+greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (default ``full``) with a
+95 % paired bootstrap interval over windows (``--boot`` resamples; the same windows for both arms).
+
+Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
+skipped with a message when matplotlib is not installed), and one JSON line (the last line).
+
+``--tiny``: a random 2-layer Llama (hidden 192, vocab 512) and two synthetic token streams as the
+two "domains", quantized with the test suite's stand-in direction codebook
+(``tests/quant/standin_codebook.py``) so that the whole report runs in about a minute on a CPU: it
+checks the pipeline, not the quality of the lattice.
+
+Usage: ``python benchmarks/quality.py --tiny`` or ``python benchmarks/quality.py --models
+smollm2-135m --device cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# measures
+
+
+@torch.no_grad()
+def per_window(model: Any, reference_logits: list[torch.Tensor], ids: torch.Tensor
+               ) -> dict[str, list[float]]:
+    """Per window: summed NLL, summed KL(ref ‖ model), agreeing positions, positions.
+
+    ``reference_logits``: one [1, T, V] tensor per window (CPU, f32).
+    """
+    from leechq.eval.agreement import agreement_counts
+    from leechq.eval.kl import kl_of_logits
+    from leechq.eval.ppl import window_nll
+    from leechq.quant.row_scales import model_logits
+
+    out: dict[str, list[float]] = {"nll": [], "kl": [], "agree": [], "n": []}
+    for i in range(ids.shape[0]):
+        w = ids[i : i + 1]
+        logits = model_logits(model, w).float().cpu()
+        kl, _ = kl_of_logits(reference_logits[i], logits)
+        a, n = agreement_counts(reference_logits[i], logits)
+        out["nll"].append(float(window_nll(logits, w)[0]))
+        out["kl"].append(float(kl.sum()))
+        out["agree"].append(float(a))
+        out["n"].append(float(n))
+    return out
+
+
+def summarize(arm: dict[str, list[float]], ref_nll: list[float]) -> dict[str, float]:
+    """Perplexity ratio, mean KL per token and agreement of per-window sums."""
+    n = sum(arm["n"])
+    return {
+        "ppl_ratio": math.exp((sum(arm["nll"]) - sum(ref_nll)) / n),
+        "kl": sum(arm["kl"]) / n,
+        "agreement": sum(arm["agree"]) / n,
+    }
+
+
+def paired_bootstrap(a: dict[str, list[float]], b: dict[str, list[float]], ref_nll: list[float],
+                     boot: int, seed: int = 0) -> dict[str, list[float]]:
+    """95 % intervals of ``summarize(a) − summarize(b)`` over windows resampled with replacement
+    (the same resample for both arms: paired)."""
+    g = torch.Generator().manual_seed(seed)
+    m = len(ref_nll)
+    diffs: dict[str, list[float]] = {"ppl_ratio": [], "kl": [], "agreement": []}
+    for _ in range(boot):
+        idx = torch.randint(0, m, (m,), generator=g).tolist()
+
+        def take(d: dict[str, list[float]], idx: list[int] = idx) -> dict[str, list[float]]:
+            return {k: [v[i] for i in idx] for k, v in d.items()}
+
+        ref = [ref_nll[i] for i in idx]
+        sa, sb = summarize(take(a), ref), summarize(take(b), ref)
+        for k in diffs:
+            diffs[k].append(sa[k] - sb[k])
+    out = {}
+    for k, v in diffs.items():
+        v.sort()
+        out[k] = [v[int(0.025 * (len(v) - 1))], v[int(0.975 * (len(v) - 1))]]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# models, data and arms
+
+
+def tiny_setup(args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor], dict[str, Any]]:
+    """The ``--tiny`` reference, its two synthetic domains and the calibration roles."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(ROOT / "tests" / "quant"))
+    from standin_codebook import register
+
+    args.codebook = register()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=192, intermediate_size=384,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+
+    def stream(seed: int, n: int, t: int) -> torch.Tensor:  # a different bigram walk per domain
+        g = torch.Generator().manual_seed(seed)
+        step = torch.randint(1, 9, (512,), generator=g)
+        ids = torch.empty(n, t, dtype=torch.int64)
+        ids[:, 0] = torch.randint(0, 512, (n,), generator=g)
+        for j in range(1, t):
+            jump = torch.randint(0, 4, (n,), generator=g) == 0
+            ids[:, j] = torch.where(jump, torch.randint(0, 512, (n,), generator=g),
+                                    (ids[:, j - 1] + step[ids[:, j - 1]]) % 512)
+        return ids
+
+    w = args.window
+    calib = stream(1, 64, w)
+    roles = {"calib": calib[:8], "sens": calib[8:10], "train": calib[10:26],
+             "monitor": calib[26:28]}
+    sets = {"in-domain": stream(2, args.windows, w), "unseen": stream(3, args.windows, w)}
+    return model, sets, roles
+
+
+def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor],
+                                                              dict[str, Any]]:
+    """A zoo/HF model, its two held-out sets and the calibration roles (calibration split)."""
+    from leechq.data import calibration_text, consecutive_windows, token_windows
+    from leechq.data.corpus import load_text
+    from leechq.models.hf_load import load_model
+
+    loaded = load_model(name, device="cpu", dtype="float32")
+    tok = loaded.tokenizer
+    w = args.window
+    n_calib = -(-args.calib_tokens // w)
+    (calib, sens, train, monitor), _ = consecutive_windows(
+        tok, calibration_text(), [(n_calib, w), (4, 256), (args.train_tokens // w, w), (2, w)],
+        source="pydoc:calibration")
+    in_split = "evaluation"
+    unseen_split = "test" if args.unseen_domain == "wikitext2" else "evaluation"
+    sets = {
+        "in-domain": token_windows(tok, load_text(args.in_domain, in_split), args.windows, w).ids,
+        "unseen": token_windows(tok, load_text(args.unseen_domain, unseen_split), args.windows,
+                                w).ids,
+    }
+    roles = {"calib": calib, "sens": sens, "train": train, "monitor": monitor}
+    loaded.model.eval()
+    return loaded.model, sets, roles
+
+
+def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
+                wanted: list[str]) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+    """The bare / full / full+tune arms: name → (model, bits per parameter, details)."""
+    from leechq.config import QuantConfig
+    from leechq.formats.accounting import whole_model_bits
+    from leechq.models.arch import arch_of
+    from leechq.models.quantize import quantize_model_in_place
+    from leechq.quant.recipe import resolve_recipe, run_recipe
+    from leechq.quant.row_scales import RowScaleConfig
+    from leechq.quant.tune import TuneConfig
+
+    calib = roles["calib"]
+    cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
+                      calib_window_len=calib.shape[1], device=args.device)
+
+    def encode(model: Any, windows: torch.Tensor, config: Any) -> Any:
+        return quantize_model_in_place(model, windows, config, progress=not args.tiny)
+
+    out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
+    t0 = time.perf_counter()
+    student = copy.deepcopy(reference)
+    enc = encode(student, calib, cfg)
+    bare_bits = whole_model_bits(enc.records, enc.raw).bits_per_param
+    if "bare" in wanted:
+        out["bare"] = (student, bare_bits, {"seconds": time.perf_counter() - t0})
+    arch = arch_of(reference)
+    head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
+    rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
+                          lr=2e-3)
+    for name in ("full", "full+tune"):
+        if name not in wanted:
+            continue
+        tune = (TuneConfig(steps=args.tune_steps, warmup_steps=max(1, args.tune_steps // 10),
+                           lr=2e-3, monitor_every=max(1, args.tune_steps // 10))
+                if name == "full+tune" else None)
+        recipe = resolve_recipe("full", args.target_bpp, row_scales=rows, tune=tune,
+                                sensitivity_windows=roles["sens"].shape[0],
+                                sensitivity_window_len=roles["sens"].shape[1],
+                                device=args.device)
+        t0 = time.perf_counter()
+        res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
+                         embed_name=f"{arch.embed_path}.weight", head_name=head,
+                         train_windows=roles["train"], sensitivity_windows=roles["sens"],
+                         monitor_windows=roles["monitor"], student=copy.deepcopy(student),
+                         encoded=enc, progress=not args.tiny)
+        detail = {"seconds": time.perf_counter() - t0,
+                  "int4": len(res.metadata.get("selection", {}).get("int4", []))}
+        if "tune" in res.metadata:
+            detail["tune_best_step"] = res.metadata["tune"]["best_step"]
+        out[name] = (res.model, res.metadata["whole_model_bits_per_param"], detail)
+    return out
+
+
+def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
+                  wanted: list[str]) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+    """RTN / GPTQ / HQQ at each of ``--bits`` (group ``--group``)."""
+    from leechq.eval.baselines import gptq_model, hqq_available, hqq_model, rtn_model
+
+    out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
+    for kind in ("rtn", "gptq", "hqq"):
+        if kind not in wanted:
+            continue
+        if kind == "hqq" and not hqq_available():
+            print("note: hqq is not installed; the HQQ arms are skipped", file=sys.stderr)
+            continue
+        for bits in args.bits:
+            if kind == "rtn":
+                res = rtn_model(reference, bits=bits, group=args.group)
+            elif kind == "gptq":
+                res = gptq_model(reference, roles["calib"], bits=bits, group=args.group)
+            else:
+                res = hqq_model(reference, bits=bits, group=args.group)
+            out[f"{kind}-{bits}"] = (res.model, res.accounting.bits_per_param,
+                                     {"seconds": res.seconds})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# report
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> str:
+    """Perplexity ratio and KL vs bits per parameter, one panel each, both sets; or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "ppl_ratio", "perplexity / reference"),
+                           (axes[1], "kl", "KL(reference || arm), nats/token")):
+        for dset, marker in (("in-domain", "o"), ("unseen", "s")):
+            for r in rows:
+                if r["set"] != dset:
+                    continue
+                ax.scatter(r["bpp"], r[key], marker=marker,
+                           color="C0" if r["arm"].startswith(("bare", "full")) else "C1")
+                ax.annotate(f"{r['model']}:{r['arm']}", (r["bpp"], r[key]), fontsize=6)
+        ax.set_xlabel("whole-model bits per parameter")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+    fig.suptitle("leechq (blue) vs scalar baselines (orange); o in-domain, s unseen domain")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    return f"wrote {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="random tiny model, synthetic domains")
+    ap.add_argument("--models", default="smollm2-135m", help="comma-separated models")
+    ap.add_argument("--arms", default="bare,full,full+tune,rtn,gptq,hqq")
+    ap.add_argument("--bits", default="2,3,4", help="baseline bits")
+    ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--codebook", default="tetra")
+    ap.add_argument("--target-bpp", type=float, default=2.7)
+    ap.add_argument("--in-domain", default="pydoc")
+    ap.add_argument("--unseen-domain", default="wikitext2", choices=("wikitext2", "c4"))
+    ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--calib-tokens", type=int, default=32768)
+    ap.add_argument("--train-tokens", type=int, default=32768)
+    ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
+    ap.add_argument("--tune-steps", type=int, default=200)
+    ap.add_argument("--compare-to", default="full")
+    ap.add_argument("--boot", type=int, default=1000)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--plot", default=None,
+                    help="plot path [default: docs/quality.png; none with --tiny]")
+    args = ap.parse_args(argv)
+    args.bits = [int(b) for b in args.bits.split(",") if b]
+    wanted = [a for a in args.arms.split(",") if a]
+    if args.tiny:
+        args.windows, args.window = min(args.windows, 8), 64
+        args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)
+        args.boot = min(args.boot, 200)
+        models = ["tiny"]
+    else:
+        models = [m for m in args.models.split(",") if m]
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    intervals: list[dict[str, Any]] = []
+    for mname in models:
+        reference, sets, roles = tiny_setup(args) if args.tiny else real_setup(mname, args)
+        arms = leechq_arms(reference, roles, args, wanted)
+        arms.update(baseline_arms(reference, roles, args, wanted))
+        for dset, ids in sets.items():
+            ref_logits = [reference(input_ids=ids[i : i + 1], use_cache=False).logits.float()
+                          .detach() for i in range(ids.shape[0])]
+            from leechq.eval.ppl import window_nll
+
+            ref_nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
+            measured = {a: per_window(m, ref_logits, ids) for a, (m, _, _) in arms.items()}
+            for arm, (_, bpp, detail) in arms.items():
+                rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
+                             **summarize(measured[arm], ref_nll), **detail})
+                if arm != args.compare_to and args.compare_to in measured:
+                    intervals.append({
+                        "model": mname, "set": dset, "arm": arm, "vs": args.compare_to,
+                        "ci95": paired_bootstrap(measured[arm], measured[args.compare_to],
+                                                 ref_nll, args.boot),
+                    })
+    head = (f"{'model':<14} {'arm':<10} {'set':<10} {'b/param':>7} {'ppl x':>8} {'KL':>8} "
+            f"{'agree':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['model']:<14} {r['arm']:<10} {r['set']:<10} {r['bpp']:>7.3f} "
+              f"{r['ppl_ratio']:>8.3f} {r['kl']:>8.4f} {r['agreement']:>6.3f}")
+    print(f"\npaired bootstrap 95 % intervals of (arm − {args.compare_to}) over windows:")
+    for iv in intervals:
+        ci = iv["ci95"]
+        print(f"  {iv['model']} {iv['set']:<10} {iv['arm']:<10} ppl x [{ci['ppl_ratio'][0]:+.3f}, "
+              f"{ci['ppl_ratio'][1]:+.3f}]  KL [{ci['kl'][0]:+.4f}, {ci['kl'][1]:+.4f}]")
+    if args.plot is None and args.tiny:
+        note = "no plot for --tiny (pass --plot PATH)"
+    else:
+        note = plot(rows, Path(args.plot or ROOT / "docs" / "quality.png"))
+    print(note, file=sys.stderr)
+    print(json.dumps({"rows": rows, "intervals": intervals, "plot": note,
+                      "sets": {"in-domain": "synthetic-a" if args.tiny else args.in_domain,
+                               "unseen": "synthetic-b" if args.tiny else args.unseen_domain},
+                      "seconds": time.perf_counter() - started, "tiny": args.tiny}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""A quantized model made differentiable in every stored continuous number (the codes frozen).
+
+Each quantized linear or table becomes a :class:`ComposedLinear` / :class:`ComposedEmbedding`
+whose weight is composed from frozen parts and trainable factors (see :mod:`leechq.quant.tune` for
+the table of groups); every norm weight gets a factor. The composition is recomputed in the
+backward (:class:`_ComposedOp`), so no weight-sized tensor is kept between forward and backward.
+:func:`fold` turns the factors back into records and raw tensors of the artifact's formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput
+from leechq.formats.artifact import GroupAffine
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.formats.rotation import apply_rotation_transpose
+
+GROUPS = ("row_scales", "centroids", "int4", "tables", "norms", "biases")
+"""The parameter groups, in the order of :mod:`leechq.quant.tune`'s table."""
+
+
+# --------------------------------------------------------------------------------------------------
+# composed weights
+
+
+def centroid_parts(record: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-centroid natural-basis parts of a lattice record.
+
+    Returns:
+        ``(B float32 [n_c, d_out, d_in], T float32 [d_out, d_in] or None)`` with
+        ``Σ_k centroids[k]·B[k] + T`` equal to the record's decode up to f32 rounding; ``B[k]`` is
+        the decode of the blocks whose gain index is ``k`` with ``centroids[k]`` replaced by 1.
+    """
+    rot = record.dequantize_rotated()
+    cut = record.n_blocks * BLOCK
+    gains = record.gains.long().repeat_interleave(BLOCK, dim=1)
+    c = record.centroids
+    parts = []
+    for k in range(c.numel()):
+        part = torch.zeros_like(rot)
+        if float(c[k]) != 0.0:
+            part[:, :cut] = torch.where(gains == k, rot[:, :cut] / c[k], 0.0)
+        parts.append(part)
+    tail = None
+    if record.tail_cols:
+        tail = torch.zeros_like(rot)
+        tail[:, cut:] = rot[:, cut:]
+    if record.rotation is not None:
+        parts = [apply_rotation_transpose(p, record.rotation) for p in parts]
+        tail = None if tail is None else apply_rotation_transpose(tail, record.rotation)
+    stacked = torch.stack(parts).to(torch.float32)
+    return stacked, (None if tail is None else tail.to(torch.float32))
+
+
+class _ComposedOp(torch.autograd.Function):
+    """``op(x, compose())`` whose backward recomposes the weight instead of saving it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, owner: Any, *params: torch.Tensor) -> torch.Tensor:
+        ctx.owner = owner
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            w, b = owner.compose()
+            return owner.op(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors
+        owner = ctx.owner
+        trainable = [p for p in owner.trainable() if p.requires_grad]
+        with torch.enable_grad():
+            w, b = owner.compose()
+        gx, gw, gb = owner.op_backward(x, w.detach(), g)
+        outs = [w] + ([b] if b is not None and b.requires_grad else [])
+        grads = [gw] + ([gb] if b is not None and b.requires_grad else [])
+        pairs = [(o, gr) for o, gr in zip(outs, grads, strict=True) if o.requires_grad]
+        got = (
+            torch.autograd.grad([o for o, _ in pairs], trainable, [gr for _, gr in pairs],
+                                allow_unused=True)
+            if pairs and trainable else [None] * len(trainable)
+        )
+        by_id = {id(p): gr for p, gr in zip(trainable, got, strict=True)}
+        gx = None if gx is None or not ctx.needs_input_grad[0] else gx.to(ctx.x_dtype)
+        return (gx, None, *[by_id.get(id(p)) for p in owner.trainable()])
+
+
+class _Composed(nn.Module):
+    """Base of the composed modules: ``trainable()`` lists every factor in a fixed order."""
+
+    compute_dtype: torch.dtype
+
+    def trainable(self) -> list[torch.Tensor]:
+        return [p for _, p in sorted(self.named_parameters())]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ComposedOp.apply(x, self, *self.trainable())
+
+
+def _affine_factors(module: nn.Module, scales: torch.Tensor, biases: torch.Tensor,
+                    train: bool, device: torch.device) -> None:
+    module.register_buffer("s0", scales.to(device=device, dtype=torch.float32))
+    module.register_buffer("b0", biases.to(device=device, dtype=torch.float32))
+    ones = torch.ones_like(module.s0)
+    zeros = torch.zeros_like(module.s0)
+    if train:
+        module.rho = nn.Parameter(ones)
+        module.delta = nn.Parameter(zeros)
+    else:
+        module.register_buffer("rho", ones)
+        module.register_buffer("delta", zeros)
+
+
+def _affine_compose(m: Any) -> torch.Tensor:
+    s = (m.s0 * m.rho)[:, m.col_group]
+    b = (m.b0 + m.s0 * m.delta)[:, m.col_group]
+    return (s * m.codes.float() + b).reshape(m.dims)
+
+
+def _affine_fold(m: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        s = (m.s0 * m.rho).to(torch.float16).cpu()
+        b = (m.b0 + m.s0 * m.delta).to(torch.float16).cpu()
+    return s, b
+
+
+class ComposedLinear(_Composed):
+    """A linear whose weight is composed from a lattice record, an int4 record or a table.
+
+    Args:
+        source: :class:`QuantizedWeight`, :class:`Int4Weight` or :class:`GroupAffine` (2-D).
+        bias: the linear's bias or None (trainable with ``groups`` ∋ "biases").
+        groups: the trainable groups (see the module docstring).
+        device, compute_dtype: where the frozen parts live and the matmul's dtype.
+    """
+
+    def __init__(self, source: Any, bias: torch.Tensor | None, groups: tuple[str, ...],
+                 device: torch.device, compute_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.compute_dtype = compute_dtype
+        self.source = source
+        if isinstance(source, QuantizedWeight):
+            self.kind = "lattice"
+            self.out_features, self.in_features = source.d_out, source.d_in
+            cent = "centroids" in groups
+            parts, tail = centroid_parts(source)
+            if not cent:  # one part: the lattice decode
+                parts = (parts * source.centroids.to(torch.float32)[:, None, None]).sum(0,
+                                                                                         True)
+            self.register_buffer("parts", parts.to(device=device, dtype=compute_dtype))
+            self.register_buffer("tail", None if tail is None else
+                                 tail.to(device=device, dtype=compute_dtype))
+            c = source.centroids.to(torch.float32) if cent else torch.ones(1)
+            self.register_buffer("c0", c.to(device))
+            if cent:
+                self.gamma = nn.Parameter(torch.ones(c.numel(), device=device))
+            else:
+                self.register_buffer("gamma", torch.ones(1, device=device))
+            lam = torch.ones(source.d_out, device=device)
+            if "row_scales" in groups:
+                self.lam = nn.Parameter(lam)
+            else:
+                self.register_buffer("lam", lam)
+        else:
+            kind = "int4" if isinstance(source, Int4Weight) else "tables"
+            if kind == "tables" and len(source.dims) != 2:
+                raise InvalidInput("a composed linear needs a 2-D table")
+            self.kind = kind
+            d_out, d_in = (source.d_out, source.d_in) if kind == "int4" else source.dims
+            self.out_features, self.in_features = d_out, d_in
+            self.dims = (d_out, d_in)
+            self.register_buffer("codes", source.codes().to(device=device, dtype=compute_dtype))
+            self.register_buffer("col_group", torch.arange(d_in, device=device) // source.group)
+            _affine_factors(self, source.scales, source.biases, kind in groups, device)
+        if bias is None:
+            self.bias = None
+        elif "biases" in groups:
+            self.bias = nn.Parameter(bias.detach().to(device=device, dtype=torch.float32))
+        else:
+            self.register_buffer("bias", bias.detach().to(device=device, dtype=torch.float32))
+
+    def compose(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight [d_out, d_in] (f32) and bias [d_out] (f32) or None."""
+        if self.kind == "lattice":
+            coef = self.gamma * self.c0
+            w = torch.einsum("k,koi->oi", coef, self.parts.float()) * self.lam[:, None]
+            if self.tail is not None:
+                w = w + self.tail.float()
+        else:
+            w = _affine_compose(self)
+        return w, self.bias
+
+    def op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        cd = self.compute_dtype
+        return F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
+
+    def op_backward(self, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
+        cd = self.compute_dtype
+        gx = g.to(cd) @ w.to(cd)
+        g2 = g.reshape(-1, g.shape[-1]).float()
+        gw = g2.T @ x.reshape(-1, x.shape[-1]).float()
+        return gx, gw, g2.sum(0)
+
+    def fold(self) -> Any:
+        """The trained source record (lattice / int4 record or table)."""
+        src = self.source
+        if self.kind == "lattice":
+            lam = self.lam.detach().to("cpu", torch.float64)
+            if bool(torch.isnan(lam).any()):
+                raise InvalidInput("tuning produced non-finite row factors")
+            lam = lam.clamp(min=0.0)
+            scales = torch.where(lam == 1.0, src.row_scales, lam * src.row_scales)
+            cent = src.centroids
+            gains = src.gains
+            if isinstance(self.gamma, nn.Parameter):
+                gam = self.gamma.detach().to("cpu", torch.float64).clamp(min=0.0)
+                cent = torch.where(gam == 1.0, cent, gam * cent)
+                order = torch.argsort(cent, stable=True)
+                if not torch.equal(order, torch.arange(cent.numel())):
+                    rank = torch.empty_like(order)
+                    rank[order] = torch.arange(cent.numel())
+                    cent = cent[order]
+                    gains = rank[gains.long()].to(torch.uint8)
+            return dataclasses.replace(src, row_scales=scales, centroids=cent, gains=gains)
+        s, b = _affine_fold(self)
+        return dataclasses.replace(src, scales=s, biases=b)
+
+    def folded_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.detach().cpu().clone()
+
+
+class ComposedEmbedding(_Composed):
+    """An embedding whose table is composed from a :class:`GroupAffine` table (see ComposedLinear);
+    ``share`` reuses another composed module's factors (a tied head and its embedding)."""
+
+    def __init__(self, source: GroupAffine, groups: tuple[str, ...], device: torch.device,
+                 compute_dtype: torch.dtype, share: ComposedLinear | None = None) -> None:
+        super().__init__()
+        self.compute_dtype = compute_dtype
+        self.kind = "tables"
+        self.source = source
+        self.dims = tuple(source.dims)
+        if share is not None:
+            for name in ("codes", "col_group", "s0", "b0"):
+                self.register_buffer(name, getattr(share, name))
+            for name in ("rho", "delta"):
+                t = getattr(share, name)
+                if isinstance(t, nn.Parameter):
+                    setattr(self, name, t)
+                else:
+                    self.register_buffer(name, t)
+        else:
+            self.register_buffer("codes", source.codes().to(device=device, dtype=compute_dtype))
+            self.register_buffer("col_group",
+                                 torch.arange(source.cols, device=device) // source.group)
+            _affine_factors(self, source.scales, source.biases, "tables" in groups, device)
+
+    def compose(self) -> tuple[torch.Tensor, None]:
+        return _affine_compose(self), None
+
+    def op(self, ids: torch.Tensor, w: torch.Tensor, b: None) -> torch.Tensor:
+        return F.embedding(ids, w.to(self.compute_dtype))
+
+    def op_backward(self, ids: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
+        gw = torch.zeros(w.shape, dtype=torch.float32, device=g.device)
+        gw.index_add_(0, ids.reshape(-1), g.reshape(-1, g.shape[-1]).float())
+        return None, gw, None
+
+    def fold(self) -> GroupAffine:
+        s, b = _affine_fold(self)
+        return dataclasses.replace(self.source, scales=s, biases=b)
+
+
+class _NormFactor(nn.Module):
+    """Forward pre-hook state of a norm: ``weight ← w0·ν`` with a trainable ``ν``."""
+
+    def __init__(self, w0: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("w0", w0.detach().to(torch.float32))
+        self.nu = nn.Parameter(torch.ones_like(self.w0))
+
+
+# --------------------------------------------------------------------------------------------------
+# attaching to a model
+
+
+@dataclass
+class Attached:
+    """The composed modules and norm factors swapped into a model (see :func:`attach`)."""
+
+    linears: dict[str, ComposedLinear] = field(default_factory=dict)
+    embeddings: dict[str, ComposedEmbedding] = field(default_factory=dict)
+    tables: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> module names
+    norms: dict[str, _NormFactor] = field(default_factory=dict)  # raw name -> factor
+    originals: dict[str, nn.Module] = field(default_factory=dict)
+    norm_params: dict[str, nn.Parameter] = field(default_factory=dict)
+    hooks: list[Any] = field(default_factory=list)
+    parked: torch.device | None = None  # where the originals return to (they wait on the CPU)
+
+    def parameters(self) -> dict[str, nn.Parameter]:
+        """Every trainable factor by a stable name (shared factors once)."""
+        out: dict[str, nn.Parameter] = {}
+        seen: set[int] = set()
+        groups = [*self.linears.items(), *self.embeddings.items(), *self.norms.items()]
+        for owner, module in groups:
+            for pname, p in sorted(module.named_parameters()):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out[f"{owner}:{pname}"] = p
+        return out
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, leaf)
+    setattr(parent, leaf, new)
+    return old
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
+           groups: tuple[str, ...], device: torch.device,
+           compute_dtype: torch.dtype) -> Attached:
+    """Swap composed modules into ``model`` for every record and table; add norm factors.
+
+    Args:
+        model: the student (its quantized linears hold the records' decode).
+        records: module name → :class:`QuantizedWeight` / :class:`Int4Weight`.
+        raw: stored tensor name → dense tensor or :class:`GroupAffine`; tables (GroupAffine) are
+            composed wherever the model uses their parameter (a tied head too); 1-D norm weights
+            get factors with ``groups`` ∋ "norms".
+        groups, device, compute_dtype: see :class:`ComposedLinear`.
+
+    Returns:
+        :class:`Attached`; undo with :func:`detach`.
+    """
+    att = Attached()
+    try:
+        for name, rec in records.items():
+            module = model.get_submodule(name)
+            bias = getattr(module, "bias", None)
+            new = ComposedLinear(rec, bias, groups, device, compute_dtype)
+            att.originals[name] = _swap(model, name, new)
+            att.linears[name] = new
+        for tname, ga in raw.items():
+            if not isinstance(ga, GroupAffine):
+                continue
+            param = model.get_parameter(tname)
+            users = [(n, m) for n, m in model.named_modules(remove_duplicate=False)
+                     if getattr(m, "weight", None) is param]
+            lin_share: ComposedLinear | None = None
+            for n, m in users:
+                if isinstance(m, nn.Linear):
+                    lin_share = ComposedLinear(ga, m.bias, groups, device, compute_dtype)
+                    att.originals[n] = _swap(model, n, lin_share)
+                    att.linears[n] = lin_share
+            for n, m in users:
+                if isinstance(m, nn.Embedding):
+                    emb = ComposedEmbedding(ga, groups, device, compute_dtype, share=lin_share)
+                    att.originals[n] = _swap(model, n, emb)
+                    att.embeddings[n] = emb
+                    lin_share = lin_share or emb  # type: ignore[assignment]
+                elif not isinstance(m, nn.Linear):
+                    raise InvalidInput(f"table {tname} is used by {type(m).__name__} {n}")
+            att.tables[tname] = tuple(n for n, _ in users)
+        if "norms" in groups:
+            for tname, t in raw.items():
+                mod_name, _, leaf = tname.rpartition(".")
+                if not (isinstance(t, torch.Tensor) and t.dim() == 1 and leaf == "weight"):
+                    continue
+                module = model.get_submodule(mod_name)
+                if not _is_norm(module):
+                    continue
+                param = module.weight
+                factor = _NormFactor(param).to(device)
+                del module._parameters["weight"]
+                module.weight = (factor.w0 * factor.nu).to(param.dtype)
+
+                def hook(mod: nn.Module, args: Any, f: _NormFactor = factor) -> None:
+                    mod.weight = f.w0 * f.nu
+
+                att.hooks.append(module.register_forward_pre_hook(hook))
+                att.norms[tname] = factor
+                att.norm_params[tname] = param
+        if device.type == "cuda":  # the swapped-out dense weights wait on the CPU
+            for module in att.originals.values():
+                module.to("cpu")
+            att.parked = device
+    except BaseException:
+        detach(model, att)
+        raise
+    return att
+
+
+def detach(model: nn.Module, att: Attached) -> None:
+    """Put the original modules and norm parameters back (inverse of :func:`attach`)."""
+    for h in att.hooks:
+        h.remove()
+    for tname, param in att.norm_params.items():
+        module = model.get_submodule(tname.rpartition(".")[0])
+        if "weight" in module.__dict__:
+            del module.__dict__["weight"]
+        module.weight = param
+    for name, module in att.originals.items():
+        if att.parked is not None:
+            module.to(att.parked)
+        _swap(model, name, module)
+
+
+def fold(att: Attached, records: Mapping[str, Any], raw: Mapping[str, Any]
+         ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The trained records and raw tensors (name → new value) from the current factors."""
+    new_records = {n: att.linears[n].fold() for n in records}
+    new_raw: dict[str, Any] = {}
+    for tname, users in att.tables.items():
+        first = users[0]
+        mod = att.linears.get(first) or att.embeddings[first]
+        new_raw[tname] = mod.fold()
+    for n in records:
+        b = att.linears[n].folded_bias()
+        key = f"{n}.bias"
+        if b is not None and isinstance(raw.get(key), torch.Tensor) and isinstance(
+                att.linears[n].bias, nn.Parameter):
+            new_raw[key] = b.to(raw[key].dtype)
+    for tname, f in att.norms.items():
+        with torch.no_grad():
+            new_raw[tname] = (f.w0 * f.nu).detach().cpu().to(raw[tname].dtype)
+    return new_records, new_raw
+
+
+def set_raw(model: nn.Module, raw: Mapping[str, Any]) -> None:
+    """Copy raw tensors (dense or the decode of a :class:`GroupAffine`) into ``model``."""
+    for name, t in raw.items():
+        param = model.get_parameter(name)
+        value = t.dequantize(torch.float32) if isinstance(t, GroupAffine) else t
+        with torch.no_grad():
+            param.copy_(value.to(device=param.device, dtype=param.dtype))

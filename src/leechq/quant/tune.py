@@ -1,0 +1,573 @@
+"""End-to-end tuning: every continuous parameter of a quantized model trained by KL to the teacher.
+
+The codes never change (lattice labels and gain indices, int4 and table nibbles/bytes); what is
+trained is every number stored next to them, each through a multiplicative factor (init 1) or an
+offset (init 0) so that one learning rate fits all of them:
+
+============  ====================================================  ==========================
+group         composition (trainable in brackets)                   folded back as
+============  ====================================================  ==========================
+row_scales    ``W = [λ] ⊙ Σ_k c_k B_k + T`` per lattice row          ``σ_row ← λ·σ_row`` (f64)
+centroids     ``c_k ← [γ_k]·c_k`` per lattice matrix                 ``centroids ← γ·c`` (f64)
+int4          ``s ← s0·[ρ]``, ``b ← b0 + s0·[δ]`` per int4 group     f16 scale and bias
+tables        the same for the 4/8-bit embedding / head tables      f16 scale and bias
+norms         ``w ← w0·[ν]`` for every RMSNorm/LayerNorm weight      the raw tensor's dtype
+biases        ``b ← [b]`` for the biases of quantized linears        the raw tensor's dtype
+============  ====================================================  ==========================
+
+``B_k`` is the natural-basis decode of the blocks whose gain index is ``k`` with that centroid
+set to 1 and ``T`` the tail's (:func:`leechq.quant.composed.centroid_parts`); ``Σ_k c_k B_k + T``
+is the record's decode (row-scale training, :mod:`leechq.quant.row_scales`, is the case "λ only").
+
+Memory: a quantized linear or table is a composed module (:mod:`leechq.quant.composed`) whose
+weight is composed from its factors in the forward and *recomposed* in the backward, so no
+weight-sized tensor is kept for the backward; the frozen parts are buffers in the compute dtype.
+
+The teacher runs once, before training: its distribution over each training position is cached
+as its top-``k`` log-probabilities plus the log of the remaining mass
+(``teacher_topk``; 0 caches nothing and runs the teacher every step). The loss on cached positions
+is the KL between the two distributions *coarsened to k+1 outcomes* (the k teacher tokens and
+"anything else"): a lower bound of the full KL (data processing), exact when the teacher's mass
+outside its top k is zero. How much mass lies outside the top k depends on the model (the result
+records its mean, ``teacher_rest_mass``): on a near-uniform teacher (the random test models) the
+coarse objective can mislead, so check that figure before relying on a small k. The held-out
+monitor always uses the full-vocabulary KL.
+
+Stopping: the held-out monitor windows (never trained on) are scored every ``monitor_every`` steps;
+the best state (the untouched start included) is kept and restored at the end, and ``patience``
+evaluations without improvement stop the run. A budget is a step count or seconds (a probe times a
+step). The run is resumable: parameters, optimizer state, history and the monitor's best state
+are committed atomically every ``checkpoint_every`` steps; a killed run continues from the last
+commit to the same result.
+
+Precision: f32 master factors; on CUDA the forward runs under bf16 autocast with bf16 frozen
+parts, on the CPU in f32. After training the factors are folded into new records / raw tensors and
+the model is set to evaluate exactly their decode (what the artifact stores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from leechq.errors import InvalidInput
+from leechq.formats.artifact import GroupAffine
+from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.quant.composed import GROUPS, Attached, attach, detach, fold, set_raw
+from leechq.quant.row_scales import (
+    RowScaleCheckpoint,
+    batch_indices,
+    kl_loss,
+    learning_rate,
+    model_logits,
+    set_module_weights,
+)
+
+log = logging.getLogger("leechq.quant")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Settings of one tuning run.
+
+    Attributes:
+        steps: optimizer steps; 0 = set from ``time_budget_s`` after a probe.
+        time_budget_s: wall-clock budget when ``steps == 0`` (teacher cache and probe included).
+        lr: peak AdamW learning rate of every factor.
+        warmup_steps, final_lr_fraction: linear warm-up, then cosine to this fraction of ``lr``.
+        weight_decay, betas: AdamW settings (decay 0: the factors have no natural zero).
+        batch: training windows per step.
+        temperature: KL temperature τ (the loss is ×τ²).
+        kl_chunk: positions per f32 log-softmax chunk.
+        seed: seed of the window order.
+        groups: which parameter groups train (a subset of :data:`GROUPS`).
+        teacher_topk: cached teacher log-probabilities per position (0 = the full teacher online).
+        monitor_every: score the held-out monitor every this many steps.
+        patience: stop after this many monitor scores without a new best (0 = never early).
+        probe_steps: timed forward+backward steps without an update (``steps == 0``).
+        checkpoint_every: commit every this many steps (0 = at the end only).
+    """
+
+    steps: int = 0
+    time_budget_s: float = 600.0
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    batch: int = 2
+    temperature: float = 1.0
+    kl_chunk: int = 256
+    seed: int = 0
+    groups: tuple[str, ...] = GROUPS
+    teacher_topk: int = 128
+    monitor_every: int = 10
+    patience: int = 0
+    probe_steps: int = 3
+    checkpoint_every: int = 25
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        object.__setattr__(self, "groups", tuple(self.groups))
+        unknown = sorted(set(self.groups) - set(GROUPS))
+        checks = [
+            (_is_int(self.steps) and self.steps >= 0, "steps must be >= 0"),
+            (self.time_budget_s > 0, "time_budget_s must be > 0"),
+            (self.lr > 0, "lr must be > 0"),
+            (_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps must be >= 0"),
+            (0.0 <= self.final_lr_fraction <= 1.0, "final_lr_fraction must be in [0, 1]"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas in [0, 1)"),
+            (_is_int(self.batch) and self.batch >= 1, "batch must be >= 1"),
+            (self.temperature > 0, "temperature must be > 0"),
+            (_is_int(self.kl_chunk) and self.kl_chunk >= 1, "kl_chunk must be >= 1"),
+            (not unknown, f"unknown groups {unknown}; choices {list(GROUPS)}"),
+            (bool(self.groups), "groups must not be empty"),
+            (_is_int(self.teacher_topk) and self.teacher_topk >= 0, "teacher_topk must be >= 0"),
+            (_is_int(self.monitor_every) and self.monitor_every >= 1, "monitor_every >= 1"),
+            (_is_int(self.patience) and self.patience >= 0, "patience must be >= 0"),
+            (_is_int(self.probe_steps) and self.probe_steps >= 1, "probe_steps must be >= 1"),
+            (_is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
+             "checkpoint_every must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(f"TuneConfig: {message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        out = dataclasses.asdict(self)
+        out["betas"] = list(self.betas)
+        out["groups"] = list(self.groups)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TuneConfig:
+        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidInput(f"TuneConfig: unknown keys {unknown}")
+        return cls(**dict(data))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------------
+# the teacher, cached
+
+
+@dataclass
+class TeacherCache:
+    """The teacher's distribution over every position of a set of windows.
+
+    Attributes:
+        logp: float32 [N, T, k] top-k log-probabilities at temperature τ (descending).
+        index: int64 [N, T, k] their token ids.
+        rest: float32 [N, T] log of the mass outside the top k (unused when k equals the vocab).
+        vocab: the vocabulary size.
+    """
+
+    logp: torch.Tensor
+    index: torch.Tensor
+    rest: torch.Tensor
+    vocab: int
+
+    @property
+    def k(self) -> int:
+        return int(self.logp.shape[-1])
+
+
+@torch.no_grad()
+def cache_teacher(teacher: Any, windows: torch.Tensor, topk: int, temperature: float = 1.0,
+                  amp: Any = nullcontext) -> TeacherCache:
+    """Run ``teacher`` once over ``windows`` (int64 [N, T]) and keep its top-``topk`` log-probs."""
+    logp, index, rest = [], [], []
+    vocab = 0
+    for i in range(windows.shape[0]):
+        with amp():
+            logits = model_logits(teacher, windows[i : i + 1])[0].float()
+        vocab = int(logits.shape[-1])
+        lp = torch.log_softmax(logits / temperature, dim=-1)
+        k = min(topk, vocab)
+        vals, idx = lp.topk(k, dim=-1)
+        logp.append(vals.cpu())
+        index.append(idx.cpu())
+        if k < vocab:
+            rest.append(lp.scatter(-1, idx, float("-inf")).logsumexp(-1).cpu())
+        else:
+            rest.append(torch.full(lp.shape[:-1], float("-inf")))
+    return TeacherCache(torch.stack(logp), torch.stack(index), torch.stack(rest), vocab)
+
+
+def topk_kl_loss(cache: TeacherCache, rows: list[int], student_logits: torch.Tensor, *,
+                 temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+    """Mean over positions of ``τ²·KL`` between the teacher and the student coarsened to the
+    teacher's top-k tokens plus "the rest" (exact when k equals the vocabulary).
+
+    Args:
+        cache: the teacher cache; ``rows`` selects its windows (one per batch row).
+        student_logits: [B, T, V] (B = len(rows)).
+
+    Returns:
+        A 0-dim float32 tensor (nats per position).
+    """
+    b, t, v = student_logits.shape
+    if v != cache.vocab or len(rows) != b or cache.logp.shape[1] != t:
+        raise InvalidInput(
+            f"student logits {list(student_logits.shape)} do not match the teacher cache "
+            f"({len(rows)} windows x {cache.logp.shape[1]} positions, vocab {cache.vocab})"
+        )
+    dev = student_logits.device
+    lp_all = cache.logp[rows].to(dev)
+    idx_all = cache.index[rows].to(dev)
+    rest_all = cache.rest[rows].to(dev)
+    exact = cache.k >= cache.vocab
+    total = student_logits.new_zeros((), dtype=torch.float32)
+    for s in range(0, t, chunk):
+        e = min(t, s + chunk)
+        ls = torch.log_softmax(student_logits[:, s:e].float() / temperature, dim=-1)
+        lp, idx = lp_all[:, s:e], idx_all[:, s:e]
+        total = total + (lp.exp() * (lp - ls.gather(-1, idx))).sum()
+        if not exact:
+            lr = rest_all[:, s:e]
+            lq_rest = ls.scatter(-1, idx, float("-inf")).logsumexp(-1)
+            total = total + (lr.exp() * (lr - lq_rest)).sum()
+    return total * (temperature * temperature) / (b * t)
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+def run_identity(config: TuneConfig, records: Mapping[str, Any], raw: Mapping[str, Any],
+                 windows: torch.Tensor, monitor: torch.Tensor | None) -> str:
+    """sha256 of the configuration (minus budget/probe/checkpoint settings), the stored numbers
+    the run starts from and the data."""
+    h = hashlib.sha256()
+    cfg = config.to_dict()
+    for key in ("time_budget_s", "probe_steps", "checkpoint_every"):
+        cfg.pop(key)
+    h.update(json.dumps(cfg, sort_keys=True).encode())
+
+    def put(t: torch.Tensor) -> None:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+
+    for name in sorted(records):
+        rec = records[name]
+        h.update(f"{name}|{type(rec).__name__}|".encode())
+        if isinstance(rec, QuantizedWeight):
+            put(rec.row_scales)
+            put(rec.centroids)
+            put(rec.labels[:, :1])
+        else:
+            put(rec.scales)
+            put(rec.biases)
+    for name in sorted(raw):
+        t = raw[name]
+        h.update(f"{name}|".encode())
+        put(t.scales if isinstance(t, GroupAffine) else t.float())
+    for ids in (windows, monitor):
+        if ids is not None:
+            put(ids.to(torch.int64))
+    return h.hexdigest()[:32]
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune_model` returns.
+
+    Attributes:
+        records, raw: the trained records and raw tensors (only the ones the run changed).
+        total_steps: the run's planned steps; steps: steps taken (fewer when stopped early).
+        resumed_from: steps taken from a checkpoint.
+        best_step: the step whose state was kept (0 = the untouched start).
+        stopped_early: the monitor's patience ran out.
+        monitor_kl_before, monitor_kl_best: held-out KL of the start and of the kept state.
+        monitor_kl_after: held-out KL of the folded model (what the artifact evaluates).
+        monitor_history: ``[step, kl]`` of every monitor score.
+        loss_history: training loss per step (nats per position; top-k coarsened when cached).
+        parameters: trainable numbers by group.
+        seconds, seconds_per_step, teacher_seconds: wall times of this call.
+        probe: the probe's timing when the budget was in seconds.
+        teacher_rest_mass: mean teacher probability outside the cached top k (None: not cached).
+    """
+
+    records: dict[str, Any]
+    raw: dict[str, Any]
+    total_steps: int
+    steps: int
+    resumed_from: int
+    best_step: int
+    stopped_early: bool
+    monitor_kl_before: float | None
+    monitor_kl_best: float | None
+    monitor_kl_after: float | None
+    monitor_history: list[list[float]]
+    loss_history: list[float]
+    parameters: dict[str, int]
+    seconds: float
+    seconds_per_step: float
+    teacher_seconds: float
+    probe: dict[str, float] = field(default_factory=dict)
+    teacher_rest_mass: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary (no tensors)."""
+        hist = self.loss_history
+        k = max(1, len(hist) // 10)
+        return {
+            "total_steps": self.total_steps, "steps": self.steps,
+            "resumed_from": self.resumed_from, "best_step": self.best_step,
+            "stopped_early": self.stopped_early,
+            "monitor_kl_before": self.monitor_kl_before,
+            "monitor_kl_best": self.monitor_kl_best,
+            "monitor_kl_after": self.monitor_kl_after,
+            "monitor_history": self.monitor_history,
+            "train_kl_first_decile": sum(hist[:k]) / k if hist else None,
+            "train_kl_last_decile": sum(hist[-k:]) / k if hist else None,
+            "parameters": dict(self.parameters), "seconds": self.seconds,
+            "seconds_per_step": self.seconds_per_step, "teacher_seconds": self.teacher_seconds,
+            "probe": dict(self.probe), "teacher_rest_mass": self.teacher_rest_mass,
+        }
+
+
+def _group_of(name: str, att: Attached) -> str:
+    owner, _, pname = name.partition(":")
+    if owner in att.norms:
+        return "norms"
+    if pname == "bias":
+        return "biases"
+    if pname == "lam":
+        return "row_scales"
+    if pname == "gamma":
+        return "centroids"
+    mod = att.linears.get(owner) or att.embeddings.get(owner)
+    return mod.kind if mod is not None else "other"
+
+
+def tune_model(
+    student: nn.Module,
+    teacher: Any,
+    records: Mapping[str, QuantizedWeight | Int4Weight],
+    raw: Mapping[str, Any],
+    windows: torch.Tensor,
+    config: TuneConfig,
+    *,
+    monitor_windows: torch.Tensor | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    keep_checkpoint: bool = False,
+    progress: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TuneResult:
+    """Tune every continuous parameter of ``student`` by KL to ``teacher`` (module docstring).
+
+    On return the student evaluates exactly the decode of the returned records and raw tensors.
+
+    Args:
+        student: the quantized model (its quantized linears and tables hold the stored decode);
+            it runs on the device it lives on (bf16 autocast there on CUDA, f32 on the CPU).
+        teacher: the reference model (same vocabulary). With ``teacher_topk > 0`` it is only
+            used before training (its cache) and this function drops its reference then.
+        records: module name → record (every quantized linear of ``student``).
+        raw: every other stored tensor (tables as :class:`GroupAffine`, norms and biases dense).
+        windows: int64 [N, T] training windows (calibration text).
+        config: the settings.
+        monitor_windows: int64 [M, T'] held-out windows (never trained on) that decide the kept
+            state and early stopping; None trains to the budget and keeps the last state.
+        checkpoint_dir: resumable run directory (removed after success unless
+            ``keep_checkpoint``).
+        progress: show a tqdm bar with the time estimate.
+        on_step: ``on_step(step, loss)`` after each optimizer step (tests).
+
+    Returns:
+        :class:`TuneResult`.
+    """
+    started = time.perf_counter()
+    if windows.dim() != 2 or windows.dtype != torch.int64 or windows.shape[0] < 1:
+        raise InvalidInput(
+            f"tuning windows must be int64 [N >= 1, T], got {windows.dtype} {list(windows.shape)}"
+        )
+    if not records:
+        raise InvalidInput("tune_model: no quantized records to tune")
+    p0 = next(iter(student.parameters()), None)
+    device = p0.device if p0 is not None else torch.device("cpu")
+    on_cuda = device.type == "cuda"
+    compute_dtype = torch.bfloat16 if on_cuda else torch.float32
+
+    def amp() -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext()
+
+    student.requires_grad_(False)
+    identity = run_identity(config, records, raw, windows, monitor_windows)
+    ckpt = RowScaleCheckpoint(checkpoint_dir, identity) if checkpoint_dir is not None else None
+
+    t0 = time.perf_counter()
+    cache = (cache_teacher(teacher, windows, config.teacher_topk, config.temperature, amp)
+             if config.teacher_topk else None)
+    monitor_logits: list[torch.Tensor] = []
+    if monitor_windows is not None:
+        with torch.no_grad(), amp():
+            monitor_logits = [model_logits(teacher, monitor_windows[i : i + 1]).float().cpu()
+                              for i in range(monitor_windows.shape[0])]
+    teacher_seconds = time.perf_counter() - t0
+    if cache is not None:
+        teacher = None  # cached: the caller's placed copy can be freed during training
+
+    @torch.no_grad()
+    def score() -> float:
+        total = 0.0
+        for i, t_logits in enumerate(monitor_logits):
+            with amp():
+                s_logits = model_logits(student, monitor_windows[i : i + 1])
+            total += float(kl_loss(t_logits, s_logits, temperature=config.temperature,
+                                   chunk=config.kl_chunk))
+        return total / len(monitor_logits)
+
+    def loss_of(step: int) -> torch.Tensor:
+        rows = batch_indices(windows.shape[0], step, config.batch, config.seed)
+        ids = windows[rows]
+        with amp():
+            s_logits = model_logits(student, ids)
+        if cache is not None:
+            return topk_kl_loss(cache, rows, s_logits, temperature=config.temperature,
+                                chunk=config.kl_chunk)
+        with torch.no_grad(), amp():
+            t_logits = model_logits(teacher, ids)
+        return kl_loss(t_logits, s_logits, temperature=config.temperature, chunk=config.kl_chunk)
+
+    att = attach(student, records, raw, config.groups, device, compute_dtype)
+    probe: dict[str, float] = {}
+    try:
+        params = att.parameters()
+        counts: dict[str, int] = {}
+        for name, p in params.items():
+            g = _group_of(name, att)
+            counts[g] = counts.get(g, 0) + p.numel()
+        nonneg = [p for n, p in params.items() if n.endswith((":lam", ":gamma"))]
+        optimizer = torch.optim.AdamW(list(params.values()), lr=config.lr, betas=config.betas,
+                                      weight_decay=config.weight_decay)
+
+        def snapshot() -> dict[str, torch.Tensor]:
+            return {n: p.detach().cpu().clone() for n, p in params.items()}
+
+        def restore(values: Mapping[str, torch.Tensor]) -> None:
+            with torch.no_grad():
+                for n, v in values.items():
+                    params[n].copy_(v.to(params[n].device))
+
+        history: list[float] = []
+        monitor_hist: list[list[float]] = []
+        start_step, total_steps = 0, config.steps or None
+        since_best, stopped = 0, False
+        best: dict[str, Any] = {"step": 0, "kl": None, "params": None}
+        if ckpt is not None and ckpt.step > 0:
+            payload = ckpt.load()
+            restore(payload["params"])
+            optimizer.load_state_dict(payload["optimizer"])
+            history, monitor_hist = list(payload["history"]), list(payload["monitor"])
+            best, since_best = dict(payload["best"]), int(payload["since_best"])
+            stopped = bool(payload["stopped"])
+            start_step, total_steps = ckpt.step, ckpt.total_steps
+            log.info("tune: resuming at step %d of %s", start_step, total_steps)
+        elif monitor_logits:
+            best = {"step": 0, "kl": score(), "params": snapshot()}
+            monitor_hist.append([0, best["kl"]])
+        monitor_before = monitor_hist[0][1] if monitor_hist else None
+
+        if total_steps is None:  # probe: forward+backward without an update
+            t_probe = time.perf_counter()
+            for k in range(config.probe_steps):
+                loss_of(k).backward()
+                optimizer.zero_grad(set_to_none=True)
+            per = (time.perf_counter() - t_probe) / config.probe_steps
+            left = config.time_budget_s - (time.perf_counter() - started)
+            # a monitor score costs about its windows' forwards: budget it in
+            score_cost = per * 0.4 * len(monitor_logits) / max(1, config.batch)
+            total_steps = max(1, int(left / max(1e-9, per + score_cost / config.monitor_every)))
+            probe = {"seconds_per_step": per, "steps_from_budget": float(total_steps)}
+            log.info("tune: probe %.3f s/step -> %d steps", per, total_steps)
+
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_steps, initial=start_step, desc="tune", unit="step",
+                       dynamic_ncols=True)
+        t_loop = time.perf_counter()
+        done = start_step
+        try:
+            for step in range(start_step, total_steps):
+                if stopped:
+                    break
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(step, total_steps, config)
+                loss = loss_of(step)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                with torch.no_grad():  # a row scale or a centroid cannot be negative
+                    for p in nonneg:
+                        p.clamp_(min=0.0)
+                history.append(float(loss.detach()))
+                if on_step is not None:
+                    on_step(step, history[-1])
+                done = step + 1
+                if monitor_logits and (done % config.monitor_every == 0 or done == total_steps):
+                    kl = score()
+                    monitor_hist.append([done, kl])
+                    if kl < best["kl"]:
+                        best = {"step": done, "kl": kl, "params": snapshot()}
+                        since_best = 0
+                    else:
+                        since_best += 1
+                        stopped = bool(config.patience) and since_best >= config.patience
+                if ckpt is not None and (done == total_steps or stopped or (
+                        config.checkpoint_every and done % config.checkpoint_every == 0)):
+                    ckpt.commit(done, total_steps, {
+                        "params": snapshot(), "optimizer": optimizer.state_dict(),
+                        "history": history, "monitor": monitor_hist, "best": best,
+                        "since_best": since_best, "stopped": stopped,
+                    })
+                if bar is not None:
+                    bar.update(1)
+                    post = {"kl": f"{history[-1]:.4f}"}
+                    if best["kl"] is not None:
+                        post["held_out_best"] = f"{best['kl']:.4f}@{best['step']}"
+                    bar.set_postfix(post)
+        finally:
+            if bar is not None:
+                bar.close()
+        per_step = (time.perf_counter() - t_loop) / max(1, done - start_step)
+        if best["params"] is not None:
+            restore(best["params"])
+        new_records, new_raw = fold(att, records, raw)
+    finally:
+        detach(student, att)
+    set_module_weights(student, new_records)
+    set_raw(student, new_raw)
+    after = score() if monitor_logits else None
+    if ckpt is not None and not keep_checkpoint:
+        ckpt.remove()
+    return TuneResult(
+        records=new_records, raw=new_raw, total_steps=total_steps, steps=done,
+        resumed_from=start_step, best_step=int(best["step"]) if monitor_logits else done,
+        stopped_early=stopped, monitor_kl_before=monitor_before,
+        monitor_kl_best=best["kl"], monitor_kl_after=after, monitor_history=monitor_hist,
+        loss_history=history, parameters=counts, seconds=time.perf_counter() - started,
+        seconds_per_step=per_step, teacher_seconds=teacher_seconds, probe=probe,
+        teacher_rest_mass=None if cache is None else float(cache.rest.exp().mean()),
+    )

@@ -1,0 +1,229 @@
+"""End-to-end tuning (leechq.quant.tune): exact composition, KL going down, the held-out monitor
+keeping the best state, resume after a kill, and the written artifact giving the tuned logits."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from leechq_tiny import int4_record, lattice_record
+
+from leechq.errors import InvalidInput
+from leechq.formats.artifact import GroupAffine
+from leechq.quant.composed import ComposedLinear, centroid_parts
+from leechq.quant.tune import (
+    TuneConfig,
+    cache_teacher,
+    topk_kl_loss,
+    tune_model,
+)
+
+pytest.importorskip("transformers")
+
+
+def _setup(seed: int = 0):  # type: ignore[no-untyped-def]
+    """A tiny qwen2 (tails, biases, tied head) with one int4 matrix and a 4-bit tied table."""
+    from recipe_tiny import quantized
+
+    reference, student, enc = quantized("qwen2", seed)
+    records = dict(enc.records)
+    v = "model.layers.0.self_attn.v_proj"
+    ref_v = reference.get_submodule(v).weight.detach()
+    records[v] = int4_record(ref_v.shape[0], ref_v.shape[1], weight=ref_v)
+    raw = dict(enc.raw)
+    emb = "model.embed_tokens.weight"
+    raw[emb] = GroupAffine.quantize(raw[emb], 4, 8)
+    with torch.no_grad():
+        student.get_submodule(v).weight.copy_(records[v].dequantize())
+        student.get_parameter(emb).copy_(raw[emb].dequantize())
+    return reference, student, records, raw
+
+
+def test_centroid_parts_compose_the_decode_and_the_factors_fold_exactly() -> None:
+    rec = lattice_record("tetra", 7, 56, seed=4, gain_bits=1)
+    parts, tail = centroid_parts(rec)
+    assert parts.shape == (2, 7, 56) and tail is not None
+    composed = (parts * rec.centroids.float()[:, None, None]).sum(0) + tail
+    torch.testing.assert_close(composed, rec.dequantize(torch.float32), rtol=0, atol=2e-6)
+    bias = torch.randn(7)
+    m = ComposedLinear(rec, bias, ("row_scales", "centroids", "biases"), torch.device("cpu"),
+                       torch.float32)
+    with torch.no_grad():
+        m.lam.copy_(torch.linspace(0.5, 1.5, 7))
+        m.gamma.copy_(torch.tensor([1.25, 0.9]))  # crosses over: the fold re-sorts
+    x = torch.randn(3, 56)
+    folded = m.fold()
+    assert bool((folded.centroids[1:] >= folded.centroids[:-1]).all())
+    want = torch.nn.functional.linear(x, folded.dequantize(torch.float32), bias)
+    torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+    q = int4_record(6, 48, seed=1)
+    m4 = ComposedLinear(q, None, ("int4",), torch.device("cpu"), torch.float32)
+    torch.testing.assert_close(m4(x[:, :48]), x[:, :48] @ q.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_composed_gradients_match_autograd_through_the_plain_composition() -> None:
+    rec = lattice_record("tetra", 5, 48, seed=2)
+    m = ComposedLinear(rec, torch.randn(5), ("row_scales", "centroids", "biases"),
+                       torch.device("cpu"), torch.float64)
+    with torch.no_grad():
+        m.lam.copy_(torch.linspace(0.8, 1.2, 5))
+    x = torch.randn(4, 48, dtype=torch.float64, requires_grad=True)
+    m(x).pow(2).sum().backward()
+    got = [p.grad.clone() for p in m.trainable()] + [x.grad.clone()]
+    for p in m.trainable():
+        p.grad = None
+    x2 = x.detach().clone().requires_grad_(True)
+    w, b = m.compose()
+    torch.nn.functional.linear(x2, w.double(), b.double()).pow(2).sum().backward()
+    want = [p.grad for p in m.trainable()] + [x2.grad]
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), e.double(), rtol=1e-4, atol=1e-6)
+
+
+def test_topk_loss_is_the_full_kl_when_k_covers_the_vocab_and_a_lower_bound_otherwise() -> None:
+    from recipe_tiny import windows
+
+    reference, student, _, _ = _setup()
+    ids = windows(2, 12, seed=3)
+    from leechq.quant.row_scales import kl_loss, model_logits
+
+    with torch.no_grad():
+        t, s = model_logits(reference, ids), model_logits(student, ids)
+    full = float(kl_loss(t, s))
+    exact = cache_teacher(reference, ids, topk=10_000)
+    assert float(topk_kl_loss(exact, [0, 1], s)) == pytest.approx(full, rel=1e-5)
+    coarse = float(topk_kl_loss(cache_teacher(reference, ids, topk=8), [0, 1], s))
+    assert 0 < coarse <= full + 1e-6
+
+
+def test_tuning_lowers_kl_on_the_calibration_windows_and_the_model_is_the_folded_records(
+) -> None:
+    from recipe_tiny import windows
+
+    from leechq.quant.row_scales import mean_kl
+
+    reference, student, records, raw = _setup()
+    train = windows(8, 24, seed=1)
+    before = mean_kl(student, reference, train)
+    # the default top-128 cache covers the tiny vocabulary (96): the exact KL through the cache
+    cfg = TuneConfig(steps=12, warmup_steps=2, lr=2e-2)
+    res = tune_model(student, reference, records, raw, train, cfg, progress=False)
+    assert mean_kl(student, reference, train) < 0.8 * before
+    assert res.loss_history[-1] < res.loss_history[0]
+    assert set(res.parameters) == {"row_scales", "centroids", "int4", "tables", "norms",
+                                   "biases"}
+    for name, rec in res.records.items():
+        assert torch.equal(student.get_submodule(name).weight, rec.dequantize(torch.float32))
+    emb = res.raw["model.embed_tokens.weight"]
+    assert torch.equal(student.get_parameter("model.embed_tokens.weight"), emb.dequantize())
+    norm = "model.layers.1.input_layernorm.weight"
+    assert torch.equal(student.get_parameter(norm), res.raw[norm])
+    assert not torch.equal(res.raw[norm], raw[norm])
+
+
+def test_the_held_out_monitor_keeps_the_best_state() -> None:
+    from recipe_tiny import windows
+
+    reference, student, records, raw = _setup()
+    train, monitor = windows(8, 24, seed=1), windows(3, 24, seed=2)
+    cfg = TuneConfig(steps=12, warmup_steps=2, lr=2e-2, monitor_every=4, teacher_topk=32,
+                     groups=("row_scales", "norms"))
+    res = tune_model(student, reference, records, raw, train, cfg, monitor_windows=monitor,
+                     progress=False)
+    kls = dict((int(s), kl) for s, kl in res.monitor_history)
+    assert res.best_step == min(kls, key=kls.get) and res.best_step > 0
+    assert res.monitor_kl_after < 0.95 * res.monitor_kl_before
+    assert res.monitor_kl_after == pytest.approx(res.monitor_kl_best, rel=1e-4)
+
+
+def test_the_monitor_keeps_the_best_state_and_patience_stops() -> None:
+    from recipe_tiny import windows
+
+    reference, student, records, raw = _setup()
+    train, monitor = windows(4, 24, seed=1), windows(2, 24, seed=2)
+    # a learning rate far too high: the held-out KL gets worse, the start is kept
+    cfg = TuneConfig(steps=10, warmup_steps=0, lr=3.0, monitor_every=2, patience=2,
+                     teacher_topk=0, groups=("norms",))
+    before = copy.deepcopy(student)
+    res = tune_model(student, reference, records, raw, train, cfg, monitor_windows=monitor,
+                     progress=False)
+    kls = [kl for _, kl in res.monitor_history]
+    assert res.best_step == 0 and min(kls[1:]) > kls[0]
+    assert res.stopped_early and res.steps == 4
+    for name in raw:
+        if name.endswith("layernorm.weight"):
+            assert torch.equal(student.get_parameter(name), before.get_parameter(name))
+
+
+def test_resume_after_a_kill_gives_the_same_parameters(tmp_path: Path) -> None:
+    from recipe_tiny import windows
+
+    reference, student, records, raw = _setup()
+    train, monitor = windows(6, 24, seed=1), windows(2, 24, seed=2)
+    cfg = TuneConfig(steps=8, warmup_steps=2, lr=1e-2, monitor_every=3, checkpoint_every=2,
+                     teacher_topk=16)
+    clean = tune_model(copy.deepcopy(student), reference, records, raw, train, cfg,
+                       monitor_windows=monitor, progress=False)
+
+    class Kill(Exception):
+        pass
+
+    def kill(step: int, loss: float) -> None:
+        if step == 4:
+            raise Kill
+
+    ckpt = tmp_path / "tune"
+    with pytest.raises(Kill):
+        tune_model(copy.deepcopy(student), reference, records, raw, train, cfg,
+                   monitor_windows=monitor, checkpoint_dir=ckpt, on_step=kill, progress=False)
+    with pytest.raises(InvalidInput, match="another run"):
+        tune_model(copy.deepcopy(student), reference, records, raw, train,
+                   TuneConfig(steps=8, lr=5e-3), checkpoint_dir=ckpt, progress=False)
+    resumed = tune_model(copy.deepcopy(student), reference, records, raw, train, cfg,
+                         monitor_windows=monitor, checkpoint_dir=ckpt, progress=False)
+    assert resumed.resumed_from == 4 and not ckpt.exists()
+    assert resumed.monitor_history == clean.monitor_history
+    for name, rec in clean.records.items():
+        other = resumed.records[name]
+        for field in ("row_scales", "centroids", "scales", "biases"):
+            if hasattr(rec, field):
+                assert torch.equal(getattr(rec, field), getattr(other, field)), (name, field)
+    for name, t in clean.raw.items():
+        a = t.scales if isinstance(t, GroupAffine) else t
+        b = resumed.raw[name].scales if isinstance(t, GroupAffine) else resumed.raw[name]
+        assert torch.equal(a, b), name
+
+
+def test_config_validation_and_round_trip() -> None:
+    cfg = TuneConfig(steps=3, groups=["norms", "int4"])
+    assert TuneConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ({"groups": ("nope",)}, {"groups": ()}, {"teacher_topk": -1}, {"lr": 0},
+                {"monitor_every": 0}):
+        with pytest.raises(InvalidInput):
+            TuneConfig(**bad)
+
+
+@pytest.mark.gpu
+def test_tuning_on_cuda_in_bf16_autocast_lowers_kl_and_folds_exactly() -> None:
+    from recipe_tiny import windows
+
+    from leechq.quant.row_scales import mean_kl
+
+    reference, student, records, raw = _setup()
+    reference, student = reference.cuda(), student.cuda()
+    train, monitor = windows(8, 24, seed=1), windows(3, 24, seed=2)
+    before = mean_kl(student, reference, train)
+    cfg = TuneConfig(steps=12, warmup_steps=2, lr=2e-2, monitor_every=4)
+    res = tune_model(student, reference, records, raw, train, cfg, monitor_windows=monitor,
+                     progress=False)
+    assert mean_kl(student, reference, train) < before
+    assert res.monitor_kl_after <= res.monitor_kl_before
+    for name, rec in res.records.items():
+        w = student.get_submodule(name).weight
+        assert w.is_cuda and torch.equal(w.cpu(), rec.dequantize(torch.float32))
