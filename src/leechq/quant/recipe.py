@@ -16,8 +16,8 @@ hard-coded string):
 3. **tables** (docs/format.md §3) — group-affine 4- or 8-bit token embedding (group 64, f16 scale
    and offset) and
    a separate width for an untied head; a tied head is one table, stored once;
-4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded into the f64 row
-   scales (:mod:`leechq.quant.row_scales`);
+4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
+   into the f64 row scales (:mod:`leechq.quant.row_scales`);
 5. **tune** (optional) — every continuous stored number (row scales, gain centroids, int4 and table
    scales/offsets, norm weights, biases) trained end to end by KL to the teacher, the held-out
    monitor keeping the best state (:mod:`leechq.quant.tune`).
