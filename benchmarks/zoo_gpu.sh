@@ -1,8 +1,8 @@
 #!/bin/bash
 # Zoo-model quality and timing runs on a GPU host that cannot reach PyPI (the `device` machine).
 #
-# The GGUF, the pydoc corpus and the pure-Python packages the GPU image lacks (gguf, accelerate)
-# arrive as carried files under gpu_carry/ (staged by the `stage` step into /tmp/zoo); the zoo
+# The GGUF, the offline corpora (pydoc, pycode) and the pure-Python packages the GPU image lacks
+# (gguf, accelerate) arrive as carried files under gpu_carry/ (staged by the `stage` step into /tmp/zoo); the zoo
 # re-verifies the GGUF's pinned sha256 before use. Steps (one per call, each under 10 minutes):
 #   stage PART        copy one carried GGUF part (and, with the first, the corpus/packages)
 #   ball              leechq quantize --codebook ball on CUDA, then eval (CPU, f32, 8x512 held out)
@@ -12,7 +12,7 @@
 set -u
 step=$1
 Z=/tmp/zoo
-export LEECHQ_CACHE=$Z/cache LEECHQ_PYDOC_SOURCES=$Z/pydoc/_sources TQDM_DISABLE=1
+export LEECHQ_CACHE=$Z/cache LEECHQ_CORPUS_DIR=$Z/corpus TQDM_DISABLE=1
 export PYTHONPATH=$PWD/src:$Z/site
 G=$LEECHQ_CACHE/zoo/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 L="python -m leechq.cli.main"
@@ -22,8 +22,13 @@ stage)
   part=$2
   mv gpu_carry/$part $Z/
   if [ -d gpu_carry/site ]; then cp -r gpu_carry/site/. $Z/site/; fi
-  if [ -f gpu_carry/pydoc.tar.xz ]; then mkdir -p $Z/pydoc && tar -xJf gpu_carry/pydoc.tar.xz -C $Z/pydoc; fi
-  ls -la $Z $Z/pydoc | head; python -c "import gguf, accelerate; print('gguf', gguf.__file__)"
+  # pydoc.tar.xz holds _sources/ (the docs' html/_sources); pycode.tar.xz holds pycode/
+  # (laid out like usr/lib/python3.11), the code half of the default calibration mix.
+  if [ -f gpu_carry/pydoc.tar.xz ]; then
+    mkdir -p $Z/corpus && tar -xJf gpu_carry/pydoc.tar.xz -C $Z/corpus && mv $Z/corpus/_sources $Z/corpus/pydoc
+  fi
+  if [ -f gpu_carry/pycode.tar.xz ]; then mkdir -p $Z/corpus && tar -xJf gpu_carry/pycode.tar.xz -C $Z/corpus; fi
+  ls -la $Z $Z/corpus | head; python -c "import gguf, accelerate; print('gguf', gguf.__file__)"
   if [ -f $Z/partA ] && [ -f $Z/partB ]; then cat $Z/partA $Z/partB > $G && rm $Z/partA $Z/partB; fi
   ls -la $LEECHQ_CACHE/zoo/smollm2-135m; nvidia-smi -L
   ;;

@@ -41,10 +41,12 @@ def _float32_products_in_float32():
 
 @pytest.fixture
 def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
-    """A small offline corpus laid out like the Python-docs ``_sources`` tree (24 files of random
-    words of the tiny tokenizer's vocabulary, both splits populated), installed through
-    ``$LEECHQ_PYDOC_SOURCES`` with a private ``$LEECHQ_CACHE``: what ``leechq quantize`` calibrates
-    on and ``leechq eval`` evaluates on, with no download. Returns the ``_sources`` path."""
+    """Small offline corpora under one ``$LEECHQ_CORPUS_DIR`` with a private ``$LEECHQ_CACHE``:
+    ``pydoc/`` laid out like the Python-docs ``_sources`` tree (24 files of random words of the
+    tiny tokenizer's vocabulary, both splits populated) and ``pycode/`` laid out like
+    ``usr/lib/python3.11`` (a few tiny modules, both splits populated). What ``leechq quantize``
+    calibrates on (the prose + code mix) and ``leechq eval`` evaluates on, with no download.
+    Returns the ``pydoc`` path."""
     import random
 
     from leechq_tiny import WORDS
@@ -52,7 +54,7 @@ def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     from leechq.data.corpus import split_of
 
     root = tmp_path_factory.mktemp("corpus")
-    sources = root / "_sources"
+    sources = root / "pydoc"
     rng = random.Random(0)
     for i in range(24):
         rel = f"library/m{i}.rst.txt"
@@ -60,6 +62,14 @@ def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         (sources / rel).write_text(" ".join(rng.choice(WORDS) for _ in range(400)) + "\n")
     splits = {split_of(f"library/m{i}.rst.txt") for i in range(24)}
     assert splits == {"calibration", "evaluation"}, splits
-    monkeypatch.setenv("LEECHQ_PYDOC_SOURCES", str(sources))
+    code = root / "pycode"
+    for i in range(12):
+        rel = f"pkg/mod{i}.py"
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        words = [rng.choice(WORDS) for _ in range(40)]
+        (code / rel).write_text(f"def f{i}(x):\n    return {words!r}[x]\n")
+    splits = {split_of(f"pkg/mod{i}.py") for i in range(12)}
+    assert splits == {"calibration", "evaluation"}, splits
+    monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(root))
     monkeypatch.setenv("LEECHQ_CACHE", str(root / "cache"))
     return sources

@@ -31,10 +31,11 @@ def test_fetch_code_from_a_deb_skips_docs_text_and_tests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LEECHQ_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("LEECHQ_PYCODE_SOURCES", raising=False)
+    monkeypatch.delenv("LEECHQ_CORPUS_DIR", raising=False)
     code_corpus._code_text_cached.cache_clear()
-    with pytest.raises(ArtifactError, match=r"no copy of the libpython3\.11-stdlib"):
+    with pytest.raises(ArtifactError, match=r"no copy of the libpython3\.11-stdlib") as err:
         code_corpus.code_sources_dir(fetch=False)
+    assert "fetch_code(deb=PATH)" in str(err.value) and "$LEECHQ_CORPUS_DIR" in str(err.value)
     p = "./usr/lib/python3.11/"
     files = {p + f"pkg/mod{i:02d}.py": f"def f{i}():\n    return {i}\n".encode() for i in range(40)}
     files[p + "pydoc_data/topics.py"] = b"topics = {'docs': 'text'}"
@@ -70,3 +71,18 @@ def test_mixed_calibration_text_holds_both_domains_early(tmp_path: Path) -> None
     head = mixed[: 4 * code_corpus.PIECE_CHARS]
     assert "Body text number" in head and "x_" in head
     assert mixed.startswith(prose[:100])
+
+
+def test_corpus_dir_serves_the_code_and_names_a_missing_subdirectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pycode" / "pkg").mkdir(parents=True)
+    (tmp_path / "pycode" / "pkg" / "m.py").write_text("x = 1\n")
+    monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(tmp_path))
+    assert code_corpus.code_sources_dir() == tmp_path / "pycode"
+    (tmp_path / "pycode" / "pkg" / "m.py").unlink()
+    (tmp_path / "pycode" / "pkg").rmdir()
+    (tmp_path / "pycode").rmdir()
+    with pytest.raises(ArtifactError, match=r"has no pycode/ directory") as err:
+        code_corpus.code_sources_dir()
+    assert str(tmp_path / "pycode") in str(err.value)

@@ -95,7 +95,7 @@ def make_deb(path: Path, files: dict[str, bytes], version: str = "3.11.2-6+test1
 
 def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEECHQ_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("LEECHQ_PYDOC_SOURCES", raising=False)
+    monkeypatch.delenv("LEECHQ_CORPUS_DIR", raising=False)
     monkeypatch.setattr(corpus, "PYDOC_SYSTEM_SOURCES", tmp_path / "not-installed")
     prefix = "./usr/share/doc/python3.11/html/_sources/"
     deb = make_deb(
@@ -144,13 +144,30 @@ def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         corpus._extract_sources(not_deb, tmp_path / "out3")
 
 
-def test_sources_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_corpus_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_sources(tmp_path, 4)
-    monkeypatch.setenv("LEECHQ_PYDOC_SOURCES", str(src))
-    assert corpus.pydoc_sources_dir() == src
-    monkeypatch.setenv("LEECHQ_PYDOC_SOURCES", str(tmp_path / "nope"))
-    with pytest.raises(ArtifactError, match="not a directory"):
+    src.rename(tmp_path / "pydoc")
+    monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(tmp_path))
+    assert corpus.pydoc_sources_dir() == tmp_path / "pydoc"
+    assert len(corpus.corpus_files()) == 4
+    monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(tmp_path / "nope"))
+    with pytest.raises(ArtifactError, match=r"LEECHQ_CORPUS_DIR=.*has no pydoc/ directory"):
         corpus.pydoc_sources_dir()
+
+
+def test_offline_hints_name_the_deb_route_and_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEECHQ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LEECHQ_CORPUS_DIR", raising=False)
+    monkeypatch.setattr(corpus, "PYDOC_SYSTEM_SOURCES", tmp_path / "not-installed")
+    with pytest.raises(ArtifactError) as err:
+        corpus.pydoc_sources_dir(fetch=False)
+    assert "fetch_pydoc(deb=PATH)" in str(err.value) and "$LEECHQ_CORPUS_DIR" in str(err.value)
+    monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
+    with pytest.raises(ArtifactError, match=r"apt-get not found: download python3\.11-doc_\*\.deb"):
+        corpus.fetch_pydoc()
+    assert not (tmp_path / "cache" / "pydoc" / "python3.11-doc").exists()  # nothing half-written
 
 
 def test_consecutive_windows_are_disjoint_runs_from_token_zero() -> None:

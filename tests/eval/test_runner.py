@@ -91,13 +91,13 @@ def _local_model_dir(tmp_path: Path, text: str) -> Path:
 
 
 def test_command_line_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    sources = tmp_path / "_sources"
+    sources = tmp_path / "corpora" / "pydoc"
     for i in range(40):
         (sources / "library").mkdir(parents=True, exist_ok=True)
         (sources / "library" / f"m{i}.rst.txt").write_text(
             f"Module {i}\n========\n\nThe function f{i}(x) returns x plus {i}. " * 20
         )
-    monkeypatch.setenv("LEECHQ_PYDOC_SOURCES", str(sources))
+    monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(tmp_path / "corpora"))
     monkeypatch.setenv("LEECHQ_CACHE", str(tmp_path / "cache"))
     model_dir = _local_model_dir(tmp_path, (sources / "library" / "m1.rst.txt").read_text())
     assert runner.main(["--model", str(model_dir), "--windows", "2", "--window", "32"]) == 0

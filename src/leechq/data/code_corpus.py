@@ -3,9 +3,11 @@
 Code corpus: the Python sources of the standard library as shipped by Debian's
 ``libpython3.11-stdlib`` package, ``usr/lib/python3.11/**/*.py`` without ``pydoc_data/`` (the
 documentation's own text, which would leak the Python-docs evaluation split) and ``test/``. Where it
-comes from, in order: ``$LEECHQ_PYCODE_SOURCES`` (a directory laid out like ``usr/lib/python3.11``),
-the cache ``<cache root>/pycode/libpython3.11-stdlib/src``, else fetched into that cache the same
-way as the Python-docs corpus (``apt-get download`` or the ``.deb`` named by ``$LEECHQ_PYCODE_DEB``,
+comes from, in order: ``$LEECHQ_CORPUS_DIR/pycode`` when ``$LEECHQ_CORPUS_DIR`` is set (laid out
+like ``usr/lib/python3.11``; an error if it is missing,
+:func:`leechq.data.corpus.corpus_dir_override`), the cache
+``<cache root>/pycode/libpython3.11-stdlib/src``, else fetched into that cache the same way as the
+Python-docs corpus (``apt-get download``, or a local ``.deb`` passed as ``fetch_code(deb=PATH)``;
 members extracted in Python, temp dir + rename; :mod:`leechq.data.corpus`). Its files are split into
 calibration and evaluation by the same path-hash rule (:func:`leechq.data.corpus.split_of`).
 
@@ -42,25 +44,33 @@ def _cache_code_dir() -> Path:
     return cache_root() / "pycode" / CODE_PACKAGE
 
 
+def _code_hint() -> str:
+    from leechq.data.corpus import offline_hint
+
+    return offline_hint(
+        CODE_PACKAGE, "leechq.data.code_corpus.fetch_code", "pycode", "usr/lib/python3.11"
+    )
+
+
 def code_sources_dir(*, fetch: bool = True) -> Path:
     """The directory of the standard-library sources, fetched into the cache if needed.
 
     Raises:
-        ArtifactError: no copy found and ``fetch`` is False, or fetching failed.
+        ArtifactError: ``$LEECHQ_CORPUS_DIR`` lacks ``pycode/``, no copy found and ``fetch`` is
+            False, or fetching failed.
     """
-    env = os.environ.get("LEECHQ_PYCODE_SOURCES")
-    if env:
-        p = Path(env).expanduser()
-        if not p.is_dir():
-            raise ArtifactError(f"$LEECHQ_PYCODE_SOURCES={env!r} is not a directory")
-        return p
+    from leechq.data.corpus import corpus_dir_override
+
+    override = corpus_dir_override("pycode")
+    if override is not None:
+        return override
     cached = _cache_code_dir()
     if (cached / _MANIFEST).is_file() and (cached / "src").is_dir():
         return cached / "src"
     if not fetch:
         raise ArtifactError(
-            f"no copy of the {CODE_PACKAGE} sources: not cached at {cached}; call fetch_code() or "
-            "set $LEECHQ_PYCODE_SOURCES"
+            f"no copy of the {CODE_PACKAGE} sources: not cached at {cached}; call fetch_code(), "
+            f"or {_code_hint()}"
         )
     return fetch_code()
 
@@ -69,7 +79,7 @@ def fetch_code(deb: Path | str | None = None) -> Path:
     """Extract the ``*.py`` sources of ``libpython3.11-stdlib`` into the cache; return the path.
 
     Args:
-        deb: a local ``.deb``; default ``$LEECHQ_PYCODE_DEB`` or else ``apt-get download``.
+        deb: a local ``.deb`` (left in place); default ``apt-get download``.
 
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no sources.
@@ -80,9 +90,7 @@ def fetch_code(deb: Path | str | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
     try:
-        deb = deb or os.environ.get("LEECHQ_PYCODE_DEB")
-        hint = "set $LEECHQ_PYCODE_DEB, or $LEECHQ_PYCODE_SOURCES to a usr/lib/python3.11 directory"
-        deb_path = Path(deb) if deb else _apt_download(work, CODE_PACKAGE, hint)
+        deb_path = Path(deb) if deb else _apt_download(work, CODE_PACKAGE, _code_hint())
         version = _extract_sources(deb_path, work / "src", _CODE_PREFIX, ".py", _CODE_SKIP)
         manifest = {
             "package": CODE_PACKAGE,
@@ -91,7 +99,7 @@ def fetch_code(deb: Path | str | None = None) -> Path:
             "deb_sha256": _sha256_file(deb_path),
         }
         (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if deb is None:
+        if not deb:
             deb_path.unlink()
         os.chmod(work, 0o755)
         if (dest / _MANIFEST).is_file():  # another process finished first

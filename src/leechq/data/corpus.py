@@ -4,11 +4,13 @@ Default corpus (works without the hub): the reStructuredText sources of the Pyth
 documentation as shipped by Debian's ``python3.11-doc`` package, ``html/_sources/**/*.txt`` (497
 files, ~11 MB of English prose and code). Where it comes from, in order:
 
-1. ``$LEECHQ_PYDOC_SOURCES``: a directory laid out like ``_sources``;
+1. ``$LEECHQ_CORPUS_DIR/pydoc``: when ``$LEECHQ_CORPUS_DIR`` is set, its ``pydoc/`` subdirectory,
+   laid out like ``html/_sources`` (an error if it is missing; the variable is the one offline
+   switch for every corpus, see :func:`corpus_dir_override`);
 2. the installed package: ``/usr/share/doc/python3.11/html/_sources``;
 3. the cache: ``<cache root>/pydoc/python3.11-doc/_sources`` (see :mod:`leechq.data.cache`);
 4. otherwise it is fetched into that cache: ``apt-get download python3.11-doc`` (no root needed;
-   or the ``.deb`` named by ``$LEECHQ_PYDOC_DEB``), and the ``_sources`` members of its
+   or a local ``.deb`` passed as ``fetch_pydoc(deb=PATH)``), and the ``_sources`` members of its
    ``data.tar.*`` are extracted in Python (ar + tarfile; no ``dpkg`` needed), temp dir + rename.
 
 Split (fixed, by file, disjoint): a file with posix path ``rel`` relative to ``_sources`` belongs to
@@ -51,6 +53,9 @@ _DEB_SOURCES_PREFIX = "usr/share/doc/python3.11/html/_sources/"
 EVAL_MODULUS = 10
 SPLITS = ("calibration", "evaluation")
 _MANIFEST = "manifest.json"
+CORPUS_DIR_ENV = "LEECHQ_CORPUS_DIR"
+"""The environment variable naming a directory of offline corpora: ``pydoc/`` (laid out like the
+docs' ``html/_sources``) and/or ``pycode/`` (laid out like ``usr/lib/python3.11``)."""
 # Content fingerprints of known package versions (see corpus_info); informative, not enforced.
 KNOWN_CORPUS_FINGERPRINTS = {"3.11.2-6+deb12u8": "930d16cdb6d46cd5"}
 
@@ -80,6 +85,40 @@ def _cache_pydoc_dir() -> Path:
     return cache_root() / "pydoc" / PYDOC_PACKAGE
 
 
+def corpus_dir_override(name: str) -> Path | None:
+    """``$LEECHQ_CORPUS_DIR/<name>`` when the variable is set, else None.
+
+    Args:
+        name: the corpus subdirectory (``"pydoc"`` or ``"pycode"``).
+
+    Raises:
+        ArtifactError: the variable is set but ``<dir>/<name>`` is not a directory.
+    """
+    env = os.environ.get(CORPUS_DIR_ENV)
+    if not env:
+        return None
+    p = Path(env).expanduser() / name
+    if not p.is_dir():
+        raise ArtifactError(
+            f"${CORPUS_DIR_ENV}={env!r} has no {name}/ directory ({p} is not a directory); "
+            f"put the {name} corpus there or unset ${CORPUS_DIR_ENV}"
+        )
+    return p
+
+
+def offline_hint(package: str, fetch: str, subdir: str, layout: str) -> str:
+    """What an offline user can do instead of ``apt-get download`` (for error messages)."""
+    return (
+        f"download {package}_*.deb from a Debian mirror and call {fetch}(deb=PATH), or set "
+        f"${CORPUS_DIR_ENV} to a directory holding {subdir}/ laid out like {layout}"
+    )
+
+
+_PYDOC_HINT = offline_hint(
+    PYDOC_PACKAGE, "leechq.data.corpus.fetch_pydoc", "pydoc", "html/_sources"
+)
+
+
 def pydoc_sources_dir(*, fetch: bool = True) -> Path:
     """The ``_sources`` directory of the Python docs, fetched into the cache if needed.
 
@@ -87,14 +126,12 @@ def pydoc_sources_dir(*, fetch: bool = True) -> Path:
         fetch: allow downloading and extracting the ``.deb`` when no copy is found.
 
     Raises:
-        ArtifactError: no copy found and ``fetch`` is False, or fetching failed.
+        ArtifactError: ``$LEECHQ_CORPUS_DIR`` lacks ``pydoc/``, no copy found and ``fetch`` is
+            False, or fetching failed.
     """
-    env = os.environ.get("LEECHQ_PYDOC_SOURCES")
-    if env:
-        p = Path(env).expanduser()
-        if not p.is_dir():
-            raise ArtifactError(f"$LEECHQ_PYDOC_SOURCES={env!r} is not a directory")
-        return p
+    override = corpus_dir_override("pydoc")
+    if override is not None:
+        return override
     if PYDOC_SYSTEM_SOURCES.is_dir():
         return PYDOC_SYSTEM_SOURCES
     cached = _cache_pydoc_dir()
@@ -103,7 +140,7 @@ def pydoc_sources_dir(*, fetch: bool = True) -> Path:
     if not fetch:
         raise ArtifactError(
             f"no copy of the {PYDOC_PACKAGE} sources: not installed at {PYDOC_SYSTEM_SOURCES}, not "
-            f"cached at {cached}; call fetch_pydoc() or set $LEECHQ_PYDOC_SOURCES"
+            f"cached at {cached}; call fetch_pydoc(), or {_PYDOC_HINT}"
         )
     return fetch_pydoc()
 
@@ -112,8 +149,8 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
     """Extract the ``_sources`` tree of ``python3.11-doc`` into the cache; return its path.
 
     Args:
-        deb: a local ``.deb`` to extract; default ``$LEECHQ_PYDOC_DEB`` or else
-            ``apt-get download python3.11-doc`` (needs apt sources, not root).
+        deb: a local ``.deb`` to extract (left in place); default ``apt-get download
+            python3.11-doc`` (needs apt sources, not root).
 
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` has no ``_sources``.
@@ -122,8 +159,7 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
     try:
-        deb = deb or os.environ.get("LEECHQ_PYDOC_DEB")
-        deb_path = Path(deb) if deb else _apt_download(work)
+        deb_path = Path(deb) if deb else _apt_download(work, PYDOC_PACKAGE, _PYDOC_HINT)
         version = _extract_sources(deb_path, work / "_sources")
         manifest = {
             "package": PYDOC_PACKAGE,
@@ -132,7 +168,7 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
             "deb_sha256": _sha256_file(deb_path),
         }
         (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if deb is None:
+        if not deb:
             deb_path.unlink()
         os.chmod(work, 0o755)
         if (dest / _MANIFEST).is_file():  # another process finished first
@@ -145,12 +181,11 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _apt_download(work: Path, package: str = PYDOC_PACKAGE, hint: str = "") -> Path:
-    hint = hint or "set $LEECHQ_PYDOC_DEB, or $LEECHQ_PYDOC_SOURCES to an html/_sources directory"
+def _apt_download(work: Path, package: str, hint: str) -> Path:
+    """``apt-get download package`` into ``work``; the path of the ``.deb``. ``hint`` (see
+    :func:`offline_hint`) ends the error messages."""
     if shutil.which("apt-get") is None:
-        raise ArtifactError(
-            f"apt-get not found: download {package}_*.deb from a Debian mirror and {hint}"
-        )
+        raise ArtifactError(f"apt-get not found: {hint}")
     proc = subprocess.run(
         ["apt-get", "download", package], cwd=work, capture_output=True, text=True
     )
@@ -158,7 +193,7 @@ def _apt_download(work: Path, package: str = PYDOC_PACKAGE, hint: str = "") -> P
     if proc.returncode != 0 or not debs:
         raise ArtifactError(
             f"apt-get download {package} failed (exit {proc.returncode}): "
-            f"{proc.stderr.strip()[-1000:]}"
+            f"{proc.stderr.strip()[-1000:]}; {hint}"
         )
     return debs[0]
 
