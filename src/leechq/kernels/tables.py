@@ -121,10 +121,6 @@ M1_PB_WORD = M1_PA_WORD + 4 * 64 * M1_COPIES
 20..23 and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
 M1_TABLE_WORDS = M1_PB_WORD + 4 * 64 * M1_COPIES
 """8192 words: the 32 KiB the kernels reserve (five programs per H200 SM)."""
-M1_COMPACT_PB_WORD = M1_PA_WORD + 4 * 64
-"""``PB`` in the compact table (one copy per entry: entry ``b`` at ``M1_COMPACT_PB_WORD + 4·b``;
-``PA`` entry ``a`` at ``M1_PA_WORD + 4·a``)."""
-M1_COMPACT_WORDS = M1_COMPACT_PB_WORD + 4 * 64
 M1_MID_SHIFT = 2048 - 1240
 """The middle section's row is ``i2`` (``i2 < 1240``, class 0) or ``i2 + M1_MID_SHIFT`` (class 1,
 rows ``2048 + i2 − 1240``); 1240 is ``codebooks.tetra_tables.N0_MIXED`` (checked in the tests)."""
@@ -178,14 +174,13 @@ def _m1_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return hrow, pa, pb
 
 
-def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
+def tetra_m1_table_numpy() -> np.ndarray:
     """The batch-1 Tetra table as uint32 (see the module docstring): [M1_TABLE_WORDS] with the
-    pattern tables in :data:`M1_COPIES` bank-spread copies (for kernels that stage it in shared
-    memory), or with ``compact`` [M1_COMPACT_WORDS], one copy of each entry (for kernels that read
-    it through L1: 32 lanes' random entries then touch 8 cache lines per table instead of 32)."""
+    pattern tables in :data:`M1_COPIES` bank-spread copies (the kernels stage it in shared
+    memory)."""
     hrow, pa, pb = _m1_parts()
-    copies = 1 if compact else M1_COPIES
-    pb_word = M1_COMPACT_PB_WORD if compact else M1_PB_WORD
+    copies = M1_COPIES
+    pb_word = M1_PB_WORD
     out = np.zeros(pb_word + 4 * 64 * copies, dtype=np.uint32)
     out[:4096] = hrow
     out[M1_PA_WORD:pb_word] = np.repeat(pa, copies, axis=0).reshape(-1)
@@ -246,19 +241,13 @@ def tetra_m1_bits_table(device: torch.device | str, copies: int = 32) -> torch.T
     return _memo(f"tetra_m1_bits{copies}", device, partial(_tetra_m1_bits_build, copies=copies))
 
 
-def _tetra_m1_build(device: str, compact: bool = False) -> torch.Tensor:
-    return torch.from_numpy(tetra_m1_table_numpy(compact).view(np.int32).copy()).to(device)
+def _tetra_m1_build(device: str) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
 
 
 def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
     """The batch-1 Tetra table, int32 [M1_TABLE_WORDS], on ``device`` (built once per device)."""
     return _memo("tetra_m1", device, _tetra_m1_build)
-
-
-def tetra_m1_table_compact(device: torch.device | str) -> torch.Tensor:
-    """The same table with one copy per pattern entry, int32 [M1_COMPACT_WORDS] (built once per
-    device): the layout for decoders that read it from global memory (the tensor-core kernel)."""
-    return _memo("tetra_m1_compact", device, partial(_tetra_m1_build, compact=True))
 
 
 def _planes14_table_build(device: str) -> torch.Tensor:
