@@ -95,9 +95,13 @@ def test_m1_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch, d_out: int, d
         def matvec(**kw):
             return ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, **kw)
         dense = ref.tetra48_dequantize_rotated(w)
-    monkeypatch.setattr(ops, "A16", False)
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", False)
     full = matvec()
-    monkeypatch.setattr(ops, "A16", True)
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", True)
     y = matvec()
     assert ref.row_bound_error(y, ref.round_activation(x, w.n_blocks), dense) <= 1e-5
     assert not torch.equal(y, full)

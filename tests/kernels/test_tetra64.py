@@ -35,7 +35,9 @@ def _both(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int, m_rows: int,
     """A random record in the standard and the tetra64 layout, an activation and its prepared
     form, with 16-bit activations (the layout's only width)."""
     ops = _ops()
-    monkeypatch.setattr(ops, "A16", True)
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", True)
     w = random_tetra48(d_out, d_in, seed=d_in + m_rows, device=device)
     g = torch.Generator(device=device).manual_seed(d_out + m_rows)
     x = torch.randn(m_rows, d_in, generator=g, device=device) * 4
@@ -80,11 +82,15 @@ def test_tetra64_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     the tiled kernel refuses it, with errors that say so."""
     ops = _ops()
     _w, t, _x, xp = _both(monkeypatch, 8, 48, 1)
-    monkeypatch.setattr(ops, "A16", False)
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", False)
     cfg = ops.m1_config(8, 2, torch.device("cpu"))
     with pytest.raises(UnsupportedShape, match="16-bit activations"):
         ops.tetra48_matvec_prepared(xp, t, 1, cfg)
-    monkeypatch.setattr(ops, "A16", True)
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", True)
     with pytest.raises(UnsupportedShape, match="tetra64"):
         ops.tetra48_matvec_prepared(xp, t, 1, ops.MatvecConfig(8, 4, 4, False))
     with pytest.raises(InvalidInput, match="tetra64"):
@@ -101,7 +107,9 @@ def test_imma_tetra64_matches_standard(monkeypatch: pytest.MonkeyPatch, d_out: i
     takes it at one row too."""
     ops = _ops()
     w, t, _x, xp = _both(monkeypatch, d_out, d_in, m_rows)
-    monkeypatch.setattr(ops, "A16", a16 == "1")
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", a16 == "1")
     want = ops.tetra48_matvec_imma_prepared(xp, w, m_rows)
     got = torch.full((m_rows, d_out), float("nan"))
     ops.tetra48_matvec_imma_prepared(xp, t, m_rows, out=got)

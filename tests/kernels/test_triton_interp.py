@@ -455,7 +455,9 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
         back = got.double() * w.row_scales.double()[:, None]
         assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            from leechq.kernels.triton import ops_dense
+
+            mp.setattr(ops_dense, "DEQUANT_DEFAULT", cfg)
             y = ops.tetra48_matmul_dense(x, w)
         assert ref.row_bound_error(y, x, dense) <= 2e-3
 
@@ -490,7 +492,9 @@ def test_dense_products_from_the_rotation_order(layout: str) -> None:
     rows = ops.EPILOGUE_ROWS + 5  # several rows per program, the last program ragged
     y_many, x_many = torch.randn(rows, 40).half(), torch.randn(rows, w.d_in).half()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "EPILOGUE_MIN_ROWS", ops.EPILOGUE_ROWS)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "EPILOGUE_MIN_ROWS", ops.EPILOGUE_ROWS)
         epi = ops._scale_and_tail(y_many, x_many, w)
     want = ref.scale_and_tail(y_many, x_many[:, 5 * 24:], w.row_scales, w.tail)
     assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
@@ -515,7 +519,9 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     assert torch.allclose(back, dense[:, : 9 * 24], rtol=2**-10, atol=0.0)
     x = torch.randn(13, w.d_in)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "DEQUANT_DEFAULT", blocks)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "DEQUANT_DEFAULT", blocks)
         assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     # the grouped layout with vector stores: the twin's columns, mapped back by the index
     cfg = ops.DequantConfig(grouped=True, vector_stores=True)
@@ -525,7 +531,9 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     assert torch.allclose(got.double() * w.row_scales.double()[:, None], dense[:, idx],
                           rtol=2**-10, atol=0.0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "DEQUANT_DEFAULT", cfg)
         assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     out = torch.empty(7, 9 * 24, dtype=torch.float32)
     with pytest.raises(InvalidInput, match="out"):
@@ -600,14 +608,16 @@ def test_small_batches_route_to_the_int8_kernel(monkeypatch: pytest.MonkeyPatch)
     not."""
     ops = _ops()
     monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
+    from leechq.kernels.triton import ops_imma
+
     codes = []
-    launch = ops._matvec_imma
+    launch = ops_imma._matvec_imma
 
     def counted(code, *args, **kwargs):
         codes.append(code)
         return launch(code, *args, **kwargs)
 
-    monkeypatch.setattr(ops, "_matvec_imma", counted)
+    monkeypatch.setattr(ops_imma, "_matvec_imma", counted)
     x = torch.randn(3, 5 * 24 + 5)
     wt = random_tetra48(9, x.shape[1], seed=7)
     xt = ops.prepare_activation(x, wt.n_blocks, ops.tetra_kernel_tables("cpu").order)

@@ -39,7 +39,12 @@ from leechq.formats.rotation import generate_rotation
 from leechq.kernels.triton import ops
 from leechq.serve.random_codes import random_int4
 
-ops.interpreting = lambda: True  # CPU tensors pass the argument checks; kernels stay JITFunctions
+from leechq.kernels.triton import ops_attention, ops_common, ops_dense, ops_imma, ops_intq
+
+# CPU tensors pass the argument checks; kernels stay JITFunctions
+for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention):
+    if hasattr(_mod, "interpreting"):
+        _mod.interpreting = lambda: True
 # several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
 ops._many_row_m1_default = lambda: True
 

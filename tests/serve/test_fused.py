@@ -416,7 +416,9 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
     launches, calls = [], []
-    activation, matvec = ops.imma_activation, ops._matvec_imma
+    from leechq.kernels.triton import ops_imma
+
+    activation, matvec = ops_imma.imma_activation, ops_imma._matvec_imma
 
     def counted(*args, **kwargs):
         launches.append(1)
@@ -426,8 +428,8 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
         calls.append(args[5])  # the rows
         return matvec(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "imma_activation", counted)
-    monkeypatch.setattr(ops, "_matvec_imma", called)
+    monkeypatch.setattr(ops_imma, "imma_activation", counted)
+    monkeypatch.setattr(ops_imma, "_matvec_imma", called)
     recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")

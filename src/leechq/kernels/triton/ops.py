@@ -1,17 +1,20 @@
-"""Host wrappers of the Triton kernels: validate, allocate, launch (same signatures as the twins in
-``leechq.kernels.reference``).
+"""Host wrappers of the lattice matvec kernels and the activation rotations: validate, allocate,
+launch (same signatures as the twins in ``leechq.kernels.reference``); the one namespace the
+serving layers call.
 
 Every wrapper checks what it is given and raises :class:`leechq.errors.InvalidInput` (a ValueError)
 naming the tensor: wrong dtype, wrong shape for the packed record, non-contiguous storage, a tensor on
 the CPU (or on another device than the weights) — except under the Triton interpreter
 (``TRITON_INTERPRET=1``), where CPU tensors are the point. Outputs are freshly allocated float32
-unless an ``out`` buffer is given.
+unless an ``out`` buffer is given. The other kernel families' host sides live beside this module
+and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_imma` (the int8
+tensor-core kernel), :mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 /
+int8), :mod:`.ops_attention` (decode attention).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -32,6 +35,7 @@ from leechq.kernels.tables import (
     tetra_m1_bits_table,
     tetra_m1_table,
 )
+from leechq.kernels.triton import ops_common as _c
 from leechq.kernels.triton._bits import PDL_AVAILABLE
 from leechq.kernels.triton.activation import (
     PRE_ADD_NORM,
@@ -41,58 +45,78 @@ from leechq.kernels.triton.activation import (
     rotate_kernel,
     rotate_prepared_kernel,
 )
-from leechq.kernels.triton.decode_attention import (
-    LOG2E,
-    decode_attention_combine_kernel,
-    decode_attention_partial_kernel,
+from leechq.kernels.triton.ops_attention import (  # noqa: F401  (re-exported)
+    DECODE_ATTN_BLOCK_N,
+    DECODE_ATTN_MAX_HEAD_DIM,
+    DECODE_ATTN_MAX_SPLITS,
+    decode_attention,
+    decode_attention_splits,
 )
-from leechq.kernels.triton.dense_epilogue import scale_tail_kernel
-from leechq.kernels.triton.intq import (
-    code_transpose_kernel,
-    intq_embedding_kernel,
-    intq_matvec_kernel,
+from leechq.kernels.triton.ops_common import (  # noqa: F401  (re-exported)
+    MAX_ROWS,
+    _check_lattice,
+    _check_out,
+    _check_prepared,
+    _check_x,
+    _checked_once,
+    _sm_count,
+    _use_asm,
+    check_tensor,
+    interpreting,
+)
+from leechq.kernels.triton.ops_dense import (  # noqa: F401  (re-exported)
+    DEQUANT_DEFAULT,
+    EPILOGUE_MIN_ROWS,
+    EPILOGUE_ROWS,
+    DequantConfig,
+    _check_planes14_dense,
+    _scale_and_tail,
+    dense_input_order,
+    dequant_config,
+    dequant_natural_index,
+    matmul_dense_ordered,
+    planes14_dense_enabled,
+    planes14_dequant_natural_index,
+    planes14_dequantize_f16,
+    planes14_matmul_dense,
+    tetra48_dequantize_f16,
+    tetra48_matmul_dense,
+)
+from leechq.kernels.triton.ops_imma import (  # noqa: F401  (re-exported)
+    IMMA_MAXNREG,
+    IMMA_MIN_ROWS,
+    IMMA_ROWS,
+    _check_acts,
+    _check_imma_rows,
+    _matvec_imma,
+    _record_shapes,
+    imma_activation,
+    imma_chunks,
+    imma_default,
+    imma_records,
+    imma_slices,
+    planes14_matvec_imma_prepared,
+    tetra48_matvec_imma_prepared,
+)
+from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
+    code_transpose,
+    int4_embedding,
+    int4_matvec,
+    int8_embedding,
+    int8_matvec,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
-from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
-from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
-from leechq.kernels.triton.tetra48_imma import (
-    STEP_WORDS,
-    imma_activation_kernel,
-    imma_finalize_kernel,
-    imma_kernel,
-)
 from leechq.kernels.triton.tetra48_m1 import PLANES14, T64_PBITS, TETRA, TETRA_64, m1_kernel
 
 if TYPE_CHECKING:
-    from leechq.formats.int8_weight import Int8Weight
     from leechq.formats.layouts.planes14 import Planes14Weight
     from leechq.formats.layouts.tetra48 import Tetra48Weight
-    from leechq.formats.quantized_weight import Int4Weight
     from leechq.formats.rotation import RotationTables
 
-MAX_ROWS = 8
-"""Largest activation row count of the matvec kernels (decode and small prefill chunks)."""
-
-
-def interpreting() -> bool:
-    """True under the Triton CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _use_asm() -> bool:
-    return not interpreting()
-
-
-A16 = True
-"""The integer kernels (``m1``, the int8 tensor-core kernel and the records the rotation writes for
-them) round each activation block to 16 significant bits instead of 24
-(``tetra48_m1.A16_STEP``; twin: ``reference.round_activation``): limb 0 is zero, so ``m1``
-issues 12 ``dp4a`` per block and row instead of 18 and the int8 kernel 24 MMAs and 12 fragment
-loads per step instead of 36 and 18. Per coordinate the activation moves by at most 2^-14 of its
-block's largest |value| (half that on average); docs/kernels.md gives the tolerance. The kernels
-keep their 24-bit form (``A16`` False), which the kernel tests patch in to hold the kernels to the
-f64 product of the activation as given."""
+A16 = _c.A16
+"""The integer kernels' activation width as loaded (:data:`.ops_common.A16`, which the launches
+read; tests patch that one)."""
 
 
 def t64_serving(device: torch.device | str) -> bool:
@@ -100,13 +124,13 @@ def t64_serving(device: torch.device | str) -> bool:
     CUDA device, not under the interpreter (whose serving tests keep the standard layout unless
     they ask), 16-bit activations (:data:`A16`; the batch-1 kernel decodes the layout with them
     only)."""
-    return torch.device(device).type == "cuda" and not interpreting() and A16
+    return torch.device(device).type == "cuda" and not interpreting() and _c.A16
 
 
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """The activation the integer kernels multiply (for an f64 reference): ``x``'s 16-bit rounding
     per block with :data:`A16` (``reference.round_activation``), else ``x`` itself."""
-    return ref.round_activation(x, n_blocks) if A16 else x
+    return ref.round_activation(x, n_blocks) if _c.A16 else x
 
 
 PDL_MAX_ROWS = 1
@@ -147,37 +171,6 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
     """The launch keywords of a kernel with a ``PDL`` constexpr: the constexpr, and the launch
     attribute only when set (so that launches without it stay plain)."""
     return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
-
-
-def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...],
-                 shape: tuple[int, ...] | None = None,
-                 device: torch.device | None = None) -> torch.Tensor:
-    """Validate one kernel argument; raise :class:`InvalidInput` naming it."""
-    if not isinstance(t, torch.Tensor):
-        raise InvalidInput(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
-    if t.dtype not in dtypes:
-        raise InvalidInput(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise InvalidInput(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise InvalidInput(f"{name} must be contiguous (got strides {t.stride()})")
-    if not interpreting() and t.device.type != "cuda":
-        raise InvalidInput(f"{name} is on {t.device}; the Triton kernels need CUDA tensors")
-    if device is not None and t.device != device:
-        raise InvalidInput(f"{name} is on {t.device}, the weights on {device}")
-    return t
-
-
-def _check_x(x: torch.Tensor, d_in: int, device: torch.device, max_rows: int | None = MAX_ROWS,
-             what: str = "the matvec kernels take") -> int:
-    """Activation checks shared by the matvec entry points (``max_rows=None``: any row count)."""
-    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=device)
-    if x.dim() != 2 or x.shape[1] != d_in:
-        raise InvalidInput(f"x must be [M, {d_in}] for this matrix, got {list(x.shape)}")
-    if max_rows is not None and not 1 <= x.shape[0] <= max_rows:
-        raise UnsupportedShape(f"x has {x.shape[0]} rows; {what} 1..{max_rows}")
-    return int(x.shape[0])
 
 
 @dataclass(frozen=True)
@@ -346,19 +339,10 @@ def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
 
 
-_SM_COUNT: dict[str, int] = {}
 _TICKETS: dict[str, torch.Tensor] = {}
 TICKET_SLOTS = 1 << 16
 """Row chunks per launch the ``m1`` kernels can track (a zeroed int32 counter each, reset by the
 program that consumes it, so one buffer per device serves every launch on one stream)."""
-
-
-def _sm_count(device: torch.device) -> int:
-    key = str(device)
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = (torch.cuda.get_device_properties(device).multi_processor_count
-                          if device.type == "cuda" else 2)
-    return _SM_COUNT[key]
 
 
 def _tickets(device: torch.device) -> torch.Tensor:
@@ -384,18 +368,8 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None =
     if interpreting() or device.type != "cuda":
         return True
     check = check or _check_m1
-    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__, A16), check, device,
+    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__, _c.A16), check, device,
                          cfg)
-
-
-def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any) -> bool:
-    """``check(*args)``'s verdict for ``key``, computed once (into ``cache``) on first use
-    outside any CUDA-graph capture; under a capture with no verdict yet, False for that call."""
-    if key not in cache:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        cache[key] = check(*args)
-    return cache[key]
 
 
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
@@ -720,7 +694,7 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
                 prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex,
                 N=n, N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
                 TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
-                RECORDS=records is not None, A16=A16,
+                RECORDS=records is not None, A16=_c.A16,
                 num_warps=warps,
                 **_pdl_launch(rotate_pdl),
             )
@@ -758,33 +732,6 @@ def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: i
 # ------------------------------------------------------------------------------------ lattice
 
 
-def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str,
-                   t64_ok: bool = False) -> None:
-    if getattr(w, "t64", False) and not t64_ok:
-        raise InvalidInput(
-            "this Tetra48Weight is in the tetra64 layout, which only the m1, int8 and "
-            "dequantization kernels read (tetra48_matvec_prepared, tetra48_dequantize_f16); "
-            "convert it back with "
-            "formats.layouts.tetra64.from_tetra64")
-    dev = words.device
-    check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
-    check_tensor(w.row_scales, "row_scales", torch.float32, (w.d_out,), device=dev)
-    check_tensor(w.row_centroids, "row_centroids", torch.float32, (w.d_out, 2), device=dev)
-    check_tensor(w.tail, "tail", torch.float32, (w.d_out, w.tail_cols), device=dev)
-    if w.tail_cols > 32:
-        raise UnsupportedShape("tail wider than 32 columns")
-
-
-def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device,
-                    max_rows: int = MAX_ROWS) -> None:
-    """A prepared activation of ``m_rows`` rows (1..``max_rows``: the int8 kernel takes
-    :data:`IMMA_ROWS`, the others :data:`MAX_ROWS`) and ``n_blocks`` blocks, checked."""
-    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-    check_tensor(xp, "xp (prepared activation)", torch.float32, shape, device=device)
-    if not 1 <= m_rows <= max_rows:
-        raise UnsupportedShape(f"{m_rows} activation rows; the matvec kernels take 1..{max_rows}")
-
-
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None,
@@ -797,7 +744,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     ``formats.layouts.tetra64``) takes the ``m1`` plan (``CODE = TETRA_64``) or the int8
     kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    if w.t64 and not A16:
+    if w.t64 and not _c.A16:
         if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
             return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
         raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
@@ -866,13 +813,6 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
             and -(-w.d_out // max(cfg.rows, 1)) <= TICKET_SLOTS)
 
 
-def _check_out(y: torch.Tensor, m_rows: int, d_out: int) -> None:
-    """An output buffer a launch writes rows ``0..m_rows-1`` of: [≥ m_rows, d_out], unit column
-    stride (a column slice of a wider output is fine)."""
-    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != d_out or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [{m_rows}, {d_out}] with unit column stride")
-
-
 def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
                cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
     """Launch the ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
@@ -903,7 +843,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
             y[i:], w.d_out, xp.stride(0), y.stride(0), min(mb, m_rows - i),
             N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows, NW=cfg.num_warps,
             BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1, ILP=cfg.ilp,
-            MB=mb, A16=A16, **consts, **pdl,
+            MB=mb, A16=_c.A16, **consts, **pdl,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -914,391 +854,6 @@ def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
     m_rows = _check_x(x, w.d_in, w.words.device)
     xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(x.device).order)
     return tetra48_matvec_prepared(xp, w, m_rows, config)
-
-
-@dataclass(frozen=True)
-class DequantConfig:
-    """Geometry and store form of the dequantization kernels (:mod:`.tetra48_dequant`,
-    :mod:`.planes14_dequant`).
-
-    ``grouped``: the column layout of ``reference.dequant_group_columns`` (a warp's lanes store
-    consecutive 16-byte units) instead of block-major (each lane's 96 bytes apart from the next
-    lane's). ``vector_stores``: one ``st.global.v4`` per 8 values instead of four 4-byte stores.
-    ``programs_per_sm``: grid of the grid-stride loop (each program stages the decode table once;
-    at most 7 tables fit in an SM's shared memory)."""
-
-    grouped: bool = False
-    vector_stores: bool = False
-    num_warps: int = 4
-    programs_per_sm: int = 8
-
-
-DEQUANT_DEFAULT = DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=4)
-"""The dequantization form used when none is given: the grouped layout with 16-byte stores, 8
-warps, 4 programs per SM (tuning in docs/decisions.md)."""
-
-
-def dequant_config() -> DequantConfig:
-    """:data:`DEQUANT_DEFAULT` (read at call time, so that a test may replace it)."""
-    return DEQUANT_DEFAULT
-
-
-def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
-                           config: DequantConfig | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
-    :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
-    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
-    The ``tetra64`` layout (``w.t64``) is decoded as such."""
-    _check_lattice(w, w.words, "words", t64_ok=True)
-    dev = w.words.device
-    out = _dequant_out(out, w, dev)
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, T64=w.t64, num_warps=cfg.num_warps,
-            num_stages=1,
-        )
-    return out
-
-
-def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
-                 device: torch.device) -> torch.Tensor:
-    """The float16 ``[d_out, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
-    checked, or a new one."""
-    shape = (w.d_out, BLOCK * w.n_blocks)
-    if out is None:
-        return torch.empty(shape, dtype=torch.float16, device=device)
-    check_tensor(out, "out", torch.float16, shape, device=device)
-    return out
-
-
-def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
-                  cfg: DequantConfig) -> int:
-    """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
-    item per lane, at most ``cfg.programs_per_sm`` programs per SM."""
-    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.programs_per_sm < 1:
-        raise InvalidInput(f"dequantization geometry {cfg}: num_warps must be 1, 2, 4, 8 or 16 "
-                           "and programs_per_sm at least 1")
-    items = w.d_out * ((w.n_blocks + 1) // 2)
-    return max(1, min(triton.cdiv(items, cfg.num_warps * 32),
-                      cfg.programs_per_sm * _sm_count(device)))
-
-
-_BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
-
-
-def _block_index(kind: str, n_blocks: int, device: torch.device | str,
-                 per_block: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """int64 [len(per_block()) · n_blocks]: entry ``j`` of block ``b`` is column
-    ``24 b + per_block()[j]`` of a row, or ``24 · n_blocks`` where ``per_block()[j] < 0``; built
-    once per (kind, device, width)."""
-    key = (kind, str(device), n_blocks)
-    if key not in _BLOCK_INDEX:
-        pb = per_block().to(torch.int64)
-        idx = torch.arange(n_blocks)[:, None] * BLOCK + pb[None, :]
-        idx = torch.where(pb[None, :] >= 0, idx, BLOCK * n_blocks)
-        _BLOCK_INDEX[key] = idx.reshape(-1).to(device)
-    return _BLOCK_INDEX[key]
-
-
-def dequant_natural_index(n_blocks: int, device: torch.device | str,
-                          grouped: bool = False) -> torch.Tensor:
-    """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
-    :func:`tetra48_dequantize_f16` in the block-major or ``grouped`` layout (cached per device,
-    width and layout)."""
-    def blocks() -> torch.Tensor:
-        return _block_index("dequant", n_blocks, device,
-                            lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
-
-    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks()
-
-
-_GROUPED_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
-
-
-def _grouped_index(kind: str, blocks: Callable[[], torch.Tensor], n_blocks: int,
-                   device: torch.device | str) -> torch.Tensor:
-    """The block-major column map ``blocks()`` (int64 [24·n_blocks] on ``device``; built only on
-    the first call) taken in the grouped layout's column order (cached per kind, device and
-    width)."""
-    key = (kind, str(device), n_blocks)
-    if key not in _GROUPED_INDEX:
-        _GROUPED_INDEX[key] = blocks()[ref.dequant_group_columns(n_blocks).to(device)]
-    return _GROUPED_INDEX[key]
-
-
-def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
-                                   grouped: bool = False) -> torch.Tensor | None:
-    """int64 [24·n_blocks]: the natural column of each column of :func:`planes14_dequantize_f16`
-    in the ``grouped`` layout (cached), or None for the block-major layout (natural order)."""
-    if not grouped:
-        return None
-    return _grouped_index("planes14", lambda: torch.arange(BLOCK * n_blocks, device=device),
-                          n_blocks, device)
-
-
-def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
-    [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
-    (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
-    applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
-    _check_x(x, w.d_in, w.words.device, max_rows=None)
-    return _dense_product_natural(x, w)
-
-
-def _is_tetra48(w: Tetra48Weight | Planes14Weight) -> bool:
-    """Whether a lattice record is ``tetra48`` (its words) rather than ``planes14`` (records)."""
-    return hasattr(w, "words")
-
-
-def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
-                  grouped: bool) -> torch.Tensor | None:
-    """The natural (rotated-basis) column of each column of ``w``'s float16 copy in the
-    block-major or ``grouped`` layout (:func:`dequant_natural_index`,
-    :func:`planes14_dequant_natural_index`), or None where that is the natural order."""
-    if _is_tetra48(w):
-        return dequant_natural_index(w.n_blocks, device, grouped)
-    return planes14_dequant_natural_index(w.n_blocks, device, grouped)
-
-
-def _dense_product_natural(x: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """:func:`_dense_product` from the float32 activation in natural order: its block columns
-    gathered into the copy's column order (:func:`_copy_columns`) and rounded to float16."""
-    cfg = dequant_config()
-    idx = _copy_columns(w, x.device, cfg.grouped)
-    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _dense_product(xq, x, w, cfg)
-
-
-def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
-                   cfg: DequantConfig) -> torch.Tensor:
-    """The many-row product from the float16 activation ``xq`` [M, 24·n_blocks] in the column
-    order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
-    ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
-    one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
-    dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
-    return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
-
-
-EPILOGUE_ROWS = 16
-"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from
-:data:`EPILOGUE_MIN_ROWS` rows on; fewer rows take one row per program. H200, Qwen3-8B prefill,
-the 144 epilogues (``benchmarks/step_breakdown.py``): 512 rows 4.29 → 2.41 ms; 32 rows 0.54 →
-0.99 ms (too few programs), hence the threshold."""
-
-EPILOGUE_MIN_ROWS = 128
-"""From this many activation rows the epilogue takes :data:`EPILOGUE_ROWS` per program."""
-
-
-def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
-                    ) -> torch.Tensor:
-    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
-    unit column stride): float32 [M, d_out] in one launch (:mod:`.dense_epilogue`; twin
-    ``reference.scale_and_tail``). The tail activation is ``x[:, 24·n_blocks:]`` (any float)."""
-    m_rows = int(y16.shape[0])
-    out = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=y16.device)
-    if m_rows and w.d_out:
-        tail_x = x[:, BLOCK * w.n_blocks:]
-        bo = 256
-        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
-        scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
-            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
-            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
-            num_warps=4,
-        )
-    return out
-
-
-IMMA_ROWS = 16
-"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch: one or two chunks of 8
-(the ``A`` fragments of a step hold eight; fewer real rows in a chunk pad with zeros at the same
-cost), each decoded block meeting every chunk (:func:`imma_chunks`)."""
-
-
-def imma_chunks(m_rows: int) -> int:
-    """8-row chunks of activation records the int8 kernel runs for ``m_rows`` rows (1 or 2)."""
-    return 1 if m_rows <= 8 else 2
-
-
-IMMA_MAXNREG = 0
-"""Register cap of the int8 tensor-core kernel (0: the compiler's choice, 128 registers offline).
-H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-11-30): the cap
-232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
-
-IMMA_MIN_ROWS = 3
-"""From this many activation rows (to :data:`IMMA_ROWS`) :func:`tetra48_matvec_prepared` and
-:func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
-(fewer rows: the ``m1`` kernel; tuning in docs/decisions.md)."""
-
-
-def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
-    """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
-    on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
-    plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
-    plan)."""
-    return IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and w.n_blocks >= 1 and not interpreting()
-
-
-def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 tensor-core kernel's activation (:mod:`.tetra48_imma`) from the prepared layout
-    ``xp`` (float32 [MP, 48·NPP + 32], ``m_rows ≤ 16`` real rows) in ``C`` =
-    :func:`imma_chunks` chunks of 8 rows: the ``A`` fragment words, int32 [C · NPP/2 · 576]
-    (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block exponents, float32
-    [C · 2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and blocks past
-    ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
-    _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, n_blocks, xp.device, IMMA_ROWS)
-    npp = ref.prepared_pairs(n_blocks)
-    chunks = imma_chunks(m_rows)
-    rec_shape, ex_shape = _record_shapes(npp, chunks)
-    rec = torch.empty(rec_shape, dtype=torch.int32, device=xp.device)
-    ex = torch.empty(ex_shape, dtype=torch.float32, device=xp.device)
-    blk = 64
-    imma_activation_kernel[(8 * chunks, triton.cdiv(npp, blk))](
-        xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
-        A16=A16,
-    )
-    return rec, ex
-
-
-def imma_records(n_blocks: int, device: torch.device | str, m_rows: int = 8
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed buffers for a rotation of ``m_rows`` (1..16) rows to fill with the int8 kernel's
-    activation records (``rotate(..., records=)``): int32 [C · NPP/2 · 576] and float32
-    [C · 2·NPP · 8], ``C`` = :func:`imma_chunks`. The rotation writes the rows it runs
-    (``prepared_rows(m)``); rows past them must stay zero, so keep one buffer per row count."""
-    _check_imma_rows(m_rows)
-    rec_shape, ex_shape = _record_shapes(ref.prepared_pairs(n_blocks), imma_chunks(m_rows))
-    return (torch.zeros(rec_shape, dtype=torch.int32, device=device),
-            torch.zeros(ex_shape, dtype=torch.float32, device=device))
-
-
-def _record_shapes(npp: int, chunks: int) -> tuple[tuple[int], tuple[int]]:
-    """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs and
-    ``chunks`` chunks of 8 rows: the ``A`` words (``tetra48_imma.STEP_WORDS`` per 4-block step)
-    and the exponents (8 rows per block), chunk after chunk."""
-    return (chunks * npp // 2 * STEP_WORDS.value,), (chunks * 2 * npp * 8,)
-
-
-def _check_imma_rows(m_rows: int) -> None:
-    if not 1 <= m_rows <= IMMA_ROWS:
-        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
-                               f"1..{IMMA_ROWS}")
-
-
-def _check_acts(acts: tuple[torch.Tensor, torch.Tensor], npp: int, device: torch.device,
-                chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activation records (``A`` words, exponents) checked against :func:`_record_shapes`."""
-    rec, ex = acts
-    rec_shape, ex_shape = _record_shapes(npp, chunks)
-    check_tensor(rec, "records", torch.int32, rec_shape, device=device)
-    check_tensor(ex, "exponents", torch.float32, ex_shape, device=device)
-    return rec, ex
-
-
-def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
-                row_groups: int = 1, rows_per_step: int = 2, chunks: int = 1) -> int:
-    """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
-    one wave of four programs per SM (its register and shared-memory limit; three for two
-    chunks of activation rows, 163 registers offline, or four row groups per step, 167) with all
-    programs resident — never a
-    partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
-    slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
-    5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
-    (best); down 8 slices 30.6 (best) — where rounding up to a second wave had 19.2, 16.2,
-    59.9 and 33.1."""
-    tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
-    steps = max(1, triton.cdiv(n_blocks, 4))
-    resident = 4 if chunks == 1 and rows_per_step < 4 else 3
-    ks = max(1, min(steps, (resident * _sm_count(device)) // tiles))
-    return 4 * triton.cdiv(steps, ks)
-
-
-def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
-                                 out: torch.Tensor | None = None,
-                                 acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                 k_per: int | None = None, num_warps: int = 4,
-                                 row_groups: int = 1, rows_per_step: int = 2,
-                                 maxnreg: int = IMMA_MAXNREG) -> torch.Tensor:
-    """``y = W x`` for 1..16 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
-    [M, d_out] from the prepared activation ``xp`` (as :func:`tetra48_matvec_prepared`; twin:
-    ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
-    :func:`imma_activation` for ``xp`` when several matrices share it; ``k_per`` blocks per
-    K-slice (default :func:`imma_slices`); ``row_groups`` sets of ``8·rows_per_step·num_warps``
-    rows per program; ``rows_per_step`` (1, 2, or 4 for at most 8 activation rows; offline
-    167 registers with 16-bit activations, three programs per SM) groups of 8 rows per warp and
-    step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
-    compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
-    given), the MMA kernel and the slice sum. The ``tetra64`` layout (``w.t64``,
-    ``CODE = TETRA_64``: its stored shells give ``1/‖y‖``) is decoded as such."""
-    _check_lattice(w, w.words, "words", t64_ok=True)
-    code = TETRA_64.value if w.t64 else TETRA.value
-    return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
-                        acts, k_per, num_warps, row_groups, rows_per_step, maxnreg)
-
-
-def planes14_matvec_imma_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
-                                  out: torch.Tensor | None = None,
-                                  acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                  k_per: int | None = None, num_warps: int = 4,
-                                  row_groups: int = 1, rows_per_step: int = 2,
-                                  maxnreg: int = IMMA_MAXNREG) -> torch.Tensor:
-    """:func:`tetra48_matvec_imma_prepared` for ``planes14`` records (the Planes14 decode of the
-    batch-1 kernel, :mod:`.planes14_m1`), the activation prepared in ``tables.planes14_m1_order``
-    (twin: ``reference.planes14_matvec``); :func:`planes14_matvec_planned` selects it for
-    3..16 rows on a GPU."""
-    _check_lattice(w, w.records, "records")
-    return _matvec_imma(PLANES14.value, w.records, planes14_m1_table(xp.device), xp, w, m_rows,
-                        out, acts, k_per, num_warps, row_groups, rows_per_step, maxnreg)
-
-
-def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.Tensor,
-                 w: Tetra48Weight | Planes14Weight, m_rows: int, out: torch.Tensor | None,
-                 acts: tuple[torch.Tensor, torch.Tensor] | None, k_per: int | None,
-                 num_warps: int, row_groups: int, rows_per_step: int,
-                 maxnreg: int) -> torch.Tensor:
-    """The launches of :func:`tetra48_matvec_imma_prepared` and
-    :func:`planes14_matvec_imma_prepared` (``code``: the kernel's ``CODE``; ``data``: the words
-    or records; ``table``: the decode's staged table)."""
-    _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, w.n_blocks, data.device, IMMA_ROWS)
-    chunks = imma_chunks(m_rows)
-    dev = xp.device
-    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
-    _check_out(y, m_rows, w.d_out)
-    if rows_per_step not in (1, 2, 4) or (rows_per_step == 4 and chunks > 1):
-        raise InvalidInput(f"rows_per_step must be 1, 2 or 4 (4 for at most 8 activation rows), "
-                           f"got {rows_per_step} for {m_rows} rows")
-    if k_per is None:
-        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step,
-                            chunks)
-    if k_per < 4 or k_per % 4:
-        raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
-    if not w.d_out:
-        return y
-    npp = ref.prepared_pairs(w.n_blocks)
-    rec, ex = _check_acts(acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks),
-                          npp, dev, chunks)
-    slices = max(1, triton.cdiv(w.n_blocks, k_per))
-    part = torch.empty(slices, 8 * chunks, w.d_out, dtype=torch.float32, device=dev)
-    tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
-    regs = {"maxnreg": maxnreg} if maxnreg and _use_asm() else {}
-    imma_kernel[(tiles, slices)](
-        rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
-        N_BLOCKS=w.n_blocks, NPP=npp, NW=num_warps, RG=row_groups, RPS=rows_per_step,
-        CH=chunks, CODE=code, USE_ASM=_use_asm(), A16=A16, num_warps=num_warps,
-        num_stages=1, **regs,
-    )
-    blk = 128
-    imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
-        part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
-        NPP=npp, TAIL_COLS=w.tail_cols, TAIL_P2=triton.next_power_of_2(max(1, w.tail_cols)),
-        SLICES=triton.next_power_of_2(slices), BLK=blk, T=8 * chunks,
-    )
-    return y
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
@@ -1333,102 +888,6 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     plan = planes14_m1_groups(w, m_rows, x.device, config)
     xp = prepare_activation(x, w.n_blocks, planes14_order(x.device, plan is not None))
     return planes14_matvec_planned(xp, w, m_rows, plan, config)
-
-
-def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
-                            config: DequantConfig | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, natural
-    column order within each block, the blocks as :func:`planes14_dequant_natural_index` maps
-    them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
-    :mod:`.planes14_dequant`; the permute selectors from the staged table); ``config``:
-    :func:`dequant_config` if None."""
-    _check_lattice(w, w.records, "records")
-    dev = w.records.device
-    out = _dequant_out(out, w, dev)
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=True,
-            USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
-            num_warps=cfg.num_warps, num_stages=1,
-        )
-    return out
-
-
-_P14_DENSE_CHECKED: dict[str, bool] = {}
-
-
-def planes14_dense_enabled(device: torch.device) -> bool:
-    """Whether :func:`planes14_matmul_dense` may serve many rows on ``device``. On a GPU its
-    dequantization kernel is checked once, on first use and outside any CUDA-graph capture:
-    bit-exact against ``reference.planes14_dequantize_f16`` on a small random record (odd block
-    count); a failure or exception warns and disables it for good (the lattice matvec
-    keeps the rows). Under a capture with no check yet it is not used for that call."""
-    if interpreting() or device.type != "cuda":
-        return True
-    return _checked_once(_P14_DENSE_CHECKED, str(device), _check_planes14_dense, device)
-
-
-def _check_planes14_dense(device: torch.device) -> bool:
-    from leechq.formats.layouts.planes14 import random_planes14
-
-    try:
-        w = random_planes14(37, 13 * BLOCK + 5, seed=0x5EED, device=device)
-        cfg = dequant_config()
-        want = ref.planes14_dequantize_f16(w, grouped=cfg.grouped)
-        same = torch.equal(planes14_dequantize_f16(w, config=cfg), want)
-        if same:
-            return True
-        reason = "values differ from the reference"
-    except Exception as exc:  # any failure means: do not use the kernel on this device
-        reason = f"{type(exc).__name__}: {exc}"[:300]
-    warnings.warn(f"the Planes14 dequantization kernel failed its first-use check on {device} "
-                  f"({reason}); many rows keep the lattice matvec", stacklevel=3)
-    return False
-
-
-def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
-    [M, d_out] from x [M, d_in] (rotated basis), as :func:`tetra48_matmul_dense` (the same
-    float16 rounding of values and activations; σ_row and the tail in float32). Twin of
-    ``reference.planes14_matvec`` within that tolerance."""
-    _check_x(x, w.d_in, w.records.device, max_rows=None)
-    return _dense_product_natural(x, w)
-
-
-_DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
-
-
-def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
-                      ) -> torch.Tensor:
-    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that the
-    first ``24·n_blocks`` columns follow ``w``'s float16 copy under :func:`dequant_config` (the
-    inverse of :func:`dequant_natural_index` / :func:`planes14_dequant_natural_index`) and the
-    tail columns stay in place — the ``dense_order`` the rotation writes for
-    :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
-    grouped = dequant_config().grouped
-    key = ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in, grouped)
-    if key not in _DENSE_ORDER:
-        n = BLOCK * w.n_blocks
-        nat = _copy_columns(w, device, grouped)
-        dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
-        if nat is not None:
-            dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
-        _DENSE_ORDER[key] = dest.to(torch.int32)
-    return _DENSE_ORDER[key]
-
-
-def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows from the float16 activation already in
-    :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32 [M, d_out] by one
-    dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
-    conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
-    rotation. Same numbers as those (float16 activations and values)."""
-    check_tensor(x16, "x16", torch.float16, device=w.row_scales.device)
-    if x16.dim() != 2 or x16.shape[1] != w.d_in:
-        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
-    return _dense_product(x16[:, : BLOCK * w.n_blocks], x16, w, dequant_config())
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
@@ -1500,190 +959,3 @@ def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: Mat
     return y
 
 
-# ------------------------------------------------------------------------------------ int4 / int8
-
-
-def code_transpose(x: torch.Tensor, per: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``xt[m, k·WP + w] = x[m, per·w + k]`` (WP = words padded to 64), float32 [MP, per·WP]."""
-    m_rows, d_in = x.shape
-    words = d_in // per
-    wp = -(-words // 64) * 64
-    shape = (ref.prepared_rows(m_rows), per * wp)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float32, device=x.device)
-    else:
-        check_tensor(out, "out", torch.float32, shape, device=x.device)
-    code_transpose_kernel[(shape[0], triton.cdiv(shape[1], 1024))](
-        x, x.stride(0), out, m_rows, d_in, words, WP=wp, PER=per, BLOCK=1024)
-    return out
-
-
-def _intq_matvec(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 biases: torch.Tensor, d_out: int, d_in: int, group: int, bits: int,
-                 xt: torch.Tensor | None, rows: int = 16, bw: int = 32) -> torch.Tensor:
-    dev = qweight.device
-    per = 32 // bits
-    if d_in % per or group % per:
-        raise UnsupportedShape(f"int{bits} matvec needs d_in and group divisible by {per}")
-    m_rows = _check_x(x, d_in, dev)
-    groups = -(-d_in // group)
-    check_tensor(qweight, "qweight", torch.uint8, (d_out, d_in * bits // 8), device=dev)
-    check_tensor(scales, "scales", torch.float16, (d_out, groups), device=dev)
-    check_tensor(biases, "biases", torch.float16, (d_out, groups), device=dev)
-    if xt is None:
-        xt = code_transpose(x, per)
-    y = torch.empty(m_rows, d_out, dtype=torch.float32, device=dev)
-    intq_matvec_kernel[(triton.cdiv(d_out, rows),)](
-        xt, qweight.view(torch.int32), scales, biases, y, y.stride(0), d_out, D_IN=d_in,
-        GROUP=group, BITS=bits, M=m_rows, ROWS=rows, BW=bw, USE_ASM=_use_asm(), num_warps=4,
-    )
-    return y
-
-
-def int4_matvec(x: torch.Tensor, w: Int4Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = W x`` for an int4 group-affine matrix: float32 [M, d_out] (twin of the reference)."""
-    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 4, xt)
-
-
-def int8_matvec(x: torch.Tensor, w: Int8Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = W x`` for an int8 group-affine matrix: float32 [M, d_out]."""
-    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 8, xt)
-
-
-def _embedding(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               biases: torch.Tensor, rows: int, d: int, group: int, bits: int,
-               out_dtype: torch.dtype) -> torch.Tensor:
-    dev = qweight.device
-    check_tensor(ids, "ids", (torch.int32, torch.int64), device=dev)
-    if ids.dim() != 1:
-        raise InvalidInput(f"ids must be 1-D, got shape {list(ids.shape)}")
-    groups = -(-d // group)
-    check_tensor(qweight, "qweight", torch.uint8, (rows, d * bits // 8), device=dev)
-    check_tensor(scales, "scales", torch.float16, (rows, groups), device=dev)
-    check_tensor(biases, "biases", torch.float16, (rows, groups), device=dev)
-    out = torch.empty(ids.numel(), d, dtype=out_dtype, device=dev)
-    if ids.numel():
-        intq_embedding_kernel[(ids.numel(), triton.cdiv(d, 1024))](
-            ids, qweight, scales, biases, out, D=d, GROUP=group, BITS=bits, BLOCK=1024,
-            USE_ASM=_use_asm())
-    return out
-
-
-def int4_embedding(ids: torch.Tensor, table: Int4Weight,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows ``ids`` of a 4-bit table, dequantized exactly: [T, d] of ``out_dtype``.
-
-    Ids are not range-checked on the device (that would need a host sync); out-of-range ids are
-    the caller's error, as in ``torch.nn.functional.embedding``."""
-    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
-                      table.group, 4, out_dtype)
-
-
-def int8_embedding(ids: torch.Tensor, table: Int8Weight,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows ``ids`` of an 8-bit table, dequantized exactly: [T, d] of ``out_dtype``."""
-    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
-                      table.group, 8, out_dtype)
-
-
-# ------------------------------------------------------------------------------ decode attention
-
-DECODE_ATTN_BLOCK_N = 64
-"""Keys per ``tl.dot`` tile of the decode attention (:mod:`.decode_attention`)."""
-
-DECODE_ATTN_MAX_SPLITS = 64
-"""At most this many key splits per (row, key/value head); a split holds a whole number of tiles."""
-
-DECODE_ATTN_MAX_HEAD_DIM = 256
-"""The widest attention head :func:`decode_attention` takes."""
-
-
-def decode_attention_splits(seq_len: int) -> tuple[int, int]:
-    """``(keys per split, splits)`` of :func:`decode_attention` over a ``seq_len``-slot cache: one
-    tile per split up to ``BLOCK_N · MAX_SPLITS`` slots, more tiles per split beyond."""
-    tiles = max(1, triton.cdiv(seq_len, DECODE_ATTN_BLOCK_N))
-    split = triton.cdiv(tiles, DECODE_ATTN_MAX_SPLITS) * DECODE_ATTN_BLOCK_N
-    return split, triton.cdiv(seq_len, split)
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot: torch.Tensor, pad: torch.Tensor, scale: float,
-                     k_new: torch.Tensor | None = None,
-                     v_new: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one query position per row over a static KV cache (the serving model's decode
-    step), reading only the slots the query sees (twin: ``reference.decode_attention``).
-
-    Args:
-        q: [B, n_kv, G, head_dim] (float16, bfloat16 or float32; the ``G`` query heads that share
-            each key/value head, head ``kv·G + g``), unit stride along ``head_dim``.
-        k_cache, v_cache: [B, n_kv, S, head_dim] of q's dtype, unit stride along ``head_dim``.
-        slot: int64 [1], the query's cache slot ``t < S`` (read on the device: graph-safe; a
-            larger ``t`` reads and writes nothing past the cache, and its slot is not written).
-        pad: int64 [B], each row's left padding; key slot ``s`` is seen iff ``pad[b] <= s <= t``
-            or ``s == t``.
-        scale: the softmax scale (``head_dim ** -0.5``).
-        k_new, v_new: [B, n_kv, 1, head_dim] of q's dtype (unit stride along ``head_dim``), the
-            step's own key and value: written into slot ``t`` of the caches by the kernel (no
-            separate cache write) and used for it; None when the caches already hold them.
-
-    Returns:
-        [B, n_kv, G, head_dim] of q's dtype, contiguous (so also [B, 1, n_kv·G·head_dim]).
-
-    Raises:
-        InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
-            dimension above :data:`DECODE_ATTN_MAX_HEAD_DIM`, a cache without slots.
-    """
-    if (k_new is None) != (v_new is None):
-        raise InvalidInput("k_new and v_new go together")
-    news = () if k_new is None else (("k_new", k_new), ("v_new", v_new))
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), *news):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise InvalidInput(f"{name} must be a 4-D tensor")
-        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise InvalidInput(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-        if t.dtype != q.dtype:
-            raise InvalidInput(f"{name} is {t.dtype}, q is {q.dtype}")
-        if t.stride(-1) != 1:
-            raise InvalidInput(f"{name} must have unit stride along head_dim, got {t.stride()}")
-        if t.device != q.device:
-            raise InvalidInput(f"{name} is on {t.device}, q on {q.device}")
-    if not interpreting() and q.device.type != "cuda":
-        raise InvalidInput(f"q is on {q.device}; the Triton kernels need CUDA tensors")
-    b, n_kv, g, hd = q.shape
-    if k_cache.shape != v_cache.shape or tuple(k_cache.shape[:2]) != (b, n_kv) \
-            or k_cache.shape[3] != hd:
-        raise InvalidInput(f"k_cache and v_cache must be [{b}, {n_kv}, S, {hd}], got "
-                           f"{list(k_cache.shape)} and {list(v_cache.shape)}")
-    for name, t in news:
-        if tuple(t.shape) != (b, n_kv, 1, hd):
-            raise InvalidInput(f"{name} must be [{b}, {n_kv}, 1, {hd}], got {list(t.shape)}")
-    if not 1 <= hd <= DECODE_ATTN_MAX_HEAD_DIM:
-        raise InvalidInput(f"head_dim must be 1..{DECODE_ATTN_MAX_HEAD_DIM}, got {hd}")
-    check_tensor(slot, "slot", torch.int64, (1,), device=q.device)
-    check_tensor(pad, "pad", torch.int64, (b,), device=q.device)
-    seq_len = int(k_cache.shape[2])
-    if seq_len == 0:
-        raise InvalidInput("k_cache and v_cache have no slots")
-    out = torch.empty(b, n_kv, g, hd, dtype=q.dtype, device=q.device)
-    if out.numel() == 0:
-        return out
-    split, nsplit = decode_attention_splits(seq_len)
-    po = torch.empty(b * n_kv * nsplit * g * hd, dtype=torch.float32, device=q.device)
-    pml = torch.empty(b * n_kv * nsplit * g * 2, dtype=torch.float32, device=q.device)
-    dp = max(16, triton.next_power_of_2(hd))
-    kn, vn = (k_cache, v_cache) if k_new is None else (k_new, v_new)
-    decode_attention_partial_kernel[(b * n_kv, nsplit)](
-        q, k_cache, v_cache, slot, pad, po, pml, kn, vn,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E, seq_len,
-        N_KV=n_kv, G=g, GP=max(16, triton.next_power_of_2(g)), D=hd, DP=dp,
-        BLOCK_N=DECODE_ATTN_BLOCK_N, SPLIT=split, NSPLIT=nsplit,
-        IEEE=q.dtype == torch.float32 or (interpreting() and q.dtype == torch.bfloat16),
-        WRITE=k_new is not None, num_warps=4,
-    )
-    decode_attention_combine_kernel[(b * n_kv * g,)](
-        po, pml, out, G=g, D=hd, DP=dp, NSPLIT=nsplit,
-        SP=max(2, triton.next_power_of_2(nsplit)), num_warps=1,
-    )
-    return out
