@@ -7,10 +7,10 @@ result to float32 once. Works on any device (CPU tensors stay on the CPU).
 
 Contracts (shapes; docs/kernels.md has the tolerances):
 
-* ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (tetra-format.md §1.6, forward).
+* ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (docs/kernels.md, forward).
 * ``norm_rotate(x [M, n], weight [n], eps, rotation, delta=None)`` → ``(r, y)``: ``r = x + delta``
   [M, n] in x's dtype, ``y = Q·rms_norm(r)`` [M, n] f32 (the pre-op the rotation kernels fuse,
-  layouts-kernels-recipe §3.6).
+  docs/kernels.md).
 * ``silu_mul_rotate(gate_up [M, 2n], dtype, rotation) -> [M, n] f32``: ``Q·silu_mul(gate_up)``.
 * ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``
   (and its inverse, ``unprepare_activation``).
@@ -334,7 +334,7 @@ def planes14_points(w: Planes14Weight) -> tuple[torch.Tensor, torch.Tensor, torc
     """Decode records (torch, any device): points float64 [d_out, nb, 24] (signed class magnitudes),
     gains int64 [d_out, nb] and the class norms ``16·m`` float64 [d_out, nb] (0 for the origin).
 
-    The block scale uses the class's shell, as the per-class table does (§1.1): for a record of a
+    The block scale uses the class's shell, as the per-class table does: for a record of a
     real lattice point ``16·m = ‖y‖²``; a malformed record (a level past its class's length, as the
     random benchmark records have) still decodes exactly as the kernel decodes it."""
     from leechq.formats.layouts.planes14 import planes14_tables
@@ -396,7 +396,7 @@ def row_bound_error(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> fl
     """The largest ``|y − x·Wᵀ| / Σ_j |w_j x_j|`` over the outputs ``y [M, d_out]`` of a matvec
     with ``x [M, d_in]`` and the matrix ``dense [d_out, d_in]`` (any float; compared in f64), or
     infinity when an output is not finite (an unwritten, NaN-poisoned output fails). The kernels'
-    bound is 1e-5 (f32 paths) of this (layouts-kernels-recipe.md §3.9, docs/kernels.md)."""
+    bound is 1e-5 (f32 paths) of this (docs/kernels.md)."""
     if not bool(torch.isfinite(y).all()):
         return math.inf
     xd, wd = x.double(), dense.double()

@@ -1,6 +1,6 @@
 """Device-side decode tables derived from the codebooks' tables (built lazily, cached per device).
 
-* Tetra (layouts-kernels-recipe.md §2.2, §2.4): ``rows`` int32 [4096] (the rank table as is), and the
+* Tetra (docs/kernels.md): ``rows`` int32 [4096] (the rank table as is), and the
   Golay pattern split by F2-linearity into two small tables, ``cw`` int32 [256]:
   ``cw[s8 | b1<<6]`` (128 entries) = pattern of (s8, b1, b2 = 0, b3 = 0) and
   ``cw[128 + (b2 | b3<<4)]`` (32 entries) = pattern of (s8 = 0, b1 = 0, b2, b3), so the full 24-bit
@@ -13,7 +13,7 @@
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
   F2-linearity (the pattern is linear in all twelve bits ``s8, b1, b2, b3``, checked when built),
   here as ``PA[s8] ^ PB[b1 | b2<<1 | b3<<5]``: 64 entries each, 4 words per entry, eight
-  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA`` (§2.6).
+  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA``.
   With ``h = f ^ mask`` (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
@@ -269,7 +269,7 @@ def planes14_level_selectors() -> np.ndarray:
     """uint32 [4096]: for the 12-bit index ``u`` holding one quad's level-plane bits (plane k's bit
     i at bit ``4k + i``), the byte-permute selector of that quad: nibble i is the level of
     coordinate i, ``4`` if its plane-2 bit is set, else ``P0 + 2·P1`` (the Planes14 level code,
-    layouts-kernels-recipe.md §1.3)."""
+    docs/kernels.md)."""
     u = np.arange(4096, dtype=np.uint32)
     sel = np.zeros(4096, dtype=np.uint32)
     for i in range(4):

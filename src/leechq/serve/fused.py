@@ -52,18 +52,13 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.formats.rotation import RotationTables
+from leechq.kernels.tuning import DENSE_MIN_ROWS
 
 KERNEL_ROWS = 8
 """Activation rows per matvec call (the kernels take 1..8; the many-row ``m1`` runs them two or
 four per launch) — except where every part runs the int8 tensor-core kernel for all the rows
 (``ops.imma_default``: up to ``ops.IMMA_ROWS`` = 16 rows in one call, each decoded block meeting
 them all; :meth:`LatticeGroup._call_rows`)."""
-
-DENSE_MIN_ROWS = 17
-"""From this many activation rows on a group runs its parts as float16 dequantized copies on
-cuBLAS (one decode per call, then a tensor-core GEMM: ``ops.tetra48_matmul_dense``,
-``ops.planes14_matmul_dense``) instead of the lattice matvec, which decodes every block once per
-call of up to 16 rows (tuning in docs/decisions.md)."""
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are

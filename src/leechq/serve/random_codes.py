@@ -1,6 +1,6 @@
 """Quantized models of real shapes with random codes, for benchmarks and tests (no download).
 
-Every 48-bit Tetra word is legal (layouts-kernels-recipe.md §2.5: bits 0–46 are a bijection onto
+Every 48-bit Tetra word is legal (docs/kernels.md: bits 0–46 are a bijection onto
 2^47 lattice points), so uniformly random labels and gain bits make a valid Tetra matrix that
 streams and decodes exactly like a trained one. Scales are chosen so each weight has variance about
 ``1/d_in`` (the block norm is ``c_g·σ_row``), keeping activations of a deep random model finite in
@@ -9,7 +9,7 @@ fp16.
 :func:`random_quantized_model` builds the serving :class:`~leechq.serve.model.Transformer` with
 :class:`~leechq.nn.linear.LeechqLinear` projections (one rotation per block and activation, shared
 by q/k/v and by gate/up as in the quantizer's seeding), optionally int4 ``v_proj`` (the published
-recipe, layouts-kernels-recipe.md §5.2), and a dense embedding/head. Shapes of the benchmark models
+recipe, docs/kernels.md), and a dense embedding/head. Shapes of the benchmark models
 are in :data:`SHAPES`.
 """
 

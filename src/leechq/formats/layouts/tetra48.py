@@ -1,6 +1,6 @@
 """The served ``tetra48`` layout: Tetra words as row-strided little-endian 6-byte records.
 
-Implements layouts-kernels-recipe.md §2.5/§2.7 and tetra-format.md §1.3/§4.1. Each 24-column block
+Follows docs/kernels.md. Each 24-column block
 of a row is the 48-bit word ``label | gain << 47`` (label = the 47-bit Tetra label, gain = the 1-bit
 centroid index) stored as 6 little-endian bytes; a row's words are packed back to back and the row is
 zero-padded to ``stride_u32 = ceil(6·n_blocks / 8) · 2`` 32-bit words, so every row starts on a u32
@@ -9,7 +9,7 @@ reordering: :func:`unpack` returns the canonical :class:`QuantizedWeight` bit fo
 
 Beside the words the record carries what the kernels need per row, already narrowed for the device:
 ``row_scales`` (f32), ``row_centroids`` (f32 [d_out, 2], one gain pair per row so that matrices
-sharing an input concatenate by rows, recipe §3.5) and the unquantized ``tail`` (f32). The exact f64
+sharing an input concatenate by rows, docs/kernels.md) and the unquantized ``tail`` (f32). The exact f64
 scales and centroids are kept beside them so the round trip is lossless.
 
 This module does not decode words (that needs the Tetra tables: ``leechq.kernels.reference``) and does
@@ -228,7 +228,7 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
 def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
     """Concatenate matrices that read the same input (q/k/v, gate/up) into one record by rows.
 
-    Row strides, tails and the per-row gain pairs concatenate without re-encoding (recipe §3.5).
+    Row strides, tails and the per-row gain pairs concatenate without re-encoding (docs/kernels.md).
 
     Raises:
         InvalidInput: the parts differ in ``d_in`` or in rotation.
@@ -268,7 +268,7 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
 def random_tetra48(
     d_out: int, d_in: int, *, seed: int = 0, device: torch.device | str = "cpu"
 ) -> Tetra48Weight:
-    """A random ``tetra48`` record (every 48-bit word is a legal Tetra word, tetra-format.md §1.1).
+    """A random ``tetra48`` record (every 48-bit word is a legal Tetra word, docs/kernels.md).
 
     Row scales are drawn in [0.5, 1.5), the gain pair is (0.8, 1.2), the tail is Gaussian. Used by
     tests and benchmarks; the tensors are generated on ``device`` directly (large shapes).

@@ -1,7 +1,7 @@
 """The ``tetra64`` served layout: each Tetra block as its decoder's table addresses and its shell.
 
-A served form of a ``tetra48`` matrix for the batch-1 kernel (layouts-kernels-recipe.md §2.7 leaves
-the served layout to the kernels; tetra-format.md §1.5 fixes what a word decodes to). The canonical
+A served form of a ``tetra48`` matrix for the batch-1 kernel (docs/kernels.md leaves
+the served layout to the kernels; docs/kernels.md fixes what a word decodes to). The canonical
 48-bit word (``p``, ``r``, ``s8``, ``b1``, ``i1``, ``b2``, ``i2``, ``b3``, ``i3``, gain ``g``) names
 three rank-table rows and a Golay pattern; the decode turns it into
 

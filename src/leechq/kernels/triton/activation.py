@@ -1,16 +1,16 @@
 """Activation-side kernels: the input rotation ``Q x`` and the *prepared* activation layout.
 
-Rotation (layouts-kernels-recipe.md §0.5, §3.6; tetra-format.md §1.6 forward semantics):
+Rotation (docs/kernels.md, forward semantics):
 ``Q = (Q_odd ⊗ H_m)·D`` with ``n = k·m``. Because ``(Q_odd ⊗ H_m)·v`` has group ``g`` equal to
 ``H_m · Σ_t Q_odd[g][t] · v_t``, the groups are mixed *first* (k multiply-adds per coordinate on the
 sign-flipped input) and then transformed: one program per (activation row, group), each loading the
 whole row once, mixing, and running one Walsh–Hadamard transform ``H_m`` (Sylvester order, scaled by
 ``1/√m``, f32 of the f64 reciprocal, passed in). ``M·k`` programs instead of one long program per
-row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). :func:`rotate_kernel`
+row (a single-CTA design is a CUDA shared-memory choice). :func:`rotate_kernel`
 writes natural order (coalesced); :func:`rotate_prepared_kernel` writes the prepared layout below
 in the same launch, each group program gathering its slots from the transformed group in
 registers (``tl.gather``) and storing them coalesced along pairs. H200, µs per launch at 4096 /
-12288 (2026-11-30, ``benchmarks/bench_rotation.py``): one launch 3.40 / 3.91; natural order +
+12288 (``benchmarks/bench_rotation.py``): one launch 3.40 / 3.91; natural order +
 :func:`prepare_kernel` 4.0 / 5.0; an earlier form that scattered one 4-byte store per coordinate
 (``NPP`` words apart) 13–17.
 

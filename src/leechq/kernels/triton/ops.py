@@ -108,6 +108,15 @@ from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_m1 import PLANES14, T64_PBITS, TETRA, TETRA_64, m1_kernel
+from leechq.kernels.tuning import (
+    M1_MAX_ROWS,
+    M1_MAX_ROWS_T64,
+    M1_MAXNREG,
+    M1_RESIDENT,
+    PDL_MAX_ROWS,
+    ROTATE_SPLITS,
+    T64_NUM_WARPS,
+)
 
 if TYPE_CHECKING:
     from leechq.formats.layouts.planes14 import Planes14Weight
@@ -132,12 +141,6 @@ def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     per block with :data:`A16` (``reference.round_activation``), else ``x`` itself."""
     return ref.round_activation(x, n_blocks) if _c.A16 else x
 
-
-PDL_MAX_ROWS = 1
-"""Activation rows up to which the rotations and the ``m1`` launches take programmatic dependent
-launch (a grid's programs are scheduled while the grid before it finishes, stage their tables and
-load their first weight words, and wait only before they read its output); tuning in
-docs/decisions.md."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
@@ -205,12 +208,6 @@ class MatvecConfig:
     mb: int = 1
 
 
-M1_MAXNREG = 96
-"""Register cap of the batch-1 geometry: ptxas fits the kernel in 96 registers without spilling
-(Triton 3.6, sm_90), so five 4-warp programs share an SM instead of four (H200 sweep of
-2026-11-30: 1–4 % faster per group at equal rows)."""
-
-
 def m1_maxnreg(n_blocks: int, tail_cols: int) -> int:
     """The register cap for a row of ``n_blocks`` blocks and ``tail_cols`` tail columns: 96 where
     ptxas (sm_90) keeps the kernel free of spills under it — rows of ≤ 448 blocks with at most
@@ -231,34 +228,17 @@ points use the per-shape rule :func:`m1_config`."""
 
 def default_config(m_rows: int) -> MatvecConfig:
     """The geometry used when none is given and the shape is unknown: the ``m1`` kernel at batch 1
-    (Tetra), otherwise the tiled kernel (best of the H200 sweep of 2026-11-29 for M > 1;
+    (Tetra), otherwise the tiled kernel (best of the H200 sweep for M > 1;
     docs/kernels.md)."""
     if m_rows == 1:
         return M1_DEFAULT
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
 
 
-M1_MAX_ROWS = 256
-"""Largest chunk :func:`m1_config` picks (the fixup unrolls ``rows / 32`` times)."""
-
-
-M1_MAX_ROWS_T64 = 1024
-"""Largest chunk of the batch-1 ``tetra64`` geometry: wide programs (16 warps, one per SM) take
-up to 576 rows per chunk at Qwen3-8B's gate|up for one wave."""
-
-M1_RESIDENT = {1: 5, 2: 3, 4: 2}
-"""Programs per H200 SM by activation rows per launch (``mb``) that :func:`m1_config` sizes its
-chunks for. Registers per thread (Triton 3.6, sm_90, offline SASS with a launch's hints, Qwen3
-widths): 96 capped for one row; 128 for two rows (four programs would fit, but sizing for four
-was no faster on the H200, 2026-11-30: Qwen3-8B projections at M = 2 4.07 ms against 4.01 for
-three); 217–254 for four rows (two programs). Caps below those spill (two rows at 112: 56–80
-bytes of stack; four rows at 168: 64–424)."""
-
-
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
               m_rows: int = 1, t64: bool = False) -> MatvecConfig:
     """The ``m1`` geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
-    and ``m_rows`` activation rows (H200 sweeps of 2026-11-30, docs/kernels.md): one program per
+    and ``m_rows`` activation rows (H200 sweeps, docs/kernels.md): one program per
     (row chunk, K-slice), two rows per warp and loop trip, the register cap of
     :func:`m1_maxnreg`, and the larger of two chunk sizes: 64 rows when that still leaves at least
     three programs per SM (else 32), and the chunk that makes the launch about one wave of the
@@ -267,7 +247,7 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     share each decode: two rows in one launch, three or more four at a time (``mb``, one loop
     row per trip for four: their limbs take the registers). ``t64``: the geometry of the
     ``tetra64`` decode at one row — the chunk of one wave of five programs per SM, no register
-    cap (H200 sweep, BENCHMARKS.md §3 run 20: the best of nine geometries on each Qwen3-8B
+    cap (H200 sweep: the best of nine geometries on each Qwen3-8B
     group; the cap and six programs per SM were slower)."""
     sms = _sm_count(device)
     mb = 1 if m_rows <= 1 else 2 if m_rows == 2 else 4
@@ -284,11 +264,6 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     rows = max(rows, min(wave, M1_MAX_ROWS))
     return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=ilp,
                         maxnreg=m1_maxnreg(n_blocks, tail_cols) if mb == 1 else 0, mb=mb)
-
-
-T64_NUM_WARPS = 4
-"""Warps per program of the batch-1 kernel on ``tetra64`` records (:func:`m1_config`; sized for
-``M1_RESIDENT[1]`` programs per SM). Wider programs lost: docs/decisions.md."""
 
 
 def m1_row_groups(m_rows: int) -> list[int]:
@@ -331,7 +306,7 @@ def _many_row_m1_default() -> bool:
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
     """The configuration the tiled kernels run with (an ``m1`` configuration falls back to the
-    tiled defaults of the 2026-11-29 sweep)."""
+    tiled defaults of the H200 sweep)."""
     if cfg.kernel == "tile":
         return cfg
     if m_rows == 1:
@@ -539,13 +514,6 @@ class _PreOp:
     residual: torch.Tensor | None = None
     eps: float = 0.0
     hdt: int = 0
-
-
-ROTATE_SPLITS = 8
-"""Programs per (row, group) of the one-launch rotation into the prepared layout on a GPU
-(``activation.rotate_prepared_kernel``'s ``SPLITS``, capped by the group's pair span and width).
-Each transforms the whole group and writes its share of the slots. Under the interpreter the
-default is 1 (each extra program repeats the transform in Python)."""
 
 
 def rotate_splits(requested: int | None = None) -> int:
@@ -781,7 +749,7 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
                many_rows: bool = False) -> list[tuple[int, MatvecConfig]] | None:
     """The ``(rows, configuration)`` launch groups of an ``m1`` kernel for ``m_rows`` activation
     rows, or None when the tiled kernel serves them. With no ``config``: the row groups of
-    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18
+    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections: M = 5 9.18
     ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8) — one row anywhere, several only on
     a GPU (:func:`_many_row_m1_default`); an ``m1`` ``config`` serves all rows (several need its
     ``mb`` > 1). Every group must fit the kernel and pass :func:`m1_enabled` with ``check`` (the
@@ -881,7 +849,7 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     for 3..16 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
     an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
     (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
-    tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), ``m1`` against tiled
+    tiled kernel. H200, Qwen3-8B projections, ``m1`` against tiled
     (cuBLAS fp16 ≈ 4.7 ms): M = 1 3.37 vs 5.41 ms, M = 2 4.26 vs 5.44, M = 4 6.80 vs 9.92, M = 8
     13.10 vs 14.57."""
     m_rows = _check_x(x, w.d_in, w.records.device)

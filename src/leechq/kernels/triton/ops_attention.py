@@ -13,12 +13,7 @@ from leechq.kernels.triton.decode_attention import (
     decode_attention_partial_kernel,
 )
 from leechq.kernels.triton.ops_common import check_tensor, interpreting
-
-DECODE_ATTN_BLOCK_N = 64
-"""Keys per ``tl.dot`` tile of the decode attention (:mod:`.decode_attention`)."""
-
-DECODE_ATTN_MAX_SPLITS = 64
-"""At most this many key splits per (row, key/value head); a split holds a whole number of tiles."""
+from leechq.kernels.tuning import DECODE_ATTN_BLOCK_N, DECODE_ATTN_MAX_SPLITS
 
 DECODE_ATTN_MAX_HEAD_DIM = 256
 """The widest attention head :func:`decode_attention` takes."""

@@ -30,6 +30,7 @@ from leechq.kernels.triton.ops_common import (
 )
 from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
+from leechq.kernels.tuning import EPILOGUE_MIN_ROWS, EPILOGUE_ROWS
 
 if TYPE_CHECKING:
     from leechq.formats.layouts.planes14 import Planes14Weight
@@ -200,16 +201,6 @@ def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes1
     one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
     dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
     return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
-
-
-EPILOGUE_ROWS = 16
-"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from
-:data:`EPILOGUE_MIN_ROWS` rows on; fewer rows take one row per program. H200, Qwen3-8B prefill,
-the 144 epilogues (``benchmarks/step_breakdown.py``): 512 rows 4.29 → 2.41 ms; 32 rows 0.54 →
-0.99 ms (too few programs), hence the threshold."""
-
-EPILOGUE_MIN_ROWS = 128
-"""From this many activation rows the epilogue takes :data:`EPILOGUE_ROWS` per program."""
 
 
 def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight

@@ -30,32 +30,16 @@ from leechq.kernels.triton.tetra48_imma import (
     imma_kernel,
 )
 from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, TETRA_64
+from leechq.kernels.tuning import IMMA_MAXNREG, IMMA_MIN_ROWS, IMMA_ROWS
 
 if TYPE_CHECKING:
     from leechq.formats.layouts.planes14 import Planes14Weight
     from leechq.formats.layouts.tetra48 import Tetra48Weight
 
 
-IMMA_ROWS = 16
-"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch: one or two chunks of 8
-(the ``A`` fragments of a step hold eight; fewer real rows in a chunk pad with zeros at the same
-cost), each decoded block meeting every chunk (:func:`imma_chunks`)."""
-
-
 def imma_chunks(m_rows: int) -> int:
     """8-row chunks of activation records the int8 kernel runs for ``m_rows`` rows (1 or 2)."""
     return 1 if m_rows <= 8 else 2
-
-
-IMMA_MAXNREG = 0
-"""Register cap of the int8 tensor-core kernel (0: the compiler's choice, 128 registers offline).
-H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-11-30): the cap
-232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
-
-IMMA_MIN_ROWS = 3
-"""From this many activation rows (to :data:`IMMA_ROWS`) :func:`tetra48_matvec_prepared` and
-:func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
-(fewer rows: the ``m1`` kernel; tuning in docs/decisions.md)."""
 
 
 def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
@@ -131,7 +115,7 @@ def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int 
     chunks of activation rows, 163 registers offline, or four row groups per step, 167) with all
     programs resident — never a
     partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
-    slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
+    slice sum, µs: q|k|v
     5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
     (best); down 8 slices 30.6 (best) — where rounding up to a second wave had 19.2, 16.2,
     59.9 and 33.1."""

@@ -1,6 +1,6 @@
 """Fused Tetra decode + matvec over the ``tetra48`` layout (M = 1..8 activation rows).
 
-Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Triton (our design, §3.10):
+Implements docs/kernels.md in Triton (our design):
 
 * A program owns ``ROWS`` output rows (a flat [ROWS·BP] tile, see ``_tile_rows``) and walks their
   blocks two at a time (a *pair*: blocks 2i and
@@ -9,7 +9,7 @@ Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Trit
 * The activation arrives *prepared* (``leechq.kernels.triton.activation``): for block parity ``par``,
   trio position ``t`` and pair ``i`` the value sits at ``(par·24 + t)·NPP + i``, so the lanes of a
   warp, which own consecutive pairs, read it coalesced and no permutation happens in the hot loop.
-* Decode (tetra-format.md §1.5) without int→float conversions: the Golay pattern is two small-table
+* Decode (docs/kernels.md) without int→float conversions: the Golay pattern is two small-table
   reads (F2-linear split ``L(s8, b1) ⊕ L(b2, b3)``), the three rank rows are table reads, and each
   4-coordinate quad of a section becomes 4 biased bytes with two byte permutes (the rank nibbles
   select from the ``o = p`` and ``o = p + 2`` value tables) blended by the pattern bits; a third

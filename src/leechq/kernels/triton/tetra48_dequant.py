@@ -6,8 +6,8 @@ spend 8 × 24 FMAs per block, far slower than a tensor-core GEMM. This kernel de
 into float16 values ``y_t · c_g / ‖y‖`` (no σ_row) so that cuBLAS can take the product; σ_row, the
 tail columns and the column order are applied around the GEMM (``ops.tetra48_matmul_dense``).
 
-Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`, layouts-
-kernels-recipe.md §2.5–§2.6): per section the value bytes of the even and odd trio coordinates, the
+Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`,
+docs/kernels.md): per section the value bytes of the even and odd trio coordinates, the
 squared norm by ``dp4a``, ``1/‖y‖`` from the table. Each value byte becomes an exact f32 by the
 magic-number bit pattern (``_bits.byte_to_f32``: a byte permute and a subtraction, no int→float
 conversion), is multiplied by ``c_g·(1/‖y‖)`` in f32, and two values are rounded to float16 and
@@ -28,10 +28,10 @@ to the rotated basis, so the activation is gathered to match. With ``VEC`` each 
 
 Geometry: a grid-stride loop over (row, block pair) items, one item per lane, consecutive lanes on
 consecutive pairs of a row; the table is staged in shared memory once per program
-(``ops.DequantConfig``: warps and programs per SM). H200, Qwen3-8B, 2026-12-01: a whole step's
+(``ops.DequantConfig``: warps and programs per SM). H200, Qwen3-8B: a whole step's
 copies in 5.40 ms grouped with vector stores (8 warps, 4 programs per SM) against 40.5 ms
 block-major with 4-byte stores; ``Tensor.fill_`` of the same bytes takes 4.70 ms
-(``benchmarks/bench_dequant.py``, BENCHMARKS.md §3 run 16).
+(``benchmarks/bench_dequant.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Small-batch Tetra matvec on int8 tensor cores: 1..16 activation rows, one decode per block.
 
-Implements the "decode that amortizes over M rows" of issue 4 (layouts-kernels-recipe.md §3.3 for
-the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
+Implements the "decode that amortizes over M rows" of issue 4 (docs/kernels.md for
+the decode and for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
 to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows the dots cost
 more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
 
@@ -25,7 +25,7 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   rows), two shuffles for the row scales, 8 scaled accumulations; per step the 18 16-byte
   fragment loads shared by the groups (zeros on the inactive lanes) are issued first and the
   next step's weight words one step ahead — issued next to their MMAs they cost one L2 round
-  trip each (BENCHMARKS.md §3 run 13).
+  trip each.
 * **9..16 rows** (``CH = 2``): the activation records come as two 8-row chunks; each step's
   decoded blocks meet the first chunk's fragments, then the second's (loaded after the first
   chunk's MMAs) — 36 MMAs per lane and row group, one decode (run 15: 16 rows 7.44 ms against

@@ -1,7 +1,7 @@
 """Batch-1 Tetra matvec over the ``tetra48`` layout: activation-stationary, integer dot products.
 
-Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3 for one activation row in a geometry of
-our own (§3.10 leaves it open):
+Implements docs/kernels.md for one activation row in a geometry of
+our own :
 
 * **Activation-stationary split-K.** A program owns a K-slice of 32 block pairs (lane ℓ ↔ pair
   ``32·s + ℓ``) and a chunk of ``ROWS`` output rows; each of its ``NW`` warps walks rows
@@ -30,13 +30,11 @@ our own (§3.10 leaves it open):
   same lookups read the global table.
 * **Several rows and the other layout**: :func:`m1_kernel` serves ``MB`` (1, 2 or 4) activation
   rows per launch, one decode each block for all of them, and with ``CODE = PLANES14`` runs the
-  same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_K``
-  over Tetra words in kernel order (``formats.layouts.tetra48_korder``, :func:`decode_nibbles_k`:
-  the same table reads from cheaper addresses); with ``CODE = TETRA_64`` over the ``tetra64``
-  layout (``formats.layouts.tetra64``: the table addresses and shells stored, every coordinate
-  ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a GPU), whose
-  Golay pattern comes from the 16-byte entries or, with ``PBITS`` (the launcher's default, 8
-  copies), as one word per table spread into nibble masks (:func:`decode_block64_bits`).
+  same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_64``
+  over the ``tetra64`` layout (``formats.layouts.tetra64``: the table addresses and shells stored,
+  every coordinate ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a
+  GPU), whose Golay pattern comes as one word per table (:data:`T64_PBITS` copies) spread into
+  nibble masks (:func:`decode_block64_bits_split`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
@@ -494,7 +492,7 @@ def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.con
     shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (8, 16 or
     32): by :func:`decode_block64_bits_split` on the pattern-bits table with that many copies.
     Each block is decoded (:func:`_block_decode64`; ``SPLIT`` False: the pattern XOR as its own
-    instruction, as before 2026-12-02 session r), then met with the activation rows
+    instruction), then met with the activation rows
     (:func:`_block_dot64`) before the next is decoded: the order the hot loop was timed in
     (:func:`_pair_decode64` and :func:`_pair_dot_decoded64` split the same steps for the peeled
     trip)."""
