@@ -1,4 +1,4 @@
-"""16-bit activations in the integer kernels (``ops.A16``, the default): the reference rounding
+"""16-bit activations in the integer kernels (``ops_common.A16``, the default): the reference rounding
 (``reference.round_activation``, exact against a per-coordinate computation), and under the
 Triton interpreter the ``m1`` kernel, the int8 tensor-core kernel and the records the rotation
 writes for them — each against the f64 product with the
@@ -72,7 +72,7 @@ def _tetra(d_out: int, d_in: int, dev: str = "cpu"):
     (40, 256, 1, False), (24, 1560, 2, False), (40, 256, 1, True)])
 def test_m1_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
                                   m_rows: int, planes14: bool) -> None:
-    """16-bit activations (the default; ``ops.A16`` False for the 24-bit result): the ``m1``
+    """16-bit activations (the default; ``ops_common.A16`` False for the 24-bit result): the ``m1``
     kernel (Tetra one row, two in one launch over two K-slices; Planes14) is within 1e-5 of the
     f64 product with the rounded activation, and it is a different result from the 24-bit one
     (the rounding reached the kernel)."""
@@ -115,7 +115,9 @@ def test_imma_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = _ops()
     from leechq.formats.layouts.planes14 import random_planes14
 
-    assert ops.A16
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16
     n, m_rows = 256, 3
     rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
     x = _mixed(m_rows, n, 4)
@@ -200,7 +202,9 @@ def test_a16_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
     fallback warning), and the records the rotation writes give the same output as the records'
     own launch."""
     ops = _ops()
-    assert ops.A16  # the default; this test runs it as served
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16  # the default; this test runs it as served
     w = _tetra(d_out, d_in, "cuda")
     x = torch.randn(m_rows, d_in, device="cuda") * 10
     order = ops.tetra_kernel_tables("cuda").order
@@ -230,7 +234,9 @@ def test_a16_planes14_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d
     ops = _ops()
     from leechq.formats.layouts.planes14 import random_planes14
 
-    assert ops.A16
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16
     w = random_planes14(d_out, d_in, seed=d_out + m_rows, device="cuda")
     x = torch.randn(m_rows, d_in, device="cuda") * 10
     with warnings.catch_warnings():

@@ -34,7 +34,7 @@ def _reference(x: torch.Tensor, records: list[Any], biases: list[Any]) -> torch.
 
 
 def _a16_slack(xr: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """How far 16-bit activations (``ops.A16``, the integer kernels' default) may move each output
+    """How far 16-bit activations (``ops_common.A16``, the integer kernels' default) may move each output
     of ``xr [M, d_in] @ dense [d_out, d_in]ᵀ`` (both in the rotated basis): each coordinate of a
     block by at most 2^-14 of the block's largest |value| (``reference.round_activation``), i.e.
     ``Σ_b 2^-14·max_b|x|·Σ_{j∈b}|w_j|``; float64 [M, d_out]."""

@@ -123,22 +123,17 @@ if TYPE_CHECKING:
     from leechq.formats.layouts.tetra48 import Tetra48Weight
     from leechq.formats.rotation import RotationTables
 
-A16 = _c.A16
-"""The integer kernels' activation width as loaded (:data:`.ops_common.A16`, which the launches
-read; tests patch that one)."""
-
-
 def t64_serving(device: torch.device | str) -> bool:
     """Whether a Tetra group built for ``device`` holds its words in the ``tetra64`` layout: a
     CUDA device, not under the interpreter (whose serving tests keep the standard layout unless
-    they ask), 16-bit activations (:data:`A16`; the batch-1 kernel decodes the layout with them
+    they ask), 16-bit activations (:data:`.ops_common.A16`; the batch-1 kernel decodes the layout with them
     only)."""
     return torch.device(device).type == "cuda" and not interpreting() and _c.A16
 
 
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """The activation the integer kernels multiply (for an f64 reference): ``x``'s 16-bit rounding
-    per block with :data:`A16` (``reference.round_activation``), else ``x`` itself."""
+    per block with :data:`.ops_common.A16` (``reference.round_activation``), else ``x`` itself."""
     return ref.round_activation(x, n_blocks) if _c.A16 else x
 
 
@@ -716,7 +711,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
             return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
         raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
-                               "activations only (ops.A16 is False); pass no configuration")
+                               "activations only (ops_common.A16 is False); pass no configuration")
     if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)

@@ -15,7 +15,7 @@ our own :
   largest value) split into three byte limbs, packed four coordinates per word in the nibble order
   of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
-  per-coordinate float conversion or FMA remains. With ``A16`` (``ops.A16``, the serving default)
+  per-coordinate float conversion or FMA remains. With ``A16`` (``ops_common.A16``, the serving default)
   ``x̃`` is rounded to a multiple of 256 (16 significant bits per block), limb 0 is zero and its
   6 ``dp4a`` are skipped (12 + 6 per block).
 * **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
