@@ -10,53 +10,16 @@ What it does, in order:
 1. **Correctness gates** (before any timing) on a small Qwen3-structured model with random Tetra
    codes: fused-kernel logits vs the dense reference reconstruction (same process); greedy tokens of
    the fused path under CUDA graphs vs the reference path on the GPU and vs the float32 reference on
-   the CPU (first difference must be at ≥ 32 tokens or a declared near-tie, layouts-kernels-recipe
-   §3.9); graph vs eager tokens of the same engine (must be identical).
+   the CPU (first difference must be at ≥ 32 tokens or a declared near-tie); graph vs eager
+   tokens of the same engine (must be identical).
 2. **Timing**, for Qwen3-8B- and Qwen3-14B-shaped models with random codes drawn on the GPU (no
    download; every 48-bit word is a legal Tetra word), per batch size:
    * ``tetra48``: every projection a Tetra matrix (fused kernels), fp16 embedding and head;
-   * ``tetra48-q4``: v_proj and the head int4 g128 (closer to the published files, §5.2–5.4);
+   * ``tetra48-q4``: v_proj and the head int4 g128 (closer to the published files);
    * ``tetra48-norot`` (diagnostic, batch 1): ``tetra48`` without input rotations — the gap to
      ``tetra48`` is what the rotation kernels cost;
-   * ``tetra48-unfused`` (diagnostic): ``tetra48`` with ``LEECHQ_FUSE_PRE=0`` — the norms and the
-     SwiGLU as separate launches before the rotations, instead of inside them;
-   * ``tetra48-mma`` (diagnostic): ``tetra48`` with ``LEECHQ_MMA=1`` — 9..64 rows on the
-     float16 tensor-core kernel instead of 8-row chunks on the int8 one (``tetra48-nomma``, its
-     opposite, until 2026-11-30 when the int8 chunks became the default);
-   * ``tetra48-norotrec`` (diagnostic): ``tetra48`` with ``LEECHQ_ROT_RECORDS=0`` — the int8
-     kernel's activation records from their own launch instead of the one-group rotations
-     (``tetra48-rotrec``, its opposite, until the rotation-written records became the default);
-   * ``tetra48-dense129`` (diagnostic): ``tetra48`` with ``LEECHQ_DENSE_MIN_ROWS=129`` — up to
-     128 rows (prompts and batches) on the lattice matvec, 16 rows per int8 launch, instead of the
-     float16 dequantized copy from ``DENSE_MIN_ROWS`` (17 when this arm was added, 65 since);
-   * ``tetra48-dense9``, ``ball-dense9`` (diagnostic): ``tetra48`` and ``ball`` with
-     ``LEECHQ_DENSE_MIN_ROWS=9`` — the float16 dequantized copy from 9 rows (after the coalesced
-     dequantization of session k);
-   * ``tetra48-nopdl``, ``ball-nopdl`` (diagnostic): ``tetra48`` and ``ball`` with
-     ``LEECHQ_PDL=0`` — the rotation and ``m1`` launches without programmatic dependent launch;
-   * ``tetra48-limbs``, ``ball-limbs`` (diagnostic): ``tetra48`` and ``ball`` with
-     ``LEECHQ_M1_LIMBS=1`` — the one-group rotations write the ``m1`` kernel's limb records and
-     its programs load them instead of each converting its activation slice (opt-in: slower);
-   * ``tetra48-a24``, ``ball-a24`` (diagnostic): ``tetra48`` and ``ball`` with ``LEECHQ_A16=0`` —
-     the integer kernels on 24-bit activations per block instead of the default 16 (``ops.A16``);
-   * ``tetra48-korder`` (opt-in form): ``tetra48`` with the words in kernel order
-     (``formats.layouts.tetra48_korder``: cheaper table addresses in the ``m1``, int8 and
-     dequantization decodes; GPU only);
-   * ``tetra48-std`` (diagnostic): ``tetra48`` with the words in the standard ``tetra48`` layout
-     instead of the served default ``tetra64`` (``formats.layouts.tetra64``; ``LEECHQ_T64=0``);
-   * ``tetra48-pb0`` (diagnostic): ``tetra48`` with the batch-1 kernel reading the 16-byte
-     pattern entries instead of the 8-copy pattern-bits table (``LEECHQ_T64_PBITS=0``);
-   * ``tetra48-pf``, ``ball-pf`` / ``tetra48-nopf``, ``ball-nopf``: ``tetra48`` and ``ball`` with
-     the batch-1 kernel's L2 prefetch on / off (``LEECHQ_M1_PREFETCH``, ``ops.m1_prefetch``);
-   * ``tetra48-peel`` / ``tetra48-nopeel``: ``tetra48`` with the batch-1 kernel's first trip
-     decoded before the grid wait on / off (``LEECHQ_T64_PEEL``, ``ops.t64_peel``);
-   * ``tetra48-nosplit`` (diagnostic): ``tetra48`` with the batch-1 kernel's pattern XOR kept
-     apart from its nibble masks (``LEECHQ_T64_SPLIT=0``, ``ops.t64_split``);
    * ``ball``: every projection a ball-codebook matrix (``planes14`` records drawn on the GPU,
      served by Planes14 groups), fp16 embedding and head;
-   * ``tetra48-sdpa``, ``fp16-sdpa`` (diagnostic): ``tetra48`` and ``fp16`` with the decode
-     step's attention through ``scaled_dot_product_attention`` over the whole static cache
-     (``LEECHQ_DECODE_ATTN=0``) instead of the split-key kernel (``ops.decode_attention``);
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
@@ -400,14 +363,9 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     before = mem_allocated()
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
-    if arm in ("fp16", "fp16-sdpa"):
+    if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
-    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "tetra48-unfused", "tetra48-mma",
-                 "tetra48-norotrec", "tetra48-dense129", "tetra48-dense9", "ball",
-                 "ball-dense9", "tetra48-nopdl", "ball-nopdl", "tetra48-limbs",
-                 "ball-limbs", "tetra48-a24", "ball-a24", "tetra48-korder", "tetra48-std",
-                 "tetra48-pb0", "tetra48-pf", "ball-pf", "tetra48-nopf", "ball-nopf",
-                 "tetra48-peel", "tetra48-nopeel", "tetra48-nosplit", "tetra48-sdpa"):
+    elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -422,8 +380,6 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
                 rotate=arm != "tetra48-norot",
                 direct=on_cuda(),  # words drawn on the GPU: seconds, not a minute, for 14B
                 codebook="ball" if arm.startswith("ball") else "tetra",
-                korder=arm == "tetra48-korder" and on_cuda(),
-                t64=False if arm in ("tetra48-korder", "tetra48-std") else None,
             )
         info["paths"] = execution_paths(model)
     else:
@@ -501,8 +457,7 @@ def bench_model(
             results.append({"model": name, "arm": arm, "skipped": f"KernelUnavailable: {exc}"})
             continue
         log(f"{name} {arm}: built in {info['build_s']} s, weights {info['weights_gb']} GB")
-        with _arm_env(arm):
-            _bench_engine(name, arm, model, info, batches, a, results, profiles, fp16_tok)
+        _bench_engine(name, arm, model, info, batches, a, results, profiles, fp16_tok)
         del model
         free()
     if "hf-fp16" in arms and not over_budget(f"{name} hf-fp16", results, model=name, arm="hf-fp16"):
@@ -528,40 +483,6 @@ def bench_model(
             log(f"{name} hf-fp16 batch {b}: {r['tok_s']} tok/s")
         del model
         free()
-
-
-ARM_ENV = {"tetra48-unfused": {"LEECHQ_FUSE_PRE": "0"}, "tetra48-mma": {"LEECHQ_MMA": "1"},
-           "tetra48-norotrec": {"LEECHQ_ROT_RECORDS": "0"},
-           "tetra48-dense129": {"LEECHQ_DENSE_MIN_ROWS": "129"},
-           "tetra48-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
-           "ball-dense9": {"LEECHQ_DENSE_MIN_ROWS": "9"},
-           "tetra48-nopdl": {"LEECHQ_PDL": "0"}, "ball-nopdl": {"LEECHQ_PDL": "0"},
-           "tetra48-limbs": {"LEECHQ_M1_LIMBS": "1"}, "ball-limbs": {"LEECHQ_M1_LIMBS": "1"},
-           "tetra48-a24": {"LEECHQ_A16": "0"}, "ball-a24": {"LEECHQ_A16": "0"},
-           "tetra48-pb0": {"LEECHQ_T64_PBITS": "0"},
-           **{f"{a}-pf": {"LEECHQ_M1_PREFETCH": "1"} for a in ("tetra48", "ball")},
-           **{f"{a}-nopf": {"LEECHQ_M1_PREFETCH": "0"} for a in ("tetra48", "ball")},
-           "tetra48-peel": {"LEECHQ_T64_PEEL": "1"}, "tetra48-nopeel": {"LEECHQ_T64_PEEL": "0"},
-           "tetra48-nosplit": {"LEECHQ_T64_SPLIT": "0"},
-           "fp16-sdpa": {"LEECHQ_DECODE_ATTN": "0"}, "tetra48-sdpa": {"LEECHQ_DECODE_ATTN": "0"}}
-"""The switches a diagnostic arm sets (every other arm runs with ``LEECHQ_FUSE_PRE=1``)."""
-
-
-@contextlib.contextmanager
-def _arm_env(arm: str):
-    """The environment switches of one arm (:data:`ARM_ENV`; the serving groups read them per
-    call, on the host), restored afterwards."""
-    env = {"LEECHQ_FUSE_PRE": "1", **ARM_ENV.get(arm, {})}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _bench_engine(name: str, arm: str, model: Any, info: dict[str, Any], batches: list[int],
@@ -661,11 +582,7 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--arms",
         default=None,
-        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,tetra48-unfused,tetra48-mma,"
-        "tetra48-norotrec,tetra48-dense129,tetra48-dense9,ball,ball-dense9,tetra48-nopdl,"
-        "ball-nopdl,tetra48-limbs,ball-limbs,tetra48-a24,ball-a24,tetra48-korder,tetra48-std,"
-        "tetra48-pb0,tetra48-pf,ball-pf,tetra48-nopf,ball-nopf,tetra48-peel,tetra48-nopeel,"
-        "tetra48-nosplit,hf-fp16",
+        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

@@ -13,7 +13,6 @@ from leechq.codebooks.tetra_tables import pattern_from_columns
 from leechq.errors import InvalidInput
 from leechq.formats.layouts import tetra48
 from leechq.formats.layouts import tetra64 as T
-from leechq.formats.layouts.tetra48_korder import blocks_from_words, to_kernel_order
 
 
 def _random_blocks(n: int, seed: int) -> torch.Tensor:
@@ -77,10 +76,9 @@ def test_round_trip(d_out: int, d_in: int) -> None:
     block count pads the last pair with the origin (shell 1)."""
     w = tetra48.random_tetra48(d_out, d_in, seed=d_in)
     x = T.to_tetra64(w)
-    assert x.t64 and not x.korder and x.words.shape == (d_out, tetra48.t64_stride(w.n_blocks))
+    assert x.t64 and x.words.shape == (d_out, tetra48.t64_stride(w.n_blocks))
     assert torch.equal(T.from_tetra64(x).words, w.words)
-    assert torch.equal(T.to_tetra64(to_kernel_order(w)).words, x.words)
-    assert torch.equal(T.canonical_blocks(x), blocks_from_words(w.words, w.n_blocks))
+    assert torch.equal(T.canonical_blocks(x), T.blocks_from_words(w.words, w.n_blocks))
     if w.n_blocks:
         assert torch.equal(tetra48.unpack(x).labels, tetra48.unpack(w).labels)
     if w.n_blocks % 2:  # the absent odd block: R = x = p = g = 0, m = 1
@@ -96,7 +94,7 @@ def test_concat_and_errors() -> None:
     b = T.to_tetra64(tetra48.random_tetra48(2, 48, seed=2))
     cat = tetra48.concat_rows([a, b])
     assert cat.t64 and cat.d_out == 5
-    with pytest.raises(InvalidInput, match="word order"):
+    with pytest.raises(InvalidInput, match="one layout"):
         tetra48.concat_rows([a, tetra48.random_tetra48(2, 48, seed=2)])
     with pytest.raises(InvalidInput, match="already"):
         T.to_tetra64(a)
@@ -110,5 +108,3 @@ def test_concat_and_errors() -> None:
     f[0, 1] = 1500  # a middle-section row between the two classes
     with pytest.raises(InvalidInput, match="row fields"):
         T.decode_fields(f)
-    with pytest.raises(InvalidInput, match="two different layouts"):
-        type(a)(**{**a.__dict__, "korder": True}).validate()

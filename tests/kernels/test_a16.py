@@ -1,7 +1,7 @@
-"""16-bit activations in the integer kernels (``ops.act16``, ``LEECHQ_A16``): the reference
-rounding (``reference.round_activation``, exact against a per-coordinate computation), the limb
-records with ``a16``, and under the Triton interpreter the ``m1`` kernel, the int8 tensor-core
-kernel and the records the rotation writes for them — each against the f64 product with the
+"""16-bit activations in the integer kernels (``ops_common.A16``, the default): the reference rounding
+(``reference.round_activation``, exact against a per-coordinate computation), and under the
+Triton interpreter the ``m1`` kernel, the int8 tensor-core kernel and the records the rotation
+writes for them — each against the f64 product with the
 rounded activation, bit for bit where two kernels must agree; offline, the compiled kernels'
 ``dp4a`` and MMA counts."""
 
@@ -61,32 +61,6 @@ def test_round_activation_is_the_16_bit_rounding() -> None:
         assert torch.equal(got[r, 24 * n_blocks:], x[r, 24 * n_blocks:].double())
 
 
-def test_a16_limb_records_are_the_rounded_integers() -> None:
-    """With ``a16`` the limb records hold ``round(x̃ / 256) · 256``: limb-0 words zero, the same
-    exponent words, and limbs 1 and 2 the bytes of the 16-bit integers."""
-    n_blocks = 5
-    x = _mixed(2, 24 * n_blocks + 3, 2)
-    xp = ref.prepare_activation(x, n_blocks, torch.arange(24))
-    full = ref.m1_limb_records(xp, n_blocks)
-    a16 = ref.m1_limb_records(xp, n_blocks, a16=True)
-    npp = ref.prepared_pairs(n_blocks)
-    words = a16.reshape(a16.shape[0], 2, ref.LIMB_WORDS, npp)
-    assert torch.equal(words[:, :, 0], full.reshape(words.shape)[:, :, 0])
-    assert not words[:, :, 1:7].any()
-    # the integers back from the bytes of limbs 1 and 2, against the reference rounding
-    lim = words[:, :, 7:19].reshape(-1, 2, 2, 6, npp).long() & 0xFFFFFFFF
-    by = torch.stack([(lim >> (8 * j)) & 0xFF for j in range(4)], dim=-1)  # [.., limb, w, p, j]
-    q16 = (by[:, :, 1] << 8 | by[:, :, 0]).long()
-    q16 = torch.where(q16 >= 2 ** 15, q16 - 2 ** 16, q16)  # [MP, parity, word, pair, j]
-    e = ((words[:, :, 0].long() >> 23) - 127).double()  # log2 E
-    # the prepared slots, in the same [parity, section·2 + half, pair, j] order
-    rounded = ref.prepare_activation(ref.round_activation(x, n_blocks).float(), n_blocks,
-                                     torch.arange(24)).double()
-    slots = rounded[:, : 48 * npp].reshape(-1, 2, 3, 4, 2, npp).permute(0, 1, 2, 4, 5, 3)
-    assert torch.equal(q16.double() * 256 * torch.exp2(e)[:, :, None, :, None],
-                       slots.reshape(q16.shape))
-
-
 def _tetra(d_out: int, d_in: int, dev: str = "cpu"):
     from leechq.formats.layouts.tetra48 import random_tetra48
 
@@ -98,10 +72,10 @@ def _tetra(d_out: int, d_in: int, dev: str = "cpu"):
     (40, 256, 1, False), (24, 1560, 2, False), (40, 256, 1, True)])
 def test_m1_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
                                   m_rows: int, planes14: bool) -> None:
-    """16-bit activations (the default; ``LEECHQ_A16=0`` for the 24-bit result): the ``m1``
+    """16-bit activations (the default; ``ops_common.A16`` False for the 24-bit result): the ``m1``
     kernel (Tetra one row, two in one launch over two K-slices; Planes14) is within 1e-5 of the
     f64 product with the rounded activation, and it is a different result from the 24-bit one
-    (the rounding reached the kernel); with limb records written on 16 bits, the same bits."""
+    (the rounding reached the kernel)."""
     ops = _ops()
     from leechq.formats.layouts.planes14 import random_planes14
 
@@ -121,14 +95,16 @@ def test_m1_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch, d_out: int, d
         def matvec(**kw):
             return ops.tetra48_matvec_prepared(xp, w, m_rows, cfg, **kw)
         dense = ref.tetra48_dequantize_rotated(w)
-    monkeypatch.setenv("LEECHQ_A16", "0")
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", False)
     full = matvec()
-    monkeypatch.delenv("LEECHQ_A16")
-    assert ops.act16()
+    from leechq.kernels.triton import ops_common
+
+    monkeypatch.setattr(ops_common, "A16", True)
     y = matvec()
     assert ref.row_bound_error(y, ref.round_activation(x, w.n_blocks), dense) <= 1e-5
     assert not torch.equal(y, full)
-    assert torch.equal(matvec(limbs=ref.m1_limb_records(xp, w.n_blocks, a16=True)), y)
 
 
 @interp
@@ -139,7 +115,9 @@ def test_imma_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = _ops()
     from leechq.formats.layouts.planes14 import random_planes14
 
-    monkeypatch.delenv("LEECHQ_A16", raising=False)
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16
     n, m_rows = 256, 3
     rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
     x = _mixed(m_rows, n, 4)
@@ -162,37 +140,6 @@ def test_imma_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch) -> None:
                                   rows_per_step=4))
         xr = ref.unprepare_activation(xp, m_rows, n, order)
         assert ref.row_bound_error(y, ref.round_activation(xr, w.n_blocks), dense) <= 1e-5
-
-
-@interp
-@pytest.mark.parametrize(("planes14", "forms"), [(False, "rn"), (True, "s")])
-def test_rotation_writes_16_bit_limb_records(planes14: bool, forms: str) -> None:
-    """With 16-bit activations the one-group rotation (plain, with the RMS norm, with SwiGLU)
-    writes exactly ``reference.m1_limb_records(..., a16=True)`` of its own prepared output."""
-    ops = _ops()
-    n, m_rows = 256, 2
-    rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
-    order = ops.planes14_m1_order("cpu") if planes14 else ops.tetra_kernel_tables("cpu").order
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(m_rows, n, generator=g) * 3
-    nb = n // 24
-    outs = []
-    if "r" in forms:
-        lb = ops.m1_limbs(nb, "cpu", m_rows)
-        outs.append((ops.rotate(x, rot, prepared_order=order, limbs=lb), lb))
-    if "n" in forms:
-        lb = ops.m1_limbs(nb, "cpu", m_rows)
-        _, xp = ops.norm_rotate(x.half(), torch.ones(n).half(), 1e-6, rot, delta=x,
-                                prepared_order=order, limbs=lb)
-        outs.append((xp, lb))
-    if "s" in forms:
-        lb = ops.m1_limbs(nb, "cpu", m_rows)
-        xp = ops.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=g), torch.float16, rot,
-                                 prepared_order=order, limbs=lb)
-        outs.append((xp, lb))
-    for xp, lb in outs:
-        assert torch.equal(lb, ref.m1_limb_records(xp, nb, a16=True))
-        assert not torch.equal(lb, ref.m1_limb_records(xp, nb))
 
 
 @interp
@@ -219,7 +166,7 @@ counts = {}
 for a16 in (False, True):
     c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
         N_BLOCKS=170, TAIL_COLS=16, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1, A16=a16),
-        num_warps=4, maxnreg=96, aligned_ints=("d_out", "stride_x", "stride_y", "stride_l"))
+        num_warps=4, maxnreg=96, aligned_ints=("d_out", "stride_x", "stride_y"))
     assert I.resource_usage(c).get("local", 0) == 0
     mix = I.hot_loop_mix(I.sass(c))["loop"]
     counts[("m1", a16)] = mix.get("IDP", 0)
@@ -255,8 +202,9 @@ def test_a16_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
     fallback warning), and the records the rotation writes give the same output as the records'
     own launch."""
     ops = _ops()
-    assert ops.A16  # the default; this test runs it as served
-    monkeypatch.delenv("LEECHQ_A16", raising=False)
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16  # the default; this test runs it as served
     w = _tetra(d_out, d_in, "cuda")
     x = torch.randn(m_rows, d_in, device="cuda") * 10
     order = ops.tetra_kernel_tables("cuda").order
@@ -286,7 +234,9 @@ def test_a16_planes14_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d
     ops = _ops()
     from leechq.formats.layouts.planes14 import random_planes14
 
-    monkeypatch.delenv("LEECHQ_A16", raising=False)
+    from leechq.kernels.triton import ops_common
+
+    assert ops_common.A16
     w = random_planes14(d_out, d_in, seed=d_out + m_rows, device="cuda")
     x = torch.randn(m_rows, d_in, device="cuda") * 10
     with warnings.catch_warnings():

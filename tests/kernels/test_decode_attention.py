@@ -69,7 +69,9 @@ def test_matches_twin(dtype, b, n_kv, g, hd, seq, slot, pad) -> None:
 @interp
 def test_several_tiles_per_split(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = _ops()
-    monkeypatch.setattr(ops, "DECODE_ATTN_MAX_SPLITS", 2)
+    from leechq.kernels.triton import ops_attention
+
+    monkeypatch.setattr(ops_attention, "DECODE_ATTN_MAX_SPLITS", 2)
     assert ops.decode_attention_splits(300) == (192, 2)
     q, k, v = _case(1, 2, 2, 16, 300, torch.float32, "cpu", seed=4)
     _check(q, k, v, 290, [0])

@@ -15,7 +15,7 @@ from leechq.kernels.triton import introspect as I
 from leechq.kernels.triton import ops
 from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
-aligned = ("d_out", "stride_x", "stride_y", "stride_l")
+aligned = ("d_out", "stride_x", "stride_y")
 # (blocks, tail): Qwen3 2560/4096/5120/9728/12288, Llama-3 and the rule's edge; chunk rows as
 # ops.m1_config chooses them for those shapes on an H200 or larger
 for n_blocks, tail, rows in ((106, 16, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64),

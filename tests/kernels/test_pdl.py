@@ -3,8 +3,8 @@
 On a GPU the PDL-launched kernels are checked by the GPU tests (``-m gpu``: the ``m1`` and
 rotation kernels at full shapes, the served model graph == eager); here, without one:
 
-* the host rule — never under the interpreter, on a CPU tensor, with ``LEECHQ_PDL=0`` or while
-  ``torch.compile`` traces — and the launch keywords;
+* the host rule — never under the interpreter, on a CPU tensor or while ``torch.compile``
+  traces — and the launch keywords;
 * the compiled kernels, offline for sm_90 with Triton's own ptxas (in a subprocess without
   ``TRITON_INTERPRET``, so that the kernels are real ``JITFunction`` s): with ``PDL`` the PTX has
   one ``griddepcontrol.wait`` followed by ``griddepcontrol.launch_dependents``; in the ``m1``
@@ -26,30 +26,20 @@ from leechq.kernels.triton import ops
 
 
 def test_pdl_never_off_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LEECHQ_PDL", raising=False)
     assert not ops.pdl_enabled(torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not ops.pdl_enabled(torch.device("cuda", 0))
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setenv("LEECHQ_PDL", "0")
     assert not ops.pdl_enabled(torch.device("cuda", 0))
 
 
 def test_pdl_rule_on_a_hopper_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule with the device query answered (no GPU needed): capability 9 and later only, the
-    switch read on every call, off while Dynamo traces."""
+    off while Dynamo traces."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("LEECHQ_PDL", raising=False)
     monkeypatch.setattr(ops, "PDL_AVAILABLE", True)
     monkeypatch.setattr(ops, "_PDL_DEVICES", {0: True, 1: False})
     dev = torch.device("cuda", 0)
-    assert ops.pdl_enabled(dev) == ops.PDL_DEFAULT
-    assert not ops.pdl_enabled(torch.device("cuda", 1))  # an Ampere card
-    monkeypatch.setenv("LEECHQ_PDL", "1")
     assert ops.pdl_enabled(dev)
-    monkeypatch.setenv("LEECHQ_PDL", "0")
-    assert not ops.pdl_enabled(dev)
-    monkeypatch.setenv("LEECHQ_PDL", "1")
+    assert not ops.pdl_enabled(torch.device("cuda", 1))  # an Ampere card
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not ops.pdl_enabled(dev)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
@@ -72,13 +62,10 @@ _SCRIPT = r"""
 import re
 from leechq.kernels.triton import introspect as I
 from leechq.kernels.triton.activation import rotate_prepared_kernel
-from leechq.kernels.triton.tetra48_imma import imma_finalize_kernel
 from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
 M1 = I.M1_SIGNATURE
 ROT = I.ROTATE_PREPARED_SIGNATURE
-FIN = {"part_ptr": "*fp32", "scale_ptr": "*fp32", "tail_ptr": "*fp32", "xp_ptr": "*fp32",
-       "stride_x": "i32", "y_ptr": "*fp32", "stride_y": "i32", "d_out": "i32", "n_slices": "i32"}
 
 
 def ptx(kernel, sig, consts, warps=4):
@@ -98,9 +85,7 @@ for pdl in (False, True):
                                  ILP=2, MB=1, PDL=pdl))
     rot = ptx(rotate_prepared_kernel, ROT, dict(N=256, N_BLOCKS=10, NPP=64, PR=8, K=1, MW=256,
                                                 LOG2M=8, TC=False, PDL=pdl))
-    fin = ptx(imma_finalize_kernel, FIN, dict(NPP=64, TAIL_COLS=5, TAIL_P2=8, SLICES=2, BLK=128,
-                                              T=8, PDL=pdl))
-    for name, text in (("m1", m1), ("rotation", rot), ("finalize", fin)):
+    for name, text in (("m1", m1), ("rotation", rot)):
         seq = [ln for ln in lines(text) if ln.startswith("griddepcontrol")]
         if not pdl:
             assert not seq, (name, seq)
@@ -145,18 +130,16 @@ class _Recorder:
 
 def test_pdl_only_for_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ops.PDL_MAX_ROWS``: the prepared rotation and the ``m1`` launches of one activation row
-    take PDL, those of two rows (and more) do not; the no-weights control keeps it (its launch
-    serves row 0). The device rule answered yes, the kernels recorded instead of launched."""
+    take PDL, those of two rows (and more) do not. The device rule answered yes, the kernels recorded instead of launched."""
     from leechq.formats.layouts.tetra48 import random_tetra48
     from leechq.formats.rotation import generate_rotation
     from leechq.kernels import reference as ref
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the argument checks
     monkeypatch.setattr(ops, "pdl_enabled", lambda device: True)
-    rot, m1, null = _Recorder(), _Recorder(), _Recorder()
+    rot, m1 = _Recorder(), _Recorder()
     monkeypatch.setattr(ops, "rotate_prepared_kernel", rot)
     monkeypatch.setattr(ops, "m1_kernel", m1)
-    monkeypatch.setattr(ops, "null_m1_kernel", null)
     order = ops.tetra_kernel_tables("cpu").order
     for rows in (1, 2):
         ops.rotate(torch.randn(rows, 128), generate_rotation(128, 1), prepared_order=order)
@@ -169,50 +152,3 @@ def test_pdl_only_for_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
         y = torch.empty(rows, w.d_out)
         ops._launch_m1("tetra48", xp, w, y, cfg, rows)
     assert [c["PDL"] for c in m1.calls] == [True, False]
-    xp = ref.prepare_activation(torch.randn(1, 128), w.n_blocks, order)
-    ops._launch_m1("null", xp, w, torch.empty(1, w.d_out), cfg)
-    assert null.calls[0]["PDL"] and null.calls[0]["launch_pdl"]
-
-
-def test_m1_wait_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``LEECHQ_M1_WAIT`` picks where a PDL ``m1`` program waits (default 2); other values are
-    named errors."""
-    from leechq.errors import InvalidInput
-
-    monkeypatch.delenv("LEECHQ_M1_WAIT", raising=False)
-    assert ops.m1_wait() == ops.M1_WAIT == 2
-    for value in ("0", "1", "2"):
-        monkeypatch.setenv("LEECHQ_M1_WAIT", value)
-        assert ops.m1_wait() == int(value)
-    for bad in ("3", "x", "-1"):
-        monkeypatch.setenv("LEECHQ_M1_WAIT", bad)
-        with pytest.raises(InvalidInput, match="LEECHQ_M1_WAIT"):
-            ops.m1_wait()
-
-
-_WAIT_SCRIPT = r"""
-from leechq.kernels.triton import introspect as I
-from leechq.kernels.triton.tetra48_m1 import m1_kernel
-
-for wait in (0, 1, 2):
-    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
-        N_BLOCKS=12, TAIL_COLS=5, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1, PDL=True,
-        WAIT=wait), num_warps=4)
-    body = [ln.split("//")[0].strip().replace(" ;", ";") for ln in c.asm["ptx"].splitlines()]
-    at = [i for i, ln in enumerate(body) if ln.startswith("griddepcontrol.wait")]
-    staged = [i for i, ln in enumerate(body) if ln.startswith("st.shared")]
-    words = [i for i, ln in enumerate(body) if "ld.global.b32" in ln]
-    assert len(at) == 1, (wait, at)
-    if wait == 0:
-        assert at[0] < min(staged), "waits before the staging"
-    elif wait == 1:
-        assert max(staged) < at[0] < min(words), "waits after the staging, before the words"
-    else:
-        assert max(staged) < at[0] and sum(i < at[0] for i in words) >= 6, "after the words"
-print("ok")
-"""
-
-
-def test_m1_wait_places_the_wait() -> None:
-    out = run_offline(_WAIT_SCRIPT)
-    assert out.strip().endswith("ok"), out[-2000:]

@@ -10,23 +10,18 @@ from leechq.codebooks.tetra_tables import tetra_tables
 from leechq.kernels import tables as T
 
 
-def _decode_m1(words: np.ndarray, copy: np.ndarray | int = 0,
-               compact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _decode_m1(words: np.ndarray, copy: np.ndarray | int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Decode 48-bit words with the batch-1 table exactly as the kernel does (numpy), reading
     pattern-table copy ``copy`` (per word or one for all): trio-order values [N, 24] and
     ‖y‖² [N]."""
-    tab = T.tetra_m1_table_numpy(compact).astype(np.int64)
+    tab = T.tetra_m1_table_numpy().astype(np.int64)
     lo, hi = words & 0xFFFFFFFF, words >> 32
     p, r = lo & 1, (lo >> 1) & 1
     v20 = ((lo >> 20) | (hi << 12)) & 0xFFFFFFFF
     pa_entry = (lo >> 2) & 63
     pb_entry = ((lo >> 8) & 1) | ((v20 & 15) << 1) | (((v20 >> 15) & 1) << 5)
-    if compact:  # one copy: 4 words per entry
-        sa = tab[T.M1_PA_WORD + (pa_entry << 2)[:, None] + np.arange(3)]
-        sb = tab[T.M1_COMPACT_PB_WORD + (pb_entry << 2)[:, None] + np.arange(3)]
-    else:
-        sa = tab[T.M1_PA_WORD + (((pa_entry << 3) + copy) << 2)[:, None] + np.arange(3)]
-        sb = tab[T.M1_PB_WORD + (((pb_entry << 3) + copy) << 2)[:, None] + np.arange(3)]
+    sa = tab[T.M1_PA_WORD + (((pa_entry << 3) + copy) << 2)[:, None] + np.arange(3)]
+    sb = tab[T.M1_PB_WORD + (((pb_entry << 3) + copy) << 2)[:, None] + np.arange(3)]
     i1 = ((lo >> 9) & 2047) | (r << 11)
     i2 = (v20 >> 4) & 2047
     dl = (i2 >= 1240).astype(np.int64)
@@ -58,22 +53,14 @@ def test_m1_table_decodes_like_the_codebook() -> None:
     want = np.where(n2 > 0, 1.0 / np.sqrt(np.maximum(n2, 1)), 0.0)
     assert np.allclose(invn, want, rtol=1e-7, atol=0)
     assert n2.max() < 512 and np.all(n2 % 16 == 0)
-    # the compact (one-copy) layout of the global-memory decoders decodes the same, and holds the
-    # same 1/‖y‖ words (the tensor-core kernel's lookup: word 3 of PA entry ‖y‖² / 16)
-    cvals, cn2 = _decode_m1(words, compact=True)
-    assert np.array_equal(cvals, vals) and np.array_equal(cn2, n2)
-    ctab = T.tetra_m1_table_numpy(compact=True)
-    assert ctab.shape == (T.M1_COMPACT_WORDS,)
-    assert np.array_equal(ctab[T.M1_PA_WORD + ((n2 >> 2) & 0x7C) + 3].view(np.float32), invn)
 
 
 def test_m1_offsets_match_the_kernel() -> None:
     from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
     from leechq.kernels.triton import tetra48_m1 as K
 
-    assert (K.PA_WORD.value, K.PB_WORD.value, K.TABLE_WORDS.value, K.MID_SHIFT.value,
-            K.PB_WORD_COMPACT.value) == (T.M1_PA_WORD, T.M1_PB_WORD, T.M1_TABLE_WORDS,
-                                         T.M1_MID_SHIFT, T.M1_COMPACT_PB_WORD)
+    assert (K.PA_WORD.value, K.PB_WORD.value, K.TABLE_WORDS.value, K.MID_SHIFT.value) == (
+        T.M1_PA_WORD, T.M1_PB_WORD, T.M1_TABLE_WORDS, T.M1_MID_SHIFT)
     assert T.M1_MID_SHIFT == CLASS_ROWS - N0_MIXED
     assert T.M1_TABLE_WORDS == 8192  # the staging copies two 4096-word ranges; 32 KiB reserved
 

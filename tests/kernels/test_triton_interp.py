@@ -105,11 +105,11 @@ def test_tetra48_m1_many_rows(m_rows: int, mb: int, d_out: int, d_in: int, ilp: 
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
 
 
-@pytest.mark.parametrize(("d_out", "d_in", "bp", "rows", "selectors"), [
-    (11, 18 * 24 + 3, 8, 4, True),  # two K-slices (the second short), chunks walked, a tail
-    (7, 5 * 24, 8, 8, False),       # an odd block count, no tail, one chunk; selectors in registers
+@pytest.mark.parametrize(("d_out", "d_in", "bp", "rows"), [
+    (11, 18 * 24 + 3, 8, 4),  # two K-slices (the second short), chunks walked, a tail
+    (7, 5 * 24, 8, 8),        # an odd block count, no tail, one chunk
 ])
-def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool) -> None:
+def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int) -> None:
     """The batch-1 Planes14 kernel (``kernel="m1"``) against the f64 reference, with
     activations spanning seven decades; every output written, tickets reset."""
     ops = _ops()
@@ -120,7 +120,7 @@ def test_planes14_m1(d_out: int, d_in: int, bp: int, rows: int, selectors: bool)
         x = torch.randn(1, d_in) * (10.0 ** torch.randint(-3, 4, (1, d_in)))
         xp = ops.prepare_activation(x, w.n_blocks, ops.planes14_m1_order("cpu"))
         y = torch.full((1, d_out), float("nan"))
-        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y, selector_table=selectors)
+        ops.planes14_matvec_m1_prepared(xp, w, cfg, out=y)
         _bounded(y, x, dense)
     _bounded(ops.planes14_matvec(x, w, cfg), x, dense)  # the entry point picks the kernel
     assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
@@ -237,18 +237,6 @@ def test_m1_first_use_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops, "planes14_m1_table", lambda device: bad14)
     with pytest.warns(UserWarning, match="first-use check"):
         assert not ops._check_planes14_m1(torch.device("cpu"), p14)
-    monkeypatch.setenv("LEECHQ_M1", "0")
-    assert not ops.m1_enabled(torch.device("cpu"), cfg)
-
-
-def test_null_m1_geometry() -> None:
-    ops = _ops()
-    w = random_tetra48(11, 18 * 24 + 3, seed=0)
-    x = torch.randn(1, w.d_in)
-    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order("cpu"))
-    y = torch.full((1, 11), float("nan"))
-    ops.null_matvec_prepared(xp, w, 1, ops.MatvecConfig(**M1_SMALL), out=y)
-    assert torch.isfinite(y).all()  # every row written (no reference output by design)
 
 
 def test_tetra48_fused_rows_equal_separate() -> None:
@@ -269,18 +257,6 @@ def test_planes14_matvec(m_rows: int, d_in: int) -> None:
     y = torch.full((m_rows, 9), float("nan"))
     ops.planes14_matvec_prepared(xp, w, m_rows, ops.MatvecConfig(**SMALL), out=y)
     _bounded(y, x, ref.planes14_dequantize_rotated(w))
-
-
-def test_null_control_geometry() -> None:
-    ops = _ops()
-    w = random_tetra48(8, 3 * 24 + 2, seed=0)
-    x = torch.randn(2, w.d_in)
-    xp = ops.prepare_activation(x, w.n_blocks, ops.natural_order("cpu"))
-    y = torch.full((2, 8), float("nan"))
-    ops.null_matvec_prepared(xp, w, 2, ops.MatvecConfig(**SMALL), out=y)
-    # no reference output by design; it must still write every row: Σ blocks · σ + tail · x_tail
-    want = x[:, :72].sum(1, keepdim=True) * w.row_scales[None, :] + x[:, 72:] @ w.tail.T
-    assert torch.allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("n", "prepared"), [(96, False), (72, True), (64, True), (320, False)])
@@ -479,7 +455,9 @@ def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
         back = got.double() * w.row_scales.double()[:, None]
         assert torch.allclose(back, dense[:, idx], rtol=2**-10, atol=0.0)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+            from leechq.kernels.triton import ops_dense
+
+            mp.setattr(ops_dense, "DEQUANT_DEFAULT", cfg)
             y = ops.tetra48_matmul_dense(x, w)
         assert ref.row_bound_error(y, x, dense) <= 2e-3
 
@@ -514,7 +492,9 @@ def test_dense_products_from_the_rotation_order(layout: str) -> None:
     rows = ops.EPILOGUE_ROWS + 5  # several rows per program, the last program ragged
     y_many, x_many = torch.randn(rows, 40).half(), torch.randn(rows, w.d_in).half()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "EPILOGUE_MIN_ROWS", ops.EPILOGUE_ROWS)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "EPILOGUE_MIN_ROWS", ops.EPILOGUE_ROWS)
         epi = ops._scale_and_tail(y_many, x_many, w)
     want = ref.scale_and_tail(y_many, x_many[:, 5 * 24:], w.row_scales, w.tail)
     assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
@@ -526,8 +506,7 @@ def test_dense_products_from_the_rotation_order(layout: str) -> None:
 
 def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     """The ball codebook's many-row path: the Planes14 dequantization kernel equals its reference
-    twin bit for bit (an odd block count: the last pair's odd record absent), with the selectors
-    from the table or built in registers; the twin is within float16 rounding of the f64 blocks;
+    twin bit for bit (an odd block count: the last pair's odd record absent); the twin is within float16 rounding of the f64 blocks;
     the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
     ops = _ops()
     w = random_planes14(7, 9 * 24 + 5, seed=9)
@@ -535,13 +514,14 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     got = ops.planes14_dequantize_f16(w, config=blocks)
     assert got.dtype == torch.float16 and got.shape == (7, 9 * 24)
     assert torch.equal(got, ref.planes14_dequantize_f16(w))
-    assert torch.equal(ops.planes14_dequantize_f16(w, selector_table=False, config=blocks), got)
     dense = ref.planes14_dequantize_rotated(w)  # f64, σ_row included, natural order
     back = got.double() * w.row_scales.double()[:, None]
     assert torch.allclose(back, dense[:, : 9 * 24], rtol=2**-10, atol=0.0)
     x = torch.randn(13, w.d_in)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "DEQUANT_DEFAULT", blocks)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "DEQUANT_DEFAULT", blocks)
         assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     # the grouped layout with vector stores: the twin's columns, mapped back by the index
     cfg = ops.DequantConfig(grouped=True, vector_stores=True)
@@ -551,29 +531,13 @@ def test_planes14_dequantize_f16_and_dense_matmul() -> None:
     assert torch.allclose(got.double() * w.row_scales.double()[:, None], dense[:, idx],
                           rtol=2**-10, atol=0.0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "DEQUANT_DEFAULT", cfg)
+        from leechq.kernels.triton import ops_dense
+
+        mp.setattr(ops_dense, "DEQUANT_DEFAULT", cfg)
         assert ref.row_bound_error(ops.planes14_matmul_dense(x, w), x, dense) <= 2e-3
     out = torch.empty(7, 9 * 24, dtype=torch.float32)
     with pytest.raises(InvalidInput, match="out"):
         ops.planes14_dequantize_f16(w, out=out)
-
-
-@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "ksplit"), [
-    (40, 9 * 24 + 5, 3, None),  # a tail, a short last row tile, the default K split
-    (64, 17 * 24, 16, 2),       # two K-slices, the last one short
-    (33, 5 * 24, 20, 1),        # M between 16 and 32 (BM = 32)
-])
-def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | None) -> None:
-    """The tensor-core batched kernel against the f64 product, within fp16 accuracy (float16
-    values and activations, f32 accumulation)."""
-    ops = _ops()
-    w = random_tetra48(d_out, d_in, seed=d_out)
-    x = torch.randn(m_rows, d_in)
-    y = ops.tetra48_matmul_mma(x, w, ksplit=ksplit)
-    dense = ref.tetra48_dequantize_rotated(w)
-    assert ref.row_bound_error(y, x, dense) <= 2e-3
-    with pytest.raises(UnsupportedShape, match="1..64"):
-        ops.tetra48_matmul_mma(torch.randn(65, d_in), w)
 
 
 @pytest.mark.parametrize(("d_out", "d_in", "m_rows", "kw"), [
@@ -582,31 +546,27 @@ def test_tetra48_matmul_mma(d_out: int, d_in: int, m_rows: int, ksplit: int | No
     # 3 rows, two row groups per step, two row sets per program, a short last row group,
     # an odd block count past the last 4-block step
     (19, 9 * 24, 3, {"num_warps": 1, "row_groups": 2, "rows_per_step": 2}),
-    # the slices added in the kernel (tickets per warp): 13 rows (two 8-row chunks of activation
-    # records), 2 slices, one row group per step, a tail
-    (8, 5 * 24 + 3, 13, {"num_warps": 1, "k_per": 4, "rows_per_step": 1, "fused_sum": True}),
+    # 13 rows (two 8-row chunks of activation records), 2 slices, one row group per step, a tail
+    (8, 5 * 24 + 3, 13, {"num_warps": 1, "k_per": 4, "rows_per_step": 1}),
     # no coded block at all: the tail only, with the default geometry
     (9, 20, 4, {}),
     # 11 rows: two 8-row chunks of activation records, each decoded block meeting both
     (16, 8 * 24 + 5, 11, {"k_per": 4, "num_warps": 1, "rows_per_step": 2}),
     # four row groups per step (two pairs on the same fragments): 40 rows = a full 32-row set
-    # and a partial one, three slices, a tail; and with the slices added in the kernel
+    # and a partial one, three slices, a tail
     (40, 9 * 24 + 5, 5, {"k_per": 4, "num_warps": 1, "rows_per_step": 4}),
-    (33, 5 * 24, 8, {"k_per": 8, "num_warps": 1, "rows_per_step": 4, "fused_sum": True}),
+    (33, 5 * 24, 8, {"k_per": 8, "num_warps": 1, "rows_per_step": 4}),
 ])
 def test_tetra48_imma(d_out: int, d_in: int, m_rows: int, kw: dict) -> None:
     """The int8 tensor-core kernel (MMA, shuffles and loads emulated) against the f64 product:
-    the batch-1 bound (1e-5 of Σ|w·x|), every output written (NaN poison); with the fused slice
-    sum twice (the tickets are reset)."""
+    the batch-1 bound (1e-5 of Σ|w·x|), every output written (NaN poison)."""
     ops = _ops()
     w = random_tetra48(d_out, d_in, seed=d_out + m_rows)
     x = torch.randn(m_rows, d_in)
     xp = ops.prepare_activation(x, w.n_blocks, ops.tetra_kernel_tables("cpu").order)
-    for _ in range(2 if kw.get("fused_sum") else 1):
-        y = torch.full((m_rows, d_out), float("nan"))
-        ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, **kw)
-        _bounded(y, x, ref.tetra48_dequantize_rotated(w))
-    assert int(ops._tickets(torch.device("cpu")).abs().sum()) == 0
+    y = torch.full((m_rows, d_out), float("nan"))
+    ops.tetra48_matvec_imma_prepared(xp, w, m_rows, out=y, **kw)
+    _bounded(y, x, ref.tetra48_dequantize_rotated(w))
 
 
 def test_planes14_imma() -> None:
@@ -648,14 +608,16 @@ def test_small_batches_route_to_the_int8_kernel(monkeypatch: pytest.MonkeyPatch)
     not."""
     ops = _ops()
     monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
+    from leechq.kernels.triton import ops_imma
+
     codes = []
-    launch = ops._matvec_imma
+    launch = ops_imma._matvec_imma
 
     def counted(code, *args, **kwargs):
         codes.append(code)
         return launch(code, *args, **kwargs)
 
-    monkeypatch.setattr(ops, "_matvec_imma", counted)
+    monkeypatch.setattr(ops_imma, "_matvec_imma", counted)
     x = torch.randn(3, 5 * 24 + 5)
     wt = random_tetra48(9, x.shape[1], seed=7)
     xt = ops.prepare_activation(x, wt.n_blocks, ops.tetra_kernel_tables("cpu").order)

@@ -39,7 +39,12 @@ from leechq.formats.rotation import generate_rotation
 from leechq.kernels.triton import ops
 from leechq.serve.random_codes import random_int4
 
-ops.interpreting = lambda: True  # CPU tensors pass the argument checks; kernels stay JITFunctions
+from leechq.kernels.triton import ops_attention, ops_common, ops_dense, ops_imma, ops_intq
+
+# CPU tensors pass the argument checks; kernels stay JITFunctions
+for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention):
+    if hasattr(_mod, "interpreting"):
+        _mod.interpreting = lambda: True
 # several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
 ops._many_row_m1_default = lambda: True
 
@@ -83,7 +88,6 @@ int4 = random_int4(16, 256, torch.Generator().manual_seed(0))
 order = ops.tetra_kernel_tables("cpu").order
 # the lazily built tables, as the eager first call of a served model builds them
 ops.tetra_m1_table("cpu"), ops.planes14_m1_table("cpu"), ops.planes14_kernel_table("cpu")
-ops.tetra_m1_table_compact("cpu")
 ops.planes14_m1_order("cpu")
 cases = [
     ("tetra48 M=1", lambda x: ops.tetra48_matvec(x, tetra), 1, tetra.d_in),
@@ -91,12 +95,8 @@ cases = [
     ("tetra48 M=6", lambda x: ops.tetra48_matvec(x, tetra), 6, tetra.d_in),
     ("planes14 M=1", lambda x: ops.planes14_matvec(x, planes), 1, planes.d_in),
     ("planes14 M=3", lambda x: ops.planes14_matvec(x, planes), 3, planes.d_in),
-    ("tetra48 mma M=9", lambda x: ops.tetra48_matmul_mma(x, tetra), 9, tetra.d_in),
     ("tetra48 int8 mma M=6", lambda x: ops.tetra48_matvec_imma_prepared(
         ops.prepare_activation(x, tetra.n_blocks, order), tetra, 6), 6, tetra.d_in),
-    ("tetra48 int8 mma fused sum M=5", lambda x: ops.tetra48_matvec_imma_prepared(
-        ops.prepare_activation(x, tetra.n_blocks, order), tetra, 5, fused_sum=True), 5,
-     tetra.d_in),
     ("tetra48 dense M=17", lambda x: ops.tetra48_matmul_dense(x, tetra), 17, tetra.d_in),
     ("planes14 int8 mma M=4", lambda x: ops.planes14_matvec_imma_prepared(
         ops.prepare_activation(x, planes.n_blocks, ops.planes14_m1_order("cpu")), planes, 4), 4,
@@ -133,7 +133,7 @@ def test_entry_points_trace_fullgraph() -> None:
                           text=True, timeout=600, cwd=root)
     lines = [ln for ln in proc.stdout.splitlines() if ": " in ln]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == 15, proc.stdout + proc.stderr[-3000:]
+    assert len(lines) == 13, proc.stdout + proc.stderr[-3000:]
     for line in lines:
         result = line.split(": ", 1)[1]
         assert result.startswith("kernels=") and int(result.split("=")[1]) >= 1, line

@@ -34,7 +34,7 @@ def _reference(x: torch.Tensor, records: list[Any], biases: list[Any]) -> torch.
 
 
 def _a16_slack(xr: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """How far 16-bit activations (``ops.A16``, the integer kernels' default) may move each output
+    """How far 16-bit activations (``ops_common.A16``, the integer kernels' default) may move each output
     of ``xr [M, d_in] @ dense [d_out, d_in]ᵀ`` (both in the rotated basis): each coordinate of a
     block by at most 2^-14 of the block's largest |value| (``reference.round_activation``), i.e.
     ``Σ_b 2^-14·max_b|x|·Σ_{j∈b}|w_j|``; float64 [M, d_out]."""
@@ -65,10 +65,7 @@ def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, r
                                               rows: int) -> None:
     from leechq.serve.fused import TetraGroup, _matvec_rows
 
-    # the default threshold, then a lower one (``LEECHQ_DENSE_MIN_ROWS``) so that the copy's
-    # rows stay few under the interpreter
     assert _matvec_rows(DENSE_MIN_ROWS - 1) and not _matvec_rows(DENSE_MIN_ROWS)
-    monkeypatch.setenv("LEECHQ_DENSE_MIN_ROWS", "17")
     recs = _records(rotated)
     biases = [torch.randn(16), None]
     group = TetraGroup.from_records(recs, biases, "cpu")
@@ -83,26 +80,21 @@ def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, r
     assert _within(y, ref, tol, _records_slack(x, recs))
 
 
-@pytest.mark.parametrize(("flag", "rows", "path"), [
-    ("", 9, "matvec"), ("", 8, "matvec"), ("", 17, "dense"), ("1", 9, "mma"), ("1", 40, "mma"),
-    ("0", 12, "matvec"), ("0", 17, "dense")])
-def test_group_tensor_core_range(monkeypatch: pytest.MonkeyPatch, flag: str, rows: int,
-                                 path: str) -> None:
-    """Up to ``DENSE_MIN_ROWS - 1`` rows (16) take the lattice matvec by default (12 rows: an
-    8-row and a 4-row call, the interpreter having no int8 kernel) and more the dequantized copy;
-    ``LEECHQ_MMA=1`` sends 9..64 rows to the batched tensor-core kernel. Every path stays within
-    its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
+@pytest.mark.parametrize(("rows", "path"), [(9, "matvec"), (8, "matvec"), (12, "matvec"),
+                                           (17, "dense")])
+def test_group_row_paths(monkeypatch: pytest.MonkeyPatch, rows: int, path: str) -> None:
+    """Up to ``DENSE_MIN_ROWS - 1`` rows (16) take the lattice matvec (12 rows: an 8-row and a
+    4-row call, the interpreter having no int8 kernel) and more the dequantized copy. Every path
+    stays within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
     from leechq.serve.fused import TetraGroup
 
     calls: list[str] = []
-    for name, tag in (("tetra48_matmul_mma", "mma"), ("tetra48_matmul_dense", "dense"),
-                      ("matmul_dense_ordered", "dense"), ("tetra48_matvec_prepared", "matvec")):
+    for name, tag in (("tetra48_matmul_dense", "dense"), ("matmul_dense_ordered", "dense"),
+                      ("tetra48_matvec_prepared", "matvec")):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _r=real, _t=tag, **k: calls.append(_t)
                             or _r(*a, **k))
-    monkeypatch.setenv("LEECHQ_MMA", flag)
-    monkeypatch.setenv("LEECHQ_DENSE_MIN_ROWS", "17")
     recs = _records(True)
     biases = [torch.randn(16), None]
     group = TetraGroup.from_records(recs, biases, "cpu")
@@ -232,11 +224,9 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     ysm = group.forward_silu_mul(gm, torch.float16)
     ysm_want = group(silu_mul(gm, torch.float16))
     assert (ysm - ysm_want).abs().max().item() <= 2e-3 * ysm_want.abs().max().item()
-    # where the group does not take a pre-op: no rotation, or switched off
+    # where the group does not take a pre-op: no rotation
     plain = TetraGroup.from_records(_records(False), [None, None], "cpu")
     assert not plain.fuses_pre_ops(1)
-    monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
-    assert not group.fuses_pre_ops(1)
 
 
 def _ball_records(rotated: bool, d_in: int = 72) -> list[Any]:
@@ -267,12 +257,13 @@ def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
 
 
 def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From ``DENSE_MIN_ROWS`` rows (here lowered to 20 by ``LEECHQ_DENSE_MIN_ROWS``) a ball group
-    multiplies a float16 dequantized copy of its part on the BLAS (``ops.matmul_dense_ordered``
-    after the rotation wrote the copy's column order, calls counted): within fp16 accuracy of the
-    f64 reference; ``LEECHQ_P14_DENSE=0`` keeps the matvec (f32 accuracy, no dense call); 19 rows
-    stay on the matvec."""
+    """From ``DENSE_MIN_ROWS`` rows (here lowered to 20) a ball group multiplies a float16
+    dequantized copy of its part on the BLAS (``ops.matmul_dense_ordered`` after the rotation
+    wrote the copy's column order, calls counted): within fp16 accuracy of the f64 reference;
+    where the copy's first-use check failed (``ops.planes14_dense_enabled`` False) the matvec
+    keeps the rows (f32 accuracy, no dense call)."""
     from leechq.kernels.triton import ops
+    from leechq.serve import fused
     from leechq.serve.fused import LatticeGroup
 
     calls = []
@@ -286,17 +277,16 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     recs = _ball_records(True)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
-    monkeypatch.setenv("LEECHQ_DENSE_MIN_ROWS", "20")
+    monkeypatch.setattr(fused, "DENSE_MIN_ROWS", 20)
     x = torch.randn(20, 72, generator=torch.Generator().manual_seed(4))
     ref = _reference(x, recs, biases)
     y = group(x)
     assert calls == [20] and y.shape == (20, 24)
     assert (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
-    monkeypatch.setenv("LEECHQ_P14_DENSE", "0")
+    monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: False)
     y = group(x)
     assert calls == [20]
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
-    monkeypatch.delenv("LEECHQ_P14_DENSE")
     assert group.fuses_pre_ops(19) and group.fuses_pre_ops(20)
 
 
@@ -370,25 +360,6 @@ def test_direct_ball_group_matches_its_records() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3])
-def test_direct_tetra_group_in_kernel_order(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
-    """``random_quantized_model(direct=True, korder=True)``'s Tetra groups hold their words in
-    kernel order and give the standard-order group's outputs bit for bit (one and two rows on
-    ``m1``, three on the int8 kernel, forced here as on a GPU)."""
-    from leechq.kernels.triton import ops
-    from leechq.serve.random_codes import _direct_group, _DirectLattice
-
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
-    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # as on a GPU
-    rot = generate_rotation(72, 5)
-    lattices = [_DirectLattice(16, 72, rot), _DirectLattice(8, 72, rot)]
-    std = _direct_group(lattices, "cpu", torch.float32, seed=2)
-    kor = _direct_group(lattices, "cpu", torch.float32, seed=2, korder=True)
-    assert kor.parts[0].korder and not std.parts[0].korder
-    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
-    assert torch.equal(kor(x), std(x))
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3])
 def test_direct_tetra_group_in_tetra64(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     """``_direct_group(t64=True)`` holds its words in the ``tetra64`` layout and gives the
     standard-layout group's outputs bit for bit (one and two rows on ``m1``, three on the int8
@@ -431,20 +402,13 @@ def test_group_from_modules_serves_tetra64(monkeypatch: pytest.MonkeyPatch) -> N
     assert LatticeGroup.from_records(recs, biases, "cpu").parts[0].t64
 
 
-def test_korder_needs_direct_tetra() -> None:
-    from leechq.serve.random_codes import model_args, random_quantized_model
-
-    with pytest.raises(InvalidInput, match="korder"):
-        random_quantized_model(model_args("qwen3-tiny"), "cpu", korder=True)
-
-
 @pytest.mark.parametrize(("ball", "rows"), [(False, 3), (True, 11)])
 def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
                                                        ball: bool, rows: int) -> None:
-    """By default (``LEECHQ_ROT_RECORDS=0`` turns it off), where the int8 kernel serves the rows
+    """Where the int8 kernel serves the rows
     (forced here: 3..16 rows): the group's rotation (Planes14: the plain one; Tetra: its norm
     form) writes the activation records, no records launch runs, and the outputs equal the
-    launch's bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
+    launch's (``_rotation_records`` patched to None) bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
     records); a 72-wide group (a rotation of several groups) keeps the launch."""
     from leechq.kernels.reference import rms_norm
     from leechq.kernels.triton import ops
@@ -452,7 +416,9 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
     launches, calls = [], []
-    activation, matvec = ops.imma_activation, ops._matvec_imma
+    from leechq.kernels.triton import ops_imma
+
+    activation, matvec = ops_imma.imma_activation, ops_imma._matvec_imma
 
     def counted(*args, **kwargs):
         launches.append(1)
@@ -462,8 +428,8 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
         calls.append(args[5])  # the rows
         return matvec(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "imma_activation", counted)
-    monkeypatch.setattr(ops, "_matvec_imma", called)
+    monkeypatch.setattr(ops_imma, "imma_activation", counted)
+    monkeypatch.setattr(ops_imma, "_matvec_imma", called)
     recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
@@ -472,16 +438,17 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     g = torch.Generator().manual_seed(7)
     x = torch.randn(rows, 128, generator=g)
     weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
-    monkeypatch.setenv("LEECHQ_ROT_RECORDS", "0")
+    records = LatticeGroup._rotation_records
+    monkeypatch.setattr(LatticeGroup, "_rotation_records", lambda self, *a: None)
     if ball:  # the plain rotation (the norm form is the Tetra case's)
         want = group(x)
         assert calls == [rows]  # one call (the parts concatenated by rows)
-        monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
+        monkeypatch.setattr(LatticeGroup, "_rotation_records", records)  # the default
         assert torch.equal(group(x), want) and len(launches) == 1  # the rotation wrote them
         return
     want_norm = group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
     assert len(launches) == 1 and calls == [rows]
-    monkeypatch.delenv("LEECHQ_ROT_RECORDS")  # the default: on
+    monkeypatch.setattr(LatticeGroup, "_rotation_records", records)  # the default
     assert torch.equal(group.forward_add_norm(x.half(), None, weight, 1e-6)[1], want_norm)
     assert len(launches) == 1  # the rotation wrote them
     ref = _reference(rms_norm(x.half(), weight, 1e-6).float(), recs, biases)
@@ -491,43 +458,3 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     assert len(launches) == 2
 
 
-@pytest.mark.parametrize("ball", [False, True])
-def test_rotation_written_limbs_feed_the_m1_kernel(monkeypatch: pytest.MonkeyPatch,
-                                                    ball: bool) -> None:
-    """With ``LEECHQ_M1_LIMBS=1`` (opt-in), one row of a one-group rotation (Tetra: its norm
-    form; Planes14: the plain one) writes the batch-1 kernel's limb records and every ``m1``
-    launch loads them; the outputs equal those of the launches that convert the prepared rows
-    (the default), bit for bit; a 72-wide group (a rotation of several groups) converts."""
-    from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
-
-    seen = []
-    launch = ops._launch_m1
-
-    def recorded(*args, **kwargs):
-        seen.append(kwargs.get("limbs") is not None)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(ops, "_launch_m1", recorded)
-    recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
-    group = LatticeGroup.from_records(recs, [None, torch.randn(8)], "cpu")
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(1, 128, generator=g)
-    weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
-
-    def run() -> torch.Tensor:
-        if ball:
-            return group(x)
-        return group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
-
-    monkeypatch.delenv("LEECHQ_M1_LIMBS", raising=False)  # the default: off
-    want = run()
-    assert seen and not any(seen)
-    seen.clear()
-    monkeypatch.setenv("LEECHQ_M1_LIMBS", "1")
-    assert torch.equal(run(), want)
-    assert seen and all(seen)
-    seen.clear()
-    wide = LatticeGroup.from_records(_records(True), [None, None], "cpu")
-    wide(torch.randn(1, 72, generator=g))
-    assert seen and not any(seen)

@@ -127,7 +127,7 @@ def test_fused_logits_match_reference_logits() -> None:
 
 def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode step with the norms and the SwiGLU inside the rotation launches (the default)
-    against the same model with them as separate pieces (``LEECHQ_FUSE_PRE=0``): the fused
+    against the same model with them as separate pieces (``fuses_pre_ops`` patched off): the fused
     launches are taken (3 per layer at batch 1, and again for 70 rows on the dequantized copy,
     where the rotation writes natural order), and the logits agree to the norm's rounding."""
     from leechq.kernels.triton import ops
@@ -150,7 +150,9 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     prompt = torch.tensor([PROMPTS[0] * 10], device="cuda")[:, :70]  # 70 rows: the dense path
     many = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers
-    monkeypatch.setenv("LEECHQ_FUSE_PRE", "0")
+    from leechq.serve.fused import LatticeGroup
+
+    monkeypatch.setattr(LatticeGroup, "fuses_pre_ops", lambda self, m_rows: False)
     separate = logits(one)
     many_separate = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers

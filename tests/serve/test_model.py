@@ -157,17 +157,17 @@ def test_random_dense_runs_and_is_seeded() -> None:
 
 
 def test_decode_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leechq.serve import model as serve_model
     from leechq.serve.model import decode_kernel_enabled
 
     cpu = torch.device("cpu")
-    monkeypatch.delenv("LEECHQ_DECODE_ATTN", raising=False)
-    assert not decode_kernel_enabled(cpu, 1, 128)  # the CPU keeps SDPA unless asked
-    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
-    assert not decode_kernel_enabled(cpu, 2, 128)  # prompts: SDPA
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not decode_kernel_enabled(cpu, 1, 128)  # the CPU keeps SDPA unless asked
+    monkeypatch.setattr(serve_model, "INTERPRETED_DECODE_KERNEL", True)
+    assert not decode_kernel_enabled(cpu, 2, 128)  # prompts: SDPA
     assert decode_kernel_enabled(cpu, 1, 128)
     assert not decode_kernel_enabled(cpu, 1, 512)  # wider than the kernel takes
-    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
+    monkeypatch.delenv("TRITON_INTERPRET")
     assert not decode_kernel_enabled(cpu, 1, 128)
 
 
@@ -184,8 +184,10 @@ def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
     cache = KVCache(model.args, 2, 96, torch.float32, "cpu")
     model(tokens[:, :8], torch.arange(8), pad, cache.k, cache.v)
     steps, caches = {}, {}
+    from leechq.serve import model as serve_model
+
     for flag in ("0", "1"):
-        monkeypatch.setenv("LEECHQ_DECODE_ATTN", flag)
+        monkeypatch.setattr(serve_model, "INTERPRETED_DECODE_KERNEL", flag == "1")
         k = [c.clone() for c in cache.k]
         v = [c.clone() for c in cache.v]
         steps[flag] = model(tokens[:, 8:], torch.tensor([8]), pad, k, v)

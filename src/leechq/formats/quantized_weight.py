@@ -1,20 +1,20 @@
 """Canonical, layout-free quantized matrices: lattice-coded (:class:`QuantizedWeight`) and int4.
 
 This is the single representation the quantizer produces, the artifact stores and every served
-layout is repacked from (architecture.md §0 item 2). A lattice-coded matrix ``W`` of shape
-``d_out × d_in`` holds, in the *rotated* input basis (leech-core.md §5.3):
+layout is repacked from (docs/kernels.md). A lattice-coded matrix ``W`` of shape
+``d_out × d_in`` holds, in the *rotated* input basis (docs/kernels.md):
 
 * one label (47-bit direction) and one gain index per 24-column block of each row;
 * a per-row scale (f64) and the matrix's ascending gain centroids (f64);
-* the ``d_in mod 24`` tail columns, unquantized, as f32 (``KeepExact``, leech-core.md §5.6);
+* the ``d_in mod 24`` tail columns, unquantized, as f32 (``KeepExact``, docs/kernels.md);
 * the rotation tables, or ``None`` when the matrix was coded unrotated.
 
-Dequantization follows tetra-format.md §1.6 / leech-core.md §5.9 bit for bit: per block
+Dequantization follows docs/kernels.md bit for bit: per block
 ``picked = c_g·s_i``, ``scale = picked / sqrt(‖y‖²)``, ``w_j = y_j·scale`` in f64 (origin → zeros);
 tail widened to f64; un-rotate each f64 row (``Qᵀ``); narrow to f32 once.
 
-:class:`Int4Weight` is the group-affine int4 record of the published Tetra format (tetra-format.md
-§3.2): two nibbles per byte (low nibble = even column), f16 scale and bias per group of 128 along the
+:class:`Int4Weight` is the group-affine int4 record of the published Tetra format (docs/kernels.md):
+two nibbles per byte (low nibble = even column), f16 scale and bias per group of 128 along the
 row, natural basis; ``w = f32(scale)·f32(q) + f32(bias)`` with two f32 roundings and no FMA.
 """
 
@@ -135,7 +135,7 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense matrix in the natural basis: [d_out, d_in] of ``dtype``.
 
-        Computed as in tetra-format.md §1.6: f64 blocks and tail, f64 un-rotation, one narrowing to
+        Computed as in docs/kernels.md: f64 blocks and tail, f64 un-rotation, one narrowing to
         f32, then a cast to ``dtype``.
         """
         w = self.dequantize_rotated()

@@ -7,14 +7,13 @@ result to float32 once. Works on any device (CPU tensors stay on the CPU).
 
 Contracts (shapes; docs/kernels.md has the tolerances):
 
-* ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (tetra-format.md §1.6, forward).
+* ``rotate(x [M, n] float, rotation) -> [M, n] f32``: ``Q x`` (docs/kernels.md, forward).
 * ``norm_rotate(x [M, n], weight [n], eps, rotation, delta=None)`` → ``(r, y)``: ``r = x + delta``
   [M, n] in x's dtype, ``y = Q·rms_norm(r)`` [M, n] f32 (the pre-op the rotation kernels fuse,
-  layouts-kernels-recipe §3.6).
+  docs/kernels.md).
 * ``silu_mul_rotate(gate_up [M, 2n], dtype, rotation) -> [M, n] f32``: ``Q·silu_mul(gate_up)``.
 * ``prepare_activation(x [M, d_in] float, n_blocks, order [24] int) -> [MP, 48·NPP + 32] f32``
-  (and its inverse, ``unprepare_activation``); ``m1_limb_records(xp, n_blocks) -> [MP, 38·NPP]
-  int32``, the batch-1 kernel's integer limbs of a prepared activation.
+  (and its inverse, ``unprepare_activation``).
 * ``tetra48_matvec(x [M, d_in] f32, w: Tetra48Weight) -> [M, d_out] f32``, x in the rotated basis.
 * ``planes14_matvec(x [M, d_in] f32, w: Planes14Weight) -> [M, d_out] f32``.
 * ``int4_matvec(x [M, d_in], w: Int4Weight) / int8_matvec(x, w: Int8Weight) -> [M, d_out] f32``.
@@ -142,15 +141,6 @@ def prepare_activation(x: torch.Tensor, n_blocks: int, order: torch.Tensor) -> t
     return out
 
 
-LIMB_WORDS = 19
-"""Words per block of the batch-1 kernel's limb records: the exponent, then 18 limb words."""
-
-
-def limb_records_width(n_blocks: int) -> int:
-    """Width of a limb-record row (int32 words): ``2 · 19 · NPP``."""
-    return 2 * LIMB_WORDS * prepared_pairs(n_blocks)
-
-
 A16_STEP = 256
 """With 16-bit activations (``a16``) the integer kernels round each block's 24-bit integers x̃ to
 multiples of this (``tetra48_m1.A16_STEP``)."""
@@ -188,44 +178,6 @@ def round_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
     return out
 
 
-def m1_limb_records(xp: torch.Tensor, n_blocks: int, a16: bool = False) -> torch.Tensor:
-    """The batch-1 kernel's limb records of a prepared activation: int32 [MP, 2·19·NPP], the
-    words its programs otherwise compute from ``xp`` (``tetra48_m1._x_limbs``) and the rotation
-    writes with ``limbs=`` (``tetra48_m1.store_limb_tile``).
-
-    Per block (parity ``par`` of pair ``p``; word ``w`` at ``(par·19 + w)·NPP + p``): word 0 is
-    ``E = 2^(eb − 148)`` as float32 bits, with ``eb`` the biased exponent of the block's largest
-    |value| (at least 22); words ``1 + 6·limb + 2·section + half`` hold byte ``limb`` of the
-    24-bit integers ``x̃ = rint(x · 2^(148 − eb))`` of positions ``8·section + 2j + half``,
-    ``j = 0..3`` in bytes 0..3 (two's complement). Zero slots give the words of zeros. With
-    ``a16`` the integers are rounded to multiples of 256 (:func:`round_activation`): every limb-0
-    word is zero.
-
-    Args:
-        xp: float32 [MP, 48·NPP + 32], the prepared layout (``prepare_activation``).
-        n_blocks: blocks per row.
-        a16: 16-bit activations.
-    """
-    npp = prepared_pairs(n_blocks)
-    mp = int(xp.shape[0])
-    if xp.shape[1] != prepared_width(n_blocks):
-        raise InvalidInput(f"xp has width {xp.shape[1]}, not the prepared "
-                           f"{prepared_width(n_blocks)} of {n_blocks} blocks")
-    body = xp[:, : 48 * npp].to(torch.float32).reshape(mp, 2, BLOCK, npp)
-    eb, scale = _block_scale(body.abs().amax(dim=2))  # [MP, parity, pair]
-    step = A16_STEP if a16 else 1
-    q = torch.round(body.double() * scale[:, :, None, :] / step).long() * step  # scale: 2^k
-    q = q.reshape(mp, 2, 3, 4, 2, npp)  # position 8·section + 2j + half
-    out = torch.empty(mp, 2, LIMB_WORDS, npp, dtype=torch.int64, device=xp.device)
-    out[:, :, 0] = (eb - 21) << 23
-    shifts = (8 * torch.arange(4, device=xp.device)).view(1, 1, 1, 4, 1, 1)
-    for limb in range(3):
-        word = (((q >> (8 * limb)) & 0xFF) << shifts).sum(dim=3)  # [MP, 2, section, half, pair]
-        out[:, :, 1 + 6 * limb : 7 + 6 * limb] = word.reshape(mp, 2, 6, npp)
-    out = torch.where(out >= 2**31, out - 2**32, out)
-    return out.to(torch.int32).reshape(mp, -1)
-
-
 def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Tensor
                          ) -> torch.Tensor:
     """The first ``m_rows`` rows of a prepared activation back in natural order: the inverse of
@@ -249,9 +201,9 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
-    words in any of the Tetra layouts: standard, kernel order ``w.korder``, ``w.t64``)."""
+    words in either Tetra layout: standard or ``w.t64``)."""
     nb = w.n_blocks
-    if w.korder or w.t64:  # the layouts' own inverse maps
+    if w.t64:  # the layout's own inverse map
         from leechq.formats.layouts.tetra64 import canonical_blocks
 
         word = canonical_blocks(w)
@@ -382,7 +334,7 @@ def planes14_points(w: Planes14Weight) -> tuple[torch.Tensor, torch.Tensor, torc
     """Decode records (torch, any device): points float64 [d_out, nb, 24] (signed class magnitudes),
     gains int64 [d_out, nb] and the class norms ``16·m`` float64 [d_out, nb] (0 for the origin).
 
-    The block scale uses the class's shell, as the per-class table does (§1.1): for a record of a
+    The block scale uses the class's shell, as the per-class table does: for a record of a
     real lattice point ``16·m = ‖y‖²``; a malformed record (a level past its class's length, as the
     random benchmark records have) still decodes exactly as the kernel decodes it."""
     from leechq.formats.layouts.planes14 import planes14_tables
@@ -444,7 +396,7 @@ def row_bound_error(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> fl
     """The largest ``|y − x·Wᵀ| / Σ_j |w_j x_j|`` over the outputs ``y [M, d_out]`` of a matvec
     with ``x [M, d_in]`` and the matrix ``dense [d_out, d_in]`` (any float; compared in f64), or
     infinity when an output is not finite (an unwritten, NaN-poisoned output fails). The kernels'
-    bound is 1e-5 (f32 paths) of this (layouts-kernels-recipe.md §3.9, docs/kernels.md)."""
+    bound is 1e-5 (f32 paths) of this (docs/kernels.md)."""
     if not bool(torch.isfinite(y).all()):
         return math.inf
     xd, wd = x.double(), dense.double()

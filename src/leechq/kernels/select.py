@@ -1,6 +1,6 @@
 """Kernel selection: ordered candidates, ``can_implement → (ok, reason)``, and linear-layer plans.
 
-Follows architecture.md §4 (C2) and §6.3: each kernel class states which op and layout it serves
+Follows docs/kernels.md: each kernel class states which op and layout it serves
 and answers ``can_implement(op, layout, shape, device)`` with a reason when it cannot; the
 selector walks :data:`KERNELS` in order and returns the first that can, or raises
 :class:`~leechq.errors.KernelUnavailable` listing every candidate's reason. Order: Triton kernels

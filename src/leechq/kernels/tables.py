@@ -1,6 +1,6 @@
 """Device-side decode tables derived from the codebooks' tables (built lazily, cached per device).
 
-* Tetra (layouts-kernels-recipe.md §2.2, §2.4): ``rows`` int32 [4096] (the rank table as is), and the
+* Tetra (docs/kernels.md): ``rows`` int32 [4096] (the rank table as is), and the
   Golay pattern split by F2-linearity into two small tables, ``cw`` int32 [256]:
   ``cw[s8 | b1<<6]`` (128 entries) = pattern of (s8, b1, b2 = 0, b3 = 0) and
   ``cw[128 + (b2 | b3<<4)]`` (32 entries) = pattern of (s8 = 0, b1 = 0, b2, b3), so the full 24-bit
@@ -13,7 +13,7 @@
   ``u = (0, 1, −1, 2, −2, 3, −3, 4)[ρ]``, the Golay pattern as per-section nibble masks split by
   F2-linearity (the pattern is linear in all twelve bits ``s8, b1, b2, b3``, checked when built),
   here as ``PA[s8] ^ PB[b1 | b2<<1 | b3<<5]``: 64 entries each, 4 words per entry, eight
-  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA`` (§2.6).
+  bank-spread copies, and ``1/‖y‖`` by ``‖y‖²/16`` in the spare fourth words of ``PA``.
   With ``h = f ^ mask`` (nibble j of section k) a coordinate is
   ``p + (−1)^p · 2 · (h − 7)`` — the identity ``val(o, ρ) = a(o) + 4·σ(o)·u(ρ)`` with the
   pattern bit folded in as a 4-bit complement (checked on every table entry when built, and against
@@ -121,10 +121,6 @@ M1_PB_WORD = M1_PA_WORD + 4 * 64 * M1_COPIES
 20..23 and 35), ``M1_COPIES`` copies each, laid out like ``PA`` (word 3 is 0)."""
 M1_TABLE_WORDS = M1_PB_WORD + 4 * 64 * M1_COPIES
 """8192 words: the 32 KiB the kernels reserve (five programs per H200 SM)."""
-M1_COMPACT_PB_WORD = M1_PA_WORD + 4 * 64
-"""``PB`` in the compact table (one copy per entry: entry ``b`` at ``M1_COMPACT_PB_WORD + 4·b``;
-``PA`` entry ``a`` at ``M1_PA_WORD + 4·a``)."""
-M1_COMPACT_WORDS = M1_COMPACT_PB_WORD + 4 * 64
 M1_MID_SHIFT = 2048 - 1240
 """The middle section's row is ``i2`` (``i2 < 1240``, class 0) or ``i2 + M1_MID_SHIFT`` (class 1,
 rows ``2048 + i2 − 1240``); 1240 is ``codebooks.tetra_tables.N0_MIXED`` (checked in the tests)."""
@@ -178,14 +174,13 @@ def _m1_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return hrow, pa, pb
 
 
-def tetra_m1_table_numpy(compact: bool = False) -> np.ndarray:
+def tetra_m1_table_numpy() -> np.ndarray:
     """The batch-1 Tetra table as uint32 (see the module docstring): [M1_TABLE_WORDS] with the
-    pattern tables in :data:`M1_COPIES` bank-spread copies (for kernels that stage it in shared
-    memory), or with ``compact`` [M1_COMPACT_WORDS], one copy of each entry (for kernels that read
-    it through L1: 32 lanes' random entries then touch 8 cache lines per table instead of 32)."""
+    pattern tables in :data:`M1_COPIES` bank-spread copies (the kernels stage it in shared
+    memory)."""
     hrow, pa, pb = _m1_parts()
-    copies = 1 if compact else M1_COPIES
-    pb_word = M1_COMPACT_PB_WORD if compact else M1_PB_WORD
+    copies = M1_COPIES
+    pb_word = M1_PB_WORD
     out = np.zeros(pb_word + 4 * 64 * copies, dtype=np.uint32)
     out[:4096] = hrow
     out[M1_PA_WORD:pb_word] = np.repeat(pa, copies, axis=0).reshape(-1)
@@ -246,19 +241,13 @@ def tetra_m1_bits_table(device: torch.device | str, copies: int = 32) -> torch.T
     return _memo(f"tetra_m1_bits{copies}", device, partial(_tetra_m1_bits_build, copies=copies))
 
 
-def _tetra_m1_build(device: str, compact: bool = False) -> torch.Tensor:
-    return torch.from_numpy(tetra_m1_table_numpy(compact).view(np.int32).copy()).to(device)
+def _tetra_m1_build(device: str) -> torch.Tensor:
+    return torch.from_numpy(tetra_m1_table_numpy().view(np.int32).copy()).to(device)
 
 
 def tetra_m1_table(device: torch.device | str) -> torch.Tensor:
     """The batch-1 Tetra table, int32 [M1_TABLE_WORDS], on ``device`` (built once per device)."""
     return _memo("tetra_m1", device, _tetra_m1_build)
-
-
-def tetra_m1_table_compact(device: torch.device | str) -> torch.Tensor:
-    """The same table with one copy per pattern entry, int32 [M1_COMPACT_WORDS] (built once per
-    device): the layout for decoders that read it from global memory (the tensor-core kernel)."""
-    return _memo("tetra_m1_compact", device, partial(_tetra_m1_build, compact=True))
 
 
 def _planes14_table_build(device: str) -> torch.Tensor:
@@ -280,7 +269,7 @@ def planes14_level_selectors() -> np.ndarray:
     """uint32 [4096]: for the 12-bit index ``u`` holding one quad's level-plane bits (plane k's bit
     i at bit ``4k + i``), the byte-permute selector of that quad: nibble i is the level of
     coordinate i, ``4`` if its plane-2 bit is set, else ``P0 + 2·P1`` (the Planes14 level code,
-    layouts-kernels-recipe.md §1.3)."""
+    docs/kernels.md)."""
     u = np.arange(4096, dtype=np.uint32)
     sel = np.zeros(4096, dtype=np.uint32)
     for i in range(4):

@@ -1,16 +1,15 @@
 """The fused (accelerator) execution path of :class:`~leechq.nn.linear.LeechqLinear`.
 
-Implements the module side of layouts-kernels-recipe.md §3 on top of :mod:`leechq.kernels.select`:
+Implements the module side of docs/kernels.md on top of :mod:`leechq.kernels.select`:
 at finalize, a record is repacked into the layout of the kernel the selector picks for it (Tetra →
 ``tetra48``, ball → ``planes14``, int4 → the int4 matvec), and the resulting plan
 (:class:`leechq.kernels.select.LinearPlan`) is the callable ``forward`` uses. Lattice records
-compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the activation rotated online by the stored tables
-(§0.5); int4 records read the activation as is.
+compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the activation rotated online by the stored tables; int4 records read the activation as is.
 
 :class:`SharedRotation` is the per-group slot that lets q/k/v (and gate/up) rotate their common
-input once (§3.6). It is keyed by the input tensor's identity *and* version counter while holding a
+input once. It is keyed by the input tensor's identity *and* version counter while holding a
 strong reference, so a recycled buffer or an in-place update can never be served a stale rotation
-(the pitfall §3.6 warns about: sharing keyed by pointer or width returns plausible wrong logits).
+(the pitfall: sharing keyed by pointer or width returns plausible wrong logits).
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def plan(
 class LeechqGroup(torch.nn.Module):
     """Projections reading one input, outputs concatenated: ``[..., d_in] → [..., Σ d_out]``.
 
-    The serving model's ``wqkv`` / ``w13`` (layouts-kernels-recipe.md §3.5). Rows of the result are
+    The serving model's ``wqkv`` / ``w13`` (docs/kernels.md). Rows of the result are
     the rows of the members, so the group computes the same numbers as its members. Lattice members
     with identical rotation tables share one :class:`SharedRotation` slot, so the fused path rotates
     the common input once per call; the dense path needs no rotation at all.

@@ -5,7 +5,7 @@ The artifact (``leechq.formats.artifact``) stores each quantized matrix as a few
 ``qweight`` / ``scales`` / ``biases`` for an int4 record, and the rotation tables under
 ``leechq.rotations.<key>.signs|small``. A module swapped into a transformers skeleton must expose
 buffers with exactly these suffixes, shapes and dtypes so that the host framework's ordinary loader
-fills them (architecture.md §7.1), and a saved module must produce the same bytes again.
+fills them (docs/kernels.md), and a saved module must produce the same bytes again.
 
 This module owns that per-record view. Serialization reuses the artifact's own writer
 (:func:`leechq.formats.artifact.build_tensors`) so the bytes cannot drift from the file format;

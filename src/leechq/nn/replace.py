@@ -1,6 +1,6 @@
 """Swap the ``nn.Linear`` modules of a model for :class:`~leechq.nn.linear.LeechqLinear`.
 
-Implements architecture.md §6.1 (``nn/replace.py``) and §7.1
+Implements docs/kernels.md (``nn/replace.py``) 
 (``_process_model_before_weight_loading``):
 the replacement is driven by the artifact's records — one record per module name — so the artifact,
 not a naming heuristic, says what is quantized. It works on a skeleton on the meta device (no weight
@@ -14,7 +14,7 @@ Two entry points:
 
 :func:`share_groups` then ties together the modules that read one activation — q/k/v, gate/up: the
 siblings of one parent whose lattice records carry the same rotation — so the fused path rotates
-that activation once per forward (layouts-kernels-recipe.md §3.5–§3.6). Grouping is an
+that activation once per forward (docs/kernels.md). Grouping is an
 optimization only: the shared slot serves a rotated activation back only to a call with the very
 same input tensor.
 """

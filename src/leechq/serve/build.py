@@ -8,7 +8,7 @@
 * :func:`random_dense`: random dense weights of a given shape (the fp16 arm of the benchmark).
 
 Fusing by rows is exact: the rows of the fused output are the rows of the members
-(layouts-kernels-recipe §3.5), so a fused projection computes the same numbers as its members.
+(docs/kernels.md), so a fused projection computes the same numbers as its members.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Fused lattice projection groups of the serving model: one rotation, one launch per group.
 
-Implements layouts-kernels-recipe.md §3.5 (q/k/v and gate/up concatenated by rows, one segmented
-launch) and §3.6 (the activation rotated once per shared input) on top of the kernels of
-:mod:`leechq.kernels.triton.ops`:
+q/k/v and gate/up concatenated by rows (one segmented launch) and the activation rotated once per
+shared input (docs/kernels.md), on top of the kernels of :mod:`leechq.kernels.triton.ops`:
 
 1. the group's input ``x [M, d_in]`` is rotated and laid out in the *prepared* activation layout
    the lattice matvec reads (one rotation launch that writes that layout; unrotated groups use the
@@ -19,32 +18,29 @@ On that matvec path the serving model also hands a group the *pre-op* that makes
 (:meth:`LatticeGroup.forward_add_norm`: the residual add and RMSNorm before q|k|v and gate|up;
 :meth:`LatticeGroup.forward_silu_mul`: the SwiGLU before down), and the rotation launch computes it
 on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
-never written out (``LEECHQ_FUSE_PRE=0`` turns this off).
+never written out.
 
 Up to 16 rows run the lattice matvec in one int8 tensor-core launch (8 per launch group
 elsewhere). With ``M ≥ DENSE_MIN_ROWS`` rows (prompts, batches above 16) the group rotates
 once in natural order (the norm or SwiGLU fused into that launch) and multiplies a float16
 dequantized copy of each part on cuBLAS (``ops.tetra48_matmul_dense``): one decode per call
-instead of one per 16 rows. (The batched
-tensor-core kernel ``ops.tetra48_matmul_mma`` served 9..16 rows until it measured slower than the
-int8 kernel; ``LEECHQ_MMA=1``, :data:`MMA_ROWS`.)
+instead of one per 16 rows.
 
 The output stays float32: the compiled pieces that consume it (:mod:`leechq.serve.model`) narrow it
 inside their own fused kernel. A group computes exactly what its members compute (rows partition
-``y``; layouts-kernels-recipe §3.5).
+``y``).
 
 Ball-coded matrices (``planes14``) group the same way (:class:`LatticeGroup` with Planes14 parts):
 one rotation into the prepared layout of the Planes14 kernel, one matvec launch group per call
 (the ``m1`` kernel's row groups, 3..16 rows on the int8 tensor-core kernel, or the tiled kernel
 where ``m1`` does not serve), the same pre-ops; from ``DENSE_MIN_ROWS`` rows a float16
-dequantized copy on cuBLAS (``ops.planes14_matmul_dense``, unless ``LEECHQ_P14_DENSE=0`` or its
-first-use check failed), below that the matvec up to 16 rows at a time. ``TetraGroup`` is the
+dequantized copy on cuBLAS (``ops.planes14_matmul_dense``, unless its first-use check
+failed), below that the matvec up to 16 rows at a time. ``TetraGroup`` is the
 class's earlier name (it served Tetra only).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,37 +52,13 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.formats.rotation import RotationTables
+from leechq.kernels.tuning import DENSE_MIN_ROWS
 
 KERNEL_ROWS = 8
 """Activation rows per matvec call (the kernels take 1..8; the many-row ``m1`` runs them two or
 four per launch) — except where every part runs the int8 tensor-core kernel for all the rows
 (``ops.imma_default``: up to ``ops.IMMA_ROWS`` = 16 rows in one call, each decoded block meeting
 them all; :meth:`LatticeGroup._call_rows`)."""
-
-DENSE_MIN_ROWS = 17
-"""From this many activation rows on (``LEECHQ_DENSE_MIN_ROWS`` overrides, :func:`dense_min_rows`),
-a group runs its parts as float16 dequantized copies on cuBLAS (one decode per call, then a
-tensor-core GEMM: ``ops.tetra48_matmul_dense``, ``ops.planes14_matmul_dense``) instead of the
-lattice matvec, which decodes every block once per call of up to 16 rows. H200, Qwen3-8B end
-to end, 2026-12-01 (BENCHMARKS.md §4 session k): with the grouped dequantization (a step's
-copies 5.4 ms, 40.5 before) decode on the copy takes 13.8 / 14.0 / 15.0 ms per step at batch
-16 / 32 / 64, on the int8 kernel (16 rows per call) 9.17 / 17.0 / 32.4 — so 16 rows stay on
-the lattice matvec and 17 or more take the copy (65 until then, when the copy cost ≈ 44 ms per
-step)."""
-
-MMA_ROWS = (KERNEL_ROWS + 1, 2 * KERNEL_ROWS)
-"""Activation rows (inclusive range) the batched tensor-core kernel (``ops.tetra48_matmul_mma``:
-each block decoded once per call into a float16 tile, then ``tl.dot``) would serve instead of the
-lattice matvec — off unless ``LEECHQ_MMA=1`` (then 9..64 rows). H200, Qwen3-8B end to end,
-2026-11-30 (BENCHMARKS.md §4): decode at batch 9 / 12 / 16 took 17.03 / 17.09 / 17.06 ms per step
-on it against 9.69 / 12.19 / 12.36 ms as 8-row chunks on the int8 tensor-core kernel, so since
-then 9..16 rows run the lattice matvec (fp16 5.63–5.73 ms)."""
-
-
-def mma_max_rows() -> int:
-    """The upper end of the tensor-core range: 64 under ``LEECHQ_MMA=1``, else 0 (off; read per
-    call, on the host)."""
-    return 64 if os.environ.get("LEECHQ_MMA", "") == "1" else 0
 
 CACHED_ROWS = 64
 """Prepared buffers are kept for row counts up to this (decode batches); larger ones are
@@ -96,9 +68,6 @@ _PREPARED: dict[tuple[str, int, int], torch.Tensor] = {}
 _RECORDS: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 """The int8 kernel's activation-record buffers a rotation writes, per (device, width, rows):
 zeroed once; the rows a rotation of that row count does not run stay zero."""
-_LIMBS: dict[tuple[str, int, int], torch.Tensor] = {}
-"""The batch-1 kernel's limb-record buffers a rotation writes, per (device, width, rows); the
-rotation writes every row of them (rows past the live ones as zeros)."""
 
 
 @dataclass(frozen=True)
@@ -129,17 +98,10 @@ def _prepared_buffer(device: torch.device, n_blocks: int, m_rows: int) -> torch.
     return buf
 
 
-def dense_min_rows() -> int:
-    """:data:`DENSE_MIN_ROWS`, or ``LEECHQ_DENSE_MIN_ROWS`` where set (read per call, on the host;
-    for measuring where the dequantized copy starts to pay)."""
-    flag = os.environ.get("LEECHQ_DENSE_MIN_ROWS", "")
-    return int(flag) if flag.isdigit() and int(flag) > 0 else DENSE_MIN_ROWS
-
-
 def _matvec_rows(m_rows: int) -> bool:
     """Whether a group runs ``m_rows`` activation rows through the lattice matvec (the prepared
-    activation) rather than the tensor-core kernel or the dequantized copy."""
-    return m_rows < dense_min_rows() and not MMA_ROWS[0] <= m_rows <= mma_max_rows()
+    activation) rather than the dequantized copy."""
+    return m_rows < DENSE_MIN_ROWS
 
 
 def _call_sizes(m: int, step: int) -> set[int]:
@@ -310,31 +272,26 @@ class LatticeGroup(nn.Module):
     def _many_rows(self, m_rows: int) -> str | None:
         """Which many-row path serves ``m_rows`` rows: ``"dense"`` (float16 dequantized copies on
         cuBLAS: ``ops.matmul_dense_ordered`` after a rotation into the copies' column order, or
-        ``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense`` for an unrotated group),
-        ``"mma"`` (Tetra's tensor-core kernel, :data:`MMA_ROWS` rows under ``LEECHQ_MMA=1``), or
+        ``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense`` for an unrotated group), or
         None where the lattice matvec serves them (:meth:`_matvec_path`)."""
-        if (self.layout == "tetra48" and MMA_ROWS[0] <= m_rows <= mma_max_rows()
-                and not self.parts[0].t64):  # the opt-in float16 kernel reads tetra48 only
-            return "mma"
         return None if self._matvec_path(m_rows) else "dense"
 
     def _matvec_path(self, m_rows: int) -> bool:
         """Whether ``m_rows`` rows run the lattice matvec from the prepared activation: for Tetra
         :func:`_matvec_rows`; for Planes14 fewer than :data:`DENSE_MIN_ROWS`, or more where its
-        dequantized copy is not enabled (``ops.planes14_dense_enabled``: ``LEECHQ_P14_DENSE=0``,
-        or a failed first-use check)."""
+        dequantized copy is not enabled (``ops.planes14_dense_enabled``: a failed first-use
+        check)."""
         if self.layout == "tetra48":
             return _matvec_rows(m_rows)
-        return (m_rows < dense_min_rows()
+        return (m_rows < DENSE_MIN_ROWS
                 or not self._ops.planes14_dense_enabled(self.parts[0].records.device))
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its
         rotation launch (:meth:`forward_add_norm`, :meth:`forward_silu_mul`) for ``m_rows`` rows: a
         rotated group (on the matvec path the rotation writes the prepared layout, on the
-        many-row paths natural order), unless ``LEECHQ_FUSE_PRE=0`` (read per call, on the
-        host)."""
-        return self.rot is not None and os.environ.get("LEECHQ_FUSE_PRE", "1") != "0"
+        many-row paths natural order)."""
+        return self.rot is not None
 
     def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,9 +305,9 @@ class LatticeGroup(nn.Module):
         r, y = self._many_row_products(int(x2.shape[0]), lambda order: (
             self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)))
         if y is None:
-            (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs, limbs: (
+            (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
                 self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                      out=xp, records=recs, limbs=limbs)))
+                                      out=xp, records=recs)))
         return r.reshape(x.shape), y.reshape(*lead, self.d_out)
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -362,26 +319,24 @@ class LatticeGroup(nn.Module):
         _, y = self._many_row_products(int(g2.shape[0]), lambda order: (
             None, self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
         if y is None:
-            _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs, limbs: (
+            _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
                 self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
-                                          records=recs, limbs=limbs)))
+                                          records=recs)))
         return y.reshape(*lead, self.d_out)
 
     def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
-        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order, recs, limbs)`` writes
-        the prepared activation ``xp`` in the order the serving kernels read (one launch; with
+        """The matvec path for ``inp``'s ``m`` rows: ``fill(inp, xp, order, recs)`` writes the
+        prepared activation ``xp`` in the order the serving kernels read (one launch; with
         ``recs`` not None it also writes the int8 kernel's activation records there,
-        :meth:`_rotation_records`, with ``limbs`` not None the batch-1 kernel's limb records,
-        :meth:`_rotation_limbs`), then :meth:`_matvecs`.
+        :meth:`_rotation_records`), then :meth:`_matvecs`.
         Returns what ``fill`` returned and the float32 [m, Σ d_out] output."""
         m = int(inp.shape[0])
         xp = _prepared_buffer(inp.device, self.n_blocks, m)
         order, plans = self._launch_plan(m, inp.device)
         step = self._call_rows(m, plans)
         recs = self._rotation_records(m, step, plans, inp.device)
-        limbs = self._rotation_limbs(m, plans, inp.device)
-        filled = fill(inp, xp, order, recs, limbs)
-        return filled, self._matvecs(xp, m, step, plans, recs, limbs)
+        filled = fill(inp, xp, order, recs)
+        return filled, self._matvecs(xp, m, step, plans, recs)
 
     def _on_int8(self, m: int, plans: dict | None = None) -> bool:
         """Whether every part runs calls of ``m`` rows on the int8 kernel (``ops.imma_default``;
@@ -399,37 +354,15 @@ class LatticeGroup(nn.Module):
     def _rotation_records(self, m: int, step: int, plans: dict | None, device: torch.device
                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Buffers for the rotation to write the int8 kernel's activation records into (one
-        launch fewer per input), or None: unless ``LEECHQ_ROT_RECORDS=0`` (read per call on the
-        host), for a one-group rotation (power-of-two width) whose ``m`` rows go in one matvec
-        call (``step``: :meth:`_call_rows`) on the int8 kernel (:meth:`_on_int8`). H200,
-        Qwen3-8B end to end, 2026-11-30: batch 4 571.6 → 585.2 tok/s, batch 8 1123.0 → 1150.2
-        (BENCHMARKS.md §4); the default since then."""
-        if (os.environ.get("LEECHQ_ROT_RECORDS", "1") == "0" or self.rot is None
-                or self.rot.odd != 1 or m > step or not self._on_int8(m, plans)):
+        launch fewer per input), or None: for a one-group rotation (power-of-two width) whose
+        ``m`` rows go in one matvec call (``step``: :meth:`_call_rows`) on the int8 kernel
+        (:meth:`_on_int8`)."""
+        if (self.rot is None or self.rot.odd != 1 or m > step or not self._on_int8(m, plans)):
             return None
         key = (str(device), self.n_blocks, m)
         if key not in _RECORDS:
             _RECORDS[key] = self._ops.imma_records(self.n_blocks, device, m)
         return _RECORDS[key]
-
-    def _rotation_limbs(self, m: int, plans: dict | None, device: torch.device
-                        ) -> torch.Tensor | None:
-        """A buffer for the rotation to write the batch-1 kernel's limb records into (its
-        programs then load the activation's integer limbs instead of each converting their
-        K-slice), or None: only with ``LEECHQ_M1_LIMBS=1`` (read per call on the host; opt-in),
-        for a one-group rotation (power-of-two width) of fewer than ``ops.IMMA_MIN_ROWS`` rows
-        (the ``m1`` kernel's; for Planes14 only with ``m1`` plans). H200, Qwen3-8B, one token
-        (2026-12-01, BENCHMARKS.md §3 run 18): the ``m1`` launches alone 2.659 → 2.577 ms, but
-        the rotations that write the records 0.288 → 0.529 ms (eight programs per row; 0.350
-        with sixteen), so the served pass is 2.891 → 3.100 ms (2.997 → 2.981 at sixteen)."""
-        if (os.environ.get("LEECHQ_M1_LIMBS", "0") != "1" or self.rot is None
-                or self.rot.odd != 1 or m >= self._ops.IMMA_MIN_ROWS
-                or (plans is not None and not all(plans.values()))):
-            return None
-        key = (str(device), self.n_blocks, m)
-        if key not in _LIMBS:
-            _LIMBS[key] = self._ops.m1_limbs(self.n_blocks, device, m)
-        return _LIMBS[key]
 
     def _launch_plan(self, m: int, device: torch.device) -> tuple[torch.Tensor, dict | None]:
         """The prepared activation's order for ``m`` rows and, for Planes14, each (part, call
@@ -447,13 +380,11 @@ class LatticeGroup(nn.Module):
                  for r in _call_sizes(m, KERNEL_ROWS)})
 
     def _matvecs(self, xp: torch.Tensor, m: int, step: int, plans: dict | None = None,
-                 recs: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 limbs: torch.Tensor | None = None) -> torch.Tensor:
+                 recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Every part's matvec from the prepared activation ``xp`` (``m`` rows, ``step`` per
         call: :meth:`_call_rows`) into one float32 [m, Σ d_out], plus the bias (``plans``:
         Planes14's, from :meth:`_launch_plan`; ``recs``: the int8 kernel's activation records of
-        ``xp``, written by the rotation, when all ``m`` rows go in one call; ``limbs``: the
-        batch-1 kernel's limb records of ``xp``, likewise)."""
+        ``xp``, written by the rotation, when all ``m`` rows go in one call)."""
         from leechq.kernels.reference import prepared_rows
 
         y = torch.empty(m, self.d_out, dtype=torch.float32, device=xp.device)
@@ -461,13 +392,11 @@ class LatticeGroup(nn.Module):
             for i in range(0, m, step):
                 r = min(step, m - i)
                 chunk, out = xp[i : i + prepared_rows(r)], y[i : i + r, off : off + part.d_out]
-                lb = None if limbs is None else limbs[i : i + prepared_rows(r)]
                 if plans is None:
-                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs,
-                                                      limbs=lb)
+                    self._ops.tetra48_matvec_prepared(chunk, part, r, out=out, acts=recs)
                 else:
                     self._ops.planes14_matvec_planned(chunk, part, r, plans[(j, r)], out=out,
-                                                      acts=recs, limbs=lb)
+                                                      acts=recs)
         if self.bias is not None:
             y = y + self.bias
         return y
@@ -481,7 +410,7 @@ class LatticeGroup(nn.Module):
         copy: ``ops.dense_input_order``) ``x`` is float16 in the copies' column order, written by
         the rotation launch (``ops.matmul_dense_ordered``: no gather, no conversion, the epilogue
         in one launch); with None float32 in natural order (the input itself for an unrotated
-        group), for the tensor-core kernel or the natural-order dense products."""
+        group), for the natural-order dense products."""
         kind = self._many_rows(m_rows)
         if kind is None:
             return None, None
@@ -491,8 +420,8 @@ class LatticeGroup(nn.Module):
             extra, x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
             ys = [ops.matmul_dense_ordered(x16, part) for part in self.parts]
         else:
-            matmul = (ops.tetra48_matmul_mma if kind == "mma" else ops.tetra48_matmul_dense
-                      if self.layout == "tetra48" else ops.planes14_matmul_dense)
+            matmul = (ops.tetra48_matmul_dense if self.layout == "tetra48"
+                      else ops.planes14_matmul_dense)
             extra, xr = rotated(None)
             ys = [matmul(xr, part) for part in self.parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
@@ -501,15 +430,12 @@ class LatticeGroup(nn.Module):
         return extra, y
 
     def _fill(self, x2: torch.Tensor, xp: torch.Tensor, order: torch.Tensor,
-              recs: tuple[torch.Tensor, torch.Tensor] | None = None,
-              limbs: torch.Tensor | None = None) -> None:
+              recs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """``Q x`` (or ``x`` for an unrotated group) into the prepared buffer in ``order`` (one
         launch: ``activation.rotate_prepared_kernel`` or the preparation kernel; ``recs``: the
-        int8 kernel's activation records the rotation also writes, or None; ``limbs``: the
-        batch-1 kernel's limb records, likewise)."""
+        int8 kernel's activation records the rotation also writes, or None)."""
         if self.rot is not None:
-            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs,
-                             limbs=limbs)
+            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs)
         else:
             self._ops.prepare_activation(x2, self.n_blocks, order, out=xp)
 
@@ -540,7 +466,7 @@ def _share_rows(members: Sequence[nn.Module], parts: list[Any], cat: Any) -> Non
     layout = _layout_of(parts[0])
     off = 0
     names = (_DATA[layout], "row_scales", "row_centroids", "tail")
-    order = {"korder": cat.korder, "t64": cat.t64} if layout == "tetra48" else {}
+    order = {"t64": cat.t64} if layout == "tetra48" else {}
     for m, p in zip(members, parts, strict=True):
         plan = m._fused
         rows = slice(off, off + p.d_out)
@@ -552,12 +478,11 @@ def _share_rows(members: Sequence[nn.Module], parts: list[Any], cat: Any) -> Non
 
 def _serving_layout(part: Any) -> Any:
     """A group's packed record in the layout it is served in: a Tetra record in the standard
-    layout becomes ``tetra64`` where ``ops.t64_serving`` says so (a CUDA device, 16-bit
-    activations, ``LEECHQ_T64`` not 0), with its shells decoded on the device; anything else as
-    it is."""
+    layout becomes ``tetra64`` where ``ops.t64_serving`` says so (a CUDA device), with its
+    shells decoded on the device; anything else as it is."""
     from leechq.kernels.triton import ops
 
-    if (_layout_of(part) != "tetra48" or part.korder or part.t64
+    if (_layout_of(part) != "tetra48" or part.t64
             or not ops.t64_serving(part.device)):
         return part
     from leechq.formats.layouts.tetra64 import to_tetra64

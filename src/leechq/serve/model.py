@@ -299,22 +299,26 @@ def attention_mask(
     return mask[:, None].repeat(1, 1, groups, 1)
 
 
+INTERPRETED_DECODE_KERNEL = False
+"""Whether the CPU, under the Triton interpreter, runs the decode step's attention through the
+split-key kernel (the CI route to the kernel: its tests set this); otherwise the CPU keeps
+``scaled_dot_product_attention``."""
+
+
 def decode_kernel_enabled(device: torch.device, positions: int, head_dim: int) -> bool:
     """Whether a forward of ``positions`` positions per row on ``device`` runs its attention
     through the split-key decode kernel (``ops.decode_attention``) instead of
     ``scaled_dot_product_attention``: one position, heads the kernel takes
-    (``ops.DECODE_ATTN_MAX_HEAD_DIM``; wider heads keep SDPA), a CUDA device with Triton, unless
-    ``LEECHQ_DECODE_ATTN=0`` (read per forward, on the host). On the CPU only when asked for
-    (``LEECHQ_DECODE_ATTN=1``) under the Triton interpreter (the CI route to the kernel)."""
-    flag = os.environ.get("LEECHQ_DECODE_ATTN")
-    if positions != 1 or flag == "0":
+    (``ops.DECODE_ATTN_MAX_HEAD_DIM``; wider heads keep SDPA), a CUDA device with Triton. On the
+    CPU only with :data:`INTERPRETED_DECODE_KERNEL` under the Triton interpreter."""
+    if positions != 1:
         return False
     if device.type == "cuda":
         from leechq.kernels import triton as triton_kernels
 
         if not triton_kernels.available():
             return False
-    elif not (flag == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+    elif not (INTERPRETED_DECODE_KERNEL and os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     from leechq.kernels.triton import ops
 

@@ -1,6 +1,6 @@
 """Quantized models of real shapes with random codes, for benchmarks and tests (no download).
 
-Every 48-bit Tetra word is legal (layouts-kernels-recipe.md §2.5: bits 0–46 are a bijection onto
+Every 48-bit Tetra word is legal (docs/kernels.md: bits 0–46 are a bijection onto
 2^47 lattice points), so uniformly random labels and gain bits make a valid Tetra matrix that
 streams and decodes exactly like a trained one. Scales are chosen so each weight has variance about
 ``1/d_in`` (the block norm is ``c_g·σ_row``), keeping activations of a deep random model finite in
@@ -9,7 +9,7 @@ fp16.
 :func:`random_quantized_model` builds the serving :class:`~leechq.serve.model.Transformer` with
 :class:`~leechq.nn.linear.LeechqLinear` projections (one rotation per block and activation, shared
 by q/k/v and by gate/up as in the quantizer's seeding), optionally int4 ``v_proj`` (the published
-recipe, layouts-kernels-recipe.md §5.2), and a dense embedding/head. Shapes of the benchmark models
+recipe, docs/kernels.md), and a dense embedding/head. Shapes of the benchmark models
 are in :data:`SHAPES`.
 """
 
@@ -183,7 +183,6 @@ def random_quantized_model(
     portable: bool = False,
     direct: bool = False,
     codebook: str = "tetra",
-    korder: bool = False,
     t64: bool | None = None,
 ) -> Transformer:
     """A serving model of ``args``' shape whose projections are random Tetra (or ball) matrices.
@@ -204,9 +203,6 @@ def random_quantized_model(
             (no canonical records, no host packing; seconds instead of a minute for a 14B shape).
             Needs the fused kernels; the codes differ from the canonical path's for the same seed.
         codebook: "tetra" or "ball" (the lattice matrices' codebook).
-        korder: with ``direct`` and Tetra, the groups hold their words in kernel order
-            (``formats.layouts.tetra48_korder``; read by the ``m1``, int8 and dequantization
-            kernels — not by the opt-in ``LEECHQ_MMA`` kernel).
         t64: with ``direct`` and Tetra, the groups in the ``tetra64`` layout
             (``formats.layouts.tetra64``) or not; None: as a served model built from records
             (``ops.t64_serving``).
@@ -216,10 +212,6 @@ def random_quantized_model(
     """
     if codebook not in ("tetra", "ball"):
         raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
-    if korder and not (direct and codebook == "tetra"):
-        raise InvalidInput("korder needs direct=True and the Tetra codebook")
-    if korder and t64:
-        raise InvalidInput("korder and t64 are two different layouts")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -240,8 +232,7 @@ def random_quantized_model(
 
     def group(records: list[Any], index: int) -> nn.Module:
         if direct:
-            return _direct_group(records, device, dtype, seed * 1_000_003 + index, korder,
-                                 False if korder else t64)
+            return _direct_group(records, device, dtype, seed * 1_000_003 + index, t64)
         return group_from_records(records, device, dtype, prefer)
 
     blocks = []
@@ -286,12 +277,11 @@ class _DirectLattice:
 
 def _direct_group(
     records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int,
-    korder: bool = False, t64: bool | None = None,
+    t64: bool | None = None,
 ) -> nn.Module:
     """Device-drawn lattice matrices (runs) and host-drawn int4 ones, as
     :func:`group_from_records` would group them, with weights scaled to variance about
-    ``1/d_in`` (``korder``: Tetra words in kernel order; ``t64``: in the ``tetra64`` layout, or
-    None: the served default)."""
+    ``1/d_in`` (``t64``: Tetra in the ``tetra64`` layout, or None: the served default)."""
     from leechq.formats.layouts import planes14, tetra48
     from leechq.serve.build import ConcatLinear
     from leechq.serve.fused import LAYOUTS, LatticeGroup, fused_kernels_available
@@ -320,11 +310,7 @@ def _direct_group(
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
         cat = layout.concat_rows(packs)
-        if korder and name == "tetra48":
-            from leechq.formats.layouts.tetra48_korder import to_kernel_order
-
-            cat = to_kernel_order(cat)
-        elif name == "tetra48" and t64 is None:
+        if name == "tetra48" and t64 is None:
             from leechq.serve.fused import _serving_layout
 
             cat = _serving_layout(cat)

@@ -5,9 +5,9 @@ for the device). Each module owns one layout and exposes ``pack(qw)``, ``unpack(
 ``concat_rows(records)``; this package keeps them in a :class:`leechq.registry.Registry` by name:
 
 * ``tetra48``  — Tetra words, 6 little-endian bytes per block, rows padded to 8 bytes
-  (layouts-kernels-recipe.md §2.7, tetra-format.md §4.1);
+  (docs/kernels.md);
 * ``planes14`` — the ball codebook unfolded into 14-byte bit-plane records with a 512-entry class
-  table (layouts-kernels-recipe.md §1.1–§1.3).
+  table (docs/kernels.md).
 
 Nothing is computed at import. See docs/kernels.md for the byte layouts and the kernel contracts.
 """

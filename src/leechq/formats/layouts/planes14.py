@@ -1,6 +1,6 @@
 """The served ``planes14`` layout: the ball codebook unfolded into 14-byte bit-plane records.
 
-Implements layouts-kernels-recipe.md §1.1–§1.3. Every 24-column block of a ball-coded matrix becomes
+Follows docs/kernels.md. Every 24-column block of a ball-coded matrix becomes
 one 112-bit record (bit ``k`` = bit ``k & 7`` of byte ``k >> 3``, little-endian):
 
 ==========  =====================================================================
@@ -16,7 +16,7 @@ bits        field
 ==========  =====================================================================
 
 A coordinate's level indexes its class's *canonical level list*: the distinct magnitudes sorted by
-multiplicity descending, ties by magnitude descending (§1.1). The per-class table has 512 entries
+multiplicity descending, ties by magnitude descending. The per-class table has 512 entries
 (any 9-bit id stays in bounds; unused entries decode to zeros).
 
 Deviation from the author's flat addressing (documented in docs/kernels.md): records are laid out
@@ -62,7 +62,7 @@ class Planes14Tables:
     """The per-class table in its two forms.
 
     Attributes:
-        vals: float32 [512, 5], ``f32(|v_l| / sqrt(16 m))`` per canonical level l (spec form, §1.1).
+        vals: float32 [512, 5], ``f32(|v_l| / sqrt(16 m))`` per canonical level l (spec form).
         lens: int32 [512], number of levels (entry 0, the origin: 1).
         magnitudes: int32 [512, 5], the integer magnitudes |v_l| per level.
         shells: int32 [512], m of each entry (0 for the origin and unused entries).
@@ -85,7 +85,7 @@ class Planes14Tables:
 
 @cache
 def planes14_tables() -> Planes14Tables:
-    """Build (once) the 512-entry class table of Λ24(12) (layouts-kernels-recipe.md §1.1)."""
+    """Build (once) the 512-entry class table of Λ24(12) (docs/kernels.md)."""
     classes = class_table(MAX_SHELL)
     vals = np.zeros((TABLE_ENTRIES, MAX_LEVELS), dtype=np.float32)
     mags = np.zeros((TABLE_ENTRIES, MAX_LEVELS), dtype=np.int32)
@@ -374,7 +374,7 @@ def unpack(w: Planes14Weight) -> QuantizedWeight:
 
 
 def concat_rows(parts: Sequence[Planes14Weight]) -> Planes14Weight:
-    """Concatenate matrices that read the same input into one record by rows (recipe §3.5)."""
+    """Concatenate matrices that read the same input into one record by rows (docs/kernels.md)."""
     if not parts:
         raise InvalidInput("concat_rows needs at least one matrix")
     d_in = parts[0].d_in

@@ -1,6 +1,6 @@
 """The served ``tetra48`` layout: Tetra words as row-strided little-endian 6-byte records.
 
-Implements layouts-kernels-recipe.md §2.5/§2.7 and tetra-format.md §1.3/§4.1. Each 24-column block
+Follows docs/kernels.md. Each 24-column block
 of a row is the 48-bit word ``label | gain << 47`` (label = the 47-bit Tetra label, gain = the 1-bit
 centroid index) stored as 6 little-endian bytes; a row's words are packed back to back and the row is
 zero-padded to ``stride_u32 = ceil(6·n_blocks / 8) · 2`` 32-bit words, so every row starts on a u32
@@ -9,7 +9,7 @@ reordering: :func:`unpack` returns the canonical :class:`QuantizedWeight` bit fo
 
 Beside the words the record carries what the kernels need per row, already narrowed for the device:
 ``row_scales`` (f32), ``row_centroids`` (f32 [d_out, 2], one gain pair per row so that matrices
-sharing an input concatenate by rows, recipe §3.5) and the unquantized ``tail`` (f32). The exact f64
+sharing an input concatenate by rows, docs/kernels.md) and the unquantized ``tail`` (f32). The exact f64
 scales and centroids are kept beside them so the round trip is lossless.
 
 This module does not decode words (that needs the Tetra tables: ``leechq.kernels.reference``) and does
@@ -40,12 +40,6 @@ def stride_u32(n_blocks: int) -> int:
     return -(-WORD_BYTES * n_blocks // 8) * 2
 
 
-def korder_stride(n_blocks: int) -> int:
-    """u32 words per row in kernel order (:mod:`.tetra48_korder`): three per block pair, rounded
-    up to an even count (the same as :func:`stride_u32` for an even number of blocks)."""
-    return -(-3 * -(-n_blocks // 2) // 2) * 2
-
-
 def t64_stride(n_blocks: int) -> int:
     """u32 words per row in the ``tetra64`` layout (:mod:`.tetra64`): four per block pair."""
     return 4 * -(-n_blocks // 2)
@@ -66,8 +60,6 @@ class Tetra48Weight:
         row_centroids_f64: float64 [d_out, 2], exact gain pairs.
         n_centroids: stored centroids of the source matrix (1 or 2); 1 means the pair repeats.
         rotation: the input rotation the activation must receive, or None.
-        korder: the words are in kernel order (:mod:`.tetra48_korder`, rows of
-            :func:`korder_stride` words), read only by the batch-1 ``m1`` kernel.
         t64: the words are in the ``tetra64`` layout (:mod:`.tetra64`: table addresses and shells,
             rows of :func:`t64_stride` words), read by the batch-1 ``m1``, int8 and
             dequantization kernels.
@@ -83,7 +75,6 @@ class Tetra48Weight:
     row_centroids_f64: torch.Tensor
     n_centroids: int = 2
     rotation: RotationTables | None = None
-    korder: bool = False
     t64: bool = False
 
     @property
@@ -99,7 +90,7 @@ class Tetra48Weight:
         """u32 words per row."""
         if self.t64:
             return t64_stride(self.n_blocks)
-        return korder_stride(self.n_blocks) if self.korder else stride_u32(self.n_blocks)
+        return stride_u32(self.n_blocks)
 
     @property
     def device(self) -> torch.device:
@@ -107,8 +98,6 @@ class Tetra48Weight:
 
     def validate(self) -> None:
         """Check every tensor's shape and dtype; raise :class:`InvalidInput` naming it."""
-        if self.korder and self.t64:
-            raise InvalidInput("Tetra48Weight: korder and t64 are two different layouts")
         expect = {
             "words": ((self.d_out, self.stride), torch.int32),
             "row_scales": ((self.d_out,), torch.float32),
@@ -218,10 +207,6 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
         from leechq.formats.layouts.tetra64 import from_tetra64
 
         w = from_tetra64(w)
-    if w.korder:
-        from leechq.formats.layouts.tetra48_korder import to_standard_order
-
-        w = to_standard_order(w)
     cents = w.row_centroids_f64.cpu()
     if w.d_out and not bool((cents == cents[0]).all()):
         raise InvalidInput("tetra48.unpack: rows carry different centroid pairs (a fused record)")
@@ -243,7 +228,7 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
 def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
     """Concatenate matrices that read the same input (q/k/v, gate/up) into one record by rows.
 
-    Row strides, tails and the per-row gain pairs concatenate without re-encoding (recipe §3.5).
+    Row strides, tails and the per-row gain pairs concatenate without re-encoding (docs/kernels.md).
 
     Raises:
         InvalidInput: the parts differ in ``d_in`` or in rotation.
@@ -259,9 +244,9 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
             and p.rotation.seed != parts[0].rotation.seed
         ):
             raise InvalidInput("concat_rows: fused matrices must share one input rotation")
-        if p.korder != parts[0].korder or p.t64 != parts[0].t64:
-            raise InvalidInput("concat_rows: fused matrices must share one word order "
-                               "(standard, kernel order or tetra64)")
+        if p.t64 != parts[0].t64:
+            raise InvalidInput("concat_rows: fused matrices must share one layout "
+                               "(standard or tetra64)")
     cat = lambda name: torch.cat([getattr(p, name) for p in parts], dim=0)  # noqa: E731
     out = Tetra48Weight(
         d_out=sum(p.d_out for p in parts),
@@ -274,7 +259,6 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
         row_centroids_f64=cat("row_centroids_f64"),
         n_centroids=max(p.n_centroids for p in parts),
         rotation=parts[0].rotation,
-        korder=parts[0].korder,
         t64=parts[0].t64,
     )
     out.validate()
@@ -284,7 +268,7 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
 def random_tetra48(
     d_out: int, d_in: int, *, seed: int = 0, device: torch.device | str = "cpu"
 ) -> Tetra48Weight:
-    """A random ``tetra48`` record (every 48-bit word is a legal Tetra word, tetra-format.md §1.1).
+    """A random ``tetra48`` record (every 48-bit word is a legal Tetra word, docs/kernels.md).
 
     Row scales are drawn in [0.5, 1.5), the gain pair is (0.8, 1.2), the tail is Gaussian. Used by
     tests and benchmarks; the tensors are generated on ``device`` directly (large shapes).

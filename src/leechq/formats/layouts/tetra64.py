@@ -1,7 +1,7 @@
 """The ``tetra64`` served layout: each Tetra block as its decoder's table addresses and its shell.
 
-A served form of a ``tetra48`` matrix for the batch-1 kernel (layouts-kernels-recipe.md §2.7 leaves
-the served layout to the kernels; tetra-format.md §1.5 fixes what a word decodes to). The canonical
+A served form of a ``tetra48`` matrix for the batch-1 kernel (docs/kernels.md leaves
+the served layout to the kernels; docs/kernels.md fixes what a word decodes to). The canonical
 48-bit word (``p``, ``r``, ``s8``, ``b1``, ``i1``, ``b2``, ``i2``, ``b3``, ``i3``, gain ``g``) names
 three rank-table rows and a Golay pattern; the decode turns it into
 
@@ -50,23 +50,61 @@ import torch
 
 from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
 from leechq.errors import InvalidInput
-from leechq.formats.layouts.tetra48 import Tetra48Weight, t64_stride
-from leechq.formats.layouts.tetra48_korder import (
-    _fields,
-    blocks_from_words,
-    korder_blocks,
-    standard_order_blocks,
-    standard_words,
-)
+from leechq.formats.layouts.tetra48 import Tetra48Weight, stride_u32, t64_stride
 
 MID_SHIFT = CLASS_ROWS - N0_MIXED
-"""``R2 = i2 + MID_SHIFT`` for ``i2 ≥ 1240`` (the middle section's class-1 rows, tetra-format.md
-§1.5: ``rows[808 + i2]``)."""
+"""``R2 = i2 + MID_SHIFT`` for ``i2 ≥ 1240`` (the middle section's class-1 rows,
+``rows[808 + i2]``; docs/kernels.md)."""
 M_BITS_SHIFT = 27
 CHUNK = 1 << 22
 """Blocks decoded at a time when computing shells (bounded memory on large matrices)."""
 
 _M32 = 0xFFFFFFFF
+
+
+def _fields(b: torch.Tensor, spec: tuple[tuple[int, int], ...]) -> list[torch.Tensor]:
+    """Bit fields ``(shift, width)`` of int64 ``b``."""
+    return [(b >> s) & ((1 << n) - 1) for s, n in spec]
+
+
+def _to_int32(w: torch.Tensor) -> torch.Tensor:
+    """u32 values held in int64 → their int32 bit pattern."""
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+def _pairs(words: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """int64 [d_out, n_pairs, 3]: a row's first ``3·n_pairs`` words as u32 (zero-extended)."""
+    w = words.to(torch.int64) & _M32
+    short = 3 * n_pairs - w.shape[1]
+    if short > 0:
+        w = torch.nn.functional.pad(w, (0, short))
+    return w[:, : 3 * n_pairs].reshape(words.shape[0], n_pairs, 3)
+
+
+def _rows(w0: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, stride: int) -> torch.Tensor:
+    """int32 [d_out, stride]: the three words of each pair back to back, zero padded."""
+    flat = torch.stack([w0, w1, w2], dim=-1).reshape(w0.shape[0], 3 * w0.shape[1])
+    flat = torch.nn.functional.pad(flat, (0, stride - flat.shape[1]))
+    return _to_int32(flat)
+
+
+def blocks_from_words(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """The canonical 48-bit words (int64 [d_out, n_blocks]) of ``tetra48`` rows (int32)."""
+    t = _pairs(words, -(-n_blocks // 2))
+    even = t[..., 0] | (t[..., 1] & 0xFFFF) << 32
+    odd = t[..., 1] >> 16 | t[..., 2] << 16
+    both = torch.stack([even, odd], dim=-1)
+    return both.reshape(words.shape[0], 2 * t.shape[1])[:, :n_blocks]
+
+
+def standard_words(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """Standard ``tetra48`` rows (int32 [d_out, stride_u32(n_blocks)], contiguous) from canonical
+    48-bit words (int64 [d_out, n_blocks]); the inverse of :func:`blocks_from_words`."""
+    pad = -n_blocks % 2
+    b = torch.nn.functional.pad(blocks, (0, pad)).reshape(blocks.shape[0], (n_blocks + pad) // 2, 2)
+    even, odd = b[..., 0], b[..., 1]
+    return _rows(even & _M32, (even >> 32) | (odd & 0xFFFF) << 16, odd >> 16,
+                 stride_u32(n_blocks)).contiguous()
 
 
 @cache
@@ -171,18 +209,16 @@ def to_tetra64(w: Tetra48Weight) -> Tetra48Weight:
     if w.t64:
         raise InvalidInput("to_tetra64: the record is in the tetra64 layout already")
     blocks = canonical_blocks(w)
-    out = replace(w, words=pack_words(encode_blocks(blocks)).contiguous(), korder=False, t64=True)
+    out = replace(w, words=pack_words(encode_blocks(blocks)).contiguous(), t64=True)
     out.validate()
     return out
 
 
 def canonical_blocks(w: Tetra48Weight) -> torch.Tensor:
-    """The canonical 48-bit words (int64 [d_out, n_blocks]) of a record in any of the Tetra
-    layouts (standard, kernel order, this one)."""
+    """The canonical 48-bit words (int64 [d_out, n_blocks]) of a record in either Tetra layout
+    (standard or this one)."""
     if w.t64:
         return decode_fields(unpack_words(w.words, w.n_blocks))
-    if w.korder:
-        return standard_order_blocks(korder_blocks(w.words, w.n_blocks))
     return blocks_from_words(w.words, w.n_blocks)
 
 
@@ -195,5 +231,5 @@ def from_tetra64(w: Tetra48Weight) -> Tetra48Weight:
     return out
 
 
-__all__ = ["canonical_blocks", "decode_fields", "encode_blocks", "from_tetra64", "pack_words",
-           "shells", "t64_stride", "to_tetra64", "unpack_words", "x_all"]
+__all__ = ["blocks_from_words", "canonical_blocks", "decode_fields", "encode_blocks", "from_tetra64", "pack_words",
+           "shells", "standard_words", "t64_stride", "to_tetra64", "unpack_words", "x_all"]

@@ -2,11 +2,11 @@
 
 ``prmt`` is PTX's byte permute (``prmt.b32 d, a, b, sel``: output byte i is byte ``sel`` nibble i of
 the 8-byte pair ``b:a``; selectors here never set a nibble's bit 3, so the sign-replicate mode is never
-used, layouts-kernels-recipe.md §6.3 item 4). Under the Triton interpreter (``USE_ASM = False``) it
+used, docs/kernels.md). Under the Triton interpreter (``USE_ASM = False``) it
 is emulated with shifts and masks, so the interpreter tests run the same algorithm.
 
 ``byte_to_f32``: a biased byte ``b`` (value + 128) becomes an exact f32 via the bit pattern
-``0x4B0000bb`` (= 2^23 + b) minus 2^23 + 128 — no int→float conversion instruction (§2.6).
+``0x4B0000bb`` (= 2^23 + b) minus 2^23 + 128 — no int→float conversion instruction.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def dp4a(a, b, acc, B_SIGNED: tl.constexpr, USE_ASM: tl.constexpr, A_SIGNED: tl.
     return out
 
 
-# Shared-memory tables (layouts-kernels-recipe.md §3.1: the decoder tables belong in on-chip memory,
+# Shared-memory tables (docs/kernels.md: the decoder tables belong in on-chip memory,
 # not in L1 gathers). Triton has no shared-memory API, so the kernels that use these helpers reserve
 # the space with a never-taken gather (``reserve_smem``: Triton then sizes its dynamic shared memory
 # for it), copy the table into the start of ``global_smem`` (Triton's extern shared array) once per

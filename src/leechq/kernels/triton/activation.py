@@ -1,16 +1,16 @@
 """Activation-side kernels: the input rotation ``Q x`` and the *prepared* activation layout.
 
-Rotation (layouts-kernels-recipe.md §0.5, §3.6; tetra-format.md §1.6 forward semantics):
+Rotation (docs/kernels.md, forward semantics):
 ``Q = (Q_odd ⊗ H_m)·D`` with ``n = k·m``. Because ``(Q_odd ⊗ H_m)·v`` has group ``g`` equal to
 ``H_m · Σ_t Q_odd[g][t] · v_t``, the groups are mixed *first* (k multiply-adds per coordinate on the
 sign-flipped input) and then transformed: one program per (activation row, group), each loading the
 whole row once, mixing, and running one Walsh–Hadamard transform ``H_m`` (Sylvester order, scaled by
 ``1/√m``, f32 of the f64 reciprocal, passed in). ``M·k`` programs instead of one long program per
-row (the recipe's single-CTA design, §3.6, was a CUDA shared-memory choice). :func:`rotate_kernel`
+row (a single-CTA design is a CUDA shared-memory choice). :func:`rotate_kernel`
 writes natural order (coalesced); :func:`rotate_prepared_kernel` writes the prepared layout below
 in the same launch, each group program gathering its slots from the transformed group in
 registers (``tl.gather``) and storing them coalesced along pairs. H200, µs per launch at 4096 /
-12288 (2026-11-30, ``benchmarks/bench_rotation.py``): one launch 3.40 / 3.91; natural order +
+12288 (``benchmarks/bench_rotation.py``): one launch 3.40 / 3.91; natural order +
 :func:`prepare_kernel` 4.0 / 5.0; an earlier form that scattered one 4-byte store per coordinate
 (``NPP`` words apart) 13–17.
 
@@ -53,7 +53,6 @@ import triton.language as tl
 
 from leechq.kernels.triton._bits import await_previous_grid
 from leechq.kernels.triton.tetra48_imma import store_activation_tile
-from leechq.kernels.triton.tetra48_m1 import store_limb_tile
 
 TC_MIN = tl.constexpr(256)
 """Smallest group size whose transform can run on tensor cores (a power of two ≥ 256: the R×C tile,
@@ -338,12 +337,11 @@ def rotate_kernel(
 @triton.jit
 def rotate_prepared_kernel(
     x_ptr, stride_xm, signs_ptr, small_ptr, out_ptr, stride_om, order_ptr, inv_sqrt_m, M,
-    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, rec_ptr, ex_ptr, lb_ptr, stride_lm,
+    aux_ptr, stride_am, w_ptr, res_ptr, stride_rm, eps, rec_ptr, ex_ptr,
     N: tl.constexpr, N_BLOCKS: tl.constexpr, NPP: tl.constexpr, PR: tl.constexpr,
     K: tl.constexpr, MW: tl.constexpr, LOG2M: tl.constexpr, TC: tl.constexpr,
     PRE: tl.constexpr = 0, HDT: tl.constexpr = 0, SPLITS: tl.constexpr = 1,
-    RECORDS: tl.constexpr = False, PDL: tl.constexpr = False, LIMBS: tl.constexpr = False,
-    A16: tl.constexpr = False,
+    RECORDS: tl.constexpr = False, PDL: tl.constexpr = False, A16: tl.constexpr = False,
 ):
     """Group ``program_id(1)`` of ``Q x`` for prepared row ``program_id(0)``, written straight into
     the prepared layout (one launch instead of rotation + :func:`prepare_kernel`). Grid
@@ -365,11 +363,8 @@ def rotate_prepared_kernel(
     records below come from it without a second gather. With ``RECORDS`` the programs also write
     the int8 tensor-core kernel's activation records of their pairs (``rec``, ``ex``:
     :func:`.tetra48_imma.store_activation_tile`, the words ``ops.imma_activation`` would compute
-    from this prepared row), so that kernel needs no launch of its own. With ``LIMBS`` they write
-    the batch-1 kernel's limb records of their pairs (``lb``, rows ``stride_lm`` apart:
-    :func:`.tetra48_m1.store_limb_tile`), which its programs then load instead of each
-    converting their slice. ``A16``: both kinds of records of the activation rounded to 16 bits
-    per block (:data:`.tetra48_m1.A16_STEP`). ``PDL`` as :func:`rotate_kernel`."""
+    from this prepared row), so that kernel needs no launch of its own. ``A16``: the records of
+    the activation rounded to 16 bits per block (:data:`.tetra48_m1.A16_STEP`). ``PDL`` as :func:`rotate_kernel`."""
     await_previous_grid(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
@@ -414,5 +409,3 @@ def rotate_prepared_kernel(
              mask=(tmine | ((tsrc >= N) & ((i * 0 + g) == K - 1))) & first)
     if RECORDS:
         store_activation_tile(val, rec_ptr, ex_ptr, row, pair, NPP, A16)
-    if LIMBS:  # one group: the tile holds every slot of its pairs (zeros past the row)
-        store_limb_tile(val, lb_ptr + row * stride_lm, pair, NPP, A16)

@@ -1,6 +1,6 @@
 """Decode-step attention over a static KV cache, split over the keys (flash-decoding).
 
-The serving model's decode step (architecture.md §2.4: static cache, graph-captured step) has one
+The serving model's decode step (docs/kernels.md: static cache, graph-captured step) has one
 query position per row. ``scaled_dot_product_attention`` with the step's boolean mask reads every
 slot of the static cache, filled or not, and its kernels are built for long queries: on the H200
 it took 24 µs per layer over a 1024-slot Qwen3-8B cache (0.88 ms of a 4.0 ms Tetra step,

@@ -3,7 +3,7 @@
 the unquantized tail columns on the blocks' product, in one launch.
 
 A float16 copy's product ``y16 = x16 · W16ᵀ`` leaves out σ_row (per output row) and the
-``d_in mod 24`` tail columns (layouts-kernels-recipe.md §1: kept in float32). This kernel writes
+``d_in mod 24`` tail columns (docs/kernels.md: kept in float32). This kernel writes
 ``y[m, o] = f32(y16[m, o]) · σ[o] + Σ_t f32(x[m, t]) · tail[o, t]`` (f32, the tail summed in the
 kernel's order) for every activation row — where torch would take a widening multiply and a
 tail GEMM (two launches per product, ≈ 4 µs each on the H200 inside a CUDA graph).

@@ -1,6 +1,6 @@
 """Group-affine int4 / int8 kernels: matvec (M = 1..8) and embedding-row gathers.
 
-Implements layouts-kernels-recipe.md §3.8 and §5.5 (our Triton design). Records: int4 = two codes per
+Implements docs/kernels.md (our Triton design). Records: int4 = two codes per
 byte, low nibble first, f16 scale/bias per group of 128 (projections) or 64 (tables); int8 = one code
 per byte, group 64. Weights ``w = f32(s)·q + f32(b)``.
 

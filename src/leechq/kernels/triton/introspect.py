@@ -20,7 +20,6 @@ M1_SIGNATURE = {
     "xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
     "tail_ptr": "*fp32", "tab_ptr": "*i32", "part_ptr": "*fp32", "cnt_ptr": "*i32",
     "y_ptr": "*fp32", "d_out": "i32", "stride_x": "i32", "stride_y": "i32", "m_rows": "i32",
-    "xl_ptr": "*i32", "stride_l": "i32",
 }
 """The runtime parameters of ``tetra48_m1.m1_kernel`` for :func:`compile_for`."""
 
@@ -28,8 +27,7 @@ ROTATE_PREPARED_SIGNATURE = {
     "x_ptr": "*fp32", "stride_xm": "i32", "signs_ptr": "*fp32", "small_ptr": "*fp32",
     "out_ptr": "*fp32", "stride_om": "i32", "order_ptr": "*i32", "inv_sqrt_m": "fp32",
     "M": "i32", "aux_ptr": "*fp32", "stride_am": "i32", "w_ptr": "*fp32", "res_ptr": "*fp32",
-    "stride_rm": "i32", "eps": "fp32", "rec_ptr": "*i32", "ex_ptr": "*fp32", "lb_ptr": "*i32",
-    "stride_lm": "i32",
+    "stride_rm": "i32", "eps": "fp32", "rec_ptr": "*i32", "ex_ptr": "*fp32",
 }
 """The runtime parameters of ``activation.rotate_prepared_kernel`` for :func:`compile_for`."""
 

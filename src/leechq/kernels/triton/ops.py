@@ -1,17 +1,20 @@
-"""Host wrappers of the Triton kernels: validate, allocate, launch (same signatures as the twins in
-``leechq.kernels.reference``).
+"""Host wrappers of the lattice matvec kernels and the activation rotations: validate, allocate,
+launch (same signatures as the twins in ``leechq.kernels.reference``); the one namespace the
+serving layers call.
 
 Every wrapper checks what it is given and raises :class:`leechq.errors.InvalidInput` (a ValueError)
 naming the tensor: wrong dtype, wrong shape for the packed record, non-contiguous storage, a tensor on
 the CPU (or on another device than the weights) — except under the Triton interpreter
 (``TRITON_INTERPRET=1``), where CPU tensors are the point. Outputs are freshly allocated float32
-unless an ``out`` buffer is given.
+unless an ``out`` buffer is given. The other kernel families' host sides live beside this module
+and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_imma` (the int8
+tensor-core kernel), :mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 /
+int8), :mod:`.ops_attention` (decode attention).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -31,8 +34,8 @@ from leechq.kernels.tables import (
     tetra_kernel_tables,
     tetra_m1_bits_table,
     tetra_m1_table,
-    tetra_m1_table_compact,
 )
+from leechq.kernels.triton import ops_common as _c
 from leechq.kernels.triton._bits import PDL_AVAILABLE
 from leechq.kernels.triton.activation import (
     PRE_ADD_NORM,
@@ -42,240 +45,107 @@ from leechq.kernels.triton.activation import (
     rotate_kernel,
     rotate_prepared_kernel,
 )
-from leechq.kernels.triton.decode_attention import (
-    LOG2E,
-    decode_attention_combine_kernel,
-    decode_attention_partial_kernel,
+from leechq.kernels.triton.ops_attention import (  # noqa: F401  (re-exported)
+    DECODE_ATTN_BLOCK_N,
+    DECODE_ATTN_MAX_HEAD_DIM,
+    DECODE_ATTN_MAX_SPLITS,
+    decode_attention,
+    decode_attention_splits,
 )
-from leechq.kernels.triton.dense_epilogue import scale_tail_kernel
-from leechq.kernels.triton.intq import (
-    code_transpose_kernel,
-    intq_embedding_kernel,
-    intq_matvec_kernel,
+from leechq.kernels.triton.ops_common import (  # noqa: F401  (re-exported)
+    MAX_ROWS,
+    _check_lattice,
+    _check_out,
+    _check_prepared,
+    _check_x,
+    _checked_once,
+    _sm_count,
+    _use_asm,
+    check_tensor,
+    interpreting,
+)
+from leechq.kernels.triton.ops_dense import (  # noqa: F401  (re-exported)
+    DEQUANT_DEFAULT,
+    EPILOGUE_MIN_ROWS,
+    EPILOGUE_ROWS,
+    DequantConfig,
+    _check_planes14_dense,
+    _scale_and_tail,
+    dense_input_order,
+    dequant_config,
+    dequant_natural_index,
+    matmul_dense_ordered,
+    planes14_dense_enabled,
+    planes14_dequant_natural_index,
+    planes14_dequantize_f16,
+    planes14_matmul_dense,
+    tetra48_dequantize_f16,
+    tetra48_matmul_dense,
+)
+from leechq.kernels.triton.ops_imma import (  # noqa: F401  (re-exported)
+    IMMA_MAXNREG,
+    IMMA_MIN_ROWS,
+    IMMA_ROWS,
+    _check_acts,
+    _check_imma_rows,
+    _matvec_imma,
+    _record_shapes,
+    imma_activation,
+    imma_chunks,
+    imma_default,
+    imma_records,
+    imma_slices,
+    planes14_matvec_imma_prepared,
+    tetra48_matvec_imma_prepared,
+)
+from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
+    code_transpose,
+    int4_embedding,
+    int4_matvec,
+    int8_embedding,
+    int8_matvec,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
-from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
-from leechq.kernels.triton.tetra48 import null_matvec_kernel, tetra48_matvec_kernel
-from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
-from leechq.kernels.triton.tetra48_imma import (
-    STEP_WORDS,
-    imma_activation_kernel,
-    imma_finalize_kernel,
-    imma_fused_kernel,
-    imma_kernel,
+from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
+from leechq.kernels.triton.tetra48_m1 import PLANES14, T64_PBITS, TETRA, TETRA_64, m1_kernel
+from leechq.kernels.tuning import (
+    M1_MAX_ROWS,
+    M1_MAX_ROWS_T64,
+    M1_MAXNREG,
+    M1_RESIDENT,
+    PDL_MAX_ROWS,
+    ROTATE_SPLITS,
+    T64_NUM_WARPS,
 )
-from leechq.kernels.triton.tetra48_m1 import (
-    PLANES14,
-    TETRA,
-    TETRA_64,
-    TETRA_K,
-    m1_kernel,
-    null_m1_kernel,
-)
-from leechq.kernels.triton.tetra48_mma import tetra48_mma_kernel
 
 if TYPE_CHECKING:
-    from leechq.formats.int8_weight import Int8Weight
     from leechq.formats.layouts.planes14 import Planes14Weight
     from leechq.formats.layouts.tetra48 import Tetra48Weight
-    from leechq.formats.quantized_weight import Int4Weight
     from leechq.formats.rotation import RotationTables
 
-MAX_ROWS = 8
-"""Largest activation row count of the matvec kernels (decode and small prefill chunks)."""
-
-
-def interpreting() -> bool:
-    """True under the Triton CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _use_asm() -> bool:
-    return not interpreting()
-
-
-PDL_DEFAULT = True
-"""Launch the batch-1 chain's kernels (the rotations and the ``m1`` matvecs) with programmatic
-dependent launch where the GPU has it (Hopper and later): a grid's programs are scheduled while
-the grid before it finishes, stage their tables and load their first weight words, and wait
-(``griddepcontrol.wait``) only before they read its output. ``LEECHQ_PDL=0`` turns it off."""
-
-IMMA_PDL = False
-"""Programmatic dependent launch for the int8 tensor-core kernel and its slice sum too (opt-in:
-``LEECHQ_IMMA_PDL=1``, with :func:`pdl_enabled`). H200, Qwen3-8B decode, 2026-12-01: with it
-(and the rotations' and ``m1``'s) batch 4 took 7.20 ms per step against 6.80 without any, batch 8
-7.45 against 6.92, batch 16 9.50 against 9.14 (BENCHMARKS.md §4 session l)."""
-
-A16 = True
-"""Whether the integer kernels (``m1``, the int8 tensor-core kernel and the records the rotation
-writes for them) round each activation block to 16 significant bits instead of 24
-(``tetra48_m1.A16_STEP``; twin: ``reference.round_activation``): limb 0 is zero, so ``m1``
-issues 12 ``dp4a`` per block and row instead of 18 and the int8 kernel 24 MMAs and 12 fragment
-loads per step instead of 36 and 18. Per coordinate the activation moves by at most 2^-14 of its
-block's largest |value| (half that on average). H200, Qwen3-8B projections, one process
-(2026-12-01, BENCHMARKS.md §3 run 19): one row 2.649 → 2.506 ms (``m1`` alone), served with the
-rotations 2.911 → 2.763 ms; eight rows (int8 kernel) 5.797 → 4.978 ms. SmolLM2-135M (Tetra,
-CPU emulation, ``benchmarks/a16_quality.py``): KL to the reference 0.868874 → 0.868878 nats per
-token, the same greedy agreement. ``LEECHQ_A16=0`` keeps 24 bits (read per launch, see
-:func:`act16`)."""
-
-
-def _env_flag(var: str, default: bool) -> bool:
-    """The on/off switch ``var``: ``default`` when unset, else whether it is ``1``."""
-    env = os.environ.get(var)
-    return default if env is None else env == "1"
-
-
-def act16() -> bool:
-    """Whether the integer kernels run on 16-bit activations now (:data:`A16`, or the
-    ``LEECHQ_A16`` override). The rotation that writes activation records and the kernels that
-    read them must agree, so both read this at launch."""
-    return _env_flag("LEECHQ_A16", A16)
-
-
-T64_DEFAULT = True
-"""Whether served Tetra groups on a GPU hold their words in the ``tetra64`` layout
-(``formats.layouts.tetra64``: table addresses and shells, 16 bytes per block pair instead of 12;
-:func:`t64_serving`). H200, Qwen3-8B projections at batch 1, one process (BENCHMARKS.md §3
-run 20): the ``m1`` launches 2.488 → 1.845 ms (1.87× → 2.52× fp16), served with the rotations
-2.756 → 2.283 ms; end to end 248.8 → 292.8 tok/s (§4 session p). ``LEECHQ_T64=0`` keeps the
-standard layout (a quarter fewer weight bytes in memory: 4.35 instead of 4.91 GB for Qwen3-8B)."""
-
-
 def t64_serving(device: torch.device | str) -> bool:
-    """Whether a Tetra group built for ``device`` now should use the ``tetra64`` layout:
-    :data:`T64_DEFAULT` or ``LEECHQ_T64``, a CUDA device, not under the interpreter (whose
-    serving tests keep the standard layout unless they ask), 16-bit activations
-    (:func:`act16`; the batch-1 kernel decodes the layout with them only)."""
-    return (_env_flag("LEECHQ_T64", T64_DEFAULT) and torch.device(device).type == "cuda"
-            and not interpreting() and act16())
-
-
-T64_PBITS = 8
-"""Copies of each pattern entry in the pattern-bits table the batch-1 kernel reads ``tetra64``
-records with (``tables.tetra_m1_bits_table``, ``tetra48_m1.decode_block64_bits``: the Golay
-pattern as one 4-byte word per table lookup instead of a 16-byte entry; 8, 16 or 32), or 0 for the
-16-byte entries of ``tables.tetra_m1_table``. H200, Qwen3-8B projections at batch 1, one process
-(BENCHMARKS.md §3 run 21): 1.863 ms with the 16-byte entries, 1.854 with 16 copies, **1.836**
-with 8 (20 KiB staged per program instead of 32; 2.513× → 2.551× fp16); 32 copies, one
-wavefront per lookup but a 32 KiB table, 1.949 against 1.851 in an earlier process — the
-staged bytes weigh more than the pattern lookups' bank conflicts. ``LEECHQ_T64_PBITS``
-overrides it per launch (:func:`t64_pbits`)."""
-
-
-def _env_choice(var: str, default: int, allowed: tuple[int, ...]) -> int:
-    """The integer switch ``var`` (``default`` when unset); a value outside ``allowed`` is an
-    :class:`InvalidInput` naming it."""
-    env = os.environ.get(var)
-    if env is None:
-        return default
-    n = int(env) if env.strip().isdigit() else None
-    if n not in allowed:
-        raise InvalidInput(f"{var} must be one of {', '.join(map(str, allowed))}, got {env!r}")
-    return n
-
-
-def t64_pbits() -> int:
-    """:data:`T64_PBITS`, or the ``LEECHQ_T64_PBITS`` override (0, 8, 16 or 32)."""
-    return _env_choice("LEECHQ_T64_PBITS", T64_PBITS, (0, 8, 16, 32))
-
-
-T64_XS = False
-"""Whether the batch-1 kernel's warps share the activation conversion of ``tetra64`` launches
-through shared memory (``tetra48_m1._x_limbs64_shared``; needs the 16-copy pattern-bits table,
-``LEECHQ_T64_PBITS=16``, one activation row per launch, four warps of 32 pairs). Off: measured
-slower (H200, Qwen3-8B projections, BENCHMARKS.md §3 run 21: 1.915 ms against 1.835 without,
-though it drops each warp's activation loads from 48 to 12 per lane and the registers from 96
-to 80; chunks for six programs per SM on those 80 registers: 2.123 ms). ``LEECHQ_T64_XS=1``
-turns it on per launch."""
-
-
-def t64_xs() -> bool:
-    """:data:`T64_XS`, or the ``LEECHQ_T64_XS`` override (``1`` on)."""
-    return _env_flag("LEECHQ_T64_XS", T64_XS)
-
-
-T64_PEEL = False
-"""Whether the batch-1 kernel on ``tetra64`` records decodes its first loop trip before it waits
-for the previous grid (``m1_kernel`` ``PEEL``: the trip's table lookups and scales overlap the
-earlier grids; after the wait that trip is only its ``dp4a`` chains). Off: measured slower (H200,
-Qwen3-8B projections, BENCHMARKS.md §3 run 22: 1.993 against 1.831 ms). ``LEECHQ_T64_PEEL=1`` /
-``0`` overrides it per launch (:func:`t64_peel`)."""
-
-
-def t64_peel() -> bool:
-    """:data:`T64_PEEL`, or the ``LEECHQ_T64_PEEL`` override (``1`` on, ``0`` off)."""
-    return _env_flag("LEECHQ_T64_PEEL", T64_PEEL)
-
-
-T64_SPLIT = True
-"""Whether the batch-1 kernel on ``tetra64`` records (with the pattern-bits table) merges each
-section's pattern XOR into its two nibble masks (``m1_kernel`` ``SPLIT``: one ``lop3`` each,
-``_bits.xor_and``; 287 → 275 SASS instructions per loop trip of four blocks, Triton 3.9 and
-3.6 offline). H200, one process (BENCHMARKS.md §3 run 22): Qwen3-8B projections at batch 1
-1.819 → 1.776 ms (2.576× → 2.636× fp16); end to end 296.2 → 299.9 tok/s.
-``LEECHQ_T64_SPLIT=0`` keeps the XOR apart (:func:`t64_split`)."""
-
-
-def t64_split() -> bool:
-    """:data:`T64_SPLIT`, or the ``LEECHQ_T64_SPLIT`` override (``1`` on, ``0`` off)."""
-    return _env_flag("LEECHQ_T64_SPLIT", T64_SPLIT)
-
-
-M1_WAIT = 2
-"""Where a batch-1 ``m1`` program launched with PDL waits for the previous grid (``m1_kernel``
-``WAIT``): 2 after staging its table and loading its first words (the default since session l),
-1 after the staging only, 0 before anything (H200, Qwen3-8B projections, BENCHMARKS.md §3
-run 22: 1.815, 1.902 and 1.992 ms). ``LEECHQ_M1_WAIT`` overrides it per launch
-(:func:`m1_wait`; ``PF`` and ``PEEL`` need 2)."""
-
-
-def m1_wait() -> int:
-    """:data:`M1_WAIT`, or the ``LEECHQ_M1_WAIT`` override (0, 1 or 2)."""
-    return _env_choice("LEECHQ_M1_WAIT", M1_WAIT, (0, 1, 2))
-
-
-M1_PREFETCH = False
-"""Whether each batch-1 ``m1`` program (``tetra48_m1.prefetch_program``, the kernel's ``PF``)
-asks for all the weight words and centroids it will read into L2 before it waits for the
-previous grid (one ``cp.async.bulk.prefetch.L2`` per row slice; sm_90 and later, a hint with no
-result). Off: measured slower (H200, Qwen3-8B projections, BENCHMARKS.md §3 run 22: 1.959
-against 1.816 ms; Planes14 3.807 against 3.414). ``LEECHQ_M1_PREFETCH=1`` / ``0`` overrides it
-per launch (:func:`m1_prefetch`)."""
-
-
-def m1_prefetch(device: torch.device) -> bool:
-    """:data:`M1_PREFETCH` (or ``LEECHQ_M1_PREFETCH``) on a CUDA device of compute capability ≥ 9
-    (the bulk prefetch is sm_90's); False under the interpreter."""
-    return (_env_flag("LEECHQ_M1_PREFETCH", M1_PREFETCH) and not interpreting()
-            and _sm90(torch.device(device)))
+    """Whether a Tetra group built for ``device`` holds its words in the ``tetra64`` layout: a
+    CUDA device, not under the interpreter (whose serving tests keep the standard layout unless
+    they ask), 16-bit activations (:data:`.ops_common.A16`; the batch-1 kernel decodes the layout with them
+    only)."""
+    return torch.device(device).type == "cuda" and not interpreting() and _c.A16
 
 
 def kernel_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
-    """The activation the integer kernels multiply (for an f64 reference): ``x`` itself, or with
-    :func:`act16` its 16-bit rounding (``reference.round_activation``)."""
-    return ref.round_activation(x, n_blocks) if act16() else x
+    """The activation the integer kernels multiply (for an f64 reference): ``x``'s 16-bit rounding
+    per block with :data:`.ops_common.A16` (``reference.round_activation``), else ``x`` itself."""
+    return ref.round_activation(x, n_blocks) if _c.A16 else x
 
-
-PDL_MAX_ROWS = 1
-"""Activation rows up to which the rotations and the ``m1`` launches take programmatic dependent
-launch. H200, Qwen3-8B decode, one process, 2026-12-01 (BENCHMARKS.md §4 session m): batch 1
-4.15 ms per step with PDL against 4.35 without, but batch 2 (``m1`` with two rows per launch)
-5.72 against 5.38 — with two rows the early-scheduled programs of the next grid hold an SM's
-registers and staged table while they wait. Session l's rule (rotations and ``m1`` for fewer
-than :data:`IMMA_MIN_ROWS` rows) had measured 5.25 ms at batch 2 with no comparison."""
 
 _PDL_DEVICES: dict[int, bool] = {}
 
 
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels launched on ``device`` now use programmatic dependent launch: an NVIDIA
-    device of compute capability ≥ 9, a Triton with grid dependency control, :data:`PDL_DEFAULT` or
-    ``LEECHQ_PDL`` (read on every call), not under the interpreter and not while ``torch.compile``
-    traces (its kernel wrapper does not pass the launch attribute)."""
+    device of compute capability ≥ 9, a Triton with grid dependency control, not under the
+    interpreter and not while ``torch.compile`` traces (its kernel wrapper does not pass the
+    launch attribute)."""
     if interpreting() or not PDL_AVAILABLE or device.type != "cuda" or torch.version.hip:
-        return False
-    if os.environ.get("LEECHQ_PDL", "1" if PDL_DEFAULT else "0") == "0":
         return False
     if torch.compiler.is_compiling():
         return False
@@ -299,37 +169,6 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
     """The launch keywords of a kernel with a ``PDL`` constexpr: the constexpr, and the launch
     attribute only when set (so that launches without it stay plain)."""
     return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
-
-
-def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...],
-                 shape: tuple[int, ...] | None = None,
-                 device: torch.device | None = None) -> torch.Tensor:
-    """Validate one kernel argument; raise :class:`InvalidInput` naming it."""
-    if not isinstance(t, torch.Tensor):
-        raise InvalidInput(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
-    if t.dtype not in dtypes:
-        raise InvalidInput(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise InvalidInput(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise InvalidInput(f"{name} must be contiguous (got strides {t.stride()})")
-    if not interpreting() and t.device.type != "cuda":
-        raise InvalidInput(f"{name} is on {t.device}; the Triton kernels need CUDA tensors")
-    if device is not None and t.device != device:
-        raise InvalidInput(f"{name} is on {t.device}, the weights on {device}")
-    return t
-
-
-def _check_x(x: torch.Tensor, d_in: int, device: torch.device, max_rows: int | None = MAX_ROWS,
-             what: str = "the matvec kernels take") -> int:
-    """Activation checks shared by the matvec entry points (``max_rows=None``: any row count)."""
-    check_tensor(x, "x", (torch.float32, torch.float16, torch.bfloat16), device=device)
-    if x.dim() != 2 or x.shape[1] != d_in:
-        raise InvalidInput(f"x must be [M, {d_in}] for this matrix, got {list(x.shape)}")
-    if max_rows is not None and not 1 <= x.shape[0] <= max_rows:
-        raise UnsupportedShape(f"x has {x.shape[0]} rows; {what} 1..{max_rows}")
-    return int(x.shape[0])
 
 
 @dataclass(frozen=True)
@@ -364,12 +203,6 @@ class MatvecConfig:
     mb: int = 1
 
 
-M1_MAXNREG = 96
-"""Register cap of the batch-1 geometry: ptxas fits the kernel in 96 registers without spilling
-(Triton 3.6, sm_90), so five 4-warp programs share an SM instead of four (H200 sweep of
-2026-11-30: 1–4 % faster per group at equal rows)."""
-
-
 def m1_maxnreg(n_blocks: int, tail_cols: int) -> int:
     """The register cap for a row of ``n_blocks`` blocks and ``tail_cols`` tail columns: 96 where
     ptxas (sm_90) keeps the kernel free of spills under it — rows of ≤ 448 blocks with at most
@@ -390,34 +223,17 @@ points use the per-shape rule :func:`m1_config`."""
 
 def default_config(m_rows: int) -> MatvecConfig:
     """The geometry used when none is given and the shape is unknown: the ``m1`` kernel at batch 1
-    (Tetra), otherwise the tiled kernel (best of the H200 sweep of 2026-11-29 for M > 1;
+    (Tetra), otherwise the tiled kernel (best of the H200 sweep for M > 1;
     docs/kernels.md)."""
     if m_rows == 1:
         return M1_DEFAULT
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
 
 
-M1_MAX_ROWS = 256
-"""Largest chunk :func:`m1_config` picks (the fixup unrolls ``rows / 32`` times)."""
-
-
-M1_MAX_ROWS_T64 = 1024
-"""Largest chunk of the batch-1 ``tetra64`` geometry: wide programs (16 warps, one per SM) take
-up to 576 rows per chunk at Qwen3-8B's gate|up for one wave."""
-
-M1_RESIDENT = {1: 5, 2: 3, 4: 2}
-"""Programs per H200 SM by activation rows per launch (``mb``) that :func:`m1_config` sizes its
-chunks for. Registers per thread (Triton 3.6, sm_90, offline SASS with a launch's hints, Qwen3
-widths): 96 capped for one row; 128 for two rows (four programs would fit, but sizing for four
-was no faster on the H200, 2026-11-30: Qwen3-8B projections at M = 2 4.07 ms against 4.01 for
-three); 217–254 for four rows (two programs). Caps below those spill (two rows at 112: 56–80
-bytes of stack; four rows at 168: 64–424)."""
-
-
 def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 0,
               m_rows: int = 1, t64: bool = False) -> MatvecConfig:
     """The ``m1`` geometry for a ``d_out × 24·n_blocks`` matrix with ``tail_cols`` tail columns
-    and ``m_rows`` activation rows (H200 sweeps of 2026-11-30, docs/kernels.md): one program per
+    and ``m_rows`` activation rows (H200 sweeps, docs/kernels.md): one program per
     (row chunk, K-slice), two rows per warp and loop trip, the register cap of
     :func:`m1_maxnreg`, and the larger of two chunk sizes: 64 rows when that still leaves at least
     three programs per SM (else 32), and the chunk that makes the launch about one wave of the
@@ -426,14 +242,14 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     share each decode: two rows in one launch, three or more four at a time (``mb``, one loop
     row per trip for four: their limbs take the registers). ``t64``: the geometry of the
     ``tetra64`` decode at one row — the chunk of one wave of five programs per SM, no register
-    cap (H200 sweep, BENCHMARKS.md §3 run 20: the best of nine geometries on each Qwen3-8B
+    cap (H200 sweep: the best of nine geometries on each Qwen3-8B
     group; the cap and six programs per SM were slower)."""
     sms = _sm_count(device)
     mb = 1 if m_rows <= 1 else 2 if m_rows == 2 else 4
     ilp = 1 if mb == 4 else 2
     if t64 and mb == 1:
-        nw, resident = t64_geometry()
-        return MatvecConfig(rows=min(m1_wave_rows(d_out, n_blocks, resident * sms, ilp=2,
+        nw = T64_NUM_WARPS
+        return MatvecConfig(rows=min(m1_wave_rows(d_out, n_blocks, M1_RESIDENT[1] * sms, ilp=2,
                                                   num_warps=nw), M1_MAX_ROWS_T64),
                             bp=32, num_warps=nw, kernel="m1", ctas_per_sm=0, ilp=2, maxnreg=0,
                             mb=1)
@@ -443,23 +259,6 @@ def m1_config(d_out: int, n_blocks: int, device: torch.device, tail_cols: int = 
     rows = max(rows, min(wave, M1_MAX_ROWS))
     return MatvecConfig(rows=rows, bp=32, num_warps=4, kernel="m1", ctas_per_sm=0, ilp=ilp,
                         maxnreg=m1_maxnreg(n_blocks, tail_cols) if mb == 1 else 0, mb=mb)
-
-
-T64_NUM_WARPS = 4
-"""Warps per program of the batch-1 kernel on ``tetra64`` records (:func:`m1_config`). Wider
-programs stage the table once for more warps but leave fewer warps per SM (16 against 20):
-H200, Qwen3-8B projections (BENCHMARKS.md §3 run 21), 8 warps × 2 programs 1.996–2.005 ms and
-16 × 1 2.370–2.389 against 1.836–1.863 for 4 × 5; Planes14 likewise 4.174 and 4.822 against
-3.428."""
-
-
-def t64_geometry() -> tuple[int, int]:
-    """(warps per program, programs per SM) the batch-1 ``tetra64`` geometry is sized for:
-    :data:`T64_NUM_WARPS` and ``M1_RESIDENT[1]·4 / warps`` programs, or the overrides
-    ``LEECHQ_T64_NW`` (4, 8 or 16) and ``LEECHQ_T64_RESIDENT`` (1..8)."""
-    nw = _env_choice("LEECHQ_T64_NW", T64_NUM_WARPS, (4, 8, 16))
-    return nw, _env_choice("LEECHQ_T64_RESIDENT", max(1, M1_RESIDENT[1] * 4 // nw),
-                           tuple(range(1, 9)))
 
 
 def m1_row_groups(m_rows: int) -> list[int]:
@@ -493,17 +292,6 @@ def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_war
     return max(trip, -(-rows // trip) * trip)
 
 
-def _config_for(config: MatvecConfig | None, m_rows: int, w, device: torch.device) -> MatvecConfig:
-    """``config`` if given, else the per-shape ``m1`` rule (:func:`m1_config`), or the tiled
-    default for several rows under the interpreter (:func:`_many_row_m1_default`): the geometry of
-    the no-weights control, which follows the lattice kernels' (:func:`_m1_groups`)."""
-    if config is not None:
-        return config
-    if m_rows > 1 and not _many_row_m1_default():
-        return default_config(m_rows)
-    return m1_config(w.d_out, w.n_blocks, device, w.tail_cols, m_rows=m_rows)
-
-
 def _many_row_m1_default() -> bool:
     """Whether several activation rows with no configuration run the many-row ``m1`` kernel (on a
     GPU) rather than the tiled one (under the interpreter, where a many-row ``m1`` launch costs
@@ -513,7 +301,7 @@ def _many_row_m1_default() -> bool:
 
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
     """The configuration the tiled kernels run with (an ``m1`` configuration falls back to the
-    tiled defaults of the 2026-11-29 sweep)."""
+    tiled defaults of the H200 sweep)."""
     if cfg.kernel == "tile":
         return cfg
     if m_rows == 1:
@@ -521,19 +309,10 @@ def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
     return MatvecConfig(rows=8, bp=32, num_warps=4, kernel="tile")
 
 
-_SM_COUNT: dict[str, int] = {}
 _TICKETS: dict[str, torch.Tensor] = {}
 TICKET_SLOTS = 1 << 16
 """Row chunks per launch the ``m1`` kernels can track (a zeroed int32 counter each, reset by the
 program that consumes it, so one buffer per device serves every launch on one stream)."""
-
-
-def _sm_count(device: torch.device) -> int:
-    key = str(device)
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = (torch.cuda.get_device_properties(device).multi_processor_count
-                          if device.type == "cuda" else 2)
-    return _SM_COUNT[key]
 
 
 def _tickets(device: torch.device) -> torch.Tensor:
@@ -549,30 +328,18 @@ _M1_CHECKED: dict[tuple[str, MatvecConfig, str, bool], bool] = {}
 def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None = None) -> bool:
     """Whether the ``m1`` kernels may run on ``device`` with ``cfg``.
 
-    ``LEECHQ_M1=0`` disables them. On a GPU, each (device, geometry, kernel) is checked once, on
+    On a GPU, each (device, geometry, kernel) is checked once, on
     first use and outside any CUDA-graph capture, by ``check(device, cfg)`` (default: the Tetra
     kernel's, :func:`_check_m1`: against the f64 reference on a small random record — two
     K-slices, a tail, chunk walking, two calls so that the tickets must have reset; for several
     rows ``mb + 1`` and ``mb − 1`` of them: a one-row launch and a zero pad row); a failure
     warns and falls back to the tiled kernel for good. Under a capture with no check yet, the tiled
     kernel is used for that call."""
-    if os.environ.get("LEECHQ_M1", "1") == "0":
-        return False
     if interpreting() or device.type != "cuda":
         return True
     check = check or _check_m1
-    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__, act16()), check, device,
+    return _checked_once(_M1_CHECKED, (str(device), cfg, check.__name__, _c.A16), check, device,
                          cfg)
-
-
-def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any) -> bool:
-    """``check(*args)``'s verdict for ``key``, computed once (into ``cache``) on first use
-    outside any CUDA-graph capture; under a capture with no verdict yet, False for that call."""
-    if key not in cache:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        cache[key] = check(*args)
-    return cache[key]
 
 
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
@@ -598,16 +365,13 @@ def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: 
 
 
 def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Callable,
-                    dequantize: Callable, order: Callable, run: Callable,
-                    limbs: bool = False) -> Iterator:
+                    dequantize: Callable, order: Callable, run: Callable) -> Iterator:
     """The first-use cases of an ``m1`` kernel (for :func:`_first_use_check`): a small random
     record (``random_record``: two K-slices, the second one short; chunk walking; a tail), its f64
     matrix (``dequantize``), and per call a NaN-poisoned output that ``run(xp, w, y, m_rows)``
     fills from the activation prepared in ``order(device)``: for several rows ``mb + 1`` rows (a
     full launch, then a one-row launch with this geometry) and ``mb − 1`` (a zero pad row for
-    ``mb`` = 4); for one row, one row twice (the tickets must have reset). ``run(xp, w, y, m_rows,
-    lb)`` gets ``lb`` None (the kernel converts the prepared rows) or, with ``limbs``, their limb
-    records (``reference.m1_limb_records``: the kernel loads them)."""
+    ``mb`` = 4); for one row, one row twice (the tickets must have reset)."""
     n_blocks = 2 * cfg.bp + 6  # bp + 3 pairs: two K-slices, the second one short
     w = random_record(3 * cfg.rows + 5, n_blocks * BLOCK + 11, seed=0x5EED, device=device)
     dense = dequantize(w)
@@ -617,18 +381,17 @@ def _m1_check_cases(device: torch.device, cfg: MatvecConfig, random_record: Call
         x = torch.randn(m_rows, w.d_in, generator=g, device=device)
         xp = prepare_activation(x, w.n_blocks, order(device))
         y = torch.full((m_rows, w.d_out), float("nan"), device=device)
-        run(xp, w, y, m_rows, ref.m1_limb_records(xp, w.n_blocks, act16()) if limbs else None)
+        run(xp, w, y, m_rows)
         yield y, kernel_activation(x, w.n_blocks), dense
 
 
-def _check_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> bool:
+def _check_m1(device: torch.device, cfg: MatvecConfig) -> bool:
     from leechq.formats.layouts.tetra48 import random_tetra48
 
     cases = _m1_check_cases(device, cfg, random_tetra48, ref.tetra48_dequantize_rotated,
                             lambda d: tetra_kernel_tables(d).order,
-                            lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m,
-                                                               limbs=lb), limbs)
-    return _m1_first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases, limbs)
+                            lambda xp, w, y, m: _launch_m1("tetra48", xp, w, y, cfg, m))
+    return _first_use_check("batch-1 Tetra kernel (m1)", device, cfg, cases)
 
 
 def _check_m1_t64(device: torch.device, cfg: MatvecConfig) -> bool:
@@ -639,31 +402,8 @@ def _check_m1_t64(device: torch.device, cfg: MatvecConfig) -> bool:
     cases = _m1_check_cases(device, cfg, lambda *a, **k: to_tetra64(random_tetra48(*a, **k)),
                             ref.tetra48_dequantize_rotated,
                             lambda d: tetra_kernel_tables(d).order,
-                            lambda xp, w, y, m, lb: _launch_m1("tetra48", xp, w, y, cfg, m))
-    return _m1_first_use_check("batch-1 Tetra kernel on tetra64 records (m1)", device, cfg,
-                               cases, False)
-
-
-def _m1_first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
-                        limbs: bool) -> bool:
-    """:func:`_first_use_check` of an ``m1`` kernel, or (``limbs``) of its form that loads limb
-    records, whose failure falls back to the converting form rather than the tiled kernel."""
-    if limbs:
-        return _first_use_check(f"{what} on limb records", device, cfg, cases,
-                                "the kernel that converts the prepared rows")
-    return _first_use_check(what, device, cfg, cases)
-
-
-def _check_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
-    return _check_m1(device, cfg, limbs=True)
-
-
-def _limbs_checked(plan: list[tuple[int, MatvecConfig]], device: torch.device,
-                   check: Callable) -> bool:
-    """Whether every launch group of an ``m1`` plan may load limb records: ``check`` (the
-    kernel's first-use check on limb records) passed for its geometry, once per (device,
-    geometry), as :func:`m1_enabled`; otherwise the launches convert the prepared rows."""
-    return all(m1_enabled(device, c, check) for _, c in plan)
+                            lambda xp, w, y, m: _launch_m1("tetra48", xp, w, y, cfg, m))
+    return _first_use_check("batch-1 Tetra kernel on tetra64 records (m1)", device, cfg, cases)
 
 
 def m1_grid(d_out: int, n_blocks: int, cfg: MatvecConfig, device: torch.device) -> tuple[int, int]:
@@ -771,21 +511,10 @@ class _PreOp:
     hdt: int = 0
 
 
-ROTATE_SPLITS = 8
-"""Programs per (row, group) of the one-launch rotation into the prepared layout on a GPU
-(``activation.rotate_prepared_kernel``'s ``SPLITS``, capped by the group's pair span and width;
-``LEECHQ_ROT_SPLITS`` overrides, read per call on the host). Each transforms the whole group and
-writes its share of the slots. H200, Qwen3-8B, one token (BENCHMARKS.md §3 run 12): the rotations
-0.506 / 0.450 / 0.398 / 0.380 ms at 1 / 2 / 4 / 8 programs, the norm-fused ones 0.613 / 0.597 /
-0.533 / 0.489 ms. Under the interpreter the default is 1 (each extra program repeats the
-transform in Python; ``test_split_prepared_write_equals_one_program`` covers 2, 4 and 8)."""
-
-
 def rotate_splits(requested: int | None = None) -> int:
-    """The ``SPLITS`` a prepared rotation runs with: ``requested``, else ``LEECHQ_ROT_SPLITS``,
-    else :data:`ROTATE_SPLITS` (1 under the interpreter); a power of two ≥ 1."""
-    default = 1 if interpreting() else ROTATE_SPLITS
-    n = requested if requested is not None else int(os.environ.get("LEECHQ_ROT_SPLITS", default))
+    """The ``SPLITS`` a prepared rotation runs with: ``requested``, else :data:`ROTATE_SPLITS`
+    (1 under the interpreter); a power of two ≥ 1."""
+    n = requested if requested is not None else (1 if interpreting() else ROTATE_SPLITS)
     if n < 1 or n & (n - 1):
         raise InvalidInput(f"rotation splits must be a power of two ≥ 1, got {n}")
     return n
@@ -796,8 +525,7 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
            tensor_cores: bool = False, one_launch: bool = True,
            splits: int | None = None,
            records: tuple[torch.Tensor, torch.Tensor] | None = None,
-           dense_order: torch.Tensor | None = None,
-           limbs: torch.Tensor | None = None) -> torch.Tensor:
+           dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """``Q x`` row by row (twin of ``reference.rotate``); one program per (row, group).
 
     x: [M, n] float32/float16/bfloat16. Returns float32 [M, n] (natural order) or, with
@@ -813,10 +541,6 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     ``dense_order`` (int32 [n], a permutation; not with ``prepared_order``): float16 [M, n] with
     coordinate ``c`` at column ``dense_order[c]`` — the activation of the many-row products in
     the column order of the float16 copies (:func:`dense_input_order`), in the same launch.
-    ``limbs``: a buffer of :func:`m1_limbs` the same launch fills with the batch-1 kernel's limb
-    records (one-group prepared rotation; bit for bit ``reference.m1_limb_records`` of the
-    prepared output), which :func:`tetra48_matvec_prepared` and
-    :func:`planes14_matvec_planned` then take as ``limbs=``.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -824,7 +548,7 @@ def rotate(x: torch.Tensor, rotation: DeviceRotation | RotationTables, *,
     if x.dim() != 2 or x.shape[1] != rotation.n:
         raise InvalidInput(f"x must be [M, {rotation.n}] for this rotation, got {list(x.shape)}")
     return _rotate(x, rotation, _PreOp(), prepared_order, out, tensor_cores, one_launch, splits,
-                   records, dense_order, limbs)
+                   records, dense_order)
 
 
 def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -832,8 +556,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                 prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 tensor_cores: bool = False, splits: int | None = None,
                 records: tuple[torch.Tensor, torch.Tensor] | None = None,
-                dense_order: torch.Tensor | None = None,
-                limbs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                dense_order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (after the residual add) and the input rotation in one launch: twin of
     ``reference.norm_rotate``.
 
@@ -844,7 +567,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
     ``reference.rms_norm`` — float32 [M, n] in natural order, or with ``prepared_order`` the
     prepared layout (see :func:`rotate`). The row's mean square is summed in f32 in the kernel's
     order, so ``y`` can differ from the reference by one rounding of the narrowed norm.
-    ``records``, ``dense_order`` and ``limbs`` as for :func:`rotate`.
+    ``records`` and ``dense_order`` as for :func:`rotate`.
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, x.device)
@@ -863,7 +586,7 @@ def norm_rotate(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  weight=weight, residual=r, eps=float(eps),
                  hdt=_HALF_CODES[torch.promote_types(x.dtype, weight.dtype)])
     return r, _rotate(x, rotation, pre, prepared_order, out, tensor_cores, True, splits, records,
-                      dense_order, limbs)
+                      dense_order)
 
 
 def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
@@ -871,15 +594,14 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
                     prepared_order: torch.Tensor | None = None, out: torch.Tensor | None = None,
                     tensor_cores: bool = False, splits: int | None = None,
                     records: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    dense_order: torch.Tensor | None = None,
-                    limbs: torch.Tensor | None = None) -> torch.Tensor:
+                    dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU and the input rotation of the down projection in one launch: twin of
     ``reference.silu_mul_rotate``.
 
     gate_up: [M, 2n] float32/float16/bfloat16 (gate columns first); dtype: the activation dtype
     ``silu(gate)·up`` (computed in gate_up's dtype) is narrowed to. Returns ``Q·silu_mul`` as
     :func:`rotate` does (natural order, or the prepared layout with ``prepared_order``;
-    ``records``, ``dense_order`` and ``limbs`` as there).
+    ``records`` and ``dense_order`` as there).
     """
     if not isinstance(rotation, DeviceRotation):
         rotation = DeviceRotation.from_tables(rotation, gate_up.device)
@@ -892,15 +614,14 @@ def silu_mul_rotate(gate_up: torch.Tensor, dtype: torch.dtype,
         raise InvalidInput(f"dtype must be float32, float16 or bfloat16, got {dtype}")
     pre = _PreOp(code=PRE_SILU_MUL.value, hdt=_HALF_CODES[dtype])
     return _rotate(gate_up, rotation, pre, prepared_order, out, tensor_cores, True, splits,
-                   records, dense_order, limbs)
+                   records, dense_order)
 
 
 def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
             prepared_order: torch.Tensor | None, out: torch.Tensor | None, tensor_cores: bool,
             one_launch: bool, splits: int | None = None,
             records: tuple[torch.Tensor, torch.Tensor] | None = None,
-            dense_order: torch.Tensor | None = None,
-            limbs: torch.Tensor | None = None) -> torch.Tensor:
+            dense_order: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the rotation of ``x``'s rows (or of their pre-op) after the entry points' checks."""
     n = rotation.n
     check_tensor(rotation.signs, "rotation.signs", torch.float32, (n,), device=x.device)
@@ -909,15 +630,13 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
     if k > 64:
         raise UnsupportedShape(f"rotation with an odd factor k={k} > 64")
     warps = 8 if m >= 2048 else 4
-    # PDL for one row, which goes on to the m1 kernel (H200, Qwen3-8B decode, 2026-12-01: batch
-    # 1 4.42 → 4.20 ms per step; batch 2 5.38 → 5.72 with it; at 4 and 8 rows, before the int8
-    # kernel, 6.80 → 6.86 and 6.94 → 6.99): PDL_MAX_ROWS
+    # PDL for one row, which goes on to the m1 kernel (PDL_MAX_ROWS)
     rotate_pdl = m_rows <= PDL_MAX_ROWS and pdl_enabled(x.device)
     aux = pre.aux if pre.aux is not None else x
     res = pre.residual if pre.residual is not None else x
     pre_args = (aux, aux.stride(0), pre.weight if pre.weight is not None else x, res,
                 res.stride(0), pre.eps)
-    if (records is not None or limbs is not None) and (prepared_order is None or not one_launch):
+    if records is not None and (prepared_order is None or not one_launch):
         raise InvalidInput("activation records come only with the one-launch prepared rotation")
     if dense_order is not None:
         if prepared_order is not None:
@@ -932,14 +651,13 @@ def _rotate(x: torch.Tensor, rotation: DeviceRotation, pre: _PreOp,
         parts = min(rotate_splits(splits), pr, m)
         rec, ex = (out, out) if records is None else _check_records(records, k, m_rows, npp,
                                                                      x.device)
-        lb = out if limbs is None else _check_limbs(limbs, m_rows, n_blocks, x.device, k)
         if m_rows:
             rotate_prepared_kernel[(out.shape[0], k, parts)](
                 x, x.stride(0), rotation.signs, rotation.small, out, out.stride(0),
-                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex, lb, lb.stride(0),
+                prepared_order, rotation.inv_sqrt_m, m_rows, *pre_args, rec, ex,
                 N=n, N_BLOCKS=n_blocks, NPP=npp, PR=pr, K=k, MW=m, LOG2M=int(math.log2(m)),
                 TC=bool(tensor_cores), PRE=pre.code, HDT=pre.hdt, SPLITS=parts,
-                RECORDS=records is not None, LIMBS=limbs is not None, A16=act16(),
+                RECORDS=records is not None, A16=_c.A16,
                 num_warps=warps,
                 **_pdl_launch(rotate_pdl),
             )
@@ -974,88 +692,26 @@ def _check_records(records: tuple[torch.Tensor, torch.Tensor], k: int, m_rows: i
     return _check_acts(records, npp, device, imma_chunks(m_rows))
 
 
-def m1_limbs(n_blocks: int, device: torch.device | str, m_rows: int = 1) -> torch.Tensor:
-    """A buffer for the batch-1 kernel's limb records of ``m_rows`` activation rows (what
-    ``rotate(..., limbs=)`` fills and the ``m1`` launches read; ``reference.m1_limb_records``):
-    int32 [MP, 2·19·NPP], MP = ``reference.prepared_rows(m_rows)``."""
-    return torch.empty(ref.prepared_rows(m_rows), ref.limb_records_width(n_blocks),
-                       dtype=torch.int32, device=device)
-
-
-def _check_limbs(limbs: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device,
-                 k: int = 1) -> torch.Tensor:
-    """A limb-record buffer (:func:`m1_limbs`) for ``m_rows`` rows of ``n_blocks`` blocks,
-    checked; ``k``: the rotation's group count (the rotation writes them only for one group)."""
-    if k != 1:
-        raise UnsupportedShape(f"limb records from the rotation need one group (a power-of-two "
-                               f"width), not {k}")
-    shape = (ref.prepared_rows(m_rows), ref.limb_records_width(n_blocks))
-    check_tensor(limbs, "limbs (limb records)", torch.int32, shape, device=device)
-    return limbs
-
-
 # ------------------------------------------------------------------------------------ lattice
-
-
-def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str,
-                   korder_ok: bool = False, t64_ok: bool = False) -> None:
-    if getattr(w, "korder", False) and not korder_ok:
-        raise InvalidInput(
-            "this Tetra48Weight has its words in kernel order, which only the m1 and int8 "
-            "kernels read (tetra48_matvec_prepared); convert it back with "
-            "formats.layouts.tetra48_korder.to_standard_order")
-    if getattr(w, "t64", False) and not t64_ok:
-        raise InvalidInput(
-            "this Tetra48Weight is in the tetra64 layout, which only the m1, int8 and "
-            "dequantization kernels read (tetra48_matvec_prepared, tetra48_dequantize_f16); "
-            "convert it back with "
-            "formats.layouts.tetra64.from_tetra64")
-    dev = words.device
-    check_tensor(words, f"{name}", torch.int32, (w.d_out, w.stride), device=dev)
-    check_tensor(w.row_scales, "row_scales", torch.float32, (w.d_out,), device=dev)
-    check_tensor(w.row_centroids, "row_centroids", torch.float32, (w.d_out, 2), device=dev)
-    check_tensor(w.tail, "tail", torch.float32, (w.d_out, w.tail_cols), device=dev)
-    if w.tail_cols > 32:
-        raise UnsupportedShape("tail wider than 32 columns")
-
-
-def _check_prepared(xp: torch.Tensor, m_rows: int, n_blocks: int, device: torch.device,
-                    max_rows: int = MAX_ROWS) -> None:
-    """A prepared activation of ``m_rows`` rows (1..``max_rows``: the int8 kernel takes
-    :data:`IMMA_ROWS`, the others :data:`MAX_ROWS`) and ``n_blocks`` blocks, checked."""
-    shape = (ref.prepared_rows(m_rows), ref.prepared_width(n_blocks))
-    check_tensor(xp, "xp (prepared activation)", torch.float32, shape, device=device)
-    if not 1 <= m_rows <= max_rows:
-        raise UnsupportedShape(f"{m_rows} activation rows; the matvec kernels take 1..{max_rows}")
 
 
 def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None,
-                            acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            limbs: torch.Tensor | None = None) -> torch.Tensor:
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
     ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..16 rows on
     a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
     :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
-    written by the rotation; used only on that path). ``limbs``: the limb records of ``xp``
-    (:func:`m1_limbs`, written by the rotation), which the ``m1`` launches then load instead of
-    converting the prepared rows (used only on that path). Words in kernel order
-    (``w.korder``, ``formats.layouts.tetra48_korder``) take the ``m1`` plan or the int8 kernel
-    (``CODE = TETRA_K``); the tiled kernel raises :class:`UnsupportedShape` on them. The
-    ``tetra64`` layout (``w.t64``, ``formats.layouts.tetra64``) takes the ``m1`` plan
-    (``CODE = TETRA_64``, which reads 16-bit activations only and no limb records) or the int8
-    kernel; with ``LEECHQ_A16=0`` and no configuration it takes the int8 kernel at every row
-    count."""
-    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
-    if w.t64:
-        limbs = None
-        if not act16():
-            if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
-                return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
-            raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
-                                   "activations only (LEECHQ_A16=0 is set); pass no "
-                                   "configuration or serve with LEECHQ_A16=1")
+    written by the rotation; used only on that path). The ``tetra64`` layout (``w.t64``,
+    ``formats.layouts.tetra64``) takes the ``m1`` plan (``CODE = TETRA_64``) or the int8
+    kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
+    _check_lattice(w, w.words, "words", t64_ok=True)
+    if w.t64 and not _c.A16:
+        if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
+            return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
+        raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
+                               "activations only (ops_common.A16 is False); pass no configuration")
     if config is None and imma_default(w, m_rows):
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
@@ -1065,20 +721,14 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                       many_rows=w.t64)
     if plan is not None:
         first = 0
-        if limbs is not None:
-            _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
-            if not _limbs_checked(plan, xp.device, _check_m1_limbs):
-                limbs = None
         for rows, c in plan:
-            _launch_m1("tetra48", xp[first:], w, y[first:], c, rows,
-                       limbs=None if limbs is None else limbs[first:])
+            _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
             first += rows
         return y
-    if w.korder or w.t64:
+    if w.t64:
         raise UnsupportedShape(
-            f"{'kernel-order words are' if w.korder else 'the tetra64 layout is'} read only by "
-            f"the m1 and int8 kernels, none of which takes {m_rows} rows of this matrix here "
-            f"(config {config}); use the standard order")
+            f"the tetra64 layout is read only by the m1 and int8 kernels, none of which takes "
+            f"{m_rows} rows of this matrix here (config {config}); use the standard layout")
     cfg = _tile_config(config or default_config(m_rows), m_rows)
     tabs = tetra_kernel_tables(w.words.device)
     tetra48_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
@@ -1094,7 +744,7 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
                many_rows: bool = False) -> list[tuple[int, MatvecConfig]] | None:
     """The ``(rows, configuration)`` launch groups of an ``m1`` kernel for ``m_rows`` activation
     rows, or None when the tiled kernel serves them. With no ``config``: the row groups of
-    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections, 2026-11-30: M = 5 9.18
+    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections: M = 5 9.18
     ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8) — one row anywhere, several only on
     a GPU (:func:`_many_row_m1_default`); an ``m1`` ``config`` serves all rows (several need its
     ``mb`` > 1). Every group must fit the kernel and pass :func:`m1_enabled` with ``check`` (the
@@ -1126,67 +776,37 @@ def _m1_applies(cfg: MatvecConfig, w: Tetra48Weight | Planes14Weight) -> bool:
             and -(-w.d_out // max(cfg.rows, 1)) <= TICKET_SLOTS)
 
 
-def _check_out(y: torch.Tensor, m_rows: int, d_out: int) -> None:
-    """An output buffer a launch writes rows ``0..m_rows-1`` of: [≥ m_rows, d_out], unit column
-    stride (a column slice of a wider output is fine)."""
-    if y.dim() != 2 or y.shape[0] < m_rows or y.shape[1] != d_out or y.stride(1) != 1:
-        raise InvalidInput(f"out must be [{m_rows}, {d_out}] with unit column stride")
-
-
 def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y: torch.Tensor,
-               cfg: MatvecConfig, m_rows: int = 1, limbs: torch.Tensor | None = None,
-               **consts: Any) -> None:
-    """Launch an ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
+               cfg: MatvecConfig, m_rows: int = 1, **consts: Any) -> None:
+    """Launch the ``m1`` kernel writing rows ``0..m_rows-1`` of ``y``: ``kind`` ``"tetra48"`` or
     ``"planes14"`` (``m1_kernel`` with that decode; ``cfg.mb`` activation rows per launch, fewer
     for the last launch when the prepared buffer has fewer rows left; ``consts``: further
-    constexprs; ``limbs``: the activation's limb records, rows aligned with ``xp``'s) or
-    ``"null"`` (the no-weights control; row 0). The kernel is named by a string,
-    not compared by identity: ``torch.compile`` cannot trace ``is`` between two Triton kernels;
-    ``CODE`` goes as a plain int (torch 2.11's Dynamo rejects a ``tl.constexpr`` object as a kernel
-    argument); and every parameter is passed (torch 2.11's Inductor fails on a call that leaves
-    one to its default)."""
+    constexprs). ``CODE`` goes as a plain int (torch 2.11's Dynamo rejects a ``tl.constexpr``
+    object as a kernel argument), and every parameter is passed (torch 2.11's Inductor fails on a
+    call that leaves one to its default)."""
     _check_out(y, m_rows, w.d_out)
     if not w.d_out:
         return
     grid, ns = m1_grid(w.d_out, w.n_blocks, cfg, xp.device)
-    lattice = kind != "null"  # the lattice kernel (several rows), not the control (row 0)
-    kernel = m1_kernel if lattice else null_m1_kernel
     if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
-        consts = {"CODE": PLANES14.value, **consts}
-    else:  # the Tetra kernel, or its control (which reads no weight words)
-        data, table = (w.words if lattice else w.row_scales), tetra_m1_table(xp.device)
-        code = (TETRA_64.value if getattr(w, "t64", False)
-                else TETRA_K.value if getattr(w, "korder", False) else TETRA.value)
-        consts = {"CODE": code, "SEL_TABLE": True, **consts} if lattice else consts
-        if lattice and code == TETRA_64.value:
-            pbits = t64_pbits()
-            if pbits:
-                table = tetra_m1_bits_table(xp.device, pbits)
-            xs = (pbits == 16 and t64_xs() and cfg.mb == 1 and cfg.num_warps == 4
-                  and cfg.bp == 32)
-            consts.update(PBITS=pbits, XS=xs, PEEL=t64_peel() and not xs, SPLIT=t64_split())
-    if lattice:  # every parameter passed (see above)
-        consts = {"PBITS": 0, "XS": False, "PF": m1_prefetch(xp.device), "PEEL": False,
-                  "SPLIT": True, **consts}
-        consts["WAIT"] = m1_wait()
-        if consts["WAIT"] != 2:  # the work before the wait goes with it
-            consts["PF"] = consts["PEEL"] = False
-    pdl = _pdl_launch(pdl_enabled(xp.device) and (not lattice or m_rows <= PDL_MAX_ROWS))
-    xl = xp if limbs is None else limbs  # LIMBS off: the kernel never reads xl
-    for i in range(0, m_rows if lattice else 1, cfg.mb if lattice else 1):
-        mb = min(cfg.mb, ref.prepared_rows(m_rows - i)) if lattice else 1
+        consts = {"CODE": PLANES14.value, "SEL_TABLE": True, **consts}
+    elif w.t64:
+        data, table = w.words, tetra_m1_bits_table(xp.device, T64_PBITS.value)
+        consts = {"CODE": TETRA_64.value, "SEL_TABLE": True, **consts}
+    else:
+        data, table = w.words, tetra_m1_table(xp.device)
+        consts = {"CODE": TETRA.value, "SEL_TABLE": True, **consts}
+    pdl = _pdl_launch(pdl_enabled(xp.device) and m_rows <= PDL_MAX_ROWS)
+    for i in range(0, m_rows, cfg.mb):
+        mb = min(cfg.mb, ref.prepared_rows(m_rows - i))
         part = torch.empty(ns, mb, w.d_out, dtype=torch.float32, device=xp.device)
-        rows_args = ((xp.stride(0), y.stride(0), min(mb, m_rows - i), xl[i:], xl.stride(0))
-                     if lattice else ())
-        kernel[(grid,)](
+        m1_kernel[(grid,)](
             xp[i:], data, w.row_scales, w.row_centroids, w.tail, table, part, _tickets(xp.device),
-            y[i:], w.d_out, *rows_args, N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols,
-            ROWS=cfg.rows, NW=cfg.num_warps, BP=cfg.bp, USE_ASM=_use_asm(),
-            num_warps=cfg.num_warps, num_stages=1,
-            **({"ILP": cfg.ilp, "MB": mb, "LIMBS": limbs is not None} if lattice else {}),
-            A16=act16(),
-            **consts, **pdl,
+            y[i:], w.d_out, xp.stride(0), y.stride(0), min(mb, m_rows - i),
+            N_BLOCKS=w.n_blocks, TAIL_COLS=w.tail_cols, ROWS=cfg.rows, NW=cfg.num_warps,
+            BP=cfg.bp, USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1, ILP=cfg.ilp,
+            MB=mb, A16=_c.A16, **consts, **pdl,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
 
@@ -1197,477 +817,6 @@ def tetra48_matvec(x: torch.Tensor, w: Tetra48Weight,
     m_rows = _check_x(x, w.d_in, w.words.device)
     xp = prepare_activation(x, w.n_blocks, tetra_kernel_tables(x.device).order)
     return tetra48_matvec_prepared(xp, w, m_rows, config)
-
-
-@dataclass(frozen=True)
-class DequantConfig:
-    """Geometry and store form of the dequantization kernels (:mod:`.tetra48_dequant`,
-    :mod:`.planes14_dequant`).
-
-    ``grouped``: the column layout of ``reference.dequant_group_columns`` (a warp's lanes store
-    consecutive 16-byte units) instead of block-major (each lane's 96 bytes apart from the next
-    lane's). ``vector_stores``: one ``st.global.v4`` per 8 values instead of four 4-byte stores.
-    ``programs_per_sm``: grid of the grid-stride loop (each program stages the decode table once;
-    at most 7 tables fit in an SM's shared memory)."""
-
-    grouped: bool = False
-    vector_stores: bool = False
-    num_warps: int = 4
-    programs_per_sm: int = 8
-
-
-DEQUANT_DEFAULT = DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=4)
-"""The dequantization form used when none is given: the grouped layout with 16-byte stores, 8
-warps, 4 programs per SM (H200, Qwen3-8B groups, 2026-12-01: a whole step's Tetra copies in 5.40 ms
-and Planes14 in 5.88 against 40.5 and 44.8 block-major with 4-byte stores; ``Tensor.fill_`` of the
-same bytes 4.70 ms; BENCHMARKS.md §4 session k). ``LEECHQ_DEQUANT_GROUPED=0`` and
-``LEECHQ_DEQUANT_V4=0`` turn the layout and the vector stores off."""
-
-
-def dequant_config() -> DequantConfig:
-    """:data:`DEQUANT_DEFAULT` with the environment's overrides."""
-    cfg = DEQUANT_DEFAULT
-    for env, field in (("LEECHQ_DEQUANT_GROUPED", "grouped"),
-                       ("LEECHQ_DEQUANT_V4", "vector_stores")):
-        if env in os.environ:
-            cfg = replace(cfg, **{field: os.environ[env] == "1"})
-    return cfg
-
-
-def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
-                           config: DequantConfig | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
-    :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
-    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
-    Words in kernel order (``w.korder``) and the ``tetra64`` layout (``w.t64``) are decoded as
-    such."""
-    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
-    dev = w.words.device
-    out = _dequant_out(out, w, dev)
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, KORDER=w.korder, T64=w.t64, num_warps=cfg.num_warps,
-            num_stages=1,
-        )
-    return out
-
-
-def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
-                 device: torch.device) -> torch.Tensor:
-    """The float16 ``[d_out, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
-    checked, or a new one."""
-    shape = (w.d_out, BLOCK * w.n_blocks)
-    if out is None:
-        return torch.empty(shape, dtype=torch.float16, device=device)
-    check_tensor(out, "out", torch.float16, shape, device=device)
-    return out
-
-
-def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
-                  cfg: DequantConfig) -> int:
-    """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
-    item per lane, at most ``cfg.programs_per_sm`` programs per SM."""
-    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.programs_per_sm < 1:
-        raise InvalidInput(f"dequantization geometry {cfg}: num_warps must be 1, 2, 4, 8 or 16 "
-                           "and programs_per_sm at least 1")
-    items = w.d_out * ((w.n_blocks + 1) // 2)
-    return max(1, min(triton.cdiv(items, cfg.num_warps * 32),
-                      cfg.programs_per_sm * _sm_count(device)))
-
-
-_BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
-
-
-def _block_index(kind: str, n_blocks: int, device: torch.device | str,
-                 per_block: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """int64 [len(per_block()) · n_blocks]: entry ``j`` of block ``b`` is column
-    ``24 b + per_block()[j]`` of a row, or ``24 · n_blocks`` where ``per_block()[j] < 0``; built
-    once per (kind, device, width)."""
-    key = (kind, str(device), n_blocks)
-    if key not in _BLOCK_INDEX:
-        pb = per_block().to(torch.int64)
-        idx = torch.arange(n_blocks)[:, None] * BLOCK + pb[None, :]
-        idx = torch.where(pb[None, :] >= 0, idx, BLOCK * n_blocks)
-        _BLOCK_INDEX[key] = idx.reshape(-1).to(device)
-    return _BLOCK_INDEX[key]
-
-
-def dequant_natural_index(n_blocks: int, device: torch.device | str,
-                          grouped: bool = False) -> torch.Tensor:
-    """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
-    :func:`tetra48_dequantize_f16` in the block-major or ``grouped`` layout (cached per device,
-    width and layout)."""
-    def blocks() -> torch.Tensor:
-        return _block_index("dequant", n_blocks, device,
-                            lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
-
-    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks()
-
-
-_GROUPED_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
-
-
-def _grouped_index(kind: str, blocks: Callable[[], torch.Tensor], n_blocks: int,
-                   device: torch.device | str) -> torch.Tensor:
-    """The block-major column map ``blocks()`` (int64 [24·n_blocks] on ``device``; built only on
-    the first call) taken in the grouped layout's column order (cached per kind, device and
-    width)."""
-    key = (kind, str(device), n_blocks)
-    if key not in _GROUPED_INDEX:
-        _GROUPED_INDEX[key] = blocks()[ref.dequant_group_columns(n_blocks).to(device)]
-    return _GROUPED_INDEX[key]
-
-
-def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
-                                   grouped: bool = False) -> torch.Tensor | None:
-    """int64 [24·n_blocks]: the natural column of each column of :func:`planes14_dequantize_f16`
-    in the ``grouped`` layout (cached), or None for the block-major layout (natural order)."""
-    if not grouped:
-        return None
-    return _grouped_index("planes14", lambda: torch.arange(BLOCK * n_blocks, device=device),
-                          n_blocks, device)
-
-
-def _mma_block_columns() -> torch.Tensor:
-    """int64 [32]: the natural coordinate of trio position ``t`` of a block (−1 for ``t ≥ 24``)."""
-    order = tetra_kernel_tables("cpu").order.to(torch.int64)
-    t = torch.arange(32)
-    return torch.where(t < BLOCK, order[torch.clamp(t, max=BLOCK - 1)], -1)
-
-
-def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
-    [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
-    (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
-    applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
-    _check_x(x, w.d_in, w.words.device, max_rows=None)
-    return _dense_product_natural(x, w)
-
-
-def _is_tetra48(w: Tetra48Weight | Planes14Weight) -> bool:
-    """Whether a lattice record is ``tetra48`` (its words) rather than ``planes14`` (records)."""
-    return hasattr(w, "words")
-
-
-def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
-                  grouped: bool) -> torch.Tensor | None:
-    """The natural (rotated-basis) column of each column of ``w``'s float16 copy in the
-    block-major or ``grouped`` layout (:func:`dequant_natural_index`,
-    :func:`planes14_dequant_natural_index`), or None where that is the natural order."""
-    if _is_tetra48(w):
-        return dequant_natural_index(w.n_blocks, device, grouped)
-    return planes14_dequant_natural_index(w.n_blocks, device, grouped)
-
-
-def _dense_product_natural(x: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """:func:`_dense_product` from the float32 activation in natural order: its block columns
-    gathered into the copy's column order (:func:`_copy_columns`) and rounded to float16."""
-    cfg = dequant_config()
-    idx = _copy_columns(w, x.device, cfg.grouped)
-    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _dense_product(xq, x, w, cfg)
-
-
-def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
-                   cfg: DequantConfig) -> torch.Tensor:
-    """The many-row product from the float16 activation ``xq`` [M, 24·n_blocks] in the column
-    order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
-    ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
-    one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
-    dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
-    return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
-
-
-EPILOGUE_ROWS = 16
-"""Activation rows per program of the many-row epilogue (:mod:`.dense_epilogue`) from
-:data:`EPILOGUE_MIN_ROWS` rows on; fewer rows take one row per program. H200, Qwen3-8B prefill,
-the 144 epilogues (``benchmarks/step_breakdown.py``): 512 rows 4.29 → 2.41 ms; 32 rows 0.54 →
-0.99 ms (too few programs), hence the threshold."""
-
-EPILOGUE_MIN_ROWS = 128
-"""From this many activation rows the epilogue takes :data:`EPILOGUE_ROWS` per program."""
-
-
-def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
-                    ) -> torch.Tensor:
-    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
-    unit column stride): float32 [M, d_out] in one launch (:mod:`.dense_epilogue`; twin
-    ``reference.scale_and_tail``). The tail activation is ``x[:, 24·n_blocks:]`` (any float)."""
-    m_rows = int(y16.shape[0])
-    out = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=y16.device)
-    if m_rows and w.d_out:
-        tail_x = x[:, BLOCK * w.n_blocks:]
-        bo = 256
-        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
-        scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
-            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
-            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
-            num_warps=4,
-        )
-    return out
-
-
-def mma_activation(x: torch.Tensor, n_blocks: int) -> torch.Tensor:
-    """float16 [M, 32·n_blocks] for :func:`tetra48_matmul_mma`: block ``b`` of x (rotated basis) at
-    columns ``32 b + t`` in trio order ``t``, zeros at ``t ≥ 24``; the tail columns are not used."""
-    idx = _block_index("mma", n_blocks, x.device, _mma_block_columns)  # −1 → the zero column
-    body = x[:, : BLOCK * n_blocks].to(torch.float16)
-    ext = torch.cat([body, body.new_zeros(x.shape[0], 1)], dim=1)
-    return ext[:, idx].contiguous()
-
-
-def tetra48_matmul_mma(x: torch.Tensor, w: Tetra48Weight, ksplit: int | None = None,
-                       bn: int = 32, bb: int = 4, num_warps: int = 4) -> torch.Tensor:
-    """``y = W x`` for 1..64 activation rows on tensor cores (:mod:`.tetra48_mma`): float32
-    [M, d_out] from x [M, d_in] (rotated basis). float16 values and activations, as
-    :func:`tetra48_matmul_dense` (twin: ``reference.tetra48_matvec`` within fp16 accuracy).
-    ``ksplit`` K-slices (default: enough programs for ~4 per SM), ``bn`` rows and ``bb`` blocks
-    per iteration (``bn·bb`` must be a multiple of ``32·num_warps``). H200, Qwen3-8B projections
-    at M = 8 (2026-11-30): (32, 4, 4 warps) 15.5 ms, (64, 2, 4) 16.4, (128, 2, 8) 17.4 — the
-    default is the fastest, though offline SASS counts per decoded block order them the other way
-    (461, 380 with wgmma, 337)."""
-    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=64, what="the batched kernel takes")
-    _check_lattice(w, w.words, "words")
-    nb = w.n_blocks
-    dev = x.device
-    tiles = triton.cdiv(w.d_out, bn)
-    if ksplit is None:
-        ksplit = max(1, min(triton.cdiv(nb, bb), triton.cdiv(4 * _sm_count(dev), tiles)))
-    k_per = triton.cdiv(triton.cdiv(nb, ksplit), bb) * bb
-    ksplit = triton.cdiv(nb, k_per)
-    xm = mma_activation(x, nb)
-    part = torch.empty(ksplit, m_rows, w.d_out, dtype=torch.float32, device=dev)
-    bm = max(16, triton.next_power_of_2(m_rows))
-    tetra48_mma_kernel[(tiles, ksplit)](
-        xm, w.words, w.row_centroids, tetra_m1_table_compact(dev), part, w.d_out, m_rows, k_per,
-        N_BLOCKS=nb, BN=bn, BB=bb, BM=bm, num_warps=num_warps,
-    )
-    return _scale_and_tail(part.sum(0), x, w)
-
-
-IMMA_ROWS = 16
-"""Activation rows of one :func:`tetra48_matvec_imma_prepared` launch: one or two chunks of 8
-(the ``A`` fragments of a step hold eight; fewer real rows in a chunk pad with zeros at the same
-cost), each decoded block meeting every chunk (:func:`imma_chunks`)."""
-
-
-def imma_chunks(m_rows: int) -> int:
-    """8-row chunks of activation records the int8 kernel runs for ``m_rows`` rows (1 or 2)."""
-    return 1 if m_rows <= 8 else 2
-
-
-IMMA_MAXNREG = 0
-"""Register cap of the int8 tensor-core kernel (0: the compiler's choice, 128 registers offline).
-H200, per Qwen3-8B projection at 8 rows (``benchmarks/imma_breakdown.py``, 2026-11-30): the cap
-232 (180 registers) was 4 % faster on gate|up and up to 15 % slower on the others."""
-
-IMMA_MIN_ROWS = 3
-"""From this many activation rows (to :data:`IMMA_ROWS`) :func:`tetra48_matvec_prepared` and
-:func:`planes14_matvec_planned` with no configuration run the int8 tensor-core kernel on a GPU
-(``LEECHQ_IMMA=0``: the many-row ``m1`` instead). H200, Qwen3-8B projections with prepared
-inputs (BENCHMARKS.md §3 run 13), ms: 2 rows ``m1`` 3.675 / int8 MMA 5.624; 3 rows 6.185 /
-5.696; 4 rows 6.27 / 5.73; 8 rows 12.17 / 5.94. Planes14 (run 14, one process): 3 rows 6.72 /
-6.63, 8 rows 13.23 / 6.88 (6.06 and 6.19 after that run's slice changes); at 2 rows its ``m1``
-takes 4.26 (run 10)."""
-
-
-IMMA_FUSED_SUM = False
-"""Whether the int8 tensor-core kernel adds its K-slices itself (``imma_fused_kernel``: per-warp
-tickets, no slice-sum launch; ``LEECHQ_IMMA_FUSED_SUM=1|0`` overrides per call). Off: it passes
-the GPU tests but is slower — H200, Qwen3-8B projections, prepared inputs (BENCHMARKS.md §3
-run 14): 6.40 against 5.72 ms at 3 rows, 7.34 against 5.98 at 8."""
-
-
-def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
-    """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
-    on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
-    plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
-    plan)."""
-    return (IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and w.n_blocks >= 1 and not interpreting()
-            and os.environ.get("LEECHQ_IMMA", "1") != "0")
-
-
-def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 tensor-core kernel's activation (:mod:`.tetra48_imma`) from the prepared layout
-    ``xp`` (float32 [MP, 48·NPP + 32], ``m_rows ≤ 16`` real rows) in ``C`` =
-    :func:`imma_chunks` chunks of 8 rows: the ``A`` fragment words, int32 [C · NPP/2 · 576]
-    (``tetra48_imma.STEP_WORDS`` per 4-block step), and the block exponents, float32
-    [C · 2·NPP · 8]. One launch; every word is written (rows past ``m_rows`` and blocks past
-    ``n_blocks`` as zeros). Shared by every matrix that reads this activation."""
-    _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, n_blocks, xp.device, IMMA_ROWS)
-    npp = ref.prepared_pairs(n_blocks)
-    chunks = imma_chunks(m_rows)
-    rec_shape, ex_shape = _record_shapes(npp, chunks)
-    rec = torch.empty(rec_shape, dtype=torch.int32, device=xp.device)
-    ex = torch.empty(ex_shape, dtype=torch.float32, device=xp.device)
-    blk = 64
-    imma_activation_kernel[(8 * chunks, triton.cdiv(npp, blk))](
-        xp, xp.stride(0), rec, ex, m_rows, xp.shape[0], NPP=npp, BLK=blk, USE_ASM=_use_asm(),
-        A16=act16(),
-    )
-    return rec, ex
-
-
-def imma_records(n_blocks: int, device: torch.device | str, m_rows: int = 8
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed buffers for a rotation of ``m_rows`` (1..16) rows to fill with the int8 kernel's
-    activation records (``rotate(..., records=)``): int32 [C · NPP/2 · 576] and float32
-    [C · 2·NPP · 8], ``C`` = :func:`imma_chunks`. The rotation writes the rows it runs
-    (``prepared_rows(m)``); rows past them must stay zero, so keep one buffer per row count."""
-    _check_imma_rows(m_rows)
-    rec_shape, ex_shape = _record_shapes(ref.prepared_pairs(n_blocks), imma_chunks(m_rows))
-    return (torch.zeros(rec_shape, dtype=torch.int32, device=device),
-            torch.zeros(ex_shape, dtype=torch.float32, device=device))
-
-
-def _record_shapes(npp: int, chunks: int) -> tuple[tuple[int], tuple[int]]:
-    """The shapes of the int8 kernel's activation records for ``NPP`` prepared pairs and
-    ``chunks`` chunks of 8 rows: the ``A`` words (``tetra48_imma.STEP_WORDS`` per 4-block step)
-    and the exponents (8 rows per block), chunk after chunk."""
-    return (chunks * npp // 2 * STEP_WORDS.value,), (chunks * 2 * npp * 8,)
-
-
-def _check_imma_rows(m_rows: int) -> None:
-    if not 1 <= m_rows <= IMMA_ROWS:
-        raise UnsupportedShape(f"{m_rows} activation rows; the int8 tensor-core kernel takes "
-                               f"1..{IMMA_ROWS}")
-
-
-def _check_acts(acts: tuple[torch.Tensor, torch.Tensor], npp: int, device: torch.device,
-                chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activation records (``A`` words, exponents) checked against :func:`_record_shapes`."""
-    rec, ex = acts
-    rec_shape, ex_shape = _record_shapes(npp, chunks)
-    check_tensor(rec, "records", torch.int32, rec_shape, device=device)
-    check_tensor(ex, "exponents", torch.float32, ex_shape, device=device)
-    return rec, ex
-
-
-def imma_slices(d_out: int, n_blocks: int, device: torch.device, num_warps: int = 4,
-                row_groups: int = 1, rows_per_step: int = 2, chunks: int = 1) -> int:
-    """Blocks per K-slice (a multiple of 4) of the int8 tensor-core kernel: as many slices as fit
-    one wave of four programs per SM (its register and shared-memory limit; three for two
-    chunks of activation rows, 163 registers offline, or four row groups per step, 167) with all
-    programs resident — never a
-    partial second wave. H200, Qwen3-8B projections at 8 rows, kernel and
-    slice sum, µs (``benchmarks/imma_breakdown.py --slices``, BENCHMARKS.md §3 run 14): q|k|v
-    5 slices 19.6 (best, 6: 19.2); o 8 slices 15.5 (best 7: 15.1); gate|up 1 slice 57.6
-    (best); down 8 slices 30.6 (best) — where rounding up to a second wave had 19.2, 16.2,
-    59.9 and 33.1."""
-    tiles = triton.cdiv(d_out, 8 * rows_per_step * num_warps * row_groups)
-    steps = max(1, triton.cdiv(n_blocks, 4))
-    resident = 4 if chunks == 1 and rows_per_step < 4 else 3
-    ks = max(1, min(steps, (resident * _sm_count(device)) // tiles))
-    return 4 * triton.cdiv(steps, ks)
-
-
-def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
-                                 out: torch.Tensor | None = None,
-                                 acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                 k_per: int | None = None, num_warps: int = 4,
-                                 row_groups: int = 1, rows_per_step: int = 2,
-                                 maxnreg: int = IMMA_MAXNREG,
-                                 fused_sum: bool | None = None) -> torch.Tensor:
-    """``y = W x`` for 1..16 activation rows on int8 tensor cores (:mod:`.tetra48_imma`): float32
-    [M, d_out] from the prepared activation ``xp`` (as :func:`tetra48_matvec_prepared`; twin:
-    ``reference.tetra48_matvec``, same accuracy as the batch-1 kernel). ``acts``: the result of
-    :func:`imma_activation` for ``xp`` when several matrices share it; ``k_per`` blocks per
-    K-slice (default :func:`imma_slices`); ``row_groups`` sets of ``8·rows_per_step·num_warps``
-    rows per program; ``rows_per_step`` (1, 2, or 4 for at most 8 activation rows; offline
-    167 registers with 16-bit activations, three programs per SM) groups of 8 rows per warp and
-    step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
-    compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
-    given), the MMA kernel and the slice sum — two with ``fused_sum`` (default
-    :data:`IMMA_FUSED_SUM`), where the MMA kernel adds the slices itself. Words in kernel order
-    (``w.korder``) are decoded as such (``CODE = TETRA_K``), and so is the ``tetra64`` layout
-    (``w.t64``, ``CODE = TETRA_64``: its stored shells give ``1/‖y‖``)."""
-    _check_lattice(w, w.words, "words", korder_ok=True, t64_ok=True)
-    code = TETRA_64.value if w.t64 else TETRA_K.value if w.korder else TETRA.value
-    return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
-                        acts, k_per, num_warps, row_groups, rows_per_step, maxnreg, fused_sum)
-
-
-def planes14_matvec_imma_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
-                                  out: torch.Tensor | None = None,
-                                  acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                  k_per: int | None = None, num_warps: int = 4,
-                                  row_groups: int = 1, rows_per_step: int = 2,
-                                  maxnreg: int = IMMA_MAXNREG,
-                                  fused_sum: bool | None = None) -> torch.Tensor:
-    """:func:`tetra48_matvec_imma_prepared` for ``planes14`` records (the Planes14 decode of the
-    batch-1 kernel, :mod:`.planes14_m1`), the activation prepared in ``tables.planes14_m1_order``
-    (twin: ``reference.planes14_matvec``); :func:`planes14_matvec_planned` selects it for
-    3..16 rows on a GPU."""
-    _check_lattice(w, w.records, "records")
-    return _matvec_imma(PLANES14.value, w.records, planes14_m1_table(xp.device), xp, w, m_rows,
-                        out, acts, k_per, num_warps, row_groups, rows_per_step, maxnreg,
-                        fused_sum)
-
-
-def _matvec_imma(code: int, data: torch.Tensor, table: torch.Tensor, xp: torch.Tensor,
-                 w: Tetra48Weight | Planes14Weight, m_rows: int, out: torch.Tensor | None,
-                 acts: tuple[torch.Tensor, torch.Tensor] | None, k_per: int | None,
-                 num_warps: int, row_groups: int, rows_per_step: int, maxnreg: int,
-                 fused_sum: bool | None) -> torch.Tensor:
-    """The launches of :func:`tetra48_matvec_imma_prepared` and
-    :func:`planes14_matvec_imma_prepared` (``code``: the kernel's ``CODE``; ``data``: the words
-    or records; ``table``: the decode's staged table)."""
-    _check_imma_rows(m_rows)
-    _check_prepared(xp, m_rows, w.n_blocks, data.device, IMMA_ROWS)
-    chunks = imma_chunks(m_rows)
-    dev = xp.device
-    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32, device=dev)
-    _check_out(y, m_rows, w.d_out)
-    if rows_per_step not in (1, 2, 4) or (rows_per_step == 4 and chunks > 1):
-        raise InvalidInput(f"rows_per_step must be 1, 2 or 4 (4 for at most 8 activation rows), "
-                           f"got {rows_per_step} for {m_rows} rows")
-    if k_per is None:
-        k_per = imma_slices(w.d_out, w.n_blocks, dev, num_warps, row_groups, rows_per_step,
-                            chunks)
-    if k_per < 4 or k_per % 4:
-        raise InvalidInput(f"k_per must be a positive multiple of 4, got {k_per}")
-    if not w.d_out:
-        return y
-    npp = ref.prepared_pairs(w.n_blocks)
-    rec, ex = _check_acts(acts if acts is not None else imma_activation(xp, m_rows, w.n_blocks),
-                          npp, dev, chunks)
-    slices = max(1, triton.cdiv(w.n_blocks, k_per))
-    part = torch.empty(slices, 8 * chunks, w.d_out, dtype=torch.float32, device=dev)
-    tiles = triton.cdiv(w.d_out, 8 * rows_per_step * num_warps * row_groups)
-    regs = {"maxnreg": maxnreg} if maxnreg and _use_asm() else {}
-    if fused_sum is None:
-        fused_sum = os.environ.get("LEECHQ_IMMA_FUSED_SUM", "1" if IMMA_FUSED_SUM else "0") == "1"
-    if fused_sum:
-        if tiles * row_groups * num_warps > TICKET_SLOTS:
-            raise UnsupportedShape(f"{w.d_out} rows need more than {TICKET_SLOTS} tickets")
-        imma_fused_kernel[(tiles, slices)](
-            rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
-            _tickets(dev), w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), m_rows,
-            N_BLOCKS=w.n_blocks, NW=num_warps, RG=row_groups, RPS=rows_per_step, CH=chunks,
-            TAIL_COLS=w.tail_cols, NPP=npp, CODE=code, USE_ASM=_use_asm(), A16=act16(),
-            num_warps=num_warps, num_stages=1, **regs,
-        )
-        return y
-    pdl = _pdl_launch(os.environ.get("LEECHQ_IMMA_PDL", "1" if IMMA_PDL else "0") == "1"
-                      and pdl_enabled(dev))
-    imma_kernel[(tiles, slices)](
-        rec, ex, data, w.row_centroids, table, part, w.d_out, k_per,
-        N_BLOCKS=w.n_blocks, NPP=npp, NW=num_warps, RG=row_groups, RPS=rows_per_step,
-        CH=chunks, CODE=code, USE_ASM=_use_asm(), A16=act16(), num_warps=num_warps,
-        num_stages=1, **regs, **pdl,
-    )
-    blk = 128
-    imma_finalize_kernel[(triton.cdiv(w.d_out, blk), m_rows)](
-        part, w.row_scales, w.tail, xp, xp.stride(0), y, y.stride(0), w.d_out, slices,
-        NPP=npp, TAIL_COLS=w.tail_cols, TAIL_P2=triton.next_power_of_2(max(1, w.tail_cols)),
-        SLICES=triton.next_power_of_2(slices), BLK=blk, T=8 * chunks, **pdl,
-    )
-    return y
 
 
 def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
@@ -1695,116 +844,13 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
     for 3..16 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
     an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
     (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
-    tiled kernel. H200, Qwen3-8B projections, 2026-11-30 (BENCHMARKS.md §3), ``m1`` against tiled
+    tiled kernel. H200, Qwen3-8B projections, ``m1`` against tiled
     (cuBLAS fp16 ≈ 4.7 ms): M = 1 3.37 vs 5.41 ms, M = 2 4.26 vs 5.44, M = 4 6.80 vs 9.92, M = 8
     13.10 vs 14.57."""
     m_rows = _check_x(x, w.d_in, w.records.device)
     plan = planes14_m1_groups(w, m_rows, x.device, config)
     xp = prepare_activation(x, w.n_blocks, planes14_order(x.device, plan is not None))
     return planes14_matvec_planned(xp, w, m_rows, plan, config)
-
-
-def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
-                            selector_table: bool | None = None,
-                            config: DequantConfig | None = None) -> torch.Tensor:
-    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, natural
-    column order within each block, the blocks as :func:`planes14_dequant_natural_index` maps
-    them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
-    :mod:`.planes14_dequant`). ``selector_table`` as for :func:`planes14_matvec_m1_prepared`;
-    ``config``: :func:`dequant_config` if None."""
-    _check_lattice(w, w.records, "records")
-    dev = w.records.device
-    out = _dequant_out(out, w, dev)
-    if selector_table is None:
-        selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=bool(selector_table),
-            USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
-            num_warps=cfg.num_warps, num_stages=1,
-        )
-    return out
-
-
-_P14_DENSE_CHECKED: dict[str, bool] = {}
-
-
-def planes14_dense_enabled(device: torch.device) -> bool:
-    """Whether :func:`planes14_matmul_dense` may serve many rows on ``device``
-    (``LEECHQ_P14_DENSE=0`` disables it). On a GPU its dequantization kernel is checked once, on
-    first use and outside any CUDA-graph capture: bit-exact against
-    ``reference.planes14_dequantize_f16`` on a small random record (odd block count; both
-    selector forms); a failure or exception warns and disables it for good (the lattice matvec
-    keeps the rows). Under a capture with no check yet it is not used for that call."""
-    if os.environ.get("LEECHQ_P14_DENSE", "1") == "0":
-        return False
-    if interpreting() or device.type != "cuda":
-        return True
-    return _checked_once(_P14_DENSE_CHECKED, str(device), _check_planes14_dense, device)
-
-
-def _check_planes14_dense(device: torch.device) -> bool:
-    from leechq.formats.layouts.planes14 import random_planes14
-
-    try:
-        w = random_planes14(37, 13 * BLOCK + 5, seed=0x5EED, device=device)
-        cfg = dequant_config()
-        want = ref.planes14_dequantize_f16(w, grouped=cfg.grouped)
-        same = all(torch.equal(planes14_dequantize_f16(w, selector_table=sel, config=cfg), want)
-                   for sel in (True, False))
-        if same:
-            return True
-        reason = "values differ from the reference"
-    except Exception as exc:  # any failure means: do not use the kernel on this device
-        reason = f"{type(exc).__name__}: {exc}"[:300]
-    warnings.warn(f"the Planes14 dequantization kernel failed its first-use check on {device} "
-                  f"({reason}); many rows keep the lattice matvec", stacklevel=3)
-    return False
-
-
-def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
-    [M, d_out] from x [M, d_in] (rotated basis), as :func:`tetra48_matmul_dense` (the same
-    float16 rounding of values and activations; σ_row and the tail in float32). Twin of
-    ``reference.planes14_matvec`` within that tolerance."""
-    _check_x(x, w.d_in, w.records.device, max_rows=None)
-    return _dense_product_natural(x, w)
-
-
-_DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
-
-
-def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
-                      ) -> torch.Tensor:
-    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that the
-    first ``24·n_blocks`` columns follow ``w``'s float16 copy under :func:`dequant_config` (the
-    inverse of :func:`dequant_natural_index` / :func:`planes14_dequant_natural_index`) and the
-    tail columns stay in place — the ``dense_order`` the rotation writes for
-    :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
-    grouped = dequant_config().grouped
-    key = ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in, grouped)
-    if key not in _DENSE_ORDER:
-        n = BLOCK * w.n_blocks
-        nat = _copy_columns(w, device, grouped)
-        dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
-        if nat is not None:
-            dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
-        _DENSE_ORDER[key] = dest.to(torch.int32)
-    return _DENSE_ORDER[key]
-
-
-def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows from the float16 activation already in
-    :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32 [M, d_out] by one
-    dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
-    conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
-    rotation. Same numbers as those (float16 activations and values)."""
-    check_tensor(x16, "x16", torch.float16, device=w.row_scales.device)
-    if x16.dim() != 2 or x16.shape[1] != w.d_in:
-        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
-    return _dense_product(x16[:, : BLOCK * w.n_blocks], x16, w, dequant_config())
 
 
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
@@ -1825,17 +871,13 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             plan: list[tuple[int, MatvecConfig]] | None,
                             config: MatvecConfig | None = None,
                             out: torch.Tensor | None = None,
-                            acts: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            limbs: torch.Tensor | None = None) -> torch.Tensor:
+                            acts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
     :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..16 rows with no ``config``
     on a GPU (:func:`imma_default`: 3..16 rows), the int8 tensor-core kernel from the same order
     (:func:`planes14_matvec_imma_prepared`; ``acts`` as for :func:`tetra48_matvec_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
-    ``limbs``: the limb records of ``xp`` for the ``m1`` launches (as for
-    :func:`tetra48_matvec_prepared`). float32 [m_rows, d_out]. H200, Qwen3-8B projections,
-    prepared inputs, 2026-11-30 (BENCHMARKS.md §3 run 14, one process), int8 against the
-    many-row ``m1``: 3 rows 6.63 vs 6.72 ms, 8 rows 6.88 vs 13.23."""
+    float32 [m_rows, d_out]."""
     if plan is None:
         return planes14_matvec_prepared(xp, w, m_rows, config, out=out)
     if config is None and imma_default(w, m_rows):
@@ -1843,270 +885,40 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if limbs is not None:
-        _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
-        if not _limbs_checked(plan, xp.device, _check_planes14_m1_limbs):
-            limbs = None
     first = 0
     for rows, c in plan:
         end = first + ref.prepared_rows(rows)
-        planes14_matvec_m1_prepared(xp[first:end], w, c, out=y[first:first + rows], m_rows=rows,
-                                    limbs=None if limbs is None else limbs[first:end])
+        planes14_matvec_m1_prepared(xp[first:end], w, c, out=y[first:first + rows], m_rows=rows)
         first += rows
     return y
 
 
-def _check_planes14_m1(device: torch.device, cfg: MatvecConfig, limbs: bool = False) -> bool:
+def _check_planes14_m1(device: torch.device, cfg: MatvecConfig) -> bool:
     from leechq.formats.layouts.planes14 import random_planes14
 
     cases = _m1_check_cases(
         device, cfg, random_planes14, ref.planes14_dequantize_rotated, planes14_m1_order,
-        lambda xp, w, y, m, lb: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m,
-                                                            limbs=lb), limbs)
-    return _m1_first_use_check("m1 Planes14 kernel", device, cfg, cases, limbs)
-
-
-def _check_planes14_m1_limbs(device: torch.device, cfg: MatvecConfig) -> bool:
-    return _check_planes14_m1(device, cfg, limbs=True)
+        lambda xp, w, y, m: planes14_matvec_m1_prepared(xp, w, cfg, out=y, m_rows=m))
+    return _first_use_check("m1 Planes14 kernel", device, cfg, cases)
 
 
 def planes14_matvec_m1_prepared(xp: torch.Tensor, w: Planes14Weight, config: MatvecConfig,
                                 out: torch.Tensor | None = None,
-                                selector_table: bool | None = None,
-                                m_rows: int = 1, limbs: torch.Tensor | None = None
-                                ) -> torch.Tensor:
+                                m_rows: int = 1) -> torch.Tensor:
     """``y = W x`` for ``m_rows`` activation rows prepared in ``tables.planes14_m1_order`` order,
     by the ``m1`` kernel with the Planes14 decode in ``config``'s geometry (``rows``, ``bp``,
     ``num_warps``, ``ctas_per_sm``, ``maxnreg``, ``mb`` activation rows per launch; one row per
     warp and trip): float32 [m_rows, d_out]. Several rows per launch (``mb`` 2 or 4: one decode
     for all of them; offline SASS 86 and 56 instructions per row and block against 131.5 for one
-    row) are :func:`planes14_matvec`'s default for 2..8 rows since 2026-11-30.
-
-    ``selector_table``: each quad's byte-permute selector from the staged 4096-entry table (one
-    shared load per quad; 131.5 instead of 190 instructions per block offline) or built in
-    registers (``LEECHQ_P14_SELECTORS=0``). H200, Qwen3-8B projections, 2026-11-30, at the
-    decode's previous 159 and 197 instructions: 3.85 ms with the table, 4.34 ms with the
-    registers, so the table is the default. ``limbs``: the activation's limb records
-    (:func:`m1_limbs`), loaded instead of converting ``xp``'s rows."""
+    row) are :func:`planes14_matvec`'s default for 2..8 rows. Each quad's byte-permute selector
+    comes from the staged 4096-entry table (one shared load per quad)."""
     _check_lattice(w, w.records, "records")
     _check_prepared(xp, m_rows, w.n_blocks, w.records.device)
-    if limbs is not None:
-        _check_limbs(limbs, m_rows, w.n_blocks, xp.device)
     if m_rows > 1 and config.mb == 1:
         raise InvalidInput(f"{m_rows} activation rows need a configuration with mb 2 or 4")
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    if selector_table is None:
-        selector_table = os.environ.get("LEECHQ_P14_SELECTORS", "1") != "0"
-    _launch_m1("planes14", xp, w, y, replace(config, ilp=1), m_rows, limbs=limbs,
-               SEL_TABLE=bool(selector_table))
+    _launch_m1("planes14", xp, w, y, replace(config, ilp=1), m_rows)
     return y
 
 
-def null_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, m_rows: int,
-                         config: MatvecConfig | None = None,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """The no-weights control with the lattice kernels' geometry (no reference output): the ``m1``
-    control at batch 1 with an ``m1`` configuration, else the tiled control."""
-    _check_prepared(xp, m_rows, w.n_blocks, xp.device)
-    cfg = _config_for(config, m_rows, w, xp.device)
-    y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
-                                                device=xp.device)
-    if m_rows == 1 and _m1_applies(cfg, w) and m1_enabled(xp.device, cfg):
-        _launch_m1("null", xp, w, y, cfg)
-        return y
-    cfg = _tile_config(cfg, m_rows)
-    null_matvec_kernel[(triton.cdiv(w.d_out, cfg.rows),)](
-        xp, w.row_scales, w.tail, y, y.stride(0), w.d_out, N_BLOCKS=w.n_blocks,
-        TAIL_COLS=w.tail_cols, M=m_rows, ROWS=cfg.rows, BP=cfg.bp, num_warps=cfg.num_warps,
-    )
-    return y
-
-
-# ------------------------------------------------------------------------------------ int4 / int8
-
-
-def code_transpose(x: torch.Tensor, per: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``xt[m, k·WP + w] = x[m, per·w + k]`` (WP = words padded to 64), float32 [MP, per·WP]."""
-    m_rows, d_in = x.shape
-    words = d_in // per
-    wp = -(-words // 64) * 64
-    shape = (ref.prepared_rows(m_rows), per * wp)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float32, device=x.device)
-    else:
-        check_tensor(out, "out", torch.float32, shape, device=x.device)
-    code_transpose_kernel[(shape[0], triton.cdiv(shape[1], 1024))](
-        x, x.stride(0), out, m_rows, d_in, words, WP=wp, PER=per, BLOCK=1024)
-    return out
-
-
-def _intq_matvec(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 biases: torch.Tensor, d_out: int, d_in: int, group: int, bits: int,
-                 xt: torch.Tensor | None, rows: int = 16, bw: int = 32) -> torch.Tensor:
-    dev = qweight.device
-    per = 32 // bits
-    if d_in % per or group % per:
-        raise UnsupportedShape(f"int{bits} matvec needs d_in and group divisible by {per}")
-    m_rows = _check_x(x, d_in, dev)
-    groups = -(-d_in // group)
-    check_tensor(qweight, "qweight", torch.uint8, (d_out, d_in * bits // 8), device=dev)
-    check_tensor(scales, "scales", torch.float16, (d_out, groups), device=dev)
-    check_tensor(biases, "biases", torch.float16, (d_out, groups), device=dev)
-    if xt is None:
-        xt = code_transpose(x, per)
-    y = torch.empty(m_rows, d_out, dtype=torch.float32, device=dev)
-    intq_matvec_kernel[(triton.cdiv(d_out, rows),)](
-        xt, qweight.view(torch.int32), scales, biases, y, y.stride(0), d_out, D_IN=d_in,
-        GROUP=group, BITS=bits, M=m_rows, ROWS=rows, BW=bw, USE_ASM=_use_asm(), num_warps=4,
-    )
-    return y
-
-
-def int4_matvec(x: torch.Tensor, w: Int4Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = W x`` for an int4 group-affine matrix: float32 [M, d_out] (twin of the reference)."""
-    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 4, xt)
-
-
-def int8_matvec(x: torch.Tensor, w: Int8Weight, xt: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = W x`` for an int8 group-affine matrix: float32 [M, d_out]."""
-    return _intq_matvec(x, w.qweight, w.scales, w.biases, w.d_out, w.d_in, w.group, 8, xt)
-
-
-def _embedding(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               biases: torch.Tensor, rows: int, d: int, group: int, bits: int,
-               out_dtype: torch.dtype) -> torch.Tensor:
-    dev = qweight.device
-    check_tensor(ids, "ids", (torch.int32, torch.int64), device=dev)
-    if ids.dim() != 1:
-        raise InvalidInput(f"ids must be 1-D, got shape {list(ids.shape)}")
-    groups = -(-d // group)
-    check_tensor(qweight, "qweight", torch.uint8, (rows, d * bits // 8), device=dev)
-    check_tensor(scales, "scales", torch.float16, (rows, groups), device=dev)
-    check_tensor(biases, "biases", torch.float16, (rows, groups), device=dev)
-    out = torch.empty(ids.numel(), d, dtype=out_dtype, device=dev)
-    if ids.numel():
-        intq_embedding_kernel[(ids.numel(), triton.cdiv(d, 1024))](
-            ids, qweight, scales, biases, out, D=d, GROUP=group, BITS=bits, BLOCK=1024,
-            USE_ASM=_use_asm())
-    return out
-
-
-def int4_embedding(ids: torch.Tensor, table: Int4Weight,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows ``ids`` of a 4-bit table, dequantized exactly: [T, d] of ``out_dtype``.
-
-    Ids are not range-checked on the device (that would need a host sync); out-of-range ids are
-    the caller's error, as in ``torch.nn.functional.embedding``."""
-    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
-                      table.group, 4, out_dtype)
-
-
-def int8_embedding(ids: torch.Tensor, table: Int8Weight,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows ``ids`` of an 8-bit table, dequantized exactly: [T, d] of ``out_dtype``."""
-    return _embedding(ids, table.qweight, table.scales, table.biases, table.d_out, table.d_in,
-                      table.group, 8, out_dtype)
-
-
-# ------------------------------------------------------------------------------ decode attention
-
-DECODE_ATTN_BLOCK_N = 64
-"""Keys per ``tl.dot`` tile of the decode attention (:mod:`.decode_attention`)."""
-
-DECODE_ATTN_MAX_SPLITS = 64
-"""At most this many key splits per (row, key/value head); a split holds a whole number of tiles."""
-
-DECODE_ATTN_MAX_HEAD_DIM = 256
-"""The widest attention head :func:`decode_attention` takes."""
-
-
-def decode_attention_splits(seq_len: int) -> tuple[int, int]:
-    """``(keys per split, splits)`` of :func:`decode_attention` over a ``seq_len``-slot cache: one
-    tile per split up to ``BLOCK_N · MAX_SPLITS`` slots, more tiles per split beyond."""
-    tiles = max(1, triton.cdiv(seq_len, DECODE_ATTN_BLOCK_N))
-    split = triton.cdiv(tiles, DECODE_ATTN_MAX_SPLITS) * DECODE_ATTN_BLOCK_N
-    return split, triton.cdiv(seq_len, split)
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot: torch.Tensor, pad: torch.Tensor, scale: float,
-                     k_new: torch.Tensor | None = None,
-                     v_new: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one query position per row over a static KV cache (the serving model's decode
-    step), reading only the slots the query sees (twin: ``reference.decode_attention``).
-
-    Args:
-        q: [B, n_kv, G, head_dim] (float16, bfloat16 or float32; the ``G`` query heads that share
-            each key/value head, head ``kv·G + g``), unit stride along ``head_dim``.
-        k_cache, v_cache: [B, n_kv, S, head_dim] of q's dtype, unit stride along ``head_dim``.
-        slot: int64 [1], the query's cache slot ``t < S`` (read on the device: graph-safe; a
-            larger ``t`` reads and writes nothing past the cache, and its slot is not written).
-        pad: int64 [B], each row's left padding; key slot ``s`` is seen iff ``pad[b] <= s <= t``
-            or ``s == t``.
-        scale: the softmax scale (``head_dim ** -0.5``).
-        k_new, v_new: [B, n_kv, 1, head_dim] of q's dtype (unit stride along ``head_dim``), the
-            step's own key and value: written into slot ``t`` of the caches by the kernel (no
-            separate cache write) and used for it; None when the caches already hold them.
-
-    Returns:
-        [B, n_kv, G, head_dim] of q's dtype, contiguous (so also [B, 1, n_kv·G·head_dim]).
-
-    Raises:
-        InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
-            dimension above :data:`DECODE_ATTN_MAX_HEAD_DIM`, a cache without slots.
-    """
-    if (k_new is None) != (v_new is None):
-        raise InvalidInput("k_new and v_new go together")
-    news = () if k_new is None else (("k_new", k_new), ("v_new", v_new))
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), *news):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise InvalidInput(f"{name} must be a 4-D tensor")
-        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise InvalidInput(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-        if t.dtype != q.dtype:
-            raise InvalidInput(f"{name} is {t.dtype}, q is {q.dtype}")
-        if t.stride(-1) != 1:
-            raise InvalidInput(f"{name} must have unit stride along head_dim, got {t.stride()}")
-        if t.device != q.device:
-            raise InvalidInput(f"{name} is on {t.device}, q on {q.device}")
-    if not interpreting() and q.device.type != "cuda":
-        raise InvalidInput(f"q is on {q.device}; the Triton kernels need CUDA tensors")
-    b, n_kv, g, hd = q.shape
-    if k_cache.shape != v_cache.shape or tuple(k_cache.shape[:2]) != (b, n_kv) \
-            or k_cache.shape[3] != hd:
-        raise InvalidInput(f"k_cache and v_cache must be [{b}, {n_kv}, S, {hd}], got "
-                           f"{list(k_cache.shape)} and {list(v_cache.shape)}")
-    for name, t in news:
-        if tuple(t.shape) != (b, n_kv, 1, hd):
-            raise InvalidInput(f"{name} must be [{b}, {n_kv}, 1, {hd}], got {list(t.shape)}")
-    if not 1 <= hd <= DECODE_ATTN_MAX_HEAD_DIM:
-        raise InvalidInput(f"head_dim must be 1..{DECODE_ATTN_MAX_HEAD_DIM}, got {hd}")
-    check_tensor(slot, "slot", torch.int64, (1,), device=q.device)
-    check_tensor(pad, "pad", torch.int64, (b,), device=q.device)
-    seq_len = int(k_cache.shape[2])
-    if seq_len == 0:
-        raise InvalidInput("k_cache and v_cache have no slots")
-    out = torch.empty(b, n_kv, g, hd, dtype=q.dtype, device=q.device)
-    if out.numel() == 0:
-        return out
-    split, nsplit = decode_attention_splits(seq_len)
-    po = torch.empty(b * n_kv * nsplit * g * hd, dtype=torch.float32, device=q.device)
-    pml = torch.empty(b * n_kv * nsplit * g * 2, dtype=torch.float32, device=q.device)
-    dp = max(16, triton.next_power_of_2(hd))
-    kn, vn = (k_cache, v_cache) if k_new is None else (k_new, v_new)
-    decode_attention_partial_kernel[(b * n_kv, nsplit)](
-        q, k_cache, v_cache, slot, pad, po, pml, kn, vn,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E, seq_len,
-        N_KV=n_kv, G=g, GP=max(16, triton.next_power_of_2(g)), D=hd, DP=dp,
-        BLOCK_N=DECODE_ATTN_BLOCK_N, SPLIT=split, NSPLIT=nsplit,
-        IEEE=q.dtype == torch.float32 or (interpreting() and q.dtype == torch.bfloat16),
-        WRITE=k_new is not None, num_warps=4,
-    )
-    decode_attention_combine_kernel[(b * n_kv * g,)](
-        po, pml, out, G=g, D=hd, DP=dp, NSPLIT=nsplit,
-        SP=max(2, triton.next_power_of_2(nsplit)), num_warps=1,
-    )
-    return out

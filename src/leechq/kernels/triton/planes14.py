@@ -1,6 +1,6 @@
 """Fused Planes14 decode + matvec (ball codebook, 14-byte bit-plane records), M = 1..8.
 
-Implements layouts-kernels-recipe.md §1.3 and §3.2 in Triton with the program geometry of
+Implements docs/kernels.md in Triton with the program geometry of
 ``leechq.kernels.triton.tetra48``: ``ROWS`` output rows per program, records two at a time (a pair
 of 14-byte records is 7 aligned u32 words of the row), even records then odd records, activation
 prepared in natural order. Per record: one gather of the class entry (``128 + magnitude`` of levels

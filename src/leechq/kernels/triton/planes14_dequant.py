@@ -1,10 +1,10 @@
 """Dequantize a ``planes14`` record to a float16 matrix: the ball codebook's many-row path.
 
-The counterpart of :mod:`.tetra48_dequant` for the unfolded ball layout (layouts-kernels-recipe.md
-§1.3): a prompt or a large batch decodes each 14-byte record once into float16 values
+The counterpart of :mod:`.tetra48_dequant` for the unfolded ball layout (docs/kernels.md): a prompt
+or a large batch decodes each 14-byte record once into float16 values
 ``y_t · c_g / ‖y‖`` (no σ_row) and leaves the product to cuBLAS; σ_row and the tail columns are
 applied around the GEMM (``ops.planes14_matmul_dense``). Without it a Planes14 prompt runs the
-lattice matvec once per 8 rows (BENCHMARKS.md §4: 849 ms for 256 prompt rows of Qwen3-8B shapes).
+lattice matvec once per 8 rows (849 ms for 256 prompt rows of Qwen3-8B shapes).
 
 Decode: the batch-1 Planes14 decode (:func:`.planes14_m1._record_bytes`, the signed class table
 and level selectors staged in shared memory): the record's six quads of signed value bytes, its
@@ -17,7 +17,7 @@ Layout and geometry as in :mod:`.tetra48_dequant`: the sections block-major (nat
 order, no permutation of the activation) or grouped (``GROUPED``, the default; the activation is
 gathered by ``ops.planes14_dequant_natural_index``), 16-byte vector stores with ``VEC``, a
 grid-stride loop over (row, record pair) items with the table staged once per program. H200,
-Qwen3-8B, 2026-12-01: a step's copies 5.88 ms grouped (44.8 block-major with 4-byte stores).
+Qwen3-8B: a step's copies 5.88 ms grouped (44.8 block-major with 4-byte stores).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Planes14 decode of the ``m1`` kernel: integer block dot for the ball codebook.
 
-Implements layouts-kernels-recipe.md §1.3 / §3.2 (the 14-byte bit-plane record, the 512-entry class
+Implements docs/kernels.md (the 14-byte bit-plane record, the 512-entry class
 table) in the geometry of :mod:`.tetra48_m1` (activation-stationary split-K, one K-slice of 32
 record pairs per program, row chunks walked by the warps, partials in a scratch reduced by the last
 program of a chunk through an acq_rel ticket) and with its integer block dot: each block's 24
@@ -24,11 +24,11 @@ _x_limbs`), and the record's signed value bytes meet them with ``dp4a`` (3 limbs
   prefetch, scratch and tickets; this module gives the words it loads, :func:`load_row`, and the
   pair dot, :func:`pair_dot`). Several activation rows per launch (``MB`` 2 or 4) share each
   record's decode: offline SASS 86 and 56 instructions per row and block (one row: 131.5);
-  the default for 2..8 rows since 2026-11-30 (``ops.planes14_matvec``).
+  the default for 2..8 rows (``ops.planes14_matvec``).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value) and f32 accumulation. The default for 1..8 activation rows of a Planes14 record
-(``ops.planes14_matvec``, row groups as Tetra's). H200, Qwen3-8B projections, 2026-11-30, cuBLAS
+(``ops.planes14_matvec``, row groups as Tetra's). H200, Qwen3-8B projections, cuBLAS
 fp16 ≈ 4.7 ms: one row 3.37 ms with this decode (3.85 with the earlier 159-instruction one),
 against the tiled kernel's 5.41; M = 2, 4, 8: 4.26, 6.80, 13.10 ms against 5.44, 9.92, 14.57.
 """

@@ -1,6 +1,6 @@
 """Fused Tetra decode + matvec over the ``tetra48`` layout (M = 1..8 activation rows).
 
-Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Triton (our design, §3.10):
+Implements docs/kernels.md in Triton (our design):
 
 * A program owns ``ROWS`` output rows (a flat [ROWS·BP] tile, see ``_tile_rows``) and walks their
   blocks two at a time (a *pair*: blocks 2i and
@@ -9,7 +9,7 @@ Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3/§3.5 in Trit
 * The activation arrives *prepared* (``leechq.kernels.triton.activation``): for block parity ``par``,
   trio position ``t`` and pair ``i`` the value sits at ``(par·24 + t)·NPP + i``, so the lanes of a
   warp, which own consecutive pairs, read it coalesced and no permutation happens in the hot loop.
-* Decode (tetra-format.md §1.5) without int→float conversions: the Golay pattern is two small-table
+* Decode (docs/kernels.md) without int→float conversions: the Golay pattern is two small-table
   reads (F2-linear split ``L(s8, b1) ⊕ L(b2, b3)``), the three rank rows are table reads, and each
   4-coordinate quad of a section becomes 4 biased bytes with two byte permutes (the rank nibbles
   select from the ``o = p`` and ``o = p + 2`` value tables) blended by the pattern bits; a third
@@ -264,42 +264,5 @@ def tetra48_matvec_kernel(
         a0, a1, a2, a3, a4, a5, a6, a7 = _block_pass(
             a0, a1, a2, a3, a4, a5, a6, a7, (w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1,
             rows_ptr, rows_src, cw_ptr, xb + 24 * NPP, NPP, XS, MP, USE_ASM, SMEM_ROWS)
-    _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
-              stride_ym, TAIL_COLS, M, NPP, XS, ROWS, BP)
-
-
-@triton.jit
-def null_matvec_kernel(
-    xp_ptr, scale_ptr, tail_ptr, y_ptr, stride_ym, d_out,
-    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, M: tl.constexpr, ROWS: tl.constexpr,
-    BP: tl.constexpr,
-):
-    """The no-weights control (layouts-kernels-recipe.md §3.7) in this module's geometry.
-
-    Same grid, tiles, activation reads, reduction, tail epilogue and store as
-    :func:`tetra48_matvec_kernel`, but no weight bytes: each row accumulates ``1.0·x`` over its
-    blocks. It has no reference output (report "not compared")."""
-    NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    NPP: tl.constexpr = ((NP + 63) // 64) * 64
-    XS: tl.constexpr = 48 * NPP + 32
-    MP: tl.constexpr = 1 if M == 1 else (2 if M == 2 else (4 if M <= 4 else 8))
-    pid = tl.program_id(0)
-    rows_c, row_ok, pi = _tile_rows(pid, d_out, ROWS, BP)
-    ones = tl.where(row_ok, 1.0, 0.0)
-    z = tl.zeros((ROWS * BP,), tl.float32)
-    a0 = z
-    a1 = z
-    a2 = z
-    a3 = z
-    a4 = z
-    a5 = z
-    a6 = z
-    a7 = z
-    for p0 in range(0, NP, BP):
-        xb = xp_ptr + p0 + pi
-        for par in tl.static_range(2):
-            for t in tl.static_range(24):
-                a0, a1, a2, a3, a4, a5, a6, a7 = _fma_rows(
-                    a0, a1, a2, a3, a4, a5, a6, a7, ones, xb + (par * 24 + t) * NPP, XS, MP)
     _epilogue(a0, a1, a2, a3, a4, a5, a6, a7, pid, d_out, scale_ptr, tail_ptr, xp_ptr, y_ptr,
               stride_ym, TAIL_COLS, M, NPP, XS, ROWS, BP)

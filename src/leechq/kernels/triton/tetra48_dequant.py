@@ -6,8 +6,8 @@ spend 8 × 24 FMAs per block, far slower than a tensor-core GEMM. This kernel de
 into float16 values ``y_t · c_g / ‖y‖`` (no σ_row) so that cuBLAS can take the product; σ_row, the
 tail columns and the column order are applied around the GEMM (``ops.tetra48_matmul_dense``).
 
-Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`, layouts-
-kernels-recipe.md §2.5–§2.6): per section the value bytes of the even and odd trio coordinates, the
+Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`,
+docs/kernels.md): per section the value bytes of the even and odd trio coordinates, the
 squared norm by ``dp4a``, ``1/‖y‖`` from the table. Each value byte becomes an exact f32 by the
 magic-number bit pattern (``_bits.byte_to_f32``: a byte permute and a subtraction, no int→float
 conversion), is multiplied by ``c_g·(1/‖y‖)`` in f32, and two values are rounded to float16 and
@@ -28,10 +28,10 @@ to the rotated basis, so the activation is gathered to match. With ``VEC`` each 
 
 Geometry: a grid-stride loop over (row, block pair) items, one item per lane, consecutive lanes on
 consecutive pairs of a row; the table is staged in shared memory once per program
-(``ops.DequantConfig``: warps and programs per SM). H200, Qwen3-8B, 2026-12-01: a whole step's
+(``ops.DequantConfig``: warps and programs per SM). H200, Qwen3-8B: a whole step's
 copies in 5.40 ms grouped with vector stores (8 warps, 4 programs per SM) against 40.5 ms
 block-major with 4-byte stores; ``Tensor.fill_`` of the same bytes takes 4.70 ms
-(``benchmarks/bench_dequant.py``, BENCHMARKS.md §3 run 16).
+(``benchmarks/bench_dequant.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from leechq.kernels.triton._bits import byte_to_f32, global_load128, global_stor
 from leechq.kernels.triton.tetra48_m1 import (
     decode_block64,
     decode_nibbles,
-    decode_nibbles_k,
     inv_norm,
     load_pair_words,
     sb_copy,
@@ -90,14 +89,10 @@ def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
-                   VEC: tl.constexpr, USE_ASM: tl.constexpr, KORDER: tl.constexpr = False):
+                   VEC: tl.constexpr, USE_ASM: tl.constexpr):
     """Decode one block per element and store its 24 float16 values: section ``s`` (8 values,
-    16 bytes) at ``out + s · step`` (int32 units). ``KORDER``: ``lo``, ``hi`` in kernel order
-    (:func:`.tetra48_m1.decode_nibbles_k`)."""
-    if KORDER:
-        h1, h2, h3, mp, kp, g = decode_nibbles_k(lo, hi, tab_ptr, base, sb_rep * 4, USE_ASM)
-    else:
-        h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    16 bytes) at ``out + s · step`` (int32 units)."""
+    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
@@ -173,16 +168,12 @@ def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
 @triton.jit
 def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
                            NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
-                           GROUPED: tl.constexpr = False, KORDER: tl.constexpr = False,
-                           T64: tl.constexpr = False):
-    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words (``KORDER``: in
-    kernel order, ``formats.layouts.tetra48_korder``; ``T64``: the ``tetra64`` layout); see the
-    module docstring. Any grid; ``num_warps = NW``."""
+                           GROUPED: tl.constexpr = False, T64: tl.constexpr = False):
+    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words (``T64``: the
+    ``tetra64`` layout); see the module docstring. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     if T64:
         STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
-    elif KORDER:
-        STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
     else:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     LANES: tl.constexpr = NW * 32
@@ -207,23 +198,16 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
                              step_o, ok_o, VEC, USE_ASM)
         else:
             _dequant_pair(w_ptr, row, pair, ok_e, ok_o, cent0, cent1, tab_ptr, base, sb_rep,
-                          out_e, step_e, out_o, step_o, STRIDE_W, VEC, USE_ASM, KORDER)
+                          out_e, step_e, out_o, step_o, STRIDE_W, VEC, USE_ASM)
 
 
 @triton.jit
 def _dequant_pair(w_ptr, row, pair, ok_e, ok_o, cent0, cent1, tab_ptr, base, sb_rep, out_e,
                   step_e, out_o, step_o, STRIDE_W: tl.constexpr, VEC: tl.constexpr,
-                  USE_ASM: tl.constexpr, KORDER: tl.constexpr):
-    """Load and dequantize one ``tetra48`` block pair per element (standard or kernel order)."""
-    # kernel order: the row holds all three words of its last pair
-    w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_e if KORDER else ok_o, STRIDE_W)
-    if KORDER:  # w0, w1: the blocks' low words; w2: their high halves
-        _dequant_block(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
-                       USE_ASM, True)
-        _dequant_block(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, out_o, step_o, ok_o,
-                       VEC, USE_ASM, True)
-    else:
-        _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
-                       USE_ASM)
-        _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
-                       out_o, step_o, ok_o, VEC, USE_ASM)
+                  USE_ASM: tl.constexpr):
+    """Load and dequantize one ``tetra48`` block pair per element."""
+    w0, w1, w2 = load_pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W)
+    _dequant_block(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, out_e, step_e, ok_e, VEC,
+                   USE_ASM)
+    _dequant_block((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
+                   out_o, step_o, ok_o, VEC, USE_ASM)

@@ -1,7 +1,7 @@
 """Small-batch Tetra matvec on int8 tensor cores: 1..16 activation rows, one decode per block.
 
-Implements the "decode that amortizes over M rows" of issue 4 (layouts-kernels-recipe.md §3.3 for
-the decode, §2.6 for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
+Implements the "decode that amortizes over M rows" of issue 4 (docs/kernels.md for
+the decode and for the integer dot). The batch-1 kernel (:mod:`.tetra48_m1`) decodes each block
 to signed value bytes and meets every activation row with 18 ``dp4a``; at 8 rows the dots cost
 more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int8 × int8 → int32):
 
@@ -25,15 +25,14 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
   rows), two shuffles for the row scales, 8 scaled accumulations; per step the 18 16-byte
   fragment loads shared by the groups (zeros on the inactive lanes) are issued first and the
   next step's weight words one step ahead — issued next to their MMAs they cost one L2 round
-  trip each (BENCHMARKS.md §3 run 13).
+  trip each.
 * **9..16 rows** (``CH = 2``): the activation records come as two 8-row chunks; each step's
   decoded blocks meet the first chunk's fragments, then the second's (loaded after the first
   chunk's MMAs) — 36 MMAs per lane and row group, one decode (run 15: 16 rows 7.44 ms against
   5.33 for 8 on the Qwen3-8B projections).
 * **Slices.** Partial sums per K-slice go to
   ``part [KS, 8·CH, d_out]``; :func:`imma_finalize_kernel` adds the slices, applies σ_row and the
-  tail — or, in :func:`imma_fused_kernel`, the last warp to finish a set of rows does (per-warp
-  tickets, opt-in: ``ops.IMMA_FUSED_SUM``). ``ops.tetra48_matvec_prepared`` and
+  tail. ``ops.tetra48_matvec_prepared`` and
   ``ops.planes14_matvec_planned`` take this kernel for 3..16 rows on a GPU.
 
 The result differs from the f32 reference by the activation rounding (≤ 2^-23 of each block's
@@ -47,8 +46,6 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import (
-    await_previous_grid,
-    fence_gpu,
     global_load32,
     global_load128,
     global_load128_all,
@@ -56,14 +53,12 @@ from leechq.kernels.triton._bits import (
     mma_i8,
     shfl_idx,
     shfl_xor,
-    warp_any,
 )
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
     decode_block64,
     decode_nibbles,
-    decode_nibbles_k,
     limb_words,
     rounded_quads,
     sb_copy,
@@ -157,25 +152,18 @@ def _block_words(w_ptr, rc, blk, ok, STRIDE_W: tl.constexpr, CODE: tl.constexpr,
                  USE_ASM: tl.constexpr):
     """The words holding block ``blk`` of row ``rc`` per lane (zeros where not ``ok``): two of a
     ``tetra48`` row (``CODE`` 0), four of a ``planes14`` row (``CODE`` 1; the odd record of a
-    pair starts in the high half of the pair's word 3), or the block's low word and its pair's
-    high-halves word in kernel order (``CODE`` 2, ``formats.layouts.tetra48_korder``), or the
-    four words of the block's pair in the ``tetra64`` layout (``CODE`` 3)."""
+    pair starts in the high half of the pair's word 3), or the four words of the block's pair in
+    the ``tetra64`` layout (``CODE`` 3)."""
     if CODE == 3:
         a, b, c, d = global_load128(w_ptr + rc * STRIDE_W + 4 * (blk // 2), ok, USE_ASM)
         return (a.to(tl.uint32, bitcast=True), b.to(tl.uint32, bitcast=True),
                 c.to(tl.uint32, bitcast=True), d.to(tl.uint32, bitcast=True))
     if CODE == 0:
         pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
-    elif CODE == 2:
-        pw = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + (blk % 2)
-        pw2 = w_ptr + rc * STRIDE_W + 3 * (blk // 2) + 2
     else:
         pw = w_ptr + rc * STRIDE_W + 7 * (blk // 2) + 3 * (blk % 2)
     x0 = global_load32(pw, ok, USE_ASM).to(tl.uint32, bitcast=True)
-    if CODE == 2:
-        x1 = global_load32(pw2, ok, USE_ASM).to(tl.uint32, bitcast=True)
-    else:
-        x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
+    x1 = global_load32(pw + 1, ok, USE_ASM).to(tl.uint32, bitcast=True)
     x2 = x0
     x3 = x1
     if CODE == 1:
@@ -189,7 +177,7 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
                   USE_ASM: tl.constexpr):
     """A block per lane from its words (:func:`_block_words`; ``odd``: the block is the odd one
     of its pair): its six value words (the ``B`` fragments of sections 1..3) and its scale
-    ``centroid[g] / ‖y‖`` — the Tetra decode (``CODE`` 0; 2 in kernel order) or the Planes14 one
+    ``centroid[g] / ‖y‖`` — the Tetra decode (``CODE`` 0; 3 for ``tetra64``) or the Planes14 one
     (``CODE`` 1,
     :func:`.planes14_m1._record_bytes`: its quads ``2k + h`` are the value words of section
     ``k``, half ``h``, with the activation prepared in ``tables.planes14_m1_order``)."""
@@ -212,13 +200,9 @@ def _decode_block(words, odd, cent0, cent1, tab_ptr, base, sb_rep, CODE: tl.cons
         # masked-off blocks load zeros: shell 1 keeps their (zero) products finite
         scale = tl.where(g, cent1, cent0) * (tl.math.rsqrt(tl.maximum(m, 1.0)) * 0.25)
         return (ev1, od1, ev2, od2, ev3, od3), scale
-    if CODE == 2:  # kernel order: x0 the block's low word, x1 its pair's high halves
-        h1, h2, h3, mp, kp, gbit = decode_nibbles_k(x0, tl.where(odd, x1 >> 16, x1), tab_ptr,
-                                                    base, sb_rep * 4, USE_ASM)
-    else:
-        lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
-        hi = tl.where(odd, x1 >> 16, x1)
-        h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    lo = tl.where(odd, (x0 >> 16) | (x1 << 16), x0)
+    hi = tl.where(odd, x1 >> 16, x1)
+    h1, h2, h3, mp, kp, gbit = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     ev1, od1, n2 = section_values(h1, mp, kp, tl.zeros(x0.shape, tl.int32), USE_ASM)
     ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     ev3, od3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
@@ -362,7 +346,7 @@ def _store_chunk(accs, part, ru, rv, lane, d_out, RPS: tl.constexpr, NW: tl.cons
 def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
                 N_BLOCKS: tl.constexpr, NPP: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
                 RPS: tl.constexpr, CH: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
-                PDL: tl.constexpr = False, A16: tl.constexpr = False):
+                A16: tl.constexpr = False):
     """Partial ``y[t, n] = Σ_b ⟨W[n, b], x[t, b]⟩`` (no σ_row, no tail) over K-slice
     ``program_id(1)`` (``K_PER`` blocks, a multiple of 4): ``part[slice, t, n]`` for all
     ``8·CH`` activation rows (``CH`` = 1 or 2 chunks of 8: each decoded block meets both);
@@ -370,49 +354,24 @@ def imma_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PE
     each warp takes ``RPS`` (1, 2 or 4; 4 only with ``CH`` = 1) groups of 8 rows per step,
     sharing the step's ``A`` fragments between them (4: two pairs of groups, one after the
     other). Launched with ``num_warps = NW``; :func:`imma_finalize_kernel`
-    adds the slices. ``PDL``: the table is staged before the wait for the previous grid
-    (:func:`._bits.await_previous_grid`). ``A16``: records of 16-bit activations
+    adds the slices. ``A16``: records of 16-bit activations
     (:data:`.tetra48_m1.A16_STEP`): limb 0 is zero, its loads and MMAs are skipped (12 ``A``
     fragment loads and 24 MMAs per step instead of 18 and 36)."""
-    _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, part_ptr,
-               cent_ptr, cent_ptr, cent_ptr, 0, part_ptr, 0, 0, N_BLOCKS, NW, RG, RPS, CH, False,
-               0, NPP, CODE, USE_ASM, PDL, A16)
+    _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, N_BLOCKS, NW,
+               RG, RPS, CH, NPP, CODE, USE_ASM, A16)
 
 
 @triton.jit
-def imma_fused_kernel(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
-                      scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
-                      N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr,
-                      RPS: tl.constexpr, CH: tl.constexpr, TAIL_COLS: tl.constexpr,
-                      NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
-                      A16: tl.constexpr = False):
-    """:func:`imma_kernel` and the slice sum in one launch: after storing its partials for a set
-    of rows, each storing lane takes a ticket of its warp's rows (``cnt_ptr``, acq_rel); the warp
-    holding the last of the ``slices · 8`` tickets adds the slices in slice order, applies σ_row
-    and the tail, writes ``y`` for the ``m_rows`` activation rows and resets the counter — the
-    scheme of the batch-1 kernel's tickets, per warp (no barrier, no shared memory)."""
-    _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
-               scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows, N_BLOCKS, NW, RG,
-               RPS, CH, True, TAIL_COLS, NPP, CODE, USE_ASM, False, A16)
-
-
-@triton.jit
-def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER, cnt_ptr,
-               scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, m_rows,
+def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER,
                N_BLOCKS: tl.constexpr, NW: tl.constexpr, RG: tl.constexpr, RPS: tl.constexpr,
-               CH: tl.constexpr, FUSED: tl.constexpr, TAIL_COLS: tl.constexpr,
-               NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
-               PDL: tl.constexpr, A16: tl.constexpr):
-    """The two kernels' shared body (``FUSED``: with the per-warp ticketed slice sum; ``CODE``:
-    0 for ``tetra48`` words and the batch-1 Tetra table (2: the words in kernel order), 1 for
-    ``planes14`` records and
+               CH: tl.constexpr, NPP: tl.constexpr, CODE: tl.constexpr, USE_ASM: tl.constexpr,
+               A16: tl.constexpr):
+    """:func:`imma_kernel`'s body (``CODE``: 0 for ``tetra48`` words and the batch-1 Tetra
+    table, 3 for ``tetra64`` words, 1 for ``planes14`` records and
     ``tables.planes14_m1_table``; ``CH``: 8-row chunks of activation rows, 1 or 2)."""
     NB4: tl.constexpr = ((N_BLOCKS + 3) // 4) * 4
     if CODE == 0:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
-        base = stage_table(tab_ptr, d_out, USE_ASM)
-    elif CODE == 2:  # kernel order (tetra48.korder_stride)
-        STRIDE_W: tl.constexpr = ((3 * ((N_BLOCKS + 1) // 2) + 1) // 2) * 2
         base = stage_table(tab_ptr, d_out, USE_ASM)
     elif CODE == 3:  # tetra64 (tetra48.t64_stride)
         STRIDE_W: tl.constexpr = 4 * ((N_BLOCKS + 1) // 2)
@@ -420,7 +379,6 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
     else:
         STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
-    await_previous_grid(PDL)
     e = tl.arange(0, NW * 32)
     sb_rep = sb_copy(e)
     warp = e // 32
@@ -488,11 +446,6 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
             _store_chunk(acc2, part, rw, rw + 8, lane, d_out, G2, NW, USE_ASM)
         if CH == 2:
             _store_chunk(acc1, part + 8 * d_out, ru, ru + 8, lane, d_out, G2, NW, USE_ASM)
-        if FUSED:
-            chunk = (tl.program_id(0) * RG + i) * NW + warp  # this warp's rows
-            _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
-                            stride_y, chunk, ru, lane, d_out, m_rows, 8 * RPS, 8 * CH, NW,
-                            TAIL_COLS, NPP, USE_ASM)
 
 
 @triton.jit
@@ -556,48 +509,15 @@ def _pair_decode(words, cents, odd, tab_ptr, base, sb_rep, src0, src1, G2: tl.co
 
 
 @triton.jit
-def _warp_slice_sum(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y,
-                    chunk, row0, lane, d_out, m_rows, ROWS: tl.constexpr, T: tl.constexpr,
-                    NW: tl.constexpr, TAIL_COLS: tl.constexpr, NPP: tl.constexpr,
-                    USE_ASM: tl.constexpr):
-    """After a warp stored its partials for rows ``row0 .. row0 + ROWS``: lanes 0..7 (the storing
-    lanes) each take a ticket of ``chunk`` after their own stores (acq_rel); the warp that
-    holds the last of the ``slices · 8`` tickets sums the slices in slice order for its rows
-    (one per lane), applies σ_row and the tail and writes ``y`` for every activation row, then
-    resets the counter. ``T``: activation rows per slice of ``part``."""
-    taker = lane < 8
-    tickets = tl.num_programs(1) * 8
-    old = tl.atomic_add(cnt_ptr + chunk, 1, sem="acq_rel", scope="gpu", mask=taker)
-    last = warp_any(taker & (old == tickets - 1), NW, USE_ASM)
-    last = last + fence_gpu(last, USE_ASM)  # the whole warp reads what the other slices wrote
-    rr = row0 + lane
-    ok = (last != 0) & (lane < ROWS) & (rr < d_out)
-    rc = tl.where(ok, rr, 0)
-    sig = tl.load(scale_ptr + rc, mask=ok, other=0.0)
-    for t in range(m_rows):
-        tot = tl.zeros(sig.shape, tl.float32)
-        for s in range(tl.num_programs(1)):  # a loop: its registers must not grow with slices
-            tot += tl.load(part_ptr + (s * T + t) * d_out + rc, mask=ok, other=0.0,
-                           cache_modifier=".cg")
-        out = tot * sig
-        for k in range(TAIL_COLS):
-            out += (tl.load(tail_ptr + rc * TAIL_COLS + k, mask=ok, other=0.0)
-                    * tl.load(xp_ptr + t * stride_x + 48 * NPP + k + lane * 0))
-        tl.store(y_ptr + t * stride_y + rc, out, mask=ok)
-    tl.atomic_xchg(cnt_ptr + chunk, 0, mask=(last != 0) & (lane == 0))
-
-
-@triton.jit
 def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr, stride_y, d_out,
                          n_slices, NPP: tl.constexpr, TAIL_COLS: tl.constexpr,
                          TAIL_P2: tl.constexpr, SLICES: tl.constexpr, BLK: tl.constexpr,
-                         T: tl.constexpr = 8, PDL: tl.constexpr = False):
+                         T: tl.constexpr = 8):
     """``y[t, n] = σ[n] · Σ_slices part[slice, t, n] + Σ_c tail[n, c] · x[t, tail c]`` for
     activation row ``t = program_id(1)`` and the ``BLK`` rows of ``program_id(0)`` (the tail
     columns from the prepared layout's slots ``48·NPP + c``); ``SLICES``: a power of two
     ≥ ``n_slices`` (all slices in one load), ``TAIL_P2`` one ≥ ``TAIL_COLS`` (the rows' tail
-    weights in one 2-D load); ``T``: activation rows per slice of ``part`` (8 or 16). ``PDL``: the
-    weights' scales and tails are loaded before the wait for the previous grid."""
+    weights in one 2-D load); ``T``: activation rows per slice of ``part`` (8 or 16)."""
     t = tl.program_id(1)
     n = tl.program_id(0) * BLK + tl.arange(0, BLK)
     ok = n < d_out
@@ -608,7 +528,6 @@ def imma_finalize_kernel(part_ptr, scale_ptr, tail_ptr, xp_ptr, stride_x, y_ptr,
     if TAIL_COLS > 0:
         tails = tl.load(tail_ptr + n[:, None] * TAIL_COLS + kc[None, :],
                         mask=ok[:, None] & kok[None, :], other=0.0)
-    await_previous_grid(PDL)
     parts = tl.load(part_ptr + (sl * T + t) * d_out + n[None, :],
                     mask=(sl < n_slices) & ok[None, :], other=0.0)
     out = tl.sum(parts, axis=0) * scale

@@ -1,7 +1,7 @@
 """Batch-1 Tetra matvec over the ``tetra48`` layout: activation-stationary, integer dot products.
 
-Implements layouts-kernels-recipe.md §2.5–§2.6 and §3.1/§3.3 for one activation row in a geometry of
-our own (§3.10 leaves it open):
+Implements docs/kernels.md for one activation row in a geometry of
+our own :
 
 * **Activation-stationary split-K.** A program owns a K-slice of 32 block pairs (lane ℓ ↔ pair
   ``32·s + ℓ``) and a chunk of ``ROWS`` output rows; each of its ``NW`` warps walks rows
@@ -15,7 +15,7 @@ our own (§3.10 leaves it open):
   largest value) split into three byte limbs, packed four coordinates per word in the nibble order
   of the decoder. The weights are decoded straight to signed bytes and multiplied with ``dp4a``
   (3 limbs × 6 words); ``‖y‖²`` is 6 more ``dp4a`` of the value bytes with themselves. No
-  per-coordinate float conversion or FMA remains. With ``A16`` (``ops.A16``, the serving default)
+  per-coordinate float conversion or FMA remains. With ``A16`` (``ops_common.A16``, the serving default)
   ``x̃`` is rounded to a multiple of 256 (16 significant bits per block), limb 0 is zero and its
   6 ``dp4a`` are skipped (12 + 6 per block).
 * **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
@@ -30,13 +30,11 @@ our own (§3.10 leaves it open):
   same lookups read the global table.
 * **Several rows and the other layout**: :func:`m1_kernel` serves ``MB`` (1, 2 or 4) activation
   rows per launch, one decode each block for all of them, and with ``CODE = PLANES14`` runs the
-  same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_K``
-  over Tetra words in kernel order (``formats.layouts.tetra48_korder``, :func:`decode_nibbles_k`:
-  the same table reads from cheaper addresses); with ``CODE = TETRA_64`` over the ``tetra64``
-  layout (``formats.layouts.tetra64``: the table addresses and shells stored, every coordinate
-  ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a GPU), whose
-  Golay pattern comes from the 16-byte entries or, with ``PBITS`` (the launcher's default, 8
-  copies), as one word per table spread into nibble masks (:func:`decode_block64_bits`).
+  same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_64``
+  over the ``tetra64`` layout (``formats.layouts.tetra64``: the table addresses and shells stored,
+  every coordinate ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a
+  GPU), whose Golay pattern comes as one word per table (:data:`T64_PBITS` copies) spread into
+  nibble masks (:func:`decode_block64_bits_split`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
@@ -57,7 +55,6 @@ from leechq.kernels.triton._bits import (
     dp4a,
     global_load64f_all,
     global_load128_all,
-    prefetch_l2,
     prmt,
     reserve_smem,
     shfl_xor,
@@ -83,8 +80,11 @@ A16_INV = tl.constexpr(1.0 / 256)
 PA_WORD = tl.constexpr(4096)
 PB_WORD = tl.constexpr(4096 + 2048)
 TABLE_WORDS = tl.constexpr(8192)
-PB_WORD_COMPACT = tl.constexpr(4096 + 256)  # the compact (one-copy) table: tables.M1_COMPACT_*
 MID_SHIFT = tl.constexpr(2048 - 1240)
+T64_PBITS = tl.constexpr(8)
+"""Copies of each pattern entry in the pattern-bits table (``tables.tetra_m1_bits_table``) the
+``tetra64`` decode reads (:func:`decode_block64_bits_split`); see docs/decisions.md for the
+copy counts that lost."""
 
 
 @triton.jit
@@ -210,15 +210,6 @@ def _x_limbs64(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr):
             c00, c01, c10, c11, c20, c21)
 
 
-XS_WORD = tl.constexpr(6144)
-"""Word offset, in the staged table's shared memory, of the region through which the warps of a
-program share the activation conversion (:func:`_x_limbs64_shared`): after the 6144 words of the
-16-copy pattern-bits table, within the 8192 words :func:`stage_table` reserves."""
-XS_WORDS = tl.constexpr(8)
-"""Words each half-block conversion leaves there: the six limb words of its half, its partial
-integer sum and ``F = 8·E``."""
-
-
 @triton.jit
 def _x_half64(src, NPP: tl.constexpr):
     """The twelve coordinates of one half block of the prepared activation (trio positions
@@ -241,140 +232,6 @@ def _x_half64(src, NPP: tl.constexpr):
     m2 = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
     return (tl.maximum(tl.maximum(m0, m1), m2), x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10,
             x11)
-
-
-@triton.jit
-def _share(v, src_e, xaddr, tab_ptr, USE_ASM: tl.constexpr):
-    """Element ``src_e``'s value of ``v`` (int32), for every element: on the GPU ``v`` has been
-    stored at ``xaddr`` (shared memory, one word per element, a barrier since) and is read from
-    ``xaddr`` of ``src_e``; under the interpreter a gather of ``v``."""
-    if USE_ASM:
-        return smem_load32_at(tab_ptr, xaddr + src_e * 4, USE_ASM).to(tl.int32, bitcast=True)
-    else:
-        return tl.gather(v, src_e, 0)
-
-
-@triton.jit
-def _x_limbs64_shared(xr, NPP: tl.constexpr, e, tab_ptr, base, USE_ASM: tl.constexpr):
-    """:func:`_x_limbs64` of both blocks of each lane's pair (``xr``: the row's first pair of
-    the K-slice in the prepared layout; one activation row, four warps), bit for bit, with the
-    conversion shared by the program's warps: element ``e`` (of 128) converts one half block —
-    the block of parity ``(e // 32) % 2`` of pair ``e % 32``, its even (``e < 64``) or odd trio
-    positions — and the results reach every warp through shared memory (``XS_WORD`` of the
-    staged region, two barriers; a gather under the interpreter). Each warp loads 12 activation
-    values per lane instead of 48 and converts a quarter as many. Returns the tuples of the even
-    and the odd block."""
-    lane = e % 32
-    par = (e // 32) % 2
-    half = e // 64
-    (mh, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10,
-     x11) = _x_half64(xr + lane + (par * 24 + half) * NPP, NPP)
-    xa = base + XS_WORD * 4  # the half maxima, then XS_WORDS words per element
-    mhi = mh.to(tl.int32, bitcast=True)
-    if USE_ASM:
-        smem_store32(xa + e * 4, mhi, e >= 0)
-        tl.debug_barrier()
-    mo = _share(mhi, e ^ 64, xa, tab_ptr, USE_ASM).to(tl.float32, bitcast=True)
-    s, e_blk = block_scale(tl.maximum(mh, mo))
-    s = s * A16_INV
-    q0 = _rint(x0, s, True)
-    q1 = _rint(x1, s, True)
-    q2 = _rint(x2, s, True)
-    q3 = _rint(x3, s, True)
-    q4 = _rint(x4, s, True)
-    q5 = _rint(x5, s, True)
-    q6 = _rint(x6, s, True)
-    q7 = _rint(x7, s, True)
-    q8 = _rint(x8, s, True)
-    q9 = _rint(x9, s, True)
-    q10 = _rint(x10, s, True)
-    q11 = _rint(x11, s, True)
-    _a, b0, c0 = _limbs_of_quad(q0, q1, q2, q3, USE_ASM, True)
-    _a, b1, c1 = _limbs_of_quad(q4, q5, q6, q7, USE_ASM, True)
-    _a, b2, c2 = _limbs_of_quad(q8, q9, q10, q11, USE_ASM, True)
-    # 12·0x4B400000 mod 2^32: wrapping int32, the half's exact integer sum
-    sh = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7)) + ((q8 + q9) + (q10 + q11)) \
-        - (0x87000000 - (1 << 32))
-    fb = (e_blk * 8.0).to(tl.int32, bitcast=True)
-    vals = (b0.to(tl.int32, bitcast=True), b1.to(tl.int32, bitcast=True),
-            b2.to(tl.int32, bitcast=True), c0.to(tl.int32, bitcast=True),
-            c1.to(tl.int32, bitcast=True), c2.to(tl.int32, bitcast=True), sh, fb)
-    xw = xa + 128 * 4
-    if USE_ASM:
-        for j in tl.static_range(XS_WORDS):
-            smem_store32(xw + (j * 128 + e) * 4, vals[j], e >= 0)
-        tl.debug_barrier()
-    ev = _block_shared(vals, lane, 0, xw, tab_ptr, USE_ASM)
-    od = _block_shared(vals, lane, 1, xw, tab_ptr, USE_ASM)
-    return ev, od
-
-
-@triton.jit
-def _block_shared(vals, lane, PAR: tl.constexpr, xw, tab_ptr, USE_ASM: tl.constexpr):
-    """The :func:`_x_limbs64` tuple of the parity-``PAR`` block of each lane's pair from the two
-    half conversions :func:`_x_limbs64_shared` shared (elements ``32·PAR + lane`` and
-    ``64 + 32·PAR + lane``)."""
-    e0 = 32 * PAR + lane
-    e1 = e0 + 64
-    u = tl.uint32
-    b00 = _share(vals[0], e0, xw + 0 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    b01 = _share(vals[0], e1, xw + 0 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    b10 = _share(vals[1], e0, xw + 1 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    b11 = _share(vals[1], e1, xw + 1 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    b20 = _share(vals[2], e0, xw + 2 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    b21 = _share(vals[2], e1, xw + 2 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c00 = _share(vals[3], e0, xw + 3 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c01 = _share(vals[3], e1, xw + 3 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c10 = _share(vals[4], e0, xw + 4 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c11 = _share(vals[4], e1, xw + 4 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c20 = _share(vals[5], e0, xw + 5 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    c21 = _share(vals[5], e1, xw + 5 * 512, tab_ptr, USE_ASM).to(u, bitcast=True)
-    sm = (_share(vals[6], e0, xw + 6 * 512, tab_ptr, USE_ASM)
-          + _share(vals[6], e1, xw + 6 * 512, tab_ptr, USE_ASM))
-    f = _share(vals[7], e0, xw + 7 * 512, tab_ptr, USE_ASM).to(tl.float32, bitcast=True)
-    return (f, sm * -112, sm * -120, b00, b01, b10, b11, b20, b21, c00, c01, c10, c11, c20, c21)
-
-
-LIMB_WORDS = tl.constexpr(19)
-"""Words per block of a stored limb record (:func:`store_limb_tile`): the exponent ``E_b``
-(float32 bits), then the 18 limb words ``L[limb][section][half]``."""
-
-
-@triton.jit
-def _x_limbs_stored(xb, NPP: tl.constexpr, PAR: tl.constexpr, A16: tl.constexpr = False):
-    """:func:`_x_limbs` read from stored limb records (``xb``: the row's record of this lane's
-    pair; word ``w`` of parity ``PAR`` at ``(PAR·19 + w)·NPP``): the same tuple, no conversion
-    (``A16``: records of 16-bit activations, whose limb-0 words are zero and not read)."""
-    base = xb + PAR * LIMB_WORDS * NPP
-    e_blk = tl.load(base).to(tl.float32, bitcast=True)
-    if A16:
-        a00 = tl.zeros(e_blk.shape, tl.uint32)
-        a01 = a00
-        a10 = a00
-        a11 = a00
-        a20 = a00
-        a21 = a00
-    else:
-        a00 = tl.load(base + 1 * NPP).to(tl.uint32, bitcast=True)
-        a01 = tl.load(base + 2 * NPP).to(tl.uint32, bitcast=True)
-        a10 = tl.load(base + 3 * NPP).to(tl.uint32, bitcast=True)
-        a11 = tl.load(base + 4 * NPP).to(tl.uint32, bitcast=True)
-        a20 = tl.load(base + 5 * NPP).to(tl.uint32, bitcast=True)
-        a21 = tl.load(base + 6 * NPP).to(tl.uint32, bitcast=True)
-    b00 = tl.load(base + 7 * NPP).to(tl.uint32, bitcast=True)
-    b01 = tl.load(base + 8 * NPP).to(tl.uint32, bitcast=True)
-    b10 = tl.load(base + 9 * NPP).to(tl.uint32, bitcast=True)
-    b11 = tl.load(base + 10 * NPP).to(tl.uint32, bitcast=True)
-    b20 = tl.load(base + 11 * NPP).to(tl.uint32, bitcast=True)
-    b21 = tl.load(base + 12 * NPP).to(tl.uint32, bitcast=True)
-    c00 = tl.load(base + 13 * NPP).to(tl.uint32, bitcast=True)
-    c01 = tl.load(base + 14 * NPP).to(tl.uint32, bitcast=True)
-    c10 = tl.load(base + 15 * NPP).to(tl.uint32, bitcast=True)
-    c11 = tl.load(base + 16 * NPP).to(tl.uint32, bitcast=True)
-    c20 = tl.load(base + 17 * NPP).to(tl.uint32, bitcast=True)
-    c21 = tl.load(base + 18 * NPP).to(tl.uint32, bitcast=True)
-    return (e_blk, a00, a01, a10, a11, a20, a21, b00, b01, b10, b11, b20, b21,
-            c00, c01, c10, c11, c20, c21)
 
 
 @triton.jit
@@ -403,29 +260,6 @@ def limb_words(q, limb: tl.constexpr):
     [16, PRS]; the bytes are disjoint, so the sum is an OR)."""
     jj = tl.arange(0, 4)[None, :, None]
     return tl.sum(((q >> (8 * limb)) & 0xFF) << (8 * jj), axis=1)
-
-
-@triton.jit
-def store_limb_tile(x, lb_row, pair, NPP: tl.constexpr, A16: tl.constexpr = False):
-    """The limb records :func:`_x_limbs` would compute from the prepared layout, from the
-    prepared slots' values in registers: ``x`` float32 [64, PRS], row
-    ``r = ((parity·4 + section)·2 + half)·4 + j`` holding trio position ``8·section + 2j + half``
-    of the block of that parity in pair ``pair[0, p]`` (section 3 and absent blocks, pad pairs and
-    dead rows: zeros, as the prepared layout's zero slots). ``lb_row``: the activation row's
-    record (int32 ``[2, 19, NPP]``, word ``w`` of parity ``par`` and pair ``p`` at
-    ``(par·19 + w)·NPP + p``); pairs ``≥ NPP`` are not written. Bit for bit :func:`_x_limbs`:
-    the same block maximum, :func:`block_scale` and fused round; bytes packed by shifts
-    (disjoint, so the sum is an OR). ``A16``: 16-bit activations (limb-0 words zero)."""
-    q, e_blk = rounded_quads(x, A16)
-    k = tl.arange(0, 16)[:, None]  # (parity·4 + section)·2 + half
-    ks = (k // 2) % 4
-    word0 = (k // 8) * LIMB_WORDS + 1 + 2 * ks + k % 2
-    live = (ks < 3) & (pair < NPP)
-    for limb in tl.static_range(3):
-        tl.store(lb_row + (word0 + 6 * limb) * NPP + pair, limb_words(q, limb), mask=live)
-    pb = tl.arange(0, 2)[:, None]
-    tl.store(lb_row + pb * LIMB_WORDS * NPP + pair, e_blk.to(tl.int32, bitcast=True),
-             mask=(pair + pb * 0) < NPP)
 
 
 @triton.jit
@@ -480,23 +314,17 @@ def sb_copy(e):
 
 
 @triton.jit
-def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr,
-                   COMPACT: tl.constexpr = False):
+def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
     """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
     uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
     gain bit. ``sb_rep``: the element's pattern-table copy offset (:func:`sb_copy`; any copy
-    decodes the same). ``COMPACT``: the table is ``tables.tetra_m1_table_compact`` (one copy per
-    entry; ``sb_rep`` must be 0)."""
+    decodes the same)."""
     p = lo & 1
     r = (lo >> 1) & 1
     v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
     # PA by s8 (word bits 2..7), PB by b1 | b2<<1 | b3<<5 (word bits 8, 20..23, 35); 32 words/entry
-    if COMPACT:  # 4 words per entry
-        pa = lo & 0xFC
-        pb = PB_WORD_COMPACT + (((lo >> 6) & 4) | ((v20 << 3) & 0x78) | ((v20 >> 8) & 0x80))
-    else:  # 32 words per entry (eight copies)
-        pa = (lo & 0xFC) << 3
-        pb = PB_WORD + (((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400))
+    pa = (lo & 0xFC) << 3  # 32 words per entry (eight copies)
+    pb = PB_WORD + (((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400))
     sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, PA_WORD + pa + sb_rep, USE_ASM)
     sb0, sb1, sb2, _sb3 = table_load128(tab_ptr, base, pb + sb_rep, USE_ASM)
     i1 = ((lo >> 9) & 2047) | (r << 11)
@@ -510,33 +338,6 @@ def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr,
     mp = 2 - 4 * p
     kp = 0x72727272 + p * 0x1D1D1D1D
     return h1, h2, h3, mp, kp, (v20 >> 27) & 1
-
-
-@triton.jit
-def decode_nibbles_k(lo, hi, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
-    """:func:`decode_nibbles` for a block in kernel order (``KORDER``): word bits 0..11 the first
-    section's table row ``i1 | r<<11``, 12..23 ``i3 | (p^r)<<11``, 24..29 ``s8``, 30..35 the
-    ``PB`` index, 36..46 ``i2``, 47 the gain bit (``lo``: bits 0..31, ``hi``: bits 32..47 in its
-    low half; its high half is ignored). ``base``: the staged table's byte address; ``sbr``:
-    the element's pattern-table copy as a byte offset (``4·``:func:`sb_copy`)."""
-    t2 = hi & 0x7FF0  # i2 << 4
-    dl = t2 >= 1240 * 16
-    t3 = (lo & 0xFFF000) ^ tl.where(dl, 0x800000, 0).to(tl.uint32)
-    a1 = base + ((lo & 0xFFF) << 2)
-    a2 = base + ((t2 + tl.where(dl, MID_SHIFT * 16, 0).to(tl.uint32)) >> 2)
-    a3 = base + (t3 >> 10)
-    m7 = tl.full(lo.shape, 0x1F80, tl.uint32)  # a 6-bit pattern index · 128 bytes
-    apa = base + PA_WORD * 4 + and_or(lo >> 17, m7, sbr, USE_ASM)
-    apb = base + PB_WORD * 4 + and_or((hi << 9) | (lo >> 23), m7, sbr, USE_ASM)
-    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, apa, USE_ASM)
-    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, apb, USE_ASM)
-    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ sa0 ^ sb0
-    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ sa1 ^ sb1
-    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ sa2 ^ sb2
-    odd = ((lo ^ (lo >> 12)) & 0x800) != 0  # p = r ^ (p^r)
-    mp = tl.where(odd, -2, 2)
-    kp = tl.where(odd, 0x8F8F8F8F, 0x72727272).to(tl.uint32)
-    return h1, h2, h3, mp, kp, (hi >> 15) & 1
 
 
 @triton.jit
@@ -607,20 +408,6 @@ def decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: t
 
 
 @triton.jit
-def decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
-                        USE_ASM: tl.constexpr):
-    """:func:`decode_block64` on the pattern-bits table (``tables.tetra_m1_bits_table``,
-    ``COPIES`` 8, 16 or 32 copies of each pattern entry, ``4·COPIES`` bytes per entry; ``sbr``:
-    the lane's copy as a byte offset, ``4·(lane mod COPIES)``): the same ``h1..h3, p, g, m``,
-    with the pattern read as one 4-byte word per table (one shared-memory wavefront per warp
-    with 32 copies, about two with 16 and 8, instead of four for a 16-byte entry) and spread
-    into nibble masks by :func:`pattern_masks` (:func:`decode_block64_bits_split`)."""
-    f1, k1, f2, k2, f3, k3, p, g, m = decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr,
-                                                                base, sbr, COPIES, USE_ASM)
-    return f1 ^ k1, f2 ^ k2, f3 ^ k3, p, g, m
-
-
-@triton.jit
 def value_map64(p):
     """The value map of a ``tetra64`` block for :func:`section_values`: value bytes + 128 are
     ``nibbles·mp + kp`` with ``mp = 2``, ``kp = 114 − p`` per byte."""
@@ -686,106 +473,58 @@ def _block_dot64(f1, k1, f2, k2, f3, k3, p, scale, x0, x1, x2, x3, MB: tl.conste
 
 
 @triton.jit
-def _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS: tl.constexpr,
-              USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
-    """:func:`decode_block64` (``PBITS`` 0) or :func:`decode_block64_bits` (``PBITS``: copies)
-    as ``f1, k1, f2, k2, f3, k3, p, g, m`` with ``h = f ^ k`` per section: the pattern-bits
-    form split (:func:`decode_block64_bits_split`) when ``SPLIT``, else ``h`` and a zero ``k``."""
-    if PBITS and SPLIT:
-        return decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS,
-                                         USE_ASM)
-    else:
-        if PBITS:
-            h1, h2, h3, p, g, m = decode_block64_bits(w0, w1, w2, w3, odd, tab_ptr, base, sbr,
-                                                      PBITS, USE_ASM)
-        else:
-            h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM)
-        z = tl.zeros(w0.shape, tl.uint32)
-        return h1, z, h2, z, h3, z, p, g, m
-
-
-@triton.jit
-def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
-                    USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
+def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr,
+                    USE_ASM: tl.constexpr):
     """What :func:`_block_dot64` needs of the even (``odd`` False) or odd block of a ``tetra64``
     pair, with no activation: :func:`_decode64`'s ``f1, k1, f2, k2, f3, k3, p`` and the block's
     scale ``centroid[g] · rsqrt(m)`` (float32)."""
-    f1, k1, f2, k2, f3, k3, p, g, m = _decode64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, PBITS,
-                                                USE_ASM, SPLIT)
+    f1, k1, f2, k2, f3, k3, p, g, m = decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr,
+                                                                base, sbr, T64_PBITS, USE_ASM)
     return f1, k1, f2, k2, f3, k3, p, tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
 
 
 @triton.jit
-def _pair_decode64(words, cent0, cent1, tab_ptr, base, sbr, PBITS: tl.constexpr,
-                   USE_ASM: tl.constexpr, SPLIT: tl.constexpr = True):
-    """:func:`_block_decode64` of both blocks of each element's ``tetra64`` pair (``words``: its
-    four uint32 words), as one tuple ``(even…, odd…)`` of sixteen values (``SPLIT`` False: each
-    section's ``h`` whole and a zero ``k``, three words fewer per block to hold)."""
-    w0, w1, w2, w3 = words
-    even = tl.full(w0.shape, False, tl.int1)
-    return (_block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                            USE_ASM, SPLIT)
-            + _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr, base, sbr, PBITS,
-                              USE_ASM, SPLIT))
-
-
-@triton.jit
-def _pair_dot_decoded64(dec, xs, MB: tl.constexpr, USE_ASM: tl.constexpr):
-    """The pair sums of every activation row (``xs`` as in :func:`_pair_dot64`) from a pair
-    decoded by :func:`_pair_decode64`."""
-    (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
-    (f1, k1, f2, k2, f3, k3, p, sc, g1, j1, g2, j2, g3, j3, q, sd) = dec
-    e0, e1, e2, e3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
-    o0, o1, o2, o3 = _block_dot64(g1, j1, g2, j2, g3, j3, q, sd, xo0, xo1, xo2, xo3, MB, USE_ASM)
-    return e0 + o0, e1 + o1, e2 + o2, e3 + o3
-
-
-@triton.jit
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
-                USE_ASM: tl.constexpr, PBITS: tl.constexpr = 0, SPLIT: tl.constexpr = True):
+                USE_ASM: tl.constexpr):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
     ``formats.layouts.tetra64``): both blocks by :func:`decode_block64` (each table address one
     mask or one shift of a word, the lane's pattern-copy byte offset ``sbr`` merged in; the
     shells the words' top five bits, at least 1 in every stored block); ``PBITS`` (8, 16 or
     32): by :func:`decode_block64_bits_split` on the pattern-bits table with that many copies.
     Each block is decoded (:func:`_block_decode64`; ``SPLIT`` False: the pattern XOR as its own
-    instruction, as before 2026-12-02 session r), then met with the activation rows
+    instruction), then met with the activation rows
     (:func:`_block_dot64`) before the next is decoded: the order the hot loop was timed in
     (:func:`_pair_decode64` and :func:`_pair_dot_decoded64` split the same steps for the peeled
     trip)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
     even = tl.full(w0.shape, False, tl.int1)
     f1, k1, f2, k2, f3, k3, p, sc = _block_decode64(w0, w1, w2, w3, even, cent0, cent1, tab_ptr,
-                                                    base, sbr, PBITS, USE_ASM, SPLIT)
+                                                    base, sbr, USE_ASM)
     e0, e1, e2, e3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xe0, xe1, xe2, xe3, MB, USE_ASM)
     f1, k1, f2, k2, f3, k3, p, sc = _block_decode64(w0, w1, w2, w3, ~even, cent0, cent1, tab_ptr,
-                                                    base, sbr, PBITS, USE_ASM, SPLIT)
+                                                    base, sbr, USE_ASM)
     o0, o1, o2, o3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xo0, xo1, xo2, xo3, MB, USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
 @triton.jit
-def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr, COMPACT: tl.constexpr = False):
+def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
     """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
-    a multiple of 16 below 512; 0 → 0); ``sb_rep`` and ``COMPACT`` as in :func:`decode_nibbles`."""
-    word = (PA_WORD + ((n2 >> 2) & 0x7C) + 3 if COMPACT
-            else PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3)
+    a multiple of 16 below 512; 0 → 0); ``sb_rep`` as in :func:`decode_nibbles`."""
+    word = PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3
     return table_load32(tab_ptr, base, word, USE_ASM).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: tl.constexpr,
-               USE_ASM: tl.constexpr, A16: tl.constexpr = False, KORDER: tl.constexpr = False):
+               USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x_m⟩ · centroid[g] / ‖y‖`` of one block per element for the first ``MB`` (1, 2 or 4)
     activation rows ``m`` (words ``lo``, ``hi``: uint32; ``x_m``: row m's block exponent and limb
     words, :func:`_x_limbs`): one decode, then 18 ``dp4a`` per row. Every tensor stays 1-D in
     the layout of one row — a 2-D [rows, tile] form lets Triton's layout passes (with the
     launch-time divisibility hints) spread the rows over warps and convert layouts through shared
     memory, over the staged table. The unused results (``m ≥ MB``) repeat row 0."""
-    if KORDER:  # sb_rep: the copy as a byte offset (decode_nibbles_k's sbr)
-        h1, h2, h3, mp, kp, g = decode_nibbles_k(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
-    else:
-        h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
+    h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     zn = tl.zeros(lo.shape, tl.int32)
     ev1, od1, n2 = section_values(h1, mp, kp, zn, USE_ASM)
     ev2, od2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
@@ -810,46 +549,37 @@ def _block_dot(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, x0, x1, x2, x3, MB: 
 
 @triton.jit
 def _pair_dot(w0, w1, w2, cent0, cent1, tab_ptr, base, sb_rep, xs, MB: tl.constexpr,
-              USE_ASM: tl.constexpr, A16: tl.constexpr = False, KORDER: tl.constexpr = False):
+              USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The sums of the two block dots of a block pair (its three words ``w0..w2``) for each of
     the ``MB`` activation rows (``xs``: the rows' even- and odd-block limbs, :func:`_row_limbs`)."""
     (xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3) = xs
-    if KORDER:  # the even block's 48 bits are w0 and w2's low half, the odd block's w1 and its high
-        e0, e1, e2, e3 = _block_dot(w0, w2, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2,
-                                    xe3, MB, USE_ASM, A16, True)
-        o0, o1, o2, o3 = _block_dot(w1, w2 >> 16, cent0, cent1, tab_ptr, base, sb_rep, xo0, xo1,
-                                    xo2, xo3, MB, USE_ASM, A16, True)
-    else:
-        e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2,
-                                    xe3, MB, USE_ASM, A16)
-        o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr,
-                                    base, sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM, A16)
+    e0, e1, e2, e3 = _block_dot(w0, w1, cent0, cent1, tab_ptr, base, sb_rep, xe0, xe1, xe2, xe3,
+                                MB, USE_ASM, A16)
+    o0, o1, o2, o3 = _block_dot((w1 >> 16) | (w2 << 16), w2 >> 16, cent0, cent1, tab_ptr, base,
+                                sb_rep, xo0, xo1, xo2, xo3, MB, USE_ASM, A16)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
 
 
 @triton.jit
-def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, LIMBS: tl.constexpr,
-                 USE_ASM: tl.constexpr, A16: tl.constexpr = False, X64: tl.constexpr = False):
-    """One block per lane: read from stored limb records (``LIMBS``) or converted from the
-    prepared layout (:func:`_x_limbs`; ``A16``: 16-bit activations; ``X64``: what the
-    ``tetra64`` decode reads, :func:`_x_limbs64`)."""
+def _block_limbs(xb, NPP: tl.constexpr, PAR: tl.constexpr, USE_ASM: tl.constexpr,
+                 A16: tl.constexpr = False, X64: tl.constexpr = False):
+    """One block per lane converted from the prepared layout (:func:`_x_limbs`; ``A16``: 16-bit
+    activations; ``X64``: what the ``tetra64`` decode reads, :func:`_x_limbs64`)."""
     if X64:
         return _x_limbs64(xb, NPP, PAR, USE_ASM)
-    elif LIMBS:
-        return _x_limbs_stored(xb, NPP, PAR, A16)
     else:
         return _x_limbs(xb, NPP, PAR, USE_ASM, A16)
 
 
 @triton.jit
 def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.constexpr,
-               LIMBS: tl.constexpr = False, A16: tl.constexpr = False, X64: tl.constexpr = False):
+               A16: tl.constexpr = False, X64: tl.constexpr = False):
     """Even- and odd-block limbs (:func:`_x_limbs`) of the first ``MB`` activation rows (``xr``:
-    row 0's pointers per lane, rows ``stride_x`` apart; prepared rows, or with ``LIMBS`` stored
-    limb records), as one tuple ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat
+    row 0's pointers per lane, rows ``stride_x`` apart, prepared rows), as one tuple
+    ``(even_0, odd_0, …, even_3, odd_3)``; rows ``m ≥ MB`` repeat
     row 0 (never used); ``X64``: :func:`_x_limbs64` tuples."""
-    xe0 = _block_limbs(xr, NPP, 0, LIMBS, USE_ASM, A16, X64)
-    xo0 = _block_limbs(xr, NPP, 1, LIMBS, USE_ASM, A16, X64)
+    xe0 = _block_limbs(xr, NPP, 0, USE_ASM, A16, X64)
+    xo0 = _block_limbs(xr, NPP, 1, USE_ASM, A16, X64)
     xe1 = xe0
     xo1 = xo0
     xe2 = xe0
@@ -857,13 +587,13 @@ def _row_limbs(xr, stride_x, NPP: tl.constexpr, MB: tl.constexpr, USE_ASM: tl.co
     xe3 = xe0
     xo3 = xo0
     if MB >= 2:
-        xe1 = _block_limbs(xr + stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
-        xo1 = _block_limbs(xr + stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
+        xe1 = _block_limbs(xr + stride_x, NPP, 0, USE_ASM, A16, X64)
+        xo1 = _block_limbs(xr + stride_x, NPP, 1, USE_ASM, A16, X64)
     if MB >= 4:
-        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
-        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
-        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, LIMBS, USE_ASM, A16, X64)
-        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, LIMBS, USE_ASM, A16, X64)
+        xe2 = _block_limbs(xr + 2 * stride_x, NPP, 0, USE_ASM, A16, X64)
+        xo2 = _block_limbs(xr + 2 * stride_x, NPP, 1, USE_ASM, A16, X64)
+        xe3 = _block_limbs(xr + 3 * stride_x, NPP, 0, USE_ASM, A16, X64)
+        xo3 = _block_limbs(xr + 3 * stride_x, NPP, 1, USE_ASM, A16, X64)
     return xe0, xo0, xe1, xo1, xe2, xo2, xe3, xo3
 
 
@@ -889,25 +619,19 @@ TETRA = tl.constexpr(0)
 PLANES14 = tl.constexpr(1)
 """``m1_kernel``'s ``CODE`` for a ``planes14`` matrix (7 words per record pair, the decode of
 :mod:`.planes14_m1`; the activation prepared in ``tables.planes14_m1_order``)."""
-TETRA_K = tl.constexpr(2)
-"""``m1_kernel``'s ``CODE`` for a ``tetra48`` matrix in kernel order
-(``formats.layouts.tetra48_korder``: the same decode with cheaper table addresses)."""
 TETRA_64 = tl.constexpr(3)
 """``m1_kernel``'s ``CODE`` for a Tetra matrix in the ``tetra64`` layout
 (``formats.layouts.tetra64``: 4 words per block pair holding the table addresses and shells;
 :func:`_pair_dot64`; 16-bit activations only)."""
 
-
 @triton.jit
 def m1_kernel(
     xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
-    stride_x, stride_y, m_rows, xl_ptr, stride_l,
+    stride_x, stride_y, m_rows,
     N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
     BP: tl.constexpr, USE_ASM: tl.constexpr, ILP: tl.constexpr = 1, MB: tl.constexpr = 1,
     CODE: tl.constexpr = 0, SEL_TABLE: tl.constexpr = True, PDL: tl.constexpr = False,
-    LIMBS: tl.constexpr = False, A16: tl.constexpr = False, PBITS: tl.constexpr = 0,
-    XS: tl.constexpr = False, PF: tl.constexpr = False, PEEL: tl.constexpr = False,
-    WAIT: tl.constexpr = 2, SPLIT: tl.constexpr = True,
+    A16: tl.constexpr = False,
 ):
     """``y = W x`` for ``MB`` activation rows (``m_rows ≤ MB`` of them real; prepared rows
     ``stride_x`` apart, output rows ``stride_y`` apart); see the module docstring. Launched with
@@ -917,31 +641,14 @@ def m1_kernel(
     ``ROWS`` must be a multiple of ``ILP · NW · 32 / BP``. Each decoded block meets the ``MB``
     activation rows' limbs (kept in registers: ``19·MB`` words per block), so the decode is paid
     once for all of them; the scratch holds ``[NS, MB, d_out]`` partials. ``CODE``: :data:`TETRA`
-    (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``), :data:`TETRA_K`
-    (the same words in kernel order, rows of ``tetra48.korder_stride`` words) or
-    :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
+    (``w_ptr``: the ``tetra48`` words; ``tab_ptr``: ``tables.tetra_m1_table``), :data:`TETRA_64`
+    (the ``tetra64`` words; ``tab_ptr``: ``tables.tetra_m1_bits_table`` with :data:`T64_PBITS`
+    copies) or :data:`PLANES14` (``w_ptr``: the records; ``tab_ptr``: ``tables.planes14_m1_table``;
     ``SEL_TABLE``: the permute selectors from that table, else built in registers). ``PDL``: the
     program stages its table and loads its first words before it waits for the previous grid
-    (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``). ``LIMBS``: the
-    activation's limb records are stored already (``xl_ptr``: int32 ``[MP, 2·19·NPP]``, rows
-    ``stride_l`` apart, :func:`store_limb_tile` — written by the rotation); the program loads
-    them instead of converting the prepared rows (the tail is still read from ``xp_ptr``).
-    ``A16``: the activation rounded to 16 bits per block (:data:`A16_STEP`; the limb records, if
-    given, written so), 12 ``dp4a`` per block and row instead of 18. ``PBITS`` (``TETRA_64``
-    only; 8, 16 or 32, 0 off): ``tab_ptr`` is ``tables.tetra_m1_bits_table`` with that many copies
-    of each pattern entry, read by :func:`decode_block64_bits`. ``XS`` (with ``PBITS = 16``, one
-    row, four warps of 32 pairs): the warps share the activation conversion through shared
-    memory (:func:`_x_limbs64_shared`) instead of each converting the whole K-slice. ``PF``:
-    before it waits, the program asks for every weight word and centroid it will read into L2
-    (:func:`prefetch_program`: the chunk's programs each ask for a share of its rows), so the
-    launch's bytes stream while the earlier grids finish and the loop's loads meet L2, not DRAM.
-    ``PEEL`` (``TETRA_64``): the first loop trip's pairs are decoded before the grid wait
-    (:func:`_pair_decode64`) and the second trip's words loaded, so that after the wait the first
-    trip is only its ``dp4a`` chains (:func:`_pair_dot_decoded64`). ``WAIT``: where the program
-    waits for the previous grid with ``PDL`` — 2 after the staging and the first words (and
-    ``PF`` / ``PEEL``), 1 after the staging, 0 before anything. ``SPLIT`` (``TETRA_64`` with
-    ``PBITS``): each section's pattern XOR merged into its two nibble masks
-    (:func:`decode_block64_bits_split`, :func:`._bits.xor_and`); False keeps the XOR apart."""
+    (:func:`._bits.await_previous_grid`; launched with ``launch_pdl=True``). ``A16``: the
+    activation rounded to 16 bits per block (:data:`A16_STEP`), 12 ``dp4a`` per block and row
+    instead of 18."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     NPP: tl.constexpr = ((NP + 63) // 64) * 64
     NS: tl.constexpr = (NP + BP - 1) // BP
@@ -949,34 +656,20 @@ def m1_kernel(
     IPC: tl.constexpr = ROWS // (RI * ILP)  # loop trips per chunk
     if CODE == 0:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2  # tetra48.stride_u32
-    elif CODE == 2:
-        STRIDE_W: tl.constexpr = ((3 * NP + 1) // 2) * 2  # tetra48.korder_stride
     elif CODE == 3:
         STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
         tl.static_assert(A16, "the tetra64 decode needs 16-bit activations (A16)")
-        tl.static_assert(not LIMBS, "the tetra64 decode converts the prepared rows itself")
     else:
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    tl.static_assert(WAIT == 2 or not (PF or PEEL), "PF and PEEL work before the wait (WAIT 2)")
-    if WAIT == 0:
-        await_previous_grid(PDL)
-    if PF:  # first the program's words and centroids, into L2 (read-only, before the wait)
-        prefetch_program(w_ptr, cent_ptr, c0, sl, e, d_out, NS, STRIDE_W, ROWS, USE_ASM)
     if CODE == 1:
         base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
-    elif PBITS:  # 4096 + 2·64·PBITS words, in parts of 128·PBITS
-        tl.static_assert(CODE == 3 and (PBITS == 8 or PBITS == 16 or PBITS == 32),
-                         "PBITS: 8, 16 or 32 copies, with the tetra64 decode")
-        base = stage_table(tab_ptr, d_out, USE_ASM, 32 // PBITS + 1, 128 * PBITS)
+    elif CODE == 3:  # 4096 + 2·64·T64_PBITS words, in parts of 128·T64_PBITS
+        base = stage_table(tab_ptr, d_out, USE_ASM, 32 // T64_PBITS + 1, 128 * T64_PBITS)
     else:
         base = stage_table(tab_ptr, d_out, USE_ASM)
-    if WAIT == 1:
-        await_previous_grid(PDL)
-    if PBITS:  # one 4-byte copy per lane (mod PBITS)
-        sb_rep = ((e % PBITS) * 4).to(tl.uint32)
-    elif CODE >= 2:  # kernel order, tetra64: the 16-byte copy as a byte offset
-        sb_rep = sb_copy(e) * 4
+    if CODE == 3:  # one 4-byte copy per lane (mod T64_PBITS)
+        sb_rep = ((e % T64_PBITS) * 4).to(tl.uint32)
     else:
         sb_rep = sb_copy(e)
     ok_e = pair * 2 < N_BLOCKS
@@ -985,8 +678,6 @@ def m1_kernel(
     n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
     rows = c0 * ROWS + sub
     part = part_ptr + sl * MB * d_out
-    if CODE == 2:  # kernel order: rows hold all three words of the last pair (zeros for an
-        ok_o = ok_e  # absent odd block), and the even block's bits are in w0 and w2
     if CODE == 3:  # tetra64: lanes past the row's pairs read its last pair (their activation is
         pair = tl.minimum(pair, NP - 1)  # the zero padding), so no load needs a mask
     w, ca, cb = _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
@@ -994,45 +685,12 @@ def m1_kernel(
     if ILP == 2:
         v, va, vb = _load_words(w_ptr, cent_ptr, rows + RI, pair, d_out, ok_e, ok_o, STRIDE_W,
                                 CODE, USE_ASM)
-    if PEEL:  # the first trip decoded before the wait, the second trip's words loaded
-        tl.static_assert(CODE == 3 and not XS, "PEEL: the tetra64 decode (not with XS)")
-        da = _pair_decode64(w, ca, cb, tab_ptr, base, sb_rep, PBITS, USE_ASM, False)
-        db = da
-        if ILP == 2:
-            db = _pair_decode64(v, va, vb, tab_ptr, base, sb_rep, PBITS, USE_ASM, False)
-        nxt = _next_rows(rows, 0, cstep, ROWS, ILP * RI, IPC)
-        nrow = tl.where(n_iter > 1, nxt, d_out)
-        w, ca, cb = _load_words(w_ptr, cent_ptr, nrow, pair, d_out, ok_e, ok_o, STRIDE_W, CODE,
-                                USE_ASM)
-        if ILP == 2:
-            v, va, vb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
-                                    STRIDE_W, CODE, USE_ASM)
     # the table and the first words (read-only) are in flight before the activation is ready
-    if WAIT == 2:
-        await_previous_grid(PDL)
+    await_previous_grid(PDL)
     # pairs past NP read the zero padding of the prepared layout (NPP ≥ BP·NS); rows past m_rows
     # read its zero rows (the prepared buffer has a power-of-two row count ≥ MB)
-    if LIMBS:
-        xs = _row_limbs(xl_ptr + sl * BP + lane, stride_l, NPP, MB, USE_ASM, True, A16)
-    elif XS:
-        tl.static_assert(CODE == 3 and PBITS == 16 and MB == 1 and NW == 4 and BP == 32,
-                         "XS: the tetra64 decode on the 16-copy bits table, one row, 4 warps")
-        xse, xso = _x_limbs64_shared(xp_ptr + sl * BP, NPP, e, tab_ptr, base, USE_ASM)
-        xs = (xse, xso, xse, xso, xse, xso, xse, xso)
-    else:
-        xs = _row_limbs(xp_ptr + sl * BP + lane, stride_x, NPP, MB, USE_ASM, False, A16,
-                        CODE == 3)
-    K0: tl.constexpr = 1 if PEEL else 0
-    if PEEL:  # the first trip's dots (a program always has a trip: the grid has no idle ones)
-        a0, a1, a2, a3 = _pair_dot_decoded64(da, xs, MB, USE_ASM)
-        b0, b1, b2, b3 = a0, a1, a2, a3
-        if ILP == 2:
-            b0, b1, b2, b3 = _pair_dot_decoded64(db, xs, MB, USE_ASM)
-        _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, 0, c0, cstep, e, lane, part, cnt_ptr,
-                  part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y,
-                  m_rows, NS, ROWS, NW, BP, TAIL_COLS, NPP, MB, ILP, IPC, USE_ASM)
-        rows = nxt
-    for k in range(K0, n_iter):
+    xs = _row_limbs(xp_ptr + sl * BP + lane, stride_x, NPP, MB, USE_ASM, A16, CODE == 3)
+    for k in range(n_iter):
         # the next trip's rows (the next chunk of this program after the last trip of a chunk);
         # words and centroids are loaded one trip ahead
         nxt = _next_rows(rows, k, cstep, ROWS, ILP * RI, IPC)
@@ -1043,11 +701,11 @@ def m1_kernel(
             m, ma, mb = _load_words(w_ptr, cent_ptr, nrow + RI, pair, d_out, ok_e, ok_o,
                                     STRIDE_W, CODE, USE_ASM)
         a0, a1, a2, a3 = _pair_dots(w, ca, cb, tab_ptr, base, sb_rep, xs, MB, CODE, SEL_TABLE,
-                                    USE_ASM, A16, PBITS, SPLIT)
+                                    USE_ASM, A16)
         b0, b1, b2, b3 = a0, a1, a2, a3
         if ILP == 2:
             b0, b1, b2, b3 = _pair_dots(v, va, vb, tab_ptr, base, sb_rep, xs, MB, CODE,
-                                        SEL_TABLE, USE_ASM, A16, PBITS, SPLIT)
+                                        SEL_TABLE, USE_ASM, A16)
             v, va, vb = m, ma, mb
         _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, k, c0, cstep, e, lane, part, cnt_ptr,
                   part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, d_out, stride_x, stride_y,
@@ -1086,36 +744,6 @@ def _trip_out(a0, a1, a2, a3, b0, b1, b2, b3, rows, k, c0, cstep, e, lane, part,
 
 
 @triton.jit
-def prefetch_span(c, sl, d_out, NS: tl.constexpr, ROWS: tl.constexpr):
-    """The rows ``[a, b)`` whose words the program of K-slice ``sl`` asks L2 for on behalf of row
-    chunk ``c``'s ``NS`` programs: the chunk's rows cut into ``NS`` consecutive shares of
-    ``ceil(ROWS / NS)`` (the last ones short or empty at the matrix's end), so the chunk's
-    whole rows — every slice — are asked for once, as one contiguous range per program."""
-    share = (ROWS + NS - 1) // NS
-    a = tl.minimum(c * ROWS + sl * share, d_out)
-    return a, tl.minimum(tl.minimum(a + share, c * ROWS + ROWS), d_out)
-
-
-@triton.jit
-def prefetch_program(w_ptr, cent_ptr, c0, sl, e, d_out, NS: tl.constexpr,
-                     STRIDE_W: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
-    """L2 prefetches (:func:`._bits.prefetch_l2`; lane 0, uniform addresses) for this program's
-    first row chunk ``c0``: its share of the chunk's rows (:func:`prefetch_span`; the chunk's
-    programs together ask for all its words, every K-slice), at most 1 MiB, and, from the
-    slice-0 program, the chunk's centroid pairs. Later chunks of the program (none in the one-wave
-    geometries) are not asked for. Nothing under the interpreter."""
-    if USE_ASM:
-        MAXR: tl.constexpr = max(1, ((1 << 20) - 16) // (STRIDE_W * 4))  # rows in one request
-        lead = e == 0
-        a, b = prefetch_span(c0, sl, d_out, NS, ROWS)
-        n = tl.minimum(b - a, MAXR) * (STRIDE_W * 4)
-        prefetch_l2(w_ptr + a.to(tl.int64) * STRIDE_W + e * 0, n + e * 0, lead, USE_ASM)
-        r0 = c0 * ROWS
-        prefetch_l2(cent_ptr + r0 * 2 + e * 0, (tl.minimum(d_out, r0 + ROWS) - r0) * 8 + e * 0,
-                    lead & (sl == 0), USE_ASM)
-
-
-@triton.jit
 def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.constexpr,
                 CODE: tl.constexpr, USE_ASM: tl.constexpr = False):
     """The words of each element's block (record) pair as a tuple — 3 for Tetra, 4 for
@@ -1139,17 +767,16 @@ def _load_words(w_ptr, cent_ptr, rows, pair, d_out, ok_e, ok_o, STRIDE_W: tl.con
 
 @triton.jit
 def _pair_dots(words, ca, cb, tab_ptr, base, sb_rep, xs, MB: tl.constexpr, CODE: tl.constexpr,
-               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False,
-               PBITS: tl.constexpr = 0, SPLIT: tl.constexpr = True):
+               SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """The pair sums of every activation row (:func:`_pair_dot` or ``planes14_m1.pair_dot``)."""
     if CODE == 3:
         w0, w1, w2, w3 = words
         d0, d1, d2, d3 = _pair_dot64(w0, w1, w2, w3, ca, cb, tab_ptr, base, sb_rep, xs, MB,
-                                     USE_ASM, PBITS, SPLIT)
+                                     USE_ASM)
     elif CODE != 1:
         w0, w1, w2 = words
         d0, d1, d2, d3 = _pair_dot(w0, w1, w2, ca, cb, tab_ptr, base, sb_rep, xs, MB, USE_ASM,
-                                   A16, CODE == 2)
+                                   A16)
     else:
         d0, d1, d2, d3 = planes14_m1.pair_dot(words, ca, cb, tab_ptr, base, xs, MB, SEL_TABLE,
                                               USE_ASM, A16)
@@ -1271,47 +898,3 @@ def _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, 
                         * tl.load(xp_ptr + m * stride_x + 48 * NPP + c + e * 0))
             tl.store(y_ptr + m * stride_y + rr + r0, out, mask=ok)
     tl.atomic_xchg(cnt_ptr + chunk + e * 0, 0, mask=(last != 0) & (e % 32 == 0))
-
-
-@triton.jit
-def null_m1_kernel(
-    xp_ptr, w_ptr, scale_ptr, cent_ptr, tail_ptr, tab_ptr, part_ptr, cnt_ptr, y_ptr, d_out,
-    N_BLOCKS: tl.constexpr, TAIL_COLS: tl.constexpr, ROWS: tl.constexpr, NW: tl.constexpr,
-    BP: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr = False,
-    A16: tl.constexpr = False,
-):
-    """The no-weights control in the geometry of :func:`m1_kernel` (layouts-kernels-recipe
-    §3.7): same grid, table staging, activation conversion (``A16`` as there), per-row centroid
-    reads, lane reduction, scratch, tickets and fixup — but no weight words and no decode (each
-    row adds ``E·centroid``). It has no reference output."""
-    NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    NPP: tl.constexpr = ((NP + 63) // 64) * 64
-    NS: tl.constexpr = (NP + BP - 1) // BP
-    RI: tl.constexpr = NW * 32 // BP
-    IPC: tl.constexpr = ROWS // RI
-    sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
-    base = stage_table(tab_ptr, d_out, USE_ASM)
-    await_previous_grid(PDL)
-    xb = xp_ptr + pair
-    res0 = _x_limbs(xb, NPP, 0, USE_ASM, A16)
-    res1 = _x_limbs(xb, NPP, 1, USE_ASM, A16)
-    # keep every limb word live (the compiler must not drop the conversion)
-    keep = res0[1] ^ res1[1]
-    for i in tl.static_range(2, 19):
-        keep = keep ^ res0[i] ^ res1[i]
-    ek = res0[0] + res1[0] + (keep & 1).to(tl.float32) + table_load32(tab_ptr, base, lane,
-                                                                       USE_ASM).to(tl.float32)
-    n_chunks = (d_out + ROWS - 1) // ROWS
-    n_iter = tl.maximum((n_chunks - c0 + cstep - 1) // cstep, 0) * IPC
-    rows = c0 * ROWS + sub
-    for k in range(n_iter):
-        rc = tl.where(rows < d_out, rows, 0)
-        acc = ek * tl.load(cent_ptr + rc * 2)
-        _store_partial(acc, rows, lane, part_ptr + sl * d_out, d_out, NW, BP)
-        if k % IPC == IPC - 1:
-            chunk = c0 + (k // IPC) * cstep
-            _ticket_fixup(cnt_ptr, part_ptr, scale_ptr, tail_ptr, xp_ptr, y_ptr, chunk, e, lane,
-                          d_out, 0, 0, 1, NS, ROWS, NW, BP, TAIL_COLS, NPP, 1)
-            rows += (cstep - 1) * ROWS + RI
-        else:
-            rows += RI

@@ -1,0 +1,319 @@
+"""The many-row path: float16 dequantized copies of the lattice records (:mod:`.tetra48_dequant`,
+:mod:`.planes14_dequant`), one cuBLAS GEMM, and σ_row with the tail in one epilogue launch
+(:mod:`.dense_epilogue`); the column maps between the copies' layout and the natural order.
+Twins: ``reference.tetra48_dequantize_f16``, ``reference.planes14_dequantize_f16``,
+``reference.scale_and_tail``."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput
+from leechq.kernels import reference as ref
+from leechq.kernels.tables import planes14_m1_table, tetra_kernel_tables, tetra_m1_table
+from leechq.kernels.triton.dense_epilogue import scale_tail_kernel
+from leechq.kernels.triton.ops_common import (
+    _check_lattice,
+    _check_x,
+    _checked_once,
+    _sm_count,
+    _use_asm,
+    check_tensor,
+    interpreting,
+)
+from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
+from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
+from leechq.kernels.tuning import EPILOGUE_MIN_ROWS, EPILOGUE_ROWS
+
+if TYPE_CHECKING:
+    from leechq.formats.layouts.planes14 import Planes14Weight
+    from leechq.formats.layouts.tetra48 import Tetra48Weight
+
+
+@dataclass(frozen=True)
+class DequantConfig:
+    """Geometry and store form of the dequantization kernels (:mod:`.tetra48_dequant`,
+    :mod:`.planes14_dequant`).
+
+    ``grouped``: the column layout of ``reference.dequant_group_columns`` (a warp's lanes store
+    consecutive 16-byte units) instead of block-major (each lane's 96 bytes apart from the next
+    lane's). ``vector_stores``: one ``st.global.v4`` per 8 values instead of four 4-byte stores.
+    ``programs_per_sm``: grid of the grid-stride loop (each program stages the decode table once;
+    at most 7 tables fit in an SM's shared memory)."""
+
+    grouped: bool = False
+    vector_stores: bool = False
+    num_warps: int = 4
+    programs_per_sm: int = 8
+
+
+DEQUANT_DEFAULT = DequantConfig(grouped=True, vector_stores=True, num_warps=8, programs_per_sm=4)
+"""The dequantization form used when none is given: the grouped layout with 16-byte stores, 8
+warps, 4 programs per SM (tuning in docs/decisions.md)."""
+
+
+def dequant_config() -> DequantConfig:
+    """:data:`DEQUANT_DEFAULT` (read at call time, so that a test may replace it)."""
+    return DEQUANT_DEFAULT
+
+
+def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
+                           config: DequantConfig | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
+    :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
+    same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
+    The ``tetra64`` layout (``w.t64``) is decoded as such."""
+    _check_lattice(w, w.words, "words", t64_ok=True)
+    dev = w.words.device
+    out = _dequant_out(out, w, dev)
+    cfg = dequant_config() if config is None else config
+    if w.d_out and w.n_blocks:
+        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
+            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
+            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
+            GROUPED=cfg.grouped, T64=w.t64, num_warps=cfg.num_warps,
+            num_stages=1,
+        )
+    return out
+
+
+def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
+                 device: torch.device) -> torch.Tensor:
+    """The float16 ``[d_out, 24·n_blocks]`` buffer a dequantization kernel writes: ``out``
+    checked, or a new one."""
+    shape = (w.d_out, BLOCK * w.n_blocks)
+    if out is None:
+        return torch.empty(shape, dtype=torch.float16, device=device)
+    check_tensor(out, "out", torch.float16, shape, device=device)
+    return out
+
+
+def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
+                  cfg: DequantConfig) -> int:
+    """Programs of a dequantization kernel's grid-stride loop over (row, block pair) items: one
+    item per lane, at most ``cfg.programs_per_sm`` programs per SM."""
+    if cfg.num_warps not in (1, 2, 4, 8, 16) or cfg.programs_per_sm < 1:
+        raise InvalidInput(f"dequantization geometry {cfg}: num_warps must be 1, 2, 4, 8 or 16 "
+                           "and programs_per_sm at least 1")
+    items = w.d_out * ((w.n_blocks + 1) // 2)
+    return max(1, min(triton.cdiv(items, cfg.num_warps * 32),
+                      cfg.programs_per_sm * _sm_count(device)))
+
+
+_BLOCK_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def _block_index(kind: str, n_blocks: int, device: torch.device | str,
+                 per_block: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """int64 [len(per_block()) · n_blocks]: entry ``j`` of block ``b`` is column
+    ``24 b + per_block()[j]`` of a row, or ``24 · n_blocks`` where ``per_block()[j] < 0``; built
+    once per (kind, device, width)."""
+    key = (kind, str(device), n_blocks)
+    if key not in _BLOCK_INDEX:
+        pb = per_block().to(torch.int64)
+        idx = torch.arange(n_blocks)[:, None] * BLOCK + pb[None, :]
+        idx = torch.where(pb[None, :] >= 0, idx, BLOCK * n_blocks)
+        _BLOCK_INDEX[key] = idx.reshape(-1).to(device)
+    return _BLOCK_INDEX[key]
+
+
+def dequant_natural_index(n_blocks: int, device: torch.device | str,
+                          grouped: bool = False) -> torch.Tensor:
+    """int64 [24·n_blocks]: the natural (rotated-basis) column of each column of
+    :func:`tetra48_dequantize_f16` in the block-major or ``grouped`` layout (cached per device,
+    width and layout)."""
+    def blocks() -> torch.Tensor:
+        return _block_index("dequant", n_blocks, device,
+                            lambda: ref.dequant_column_order(tetra_kernel_tables("cpu").order))
+
+    return _grouped_index("tetra48", blocks, n_blocks, device) if grouped else blocks()
+
+
+_GROUPED_INDEX: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def _grouped_index(kind: str, blocks: Callable[[], torch.Tensor], n_blocks: int,
+                   device: torch.device | str) -> torch.Tensor:
+    """The block-major column map ``blocks()`` (int64 [24·n_blocks] on ``device``; built only on
+    the first call) taken in the grouped layout's column order (cached per kind, device and
+    width)."""
+    key = (kind, str(device), n_blocks)
+    if key not in _GROUPED_INDEX:
+        _GROUPED_INDEX[key] = blocks()[ref.dequant_group_columns(n_blocks).to(device)]
+    return _GROUPED_INDEX[key]
+
+
+def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
+                                   grouped: bool = False) -> torch.Tensor | None:
+    """int64 [24·n_blocks]: the natural column of each column of :func:`planes14_dequantize_f16`
+    in the ``grouped`` layout (cached), or None for the block-major layout (natural order)."""
+    if not grouped:
+        return None
+    return _grouped_index("planes14", lambda: torch.arange(BLOCK * n_blocks, device=device),
+                          n_blocks, device)
+
+
+def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
+    [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
+    (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
+    applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
+    _check_x(x, w.d_in, w.words.device, max_rows=None)
+    return _dense_product_natural(x, w)
+
+
+def _is_tetra48(w: Tetra48Weight | Planes14Weight) -> bool:
+    """Whether a lattice record is ``tetra48`` (its words) rather than ``planes14`` (records)."""
+    return hasattr(w, "words")
+
+
+def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
+                  grouped: bool) -> torch.Tensor | None:
+    """The natural (rotated-basis) column of each column of ``w``'s float16 copy in the
+    block-major or ``grouped`` layout (:func:`dequant_natural_index`,
+    :func:`planes14_dequant_natural_index`), or None where that is the natural order."""
+    if _is_tetra48(w):
+        return dequant_natural_index(w.n_blocks, device, grouped)
+    return planes14_dequant_natural_index(w.n_blocks, device, grouped)
+
+
+def _dense_product_natural(x: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
+    """:func:`_dense_product` from the float32 activation in natural order: its block columns
+    gathered into the copy's column order (:func:`_copy_columns`) and rounded to float16."""
+    cfg = dequant_config()
+    idx = _copy_columns(w, x.device, cfg.grouped)
+    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
+    return _dense_product(xq, x, w, cfg)
+
+
+def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
+                   cfg: DequantConfig) -> torch.Tensor:
+    """The many-row product from the float16 activation ``xq`` [M, 24·n_blocks] in the column
+    order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
+    ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
+    one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
+    dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
+    return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
+
+
+def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
+                    ) -> torch.Tensor:
+    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
+    unit column stride): float32 [M, d_out] in one launch (:mod:`.dense_epilogue`; twin
+    ``reference.scale_and_tail``). The tail activation is ``x[:, 24·n_blocks:]`` (any float)."""
+    m_rows = int(y16.shape[0])
+    out = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=y16.device)
+    if m_rows and w.d_out:
+        tail_x = x[:, BLOCK * w.n_blocks:]
+        bo = 256
+        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
+        scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
+            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
+            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
+            num_warps=4,
+        )
+    return out
+
+
+
+def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
+                            config: DequantConfig | None = None) -> torch.Tensor:
+    """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, natural
+    column order within each block, the blocks as :func:`planes14_dequant_natural_index` maps
+    them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
+    :mod:`.planes14_dequant`; the permute selectors from the staged table); ``config``:
+    :func:`dequant_config` if None."""
+    _check_lattice(w, w.records, "records")
+    dev = w.records.device
+    out = _dequant_out(out, w, dev)
+    cfg = dequant_config() if config is None else config
+    if w.d_out and w.n_blocks:
+        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
+            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
+            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=True,
+            USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
+            num_warps=cfg.num_warps, num_stages=1,
+        )
+    return out
+
+
+_P14_DENSE_CHECKED: dict[str, bool] = {}
+
+
+def planes14_dense_enabled(device: torch.device) -> bool:
+    """Whether :func:`planes14_matmul_dense` may serve many rows on ``device``. On a GPU its
+    dequantization kernel is checked once, on first use and outside any CUDA-graph capture:
+    bit-exact against ``reference.planes14_dequantize_f16`` on a small random record (odd block
+    count); a failure or exception warns and disables it for good (the lattice matvec
+    keeps the rows). Under a capture with no check yet it is not used for that call."""
+    if interpreting() or device.type != "cuda":
+        return True
+    return _checked_once(_P14_DENSE_CHECKED, str(device), _check_planes14_dense, device)
+
+
+def _check_planes14_dense(device: torch.device) -> bool:
+    from leechq.formats.layouts.planes14 import random_planes14
+
+    try:
+        w = random_planes14(37, 13 * BLOCK + 5, seed=0x5EED, device=device)
+        cfg = dequant_config()
+        want = ref.planes14_dequantize_f16(w, grouped=cfg.grouped)
+        same = torch.equal(planes14_dequantize_f16(w, config=cfg), want)
+        if same:
+            return True
+        reason = "values differ from the reference"
+    except Exception as exc:  # any failure means: do not use the kernel on this device
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+    warnings.warn(f"the Planes14 dequantization kernel failed its first-use check on {device} "
+                  f"({reason}); many rows keep the lattice matvec", stacklevel=3)
+    return False
+
+
+def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
+    [M, d_out] from x [M, d_in] (rotated basis), as :func:`tetra48_matmul_dense` (the same
+    float16 rounding of values and activations; σ_row and the tail in float32). Twin of
+    ``reference.planes14_matvec`` within that tolerance."""
+    _check_x(x, w.d_in, w.records.device, max_rows=None)
+    return _dense_product_natural(x, w)
+
+
+_DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
+
+
+def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
+                      ) -> torch.Tensor:
+    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that the
+    first ``24·n_blocks`` columns follow ``w``'s float16 copy under :func:`dequant_config` (the
+    inverse of :func:`dequant_natural_index` / :func:`planes14_dequant_natural_index`) and the
+    tail columns stay in place — the ``dense_order`` the rotation writes for
+    :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
+    grouped = dequant_config().grouped
+    key = ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in, grouped)
+    if key not in _DENSE_ORDER:
+        n = BLOCK * w.n_blocks
+        nat = _copy_columns(w, device, grouped)
+        dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
+        if nat is not None:
+            dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
+        _DENSE_ORDER[key] = dest.to(torch.int32)
+    return _DENSE_ORDER[key]
+
+
+def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
+    """``y = W x`` for many activation rows from the float16 activation already in
+    :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32 [M, d_out] by one
+    dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
+    conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
+    rotation. Same numbers as those (float16 activations and values)."""
+    check_tensor(x16, "x16", torch.float16, device=w.row_scales.device)
+    if x16.dim() != 2 or x16.shape[1] != w.d_in:
+        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
+    return _dense_product(x16[:, : BLOCK * w.n_blocks], x16, w, dequant_config())
