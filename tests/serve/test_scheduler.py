@@ -240,7 +240,9 @@ def test_pool_through_the_decode_attention_kernel(engine: Engine,
         finally:
             sched.close()
 
-    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "0")
+    from leechq.serve import model as serve_model
+
+    monkeypatch.setattr(serve_model, "INTERPRETED_DECODE_KERNEL", False)
     sdpa = run()
     from leechq.kernels.triton import ops
 
@@ -252,7 +254,7 @@ def test_pool_through_the_decode_attention_kernel(engine: Engine,
         return kernel(*args, **kwargs)
 
     monkeypatch.setattr(ops, "decode_attention", counted)
-    monkeypatch.setenv("LEECHQ_DECODE_ATTN", "1")
+    monkeypatch.setattr(serve_model, "INTERPRETED_DECODE_KERNEL", True)
     assert run() == sdpa
     assert calls  # the decode steps went through the kernel
 
