@@ -1,7 +1,7 @@
 """Triton kernels on the GPU at full model shapes, against f64 references from the same bytes.
 
 Every output is poisoned with NaN before the launch; a kernel passes when every row satisfies
-``|y − y_ref| ≤ 1e-5 · Σ_j |w_j x_j|`` (layouts-kernels-recipe.md §3.9). The PTX forms of the
+``|y − y_ref| ≤ 1e-5 · Σ_j |w_j x_j|`` (docs/kernels.md, Tolerances and checks). The PTX forms of the
 bit helpers are checked against the shift/mask emulations the interpreter tests run.
 """
 

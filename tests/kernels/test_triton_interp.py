@@ -30,7 +30,7 @@ def _ops():  # imported lazily: the module imports triton
 
 
 def _bounded(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, tol: float = 1e-5) -> None:
-    """|y − y_ref| ≤ tol · Σ_j |w_j x_j| for every output (layouts-kernels-recipe.md §3.9)."""
+    """|y − y_ref| ≤ tol · Σ_j |w_j x_j| for every output (docs/kernels.md, Tolerances)."""
     assert torch.isfinite(y).all(), "an output was not written (NaN poison survived)"
     want = x.double() @ dense.T
     bound = x.double().abs() @ dense.abs().T

@@ -1,5 +1,5 @@
-"""``torch.compile(fullgraph=True)`` can trace the Triton entry points (rule A4 of
-``architecture.md``: a module's forward has no host sync or untraceable Python), checked on the CPU.
+"""``torch.compile(fullgraph=True)`` can trace the Triton entry points (no lazy state in
+forward, docs/architecture.md: a module's forward has no host sync or untraceable Python), checked on the CPU.
 
 The GPU test ``tests/nn/test_linear.py::test_cuda_forward_compiles_fullgraph`` compiles a whole
 fused layer, but CI has no GPU. Here Dynamo only *traces* ``ops`` calls: in a subprocess without

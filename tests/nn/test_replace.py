@@ -1,4 +1,4 @@
-"""Module replacement on a meta skeleton (architecture.md §2.3 tier 2: count the swapped modules
+"""Module replacement on a meta skeleton (docs/architecture.md §2: count the swapped modules
 without materializing any weight) and q/k/v, gate/up grouping."""
 
 from __future__ import annotations

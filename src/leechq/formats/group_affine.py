@@ -1,5 +1,5 @@
 """Group-affine 4/8-bit tensors (the embedding / head tables of an artifact,
-layouts-kernels-recipe.md §5.5): quantization, code unpacking and the exact dequantization."""
+docs/format.md §3): quantization, code unpacking and the exact dequantization."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from leechq.formats.quantized_weight import Int4Weight
 
 @dataclass
 class GroupAffine:
-    """A group-affine 4- or 8-bit tensor along its last dimension (layouts-kernels-recipe.md §5.5).
+    """A group-affine 4- or 8-bit tensor along its last dimension (docs/format.md §3).
 
     ``w = f32(scale)·f32(q) + f32(bias)`` (two f32 roundings). 4 bits: two codes a byte, low nibble
     first; 8 bits: one code a byte.

@@ -1,4 +1,4 @@
-"""Reading and verifying a published Tetra directory (tetra-format.md §3; the model in
+"""Reading and verifying a published Tetra directory (docs/format.md §5; the model in
 :mod:`leechq.formats.tetra_dir`).
 
 :func:`read_tetra_dir` parses ``config.json`` and ``model.safetensors`` into canonical weights,
@@ -60,8 +60,8 @@ def check_tables() -> None:
     bad = sorted(n for n, want in PUBLISHED_DIGESTS.items() if got.get(n) != want)
     if bad:
         raise FingerprintMismatch(
-            f"this build's Tetra tables {bad} differ from the published digests (tetra-format.md "
-            "§2): its labels would decode to different points than llvq-tetra's"
+            f"this build's Tetra tables {bad} differ from the published digests (docs/codebooks.md, "
+            "table digests): its labels would decode to different points than llvq-tetra's"
         )
 
 

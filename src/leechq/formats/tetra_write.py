@@ -1,4 +1,4 @@
-"""Writing a published Tetra directory (tetra-format.md §3; the model in
+"""Writing a published Tetra directory (docs/format.md §5; the model in
 :mod:`leechq.formats.tetra_dir`), atomically, with both digest files; and converting a leechq
 artifact into one.
 """
@@ -212,7 +212,7 @@ def build_tetra_tensors(
         if ga.bits == 8 and not allow_8bit_raw:
             raise InvalidInput(
                 f"raw tensor {name} is 8-bit group-affine: the format defines it, but llvq-tetra "
-                "0.1.0 cannot read it (tetra-format.md §5); use 4 bits or pass allow_8bit_raw=True"
+                "0.1.0 cannot read it (docs/format.md §5); use 4 bits or pass allow_8bit_raw=True"
             )
         if ga.bits not in (4, 8) or (ga.bits == 4 and ga.cols % 2):
             raise InvalidInput(f"raw tensor {name}: {ga.bits}-bit rows of {ga.cols} columns "
@@ -359,7 +359,7 @@ def write_tetra_dir(
         _fsync_write(tmp / DENSE_DIGEST_FILE, json.dumps({
             "artifact": artifact,
             "convention": DENSE_CONVENTION,
-            "reference": "leechq.formats.quantized_weight (tetra-format.md §1.6, §3.2)",
+            "reference": "leechq.formats.quantized_weight (docs/format.md §2, §5)",
             "records": dense["records"],
             "raw": dense["raw"],
         }, indent=2).encode())
