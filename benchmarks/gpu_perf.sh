@@ -16,7 +16,7 @@ suite=${1:-}
 
 case "$suite" in
 gputests)
-  timeout 560 python -m pytest -m gpu -n 8 -p no:cacheprovider -W error::UserWarning -q \
+  timeout 560 python -m pytest -m gpu -n 8 -p no:cacheprovider -p no:benchmark -W error::UserWarning -q \
     > "$OUT/gputests.log" 2>&1
   rc=$?
   tail -40 "$OUT/gputests.log"

@@ -316,6 +316,7 @@ def test_cuda_fused_matches_reference(kind: str, d_in: int, d_out: int, m_rows: 
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 @pytest.mark.parametrize("kind,kernel", [("tetra", "m1_kernel"), ("ball", "m1_kernel"),
                                          ("int4", "intq_matvec_kernel")])
 def test_cuda_one_row_runs_the_decode_kernel(kind: str, kernel: str) -> None:
@@ -356,6 +357,7 @@ def test_cuda_fused_half_dtypes(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")  # inductor's advice
 @pytest.mark.parametrize("kind", ["tetra", "int4"])
 def test_cuda_forward_compiles_fullgraph(kind: str) -> None:
     """forward has no host sync or lazy state, and the fused kernels are one opaque custom op, so
