@@ -78,3 +78,20 @@ def test_impossible_request_lists_every_reason(monkeypatch: pytest.MonkeyPatch) 
         assert f"{p.name}: tensors on cpu (needs CUDA, or TRITON_INTERPRET=1)" in msg
     with pytest.raises(KernelUnavailable, match="layout 'int4' is not"):
         choose_path(Request("int4", 4, CUDA))
+
+
+def test_tetra64_under_24_bit_activations_takes_the_int8_kernel_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int8 kernel is the only reader: 1..16 rows with a coded block, under the interpreter
+    too; nothing else takes the request."""
+    for interp in (False, True):
+        if interp:
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+        else:
+            _gpu(monkeypatch)
+        for m in range(1, 17):
+            req = Request("tetra48", m, CUDA, n_blocks=4, imma_only=True)
+            assert choose_path(req).name == "imma"
+        for m, n in ((17, 4), (1, 0)):
+            with pytest.raises(KernelUnavailable, match="decodes tetra64 with 16-bit"):
+                choose_path(Request("tetra48", m, CUDA, n_blocks=n, imma_only=True))

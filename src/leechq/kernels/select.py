@@ -249,7 +249,9 @@ def choose_kernel(op: str, layout: str, shape: Shape, device: torch.device | str
 class Request:
     """One lattice matvec call to dispatch: ``rows`` activation rows of a ``layout`` ("tetra48" or
     "planes14") matrix of ``n_blocks`` coded blocks on ``device``; ``dense_copy``: the caller (a
-    serving group) can multiply a float16 dequantized copy instead."""
+    serving group) can multiply a float16 dequantized copy instead; ``imma_only``: only the int8
+    kernel reads the matrix (the ``tetra64`` layout under 24-bit activations, ``ops_common.A16``
+    False)."""
 
     layout: str
     rows: int
@@ -257,6 +259,7 @@ class Request:
     dtype: torch.dtype = torch.float32
     n_blocks: int = 1
     dense_copy: bool = False
+    imma_only: bool = False
 
 
 class Path:
@@ -313,6 +316,11 @@ class Int8Path(Path):
 
     @classmethod
     def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:  # the only reader: any 1..IMMA_ROWS rows, interpreted too
+            if req.n_blocks < 1 or not 1 <= req.rows <= IMMA_ROWS:
+                return False, (f"{cls.name}: {req.rows} rows of {req.n_blocks} blocks (takes "
+                               f"1..{IMMA_ROWS} rows of a matrix with a coded block)")
+            return True, ""
         if _interpreting():
             return False, f"{cls.name}: not under the interpreter"
         if req.n_blocks < 1:
@@ -332,6 +340,8 @@ class M1Path(Path):
 
     @classmethod
     def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:
+            return False, f"{cls.name}: decodes tetra64 with 16-bit activations only"
         if req.rows == 1:
             return True, ""
         from leechq.kernels.triton.ops import _many_row_m1_default
@@ -345,6 +355,12 @@ class TiledPath(Path):
     """The tiled kernel, up to 8 rows a launch (the caller chunks): takes anything left."""
 
     name = "tiled"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:
+            return False, f"{cls.name}: does not read the tetra64 layout"
+        return True, ""
 
 
 PATHS: list[type[Path]] = [DenseCopyPath, Int8Path, M1Path, TiledPath]

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from leechq.codebooks.base import BLOCK
-from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.errors import InvalidInput, KernelUnavailable, UnsupportedShape
 from leechq.kernels import reference as ref
 from leechq.kernels.tables import (
     natural_order,
@@ -708,7 +708,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
     _check_lattice(w, w.words, "words", t64_ok=True)
     if w.t64 and not _c.A16:
-        if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
+        if config is None and _t64_on_imma(w, m_rows, xp.device):
             return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
         raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
                                "activations only (ops_common.A16 is False); pass no configuration")
@@ -760,6 +760,18 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
     if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
         return plan
     return None
+
+
+def _t64_on_imma(w: Tetra48Weight, m_rows: int, device: torch.device) -> bool:
+    """Whether the dispatch table puts ``m_rows`` unconfigured rows of a ``tetra64`` matrix under
+    24-bit activations on the int8 kernel (``Request.imma_only``: its only reader)."""
+    from leechq.kernels.select import Int8Path, Request, choose_path
+
+    req = Request("tetra48", m_rows, device, n_blocks=w.n_blocks, imma_only=True)
+    try:
+        return choose_path(req) is Int8Path
+    except KernelUnavailable:
+        return False
 
 
 def _m1_allowed(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device) -> bool:
