@@ -47,6 +47,9 @@ for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention):
         _mod.interpreting = lambda: True
 # several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
 ops._many_row_m1_default = lambda: True
+# the dispatch table's own device rule: CPU tensors as if on a GPU
+from leechq.kernels import select
+select._interpreting = lambda: True
 
 
 class Traced(Exception):

@@ -13,8 +13,8 @@ from torch import nn
 
 from leechq.errors import InvalidInput
 from leechq.formats.rotation import generate_rotation
+from leechq.kernels.tuning import DENSE_MIN_ROWS
 from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
-from leechq.serve.fused import DENSE_MIN_ROWS
 from leechq.serve.random_codes import random_int4, random_tetra
 
 pytestmark = pytest.mark.interp
@@ -63,12 +63,12 @@ def _within(y: torch.Tensor, ref: torch.Tensor, tol: float, slack: torch.Tensor)
 @pytest.mark.parametrize("rows", [3, 11, 20])
 def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, rotated: bool,
                                               rows: int) -> None:
-    from leechq.serve.fused import TetraGroup, _matvec_rows
+    from leechq.serve.fused import TetraGroup
 
-    assert _matvec_rows(DENSE_MIN_ROWS - 1) and not _matvec_rows(DENSE_MIN_ROWS)
     recs = _records(rotated)
     biases = [torch.randn(16), None]
     group = TetraGroup.from_records(recs, biases, "cpu")
+    assert group._matvec_path(DENSE_MIN_ROWS - 1) and not group._matvec_path(DENSE_MIN_ROWS)
     assert execution_paths(group) == {"fused": 2}
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
     y = group(x)
@@ -262,8 +262,8 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     wrote the copy's column order, calls counted): within fp16 accuracy of the f64 reference;
     where the copy's first-use check failed (``ops.planes14_dense_enabled`` False) the matvec
     keeps the rows (f32 accuracy, no dense call)."""
+    from leechq.kernels import select
     from leechq.kernels.triton import ops
-    from leechq.serve import fused
     from leechq.serve.fused import LatticeGroup
 
     calls = []
@@ -277,7 +277,7 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     recs = _ball_records(True)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
-    monkeypatch.setattr(fused, "DENSE_MIN_ROWS", 20)
+    monkeypatch.setattr(select, "DENSE_MIN_ROWS", 20)
     x = torch.randn(20, 72, generator=torch.Generator().manual_seed(4))
     ref = _reference(x, recs, biases)
     y = group(x)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from leechq.errors import InvalidInput, KernelUnavailable
+from leechq.kernels.tuning import DENSE_MIN_ROWS, IMMA_MIN_ROWS, IMMA_ROWS
 
 OPS = ("matvec", "rotate", "embedding")
 LAYOUTS = ("tetra48", "planes14", "int4", "int8", "rotation")
@@ -213,7 +214,7 @@ def candidates(preference: str = "auto") -> list[type[Kernel]]:
     """Kernels allowed by ``preference`` ("auto", "triton", "reference") and the environment."""
     if preference not in ("auto", "triton", "reference"):
         raise InvalidInput(f"kernel preference must be auto, triton or reference, got {preference!r}")
-    disabled = {s.strip() for s in os.environ.get("LEECHQ_DISABLE_KERNELS", "").split(",") if s}
+    disabled = _disabled()
     out = [k for k in KERNELS if k.name not in disabled]
     if preference != "auto":
         out = [k for k in out if k.backend == preference]
@@ -238,6 +239,173 @@ def choose_kernel(op: str, layout: str, shape: Shape, device: torch.device | str
     if not reasons:
         reasons.append(f"no kernel serves op {op!r} on layout {layout!r} (preference {preference})")
     raise KernelUnavailable(f"no kernel for {op} / {layout} / {shape} on {device}: "
+                            + "; ".join(reasons))
+
+
+# ------------------------------------------------------------------------------ per-call paths
+
+
+@dataclass(frozen=True)
+class Request:
+    """One lattice matvec call to dispatch: ``rows`` activation rows of a ``layout`` ("tetra48" or
+    "planes14") matrix of ``n_blocks`` coded blocks on ``device``; ``dense_copy``: the caller (a
+    serving group) can multiply a float16 dequantized copy instead; ``imma_only``: only the int8
+    kernel reads the matrix (the ``tetra64`` layout under 24-bit activations, ``ops_common.A16``
+    False)."""
+
+    layout: str
+    rows: int
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    n_blocks: int = 1
+    dense_copy: bool = False
+    imma_only: bool = False
+
+
+class Path:
+    """A per-call path of the lattice matvec: ``name`` and ``can_implement(req) -> (ok, reason)``.
+    Every path runs Triton kernels: it needs triton, and CUDA tensors or the interpreter."""
+
+    name = "path"
+
+    @classmethod
+    def can_implement(cls, req: Request) -> tuple[bool, str]:
+        if req.layout not in ("tetra48", "planes14"):
+            return False, f"{cls.name}: layout {req.layout!r} is not tetra48 or planes14"
+        if req.rows < 1:
+            return False, f"{cls.name}: {req.rows} activation rows"
+        ok, why = _triton_available()
+        if not ok:
+            return False, f"{cls.name}: {why}"
+        if req.device.type != "cuda" and not _interpreting():
+            return False, f"{cls.name}: tensors on {req.device} (needs CUDA, or TRITON_INTERPRET=1)"
+        return cls._check(req)
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        return True, ""
+
+
+class DenseCopyPath(Path):
+    """A float16 dequantized copy and cuBLAS (``ops.matmul_dense_ordered`` and the natural-order
+    dense products): a serving group's rows from ``tuning.DENSE_MIN_ROWS``; Planes14 only where
+    its dequantization kernel passed its first-use check (``ops.planes14_dense_enabled``)."""
+
+    name = "dense-f16"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        if not req.dense_copy:
+            return False, f"{cls.name}: the caller holds no dequantized copy (a serving group does)"
+        if req.rows < DENSE_MIN_ROWS:
+            return False, f"{cls.name}: {req.rows} rows < {DENSE_MIN_ROWS}"
+        if req.layout == "planes14":
+            from leechq.kernels.triton import ops
+
+            if not ops.planes14_dense_enabled(req.device):
+                return False, f"{cls.name}: the Planes14 dequantization kernel failed its check"
+        return True, ""
+
+
+class Int8Path(Path):
+    """The int8 tensor-core kernel (``ops_imma``): ``tuning.IMMA_MIN_ROWS`` .. ``IMMA_ROWS`` rows
+    of a matrix with a coded block, compiled only (not under the interpreter). Planes14 reads it
+    from the ``m1`` activation order (the caller checks :class:`M1Path` first)."""
+
+    name = "imma"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:  # the only reader: any 1..IMMA_ROWS rows, interpreted too
+            if req.n_blocks < 1 or not 1 <= req.rows <= IMMA_ROWS:
+                return False, (f"{cls.name}: {req.rows} rows of {req.n_blocks} blocks (takes "
+                               f"1..{IMMA_ROWS} rows of a matrix with a coded block)")
+            return True, ""
+        if _interpreting():
+            return False, f"{cls.name}: not under the interpreter"
+        if req.n_blocks < 1:
+            return False, f"{cls.name}: no coded block (tail only)"
+        if not IMMA_MIN_ROWS <= req.rows <= IMMA_ROWS:
+            return False, f"{cls.name}: {req.rows} rows outside {IMMA_MIN_ROWS}..{IMMA_ROWS}"
+        return True, ""
+
+
+class M1Path(Path):
+    """The ``m1`` kernel in the row groups and geometry of ``ops.m1_plan`` (which may still fall
+    to the tiled kernel: a shape it cannot take, a failed first-use check): one row anywhere,
+    several only compiled (``ops._many_row_m1_default``: a many-row launch costs ~10 s under the
+    interpreter)."""
+
+    name = "m1"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:
+            return False, f"{cls.name}: decodes tetra64 with 16-bit activations only"
+        if req.rows == 1:
+            return True, ""
+        from leechq.kernels.triton.ops import _many_row_m1_default
+
+        if not _many_row_m1_default():
+            return False, f"{cls.name}: {req.rows} rows under the interpreter"
+        return True, ""
+
+
+class TiledPath(Path):
+    """The tiled kernel, up to 8 rows a launch (the caller chunks): takes anything left."""
+
+    name = "tiled"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        if req.imma_only:
+            return False, f"{cls.name}: does not read the tetra64 layout"
+        return True, ""
+
+
+PATHS: list[type[Path]] = [DenseCopyPath, Int8Path, M1Path, TiledPath]
+"""The per-call paths of the lattice matvec, best first: the first that can implement a
+:class:`Request` runs it."""
+
+
+def _disabled() -> set[str]:
+    return {s.strip() for s in os.environ.get("LEECHQ_DISABLE_KERNELS", "").split(",") if s}
+
+
+def path_allowed(name: str, req: Request) -> bool:
+    """Whether the path ``name`` (not disabled by ``LEECHQ_DISABLE_KERNELS``) can implement
+    ``req`` — for a caller that needs to know about one path before the choice (Planes14's
+    activation order follows whether ``m1`` can run)."""
+    if name in _disabled():
+        return False
+    return next(p for p in PATHS if p.name == name).can_implement(req)[0]
+
+
+def choose_path(req: Request, preference: str = "auto") -> type[Path]:
+    """The first path of :data:`PATHS` that can implement ``req`` (``LEECHQ_DISABLE_KERNELS``
+    removes paths by name; ``preference`` "auto" or "triton" — every path is Triton's —, while
+    "reference" leaves none).
+
+    Raises:
+        KernelUnavailable: none can; the message lists every path's reason.
+    """
+    if preference not in ("auto", "triton", "reference"):
+        raise InvalidInput(
+            f"kernel preference must be auto, triton or reference, got {preference!r}")
+    disabled = _disabled()
+    reasons = []
+    for p in PATHS:
+        if p.name in disabled:
+            reasons.append(f"{p.name}: disabled by LEECHQ_DISABLE_KERNELS")
+            continue
+        if preference == "reference":
+            reasons.append(f"{p.name}: a Triton path (preference reference)")
+            continue
+        ok, why = p.can_implement(req)
+        if ok:
+            return p
+        reasons.append(why)
+    raise KernelUnavailable(f"no matvec path for {req.rows} rows of {req.layout} on {req.device}: "
                             + "; ".join(reasons))
 
 

@@ -52,7 +52,6 @@ from torch import nn
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.formats.rotation import RotationTables
-from leechq.kernels.tuning import DENSE_MIN_ROWS
 
 KERNEL_ROWS = 8
 """Activation rows per matvec call (the kernels take 1..8; the many-row ``m1`` runs them two or
@@ -96,12 +95,6 @@ def _prepared_buffer(device: torch.device, n_blocks: int, m_rows: int) -> torch.
         buf = torch.zeros(shape, dtype=torch.float32, device=device)
         _PREPARED[key] = buf
     return buf
-
-
-def _matvec_rows(m_rows: int) -> bool:
-    """Whether a group runs ``m_rows`` activation rows through the lattice matvec (the prepared
-    activation) rather than the dequantized copy."""
-    return m_rows < DENSE_MIN_ROWS
 
 
 def _call_sizes(m: int, step: int) -> set[int]:
@@ -277,14 +270,15 @@ class LatticeGroup(nn.Module):
         return None if self._matvec_path(m_rows) else "dense"
 
     def _matvec_path(self, m_rows: int) -> bool:
-        """Whether ``m_rows`` rows run the lattice matvec from the prepared activation: for Tetra
-        :func:`_matvec_rows`; for Planes14 fewer than :data:`DENSE_MIN_ROWS`, or more where its
-        dequantized copy is not enabled (``ops.planes14_dense_enabled``: a failed first-use
-        check)."""
-        if self.layout == "tetra48":
-            return _matvec_rows(m_rows)
-        return (m_rows < DENSE_MIN_ROWS
-                or not self._ops.planes14_dense_enabled(self.parts[0].records.device))
+        """Whether ``m_rows`` rows run the lattice matvec from the prepared activation rather than
+        the float16 dequantized copies: the dispatch table's choice (``kernels.select.PATHS``;
+        ``dense-f16`` takes a group's rows from ``tuning.DENSE_MIN_ROWS``, for Planes14 only
+        where its dequantization kernel is enabled)."""
+        from leechq.kernels.select import DenseCopyPath, Request, choose_path
+
+        device = getattr(self.parts[0], _DATA[self.layout]).device
+        req = Request(self.layout, m_rows, device, n_blocks=self.n_blocks, dense_copy=True)
+        return choose_path(req) is not DenseCopyPath
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its

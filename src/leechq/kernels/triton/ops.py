@@ -24,7 +24,7 @@ import torch
 import triton
 
 from leechq.codebooks.base import BLOCK
-from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.errors import InvalidInput, KernelUnavailable, UnsupportedShape
 from leechq.kernels import reference as ref
 from leechq.kernels.tables import (
     natural_order,
@@ -84,7 +84,6 @@ from leechq.kernels.triton.ops_dense import (  # noqa: F401  (re-exported)
 )
 from leechq.kernels.triton.ops_imma import (  # noqa: F401  (re-exported)
     IMMA_MAXNREG,
-    IMMA_MIN_ROWS,
     IMMA_ROWS,
     _check_acts,
     _check_imma_rows,
@@ -108,7 +107,8 @@ from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
 from leechq.kernels.triton.tetra48_m1 import PLANES14, T64_PBITS, TETRA, TETRA_64, m1_kernel
-from leechq.kernels.tuning import (
+from leechq.kernels.tuning import (  # noqa: F401  (IMMA_MIN_ROWS re-exported)
+    IMMA_MIN_ROWS,
     M1_MAX_ROWS,
     M1_MAX_ROWS_T64,
     M1_MAXNREG,
@@ -708,7 +708,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
     _check_lattice(w, w.words, "words", t64_ok=True)
     if w.t64 and not _c.A16:
-        if config is None and w.n_blocks and 1 <= m_rows <= IMMA_ROWS:
+        if config is None and _t64_on_imma(w, m_rows, xp.device):
             return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
         raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
                                "activations only (ops_common.A16 is False); pass no configuration")
@@ -751,7 +751,7 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
     kernel's first-use check; default: Tetra's). ``many_rows``: several rows take the ``m1``
     row groups under the interpreter too (a layout only ``m1`` reads)."""
     if config is None:
-        if m_rows > 1 and not (many_rows or _many_row_m1_default()):
+        if not many_rows and not _m1_allowed(w, m_rows, device):
             return None
         plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows,
                        getattr(w, "t64", False))
@@ -760,6 +760,27 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
     if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
         return plan
     return None
+
+
+def _t64_on_imma(w: Tetra48Weight, m_rows: int, device: torch.device) -> bool:
+    """Whether the dispatch table puts ``m_rows`` unconfigured rows of a ``tetra64`` matrix under
+    24-bit activations on the int8 kernel (``Request.imma_only``: its only reader)."""
+    from leechq.kernels.select import Int8Path, Request, choose_path
+
+    req = Request("tetra48", m_rows, device, n_blocks=w.n_blocks, imma_only=True)
+    try:
+        return choose_path(req) is Int8Path
+    except KernelUnavailable:
+        return False
+
+
+def _m1_allowed(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device) -> bool:
+    """Whether the dispatch table lets ``m1`` take ``m_rows`` unconfigured rows of ``w``
+    (``kernels.select.M1Path``: one row anywhere, several where :func:`_many_row_m1_default`)."""
+    from leechq.kernels.select import Request, path_allowed
+
+    layout = "planes14" if hasattr(w, "records") else "tetra48"
+    return path_allowed("m1", Request(layout, m_rows, device, n_blocks=w.n_blocks))
 
 
 def _m1_runs(cfg: MatvecConfig, m_rows: int, device: torch.device,

@@ -21,7 +21,6 @@ from leechq.kernels.triton.ops_common import (
     _sm_count,
     _use_asm,
     check_tensor,
-    interpreting,
 )
 from leechq.kernels.triton.tetra48_imma import (
     STEP_WORDS,
@@ -30,7 +29,7 @@ from leechq.kernels.triton.tetra48_imma import (
     imma_kernel,
 )
 from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, TETRA_64
-from leechq.kernels.tuning import IMMA_MAXNREG, IMMA_MIN_ROWS, IMMA_ROWS
+from leechq.kernels.tuning import IMMA_MAXNREG, IMMA_ROWS
 
 if TYPE_CHECKING:
     from leechq.formats.layouts.planes14 import Planes14Weight
@@ -46,8 +45,13 @@ def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
     """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
     on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
     plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
-    plan)."""
-    return IMMA_MIN_ROWS <= m_rows <= IMMA_ROWS and w.n_blocks >= 1 and not interpreting()
+    plan). Asks the dispatch table (``kernels.select.PATHS``: ``imma`` first for such a call)."""
+    from leechq.kernels.select import Int8Path, Request, choose_path
+
+    tetra = hasattr(w, "words")
+    data = w.words if tetra else w.records
+    req = Request("tetra48" if tetra else "planes14", m_rows, data.device, n_blocks=w.n_blocks)
+    return choose_path(req) is Int8Path
 
 
 def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
