@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU suites, run on a CUDA host from the repository root; each under 10 minutes, results under
 # $OUT (default /tmp/out). Usage: benchmarks/gpu_perf.sh SUITE
-#   gputests  the whole GPU test tier in one run (pytest -m gpu, 8 workers, a fallback warning
+#   gputests  the whole GPU test tier in one run (pytest -m gpu, 14 workers, a fallback warning
 #             fails the test): passed / failed in $OUT/gputests.log
 #   kernels   one decode step's projections, Qwen3-8B shapes, at 1, 8 and 16 activation rows:
 #             the served Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py)
@@ -16,7 +16,7 @@ suite=${1:-}
 
 case "$suite" in
 gputests)
-  timeout 560 python -m pytest -m gpu -n 8 -p no:cacheprovider -p no:benchmark -W error::UserWarning -q \
+  timeout 560 python -m pytest -m gpu -n 14 --dist worksteal -p no:cacheprovider -p no:benchmark -W error::UserWarning -q \
     > "$OUT/gputests.log" 2>&1
   rc=$?
   tail -40 "$OUT/gputests.log"
