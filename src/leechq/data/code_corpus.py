@@ -20,10 +20,6 @@ parts; when one runs out the rest of the other follows.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -84,32 +80,10 @@ def fetch_code(deb: Path | str | None = None) -> Path:
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no sources.
     """
-    from leechq.data.corpus import _apt_download, _extract_sources, _sha256_file
+    from leechq.data.corpus import fetch_deb_sources
 
-    dest = _cache_code_dir()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
-    try:
-        deb_path = Path(deb) if deb else _apt_download(work, CODE_PACKAGE, _code_hint())
-        version = _extract_sources(deb_path, work / "src", _CODE_PREFIX, ".py", _CODE_SKIP)
-        manifest = {
-            "package": CODE_PACKAGE,
-            "deb": deb_path.name,
-            "version": version,
-            "deb_sha256": _sha256_file(deb_path),
-        }
-        (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if not deb:
-            deb_path.unlink()
-        os.chmod(work, 0o755)
-        if (dest / _MANIFEST).is_file():  # another process finished first
-            return dest / "src"
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(work, dest)
-        return dest / "src"
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return fetch_deb_sources(_cache_code_dir(), "src", CODE_PACKAGE, _code_hint(), deb,
+                             _CODE_PREFIX, ".py", _CODE_SKIP)
 
 
 def code_files(split: str, root: Path | str | None = None) -> list[str]:

@@ -155,14 +155,35 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` has no ``_sources``.
     """
-    dest = _cache_pydoc_dir()
+    return fetch_deb_sources(_cache_pydoc_dir(), "_sources", PYDOC_PACKAGE, _PYDOC_HINT, deb)
+
+
+def fetch_deb_sources(dest: Path, sub: str, package: str, hint: str,
+                      deb: Path | str | None = None, prefix: str = _DEB_SOURCES_PREFIX,
+                      suffix: str = ".txt", skip: tuple[str, ...] = ()) -> Path:
+    """Extract the files of a Debian package into the cache directory ``dest`` (its ``sub``
+    folder) atomically: a temporary sibling, a manifest (package, ``.deb`` name, version, sha256),
+    then a rename; a concurrent fetch that finished first wins. Returns ``dest / sub``.
+
+    Args:
+        dest: the cache directory of this corpus.
+        sub: the folder under ``dest`` that receives the members.
+        package: the Debian package (``apt-get download`` when ``deb`` is None).
+        hint: what an offline user can do, ending the error messages.
+        deb: a local ``.deb`` to extract (left in place).
+        prefix, suffix, skip: which members of its data archive are taken
+            (:func:`_extract_sources`).
+
+    Raises:
+        ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no matching member.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
     try:
-        deb_path = Path(deb) if deb else _apt_download(work, PYDOC_PACKAGE, _PYDOC_HINT)
-        version = _extract_sources(deb_path, work / "_sources")
+        deb_path = Path(deb) if deb else _apt_download(work, package, hint)
+        version = _extract_sources(deb_path, work / sub, prefix, suffix, skip)
         manifest = {
-            "package": PYDOC_PACKAGE,
+            "package": package,
             "deb": deb_path.name,
             "version": version,
             "deb_sha256": _sha256_file(deb_path),
@@ -172,11 +193,11 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
             deb_path.unlink()
         os.chmod(work, 0o755)
         if (dest / _MANIFEST).is_file():  # another process finished first
-            return dest / "_sources"
+            return dest / sub
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(work, dest)
-        return dest / "_sources"
+        return dest / sub
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
