@@ -71,6 +71,7 @@ from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
 from leechq.formats.safetensors_io import expect_tensor as _expect
 from leechq.formats.safetensors_io import fsync_write as _fsync_write
 from leechq.formats.safetensors_io import parse_header as _parse_header
+from leechq.formats.safetensors_io import swap_into_place
 
 QUANT_METHOD = "leechq"
 CODE_ORDER = "msb_first_block"
@@ -530,14 +531,7 @@ def write_artifact(
         }
         manifest = {"quant_method": QUANT_METHOD, "schema_version": SCHEMA_VERSION, "files": files}
         _fsync_write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        if out.exists():
-            check_replaceable(out)  # still only a leechq artifact, right before the swap
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)  # the commit point
+        swap_into_place(tmp, out, check_replaceable)  # still only a leechq artifact, replaced
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ArtifactError(f"{out}: writing the artifact failed: {exc}") from exc

@@ -1,15 +1,16 @@
 """Low-level safetensors and file handling shared by the artifact and Tetra formats: the dtype
-table, a bounds-checked header parser, the tensor expectation check (dtype, shape, finiteness)
-and an fsync'ed write. Every failure is an :class:`~leechq.errors.ArtifactError` naming the file
-and tensor."""
+table, a bounds-checked header parser, the tensor expectation check (dtype, shape, finiteness),
+an fsync'ed write and the swap of a finished directory into place. Every failure is an
+:class:`~leechq.errors.ArtifactError` naming the file and tensor."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,19 @@ def expect_tensor(
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         raise ArtifactError(f"{where}: tensor {key!r} has NaN or inf values")
     return t
+
+
+def swap_into_place(tmp: Path, dest: Path, check_replaceable: Callable[[Path], None]) -> None:
+    """Move the finished directory ``tmp`` to ``dest`` (the commit point of a write).
+
+    An existing ``dest`` is checked again right before the swap (``check_replaceable`` raises if it
+    is anything the writer may not replace), renamed aside, replaced, then deleted. Both paths are
+    on one filesystem (``tmp`` is a sibling of ``dest``)."""
+    if dest.exists():
+        check_replaceable(dest)
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)

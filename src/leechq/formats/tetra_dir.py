@@ -1,7 +1,8 @@
 """The published Tetra checkpoint directory (``quant_method: "llvq"``, ``llvq_layout_version`` 1).
 
 Implements the published Tetra directory format (docs/format.md §5, word conventions in
-docs/codebooks.md) bit for bit, in both directions, with the dense path of docs/format.md §2. This module holds the format model (constants, :class:`TetraDirectory`,
+docs/codebooks.md) bit for bit, in both directions, with the dense path of docs/format.md
+§2. This module holds the format model (constants, :class:`TetraDirectory`,
 the dequantization and digest conventions, the shapes a base config implies); the jobs live in
 
 * :mod:`leechq.formats.tetra_read` — ``read_tetra_dir`` opens a directory that ``llvq-tetra`` 0.1.0

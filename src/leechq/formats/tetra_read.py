@@ -60,8 +60,9 @@ def check_tables() -> None:
     bad = sorted(n for n, want in PUBLISHED_DIGESTS.items() if got.get(n) != want)
     if bad:
         raise FingerprintMismatch(
-            f"this build's Tetra tables {bad} differ from the published digests (docs/codebooks.md, "
-            "table digests): its labels would decode to different points than llvq-tetra's"
+            f"this build's Tetra tables {bad} differ from the published digests "
+            "(docs/codebooks.md, table digests): its labels would decode to different points "
+            "than llvq-tetra's"
         )
 
 

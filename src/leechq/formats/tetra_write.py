@@ -37,6 +37,7 @@ from leechq.formats.artifact import (
 from leechq.formats.integrity import load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
+from leechq.formats.safetensors_io import swap_into_place
 from leechq.formats.tetra_dir import (
     _RESERVED_FILES,
     _WORD_BYTES,
@@ -380,14 +381,7 @@ def write_tetra_dir(
                       for n, b in files.items()},
             "config_base": base,
         }, indent=2, default=str).encode())
-        if dest.exists():
-            check_tetra_replaceable(dest)  # still only a Tetra directory, right before the swap
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)  # the commit point
+        swap_into_place(tmp, dest, check_tetra_replaceable)  # still only a Tetra directory
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ArtifactError(f"{dest}: writing the directory failed: {exc}") from exc
