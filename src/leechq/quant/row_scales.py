@@ -62,8 +62,45 @@ log = logging.getLogger("leechq.quant")
 # configuration
 
 
+class ConfigDict:
+    """``to_dict`` / ``from_dict`` of a frozen training-config dataclass (tuples become lists)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidInput(f"{cls.__name__}: unknown keys {unknown}")
+        return cls(**dict(data))
+
+
+def training_checks(c: Any) -> list[tuple[bool, str]]:
+    """The (ok, message) checks of the settings every KL training run shares (steps, budget,
+    schedule, AdamW, batch, loss, probe, checkpoints)."""
+    return [
+        (is_int(c.steps) and c.steps >= 0, "steps must be >= 0"),
+        (c.time_budget_s > 0, "time_budget_s must be > 0"),
+        (c.lr > 0, "lr must be > 0"),
+        (is_int(c.warmup_steps) and c.warmup_steps >= 0, "warmup_steps must be >= 0"),
+        (0.0 <= c.final_lr_fraction <= 1.0, "final_lr_fraction must be in [0, 1]"),
+        (c.weight_decay >= 0, "weight_decay must be >= 0"),
+        (len(c.betas) == 2 and all(0 <= b < 1 for b in c.betas), "betas in [0, 1)"),
+        (is_int(c.batch) and c.batch >= 1, "batch must be >= 1"),
+        (c.temperature > 0, "temperature must be > 0"),
+        (is_int(c.kl_chunk) and c.kl_chunk >= 1, "kl_chunk must be >= 1"),
+        (is_int(c.probe_steps) and c.probe_steps >= 1, "probe_steps must be >= 1"),
+        (is_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every must be >= 0"),
+    ]
+
+
 @dataclass(frozen=True)
-class RowScaleConfig:
+class RowScaleConfig(ConfigDict):
     """Settings of one row-scale training run (defaults: the reference's, docs/quantizer.md §7).
 
     Attributes:
@@ -98,44 +135,14 @@ class RowScaleConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        checks = [
-            (_is_int(self.steps) and self.steps >= 0, "steps must be >= 0"),
-            (self.time_budget_s > 0, "time_budget_s must be > 0"),
-            (self.lr > 0, "lr must be > 0"),
-            (_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps must be >= 0"),
-            (0.0 <= self.final_lr_fraction <= 1.0, "final_lr_fraction must be in [0, 1]"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas in [0, 1)"),
-            (_is_int(self.batch) and self.batch >= 1, "batch must be >= 1"),
-            (self.temperature > 0, "temperature must be > 0"),
-            (_is_int(self.kl_chunk) and self.kl_chunk >= 1, "kl_chunk must be >= 1"),
-            (_is_int(self.probe_steps) and self.probe_steps >= 1, "probe_steps must be >= 1"),
-            (
-                _is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
-                "checkpoint_every must be >= 0",
-            ),
-        ]
+        checks = training_checks(self)
         for ok, message in checks:
             if not ok:
                 raise InvalidInput(f"RowScaleConfig: {message}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        out = dataclasses.asdict(self)
-        out["betas"] = list(self.betas)
-        return out
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RowScaleConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InvalidInput(f"RowScaleConfig: unknown keys {unknown}")
-        return cls(**dict(data))
-
-
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int that is not a bool (a JSON-loaded config field)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

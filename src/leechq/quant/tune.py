@@ -47,7 +47,6 @@ the model is set to evaluate exactly their decode (what the artifact stores).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -66,19 +65,22 @@ from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.quant.composed import GROUPS, Attached, attach, detach, fold, set_raw
 from leechq.quant.row_scales import (
+    ConfigDict,
     RowScaleCheckpoint,
     batch_indices,
+    is_int,
     kl_loss,
     learning_rate,
     model_logits,
     set_module_weights,
+    training_checks,
 )
 
 log = logging.getLogger("leechq.quant")
 
 
 @dataclass(frozen=True)
-class TuneConfig:
+class TuneConfig(ConfigDict):
     """Settings of one tuning run.
 
     Attributes:
@@ -122,48 +124,18 @@ class TuneConfig:
         object.__setattr__(self, "groups", tuple(self.groups))
         unknown = sorted(set(self.groups) - set(GROUPS))
         checks = [
-            (_is_int(self.steps) and self.steps >= 0, "steps must be >= 0"),
-            (self.time_budget_s > 0, "time_budget_s must be > 0"),
-            (self.lr > 0, "lr must be > 0"),
-            (_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps must be >= 0"),
-            (0.0 <= self.final_lr_fraction <= 1.0, "final_lr_fraction must be in [0, 1]"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas in [0, 1)"),
-            (_is_int(self.batch) and self.batch >= 1, "batch must be >= 1"),
-            (self.temperature > 0, "temperature must be > 0"),
-            (_is_int(self.kl_chunk) and self.kl_chunk >= 1, "kl_chunk must be >= 1"),
+            *training_checks(self),
             (not unknown, f"unknown groups {unknown}; choices {list(GROUPS)}"),
             (bool(self.groups), "groups must not be empty"),
-            (_is_int(self.teacher_topk) and self.teacher_topk >= 0, "teacher_topk must be >= 0"),
-            (_is_int(self.monitor_every) and self.monitor_every >= 1, "monitor_every >= 1"),
-            (_is_int(self.patience) and self.patience >= 0, "patience must be >= 0"),
-            (_is_int(self.probe_steps) and self.probe_steps >= 1, "probe_steps must be >= 1"),
-            (_is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
-             "checkpoint_every must be >= 0"),
+            (is_int(self.teacher_topk) and self.teacher_topk >= 0, "teacher_topk must be >= 0"),
+            (is_int(self.monitor_every) and self.monitor_every >= 1, "monitor_every >= 1"),
+            (is_int(self.patience) and self.patience >= 0, "patience must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidInput(f"TuneConfig: {message}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        out = dataclasses.asdict(self)
-        out["betas"] = list(self.betas)
-        out["groups"] = list(self.groups)
-        return out
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TuneConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InvalidInput(f"TuneConfig: unknown keys {unknown}")
-        return cls(**dict(data))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------------------------
