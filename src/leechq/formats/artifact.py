@@ -68,10 +68,10 @@ from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import DTYPE_NAMES as _DTYPE_NAMES
 from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
+from leechq.formats.safetensors_io import existing_directory, swap_into_place
 from leechq.formats.safetensors_io import expect_tensor as _expect
 from leechq.formats.safetensors_io import fsync_write as _fsync_write
 from leechq.formats.safetensors_io import parse_header as _parse_header
-from leechq.formats.safetensors_io import swap_into_place
 
 QUANT_METHOD = "leechq"
 CODE_ORDER = "msb_first_block"
@@ -246,12 +246,10 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
     Raises:
         ArtifactError: ``out`` is not such a directory (the reason named); nothing is touched.
     """
-    path = Path(out)
-    if not path.exists() and not path.is_symlink():
+    found = existing_directory(out, "leechq artifact")
+    if found is None:
         return
-    refuse = f"{path} exists and is not a complete leechq artifact; refusing to replace it"
-    if path.is_symlink() or not path.is_dir():
-        raise ArtifactError(f"{refuse} (it is not a directory)")
+    path, refuse = found
     try:
         manifest = load_json(path / MANIFEST_FILE)
     except ArtifactError as exc:

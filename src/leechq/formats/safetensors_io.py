@@ -126,3 +126,18 @@ def swap_into_place(tmp: Path, dest: Path, check_replaceable: Callable[[Path], N
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, dest)
+
+
+def existing_directory(out: str | os.PathLike[str], what: str) -> tuple[Path, str] | None:
+    """The first check before replacing ``out`` with a ``what`` (e.g. "leechq artifact"): None when
+    nothing is there; else ``(path, refusal)`` where ``refusal`` starts every error message.
+
+    Raises:
+        ArtifactError: ``out`` is a link or not a directory; nothing is touched."""
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return None
+    refuse = f"{path} exists and is not a complete {what}; refusing to replace it"
+    if path.is_symlink() or not path.is_dir():
+        raise ArtifactError(f"{refuse} (it is not a directory)")
+    return path, refuse

@@ -37,7 +37,7 @@ from leechq.formats.artifact import (
 from leechq.formats.integrity import load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
-from leechq.formats.safetensors_io import swap_into_place
+from leechq.formats.safetensors_io import existing_directory, swap_into_place
 from leechq.formats.tetra_dir import (
     _RESERVED_FILES,
     _WORD_BYTES,
@@ -400,12 +400,10 @@ def check_tetra_replaceable(out: str | os.PathLike[str]) -> None:
     Raises:
         ArtifactError: the reason, naming ``out``; nothing is touched.
     """
-    path = Path(out)
-    if not path.exists() and not path.is_symlink():
+    found = existing_directory(out, "Tetra directory")
+    if found is None:
         return
-    refuse = f"{path} exists and is not a complete Tetra directory; refusing to replace it"
-    if path.is_symlink() or not path.is_dir():
-        raise ArtifactError(f"{refuse} (it is not a directory)")
+    path, refuse = found
     try:
         cfg = load_json(path / CONFIG_FILE)
         digest = load_json(path / DIGEST_FILE)
