@@ -198,10 +198,6 @@ def _codebook_fingerprint(name: str) -> str:
     return get(name).fingerprint()
 
 
-def _sha256(path: Path) -> str:
-    return sha256_file(path)
-
-
 MAX_OUT_NAME_BYTES = 255 - 24  # room for ".<name>.partial-<pid>" and "<name>.rows-ckpt"
 
 
@@ -523,7 +519,7 @@ def write_artifact(
                 raise InvalidInput(f"extra file name {name!r} is not allowed")
             _fsync_write(tmp / name, data)
         files = {
-            p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted(tmp.iterdir())
             if p.is_file()
         }
