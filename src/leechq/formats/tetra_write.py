@@ -29,12 +29,11 @@ from leechq.formats.artifact import (
     Artifact,
     GroupAffine,
     _fsync_write,
-    _sha256,
     check_output_path,
     clean_stale_partials,
     read_artifact,
 )
-from leechq.formats.integrity import load_json
+from leechq.formats.integrity import load_json, sha256_file
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import existing_directory, swap_into_place
@@ -334,7 +333,7 @@ def write_tetra_dir(
         from safetensors.torch import save_file
 
         save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
-        model_sha = _sha256(tmp / MODEL_FILE)
+        model_sha = sha256_file(tmp / MODEL_FILE)
         kinds = _artifact_kinds(recs)
         qc = {
             "quant_method": QUANT_METHOD,
