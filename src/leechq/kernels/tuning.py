@@ -65,3 +65,17 @@ DECODE_ATTN_BLOCK_N = 64
 
 DECODE_ATTN_MAX_SPLITS = 64
 """At most this many key splits per (row, key/value head); a split holds whole tiles."""
+
+# --- float16 tensor-core GEMM (decode once per tile) ---------------------------------------------
+GEMM_MAX_ROWS = 128
+"""Activation rows of one launch of the float16 tensor-core GEMM (``ops_gemm``): all of them in
+one program tile, so each weight block is decoded once per launch."""
+
+GEMM_CONFIG = (4, 1, 4)
+"""``(num_warps, rows_per_step, programs_per_sm)`` of the float16 tensor-core GEMM when none is
+given: not yet measured (a first guess from the int8 kernel's geometry); ``GEMM_SWEEP`` lists the
+candidates ``benchmarks/bench_gemm.py`` times."""
+
+GEMM_SWEEP = ((4, 1, 4), (4, 1, 2), (4, 2, 2), (8, 1, 2), (4, 2, 3), (8, 2, 1))
+"""Candidate ``(num_warps, rows_per_step, programs_per_sm)`` geometries of the float16
+tensor-core GEMM for ``benchmarks/bench_gemm.py`` (none measured yet)."""

@@ -68,16 +68,26 @@ def _f16_pair(biased, i: tl.constexpr, scale, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """Eight values (the signed bytes of ``a``, then of ``b``) times ``scale`` as float16: 16
-    bytes at ``ptr`` (int32 pointer) — one vector store per element with ``VEC``, else four
-    4-byte stores."""
+def f16_eight(a, b, scale, USE_ASM: tl.constexpr):
+    """Eight values (the signed bytes of ``a``, then of ``b``: int32) times ``scale`` (f32),
+    rounded to float16 and packed two per int32 (the lower column in the low half): four
+    words, columns 0-1, 2-3, 4-5, 6-7 — what :func:`store_eight` stores and what the
+    tensor-core GEMM (:mod:`.tetra48_gemm`) takes as ``A`` fragments."""
     qa = (a ^ 0x80808080).to(tl.uint32)
     qb = (b ^ 0x80808080).to(tl.uint32)
     w0 = _f16_pair(qa, 0, scale, USE_ASM)
     w1 = _f16_pair(qa, 2, scale, USE_ASM)
     w2 = _f16_pair(qb, 0, scale, USE_ASM)
     w3 = _f16_pair(qb, 2, scale, USE_ASM)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Eight values (the signed bytes of ``a``, then of ``b``) times ``scale`` as float16: 16
+    bytes at ``ptr`` (int32 pointer) — one vector store per element with ``VEC``, else four
+    4-byte stores (:func:`f16_eight`)."""
+    w0, w1, w2, w3 = f16_eight(a, b, scale, USE_ASM)
     if VEC:
         global_store128(ptr, w0, w1, w2, w3, ok, USE_ASM)
     else:
@@ -88,22 +98,23 @@ def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
-                   VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """Decode one block per element and store its 24 float16 values: section ``s`` (8 values,
-    16 bytes) at ``out + s · step`` (int32 units)."""
+def block_values(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
+    """One ``tetra48`` block per element (words ``lo``, ``hi``: uint32): its value words
+    ``e1, o1, e2, o2, e3, o3`` (signed bytes of the even / odd trio coordinates of sections
+    1..3, :func:`.tetra48_m1.section_values`) and its scale ``centroid[g] · (1/‖y‖)`` (f32,
+    ``1/‖y‖`` from the table)."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
     e2, o2, n2 = section_values(h2, mp, kp, n2, USE_ASM)
     e3, o3, n2 = section_values(h3, mp, kp, n2, USE_ASM)
-    _store_block(e1, o1, e2, o2, e3, o3, n2, g, cent0, cent1, tab_ptr, base, sb_rep, out, step,
-                 ok, VEC, USE_ASM)
+    scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM)
+    return e1, o1, e2, o2, e3, o3, scale
 
 
 @triton.jit
-def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
-                     out, step, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """:func:`_dequant_block` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
+def block_values64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
+                   USE_ASM: tl.constexpr):
+    """:func:`block_values` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
     (``w0..w3``, :func:`.tetra48_m1.decode_block64`; a constant block choice, so the field
     selects fold away): the norm is the stored shell's, ``‖y‖² = 16 m``, and ``1/‖y‖`` the
     table's as for the other layouts."""
@@ -114,16 +125,36 @@ def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, b
     e1, o1, _n = section_values(h1, mp, kp, z, USE_ASM)
     e2, o2, _n = section_values(h2, mp, kp, z, USE_ASM)
     e3, o3, _n = section_values(h3, mp, kp, z, USE_ASM)
-    _store_block(e1, o1, e2, o2, e3, o3, m.to(tl.int32) * 16, g.to(tl.int32), cent0, cent1,
-                 tab_ptr, base, sb_rep, out, step, ok, VEC, USE_ASM)
+    scale = (tl.where(g.to(tl.int32) != 0, cent1, cent0)
+             * inv_norm(m.to(tl.int32) * 16, tab_ptr, base, sb_rep, USE_ASM))
+    return e1, o1, e2, o2, e3, o3, scale
 
 
 @triton.jit
-def _store_block(e1, o1, e2, o2, e3, o3, n2, g, cent0, cent1, tab_ptr, base, sb_rep, out, step,
-                 ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """Scale a decoded block (its value words and ``n2 = ‖y‖²``) by ``centroid[g] / ‖y‖`` and
-    store its three sections (see :func:`_dequant_block`)."""
-    scale = tl.where(g != 0, cent1, cent0) * inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM)
+def _dequant_block(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, out, step, ok,
+                   VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Decode one block per element and store its 24 float16 values: section ``s`` (8 values,
+    16 bytes) at ``out + s · step`` (int32 units)."""
+    e1, o1, e2, o2, e3, o3, scale = block_values(lo, hi, cent0, cent1, tab_ptr, base, sb_rep,
+                                                 USE_ASM)
+    _store_block(e1, o1, e2, o2, e3, o3, scale, out, step, ok, VEC, USE_ASM)
+
+
+@triton.jit
+def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
+                     out, step, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """:func:`_dequant_block` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
+    (:func:`block_values64`)."""
+    e1, o1, e2, o2, e3, o3, scale = block_values64(w0, w1, w2, w3, ODD, cent0, cent1, tab_ptr,
+                                                   base, sb_rep, USE_ASM)
+    _store_block(e1, o1, e2, o2, e3, o3, scale, out, step, ok, VEC, USE_ASM)
+
+
+@triton.jit
+def _store_block(e1, o1, e2, o2, e3, o3, scale, out, step, ok, VEC: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """Store a decoded block (its value words and scale ``centroid[g] / ‖y‖``): its three
+    sections (see :func:`_dequant_block`)."""
     store_eight(out, e1, o1, scale, ok, VEC, USE_ASM)
     store_eight(out + step, e2, o2, scale, ok, VEC, USE_ASM)
     store_eight(out + 2 * step, e3, o3, scale, ok, VEC, USE_ASM)

@@ -1,0 +1,169 @@
+"""Host side of the float16 tensor-core GEMM (:mod:`.tetra48_gemm`) for 1..128 activation rows:
+the activation in the dequantized copy's column order, the K-slice geometry, the GEMM launch and
+the slice sum with σ_row and the tail. Same entry points as the many-row dense path
+(``ops_dense.tetra48_matmul_dense``, ``ops_dense.matmul_dense_ordered``), without the float16
+copy. Twins: ``reference.tetra48_dequantize_f16`` (the decoded values, bit for bit) and
+``reference.tetra48_matvec`` (the product, within float16 accuracy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.kernels.tables import tetra_m1_table
+from leechq.kernels.triton.ops_common import (
+    _check_lattice,
+    _check_x,
+    _sm_count,
+    _use_asm,
+    check_tensor,
+)
+from leechq.kernels.triton.ops_dense import _copy_columns, dequant_config
+from leechq.kernels.triton.tetra48_gemm import (
+    PAIRS_PER_STEP,
+    ROWS_PER_GROUP,
+    gemm_finalize_kernel,
+    gemm_kernel,
+)
+from leechq.kernels.tuning import (
+    EPILOGUE_MIN_ROWS,
+    EPILOGUE_ROWS,
+    GEMM_CONFIG,
+    GEMM_MAX_ROWS,
+    GEMM_SWEEP,
+)
+
+if TYPE_CHECKING:
+    from leechq.formats.layouts.tetra48 import Tetra48Weight
+
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Geometry of the float16 tensor-core GEMM: ``num_warps`` warps per program, each taking
+    ``rows_per_step`` (1 or 2) groups of 16 weight rows per K step (sharing the step's
+    activation fragments); K is split into slices so that about ``programs_per_sm`` programs per
+    SM cover the matrix (each stages the 32 KiB decode table: at most 7 per SM). Above 64
+    activation rows one row group per step is used whatever ``rows_per_step`` says (two spill
+    heavily: offline sm_90, 206 local loads per step against 26)."""
+
+    num_warps: int = GEMM_CONFIG[0]
+    rows_per_step: int = GEMM_CONFIG[1]
+    programs_per_sm: int = GEMM_CONFIG[2]
+
+    def check(self) -> GemmConfig:
+        """This config, or :class:`InvalidInput` naming what is out of range."""
+        if self.num_warps not in (1, 2, 4, 8) or self.rows_per_step not in (1, 2) or not (
+                1 <= self.programs_per_sm <= 7):
+            raise InvalidInput(f"GEMM geometry {self}: num_warps must be 1, 2, 4 or 8, "
+                               "rows_per_step 1 or 2, programs_per_sm 1..7")
+        return self
+
+    @property
+    def block_rows(self) -> int:
+        """Weight rows per program."""
+        return ROWS_PER_GROUP.value * self.rows_per_step * self.num_warps
+
+
+GEMM_DEFAULT = GemmConfig()
+"""The geometry used when none is given (:data:`.tuning.GEMM_CONFIG`)."""
+
+GEMM_CONFIGS = tuple(GemmConfig(*c) for c in GEMM_SWEEP)
+"""The candidate geometries a benchmark sweeps (:data:`.tuning.GEMM_SWEEP`)."""
+
+
+def gemm_slice_pairs(d_out: int, n_blocks: int, device: torch.device, cfg: GemmConfig) -> int:
+    """Block pairs per K-slice (a multiple of 4): as many slices as keep about
+    ``cfg.programs_per_sm`` programs per SM over the row tiles, at least one step each."""
+    tiles = triton.cdiv(d_out, cfg.block_rows)
+    steps = max(1, triton.cdiv((n_blocks + 1) // 2, PAIRS_PER_STEP.value))
+    ks = max(1, min(steps, (cfg.programs_per_sm * _sm_count(device)) // max(tiles, 1)))
+    return PAIRS_PER_STEP.value * triton.cdiv(steps, ks)
+
+
+def tetra48_matmul_gemm(x: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None = None,
+                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``y = W x`` for 1..128 activation rows on float16 tensor cores, each block decoded once:
+    ``out_dtype`` [M, d_out] from x [M, d_in] (float32/16, bfloat16; rotated basis), as
+    ``ops_dense.tetra48_matmul_dense`` (values and activations rounded to float16, the products
+    accumulated and σ_row and the tail applied in float32). Either Tetra layout (``w.t64``).
+    ``config``: :data:`GEMM_DEFAULT` if None."""
+    _check_lattice(w, w.words, "words", t64_ok=True)
+    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=GEMM_MAX_ROWS,
+                      what="the float16 tensor-core GEMM takes")
+    grouped = dequant_config().grouped
+    n = BLOCK * w.n_blocks
+    x16 = torch.empty(m_rows, _aligned_width(w.d_in), dtype=torch.float16, device=x.device)
+    idx = _copy_columns(w, x.device, grouped)
+    x16[:, :n] = x[:, idx]
+    return _gemm(x16, x[:, n:], w, config, out_dtype, grouped)
+
+
+def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None = None,
+                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`tetra48_matmul_gemm` from the float16 activation already in
+    ``ops_dense.dense_input_order`` (what ``rotate(..., dense_order=)`` writes, and what
+    ``ops_dense.matmul_dense_ordered`` takes): ``x16`` float16 [M ≤ 128, d_in], the tail taken
+    from its last ``d_in mod 24`` columns. Copied once into a padded buffer unless its rows are
+    16-byte aligned."""
+    _check_lattice(w, w.words, "words", t64_ok=True)
+    check_tensor(x16, "x16", torch.float16, device=w.words.device)
+    if x16.dim() != 2 or x16.shape[1] != w.d_in:
+        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
+    if not 1 <= x16.shape[0] <= GEMM_MAX_ROWS:
+        raise UnsupportedShape(f"x16 has {x16.shape[0]} rows; the float16 tensor-core GEMM "
+                               f"takes 1..{GEMM_MAX_ROWS}")
+    n = BLOCK * w.n_blocks
+    xa = x16
+    if x16.stride(0) % 8 or x16.data_ptr() % 16:
+        xa = torch.empty(x16.shape[0], _aligned_width(w.d_in), dtype=torch.float16,
+                         device=x16.device)
+        xa[:, : w.d_in] = x16
+    return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped)
+
+
+def _aligned_width(d_in: int) -> int:
+    """``d_in`` rounded up to a multiple of 8 (16-byte rows of float16)."""
+    return (d_in + 7) // 8 * 8
+
+
+def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None,
+          out_dtype: torch.dtype, grouped: bool) -> torch.Tensor:
+    """The GEMM and the finalize launch from ``x16`` (float16 [M, ≥ d_in], rows 16-byte aligned,
+    the blocks' columns in the copy's order) and the tail activation ``x_tail`` [M, tail_cols]
+    (any float, unit column stride)."""
+    if out_dtype not in _OUT_DTYPES:
+        raise InvalidInput(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
+    cfg = (GEMM_DEFAULT if config is None else config).check()
+    m_rows = int(x16.shape[0])
+    dev = x16.device
+    out = torch.empty(m_rows, w.d_out, dtype=out_dtype, device=dev)
+    if not w.d_out:
+        return out
+    np_ = (w.n_blocks + 1) // 2
+    k_pairs = gemm_slice_pairs(w.d_out, w.n_blocks, dev, cfg)
+    slices = max(1, triton.cdiv(np_, k_pairs))
+    alloc = torch.empty if w.n_blocks else torch.zeros  # the kernel writes every entry
+    part = alloc(slices, m_rows, w.d_out, dtype=torch.float32, device=dev)
+    if w.n_blocks:
+        mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
+        gemm_kernel[(triton.cdiv(w.d_out, cfg.block_rows), slices)](
+            x16.view(torch.int32), x16.stride(0) // 2, w.words, w.row_centroids,
+            tetra_m1_table(dev), part, w.d_out, m_rows, k_pairs, N_BLOCKS=w.n_blocks, MT=mt,
+            NW=cfg.num_warps, RPS=cfg.rows_per_step if mt < 16 else 1, GROUPED=grouped, T64=w.t64,
+            USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
+        )
+    bo = 256
+    bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
+    gemm_finalize_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
+        part, slices, w.row_scales, x_tail, x_tail.stride(0) if x_tail.numel() else 0, w.tail,
+        out, out.stride(0), w.d_out, m_rows, TAIL=w.tail_cols,
+        TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm, num_warps=4,
+    )
+    return out

@@ -1,0 +1,251 @@
+"""The float16 tensor-core GEMM (``ops_gemm``, ``tetra48_gemm``): its decoded fragments equal the
+float16 twin ``reference.tetra48_dequantize_f16`` bit for bit, its product the twin's product
+within float32 accumulation and the f64 product within float16 accuracy (tails, odd block counts,
+several K-slices, both Tetra layouts, both column orders); bad input is refused. Interpreter tests
+on tiny shapes; GPU tests at a Qwen3-8B shape; an offline sm_90 compile checks that Triton moves
+nothing through shared memory (which holds the staged decode table)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from offline_compile import run_offline
+
+from leechq.codebooks.base import BLOCK
+from leechq.errors import InvalidInput, UnsupportedShape
+from leechq.formats.layouts.tetra48 import random_tetra48
+from leechq.formats.layouts.tetra64 import to_tetra64
+from leechq.kernels import reference as ref
+from tolerance import assert_matmul_close
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+
+
+def _gemm():  # imported lazily: TRITON_INTERPRET must be set before triton compiles anything
+    pytest.importorskip("triton")
+    from leechq.kernels.triton import ops_gemm
+
+    return ops_gemm
+
+
+def _twin(x: torch.Tensor, w) -> torch.Tensor:
+    """The product from the float16 twin values and the float16 activation, in f64: blocks
+    ``x16 · W16ᵀ`` (natural order), then σ_row and the tail of ``x`` (``reference.scale_and_tail``)."""
+    w16 = ref.tetra48_dequantize_f16(w).double()  # block-major, dequantized column order
+    idx = _natural(w)
+    n = BLOCK * w.n_blocks
+    x16 = x[:, :n].to(torch.float16).double()[:, idx]
+    y = x16 @ w16.T
+    return (y * w.row_scales.double() + x[:, n:].double() @ w.tail.double().T)
+
+
+def _natural(w) -> torch.Tensor:
+    from leechq.kernels.triton.ops_dense import dequant_natural_index
+
+    return dequant_natural_index(w.n_blocks, "cpu", grouped=False)
+
+
+try:  # the decode kernel of the bit-exact test (module level: the interpreter reads globals)
+    import triton
+    import triton.language as tl
+
+    from leechq.kernels.triton.tetra48_gemm import pair_fragments, pair_words
+    from leechq.kernels.triton.tetra48_m1 import sb_copy
+except ImportError:  # no Triton: the tests that need it skip
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _fragments_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
+                          T64: tl.constexpr):
+        """``tetra48_gemm.pair_fragments`` of every (row, pair) item, 32 per program: its 24
+        float16x2 words at ``out[item, (h·3 + s)·4 + k]`` (interpreter only: USE_ASM off)."""
+        NP: tl.constexpr = (N_BLOCKS + 1) // 2
+        if T64:
+            STRIDE_W: tl.constexpr = 4 * NP
+        else:
+            STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
+        e = tl.arange(0, 32)
+        item = tl.program_id(0) * 32 + e
+        ok = item < d_out * NP
+        row = tl.where(ok, item // NP, 0)
+        pair = item % NP
+        ok_e = ok & (2 * pair < N_BLOCKS)
+        ok_o = ok & (2 * pair + 1 < N_BLOCKS)
+        words = pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W, T64, False)
+        c0 = tl.load(cent_ptr + 2 * row)
+        c1 = tl.load(cent_ptr + 2 * row + 1)
+        f = pair_fragments(words, c0, c1, tab_ptr, d_out * 0, sb_copy(e), T64, False)
+        for h in tl.static_range(2):
+            for s in tl.static_range(3):
+                for k in tl.static_range(4):
+                    tl.store(out_ptr + item * 24 + (h * 3 + s) * 4 + k, f[h][s][k], mask=ok)
+
+
+def _fragments(w) -> torch.Tensor:
+    """float16 [d_out, pairs, 2, 24]: what ``tetra48_gemm.pair_fragments`` decodes for every
+    (row, pair), run under the interpreter by :func:`_fragments_kernel`."""
+    from leechq.kernels.tables import tetra_m1_table
+
+    npairs = (w.n_blocks + 1) // 2
+    out = torch.zeros(w.d_out, npairs, 24, dtype=torch.int32)
+    _fragments_kernel[(triton.cdiv(w.d_out * npairs, 32),)](
+        w.words, w.row_centroids, tetra_m1_table("cpu"), out, w.d_out, N_BLOCKS=w.n_blocks,
+        T64=w.t64)
+    return out.view(torch.float16).reshape(w.d_out, npairs, 2, BLOCK)
+
+
+@interp
+@pytest.mark.parametrize("t64", [False, True])
+def test_fragments_equal_the_twin_bit_for_bit(t64: bool) -> None:
+    """Every (row, block pair)'s decoded float16 values — the GEMM's ``A`` fragments, section by
+    section — equal ``reference.tetra48_dequantize_f16`` (odd block count: the last pair has no
+    odd block)."""
+    _gemm()
+    w = random_tetra48(9, 7 * BLOCK + 5, seed=11)
+    got = _fragments(to_tetra64(w) if t64 else w)
+    want = ref.tetra48_dequantize_f16(w).reshape(w.d_out, w.n_blocks, BLOCK)
+    flat = got.reshape(w.d_out, -1, BLOCK)[:, : w.n_blocks]
+    assert torch.equal(flat.view(torch.int16), want.view(torch.int16))
+
+
+@interp
+@pytest.mark.parametrize(("d_out", "d_in", "m_rows", "t64"), [
+    (32, 4 * BLOCK, 2, False),  # no tail, one step
+    (37, 7 * BLOCK + 5, 5, True),  # odd block count, tail, rows past a 16-row group
+    (32, 17 * BLOCK + 5, 16, False),  # three K-slices (the last one short)
+    (20, 8 * BLOCK + 23, 33, True),  # five 8-row tiles (MT = 8), a 23-column tail
+])
+def test_product_within_tolerance(d_out: int, d_in: int, m_rows: int, t64: bool) -> None:
+    """The GEMM against the twin's product (float16 values and activation, f64 sums: only the
+    float32 accumulation differs) and against the f64 product of the record (float16
+    accuracy)."""
+    g = _gemm()
+    w = random_tetra48(d_out, d_in, seed=d_out + m_rows)
+    x = torch.randn(m_rows, d_in)
+    y = g.tetra48_matmul_gemm(x, to_tetra64(w) if t64 else w)
+    assert y.dtype == torch.float32 and y.shape == (m_rows, d_out)
+    dense = ref.tetra48_dequantize_rotated(w)
+    assert_matmul_close(y, _twin(x, w), x, dense, torch.float32, what="against the f16 twin")
+    assert_matmul_close(y, ref.tetra48_matvec(x, w).double(), x, dense, torch.float16,
+                        what="against the f64 product")
+
+
+@interp
+def test_slices_and_geometries_agree() -> None:
+    """Other geometries (two row groups per step; one warp and many slices) give the same sums up
+    to float32 reassociation."""
+    g = _gemm()
+    w = random_tetra48(40, 17 * BLOCK + 5, seed=4)
+    x = torch.randn(9, w.d_in)
+    dense = ref.tetra48_dequantize_rotated(w)
+    want = _twin(x, w)
+    for cfg in (g.GemmConfig(4, 2, 2), g.GemmConfig(1, 1, 7)):
+        assert_matmul_close(g.tetra48_matmul_gemm(x, w, config=cfg), want, x, dense,
+                            torch.float32, what=str(cfg))
+
+
+@interp
+@pytest.mark.parametrize("grouped", [True, False])
+def test_ordered_input_equals_natural(grouped: bool) -> None:
+    """From the activation already in ``dense_input_order`` (what the rotation writes for the
+    dense path; a width not a multiple of 8 is copied to aligned rows) the GEMM gives the same
+    numbers as from the natural order, in both column orders of the copy; ``out_dtype`` rounds
+    the same result."""
+    from dataclasses import replace
+
+    from leechq.kernels.triton import ops_dense
+
+    g = _gemm()
+    w = random_tetra48(24, 6 * BLOCK + 7, seed=2)
+    x = torch.randn(6, w.d_in).half().float()  # float16 values: the tail is the same either way
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops_dense, "DEQUANT_DEFAULT", replace(ops_dense.DEQUANT_DEFAULT,
+                                                         grouped=grouped))
+        order = ops_dense.dense_input_order(w, "cpu").long()
+        x16 = torch.empty(6, w.d_in, dtype=torch.float16)
+        x16[:, order] = x.half()
+        got = g.matmul_gemm_ordered(x16, w)
+        want = g.tetra48_matmul_gemm(x, w)
+        assert torch.equal(got, want)
+        half = g.matmul_gemm_ordered(x16, w, out_dtype=torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half, want.half())
+    assert_matmul_close(want, _twin(x, w), x, ref.tetra48_dequantize_rotated(w), torch.float32)
+
+
+@interp
+def test_bad_input_is_refused() -> None:
+    g = _gemm()
+    w = random_tetra48(16, 4 * BLOCK, seed=1)
+    with pytest.raises(UnsupportedShape, match="1..128"):
+        g.tetra48_matmul_gemm(torch.randn(129, w.d_in), w)
+    with pytest.raises(InvalidInput, match="x must be"):
+        g.tetra48_matmul_gemm(torch.randn(3, w.d_in + 1), w)
+    with pytest.raises(InvalidInput, match="x16 must be torch.float16"):
+        g.matmul_gemm_ordered(torch.randn(3, w.d_in), w)
+    with pytest.raises(InvalidInput, match="x16 must be"):
+        g.matmul_gemm_ordered(torch.randn(3, w.d_in + 8).half(), w)
+    with pytest.raises(InvalidInput, match="GEMM geometry"):
+        g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, config=g.GemmConfig(3, 1, 4))
+    with pytest.raises(InvalidInput, match="out_dtype"):
+        g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, out_dtype=torch.int32)
+
+
+_SASS = r"""
+from leechq.kernels.triton import introspect as I
+from leechq.kernels.triton.tetra48_gemm import gemm_kernel
+SIG = {"x_ptr": "*i32", "stride_x": "i32", "w_ptr": "*i32", "cent_ptr": "*fp32",
+       "tab_ptr": "*i32", "part_ptr": "*fp32", "d_out": "i32", "m_rows": "i32", "K_PAIRS": "i32"}
+for mt, rps, t64 in ((1, 1, False), (16, 1, True)):
+    c = I.compile_for(gemm_kernel, SIG, dict(N_BLOCKS=170, MT=mt, NW=4, RPS=rps, GROUPED=True,
+                      T64=t64, USE_ASM=True), num_warps=4,
+                      aligned_ints=("stride_x", "d_out", "K_PAIRS"))
+    loop = I.hot_loop_mix(I.sass(c))["loop"]
+    print(mt, loop.get("HMMA", 0), loop.get("STS", 0), loop.get("BAR", 0), c.metadata.shared)
+"""
+
+
+def test_gemm_compiles_without_triton_shared_memory() -> None:
+    """Compiled offline for sm_90: the hot loop holds the 12·MT·RPS MMAs per step and no shared
+    store or barrier (the staged decode table is the only shared memory; Triton moving anything
+    through it would corrupt the table), and the kernel reserves just the table's 32 KiB."""
+    pytest.importorskip("triton")
+    lines = run_offline(_SASS, timeout=600).strip().splitlines()[-2:]
+    assert lines == ["1 12 0 0 32768", "16 192 0 0 32768"], lines
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+
+_QWEN: dict[str, object] = {}
+
+
+def _qwen_record():
+    """A 4096×4096 record on the CPU and its f64 matrix (built once per session)."""
+    if not _QWEN:
+        w = random_tetra48(4096, 4096, seed=8)
+        _QWEN.update(w=w, dense=ref.tetra48_dequantize_rotated(w))
+    return _QWEN["w"], _QWEN["dense"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t64", [False, True])
+@pytest.mark.parametrize("m_rows", [8, 32, 128])
+def test_qwen3_8b_shape_on_gpu(m_rows: int, t64: bool) -> None:
+    """4096×4096 (a 16-column tail) on the GPU: the product against the twin's (f64 sums of the
+    float16 values: only the float32 accumulation differs) and against the f64 product, for the
+    default geometry and every candidate of the sweep."""
+    g = _gemm()
+    wc, dense = _qwen_record()
+    w = wc.to("cuda")
+    served = to_tetra64(w) if t64 else w
+    xc = torch.randn(m_rows, wc.d_in)
+    twin = _twin(xc, wc)
+    exact = xc.double() @ dense.T
+    for cfg in (g.GEMM_DEFAULT, *g.GEMM_CONFIGS):
+        y = g.tetra48_matmul_gemm(xc.cuda(), served, config=cfg).cpu()
+        assert_matmul_close(y, twin, xc, dense, torch.float32, what=f"twin {cfg}")
+        assert_matmul_close(y, exact, xc, dense, torch.float16, what=f"f64 {cfg}")
