@@ -363,7 +363,28 @@ class TiledPath(Path):
         return True, ""
 
 
-PATHS: list[type[Path]] = [DenseCopyPath, Int8Path, M1Path, TiledPath]
+class GemmF16Path(Path):
+    """The float16 tensor-core GEMM (``ops_gemm.matmul_gemm_ordered``: each block decoded once
+    per launch, no dequantized copy): a serving group's 1..``tuning.GEMM_MAX_ROWS`` rows of a
+    Tetra matrix, from the activation the rotation writes for the dense copy. Listed last, so
+    that it serves no call until its measured range moves it up."""
+
+    name = "gemm-f16"
+
+    @classmethod
+    def _check(cls, req: Request) -> tuple[bool, str]:
+        from leechq.kernels.tuning import GEMM_MAX_ROWS
+
+        if req.layout != "tetra48":
+            return False, f"{cls.name}: decodes Tetra records only"
+        if not req.dense_copy:
+            return False, f"{cls.name}: reads the dense copy's activation order (a serving group)"
+        if not 1 <= req.rows <= GEMM_MAX_ROWS:
+            return False, f"{cls.name}: {req.rows} rows outside 1..{GEMM_MAX_ROWS}"
+        return True, ""
+
+
+PATHS: list[type[Path]] = [DenseCopyPath, Int8Path, M1Path, TiledPath, GemmF16Path]
 """The per-call paths of the lattice matvec, best first: the first that can implement a
 :class:`Request` runs it."""
 

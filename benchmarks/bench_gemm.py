@@ -1,0 +1,180 @@
+"""The many-row Tetra product: fp16 cuBLAS, the served path, and the float16 tensor-core GEMM
+(``ops_gemm``: each block decoded once per launch) over its candidate geometries.
+
+Run on a CUDA machine from the repository root::
+
+    PYTHONPATH=src python benchmarks/bench_gemm.py                  # Qwen3-8B, rows 2..128
+    PYTHONPATH=src python benchmarks/bench_gemm.py --configs 0,1    # a part of the sweep
+    PYTHONPATH=src python benchmarks/bench_gemm.py --dry-run        # tiny shapes, CPU interpreter
+
+Protocol (as ``bench_matvec.py``): one process; every projection group of every layer a distinct
+random matrix (q|k|v 4096→6144, o 4096→4096, gate|up 4096→24576, down 12288→4096, ×36 layers for
+Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.serve.fused.LatticeGroup` in
+the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
+``served`` (the group's forward: rotation, then what the dispatcher picks — ``m1`` at 1–2 rows,
+the int8 kernel at 3–16, the float16 copy and cuBLAS from 17), and ``gemm[i]`` for each candidate
+geometry ``i`` of ``ops_gemm.GEMM_CONFIGS`` (the same rotation into the copy's column order, then
+``ops_gemm.matmul_gemm_ordered`` per part). Every arm is first checked against the f64 product of
+its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then
+its whole pass is one CUDA graph, replayed; arms alternate in rounds, medians of the rounds.
+
+The last stdout line is one JSON object ``{"bench": "gemm", ...}`` (also written to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_matvec import build_fp16, build_tetra, git_sha, graph_of, time_ms  # noqa: E402
+from shapes import MODELS, Model  # noqa: E402
+
+CHECK_ROWS = 256
+"""Output rows of each group kind checked against the f64 product."""
+
+MAX_ERR = {"fp16": 4e-3, "served": 4e-3, "gemm": 4e-3}
+"""The largest ``row_bound_error`` an arm may show (float16 values and activations: a few 2^-11)."""
+
+
+def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """A served group's product through the float16 tensor-core GEMM: the group's rotation into
+    the dequantized copy's column order (as its dense path does), then one GEMM per part."""
+    from leechq.kernels.triton import ops, ops_gemm
+
+    part0 = grp.parts[0]
+    x16 = ops.rotate(x, grp.rot, dense_order=ops.dense_input_order(part0, x.device))
+    ys = [ops_gemm.matmul_gemm_ordered(x16, part, cfg) for part in grp.parts]
+    return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+
+
+def _head(part: Any, rows: int) -> Any:
+    """The first ``rows`` output rows of a record, on the CPU."""
+    rows = min(rows, part.d_out)
+    return replace(part, d_out=rows, **{k: getattr(part, k)[:rows].cpu() for k in (
+        "words", "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
+
+
+def references(tetra: list[Any], fp16: list[torch.Tensor], kinds: int) -> list[dict[str, Any]]:
+    """Per group kind (the first layer's groups): the f64 matrices of the first
+    :data:`CHECK_ROWS` rows of the Tetra group (rotated basis) and of the fp16 weight."""
+    from leechq.kernels import reference as ref
+
+    out = []
+    for grp, w16 in zip(tetra[:kinds], fp16[:kinds], strict=True):
+        head = _head(grp.parts[0], CHECK_ROWS)
+        out.append({"grp": grp, "dense": ref.tetra48_dequantize_rotated(head),
+                    "w16": w16[:CHECK_ROWS].double().cpu(), "rows": head.d_out})
+    return out
+
+
+def check_arm(arm: str, fn: Any, refs: list[dict[str, Any]], rows: int, device: str) -> float:
+    """The worst ``row_bound_error`` of ``fn(group index, grp, x)`` over the group kinds."""
+    from leechq.kernels import reference as ref
+
+    worst = 0.0
+    for i, r in enumerate(refs):
+        grp = r["grp"]
+        x = torch.randn(rows, grp.d_in, device=device, dtype=torch.float16)
+        y = fn(i, grp, x)[:, : r["rows"]].float().cpu()
+        if arm == "fp16":
+            worst = max(worst, ref.row_bound_error(y, x.float().cpu(), r["w16"]))
+        else:
+            xr = ref.rotate(x.float().cpu(), grp.rotation)
+            worst = max(worst, ref.row_bound_error(y, xr, r["dense"]))
+    return worst
+
+
+def bench(model: Model, rows_list: list[int], configs: list[int], device: str, rounds: int,
+          reps: int) -> list[dict[str, Any]]:
+    from leechq.kernels.triton import ops_gemm
+
+    tetra = build_tetra(model, device)
+    fp16 = build_fp16(model, device)
+    kinds = len(model.groups())
+    refs = references(tetra, fp16, kinds)
+    out = []
+    for rows in rows_list:
+        xs = {d: torch.randn(rows, d, device=device, dtype=torch.float16)
+              for d in {g.d_in for g in tetra}}
+        arms: dict[str, Any] = {
+            "fp16": (lambda i, g, x: x @ fp16[i].T,
+                     lambda: [xs[w.shape[1]] @ w.T for w in fp16]),
+            "served": (lambda i, g, x: g(x), lambda: [g(xs[g.d_in]) for g in tetra]),
+        }
+        for c in configs:
+            cfg = ops_gemm.GEMM_CONFIGS[c]
+            arms[f"gemm[{c}]"] = (
+                lambda i, g, x, cfg=cfg: gemm_forward(g, x, cfg),
+                lambda cfg=cfg: [gemm_forward(g, xs[g.d_in], cfg) for g in tetra])
+        errs = {}
+        for arm, (one, _) in arms.items():
+            errs[arm] = check_arm(arm, one, refs, rows, device)
+            limit = MAX_ERR[arm.split("[")[0]]
+            if not errs[arm] <= limit:
+                raise SystemExit(f"{arm} at {rows} rows: error {errs[arm]:.3e} > {limit:.0e}")
+        runs = {arm: graph_of(whole, device) for arm, (_, whole) in arms.items()}
+        per_round: dict[str, list[float]] = {arm: [] for arm in runs}
+        for _ in range(rounds):
+            for arm, run in runs.items():
+                per_round[arm].append(time_ms(run, device, reps))
+        ms = {arm: statistics.median(v) for arm, v in per_round.items()}
+        gemm_arms = [a for a in ms if a.startswith("gemm")]
+        best = min(gemm_arms, key=lambda a: ms[a]) if gemm_arms else None
+        row = {"model": model.name, "rows": rows, "ms": ms, "max_err": errs, "best_gemm": best,
+               "configs": {f"gemm[{c}]": list(ops_gemm.GEMM_SWEEP[c]) for c in configs}}
+        if device.startswith("cuda") and best is not None:
+            row["best_gemm_x_fp16"] = ms["fp16"] / ms[best]
+            row["served_x_fp16"] = ms["fp16"] / ms["served"]
+        print(f"{model.name} rows={rows}: " + ", ".join(f"{a} {v:.3f} ms" for a, v in ms.items())
+              + f"; best {best}", flush=True)
+        out.append(row)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS))
+    p.add_argument("--rows", default="2,4,8,16,32,64,128", help="comma list of row counts")
+    p.add_argument("--configs", default="all",
+                   help="comma list of indices into ops_gemm.GEMM_CONFIGS, or 'all'")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dry-run", action="store_true",
+                   help="two tiny layers under the Triton interpreter on the CPU (no timing)")
+    p.add_argument("--out", default=None, help="also write the JSON line here")
+    a = p.parse_args()
+    rows = [int(r) for r in a.rows.split(",")]
+    if a.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+        model, device, rows, a.rounds, a.reps = (Model("tiny", 2, 128, 256, 2, 1, 32), "cpu",
+                                                 [2, 17], 1, 1)
+    else:
+        model, device = MODELS[a.model], "cuda"
+    from leechq.kernels.tuning import GEMM_SWEEP
+
+    configs = (list(range(len(GEMM_SWEEP))) if a.configs == "all"
+               else [int(c) for c in a.configs.split(",")])
+    if a.dry_run:
+        configs = configs[:2]
+    results = bench(model, rows, configs, device, a.rounds, a.reps)
+    line = json.dumps({"bench": "gemm", "git": git_sha(), "device": (
+        torch.cuda.get_device_name() if device == "cuda" else "cpu"), "results": results})
+    if a.out:
+        Path(a.out).write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
