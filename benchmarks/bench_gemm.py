@@ -109,14 +109,14 @@ def bench(model: Model, rows_list: list[int], configs: list[int], device: str, r
               for d in {g.d_in for g in tetra}}
         arms: dict[str, Any] = {
             "fp16": (lambda i, g, x: x @ fp16[i].T,
-                     lambda: [xs[w.shape[1]] @ w.T for w in fp16]),
-            "served": (lambda i, g, x: g(x), lambda: [g(xs[g.d_in]) for g in tetra]),
+                     lambda xs=xs: [xs[w.shape[1]] @ w.T for w in fp16]),
+            "served": (lambda i, g, x: g(x), lambda xs=xs: [g(xs[g.d_in]) for g in tetra]),
         }
         for c in configs:
             cfg = ops_gemm.GEMM_CONFIGS[c]
             arms[f"gemm[{c}]"] = (
                 lambda i, g, x, cfg=cfg: gemm_forward(g, x, cfg),
-                lambda cfg=cfg: [gemm_forward(g, xs[g.d_in], cfg) for g in tetra])
+                lambda cfg=cfg, xs=xs: [gemm_forward(g, xs[g.d_in], cfg) for g in tetra])
         errs = {}
         for arm, (one, _) in arms.items():
             errs[arm] = check_arm(arm, one, refs, rows, device)

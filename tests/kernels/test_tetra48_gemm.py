@@ -12,13 +12,13 @@ import os
 import pytest
 import torch
 from offline_compile import run_offline
+from tolerance import assert_matmul_close
 
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.layouts.tetra48 import random_tetra48
 from leechq.formats.layouts.tetra64 import to_tetra64
 from leechq.kernels import reference as ref
-from tolerance import assert_matmul_close
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                             reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
@@ -33,7 +33,8 @@ def _gemm():  # imported lazily: TRITON_INTERPRET must be set before triton comp
 
 def _twin(x: torch.Tensor, w) -> torch.Tensor:
     """The product from the float16 twin values and the float16 activation, in f64: blocks
-    ``x16 · W16ᵀ`` (natural order), then σ_row and the tail of ``x`` (``reference.scale_and_tail``)."""
+    ``x16 · W16ᵀ`` (natural order), then σ_row and the tail of ``x``
+    (``reference.scale_and_tail``)."""
     w16 = ref.tetra48_dequantize_f16(w).double()  # block-major, dequantized column order
     idx = _natural(w)
     n = BLOCK * w.n_blocks
@@ -180,11 +181,11 @@ def test_ordered_input_equals_natural(grouped: bool) -> None:
 def test_bad_input_is_refused() -> None:
     g = _gemm()
     w = random_tetra48(16, 4 * BLOCK, seed=1)
-    with pytest.raises(UnsupportedShape, match="1..128"):
+    with pytest.raises(UnsupportedShape, match=r"1\.\.128"):
         g.tetra48_matmul_gemm(torch.randn(129, w.d_in), w)
     with pytest.raises(InvalidInput, match="x must be"):
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in + 1), w)
-    with pytest.raises(InvalidInput, match="x16 must be torch.float16"):
+    with pytest.raises(InvalidInput, match=r"x16 must be torch\.float16"):
         g.matmul_gemm_ordered(torch.randn(3, w.d_in), w)
     with pytest.raises(InvalidInput, match="x16 must be"):
         g.matmul_gemm_ordered(torch.randn(3, w.d_in + 8).half(), w)
@@ -192,6 +193,27 @@ def test_bad_input_is_refused() -> None:
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, config=g.GemmConfig(3, 1, 4))
     with pytest.raises(InvalidInput, match="out_dtype"):
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, out_dtype=torch.int32)
+
+
+def test_gemm_path_is_listed_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``select.GemmF16Path`` takes a serving group's 1..128 Tetra rows but, listed after the
+    paths that take everything, serves no call yet; it refuses Planes14, natural-order callers
+    and 129 rows with a reason."""
+    pytest.importorskip("triton")
+    from leechq.kernels import select
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    dev = torch.device("cpu")
+    assert select.PATHS[-1] is select.GemmF16Path
+    for rows in (1, 2, 17, 128):
+        req = select.Request("tetra48", rows, dev, n_blocks=4, dense_copy=True)
+        assert select.GemmF16Path.can_implement(req) == (True, "")
+        assert select.choose_path(req) is not select.GemmF16Path
+    for req, why in ((select.Request("planes14", 8, dev, n_blocks=4, dense_copy=True), "Tetra"),
+                     (select.Request("tetra48", 8, dev, n_blocks=4), "dense copy"),
+                     (select.Request("tetra48", 129, dev, n_blocks=4, dense_copy=True), "1..128")):
+        ok, reason = select.GemmF16Path.can_implement(req)
+        assert not ok and why in reason
 
 
 _SASS = r"""

@@ -3,8 +3,9 @@
 The many-row path (:mod:`.tetra48_dequant` then cuBLAS) writes a float16 copy of every matrix
 and reads it back; the int8 kernel (:mod:`.tetra48_imma`) decodes once per 8-row chunk and
 splits the activation into byte limbs. Here a program decodes its weight tile once into float16
-values held in registers — the dequantization kernel's arithmetic (:func:`.tetra48_dequant.block_values`,
-:func:`.tetra48_dequant.f16_eight`: the same float16 numbers, bit for bit, as
+values held in registers — the dequantization kernel's arithmetic
+(:func:`.tetra48_dequant.block_values`, :func:`.tetra48_dequant.f16_eight`: the same float16
+numbers, bit for bit, as
 ``reference.tetra48_dequantize_f16``) — and multiplies them against every activation row (up to
 128) with ``mma.sync.m16n8k16`` (float16 × float16 → float32). No dequantized value is written.
 
@@ -214,7 +215,10 @@ def _step_mmas(acc_u, acc_v, fa, fb, fc, fd, xrow, row_ok, pair, pe, po, NP: tl.
     ``B`` words, loaded once for both groups (zeros where the activation row or the block is
     absent: ``row_ok`` ``[MT, L]``, ``pe``/``po`` the even/odd block of the lane's pair)."""
     for h in tl.static_range(2):
-        ok = row_ok & (pe if h == 0 else po)[None, :]
+        if h == 0:  # noqa: SIM108 (statements: a constexpr branch in any Triton version)
+            ok = row_ok & pe[None, :]
+        else:
+            ok = row_ok & po[None, :]
         for s in tl.static_range(3):
             u = _x_words(xrow, ok, pair, h, s, NP, N_BLOCKS, GROUPED, USE_ASM)
             acc_u = _section_mmas(acc_u, fa[h][s], fb[h][s], u, NW, USE_ASM)
