@@ -4,7 +4,7 @@
 Run on a CUDA machine from the repository root::
 
     PYTHONPATH=src python benchmarks/bench_gemm.py                  # Qwen3-8B, rows 2..128
-    PYTHONPATH=src python benchmarks/bench_gemm.py --configs 0,1    # a part of the sweep
+    PYTHONPATH=src python benchmarks/bench_gemm.py --configs 0,4x2x2  # a part of the sweep
     PYTHONPATH=src python benchmarks/bench_gemm.py --dry-run        # tiny shapes, CPU interpreter
 
 Protocol (as ``bench_matvec.py``): one process; every projection group of every layer a distinct
@@ -12,9 +12,10 @@ random matrix (q|k|v 4096→6144, o 4096→4096, gate|up 4096→24576, down 1228
 Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.serve.fused.LatticeGroup` in
 the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
 ``served`` (the group's forward: rotation, then what the dispatcher picks — ``m1`` at 1–2 rows,
-the int8 kernel at 3–16, the float16 copy and cuBLAS from 17), and ``gemm[i]`` for each candidate
-geometry ``i`` of ``ops_gemm.GEMM_CONFIGS`` (the same rotation into the copy's column order, then
-``ops_gemm.matmul_gemm_ordered`` per part). Every arm is first checked against the f64 product of
+the int8 kernel at 3–16, the float16 copy and cuBLAS from 17), and ``gemm[WxRxP]`` for each
+candidate geometry (warps, row groups per step, programs per SM; default ``tuning.GEMM_SWEEP``:
+the same rotation into the copy's column order, then ``ops_gemm.matmul_gemm_ordered`` per
+part). Every arm is first checked against the f64 product of
 its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then
 its whole pass is one CUDA graph, replayed; arms alternate in rounds, medians of the rounds.
 
@@ -95,8 +96,22 @@ def check_arm(arm: str, fn: Any, refs: list[dict[str, Any]], rows: int, device: 
     return worst
 
 
-def bench(model: Model, rows_list: list[int], configs: list[int], device: str, rounds: int,
-          reps: int) -> list[dict[str, Any]]:
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    """``all`` (every geometry of ``tuning.GEMM_SWEEP``) or a comma list of indices into it
+    and/or explicit geometries ``WARPSxROWS_PER_STEPxPROGRAMS_PER_SM`` (e.g. ``4x2x3``)."""
+    from leechq.kernels.tuning import GEMM_SWEEP
+
+    if text == "all":
+        return list(GEMM_SWEEP)
+    out = []
+    for item in text.split(","):
+        out.append(tuple(int(v) for v in item.split("x")) if "x" in item
+                   else GEMM_SWEEP[int(item)])
+    return out
+
+
+def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]], device: str,
+          rounds: int, reps: int) -> list[dict[str, Any]]:
     from leechq.kernels.triton import ops_gemm
 
     tetra = build_tetra(model, device)
@@ -113,8 +128,8 @@ def bench(model: Model, rows_list: list[int], configs: list[int], device: str, r
             "served": (lambda i, g, x: g(x), lambda xs=xs: [g(xs[g.d_in]) for g in tetra]),
         }
         for c in configs:
-            cfg = ops_gemm.GEMM_CONFIGS[c]
-            arms[f"gemm[{c}]"] = (
+            cfg = ops_gemm.GemmConfig(*c).check()
+            arms["gemm[{}x{}x{}]".format(*c)] = (
                 lambda i, g, x, cfg=cfg: gemm_forward(g, x, cfg),
                 lambda cfg=cfg, xs=xs: [gemm_forward(g, xs[g.d_in], cfg) for g in tetra])
         errs = {}
@@ -131,8 +146,7 @@ def bench(model: Model, rows_list: list[int], configs: list[int], device: str, r
         ms = {arm: statistics.median(v) for arm, v in per_round.items()}
         gemm_arms = [a for a in ms if a.startswith("gemm")]
         best = min(gemm_arms, key=lambda a: ms[a]) if gemm_arms else None
-        row = {"model": model.name, "rows": rows, "ms": ms, "max_err": errs, "best_gemm": best,
-               "configs": {f"gemm[{c}]": list(ops_gemm.GEMM_SWEEP[c]) for c in configs}}
+        row = {"model": model.name, "rows": rows, "ms": ms, "max_err": errs, "best_gemm": best}
         if device.startswith("cuda") and best is not None:
             row["best_gemm_x_fp16"] = ms["fp16"] / ms[best]
             row["served_x_fp16"] = ms["fp16"] / ms["served"]
@@ -147,7 +161,8 @@ def main() -> int:
     p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS))
     p.add_argument("--rows", default="2,4,8,16,32,64,128", help="comma list of row counts")
     p.add_argument("--configs", default="all",
-                   help="comma list of indices into ops_gemm.GEMM_CONFIGS, or 'all'")
+                   help="'all' (tuning.GEMM_SWEEP) or a comma list of indices into it and/or "
+                        "geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x3")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dry-run", action="store_true",
@@ -161,10 +176,7 @@ def main() -> int:
                                                  [2, 17], 1, 1)
     else:
         model, device = MODELS[a.model], "cuda"
-    from leechq.kernels.tuning import GEMM_SWEEP
-
-    configs = (list(range(len(GEMM_SWEEP))) if a.configs == "all"
-               else [int(c) for c in a.configs.split(",")])
+    configs = parse_configs(a.configs)
     if a.dry_run:
         configs = configs[:2]
     results = bench(model, rows, configs, device, a.rounds, a.reps)
