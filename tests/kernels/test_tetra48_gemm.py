@@ -49,54 +49,60 @@ def _natural(w) -> torch.Tensor:
     return dequant_natural_index(w.n_blocks, "cpu", grouped=False)
 
 
-try:  # the decode kernel of the bit-exact test (module level: the interpreter reads globals)
+try:  # the decode kernel of the bit-exact tests (module level: the interpreter reads globals)
     import triton
     import triton.language as tl
 
+    from leechq.kernels.triton._bits import global_load32, global_store32
     from leechq.kernels.triton.tetra48_gemm import pair_fragments, pair_words
-    from leechq.kernels.triton.tetra48_m1 import sb_copy
+    from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
 except ImportError:  # no Triton: the tests that need it skip
     triton = None
 
 if triton is not None:
     @triton.jit
     def _fragments_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                          T64: tl.constexpr):
-        """``tetra48_gemm.pair_fragments`` of every (row, pair) item, 32 per program: its 24
-        float16x2 words at ``out[item, (h·3 + s)·4 + k]`` (interpreter only: USE_ASM off)."""
+                          T64: tl.constexpr, USE_ASM: tl.constexpr):
+        """``tetra48_gemm.pair_fragments`` of every (row, pair) item, 128 per program (4 warps),
+        from the staged table as the GEMM reads it: its 24 float16x2 words at
+        ``out[item, (h·3 + s)·4 + k]``."""
         NP: tl.constexpr = (N_BLOCKS + 1) // 2
         if T64:
             STRIDE_W: tl.constexpr = 4 * NP
         else:
             STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
-        e = tl.arange(0, 32)
-        item = tl.program_id(0) * 32 + e
+        base = stage_table(tab_ptr, d_out, USE_ASM)
+        e = tl.arange(0, 128)
+        item = tl.program_id(0) * 128 + e
         ok = item < d_out * NP
         row = tl.where(ok, item // NP, 0)
         pair = item % NP
         ok_e = ok & (2 * pair < N_BLOCKS)
         ok_o = ok & (2 * pair + 1 < N_BLOCKS)
-        words = pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W, T64, False)
-        c0 = tl.load(cent_ptr + 2 * row)
-        c1 = tl.load(cent_ptr + 2 * row + 1)
-        f = pair_fragments(words, c0, c1, tab_ptr, d_out * 0, sb_copy(e), T64, False)
+        words = pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W, T64, USE_ASM)
+        c0 = global_load32(cent_ptr + 2 * row, ok, USE_ASM).to(tl.float32, bitcast=True)
+        c1 = global_load32(cent_ptr + 2 * row + 1, ok, USE_ASM).to(tl.float32, bitcast=True)
+        f = pair_fragments(words, c0, c1, tab_ptr, base, sb_copy(e), T64, USE_ASM)
         for h in tl.static_range(2):
             for s in tl.static_range(3):
                 for k in tl.static_range(4):
-                    tl.store(out_ptr + item * 24 + (h * 3 + s) * 4 + k, f[h][s][k], mask=ok)
+                    global_store32(out_ptr + item * 24 + (h * 3 + s) * 4 + k, f[h][s][k], ok,
+                                   USE_ASM)
 
 
 def _fragments(w) -> torch.Tensor:
     """float16 [d_out, pairs, 2, 24]: what ``tetra48_gemm.pair_fragments`` decodes for every
-    (row, pair), run under the interpreter by :func:`_fragments_kernel`."""
+    (row, pair) (:func:`_fragments_kernel`; on the GPU from the table in shared memory)."""
     from leechq.kernels.tables import tetra_m1_table
+    from leechq.kernels.triton.ops_common import _use_asm
 
     npairs = (w.n_blocks + 1) // 2
-    out = torch.zeros(w.d_out, npairs, 24, dtype=torch.int32)
-    _fragments_kernel[(triton.cdiv(w.d_out * npairs, 32),)](
-        w.words, w.row_centroids, tetra_m1_table("cpu"), out, w.d_out, N_BLOCKS=w.n_blocks,
-        T64=w.t64)
-    return out.view(torch.float16).reshape(w.d_out, npairs, 2, BLOCK)
+    dev = w.words.device
+    out = torch.zeros(w.d_out, npairs, 24, dtype=torch.int32, device=dev)
+    _fragments_kernel[(triton.cdiv(w.d_out * npairs, 128),)](
+        w.words, w.row_centroids, tetra_m1_table(dev), out, w.d_out, N_BLOCKS=w.n_blocks,
+        T64=w.t64, USE_ASM=_use_asm(), num_warps=4)
+    return out.view(torch.float16).reshape(w.d_out, npairs, 2, BLOCK).cpu()
 
 
 @interp
@@ -137,14 +143,14 @@ def test_product_within_tolerance(d_out: int, d_in: int, m_rows: int, t64: bool)
 
 @interp
 def test_slices_and_geometries_agree() -> None:
-    """Other geometries (two row groups per step; one warp and many slices) give the same sums up
-    to float32 reassociation."""
+    """Other geometries (two row groups per step; two warps and many slices) give the same sums
+    up to float32 reassociation."""
     g = _gemm()
     w = random_tetra48(40, 17 * BLOCK + 5, seed=4)
     x = torch.randn(9, w.d_in)
     dense = ref.tetra48_dequantize_rotated(w)
     want = _twin(x, w)
-    for cfg in (g.GemmConfig(4, 2, 2), g.GemmConfig(1, 1, 7)):
+    for cfg in (g.GemmConfig(4, 2, 2), g.GemmConfig(2, 1, 7)):
         assert_matmul_close(g.tetra48_matmul_gemm(x, w, config=cfg), want, x, dense,
                             torch.float32, what=str(cfg))
 
@@ -189,8 +195,9 @@ def test_bad_input_is_refused() -> None:
         g.matmul_gemm_ordered(torch.randn(3, w.d_in), w)
     with pytest.raises(InvalidInput, match="x16 must be"):
         g.matmul_gemm_ordered(torch.randn(3, w.d_in + 8).half(), w)
-    with pytest.raises(InvalidInput, match="GEMM geometry"):
-        g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, config=g.GemmConfig(3, 1, 4))
+    for bad in (g.GemmConfig(1, 1, 4), g.GemmConfig(4, 3, 4), g.GemmConfig(4, 1, 8)):
+        with pytest.raises(InvalidInput, match="GEMM geometry"):
+            g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, config=bad)
     with pytest.raises(InvalidInput, match="out_dtype"):
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, out_dtype=torch.int32)
 
@@ -251,6 +258,20 @@ def _qwen_record():
         w = random_tetra48(4096, 4096, seed=8)
         _QWEN.update(w=w, dense=ref.tetra48_dequantize_rotated(w))
     return _QWEN["w"], _QWEN["dense"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t64", [False, True])
+def test_fragments_bit_exact_on_gpu(t64: bool) -> None:
+    """On the GPU (the table staged in shared memory, the PTX helpers): the decoded fragments of
+    a 300×(50 blocks + 7) record equal the float16 twin bit for bit."""
+    _gemm()
+    w = random_tetra48(300, 50 * BLOCK + 7, seed=7)
+    wd = w.to("cuda")
+    got = _fragments(to_tetra64(wd) if t64 else wd)
+    want = ref.tetra48_dequantize_f16(w).reshape(w.d_out, w.n_blocks, BLOCK)
+    flat = got.reshape(w.d_out, -1, BLOCK)[:, : w.n_blocks]
+    assert torch.equal(flat.view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.gpu

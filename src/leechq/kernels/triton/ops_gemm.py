@@ -46,7 +46,8 @@ _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Geometry of the float16 tensor-core GEMM: ``num_warps`` warps per program, each taking
+    """Geometry of the float16 tensor-core GEMM: ``num_warps`` (2, 4 or 8; with one warp Triton
+    reserves no shared memory for the staged table) warps per program, each taking
     ``rows_per_step`` (1 or 2) groups of 16 weight rows per K step (sharing the step's
     activation fragments); K is split into slices so that about ``programs_per_sm`` programs per
     SM cover the matrix (each stages the 32 KiB decode table: at most 7 per SM). Above 64
@@ -59,9 +60,9 @@ class GemmConfig:
 
     def check(self) -> GemmConfig:
         """This config, or :class:`InvalidInput` naming what is out of range."""
-        if self.num_warps not in (1, 2, 4, 8) or self.rows_per_step not in (1, 2) or not (
+        if self.num_warps not in (2, 4, 8) or self.rows_per_step not in (1, 2) or not (
                 1 <= self.programs_per_sm <= 7):
-            raise InvalidInput(f"GEMM geometry {self}: num_warps must be 1, 2, 4 or 8, "
+            raise InvalidInput(f"GEMM geometry {self}: num_warps must be 2, 4 or 8, "
                                "rows_per_step 1 or 2, programs_per_sm 1..7")
         return self
 
