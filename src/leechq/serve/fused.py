@@ -119,14 +119,15 @@ def fused_kernels_available(d_out: int, d_in: int, odd: int, device: torch.devic
                             layout: str = "tetra48") -> str | None:
     """None when the Triton matvec of ``layout`` (and the rotation, for ``odd`` > 0) serve this
     shape on ``device``; otherwise the reason."""
-    from leechq.kernels.select import Shape, choose_kernel
+    from leechq.kernels.select import Request, choose
 
     try:
-        k = choose_kernel("matvec", layout, Shape(d_out, d_in, KERNEL_ROWS), device)
+        k = choose(Request(layout, KERNEL_ROWS, device, n_blocks=d_in // 24, d_out=d_out,
+                           d_in=d_in, tail_cols=d_in % 24))
         if k.backend != "triton":
             return f"the {layout} matvec on {device} is {k.name}, not a fused kernel"
         if odd:
-            r = choose_kernel("rotate", "rotation", Shape(0, d_in, 1, 0, odd), device)
+            r = choose(Request("rotation", 1, device, op="rotate", d_in=d_in, odd=odd))
             if r.backend != "triton":
                 return f"the rotation on {device} is {r.name}, not a fused kernel"
     except KernelUnavailable as exc:
@@ -271,14 +272,14 @@ class LatticeGroup(nn.Module):
 
     def _matvec_path(self, m_rows: int) -> bool:
         """Whether ``m_rows`` rows run the lattice matvec from the prepared activation rather than
-        the float16 dequantized copies: the dispatch table's choice (``kernels.select.PATHS``;
+        the float16 dequantized copies: the dispatch table's choice (``kernels.select.KERNELS``;
         ``dense-f16`` takes a group's rows from ``tuning.DENSE_MIN_ROWS``, for Planes14 only
         where its dequantization kernel is enabled)."""
-        from leechq.kernels.select import DenseCopyPath, Request, choose_path
+        from leechq.kernels.select import Request, choose
 
         device = getattr(self.parts[0], _DATA[self.layout]).device
         req = Request(self.layout, m_rows, device, n_blocks=self.n_blocks, dense_copy=True)
-        return choose_path(req) is not DenseCopyPath
+        return choose(req).name != "dense-f16"
 
     def fuses_pre_ops(self, m_rows: int) -> bool:
         """Whether the RMSNorm or SwiGLU that produces this group's input can run inside its

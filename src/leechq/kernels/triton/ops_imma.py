@@ -42,16 +42,11 @@ def imma_chunks(m_rows: int) -> int:
 
 
 def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
-    """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
-    on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
-    plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
-    plan). Asks the dispatch table (``kernels.select.PATHS``: ``imma`` first for such a call)."""
-    from leechq.kernels.select import Int8Path, Request, choose_path
+    """Whether the dispatch table runs ``m_rows`` unconfigured activation rows of ``w`` on the
+    int8 tensor-core kernel (``ops.matvec_path`` chooses the entry ``imma``)."""
+    from leechq.kernels.triton.ops import matvec_path
 
-    tetra = hasattr(w, "words")
-    data = w.words if tetra else w.records
-    req = Request("tetra48" if tetra else "planes14", m_rows, data.device, n_blocks=w.n_blocks)
-    return choose_path(req) is Int8Path
+    return matvec_path(w, m_rows)[0] == "imma"
 
 
 def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
