@@ -14,7 +14,7 @@ from leechq.kernels.select import Request, choose
 
 pytest.importorskip("triton")
 # imported under the interpreter (the test command's TRITON_INTERPRET=1), before any test unsets it
-from leechq.kernels.triton import ops  # noqa: E402
+from leechq.kernels.triton import ops
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -31,7 +31,8 @@ def test_one_table_best_first() -> None:
     names = [k.name for k in select.KERNELS]
     assert names[:4] == ["dense-f16", "imma", "m1", "tiled"]
     assert names.index("triton-rotate") < names.index("reference-rotate")
-    assert all(k.backend == "reference" for k in select.KERNELS[names.index("reference-tetra48-matvec"):])
+    first_ref = names.index("reference-tetra48-matvec")
+    assert all(k.backend == "reference" for k in select.KERNELS[first_ref:])
 
 
 def test_nothing_fits_lists_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:

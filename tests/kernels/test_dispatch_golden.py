@@ -17,7 +17,7 @@ from leechq.kernels.select import Request, choose
 
 pytest.importorskip("triton")
 # imported under the interpreter (the test command's TRITON_INTERPRET=1), before any test unsets it
-from leechq.kernels.triton import ops  # noqa: E402
+from leechq.kernels.triton import ops
 
 ROWS = range(1, 129)
 CUDA = torch.device("cuda")

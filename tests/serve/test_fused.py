@@ -284,6 +284,7 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     assert calls == [20] and y.shape == (20, 24)
     assert (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
     monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: False)
+    select.clear_memo()  # the table read the check's verdict: choose again
     y = group(x)
     assert calls == [20]
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
@@ -364,11 +365,10 @@ def test_direct_tetra_group_in_tetra64(monkeypatch: pytest.MonkeyPatch, rows: in
     """``_direct_group(t64=True)`` holds its words in the ``tetra64`` layout and gives the
     standard-layout group's outputs bit for bit (one and two rows on ``m1``, three on the int8
     kernel, forced here as on a GPU); ``t64=None`` follows ``ops.t64_serving`` (off on the CPU)."""
-    from leechq.kernels.triton import ops
+    from leechq.kernels import select
     from leechq.serve.random_codes import _direct_group, _DirectLattice
 
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
-    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # as on a GPU
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)  # the table as on a GPU
     rot = generate_rotation(72, 5)
     lattices = [_DirectLattice(16, 72, rot), _DirectLattice(8, 72, rot)]
     std = _direct_group(lattices, "cpu", torch.float32, seed=2, t64=False)
@@ -411,10 +411,10 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     launch's (``_rotation_records`` patched to None) bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
     records); a 72-wide group (a rotation of several groups) keeps the launch."""
     from leechq.kernels.reference import rms_norm
-    from leechq.kernels.triton import ops
+    from leechq.kernels import select
     from leechq.serve.fused import LatticeGroup
 
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)  # the table as on a GPU
     launches, calls = [], []
     from leechq.kernels.triton import ops_imma
 
@@ -433,8 +433,6 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
     biases = [None, torch.randn(8)]
     group = LatticeGroup.from_records(recs, biases, "cpu")
-    if ball:  # the m1 order needs an m1 plan: the GPU's choice for several rows
-        monkeypatch.setattr(ops, "planes14_m1_groups", lambda w, r, d, c=None: [(r, None)])
     g = torch.Generator().manual_seed(7)
     x = torch.randn(rows, 128, generator=g)
     weight = (1 + 0.2 * torch.randn(128, generator=g)).half()

@@ -251,7 +251,7 @@ class M1(_Lattice):
         from leechq.kernels.triton import ops
 
         if req.d_out > ops.TICKET_SLOTS * M1_MIN_CHUNK:
-            for rows, cfg in ops.m1_plan(req.d_out, req.n_blocks, req.device, req.tail_cols,
+            for _rows, cfg in ops.m1_plan(req.d_out, req.n_blocks, req.device, req.tail_cols,
                                          req.rows, req.layout == "tetra64"):
                 chunks = -(-req.d_out // cfg.rows)
                 if chunks > ops.TICKET_SLOTS:
@@ -505,7 +505,8 @@ def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], rows: int, dtype: torch
 
 def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
                 preference: str | None = None) -> LinearPlan:
-    """Pack ``record`` (a ``QuantizedWeight`` or an ``Int4Weight``) for the best kernel on ``device``.
+    """Pack ``record`` (a ``QuantizedWeight`` or an ``Int4Weight``) for the best kernel on
+    ``device``.
 
     Tetra-coded matrices → ``tetra48``, ball-coded → ``planes14``, int4 → the int4 matvec. The
     layer is chosen for (one row, ``device``) by :func:`choose` (``preference``: its ``prefer``);
