@@ -157,3 +157,24 @@ def test_failed_first_use_check_warns_and_chooses_again(monkeypatch: pytest.Monk
     assert ops.matvec_path(w, 1) == ("tiled", None)
     want = (x.double() @ ref.tetra48_dequantize_rotated(w).T).float()
     assert torch.allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layers_path_is_computed_once_per_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ops.matvec_path`` keeps its answer (entry and ``m1`` launch groups) per request: the
+    second call of a row count neither chooses nor plans again; a new ``LEECHQ_DISABLE_KERNELS``
+    does both again."""
+    from leechq.formats.layouts.tetra48 import random_tetra48
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEECHQ_DISABLE_KERNELS", raising=False)
+    plans, chosen = [], []
+    m1_plan, real_choose = ops.m1_plan, select.choose
+    monkeypatch.setattr(ops, "m1_plan", lambda *a, **k: plans.append(1) or m1_plan(*a, **k))
+    monkeypatch.setattr(select, "choose", lambda *a, **k: chosen.append(1) or real_choose(*a, **k))
+    w = random_tetra48(8, 2 * 24 + 5, seed=1)
+    first = ops.matvec_path(w, 1)
+    assert first[0] == "m1" and ops.matvec_path(w, 1) == first
+    assert (len(plans), len(chosen)) == (1, 1)
+    assert ops.matvec_path(w, 2) == ("tiled", None) and (len(plans), len(chosen)) == (1, 2)
+    monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "m1")
+    assert ops.matvec_path(w, 1) == ("tiled", None) and (len(plans), len(chosen)) == (1, 3)

@@ -356,6 +356,9 @@ KERNELS: list[type[Kernel]] = [
 
 _MEMO: dict[tuple[Request, str | None], type[Kernel]] = {}
 _MEMO_ENV: list[tuple[str, str]] = [("", "")]
+_GENERATION = [0]
+"""Bumped whenever choices may change (the memo dropped, an entry refused): callers that keep
+what they derived from a choice key it on :func:`generation`."""
 _REFUSED: dict[Request, dict[str, str]] = {}
 """Per request, the entries :func:`refuse` marked unusable (name → reason)."""
 
@@ -375,6 +378,23 @@ def clear_memo() -> None:
     itself)."""
     _MEMO.clear()
     _REFUSED.clear()
+    _GENERATION[0] += 1
+
+
+def generation() -> int:
+    """A counter that changes whenever a memoized choice may no longer hold (``clear_memo``,
+    ``refuse``, a new ``LEECHQ_DISABLE_KERNELS`` or ``TRITON_INTERPRET``): a caller that caches
+    what it derived from :func:`choose` (e.g. ``ops.matvec_path``'s launch groups) keys it on
+    this."""
+    _check_env()
+    return _GENERATION[0]
+
+
+def _check_env() -> None:
+    if _MEMO_ENV[0] != _env():
+        _MEMO.clear()
+        _MEMO_ENV[0] = _env()
+        _GENERATION[0] += 1
 
 
 def refuse(name: str, req: Request, reason: str) -> None:
@@ -383,6 +403,7 @@ def refuse(name: str, req: Request, reason: str) -> None:
     _REFUSED.setdefault(req, {})[name] = f"{name}: {reason}"
     for key in [k for k in _MEMO if k[0] == req]:
         del _MEMO[key]
+    _GENERATION[0] += 1
 
 
 def _matches(k: type[Kernel], names: Iterable[str], layout: str) -> bool:
@@ -420,9 +441,7 @@ def choose(req: Request, prefer: str | None = None,
         prefer = None
     memo = not skip and not torch.compiler.is_compiling()  # traced: chosen while tracing
     if memo:
-        if _MEMO_ENV[0] != _env():
-            _MEMO.clear()
-            _MEMO_ENV[0] = _env()
+        _check_env()
         if (req, prefer) in _MEMO:
             return _MEMO[(req, prefer)]
     table = KERNELS

@@ -778,28 +778,47 @@ def matvec_path(w: Tetra48Weight | Planes14Weight, m_rows: int,
     Each group's geometry passes the ``m1`` kernel's first-use check on the device
     (:func:`m1_enabled`); a failed check (which warns, naming the kernel) marks ``m1`` unusable
     for this request (``select.refuse``) and the table chooses again. Under a CUDA-graph capture
-    with no verdict yet, ``m1`` is passed over for this call only.
+    with no verdict yet, ``m1`` is passed over for this call only. The answer is kept per
+    request and ``select.generation()`` (not while ``torch.compile`` traces), so a layer's
+    calls of one row count compute it once.
 
     Raises:
         KernelUnavailable: no entry can run the request (the message lists why)."""
     from leechq.kernels import select
 
     req = matvec_request(w, m_rows, device)
+    traced = torch.compiler.is_compiling()
+    key = None if traced else (req, select.generation())
+    if key is not None and key in _PATHS:
+        return _PATHS[key]
     check = _m1_check(req.layout)
     skip: frozenset[str] = frozenset()
     while True:
         k = select.choose(req, skip=skip)
         if k.name != "m1" and not (k.name == "imma" and req.layout == "planes14"):
-            return k.name, None
+            path = (k.name, None)
+            break
         plan = m1_plan(w.d_out, w.n_blocks, req.device, w.tail_cols, m_rows,
                        req.layout == "tetra64")
         verdicts = [_m1_verdict(req.device, c, check) for _, c in plan]
         if all(v is True for v in verdicts):
-            return k.name, plan
+            path = (k.name, plan)
+            break
         if any(v is False for v in verdicts):
             select.refuse("m1", req, f"the kernel failed its first-use check on {req.device}")
+            key = None if traced else (req, select.generation())
         else:  # under a capture with no verdict yet: this call only
             skip = skip | {"m1", "imma"} if req.layout == "planes14" else skip | {"m1"}
+            key = None
+    if key is not None:
+        if len(_PATHS) > 4096:
+            _PATHS.clear()
+        _PATHS[key] = path
+    return path
+
+
+_PATHS: dict[tuple[Any, int], tuple[str, list[tuple[int, MatvecConfig]] | None]] = {}
+""":func:`matvec_path`'s answers per (request, ``select.generation()``)."""
 
 
 def _m1_verdict(device: torch.device, cfg: MatvecConfig, check: Callable) -> bool | None:
