@@ -178,3 +178,37 @@ def test_a_layers_path_is_computed_once_per_row_count(monkeypatch: pytest.Monkey
     assert ops.matvec_path(w, 2) == ("tiled", None) and (len(plans), len(chosen)) == (1, 2)
     monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "m1")
     assert ops.matvec_path(w, 1) == ("tiled", None) and (len(plans), len(chosen)) == (1, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["tetra48", "planes14"])
+def test_on_a_gpu_each_call_runs_the_chosen_entry(layout: str) -> None:
+    """On the GPU: 1..2 rows take ``m1`` (its launch groups passed their first-use checks),
+    3..8 the int8 kernel, a matrix with no coded block the tiled kernel, with no warning (a
+    first-use fallback would warn), and every product within 1e-5 of Σ|w·x| of the f64 one."""
+    import warnings
+
+    from leechq.formats.layouts.planes14 import random_planes14
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.kernels import reference as ref
+
+    dev = torch.device("cuda")
+    make, matvec, dequantize = (
+        (random_tetra48, ops.tetra48_matvec, ref.tetra48_dequantize_rotated)
+        if layout == "tetra48" else
+        (random_planes14, ops.planes14_matvec, ref.planes14_dequantize_rotated))
+    w = make(1024, 40 * 24 + 5, seed=3, device=dev)
+    dense = dequantize(w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for m, want in ((1, "m1"), (2, "m1"), (3, "imma"), (8, "imma")):
+            name, plan = ops.matvec_path(w, m)
+            assert name == want, (m, name)
+            assert (plan is not None) == (want == "m1" or layout == "planes14")
+            x = torch.randn(m, w.d_in, device=dev, generator=torch.Generator(dev).manual_seed(m))
+            assert ref.row_bound_error(matvec(x, w), x, dense) <= 1e-5, m
+        if layout == "tetra48":
+            tail = make(64, 11, seed=4, device=dev)
+            assert ops.matvec_path(tail, 1) == ("tiled", None)
+            x = torch.randn(1, 11, device=dev)
+            assert ref.row_bound_error(matvec(x, tail), x, dequantize(tail)) <= 1e-5

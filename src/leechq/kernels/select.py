@@ -459,8 +459,9 @@ def choose(req: Request, prefer: str | None = None,
             continue
         ok, why = usable(k, req)
         if ok:
-            if memo:
-                _MEMO[(req, prefer)] = k
+            if memo and not (req.device.type == "cuda" and torch.cuda.is_initialized()
+                             and torch.cuda.is_current_stream_capturing()):
+                _MEMO[(req, prefer)] = k  # not under a capture: a check may not have run yet
             return k
         reasons.append(why)
     if not reasons:
