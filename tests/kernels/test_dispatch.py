@@ -146,8 +146,9 @@ def test_failed_first_use_check_warns_and_chooses_again(monkeypatch: pytest.Monk
     right product all the same."""
     from leechq.formats.layouts.tetra48 import random_tetra48
     from leechq.kernels import reference as ref
+    from leechq.kernels.triton import ops_path
 
-    monkeypatch.setattr(ops, "_m1_verdict", lambda device, cfg, check: check(device, cfg))
+    monkeypatch.setattr(ops_path, "_m1_verdict", lambda device, cfg, check: check(device, cfg))
     monkeypatch.setattr(ops, "_launch_m1", lambda *a, **k: (_ for _ in ()).throw(
         RuntimeError("broken m1")))
     w = random_tetra48(8, 2 * 24 + 5, seed=1)

@@ -7,9 +7,10 @@ naming the tensor: wrong dtype, wrong shape for the packed record, non-contiguou
 the CPU (or on another device than the weights) — except under the Triton interpreter
 (``TRITON_INTERPRET=1``), where CPU tensors are the point. Outputs are freshly allocated float32
 unless an ``out`` buffer is given. The other kernel families' host sides live beside this module
-and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_imma` (the int8
-tensor-core kernel), :mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 /
-int8), :mod:`.ops_attention` (decode attention).
+and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_path` (each
+call's path from the dispatch table), :mod:`.ops_imma` (the int8 tensor-core kernel),
+:mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 / int8),
+:mod:`.ops_attention` (decode attention).
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
     int4_matvec,
     int8_embedding,
     int8_matvec,
+)
+from leechq.kernels.triton.ops_path import (  # noqa: F401  (re-exported)
+    _configured_m1,
+    matvec_path,
+    matvec_request,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
@@ -736,110 +742,6 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
     )
     return y
-
-
-def _layout_of(w: Tetra48Weight | Planes14Weight) -> str:
-    if hasattr(w, "records"):
-        return "planes14"
-    return "tetra64" if getattr(w, "t64", False) else "tetra48"
-
-
-def matvec_request(w: Tetra48Weight | Planes14Weight, m_rows: int,
-                   device: torch.device | None = None, dense_copy: bool = False) -> Any:
-    """The dispatch table's :class:`~leechq.kernels.select.Request` for ``m_rows`` activation
-    rows of the lattice record ``w`` (its layout — ``tetra64`` for a ``Tetra48Weight`` in that
-    layout —, shape, device and :data:`.ops_common.A16`; ``dense_copy``: the caller holds a
-    float16 dequantized copy)."""
-    from leechq.kernels.select import Request
-
-    if device is None:
-        device = (w.records if hasattr(w, "records") else w.words).device
-    return Request(_layout_of(w), m_rows, device, n_blocks=w.n_blocks, dense_copy=dense_copy,
-                   d_out=getattr(w, "d_out", 0), tail_cols=getattr(w, "tail_cols", 0),
-                   a16=_c.A16)
-
-
-def _m1_check(layout: str) -> Callable[[torch.device, MatvecConfig], bool]:
-    """The first-use check of the ``m1`` kernel for ``layout``."""
-    if layout == "planes14":
-        return _check_planes14_m1
-    return _check_m1_t64 if layout == "tetra64" else _check_m1
-
-
-def matvec_path(w: Tetra48Weight | Planes14Weight, m_rows: int,
-                device: torch.device | None = None
-                ) -> tuple[str, list[tuple[int, MatvecConfig]] | None]:
-    """The path ``m_rows`` unconfigured activation rows of ``w`` take — the name of the dispatch
-    table's entry (``"imma"``, ``"m1"`` or ``"tiled"``; ``kernels.select.choose``, memoized) —
-    and, where the ``m1`` kernel serves (or, for Planes14, the int8 kernel, which reads the
-    ``m1`` activation order), its ``(rows, configuration)`` launch groups (:func:`m1_plan`),
-    else None.
-
-    Each group's geometry passes the ``m1`` kernel's first-use check on the device
-    (:func:`m1_enabled`); a failed check (which warns, naming the kernel) marks ``m1`` unusable
-    for this request (``select.refuse``) and the table chooses again. Under a CUDA-graph capture
-    with no verdict yet, ``m1`` is passed over for this call only. The answer is kept per
-    request and ``select.generation()`` (not while ``torch.compile`` traces), so a layer's
-    calls of one row count compute it once.
-
-    Raises:
-        KernelUnavailable: no entry can run the request (the message lists why)."""
-    from leechq.kernels import select
-
-    req = matvec_request(w, m_rows, device)
-    traced = torch.compiler.is_compiling()
-    key = None if traced else (req, select.generation())
-    if key is not None and key in _PATHS:
-        return _PATHS[key]
-    check = _m1_check(req.layout)
-    skip: frozenset[str] = frozenset()
-    while True:
-        k = select.choose(req, skip=skip)
-        if k.name != "m1" and not (k.name == "imma" and req.layout == "planes14"):
-            path = (k.name, None)
-            break
-        plan = m1_plan(w.d_out, w.n_blocks, req.device, w.tail_cols, m_rows,
-                       req.layout == "tetra64")
-        verdicts = [_m1_verdict(req.device, c, check) for _, c in plan]
-        if all(v is True for v in verdicts):
-            path = (k.name, plan)
-            break
-        if any(v is False for v in verdicts):
-            select.refuse("m1", req, f"the kernel failed its first-use check on {req.device}")
-            key = None if traced else (req, select.generation())
-        else:  # under a capture with no verdict yet: this call only
-            skip = skip | {"m1", "imma"} if req.layout == "planes14" else skip | {"m1"}
-            key = None
-    if key is not None:
-        if len(_PATHS) > 4096:
-            _PATHS.clear()
-        _PATHS[key] = path
-    return path
-
-
-_PATHS: dict[tuple[Any, int], tuple[str, list[tuple[int, MatvecConfig]] | None]] = {}
-""":func:`matvec_path`'s answers per (request, ``select.generation()``)."""
-
-
-def _m1_verdict(device: torch.device, cfg: MatvecConfig, check: Callable) -> bool | None:
-    """:func:`m1_enabled`'s verdict, or None under a CUDA-graph capture with none yet."""
-    if interpreting() or device.type != "cuda":
-        return True
-    key = (str(device), cfg, check.__name__, _c.A16)
-    if key not in _M1_CHECKED and torch.cuda.is_current_stream_capturing():
-        return None
-    return m1_enabled(device, cfg, check)
-
-
-def _configured_m1(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device,
-                   config: MatvecConfig) -> list[tuple[int, MatvecConfig]] | None:
-    """The one launch group of an explicit ``m1`` ``config`` for ``m_rows`` rows of ``w`` (several
-    need its ``mb`` > 1), or None where it is not an ``m1`` configuration, cannot take the shape,
-    or failed its first-use check (the caller then runs the tiled kernel's defaults)."""
-    check = _m1_check(_layout_of(w))
-    if _m1_applies(config, w) and _m1_runs(config, m_rows, device, check):
-        return [(m_rows, config)]
-    return None
 
 
 def _m1_runs(cfg: MatvecConfig, m_rows: int, device: torch.device,
