@@ -1,7 +1,8 @@
 """Geometry and threshold constants of the kernel launches, in one place, one line of provenance
 each (what was measured, on which GPU; the comparisons behind each choice are in
-docs/decisions.md). The host wrappers (:mod:`leechq.kernels.triton.ops` and its family modules)
-and the serving groups read them from here; nothing in this module imports torch or triton."""
+docs/decisions.md). The dispatch table (:mod:`leechq.kernels.select`), the host wrappers
+(:mod:`leechq.kernels.triton.ops` and its family modules) and the serving groups read them from
+here; nothing in this module imports torch or triton."""
 
 from __future__ import annotations
 
