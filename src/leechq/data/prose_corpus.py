@@ -7,8 +7,8 @@ standard library's code, :mod:`leechq.data.code_corpus`), so perplexity on it me
 quantized model does on a domain its calibration never saw.
 
 Where it comes from, in order: ``$LEECHQ_CORPUS_DIR/fortunes`` when that variable is set (the
-topic files directly inside; an error if it is missing, :func:`leechq.data.corpus.corpus_dir_override`),
-the cache ``<cache root>/fortunes/fortunes/src``, else fetched into that cache as the other Debian
+topic files directly inside; an error if it is missing,
+:func:`leechq.data.corpus.corpus_dir_override`), the cache ``<cache root>/fortunes/fortunes/src``, else fetched into that cache as the other Debian
 corpora are (``apt-get download``, or a local ``.deb`` passed as ``fetch_fortunes(deb=PATH)``;
 :func:`leechq.data.corpus.fetch_deb_sources`).
 
