@@ -9,7 +9,8 @@ quantized model does on a domain its calibration never saw.
 Where it comes from, in order: ``$LEECHQ_CORPUS_DIR/fortunes`` when that variable is set (the
 topic files directly inside; an error if it is missing,
 :func:`leechq.data.corpus.corpus_dir_override`), the cache
-``<cache root>/fortunes/fortunes/src``, else fetched into that cache as the other Debian corpora are (``apt-get download``, or a local ``.deb`` passed as ``fetch_fortunes(deb=PATH)``;
+``<cache root>/fortunes/fortunes/src``, else fetched into that cache as the other Debian corpora
+are (``apt-get download``, or a local ``.deb`` passed as ``fetch_fortunes(deb=PATH)``;
 :func:`leechq.data.corpus.fetch_deb_sources`).
 
 Splits: every entry goes to ``"evaluation"`` or ``"calibration"`` by the hash rule of the other
