@@ -57,9 +57,11 @@ def _dtype(p: argparse.ArgumentParser) -> None:
 
 
 def _args_quantize(p: argparse.ArgumentParser) -> None:
+    from leechq.models.zoo import aliases
+
     p.add_argument(
         "model",
-        help="model: alias (smollm2-135m, qwen2.5-coder-0.5b), HF directory, .gguf file or hub id",
+        help=f"model: alias ({', '.join(aliases())}), HF directory, .gguf file or hub id",
     )
     p.add_argument(
         "out", help="output artifact directory (created; must not hold another artifact)"
