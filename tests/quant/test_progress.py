@@ -1,10 +1,11 @@
 """Every quantization stage shows a progress bar on stderr (tqdm, with a rate and an estimate):
-the teacher logits, the timing probe and the steps of tuning and row-scale training, and the int4
-sensitivity bar from the teacher's logits on; nothing at all when progress is off."""
+the teacher logits, composing the model, the timing probe and the steps of tuning and row-scale
+training, and the int4 sensitivity bar from the teacher's logits on; none when progress is off."""
 
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -45,6 +46,8 @@ def test_tuning_with_a_seconds_budget_shows_teacher_probe_and_step_bars(
                      monitor_windows=windows(2, 16, seed=2), progress=True)
     err = capsys.readouterr().err
     assert "tune: teacher logits" in err and "5/5" in err  # 3 training + 2 monitor windows
+    done = re.findall(r"tune: composing the model: 100%\|[^|]*\| (\d+)/(\d+)", err)
+    assert done and int(done[-1][0]) == int(done[-1][1]) >= len(enc.records)
     assert "tune: timing probe" in err and "2/2" in err
     assert "tune: 100%" in err and res.total_steps == 1  # the budget went to the probe
     student2 = copy.deepcopy(student)

@@ -45,10 +45,11 @@ DEMO_EMBEDDING = "int8"
 """Token-embedding encoding of the demo artifact (a tied head follows it)."""
 
 DEMO_TUNE = {"lr": 2e-3, "warmup_steps": 2, "batch": 2, "monitor_every": 5, "patience": 3,
-             "checkpoint_every": 0}
+             "checkpoint_every": 0, "probe_steps": 1}
 """The demo's tuning settings (:class:`leechq.quant.tune.TuneConfig` fields besides the budget): a
-few dozen CPU steps, so a higher learning rate than a long run's; the held-out monitor keeps the
-best state and stops after 3 scores without improvement."""
+few dozen CPU steps, so a higher learning rate than a long run's; one timing probe step (a probe
+step trains nothing); the held-out monitor keeps the best state and stops after 3 scores without
+improvement."""
 
 DEMO_TARGET_S = 15 * 60.0
 """The demo's whole-run target on a 2-core CPU: the tuning stage gets what the encode left."""
@@ -192,12 +193,16 @@ def tune_stage(ref: Any, bare: Path, budget_s: float, calib_tokens: int,
     """
     from leechq.data import calibration_text, consecutive_windows
     from leechq.formats.artifact import read_artifact, write_artifact
+    from leechq.quant.progress import stage_bar
     from leechq.quant.row_scales import set_module_weights
     from leechq.quant.tune import TuneConfig, set_raw, tune_model
 
     art = read_artifact(bare, verify=True)
     student = copy.deepcopy(ref.model)
-    set_module_weights(student, art.records)
+    with stage_bar("tune: decoding the bare artifact", len(art.records), "matrix", True) as bar:
+        for name, rec in art.records.items():
+            set_module_weights(student, {name: rec})
+            bar.update(1)
     set_raw(student, {**art.raw, **art.raw_quant})
     n_calib = -(-calib_tokens // window)
     (_, train, monitor), _ = consecutive_windows(
@@ -348,7 +353,10 @@ def run(args: argparse.Namespace) -> int:
 
     _rule("4. answer a prompt (streamed)")
     t0 = time.perf_counter()
-    loaded = [(label, *load(path, device="cpu", dtype=torch.float32)) for label, path in arms]
+    loaded = []
+    for label, path in arms:
+        _say(f"loading the {label} artifact ({path.name}) ...")
+        loaded.append((label, *load(path, device="cpu", dtype=torch.float32)))
     timings["load_artifacts_s"] = time.perf_counter() - t0
     tok = loaded[-1][2]
     prompt = args.prompt or DEFAULT_PROMPT

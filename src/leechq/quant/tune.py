@@ -366,8 +366,8 @@ def tune_model(
             state and early stopping; None trains to the budget and keeps the last state.
         checkpoint_dir: resumable run directory (removed after success unless
             ``keep_checkpoint``).
-        progress: tqdm bars (stderr, with time estimates) for the teacher logits, the timing
-            probe and the training steps.
+        progress: tqdm bars (stderr, with time estimates) for the teacher logits, composing the
+            trainable model, the timing probe and the training steps.
         on_step: ``on_step(step, loss)`` after each optimizer step (tests).
 
     Returns:
@@ -432,7 +432,10 @@ def tune_model(
             t_logits = model_logits(teacher, ids)
         return kl_loss(t_logits, s_logits, temperature=config.temperature, chunk=config.kl_chunk)
 
-    att = attach(student, records, raw, config.groups, device, compute_dtype)
+    n_tables = sum(isinstance(t, GroupAffine) for t in raw.values())
+    with stage_bar("tune: composing the model", len(records) + n_tables, "matrix",
+                   progress) as abar:
+        att = attach(student, records, raw, config.groups, device, compute_dtype, bar=abar)
     probe: dict[str, float] = {}
     try:
         params = att.parameters()
