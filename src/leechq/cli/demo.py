@@ -193,16 +193,12 @@ def tune_stage(ref: Any, bare: Path, budget_s: float, calib_tokens: int,
     """
     from leechq.data import calibration_text, consecutive_windows
     from leechq.formats.artifact import read_artifact, write_artifact
-    from leechq.quant.progress import stage_bar
-    from leechq.quant.row_scales import set_module_weights
     from leechq.quant.tune import TuneConfig, set_raw, tune_model
 
     art = read_artifact(bare, verify=True)
     student = copy.deepcopy(ref.model)
-    with stage_bar("tune: decoding the bare artifact", len(art.records), "matrix", True) as bar:
-        for name, rec in art.records.items():
-            set_module_weights(student, {name: rec})
-            bar.update(1)
+    # no decode here: tuning swaps a composed module (its own decode) in for every record, and
+    # only the stored tensors it does not compose (norms, biases) must be the artifact's
     set_raw(student, {**art.raw, **art.raw_quant})
     n_calib = -(-calib_tokens // window)
     (_, train, monitor), _ = consecutive_windows(
