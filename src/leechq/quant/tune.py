@@ -35,10 +35,10 @@ monitor always uses the full-vocabulary KL.
 
 Stopping: the held-out monitor windows (never trained on) are scored every ``monitor_every`` steps;
 the best state (the untouched start included) is kept and restored at the end, and ``patience``
-evaluations without improvement stop the run. A budget is a step count or seconds (a probe times a
-step). The run is resumable: parameters, optimizer state, history and the monitor's best state
-are committed atomically every ``checkpoint_every`` steps; a killed run continues from the last
-commit to the same result.
+evaluations without improvement stop the run. A budget is a step count or seconds of training (a
+probe times a step; the one-off teacher logits and composing come on top). The run is resumable:
+parameters, optimizer state, history and the monitor's best state are committed atomically every
+``checkpoint_every`` steps; a killed run continues from the last commit to the same result.
 
 Precision: f32 master factors; on CUDA the forward runs under bf16 autocast with bf16 frozen
 parts, on the CPU in f32. After training the factors are folded into new records / raw tensors and
@@ -86,7 +86,9 @@ class TuneConfig(ConfigDict):
 
     Attributes:
         steps: optimizer steps; 0 = set from ``time_budget_s`` after a probe.
-        time_budget_s: wall-clock budget when ``steps == 0`` (teacher cache and probe included).
+        time_budget_s: wall-clock budget of the training when ``steps == 0``: the first monitor
+            score, the probe, the steps and their monitor scores (the teacher's logits and
+            composing the model come before it: on a CPU they take minutes whatever the budget).
         lr: peak AdamW learning rate of every factor.
         warmup_steps, final_lr_fraction: linear warm-up, then cosine to this fraction of ``lr``.
         weight_decay, betas: AdamW settings (decay 0: the factors have no natural zero).
@@ -457,6 +459,7 @@ def tune_model(
 
         history: list[float] = []
         monitor_hist: list[list[float]] = []
+        budget_start = time.perf_counter()  # the teacher's logits and composing come before it
         start_step, total_steps = 0, config.steps or None
         since_best, stopped = 0, False
         best: dict[str, Any] = {"step": 0, "kl": None, "params": None}
@@ -482,7 +485,7 @@ def tune_model(
                     optimizer.zero_grad(set_to_none=True)
                     pbar.update(1)
             per = (time.perf_counter() - t_probe) / config.probe_steps
-            left = config.time_budget_s - (time.perf_counter() - started)
+            left = config.time_budget_s - (time.perf_counter() - budget_start)
             # a monitor score costs about its windows' forwards: budget it in
             score_cost = per * 0.4 * len(monitor_logits) / max(1, config.batch)
             total_steps = max(1, int(left / max(1e-9, per + score_cost / config.monitor_every)))
