@@ -55,8 +55,9 @@ DEMO_TARGET_S = 15 * 60.0
 """The demo's whole-run target on a 2-core CPU: the tuning stage gets what the encode left."""
 
 DEMO_REST_S = 120.0
-"""Seconds the demo keeps for what follows the tuning stage (writing and loading both artifacts,
-three answers, the quality of two models): :func:`tune_budget` leaves this much of the target."""
+"""Seconds the demo keeps for everything after the encode but the training itself (the tuning
+stage's teacher logits and composed model, its fold, loading both artifacts, three answers, the
+quality of two models): :func:`tune_budget` leaves this much of the target."""
 
 DEMO_TUNE_FLOOR_S = 60.0
 """The least tuning budget: a run whose encode already spent the target still shows the stage."""
@@ -335,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     tuned = None
     budget = tune_budget(args.tune_seconds or 0.0, time.perf_counter() - t_start)
     if budget > 0:
-        _rule(f"3. tune every continuous parameter ({budget:.0f} s CPU budget)")
+        _rule(f"3. tune every continuous parameter ({budget:.0f} s of training)")
         if budget < args.tune_seconds:
             _say(f"(--tune-seconds {args.tune_seconds:g} cut to {budget:.0f} s: the demo aims "
                  f"at {DEMO_TARGET_S / 60:.0f} minutes in all)")
