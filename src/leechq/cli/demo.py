@@ -54,7 +54,7 @@ improvement."""
 DEMO_TARGET_S = 15 * 60.0
 """The demo's whole-run target on a 2-core CPU: the tuning stage gets what the encode left."""
 
-DEMO_REST_S = 120.0
+DEMO_REST_S = 480.0
 """Seconds the demo keeps for everything after the encode but the training itself (the tuning
 stage's teacher logits and composed model, its fold, loading both artifacts, three answers, the
 quality of two models): :func:`tune_budget` leaves this much of the target."""
