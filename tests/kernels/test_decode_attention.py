@@ -217,19 +217,19 @@ from leechq.kernels.triton.decode_attention import (
 
 ints = ("sq_b", "sq_h", "sq_g", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s", "skn_b", "skn_h",
         "svn_b", "svn_h", "seq_len")
-for dtype in ("fp16", "bf16"):
-    for write in (False, True):
-        sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
-               "slot_ptr": "*i64", "pad_ptr": "*i64", "po_ptr": "*fp32", "pml_ptr": "*fp32",
-               "kn_ptr": f"*{dtype}", "vn_ptr": f"*{dtype}", "qk_scale": "fp32",
-               "window": "i32", **{k: "i32" for k in ints}}
-        c = I.compile_for(decode_attention_partial_kernel, sig, dict(
-            N_KV=8, G=4, GP=16, D=128, DP=128, BLOCK_N=64, SPLIT=64, NSPLIT=64, IEEE=False,
-            WRITE=write), num_warps=4, aligned_ints=ints)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (dtype, write, res)
-        text = I.sass(c)
-        assert "HMMA" in text or "HGMMA" in text, (dtype, write)  # the products on tensor cores
+for dtype, write, (n_kv, g, d) in [(t, w, s) for t in ("fp16", "bf16") for w in (False, True)
+                                    for s in ((8, 4, 128), (4, 2, 256))]:
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
+           "slot_ptr": "*i64", "pad_ptr": "*i64", "po_ptr": "*fp32", "pml_ptr": "*fp32",
+           "kn_ptr": f"*{dtype}", "vn_ptr": f"*{dtype}", "qk_scale": "fp32",
+           "window": "i32", **{k: "i32" for k in ints}}
+    c = I.compile_for(decode_attention_partial_kernel, sig, dict(
+        N_KV=n_kv, G=g, GP=16, D=d, DP=d, BLOCK_N=64, SPLIT=64, NSPLIT=64, IEEE=False,
+        WRITE=write), num_warps=4, aligned_ints=ints)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (dtype, write, d, res)
+    text = I.sass(c)
+    assert "HMMA" in text or "HGMMA" in text, (dtype, write, d)  # products on tensor cores
 c = I.compile_for(decode_attention_combine_kernel,
                   {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp16"},
                   dict(G=4, D=128, DP=128, NSPLIT=64, SP=64), num_warps=1)
@@ -239,8 +239,9 @@ print("ok")
 
 
 def test_kernels_compile_for_sm90_without_local_memory() -> None:
-    """Offline (Triton's ptxas for sm_90, no GPU): both kernels at the Qwen3-8B shape, float16 and
-    bfloat16, with and without the cache write, compile without local memory and run the
+    """Offline (Triton's ptxas for sm_90, no GPU): both kernels at the Qwen3-8B shape (and the
+    partial kernel at Gemma-3 4B/12B's: head 256, groups of 2), float16 and bfloat16, with and
+    without the cache write, compile without local memory and run the
     partial kernel's products on tensor cores."""
     from offline_compile import run_offline
 
