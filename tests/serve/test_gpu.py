@@ -46,7 +46,7 @@ def _cuda_model(arch: str = "qwen3", dtype: torch.dtype = torch.float16) -> Any:
     return from_hf_model(tiny_hf_model(arch), dtype=dtype, device="cuda")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_graph_tokens_equal_eager_tokens(arch: str) -> None:
     model = _cuda_model(arch)
     graph = Engine(model, graphs=True, compile=True).generate_ids(PROMPTS, 48).tokens
@@ -64,8 +64,9 @@ def test_sampled_graph_equals_sampled_eager() -> None:
     assert a == b == eager
 
 
-def test_compiled_pieces_match_eager_pieces() -> None:
-    model = _cuda_model()
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_compiled_pieces_match_eager_pieces(arch: str) -> None:
+    model = _cuda_model(arch)
     tokens = torch.tensor([PROMPTS[2]], device="cuda")
     out = []
     for fns in (EAGER, Pieces.compiled()):
@@ -77,12 +78,37 @@ def test_compiled_pieces_match_eager_pieces() -> None:
     assert err <= 1e-2 * out[0].abs().max().item(), err
 
 
-def test_gpu_greedy_equals_cpu_greedy_float32() -> None:
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_gpu_greedy_equals_cpu_greedy_float32(arch: str) -> None:
     pytest.importorskip("transformers")
-    hf = tiny_hf_model("llama")
+    hf = tiny_hf_model(arch)
     cpu = Engine(from_hf_model(hf)).generate_ids(PROMPTS, 32).tokens
     gpu = Engine(from_hf_model(hf, dtype=torch.float32, device="cuda")).generate_ids(PROMPTS, 32)
     assert gpu.tokens == cpu
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+@torch.no_grad()
+def test_gemma_decode_steps_match_transformers(arch: str) -> None:
+    """Prefill of 4 positions, then single-position steps on the GPU in float32 (Gemma-3's sliding
+    layers through the split-key kernel with its window, Gemma-2's soft-capped scores through the
+    explicit attention) == transformers' one forward over all 14 positions on the CPU, for a
+    prompt longer than the window of 5."""
+    pytest.importorskip("transformers")
+    hf = tiny_hf_model(arch)
+    model = from_hf_model(hf, dtype=torch.float32, device="cuda")
+    tokens = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(6))
+    want = hf(tokens).logits
+    x = tokens.cuda()
+    cache = KVCache(model.args, 2, 64, torch.float32, "cuda")
+    pad = torch.zeros(2, dtype=torch.int64, device="cuda")
+    steps = [model(x[:, :4], torch.arange(4, device="cuda"), pad, cache.k, cache.v,
+                   last_only=False)]
+    for s in range(4, 14):
+        steps.append(model(x[:, s:s + 1], torch.tensor([s], device="cuda"), pad, cache.k, cache.v))
+    got = torch.cat(steps, dim=1).cpu()
+    err = (got - want).abs().max().item()
+    assert err <= 1e-3 * want.abs().max().item(), err
 
 
 def test_decode_step_never_syncs() -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import InvalidInput, UnsupportedArchitecture
-from leechq.serve.model import Block, ModelArgs, Transformer
+from leechq.serve.model import Block, ModelArgs, Transformer, block_norm_sources
 
 
 class ConcatLinear(nn.Module):
@@ -191,9 +191,9 @@ def from_hf_model(
     """Build the serving model from a transformers causal LM (its modules are reused).
 
     Args:
-        hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
-            ``MistralForCausalLM``, dense or with leechq modules in place of its linears, embedding
-            or head.
+        hf_model: a causal LM of a family in ``leechq.serve.model.SUPPORTED_ARCHS`` (Llama,
+            Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 text), dense or with leechq modules in place of
+            its linears, embedding or head.
         dtype: activation dtype (default: the embedding's dtype, the dtype a packed embedding
             was finalized for, or float16 for another quantized embedding). A packed 4/8-bit
             embedding or head (:mod:`leechq.nn.embedding`) is reused packed, re-finalized for
@@ -240,11 +240,8 @@ def from_hf_model(
             w13=fuse_group([mlp.gate_proj, mlp.up_proj], dtype, device),
             w2=fuse_group([mlp.down_proj], dtype, device),
         )
-        _copy_norm(blk.attn_norm, layer.input_layernorm, dtype, device)
-        _copy_norm(blk.mlp_norm, layer.post_attention_layernorm, dtype, device)
-        if args.qk_norm:
-            _copy_norm(blk.q_norm, att.q_norm, dtype, device)  # type: ignore[arg-type]
-            _copy_norm(blk.k_norm, att.k_norm, dtype, device)  # type: ignore[arg-type]
+        for dst, src in block_norm_sources(args).items():
+            _copy_norm(getattr(blk, dst), _get(layer, src), dtype, device)
         blocks.append(blk)
     model = Transformer(args, new_embed, blocks, new_head)
     _copy_norm(model.norm, _get(hf_model, "model.norm"), dtype, device)
@@ -288,17 +285,9 @@ def from_state_dict(
             w13=lin(f"{p}.mlp", ["gate_proj", "up_proj"]),
             w2=lin(f"{p}.mlp", ["down_proj"]),
         )
-        for mod, name in [
-            (blk.attn_norm, "input_layernorm"),
-            (blk.mlp_norm, "post_attention_layernorm"),
-        ]:
-            mod.weight = nn.Parameter(
-                get(f"{p}.{name}.weight").to(device, dtype), requires_grad=False
-            )  # type: ignore[union-attr]
-        if args.qk_norm:
-            for mod, name in [(blk.q_norm, "q_norm"), (blk.k_norm, "k_norm")]:
-                w = get(f"{p}.self_attn.{name}.weight").to(device, dtype)  # type: ignore[union-attr]
-                mod.weight = nn.Parameter(w, requires_grad=False)  # type: ignore[union-attr]
+        for dst, src in block_norm_sources(args).items():
+            w = get(f"{p}.{src}.weight").to(device, dtype)  # type: ignore[union-attr]
+            getattr(blk, dst).weight = nn.Parameter(w, requires_grad=False)
         blocks.append(blk)
     head_w = get("lm_head.weight", required=not args.tie_word_embeddings)
     head: nn.Module = (
