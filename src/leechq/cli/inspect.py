@@ -133,40 +133,14 @@ def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> d
             field).
     """
     from leechq.codebooks import get
-    from leechq.formats.artifact import GroupAffine, _record_bits
+    from leechq.formats.artifact import GroupAffine, accounting_report
     from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
     from leechq.formats.tetra_dir import DENSE_DIGEST_FILE, DIGEST_FILE, MODEL_FILE
     from leechq.formats.tetra_read import read_tetra_dir
 
     root = Path(directory)
     d = read_tetra_dir(root, verify=verify)
-    label_bits = get("tetra").label_bits
-    matrices: dict[str, Any] = {}
-    tot = {"weights": 0.0, "code": 0.0, "kernel": 0.0, "served": 0.0, "stored": 0.0}
-    for name, rec in d.records.items():
-        b = _record_bits(rec, label_bits)
-        for k in tot:
-            tot[k] += b[k]
-        w = b["weights"]
-        matrices[name] = {
-            "kind": "lattice" if isinstance(rec, QuantizedWeight) else "int4",
-            "shape": [rec.d_out, rec.d_in],
-            "code_bits_per_weight": b["code"] / w,
-            "kernel_bits_per_weight": b["kernel"] / w,
-            "stored_bits_per_weight": b["stored"] / w,
-        }
-    raw_params, raw_served = 0, 0.0
-    for value in d.raw.values():
-        if isinstance(value, GroupAffine):
-            n = value.rows * value.cols
-            raw_params += n
-            raw_served += n * value.bits + 32 * value.scales.numel()
-        else:  # float16 in the file
-            raw_params += value.numel()
-            raw_served += 16 * value.numel()
-    params = tot["weights"] + raw_params
-    model_bytes = (root / MODEL_FILE).stat().st_size
-    dir_bytes = sum(p.stat().st_size for p in root.iterdir() if p.is_file())
+    body = accounting_report(d.records, list(d.raw.values()), get("tetra").label_bits, root)
     qc = d.quantization_config
     emb = d.raw.get("model.embed_tokens.weight")
     dense = (" (" + DENSE_DIGEST_FILE + " present, not checked: `leechq convert` checks it)"
@@ -193,23 +167,7 @@ def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> d
                                     for n, r in d.records.items() if isinstance(r, Int4Weight)}),
             "embedding_encoding": f"int{emb.bits}" if isinstance(emb, GroupAffine) else "keep",
         },
-        "matrices": matrices,
-        "counts": {
-            "quantized_weights": int(tot["weights"]),
-            "parameters": int(params),
-            "lattice_records": len(lattice),
-            "int4_records": len(d.records) - len(lattice),
-            "model_safetensors_bytes": model_bytes,
-            "directory_bytes": dir_bytes,
-        },
-        "rates": {
-            "code_bits_per_weight": tot["code"] / max(1.0, tot["weights"]),
-            "kernel_bits_per_weight": tot["kernel"] / max(1.0, tot["weights"]),
-            "projection_stored_bits_per_weight": tot["stored"] / max(1.0, tot["weights"]),
-            "whole_model_bits_per_param": (tot["served"] + raw_served) / max(1.0, params),
-            "on_disk_bits_per_param": 8.0 * model_bytes / max(1.0, params),
-            "on_disk_directory_bits_per_param": 8.0 * dir_bytes / max(1.0, params),
-        },
+        **body,
     }
 
 
