@@ -28,7 +28,7 @@ The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoP
 :class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise
 kernels) without tracing through the projections' own kernels. A rotated lattice group on its matvec
 path instead takes the norm (with the residual add) or the SwiGLU before it into its rotation
-launch (:func:`norm_project`, :func:`silu_project`; ``leechq.serve.fused``).
+launch (:func:`norm_project`, :func:`silu_project`; ``leechq.nn.group``).
 """
 
 from __future__ import annotations
