@@ -486,3 +486,21 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     assert len(launches) == 2
 
 
+
+
+def test_second_fused_run_becomes_a_nested_group() -> None:
+    """Tetra q|k then a ball v (another layout): the first run is the group's fused run, the
+    second a nested group of the same class; the rows are the members' rows in order."""
+    tetra, ball = _records(True), _ball_records(True)
+    recs, biases = [*tetra, ball[1]], [torch.randn(16), None, torch.randn(8)]
+    group = LeechqGroup.from_records(recs, "cpu", torch.float32, prefer="fused", biases=biases)
+    assert isinstance(group, LeechqGroup) and group.segments == [-1, 0]
+    inner = group.members[0]
+    assert isinstance(inner, LeechqGroup) and inner.layout == "planes14"
+    assert group.layout == "tetra48" and group.out_features == 32
+    assert execution_paths(group) == {"fused": 3} and not group.fuses_pre_ops(1)
+    x = torch.randn(2, 72, generator=torch.Generator().manual_seed(9))
+    y = group(x)
+    ref = _reference(x, recs, biases)
+    assert y.shape == (2, 32) and _within(y, ref, 1e-5, _records_slack(x, recs))
+    assert torch.equal(y[:, 24:], inner(x))
