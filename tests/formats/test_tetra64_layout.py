@@ -1,7 +1,7 @@
 """The ``tetra64`` served layout (``formats.layouts.tetra64``): the all-ones pattern index, the
 fields against a decode of the canonical word (rows of the three sections, pattern, shell), the
-round trip through the standard and kernel orders, the row packing's positions and zero bits,
-and the errors."""
+round trip through the ``tetra48`` record (distinct types), the row packing's positions and zero
+bits, and the errors."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def test_words_positions_and_zero_bits() -> None:
 
 @pytest.mark.parametrize(("d_out", "d_in"), [(5, 24 * 7 + 3), (4, 24 * 8), (3, 24), (2, 23)])
 def test_round_trip(d_out: int, d_in: int) -> None:
-    """standard → tetra64 → standard bit for bit; kernel order gives the same words; an odd
-    block count pads the last pair with the origin (shell 1)."""
+    """tetra48 → tetra64 → tetra48 bit for bit, each in its own record type; an odd block count
+    pads the last pair with the origin (shell 1)."""
     w = tetra48.random_tetra48(d_out, d_in, seed=d_in)
     x = T.to_tetra64(w)
     assert type(x) is T.Tetra64Weight and x.layout == "tetra64" and w.layout == "tetra48"

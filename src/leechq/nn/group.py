@@ -204,8 +204,7 @@ class LeechqGroup(nn.Module):
         self.register_buffer("bias", None, persistent=False)
         widths = {int(getattr(m, "in_features", -1)) for m in members}
         if fused is not None:
-            self._init_fused(fused)
-            widths.add(self.d_in_fused)
+            widths.add(self._init_fused(fused))
         if len(widths) != 1:
             raise InvalidInput(f"members of one group must share d_in, got {sorted(widths)}")
         self.in_features = self.d_in = widths.pop()
@@ -218,8 +217,9 @@ class LeechqGroup(nn.Module):
         self.out_features = self.d_out = self.offsets[-1] + sum(
             int(m.out_features) for m in members)
 
-    def _init_fused(self, run: PackedRun) -> None:
-        """The fused run's state: parts, layout, device rotation, bias and buffers."""
+    def _init_fused(self, run: PackedRun) -> int:
+        """The fused run's state: parts, layout, device rotation, bias and buffers; returns the
+        run's ``d_in``."""
         from leechq.formats import layouts
         from leechq.kernels.tables import tetra_kernel_tables
         from leechq.kernels.triton import ops
@@ -235,7 +235,6 @@ class LeechqGroup(nn.Module):
         if len(kinds) != 1:
             raise InvalidInput(f"group parts mix layouts: {sorted(kinds)}")
         self.layout = kinds.pop()
-        self.d_in_fused = d_in
         self.parts = parts
         self.n_blocks = d_in // 24
         self.offsets = np.cumsum([0] + [p.d_out for p in parts]).tolist()
@@ -259,6 +258,7 @@ class LeechqGroup(nn.Module):
         for i, p in enumerate(parts):
             for name in (data, "row_scales", "row_centroids", "tail"):
                 self.register_buffer(f"p{i}_{name}", getattr(p, name), persistent=False)
+        return d_in
 
     # ------------------------------------------------------------------ construction
 
