@@ -77,3 +77,23 @@ def test_random_model_builds_the_tetra64_type() -> None:
     with pytest.raises(InvalidInput, match="direct Tetra"):
         random_quantized_model(args, "cpu", torch.float32, direct=True, codebook="ball",
                                layout="tetra64")
+
+
+@pytest.mark.gpu
+def test_served_default_on_cuda_is_the_tetra64_type() -> None:
+    """On a GPU with 16-bit activations a direct Tetra group is served as a ``Tetra64Weight``
+    (``ops.t64_serving``) and gives the ``tetra48`` group's outputs bit for bit at one row (the
+    ``m1`` kernel on both layouts)."""
+    from leechq.kernels.triton import ops
+    from leechq.serve.random_codes import _direct_group, _DirectLattice
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rot = generate_rotation(4096, 5)
+    lattices = [_DirectLattice(1024, 4096, rot), _DirectLattice(512, 4096, rot)]
+    served = _direct_group(lattices, "cuda", torch.float16, seed=4)
+    std = _direct_group(lattices, "cuda", torch.float16, seed=4, layout="tetra48")
+    want = Tetra64Weight if ops.t64_serving("cuda") else Tetra48Weight
+    assert type(served.parts[0]) is want and type(std.parts[0]) is Tetra48Weight
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    assert torch.equal(served(x), std(x))

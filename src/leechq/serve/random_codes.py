@@ -288,6 +288,7 @@ def _direct_group(
     :meth:`LeechqGroup.from_records` would group them, with weights scaled to variance about
     ``1/d_in`` (``layout``: the Tetra runs' layout, "tetra48" or "tetra64"; None: the served
     default)."""
+    from leechq.formats import layouts
     from leechq.formats.layouts import planes14, tetra48
     from leechq.nn.group import (
         PackedRun,
@@ -306,7 +307,6 @@ def _direct_group(
             return
         d_in, rot = run[0].d_in, run[0].rotation
         name = layout_for(run[0].codebook)
-        mod = tetra48 if name == "tetra48" else planes14
         draw = tetra48.random_tetra48 if name == "tetra48" else planes14.random_planes14
         why = fused_kernels_available(
             sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device, name
@@ -320,7 +320,7 @@ def _direct_group(
             w.row_scales.mul_(math.sqrt(BLOCK / d_in))
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
-        cat = mod.concat_rows(packs)
+        cat = layouts.get(name).concat_rows(packs)
         if name == "tetra48" and layout is None:
             cat = serving_layout(cat)
         elif name == "tetra48" and layout == "tetra64":
