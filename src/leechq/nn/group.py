@@ -179,7 +179,8 @@ class LeechqGroup(nn.Module):
     members' dtype).
 
     Attributes:
-        in_features, out_features: ``d_in`` and ``Σ d_out`` (``d_in``, ``d_out`` alike).
+        in_features, out_features: ``d_in`` and ``Σ d_out`` (``d_in``, ``d_out`` alike; None
+            where a member does not declare its ``in_features`` / ``out_features``).
         members: the member modules (``nn.ModuleList``).
         segments: the output order: ``-1`` for the fused run, ``i`` for ``members[i]``.
         parts, layout, rotation, offsets: the fused run's packed records, their layout name, the
@@ -202,20 +203,21 @@ class LeechqGroup(nn.Module):
         self.offsets: list[int] = [0]
         self.execution: Any = None
         self.register_buffer("bias", None, persistent=False)
-        widths = {int(getattr(m, "in_features", -1)) for m in members}
+        widths = {int(m.in_features) for m in members if hasattr(m, "in_features")}
         if fused is not None:
             widths.add(self._init_fused(fused))
-        if len(widths) != 1:
+        if len(widths) > 1:
             raise InvalidInput(f"members of one group must share d_in, got {sorted(widths)}")
-        self.in_features = self.d_in = widths.pop()
+        self.in_features = self.d_in = widths.pop() if widths else None
         order = list(range(len(members)))
         if fused is not None:
             if not 0 <= fused_at <= len(members):
                 raise InvalidInput(f"fused_at {fused_at} outside 0..{len(members)}")
             order.insert(fused_at, _FUSED)
         self.segments = order
-        self.out_features = self.d_out = self.offsets[-1] + sum(
-            int(m.out_features) for m in members)
+        outs = [getattr(m, "out_features", None) for m in members]
+        self.out_features = self.d_out = (
+            None if None in outs else self.offsets[-1] + sum(int(o) for o in outs))
 
     def _init_fused(self, run: PackedRun) -> int:
         """The fused run's state: parts, layout, device rotation, bias and buffers; returns the
