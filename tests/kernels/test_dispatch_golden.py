@@ -26,10 +26,10 @@ def test_int8_kernel_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, n_block
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for layout in ("tetra48", "planes14"):
+    for layout in ("tetra48", "tetra64", "planes14"):
         data = SimpleNamespace(device=torch.device("cuda"))  # what the decision reads of it
-        w = (SimpleNamespace(n_blocks=n_blocks, words=data) if layout == "tetra48"
-             else SimpleNamespace(n_blocks=n_blocks, records=data))
+        w = SimpleNamespace(n_blocks=n_blocks, layout=layout,
+                            **{"records" if layout == "planes14" else "words": data})
         got = [m for m in ROWS if ops.imma_default(w, m)]
         want = [] if interp or n_blocks == 0 else list(range(3, 17))
         assert got == want, (layout, interp, n_blocks)
@@ -52,16 +52,16 @@ def test_group_dense_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, p14_den
     """A serving group's rows: the float16 copy from 17 (Planes14: where its dequantization kernel
     is enabled), the lattice matvec below (the call itself then picks int8 / m1 / tiled)."""
     from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
+    from leechq.nn.group import LeechqGroup
 
     if interp:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: p14_dense)
-    for layout, data in (("tetra48", "words"), ("planes14", "records")):
-        part = SimpleNamespace(**{data: SimpleNamespace(device=torch.device("cuda"))})
+    for layout in ("tetra48", "tetra64", "planes14"):
+        part = SimpleNamespace(device=torch.device("cuda"))
         group = SimpleNamespace(layout=layout, parts=[part], n_blocks=40)
-        dense = [m for m in ROWS if not LatticeGroup._matvec_path(group, m)]
+        dense = [m for m in ROWS if not LeechqGroup._matvec_path(group, m)]
         want = [] if layout == "planes14" and not p14_dense else list(range(17, 129))
         assert dense == want, (layout, interp, p14_dense)

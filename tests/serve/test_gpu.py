@@ -189,9 +189,9 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     prompt = torch.tensor([PROMPTS[0] * 10], device="cuda")[:, :70]  # 70 rows: the dense path
     many = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers
-    from leechq.serve.fused import LatticeGroup
+    from leechq.nn.group import LeechqGroup
 
-    monkeypatch.setattr(LatticeGroup, "fuses_pre_ops", lambda self, m_rows: False)
+    monkeypatch.setattr(LeechqGroup, "fuses_pre_ops", lambda self, m_rows: False)
     separate = logits(one)
     many_separate = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers
@@ -211,15 +211,17 @@ def test_fused_ball_model_matches_reference(codebook: str, batch: int) -> None:
     of batch 6 and the 66 of batch 22 the float16 dequantized copy
     (``ops.planes14_matmul_dense``, from ``DENSE_MIN_ROWS`` = 17 rows); the Tetra model's 12
     prompt rows the int8 kernel's two chunks too."""
-    from leechq.serve.fused import LatticeGroup
+    from leechq.kernels.triton import ops
+    from leechq.nn.group import LeechqGroup
 
     try:
         fused = _tiny_quantized("fused", "cuda", torch.float16, codebook=codebook)
     except KernelUnavailable as exc:
         pytest.skip(f"no fused kernel on this device: {exc}")
     assert execution_paths(fused) == {"fused": 14}
-    assert isinstance(fused.blocks[0].wqkv, LatticeGroup)
-    assert fused.blocks[0].wqkv.layout == ("planes14" if codebook == "ball" else "tetra48")
+    assert isinstance(fused.blocks[0].wqkv, LeechqGroup)
+    tetra = "tetra64" if ops.t64_serving("cuda") else "tetra48"  # the served Tetra layout
+    assert fused.blocks[0].wqkv.layout == ("planes14" if codebook == "ball" else tetra)
     ref = _tiny_quantized("reference", "cuda", torch.float16, codebook=codebook)
     prompts = [PROMPTS[i % 3][: 3 + i] for i in range(batch)]
     tokens = torch.tensor([p[:3] for p in prompts], device="cuda")

@@ -201,9 +201,9 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
-    words in either Tetra layout: standard or ``w.t64``)."""
+    a record of either Tetra layout: ``tetra48`` or ``tetra64``)."""
     nb = w.n_blocks
-    if w.t64:  # the layout's own inverse map
+    if w.layout == "tetra64":  # the layout's own inverse map
         from leechq.formats.layouts.tetra64 import canonical_blocks
 
         word = canonical_blocks(w)

@@ -27,7 +27,7 @@ from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.kernels.tuning import DENSE_MIN_ROWS, IMMA_MIN_ROWS, IMMA_ROWS
 
 OPS = ("matvec", "rotate", "embedding")
-LAYOUTS = ("tetra48", "planes14", "int4", "int8", "rotation")
+LAYOUTS = ("tetra48", "tetra64", "planes14", "int4", "int8", "rotation")
 MAX_TRITON_ROWS = 8
 
 
@@ -117,7 +117,7 @@ class _LatticeMatvec(_TritonKernel):
 
 class TritonTetra48Matvec(_LatticeMatvec):
     name = "triton-tetra48-matvec"
-    layouts = frozenset({"tetra48"})
+    layouts = frozenset({"tetra48", "tetra64"})
     impl = "leechq.kernels.triton.ops:tetra48_matvec"
 
 
@@ -182,11 +182,12 @@ class _Reference(Kernel):
     backend = "reference"
 
 
-def _ref(name: str, op: str, layout: str, attr: str) -> type[Kernel]:
+def _ref(name: str, op: str, layout: str | tuple[str, ...], attr: str) -> type[Kernel]:
     return type(
         f"Reference_{attr}",
         (_Reference,),
-        {"name": name, "op": op, "layouts": frozenset({layout}),
+        {"name": name, "op": op,
+         "layouts": frozenset({layout} if isinstance(layout, str) else layout),
          "impl": f"leechq.kernels.reference:{attr}"},
     )
 
@@ -199,7 +200,7 @@ KERNELS: list[type[Kernel]] = [
     TritonRotate,
     TritonInt4Embedding,
     TritonInt8Embedding,
-    _ref("reference-tetra48-matvec", "matvec", "tetra48", "tetra48_matvec"),
+    _ref("reference-tetra48-matvec", "matvec", ("tetra48", "tetra64"), "tetra48_matvec"),
     _ref("reference-planes14-matvec", "matvec", "planes14", "planes14_matvec"),
     _ref("reference-int4-matvec", "matvec", "int4", "int4_matvec"),
     _ref("reference-int8-matvec", "matvec", "int8", "int8_matvec"),
@@ -247,8 +248,8 @@ def choose_kernel(op: str, layout: str, shape: Shape, device: torch.device | str
 
 @dataclass(frozen=True)
 class Request:
-    """One lattice matvec call to dispatch: ``rows`` activation rows of a ``layout`` ("tetra48" or
-    "planes14") matrix of ``n_blocks`` coded blocks on ``device``; ``dense_copy``: the caller (a
+    """One lattice matvec call to dispatch: ``rows`` activation rows of a ``layout`` ("tetra48",
+    "tetra64" or "planes14") matrix of ``n_blocks`` coded blocks on ``device``; ``dense_copy``: the caller (a
     serving group) can multiply a float16 dequantized copy instead; ``imma_only``: only the int8
     kernel reads the matrix (the ``tetra64`` layout under 24-bit activations, ``ops_common.A16``
     False)."""
@@ -270,8 +271,8 @@ class Path:
 
     @classmethod
     def can_implement(cls, req: Request) -> tuple[bool, str]:
-        if req.layout not in ("tetra48", "planes14"):
-            return False, f"{cls.name}: layout {req.layout!r} is not tetra48 or planes14"
+        if req.layout not in ("tetra48", "tetra64", "planes14"):
+            return False, f"{cls.name}: layout {req.layout!r} is not tetra48, tetra64 or planes14"
         if req.rows < 1:
             return False, f"{cls.name}: {req.rows} activation rows"
         ok, why = _triton_available()

@@ -2,8 +2,8 @@
 
 * :func:`from_hf_model`: a transformers ``*ForCausalLM`` (dense, or with leechq modules in place of
   its linears, as ``leechq.load`` returns it). Its modules are reused, not copied: dense q/k/v and
-  gate/up are concatenated by rows into one ``nn.Linear`` each; quantized groups go through
-  :func:`fuse_group`.
+  gate/up are concatenated by rows into one ``nn.Linear`` each; quantized ones become one
+  :class:`~leechq.nn.group.LeechqGroup` each (:func:`fuse_group`).
 * :func:`from_state_dict`: an HF-named dense state dict and its config (the fp16 arm).
 * :func:`random_dense`: random dense weights of a given shape (the fp16 arm of the benchmark).
 
@@ -23,23 +23,6 @@ from torch import nn
 
 from leechq.errors import InvalidInput, UnsupportedArchitecture
 from leechq.serve.model import Block, ModelArgs, Transformer, block_norm_sources
-
-
-class ConcatLinear(nn.Module):
-    """Members applied to the same input, outputs concatenated: [..., d_in] → [..., Σ d_out].
-
-    The stand-in fusion for modules without a fused kernel of their own.
-    """
-
-    def __init__(self, members: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [m(x) for m in self.members]
-        if len({o.dtype for o in outs}) > 1:  # a fused group's float32 beside a module's fp16
-            outs = [o.float() for o in outs]
-        return torch.cat(outs, dim=-1)
 
 
 class TiedHead(nn.Module):
@@ -98,12 +81,14 @@ def fuse_group(
 ) -> nn.Module:
     """One module for projections that read the same input (q|k|v, gate|up, or a single one).
 
-    Dense members become one ``nn.Linear`` (rows concatenated). Consecutive quantized members that
-    run the fused kernel of one lattice layout (Tetra or ball) with one shared rotation become one
-    :class:`~leechq.serve.fused.LatticeGroup` (one rotation, their packed tensors reused); any other
-    member (int4, the dense reference path) runs as it is. Several parts are joined by a
-    :class:`ConcatLinear`.
+    Dense members become one ``nn.Linear`` (rows concatenated). Otherwise a
+    :class:`~leechq.nn.group.LeechqGroup` (``from_modules``): consecutive quantized members that
+    run the fused kernel of one lattice layout with one shared rotation become its fused run (one
+    rotation, their packed tensors reused); any other member (int4, the dense reference path) runs
+    as it is, moved to ``device``.
     """
+    from leechq.nn.group import LeechqGroup, fused_layout
+
     if all(_is_dense(m) for m in members):
         return dense_linear(
             [m.weight for m in members],  # type: ignore[misc]
@@ -111,52 +96,7 @@ def fuse_group(
             dtype,
             device,
         )
-    parts: list[nn.Module] = []
-    run: list[nn.Module] = []
-
-    def flush() -> None:
-        if run:
-            from leechq.serve.fused import LatticeGroup
-
-            parts.append(LatticeGroup.from_modules(list(run)))
-            run.clear()
-
-    for m in members:
-        layout = _fused_lattice(m)
-        if layout and (not run or (_fused_lattice(run[0]) == layout
-                                   and _same_rotation(run[0], m))):
-            run.append(m)
-            continue
-        flush()
-        if layout:
-            run.append(m)
-        else:
-            parts.append(m.to(device))
-    flush()
-    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
-
-
-def _fused_lattice(m: nn.Module) -> str | None:
-    """The layout ("tetra48" or "planes14") when ``m`` is a finalized leechq module running that
-    layout's fused Triton kernel, else None."""
-    from leechq.serve.fused import LAYOUTS
-
-    rec = getattr(m, "record", None)
-    kernel = getattr(getattr(m, "execution", None), "kernel", None) or ""
-    layout = LAYOUTS.get(getattr(rec, "codebook", None) or "")
-    fused = (
-        layout is not None
-        and getattr(getattr(m, "execution", None), "path", None) == "fused"
-        and layout in kernel
-        and "triton" in kernel
-    )
-    return layout if fused else None
-
-
-def _same_rotation(a: nn.Module, b: nn.Module) -> bool:
-    from leechq.serve.fused import same_rotation
-
-    return same_rotation(a.record.rotation, b.record.rotation)  # type: ignore[union-attr]
+    return LeechqGroup.from_modules([m if fused_layout(m) else m.to(device) for m in members])
 
 
 def _get(module: Any, path: str) -> Any:

@@ -36,7 +36,7 @@ Gemma's norms and GELU·mul) live in :class:`Pieces`, so the decode path can swa
 ``torch.compile``d copies (fused elementwise kernels) without tracing through the projections' own
 kernels. A rotated lattice group on its matvec
 path instead takes the norm (with the residual add) or the SwiGLU before it into its rotation
-launch (:func:`norm_project`, :func:`silu_project`; ``leechq.serve.fused``); Gemma's projections
+launch (:func:`norm_project`, :func:`silu_project`; ``leechq.nn.group``); Gemma's projections
 run plain, their norms and activation not being the ones those launches compute.
 """
 

@@ -703,11 +703,12 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..16 rows on
     a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
     :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
-    written by the rotation; used only on that path). The ``tetra64`` layout (``w.t64``,
+    written by the rotation; used only on that path). The ``tetra64`` layout (a ``Tetra64Weight``,
     ``formats.layouts.tetra64``) takes the ``m1`` plan (``CODE = TETRA_64``) or the int8
     kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    if w.t64 and not _c.A16:
+    t64 = w.layout == "tetra64"
+    if t64 and not _c.A16:
         if config is None and _t64_on_imma(w, m_rows, xp.device):
             return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
         raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
@@ -717,15 +718,15 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    plan = _m1_groups(w, m_rows, xp.device, config, _check_m1_t64 if w.t64 else None,
-                      many_rows=w.t64)
+    plan = _m1_groups(w, m_rows, xp.device, config, _check_m1_t64 if t64 else None,
+                      many_rows=t64)
     if plan is not None:
         first = 0
         for rows, c in plan:
             _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
             first += rows
         return y
-    if w.t64:
+    if t64:
         raise UnsupportedShape(
             f"the tetra64 layout is read only by the m1 and int8 kernels, none of which takes "
             f"{m_rows} rows of this matrix here (config {config}); use the standard layout")
@@ -754,7 +755,7 @@ def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.dev
         if not many_rows and not _m1_allowed(w, m_rows, device):
             return None
         plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows,
-                       getattr(w, "t64", False))
+                       w.layout == "tetra64")
     else:
         plan = [(m_rows, config)]
     if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
@@ -767,7 +768,7 @@ def _t64_on_imma(w: Tetra48Weight, m_rows: int, device: torch.device) -> bool:
     24-bit activations on the int8 kernel (``Request.imma_only``: its only reader)."""
     from leechq.kernels.select import Int8Path, Request, choose_path
 
-    req = Request("tetra48", m_rows, device, n_blocks=w.n_blocks, imma_only=True)
+    req = Request(w.layout, m_rows, device, n_blocks=w.n_blocks, imma_only=True)
     try:
         return choose_path(req) is Int8Path
     except KernelUnavailable:
@@ -779,8 +780,7 @@ def _m1_allowed(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.de
     (``kernels.select.M1Path``: one row anywhere, several where :func:`_many_row_m1_default`)."""
     from leechq.kernels.select import Request, path_allowed
 
-    layout = "planes14" if hasattr(w, "records") else "tetra48"
-    return path_allowed("m1", Request(layout, m_rows, device, n_blocks=w.n_blocks))
+    return path_allowed("m1", Request(w.layout, m_rows, device, n_blocks=w.n_blocks))
 
 
 def _m1_runs(cfg: MatvecConfig, m_rows: int, device: torch.device,
@@ -812,7 +812,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
         consts = {"CODE": PLANES14.value, "SEL_TABLE": True, **consts}
-    elif w.t64:
+    elif w.layout == "tetra64":
         data, table = w.words, tetra_m1_bits_table(xp.device, T64_PBITS.value)
         consts = {"CODE": TETRA_64.value, "SEL_TABLE": True, **consts}
     else:
