@@ -50,7 +50,7 @@ class Request:
     """What to run, hashable (the memo's key).
 
     Attributes:
-        layout: one of :data:`LAYOUTS` (``tetra64``: a ``Tetra48Weight`` in that layout).
+        layout: one of :data:`LAYOUTS` (``tetra64``: a ``Tetra64Weight``).
         rows: activation rows of the call (1 for a layer-level choice).
         device: where the tensors are (a ``torch.device``).
         dtype: the activation dtype.
@@ -577,8 +577,8 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
         else:
             rotate = lambda x: rot_fn(x.contiguous(), tables)  # noqa: E731
     tensors = {n: getattr(packed, n) for n in ("row_scales", "row_centroids", "tail")}
-    tensors["words" if layout == "tetra48" else "records"] = (
-        packed.words if layout == "tetra48" else packed.records)
+    tensors["records" if layout == "planes14" else "words"] = (
+        packed.records if layout == "planes14" else packed.words)
     box = {"w": packed}
     return LinearPlan(k.family(layout), _chunked(lambda x: fn(x.float(), box["w"]), rows, dtype),
                       rotate, record.d_out, record.d_in, dtype, tensors, packed=box)

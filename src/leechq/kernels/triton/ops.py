@@ -704,14 +704,14 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
     ``config`` the dispatch table picks the path (:func:`matvec_path`: the int8 tensor-core
     kernel, :func:`tetra48_matvec_imma_prepared` — ``acts``: its activation records when they
     exist already, e.g. written by the rotation; used only there —, the ``m1`` launch groups of
-    :func:`m1_plan`, or the tiled kernel). The ``tetra64`` layout (``w.t64``,
+    :func:`m1_plan`, or the tiled kernel). The ``tetra64`` layout (a ``Tetra64Weight``,
     ``formats.layouts.tetra64``) is read by ``m1`` (``CODE = TETRA_64``) and the int8 kernel
     only. An explicit ``config`` runs that kernel: an ``m1`` configuration that cannot take the
     shape (or failed its first-use check) runs the tiled kernel's defaults; the tiled kernel
     raises :class:`UnsupportedShape` on ``tetra64``."""
     _check_lattice(w, w.words, "words", t64_ok=True)
     if config is not None:
-        if w.t64 and not _c.A16:
+        if w.layout == "tetra64" and not _c.A16:
             raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
                                    "activations only (ops_common.A16 is False); pass no "
                                    "configuration")
@@ -730,7 +730,7 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
             _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
             first += rows
         return y
-    if w.t64:
+    if w.layout == "tetra64":
         raise UnsupportedShape(
             f"the tetra64 layout is read only by the m1 and int8 kernels, none of which takes "
             f"{m_rows} rows of this matrix here (config {config}); use the standard layout")
@@ -773,7 +773,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
         consts = {"CODE": PLANES14.value, "SEL_TABLE": True, **consts}
-    elif w.t64:
+    elif w.layout == "tetra64":
         data, table = w.words, tetra_m1_bits_table(xp.device, T64_PBITS.value)
         consts = {"CODE": TETRA_64.value, "SEL_TABLE": True, **consts}
     else:

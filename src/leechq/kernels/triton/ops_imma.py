@@ -140,10 +140,10 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     167 registers with 16-bit activations, three programs per SM) groups of 8 rows per warp and
     step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
     compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
-    given), the MMA kernel and the slice sum. The ``tetra64`` layout (``w.t64``,
+    given), the MMA kernel and the slice sum. The ``tetra64`` layout (a ``Tetra64Weight``,
     ``CODE = TETRA_64``: its stored shells give ``1/‖y‖``) is decoded as such."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    code = TETRA_64.value if w.t64 else TETRA.value
+    code = TETRA_64.value if w.layout == "tetra64" else TETRA.value
     return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
                         acts, k_per, num_warps, row_groups, rows_per_step, maxnreg)
 

@@ -28,23 +28,16 @@ def _ops() -> ModuleType:
     return ops
 
 
-def _layout_of(w: Tetra48Weight | Planes14Weight) -> str:
-    if hasattr(w, "records"):
-        return "planes14"
-    return "tetra64" if getattr(w, "t64", False) else "tetra48"
-
-
 def matvec_request(w: Tetra48Weight | Planes14Weight, m_rows: int,
                    device: torch.device | None = None, dense_copy: bool = False) -> Any:
     """The dispatch table's :class:`~leechq.kernels.select.Request` for ``m_rows`` activation
-    rows of the lattice record ``w`` (its layout — ``tetra64`` for a ``Tetra48Weight`` in that
-    layout —, shape, device and :data:`.ops_common.A16`; ``dense_copy``: the caller holds a
+    rows of the lattice record ``w`` (its registered layout, shape, device and :data:`.ops_common.A16`; ``dense_copy``: the caller holds a
     float16 dequantized copy)."""
     from leechq.kernels.select import Request
 
     if device is None:
         device = (w.records if hasattr(w, "records") else w.words).device
-    return Request(_layout_of(w), m_rows, device, n_blocks=w.n_blocks, dense_copy=dense_copy,
+    return Request(w.layout, m_rows, device, n_blocks=w.n_blocks, dense_copy=dense_copy,
                    d_out=getattr(w, "d_out", 0), tail_cols=getattr(w, "tail_cols", 0),
                    a16=_c.A16)
 
@@ -129,7 +122,7 @@ def _configured_m1(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch
     need its ``mb`` > 1), or None where it is not an ``m1`` configuration, cannot take the shape,
     or failed its first-use check (the caller then runs the tiled kernel's defaults)."""
     ops = _ops()
-    check = _m1_check(_layout_of(w))
+    check = _m1_check(w.layout)
     if ops._m1_applies(config, w) and ops._m1_runs(config, m_rows, device, check):
         return [(m_rows, config)]
     return None
