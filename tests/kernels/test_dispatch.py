@@ -38,16 +38,18 @@ def test_one_table_best_first() -> None:
 def test_nothing_fits_lists_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     _gpu(monkeypatch)
     with pytest.raises(KernelUnavailable) as err:
-        choose(Request("tetra64", 17, CUDA, n_blocks=4, a16=False))
+        choose(Request("tetra64", 17, CUDA, n_blocks=4, a16=False), "triton")
     msg = str(err.value)
     for why in ("dense-f16: the caller holds no dequantized copy", "imma: 17 rows > 16",
                 "m1: decodes tetra64 with 16-bit activations only"):
         assert why in msg
     assert "tiled" not in msg  # it serves no tetra64: not a candidate
-    with pytest.raises(KernelUnavailable) as err:  # CPU tensors, no interpreter, no reference
-        choose(Request("tetra64", 1, CPU, n_blocks=4))
+    with pytest.raises(KernelUnavailable) as err:  # CPU tensors, no interpreter
+        choose(Request("tetra64", 1, CPU, n_blocks=4), "triton")
     for name in ("dense-f16", "imma", "m1"):
         assert f"{name}: tensors on cpu (needs CUDA, or TRITON_INTERPRET=1)" in str(err.value)
+    # the reference reads both Tetra layouts
+    assert choose(Request("tetra64", 1, CPU, n_blocks=4)).name == "reference-tetra48-matvec"
     with pytest.raises(KernelUnavailable, match="no entry serves op 'gemm'"):
         choose(Request("tetra48", 1, CUDA, op="gemm"))
 

@@ -323,11 +323,12 @@ class _Reference(Kernel):
     backend = "reference"
 
 
-def _ref(op: str, layout: str) -> type[Kernel]:
+def _ref(op: str, layout: str, *also: str) -> type[Kernel]:
+    """The reference entry of ``op`` on ``layout`` (and the layouts ``also`` it reads too)."""
     attr = "rotate" if op == "rotate" else f"{layout}_{op}"
     name = "reference-rotate" if op == "rotate" else f"reference-{layout}-{op}"
     return type(f"Reference_{attr}", (_Reference,),
-                {"name": name, "op": op, "layouts": frozenset({layout}),
+                {"name": name, "op": op, "layouts": frozenset({layout, *also}),
                  "impl": f"leechq.kernels.reference:{attr}"})
 
 
@@ -341,7 +342,7 @@ KERNELS: list[type[Kernel]] = [
     TritonRotate,
     TritonInt4Embedding,
     TritonInt8Embedding,
-    _ref("matvec", "tetra48"),
+    _ref("matvec", "tetra48", "tetra64"),
     _ref("matvec", "planes14"),
     _ref("matvec", "int4"),
     _ref("matvec", "int8"),
