@@ -9,11 +9,11 @@ Run on a CUDA machine from the repository root::
 
 Protocol (as ``bench_matvec.py``): one process; every projection group of every layer a distinct
 random matrix (q|k|v 4096→6144, o 4096→4096, gate|up 4096→24576, down 12288→4096, ×36 layers for
-Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.serve.fused.LatticeGroup` in
+Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.nn.group.LeechqGroup` in
 the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
-``served`` (the group's forward: rotation, then what the dispatcher picks — ``m1`` at 1–2 rows,
-the int8 kernel at 3–16, the float16 copy and cuBLAS from 17), and ``gemm[WxRxP]`` for each
-candidate geometry (warps, row groups per step, programs per SM; default ``tuning.GEMM_SWEEP``:
+``served`` (the group's forward: rotation, then what the dispatch table picks — ``m1`` at 1–2
+rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS above), and
+``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM; default ``tuning.GEMM_SWEEP``:
 the same rotation into the copy's column order, then ``ops_gemm.matmul_gemm_ordered`` per
 part). Every arm is first checked against the f64 product of
 its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then

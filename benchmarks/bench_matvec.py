@@ -9,7 +9,7 @@ Protocol: one process; every projection of every layer is a distinct random matr
 streams gigabytes, far beyond the L2), grouped as the serving model groups them (q|k|v, o,
 gate|up, down: one rotation and one launch group per group). Arms: ``fp16`` (one cuBLAS GEMM per
 group through torch) and ``tetra48`` (random Tetra words drawn on the device, served as
-:class:`leechq.serve.fused.LatticeGroup` in the layout and with the kernels the dispatcher picks:
+:class:`leechq.nn.group.LeechqGroup` in the layout and with the kernels the dispatcher picks:
 the rotation, then the batch-1 kernel at one row, the int8 tensor-core kernel at 8 and 16). Each
 arm's whole pass is one CUDA graph, replayed; arms alternate in rounds and the ratio to fp16 is the
 median of the per-round ratios. Before timing, one group of each kind is checked against the f64

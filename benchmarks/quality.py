@@ -12,8 +12,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
 Held-out sets (never used by any choice or training step): ``in-domain`` is the evaluation split of
 the calibration corpus (``--in-domain``, default ``pydoc``: the Python documentation, whose
 calibration split every arm calibrates and trains on); ``unseen`` is a corpus calibration never
-saw (``--unseen-domain``, default ``wikitext2``: English Wikipedia prose; needs ``datasets`` and
-its data; ``c4`` is the other choice).
+saw (``--unseen-domain``, default ``fortunes``: quotations, verse and jokes from Debian's
+``fortunes`` package, offline, :mod:`leechq.data.prose_corpus`; ``wikitext2``: English Wikipedia
+prose, needs ``datasets`` and its data; ``c4`` is the other choice).
 
 Measures per set: perplexity ratio to the reference, KL(reference ‖ arm) per predicted token,
 greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (default ``full``) with a
@@ -45,6 +46,13 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr, flushed, with the seconds since start (a run cut off by a time
+    limit still shows how far it got)."""
+    print(f"[quality +{time.perf_counter() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,6 +204,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     student = copy.deepcopy(reference)
     enc = encode(student, calib, cfg)
     bare_bits = whole_model_bits(enc.records, enc.raw).bits_per_param
+    log(f"bare encode: {time.perf_counter() - t0:.1f} s")
     if "bare" in wanted:
         out["bare"] = (student, bare_bits, {"seconds": time.perf_counter() - t0})
     arch = arch_of(reference)
@@ -223,6 +232,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         if "tune" in res.metadata:
             detail["tune_best_step"] = res.metadata["tune"]["best_step"]
         out[name] = (res.model, res.metadata["whole_model_bits_per_param"], detail)
+        log(f"{name}: recipe {detail['seconds']:.1f} s")
     return out
 
 
@@ -247,6 +257,7 @@ def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespac
                 res = hqq_model(reference, bits=bits, group=args.group)
             out[f"{kind}-{bits}"] = (res.model, res.accounting.bits_per_param,
                                      {"seconds": res.seconds})
+            log(f"{kind}-{bits}: {res.seconds:.1f} s")
     return out
 
 
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codebook", default="tetra")
     ap.add_argument("--target-bpp", type=float, default=2.7)
     ap.add_argument("--in-domain", default="pydoc")
-    ap.add_argument("--unseen-domain", default="wikitext2", choices=("wikitext2", "c4"))
+    ap.add_argument("--unseen-domain", default="fortunes", choices=("fortunes", "wikitext2", "c4"))
     ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--calib-tokens", type=int, default=32768)
@@ -320,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     intervals: list[dict[str, Any]] = []
     for mname in models:
         reference, sets, roles = tiny_setup(args) if args.tiny else real_setup(mname, args)
+        log(f"{mname}: model and windows ready")
         arms = leechq_arms(reference, roles, args, wanted)
         arms.update(baseline_arms(reference, roles, args, wanted))
         for dset, ids in sets.items():
@@ -328,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             from leechq.eval.ppl import window_nll
 
             ref_nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
-            measured = {a: per_window(m, ref_logits, ids) for a, (m, _, _) in arms.items()}
+            log(f"{mname} {dset}: reference logits of {ids.shape[0]} windows")
+            measured = {}
+            for a, (m, _, _) in arms.items():
+                measured[a] = per_window(m, ref_logits, ids)
+                log(f"{mname} {dset}: {a} measured")
             for arm, (_, bpp, detail) in arms.items():
                 rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
                              **summarize(measured[arm], ref_nll), **detail})

@@ -39,6 +39,17 @@ def _float32_products_in_float32():
     torch.set_float32_matmul_precision(before)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_kernel_choices():
+    """Every test starts and ends with no memoized kernel choice (``kernels.select.clear_memo``):
+    tests patch the rules and checks the dispatch table reads."""
+    from leechq.kernels import select
+
+    select.clear_memo()
+    yield
+    select.clear_memo()
+
+
 @pytest.fixture
 def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Small offline corpora under one ``$LEECHQ_CORPUS_DIR`` with a private ``$LEECHQ_CACHE``:

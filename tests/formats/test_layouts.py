@@ -103,7 +103,7 @@ def test_tetra48_bad_input() -> None:
 
 
 def test_registry() -> None:
-    assert layouts.names() == ["planes14", "tetra48"]
+    assert layouts.names() == ["planes14", "tetra48", "tetra64"]
     assert layouts.get("tetra48").codebook == "tetra"
     with pytest.raises(InvalidInput, match="choices"):
         layouts.get("slot32")

@@ -1,7 +1,7 @@
 """The ``tetra64`` served layout (``formats.layouts.tetra64``): the all-ones pattern index, the
 fields against a decode of the canonical word (rows of the three sections, pattern, shell), the
-round trip through the standard and kernel orders, the row packing's positions and zero bits,
-and the errors."""
+round trip through the ``tetra48`` record (distinct types), the row packing's positions and zero
+bits, and the errors."""
 
 from __future__ import annotations
 
@@ -72,15 +72,17 @@ def test_words_positions_and_zero_bits() -> None:
 
 @pytest.mark.parametrize(("d_out", "d_in"), [(5, 24 * 7 + 3), (4, 24 * 8), (3, 24), (2, 23)])
 def test_round_trip(d_out: int, d_in: int) -> None:
-    """standard → tetra64 → standard bit for bit; kernel order gives the same words; an odd
-    block count pads the last pair with the origin (shell 1)."""
+    """tetra48 → tetra64 → tetra48 bit for bit, each in its own record type; an odd block count
+    pads the last pair with the origin (shell 1)."""
     w = tetra48.random_tetra48(d_out, d_in, seed=d_in)
     x = T.to_tetra64(w)
-    assert x.t64 and x.words.shape == (d_out, tetra48.t64_stride(w.n_blocks))
-    assert torch.equal(T.from_tetra64(x).words, w.words)
+    assert type(x) is T.Tetra64Weight and x.layout == "tetra64" and w.layout == "tetra48"
+    assert x.words.shape == (d_out, T.t64_stride(w.n_blocks))
+    back = T.from_tetra64(x)
+    assert type(back) is tetra48.Tetra48Weight and torch.equal(back.words, w.words)
     assert torch.equal(T.canonical_blocks(x), T.blocks_from_words(w.words, w.n_blocks))
     if w.n_blocks:
-        assert torch.equal(tetra48.unpack(x).labels, tetra48.unpack(w).labels)
+        assert torch.equal(T.unpack(x).labels, tetra48.unpack(w).labels)
     if w.n_blocks % 2:  # the absent odd block: R = x = p = g = 0, m = 1
         last = x.words[:, -4:].long() & 0xFFFFFFFF
         w0, w1, w2, w3 = last.unbind(1)
@@ -92,10 +94,14 @@ def test_round_trip(d_out: int, d_in: int) -> None:
 def test_concat_and_errors() -> None:
     a = T.to_tetra64(tetra48.random_tetra48(3, 48, seed=1))
     b = T.to_tetra64(tetra48.random_tetra48(2, 48, seed=2))
-    cat = tetra48.concat_rows([a, b])
-    assert cat.t64 and cat.d_out == 5
-    with pytest.raises(InvalidInput, match="one layout"):
-        tetra48.concat_rows([a, tetra48.random_tetra48(2, 48, seed=2)])
+    cat = T.concat_rows([a, b])
+    assert type(cat) is T.Tetra64Weight and cat.d_out == 5
+    with pytest.raises(InvalidInput, match="expected a tetra64 record"):
+        T.concat_rows([a, tetra48.random_tetra48(2, 48, seed=2)])
+    with pytest.raises(InvalidInput, match="expected a tetra48 record"):
+        tetra48.concat_rows([tetra48.random_tetra48(2, 48, seed=2), a])
+    with pytest.raises(InvalidInput, match="expected a tetra48 record"):
+        tetra48.unpack(a)  # a tetra64 record is unpacked by its own layout
     with pytest.raises(InvalidInput, match="already"):
         T.to_tetra64(a)
     with pytest.raises(InvalidInput, match="not in the tetra64"):

@@ -39,13 +39,13 @@ def _case(b: int, n_kv: int, g: int, hd: int, seq: int, dtype: torch.dtype, devi
     return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))  # type: ignore[return-value]
 
 
-def _check(q, k, v, slot: int, pad: list[int]) -> None:
+def _check(q, k, v, slot: int, pad: list[int], window: int = 0) -> None:
     dev = q.device
     s = torch.tensor([slot], device=dev)
     p = torch.tensor(pad, device=dev)
     scale = q.shape[-1] ** -0.5
-    out = _ops().decode_attention(q, k, v, s, p, scale)
-    want = ref.decode_attention(q, k, v, s, p, scale)
+    out = _ops().decode_attention(q, k, v, s, p, scale, window=window)
+    want = ref.decode_attention(q, k, v, s, p, scale, window=window)
     assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
     assert torch.isfinite(out).all()
     err = (out.float() - want).abs().max().item()
@@ -76,6 +76,37 @@ def test_several_tiles_per_split(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _case(1, 2, 2, 16, 300, torch.float32, "cpu", seed=4)
     _check(q, k, v, 290, [0])
     _check(q, k, v, 100, [10])  # the second split empty
+
+
+@interp
+@pytest.mark.parametrize(("slot", "pad", "window"), [
+    (250, [0, 7], 5),      # a short window: the tiles and splits before it skipped
+    (250, [0, 240], 64),   # the padding inside the window hides more
+    (130, [0, 0], 1),      # the query alone
+    (100, [0, 3], 500),    # a window wider than the context: no change
+    (63, [0, 0], 64),      # the window ends on the tile boundary
+])
+def test_sliding_window_matches_twin(slot: int, pad: list[int], window: int) -> None:
+    q, k, v = _case(2, 2, 3, 16, 300, torch.float32, "cpu", seed=slot + window)
+    _check(q, k, v, slot, pad, window)
+    if window >= slot + 1:  # a window that hides nothing gives the plain attention
+        s, p = torch.tensor([slot]), torch.tensor(pad)
+        full = ref.decode_attention(q, k, v, s, p, 0.25)
+        assert torch.equal(ref.decode_attention(q, k, v, s, p, 0.25, window=window), full)
+
+
+def test_sliding_window_twin_hides_the_old_keys() -> None:
+    """The twin's window itself: with the values one-hot per slot, the output's weight on a slot
+    is zero exactly for the slots outside ``(t - window, t]``."""
+    seq, t, window = 12, 9, 4
+    q = torch.randn(1, 1, 1, 4)
+    k = torch.randn(1, 1, seq, 4)
+    v = torch.eye(seq)[None, None, :, :]  # value of slot s = e_s (head_dim = seq)
+    k = torch.nn.functional.pad(k, (0, seq - 4))
+    q = torch.nn.functional.pad(q, (0, seq - 4))
+    out = ref.decode_attention(q, k, v, torch.tensor([t]), torch.tensor([0]), 0.5, window=window)
+    seen = (out[0, 0, 0] > 0).nonzero().flatten().tolist()
+    assert seen == list(range(t - window + 1, t + 1))
 
 
 def test_split_arithmetic() -> None:
@@ -146,6 +177,8 @@ def test_bad_input_is_named() -> None:
         ops.decode_attention(q, k[:, :, :0], v[:, :, :0], s, p, 0.25)
     with pytest.raises(InvalidInput, match="go together"):
         ops.decode_attention(q, k, v, s, p, 0.25, k_new=k[:, :, :1])
+    with pytest.raises(InvalidInput, match="window"):
+        ops.decode_attention(q, k, v, s, p, 0.25, window=-1)
     with pytest.raises(InvalidInput, match=r"v_new must be \[1, 2, 1, 16\]"):
         ops.decode_attention(q, k, v, s, p, 0.25, k_new=k[:, :, :1], v_new=v[:, :, :2])
 
@@ -164,6 +197,19 @@ def test_full_shapes_on_gpu(dtype, b, n_kv, g, seq, slot, pad) -> None:
     _check(q, k, v, slot, pad)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("hd", "seq", "slot", "pad", "window"), [
+    (256, 8192, 5000, [0, 4500], 1024),  # Gemma-3's local layers: head 256, window 1024
+    (128, 4096, 4095, [0, 0], 4096),     # Gemma-2's window, the whole cache
+])
+def test_sliding_window_on_gpu(dtype, hd, seq, slot, pad, window) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    q, k, v = _case(2, 4, 2, hd, seq, dtype, "cuda", seed=window)
+    _check(q, k, v, slot, pad, window)
+
+
 _OFFLINE = r"""
 from leechq.kernels.triton import introspect as I
 from leechq.kernels.triton.decode_attention import (
@@ -171,19 +217,19 @@ from leechq.kernels.triton.decode_attention import (
 
 ints = ("sq_b", "sq_h", "sq_g", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s", "skn_b", "skn_h",
         "svn_b", "svn_h", "seq_len")
-for dtype in ("fp16", "bf16"):
-    for write in (False, True):
-        sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
-               "slot_ptr": "*i64", "pad_ptr": "*i64", "po_ptr": "*fp32", "pml_ptr": "*fp32",
-               "kn_ptr": f"*{dtype}", "vn_ptr": f"*{dtype}", "qk_scale": "fp32",
-               **{k: "i32" for k in ints}}
-        c = I.compile_for(decode_attention_partial_kernel, sig, dict(
-            N_KV=8, G=4, GP=16, D=128, DP=128, BLOCK_N=64, SPLIT=64, NSPLIT=64, IEEE=False,
-            WRITE=write), num_warps=4, aligned_ints=ints)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (dtype, write, res)
-        text = I.sass(c)
-        assert "HMMA" in text or "HGMMA" in text, (dtype, write)  # the products on tensor cores
+for dtype, write, (n_kv, g, d) in [(t, w, s) for t in ("fp16", "bf16") for w in (False, True)
+                                    for s in ((8, 4, 128), (4, 2, 256))]:
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
+           "slot_ptr": "*i64", "pad_ptr": "*i64", "po_ptr": "*fp32", "pml_ptr": "*fp32",
+           "kn_ptr": f"*{dtype}", "vn_ptr": f"*{dtype}", "qk_scale": "fp32",
+           "window": "i32", **{k: "i32" for k in ints}}
+    c = I.compile_for(decode_attention_partial_kernel, sig, dict(
+        N_KV=n_kv, G=g, GP=16, D=d, DP=d, BLOCK_N=64, SPLIT=64, NSPLIT=64, IEEE=False,
+        WRITE=write), num_warps=4, aligned_ints=ints)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (dtype, write, d, res)
+    text = I.sass(c)
+    assert "HMMA" in text or "HGMMA" in text, (dtype, write, d)  # products on tensor cores
 c = I.compile_for(decode_attention_combine_kernel,
                   {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp16"},
                   dict(G=4, D=128, DP=128, NSPLIT=64, SP=64), num_warps=1)
@@ -193,8 +239,9 @@ print("ok")
 
 
 def test_kernels_compile_for_sm90_without_local_memory() -> None:
-    """Offline (Triton's ptxas for sm_90, no GPU): both kernels at the Qwen3-8B shape, float16 and
-    bfloat16, with and without the cache write, compile without local memory and run the
+    """Offline (Triton's ptxas for sm_90, no GPU): both kernels at the Qwen3-8B shape (and the
+    partial kernel at Gemma-3 4B/12B's: head 256, groups of 2), float16 and bfloat16, with and
+    without the cache write, compile without local memory and run the
     partial kernel's products on tensor cores."""
     from offline_compile import run_offline
 

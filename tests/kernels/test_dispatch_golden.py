@@ -1,67 +1,94 @@
-"""Today's per-call kernel choice by row count, recorded before the choice moved into one table:
-for rows 1..128, Tetra and Planes14, on a GPU (``TRITON_INTERPRET`` unset: what the decisions see
-on CUDA) and under the interpreter. The expected values are written out, not computed by the code
-under test: int8 tensor-core kernel for 3..16 rows of a matrix with a coded block (GPU only),
-several rows on the many-row ``m1`` on a GPU only, a serving group's float16 dequantized copy from
-17 rows (Planes14: where its dequantization kernel is enabled)."""
+"""Which entry of the dispatch table runs a lattice matvec call, by row count: rows 1..128 of
+``tetra48``, ``planes14`` and ``tetra64`` matrices, on a GPU (``TRITON_INTERPRET`` unset, CUDA
+reported available: what the table sees on CUDA) and under the interpreter. The expected values
+are written out, not computed by the code under test: the int8 tensor-core kernel for 3..16 rows
+of a matrix with a coded block (GPU only), several rows on the many-row ``m1`` on a GPU only, the
+tiled kernel for a matrix with no coded block, a serving group's float16 dequantized copy from 17
+rows (Planes14: where its dequantization kernel is enabled); ``tetra64`` is read by ``m1`` and
+the int8 kernel only (by the int8 kernel alone under 24-bit activations)."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from leechq.errors import KernelUnavailable
+from leechq.kernels.select import Request, choose
+
 pytest.importorskip("triton")
+# imported under the interpreter (the test command's TRITON_INTERPRET=1), before any test unsets it
+from leechq.kernels.triton import ops
 
 ROWS = range(1, 129)
+CUDA = torch.device("cuda")
+
+
+def _where(monkeypatch: pytest.MonkeyPatch, interp: bool) -> None:
+    monkeypatch.delenv("LEECHQ_DISABLE_KERNELS", raising=False)
+    if interp:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def _names(layout: str, n_blocks: int, **kw) -> list[str]:
+    out = []
+    for m in ROWS:
+        try:
+            out.append(choose(Request(layout, m, CUDA, n_blocks=n_blocks, **kw)).name)
+        except KernelUnavailable:
+            out.append("-")
+    return out
 
 
 @pytest.mark.parametrize("interp", [False, True])
 @pytest.mark.parametrize("n_blocks", [0, 1, 40])
-def test_int8_kernel_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, n_blocks: int) -> None:
-    from leechq.kernels.triton import ops
-
-    if interp:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+@pytest.mark.parametrize("layout", ["tetra48", "planes14"])
+def test_matvec_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, n_blocks: int,
+                     layout: str) -> None:
+    _where(monkeypatch, interp)
+    got = _names(layout, n_blocks)
+    if n_blocks == 0:
+        want = ["tiled"] * 128
+    elif interp:
+        want = ["m1"] + ["tiled"] * 127
     else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for layout in ("tetra48", "planes14"):
-        data = SimpleNamespace(device=torch.device("cuda"))  # what the decision reads of it
-        w = (SimpleNamespace(n_blocks=n_blocks, words=data) if layout == "tetra48"
-             else SimpleNamespace(n_blocks=n_blocks, records=data))
-        got = [m for m in ROWS if ops.imma_default(w, m)]
-        want = [] if interp or n_blocks == 0 else list(range(3, 17))
-        assert got == want, (layout, interp, n_blocks)
-
-
-@pytest.mark.parametrize("interp", [False, True])
-def test_many_row_m1(monkeypatch: pytest.MonkeyPatch, interp: bool) -> None:
-    from leechq.kernels.triton import ops
-
-    if interp:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert ops._many_row_m1_default() is (not interp)
+        want = ["m1"] * 2 + ["imma"] * 14 + ["m1"] * 112
+    assert got == want
 
 
 @pytest.mark.parametrize("interp", [False, True])
 @pytest.mark.parametrize("p14_dense", [False, True])
-def test_group_dense_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, p14_dense: bool) -> None:
-    """A serving group's rows: the float16 copy from 17 (Planes14: where its dequantization kernel
-    is enabled), the lattice matvec below (the call itself then picks int8 / m1 / tiled)."""
-    from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
-
-    if interp:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+@pytest.mark.parametrize("layout", ["tetra48", "planes14"])
+def test_group_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, p14_dense: bool,
+                    layout: str) -> None:
+    """A serving group's rows (it can multiply a dequantized copy): on a GPU Tetra takes the
+    float16 tensor-core GEMM for 3..64 rows and the copy above; Planes14 the copy from 17 rows
+    (where its dequantization kernel is enabled); the lattice matvec's entries below."""
+    _where(monkeypatch, interp)
     monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: p14_dense)
-    for layout, data in (("tetra48", "words"), ("planes14", "records")):
-        part = SimpleNamespace(**{data: SimpleNamespace(device=torch.device("cuda"))})
-        group = SimpleNamespace(layout=layout, parts=[part], n_blocks=40)
-        dense = [m for m in ROWS if not LatticeGroup._matvec_path(group, m)]
-        want = [] if layout == "planes14" and not p14_dense else list(range(17, 129))
-        assert dense == want, (layout, interp, p14_dense)
+    got = _names(layout, 40, dense_copy=True)
+    small = ["m1"] + ["tiled"] * 15 if interp else ["m1"] * 2 + ["imma"] * 14
+    if layout == "planes14" and not p14_dense:
+        want = small + (["tiled"] * 112 if interp else ["m1"] * 112)
+    elif layout == "tetra48" and not interp:
+        want = ["m1"] * 2 + ["gemm-f16"] * 62 + ["dense-f16"] * 64
+    else:
+        want = small + ["dense-f16"] * 112
+    assert got == want
+
+
+@pytest.mark.parametrize("interp", [False, True])
+@pytest.mark.parametrize("a16", [True, False])
+def test_tetra64_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, a16: bool) -> None:
+    _where(monkeypatch, interp)
+    got = _names("tetra64", 40, a16=a16)
+    if not a16:
+        want = ["imma"] * 16 + ["-"] * 112
+    elif interp:
+        want = ["m1"] * 128
+    else:
+        want = ["m1"] * 2 + ["imma"] * 14 + ["m1"] * 112
+    assert got == want
+    assert _names("tetra64", 0, a16=a16) == ["-"] * 128  # no coded block: no reader

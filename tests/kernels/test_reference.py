@@ -133,3 +133,30 @@ def test_row_bound_error() -> None:
     assert ref.row_bound_error(y + torch.tensor([[0.5, 0.0]]), x, w) == 0.5 / 5.0
     assert ref.row_bound_error(torch.full_like(y, float("nan")), x, w) == float("inf")
     assert ref.row_bound_error(y, x, w.half()) == 0.0  # any float matrix, compared in f64
+
+
+def test_reference_matvec_dispatches_on_each_registered_layout() -> None:
+    """Every registered layout has a reference matvec in the dispatch table (``choose`` keyed on
+    the record's ``layout``), and it computes the canonical product exactly from that layout's
+    bytes: the ``tetra64`` record (a ``Tetra64Weight``) gives the ``tetra48`` one's numbers."""
+    from leechq.formats import layouts
+    from leechq.kernels.select import Request, choose
+
+    g = torch.Generator().manual_seed(5)
+    d_out, d_in = 5, 4 * 24 + 3
+    for name in layouts.names():
+        lay = layouts.get(name)
+        high = 2**47 if lay.codebook == "tetra" else ball_size(12) + 1
+        qw = QuantizedWeight(
+            lay.codebook, d_out, d_in, torch.randint(0, high, (d_out, 4), generator=g),
+            torch.randint(0, 2, (d_out, 4), generator=g, dtype=torch.uint8),
+            _f32_exact(torch.rand(d_out, generator=g, dtype=torch.float64) + 0.5),
+            _f32_exact(torch.tensor([0.75, 1.25], dtype=torch.float64)),
+            torch.randn(d_out, 3, generator=g),
+        )
+        w = lay.pack(qw)
+        assert type(w) is lay.record and w.layout == name
+        k = choose(Request(w.layout, 3, d_out=d_out, d_in=d_in, tail_cols=d_in % 24), "reference")
+        x = torch.randn(3, d_in, generator=g)
+        want = (x.double() @ qw.dequantize_rotated().T).float()
+        assert torch.equal(k.function(w.layout)(x, w), want), name

@@ -11,47 +11,58 @@ from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import generate_rotation
 from leechq.kernels import reference as ref
 from leechq.kernels import select
-from leechq.kernels.select import Shape, choose_kernel
+from leechq.kernels.select import Request, choose
+
+CPU = torch.device("cpu")
+
+
+def _mv(layout: str, rows: int = 1, **kw) -> Request:
+    return Request(layout, rows, CPU, n_blocks=4, d_out=16, d_in=96, **kw)
 
 
 def test_cpu_tensors_get_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for layout in ("tetra48", "planes14", "int4", "int8"):
-        k = choose_kernel("matvec", layout, Shape(16, 96), "cpu")
+        k = choose(_mv(layout))
         assert k.backend == "reference" and layout in k.layouts
-    assert choose_kernel("rotate", "rotation", Shape(0, 96, odd=3), "cpu").name == "reference-rotate"
+        assert k.family(layout) == f"reference-{layout}-matvec"
+    rot = Request("rotation", 1, CPU, op="rotate", d_in=96, odd=3)
+    assert choose(rot).name == "reference-rotate"
 
 
 def test_triton_first_when_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert choose_kernel("matvec", "tetra48", Shape(16, 96), "cpu").name == "triton-tetra48-matvec"
-    # Too many activation rows for the Triton kernels: falls through to the reference.
-    assert choose_kernel("matvec", "tetra48", Shape(16, 96, m_rows=9), "cpu").backend == "reference"
+    k = choose(_mv("tetra48"))
+    assert k.backend == "triton" and k.family("tetra48") == "triton-tetra48-matvec"
+    assert choose(_mv("int4")).name == "triton-int4-matvec"
+    # Too many activation rows for the Triton int4 kernel: falls through to the reference.
+    assert choose(_mv("int4", 9)).name == "reference-int4-matvec"
 
 
 def test_unavailable_lists_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(KernelUnavailable, match="needs CUDA"):
-        choose_kernel("matvec", "tetra48", Shape(16, 96), "cpu", preference="triton")
+        choose(_mv("tetra48"), prefer="triton")
     monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "reference-int4-matvec")
     with pytest.raises(KernelUnavailable, match="triton-int4-matvec"):
-        choose_kernel("matvec", "int4", Shape(16, 96), "cpu")
-    with pytest.raises(KernelUnavailable, match="no kernel serves"):
-        choose_kernel("gemm", "tetra48", Shape(16, 96), "cpu")
-    with pytest.raises(InvalidInput, match="preference"):
-        choose_kernel("matvec", "tetra48", Shape(16, 96), "cpu", preference="cuda")
+        choose(_mv("int4"))
+    with pytest.raises(KernelUnavailable, match="no entry serves"):
+        choose(Request("tetra48", 1, CPU, op="gemm"))
+    with pytest.raises(InvalidInput, match="prefer"):
+        choose(_mv("tetra48"), prefer="cuda")
 
 
 def test_can_implement_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    ok, why = select.TritonInt4Matvec.can_implement("matvec", "int4", Shape(8, 100), torch.device("cpu"))
+    ok, why = select.TritonInt4Matvec.can_implement(Request("int4", 1, CPU, d_out=8, d_in=100))
     assert not ok and "multiple of 8" in why
-    ok, why = select.TritonRotate.can_implement("rotate", "rotation", Shape(0, 97 * 64, odd=97),
-                                                torch.device("cpu"))
+    ok, why = select.TritonRotate.can_implement(Request("rotation", 1, CPU, op="rotate",
+                                                        d_in=97 * 64, odd=97))
     assert not ok and "k=97" in why
-    ok, why = select.TritonTetra48Matvec.can_implement("matvec", "planes14", Shape(8, 48),
-                                                       torch.device("cpu"))
+    ok, why = select.Tiled.can_implement(Request("int4", 1, CPU))
     assert not ok and "layout" in why
+    ok, why = select.M1.can_implement(Request("tetra48", 1, CPU, op="rotate"))
+    assert not ok and "op 'rotate'" in why
 
 
 def test_plan_linear_reference_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

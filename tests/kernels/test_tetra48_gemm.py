@@ -101,7 +101,7 @@ def _fragments(w) -> torch.Tensor:
     out = torch.zeros(w.d_out, npairs, 24, dtype=torch.int32, device=dev)
     _fragments_kernel[(triton.cdiv(w.d_out * npairs, 128),)](
         w.words, w.row_centroids, tetra_m1_table(dev), out, w.d_out, N_BLOCKS=w.n_blocks,
-        T64=w.t64, USE_ASM=_use_asm(), num_warps=4)
+        T64=w.layout == "tetra64", USE_ASM=_use_asm(), num_warps=4)
     return out.view(torch.float16).reshape(w.d_out, npairs, 2, BLOCK).cpu()
 
 
@@ -156,6 +156,19 @@ def test_slices_and_geometries_agree() -> None:
 
 
 @interp
+def test_many_rows_cover_every_output_row() -> None:
+    """From 65 activation rows one row group per step is used whatever the geometry says; the
+    grid follows (a two-group geometry once left half of each program's output rows unwritten:
+    the GPU test at 128 rows found it)."""
+    g = _gemm()
+    w = random_tetra48(130, 2 * BLOCK + 3, seed=6)
+    x = torch.randn(66, w.d_in)
+    dense = ref.tetra48_dequantize_rotated(w)
+    y = g.tetra48_matmul_gemm(x, w, config=g.GemmConfig(4, 2, 3))
+    assert_matmul_close(y, _twin(x, w), x, dense, torch.float32, what="4x2x3 at 66 rows")
+
+
+@interp
 @pytest.mark.parametrize("grouped", [True, False])
 def test_ordered_input_equals_natural(grouped: bool) -> None:
     """From the activation already in ``dense_input_order`` (what the rotation writes for the
@@ -202,25 +215,30 @@ def test_bad_input_is_refused() -> None:
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, out_dtype=torch.int32)
 
 
-def test_gemm_path_is_listed_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``select.GemmF16Path`` takes a serving group's 1..128 Tetra rows but, listed after the
-    paths that take everything, serves no call yet; it refuses Planes14, natural-order callers
-    and 129 rows with a reason."""
-    pytest.importorskip("triton")
+def test_gemm_entry_serves_a_groups_middle_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decided as on a GPU: ``select.GemmF16`` takes a serving group's 3..64 Tetra rows (either
+    layout); 2 rows stay on ``m1`` and 65 take the float16 copy; it refuses Planes14,
+    natural-order callers and the interpreter with a reason."""
     from leechq.kernels import select
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cuda = torch.device("cuda")
+    for layout in ("tetra48", "tetra64"):
+        got = {r: select.choose(select.Request(layout, r, cuda, n_blocks=40, dense_copy=True)).name
+               for r in (2, 3, 64, 65)}
+        assert got == {2: "m1", 3: "gemm-f16", 64: "gemm-f16", 65: "dense-f16"}, layout
+    for req, why in ((select.Request("planes14", 8, cuda, n_blocks=4, dense_copy=True),
+                      "layout 'planes14'"),
+                     (select.Request("tetra48", 8, cuda, n_blocks=4), "copy's activation order"),
+                     (select.Request("tetra48", 65, cuda, n_blocks=4, dense_copy=True),
+                      "outside 3..64")):
+        ok, reason = select.GemmF16.can_implement(req)
+        assert not ok and why in reason, reason
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    dev = torch.device("cpu")
-    assert select.PATHS[-1] is select.GemmF16Path
-    for rows in (1, 2, 17, 128):
-        req = select.Request("tetra48", rows, dev, n_blocks=4, dense_copy=True)
-        assert select.GemmF16Path.can_implement(req) == (True, "")
-        assert select.choose_path(req) is not select.GemmF16Path
-    for req, why in ((select.Request("planes14", 8, dev, n_blocks=4, dense_copy=True), "Tetra"),
-                     (select.Request("tetra48", 8, dev, n_blocks=4), "dense copy"),
-                     (select.Request("tetra48", 129, dev, n_blocks=4, dense_copy=True), "1..128")):
-        ok, reason = select.GemmF16Path.can_implement(req)
-        assert not ok and why in reason
+    ok, reason = select.GemmF16.can_implement(
+        select.Request("tetra48", 8, torch.device("cpu"), n_blocks=4, dense_copy=True))
+    assert not ok and "interpreter" in reason
 
 
 _SASS = r"""

@@ -29,6 +29,16 @@ def _ops():  # imported lazily: the module imports triton
     return ops
 
 
+def _as_on_a_gpu(monkeypatch: pytest.MonkeyPatch, disable: str = "") -> None:
+    """The dispatch table decides as on a GPU (no interpreter cost rules: several rows on the
+    many-row ``m1``, 3..16 on the int8 kernel), with ``disable`` as ``LEECHQ_DISABLE_KERNELS``."""
+    from leechq.kernels import select
+
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)
+    monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", disable)
+    select.clear_memo()
+
+
 def _bounded(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor, tol: float = 1e-5) -> None:
     """|y − y_ref| ≤ tol · Σ_j |w_j x_j| for every output (docs/kernels.md, Tolerances)."""
     assert torch.isfinite(y).all(), "an output was not written (NaN poison survived)"
@@ -175,7 +185,7 @@ def test_planes14_matvec_default_row_groups(monkeypatch: pytest.MonkeyPatch) -> 
     Tetra's row groups, each in its own geometry and at its own offset: 6 rows = a four-row launch,
     then a two-row one; every output row is written and agrees with the f64 reference."""
     ops = _ops()
-    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)
+    _as_on_a_gpu(monkeypatch, "imma")
     launches = []
     launch = ops._launch_m1
     monkeypatch.setattr(ops, "_launch_m1", lambda k, xp, w, y, cfg, m_rows=1, **kw: (
@@ -201,7 +211,7 @@ def test_tetra48_default_row_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default many-row path (GPU only; forced here) launches each row group in its own
     geometry at its own offset: 6 rows = a four-row launch, then a two-row one."""
     ops = _ops()
-    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # skip the interpreter's rule
+    _as_on_a_gpu(monkeypatch, "imma")  # the many-row m1, not the int8 kernel
     launches = []
     launch = ops._launch_m1
     monkeypatch.setattr(ops, "_launch_m1", lambda k, xp, w, y, cfg, m_rows=1, **kw: (
@@ -602,12 +612,12 @@ def test_tetra48_imma_rejects_bad_input() -> None:
 
 
 def test_small_batches_route_to_the_int8_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where ``ops.imma_default`` holds (3..8 rows on a GPU; forced here), an unconfigured Tetra
-    matvec and a planned Planes14 one go through the int8 tensor-core launcher (calls counted,
-    Tetra's code then Planes14's) and stay within the batch-1 bound; a configured call does
-    not."""
+    """Where the dispatch table picks ``imma`` (3..16 rows on a GPU; its choice here), an
+    unconfigured Tetra matvec and a planned Planes14 one go through the int8 tensor-core
+    launcher (calls counted, Tetra's code then Planes14's) and stay within the batch-1 bound; a
+    configured call does not."""
     ops = _ops()
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 8)
+    _as_on_a_gpu(monkeypatch)
     from leechq.kernels.triton import ops_imma
 
     codes = []

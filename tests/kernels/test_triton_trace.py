@@ -45,11 +45,13 @@ from leechq.kernels.triton import ops_attention, ops_common, ops_dense, ops_imma
 for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention):
     if hasattr(_mod, "interpreting"):
         _mod.interpreting = lambda: True
-# several rows: the GPU's choice (the many-row m1 in row groups), not the interpreter's
-ops._many_row_m1_default = lambda: True
-# the dispatch table's own device rule: CPU tensors as if on a GPU
+# the dispatch table: CPU tensors allowed, the GPU's choice for several rows (the many-row m1 in
+# row groups; the int8 kernel is traced by its own entry point below), not the interpreter's
+import os
 from leechq.kernels import select
 select._interpreting = lambda: True
+select._interpreter_costs = lambda: False
+os.environ["LEECHQ_DISABLE_KERNELS"] = "imma"
 
 
 class Traced(Exception):

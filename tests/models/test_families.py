@@ -67,7 +67,7 @@ def test_family_quantizes_loads_both_ways_and_runs(
     run_argv = ["run", str(out), "--prompt", "the water", "--raw", "--max-new-tokens", "3"]
     assert main([*run_argv, "--device", "cpu", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
-    engine = family in ("llama", "mistral", "qwen2", "qwen3")
+    engine = family in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
     assert ("serving through transformers" in captured.err) is not engine
     if not engine:  # the fallback loop decodes greedily exactly as transformers' generate does
         prompt = torch.tensor([tok.encode("the water")])

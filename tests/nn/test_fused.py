@@ -1,5 +1,5 @@
-"""``fuse_linears`` / ``LeechqGroup``: rows of the group are the rows of its members; lattice
-members with identical rotation tables share one rotation slot."""
+"""The fused path of ``LeechqLinear`` (``nn.fused.plan``) against the dense reference, and the
+reasons it declines a record."""
 
 from __future__ import annotations
 
@@ -7,38 +7,7 @@ import pytest
 import torch
 from leechq_tiny import int4_record, lattice_record
 
-from leechq.errors import InvalidInput
-from leechq.nn.fused import LeechqGroup, fuse_linears
 from leechq.nn.linear import LeechqLinear
-
-
-def _members() -> list[LeechqLinear]:
-    q = lattice_record("tetra", 32, 56, seed=1, rotation_seed_value=9)
-    k = lattice_record("tetra", 16, 56, seed=2, rotation_seed_value=9)
-    v = int4_record(16, 56, seed=3)
-    mods = [LeechqLinear.from_record(r, bias=torch.randn(r.d_out)) for r in (q, k, v)]
-    for m in mods:
-        m.finalize("cpu")
-    return mods
-
-
-def test_group_rows_are_member_rows() -> None:
-    members = _members()
-    group = fuse_linears(members)
-    assert isinstance(group, LeechqGroup) and group.out_features == 64 and group.in_features == 56
-    x = torch.randn(2, 3, 56)
-    ref = torch.cat([m(x) for m in members], dim=-1)
-    torch.testing.assert_close(group(x), ref, rtol=0, atol=0)
-    # q and k share one slot; v (int4) reads the unrotated input and has none
-    assert members[0]._shared_rotation is members[1]._shared_rotation is not None
-    assert members[2]._shared_rotation is None
-
-
-def test_single_member_and_errors() -> None:
-    members = _members()
-    assert fuse_linears(members[:1]) is members[0]
-    with pytest.raises(InvalidInput, match="d_in"):
-        LeechqGroup([members[0], torch.nn.Linear(48, 8)])
 
 
 @pytest.mark.interp
@@ -56,32 +25,6 @@ def test_fused_path_matches_dense_under_the_interpreter(kind: str) -> None:
     dense.finalize("cpu", torch.float32, prefer="reference")
     x = torch.randn(3, rec.d_in)
     assert max_rel(fused(x), dense(x)) < 1e-5
-
-
-@pytest.mark.interp
-def test_group_rotates_once_under_the_interpreter() -> None:
-    """q and k share one rotation slot: one rotation per call of the group, the same numbers."""
-    members = _members()[:2]
-    for m in members:
-        m.finalize("cpu", torch.float32, prefer="fused")
-    calls = []
-    plan = members[0]._fused
-    inner = plan.rotate
-
-    def counting(x: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        return inner(x)
-
-    plan.rotate = counting
-    members[1]._fused.rotate = counting
-    group = fuse_linears(members)
-    x = torch.randn(2, 56)
-    y = group(x)
-    assert len(calls) == 1
-    assert members[0]._shared_rotation._rotated is None  # the round is over: nothing held
-    ref = torch.cat([m(x) for m in members], dim=-1)
-    assert len(calls) == 2  # a new round: rotated once more, shared again
-    torch.testing.assert_close(y, ref, rtol=0, atol=0)
 
 
 @pytest.mark.interp

@@ -227,3 +227,27 @@ def test_tuning_on_cuda_in_bf16_autocast_lowers_kl_and_folds_exactly() -> None:
     for name, rec in res.records.items():
         w = student.get_submodule(name).weight
         assert w.is_cuda and torch.equal(w.cpu(), rec.dequantize(torch.float32))
+
+
+def test_a_seconds_budget_is_training_time_the_teacher_and_composing_come_on_top(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from recipe_tiny import windows
+
+    import leechq.quant.tune as tune
+
+    reference, student, records, raw = _setup()
+    real = tune.cache_teacher
+
+    def slow_teacher(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(1.5)  # longer than the whole budget
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tune, "cache_teacher", slow_teacher)
+    cfg = TuneConfig(steps=0, time_budget_s=1.0, probe_steps=1, groups=("norms",))
+    res = tune_model(student, reference, records, raw, windows(4, 16, seed=1), cfg,
+                     progress=False)
+    assert res.teacher_seconds >= 1.5
+    assert res.total_steps > 1  # the budget was not spent on the teacher (a step is ~0.05 s)

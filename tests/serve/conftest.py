@@ -42,6 +42,33 @@ def tiny_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     elif arch == "qwen3":
         common.update(head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True)
         cfg_cls, model_cls = transformers.Qwen3Config, transformers.Qwen3ForCausalLM
+    elif arch == "gemma3":
+        # A window shorter than the tests' prompts; the global layer's RoPE scaled linearly, the
+        # local one plain; a score scale and a logit cap of their own so that both show.
+        common.update(
+            head_dim=16,
+            tie_word_embeddings=True,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            num_hidden_layers=3,
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )
+        cfg_cls, model_cls = transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM
+    elif arch == "gemma2":
+        common.update(
+            head_dim=16,
+            tie_word_embeddings=True,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=5.0,
+        )
+        cfg_cls, model_cls = transformers.Gemma2Config, transformers.Gemma2ForCausalLM
     else:
         raise ValueError(arch)
     common.update(overrides)
@@ -61,7 +88,7 @@ def tiny_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     return model
 
 
-@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(params=["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def hf_model(request: pytest.FixtureRequest) -> Any:
     pytest.importorskip("transformers")
     return tiny_hf_model(request.param)

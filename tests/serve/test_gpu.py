@@ -46,7 +46,7 @@ def _cuda_model(arch: str = "qwen3", dtype: torch.dtype = torch.float16) -> Any:
     return from_hf_model(tiny_hf_model(arch), dtype=dtype, device="cuda")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_graph_tokens_equal_eager_tokens(arch: str) -> None:
     model = _cuda_model(arch)
     graph = Engine(model, graphs=True, compile=True).generate_ids(PROMPTS, 48).tokens
@@ -64,8 +64,9 @@ def test_sampled_graph_equals_sampled_eager() -> None:
     assert a == b == eager
 
 
-def test_compiled_pieces_match_eager_pieces() -> None:
-    model = _cuda_model()
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_compiled_pieces_match_eager_pieces(arch: str) -> None:
+    model = _cuda_model(arch)
     tokens = torch.tensor([PROMPTS[2]], device="cuda")
     out = []
     for fns in (EAGER, Pieces.compiled()):
@@ -77,12 +78,37 @@ def test_compiled_pieces_match_eager_pieces() -> None:
     assert err <= 1e-2 * out[0].abs().max().item(), err
 
 
-def test_gpu_greedy_equals_cpu_greedy_float32() -> None:
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_gpu_greedy_equals_cpu_greedy_float32(arch: str) -> None:
     pytest.importorskip("transformers")
-    hf = tiny_hf_model("llama")
+    hf = tiny_hf_model(arch)
     cpu = Engine(from_hf_model(hf)).generate_ids(PROMPTS, 32).tokens
     gpu = Engine(from_hf_model(hf, dtype=torch.float32, device="cuda")).generate_ids(PROMPTS, 32)
     assert gpu.tokens == cpu
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+@torch.no_grad()
+def test_gemma_decode_steps_match_transformers(arch: str) -> None:
+    """Prefill of 4 positions, then single-position steps on the GPU in float32 (Gemma-3's sliding
+    layers through the split-key kernel with its window, Gemma-2's soft-capped scores through the
+    explicit attention) == transformers' one forward over all 14 positions on the CPU, for a
+    prompt longer than the window of 5."""
+    pytest.importorskip("transformers")
+    hf = tiny_hf_model(arch)
+    model = from_hf_model(hf, dtype=torch.float32, device="cuda")
+    tokens = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(6))
+    want = hf(tokens).logits
+    x = tokens.cuda()
+    cache = KVCache(model.args, 2, 64, torch.float32, "cuda")
+    pad = torch.zeros(2, dtype=torch.int64, device="cuda")
+    steps = [model(x[:, :4], torch.arange(4, device="cuda"), pad, cache.k, cache.v,
+                   last_only=False)]
+    for s in range(4, 14):
+        steps.append(model(x[:, s:s + 1], torch.tensor([s], device="cuda"), pad, cache.k, cache.v))
+    got = torch.cat(steps, dim=1).cpu()
+    err = (got - want).abs().max().item()
+    assert err <= 1e-3 * want.abs().max().item(), err
 
 
 def test_decode_step_never_syncs() -> None:
@@ -163,9 +189,9 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     prompt = torch.tensor([PROMPTS[0] * 10], device="cuda")[:, :70]  # 70 rows: the dense path
     many = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers
-    from leechq.serve.fused import LatticeGroup
+    from leechq.nn.group import LeechqGroup
 
-    monkeypatch.setattr(LatticeGroup, "fuses_pre_ops", lambda self, m_rows: False)
+    monkeypatch.setattr(LeechqGroup, "fuses_pre_ops", lambda self, m_rows: False)
     separate = logits(one)
     many_separate = logits(prompt)
     assert len(calls) == 6 * model.args.n_layers
@@ -185,15 +211,17 @@ def test_fused_ball_model_matches_reference(codebook: str, batch: int) -> None:
     of batch 6 and the 66 of batch 22 the float16 dequantized copy
     (``ops.planes14_matmul_dense``, from ``DENSE_MIN_ROWS`` = 17 rows); the Tetra model's 12
     prompt rows the int8 kernel's two chunks too."""
-    from leechq.serve.fused import LatticeGroup
+    from leechq.kernels.triton import ops
+    from leechq.nn.group import LeechqGroup
 
     try:
         fused = _tiny_quantized("fused", "cuda", torch.float16, codebook=codebook)
     except KernelUnavailable as exc:
         pytest.skip(f"no fused kernel on this device: {exc}")
     assert execution_paths(fused) == {"fused": 14}
-    assert isinstance(fused.blocks[0].wqkv, LatticeGroup)
-    assert fused.blocks[0].wqkv.layout == ("planes14" if codebook == "ball" else "tetra48")
+    assert isinstance(fused.blocks[0].wqkv, LeechqGroup)
+    tetra = "tetra64" if ops.t64_serving("cuda") else "tetra48"  # the served Tetra layout
+    assert fused.blocks[0].wqkv.layout == ("planes14" if codebook == "ball" else tetra)
     ref = _tiny_quantized("reference", "cuda", torch.float16, codebook=codebook)
     prompts = [PROMPTS[i % 3][: 3 + i] for i in range(batch)]
     tokens = torch.tensor([p[:3] for p in prompts], device="cuda")

@@ -1,4 +1,5 @@
-"""The serving decoder against transformers' own modeling (tiny random Llama / Qwen2 / Qwen3)."""
+"""The serving decoder against transformers' own modeling (tiny random Llama / Qwen2 / Qwen3 /
+Gemma-2 / Gemma-3 text)."""
 
 from __future__ import annotations
 
@@ -173,11 +174,13 @@ def test_decode_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the Triton interpreter (TRITON_INTERPRET=1) is off")
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 @torch.no_grad()
-def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decode step through the split-key kernel (left-padded batch) == the SDPA step."""
+def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """A decode step through the split-key kernel (left-padded batch) == the SDPA step; Gemma-3's
+    sliding layers (window 5 < 9 positions) through the kernel's window."""
     pytest.importorskip("triton")
-    model = from_hf_model(tiny_hf_model("qwen3"))
+    model = from_hf_model(tiny_hf_model(arch))
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(0, 97, (2, 9), generator=g)
     pad = torch.tensor([3, 0])
@@ -199,3 +202,91 @@ def test_decode_kernel_step_matches_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(caches["1"][[0, n]], caches["0"][[0, n]])
     assert (caches["1"] - caches["0"]).abs().max().item() < 1e-4
     assert caches["1"][:, :, :, 8].abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Gemma-2 / Gemma-3 text
+
+
+def test_gemma_flags() -> None:
+    g3 = ModelArgs.from_hf_config(tiny_hf_model("gemma3").config)
+    assert g3.arch == "gemma3_text" and g3.gemma_block and g3.qk_norm
+    assert g3.layer_windows == (5, 0, 5) and g3.local_rope_theta == 1e4
+    assert g3.rope_theta == 1e6 and g3.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert g3.embed_scale == 64**0.5 and g3.softmax_scale == 24**-0.5
+    assert g3.final_softcap == 5.0 and g3.attn_softcap is None
+    g2 = ModelArgs.from_hf_config(tiny_hf_model("gemma2").config)
+    assert g2.gemma_block and not g2.qk_norm and g2.local_rope_theta is None
+    assert g2.layer_windows == (5, 0) and g2.attn_softcap == 3.0
+
+
+def test_gemma3_legacy_config_keys_read_as_the_current_ones() -> None:
+    """A config.json of the older format (``rope_theta``, ``rope_local_base_freq``,
+    ``rope_scaling``, ``sliding_window_pattern``; no ``layer_types``) reads as transformers' own
+    config of the same model."""
+    legacy = {
+        "model_type": "gemma3_text", "vocab_size": 97, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 7, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 24,
+        "sliding_window": 5, "sliding_window_pattern": 3, "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 256,
+    }
+    import transformers
+
+    cfg = transformers.Gemma3TextConfig(**{k: v for k, v in legacy.items() if k != "model_type"})
+    ours = ModelArgs.from_hf_config(legacy)
+    assert ours == ModelArgs.from_hf_config(cfg)
+    assert ours.layer_windows == (5, 5, 0, 5, 5, 0, 5)
+
+
+@torch.no_grad()
+def test_gemma3_saved_and_reloaded_matches_transformers(tmp_path: Any) -> None:
+    """A tiny Gemma-3 saved with ``save_pretrained``: its config.json and tensors build the serving
+    model (``from_state_dict``), whose logits over 13 positions (window 5) match the reloaded
+    transformers model's, and equal the module-built serving model's."""
+    import json
+
+    import transformers
+    from safetensors.torch import load_file
+
+    tiny_hf_model("gemma3").save_pretrained(tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    config = json.loads((tmp_path / "config.json").read_text())
+    state = load_file(tmp_path / "model.safetensors")
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])  # tied, saved once
+    model = from_state_dict(config, state, dtype=torch.float32)
+    tokens = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(7))
+    ours, ref = _full_logits(model, tokens), hf(tokens).logits
+    assert (ours - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
+    assert torch.equal(ours, _full_logits(from_hf_model(hf), tokens))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"hidden_activation": "relu"}, "hidden_activation"),
+        ({"use_bidirectional_attention": True}, "bidirectional"),
+        ({"layer_types": ["sliding_attention", "chunked_attention"]}, "chunked_attention"),
+        ({"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+    ],
+)
+def test_unsupported_gemma_configs_are_named(change: dict[str, Any], match: str) -> None:
+    cfg = {
+        "model_type": "gemma3_text", "vocab_size": 10, "hidden_size": 8,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16,
+        "sliding_window": 4,
+    }
+    cfg.update(change)
+    with pytest.raises(UnsupportedArchitecture, match=match):
+        ModelArgs.from_hf_config(cfg)
+
+
+def test_sliding_window_mask_semantics() -> None:
+    """Window 3: a query at slot t sees t-2 .. t (transformers' ``kv > q - window``), never the
+    row's padding; a pad query still sees itself."""
+    m = attention_mask(torch.arange(6), torch.tensor([0, 2]), seq_len=6, groups=1, window=3)
+    assert m[0, 0, 5].tolist() == [False, False, False, True, True, True]
+    assert m[0, 0, 1].tolist() == [True, True, False, False, False, False]
+    assert m[1, 0, 3].tolist() == [False, False, True, True, False, False]
+    assert m[1, 0, 0].tolist() == [True, False, False, False, False, False]

@@ -7,6 +7,7 @@ import torch
 
 from leechq.errors import InvalidInput
 from leechq.serve.sampling import (
+    LOW_BIT_SAMPLING,
     SamplerState,
     SamplingConfig,
     apply_repetition_penalty,
@@ -62,6 +63,22 @@ def test_repetition_penalty_matches_transformers() -> None:
     ref = lp.RepetitionPenaltyLogitsProcessor(1.7)(ids, logits.clone())
     ours = apply_repetition_penalty(logits, seen, torch.tensor([1.7]))
     assert torch.allclose(ours, ref)
+
+
+def test_the_low_bit_preset_penalises_seen_tokens_exactly_and_keeps_the_rest() -> None:
+    cfg = LOW_BIT_SAMPLING
+    logits = torch.tensor([[2.3, -1.5, 0.7, -0.2, 0.0]])
+    seen = torch.tensor([[True, True, False, False, True]])
+    st = _state(cfg)
+    out = apply_repetition_penalty(logits, seen, st.penalty)
+    r = cfg.repetition_penalty
+    want = torch.tensor([[2.3 / r, -1.5 * r, 0.7, -0.2, 0.0]])
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=0)
+    # a seen token that led by less than the penalty's margin loses the lead
+    close = torch.tensor([[1.0, 0.95]])
+    assert int(select_tokens(close, st, SamplingConfig(repetition_penalty=r).key(),
+                             torch.tensor([[True, False]]))) == 1
+    assert cfg.key() == (False, False, True, True, True) and cfg.seed is not None
 
 
 def test_greedy_and_top_k_1_pick_the_argmax() -> None:

@@ -51,6 +51,20 @@ def test_concurrent_greedy_equals_alone_with_rebases(engine: Engine) -> None:
         sched.close()
 
 
+def test_sliding_window_rows_through_the_pool_equal_alone() -> None:
+    """Gemma-3's sliding layers (window 5) under the pool's shared clock and rebases: the window
+    is on token positions, so a row's tokens do not depend on the rows beside it."""
+    gemma = Engine(from_hf_model(tiny_hf_model("gemma3")))
+    prompts = _prompts(6, seed=1)
+    alone = [gemma.generate_ids([p], 16).tokens[0] for p in prompts]
+    sched = Scheduler(gemma, max_batch=4, max_context=48)
+    try:
+        handles = [sched.submit(Request(p, 16, stop_ids=[])) for p in prompts]
+        assert [h.result(timeout=60)[0] for h in handles] == alone
+    finally:
+        sched.close()
+
+
 def test_pool_rebase_keeps_positions(engine: Engine) -> None:
     pool = SlotPool(engine, rows=2, context=16)
     p = _prompts(1, seed=3, longest=8)[0]

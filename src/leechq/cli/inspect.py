@@ -11,13 +11,22 @@ its own line with its own denominator, never combined:
 
 The lattice code itself (48 bits per 24 weights with one gain bit) is shown for reference as the
 "code" column; it is none of the three.
+
+A published Tetra directory (``quant_method: "llvq"``, docs/format.md §5) gets the same report
+(:func:`tetra_report`): its records are read and verified by
+:func:`leechq.formats.tetra_read.read_tetra_dir` (``model.safetensors`` against
+``artifact_sha256``, or every field against ``llvq-digest.json``), and the same three rules count
+them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 
@@ -26,11 +35,17 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
     lines: list[str] = []
     counts, rates, cfg = report["counts"], report["rates"], report["config"]
     lines.append(f"artifact   {directory}")
-    lines.append(
-        "integrity  sha256 of every file verified against the manifest"
-        if report.get("verified")
-        else "integrity  NOT verified (--no-verify): sizes, schema and tensors checked, hashes not"
-    )
+    if "format" in report:
+        lines.append(f"format     {report['format']}")
+    if "integrity" in report:
+        lines.append(f"integrity  {report['integrity']}")
+    else:
+        lines.append(
+            "integrity  sha256 of every file verified against the manifest"
+            if report.get("verified")
+            else "integrity  NOT verified (--no-verify): sizes, schema and tensors checked, "
+            "hashes not"
+        )
     lines.append(
         f"codebook   {report['codebook']} + {cfg['gain_bits']} gain bit(s), "
         f"rotation {'on' if cfg['rotate'] else 'off'}, "
@@ -108,12 +123,65 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
     return "\n".join(lines)
 
 
+def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+    """:func:`leechq.formats.artifact.artifact_report`'s dict for a published Tetra directory
+    (same keys and rules), plus ``format`` and ``integrity`` (what was verified, in words).
+
+    Raises:
+        ArtifactError, FingerprintMismatch, IncompatibleVersion: the directory cannot be read
+            (:func:`leechq.formats.tetra_read.read_tetra_dir`; the message names the file and
+            field).
+    """
+    from leechq.codebooks import get
+    from leechq.formats.artifact import GroupAffine, accounting_report
+    from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+    from leechq.formats.tetra_dir import DENSE_DIGEST_FILE, DIGEST_FILE, MODEL_FILE
+    from leechq.formats.tetra_read import read_tetra_dir
+
+    root = Path(directory)
+    d = read_tetra_dir(root, verify=verify)
+    body = accounting_report(d.records, list(d.raw.values()), get("tetra").label_bits, root)
+    qc = d.quantization_config
+    emb = d.raw.get("model.embed_tokens.weight")
+    dense = (" (" + DENSE_DIGEST_FILE + " present, not checked: `leechq convert` checks it)"
+             if (root / DENSE_DIGEST_FILE).is_file() else "")
+    if not verify:
+        integrity = ("NOT verified (--no-verify): descriptors, sizes and tensors checked, "
+                     "hashes not")
+    elif (root / DIGEST_FILE).is_file():
+        integrity = f"every field's sha256 verified against {DIGEST_FILE}{dense}"
+    else:
+        integrity = f"sha256 of {MODEL_FILE} verified against artifact_sha256{dense}"
+    lattice = [r for r in d.records.values() if isinstance(r, QuantizedWeight)]
+    return {
+        "format": f"published Tetra directory (quant_method 'llvq', llvq_layout_version "
+                  f"{qc.get('llvq_layout_version')})",
+        "codebook": "tetra",
+        "verified": bool(verify),
+        "integrity": integrity,
+        "config": {
+            "gain_bits": 1,
+            "rotate": any(r.rotation is not None for r in lattice),
+            # module names without their layer prefix, as a leechq artifact's config names them
+            "int4_modules": sorted({re.sub(r"^model\.layers\.\d+\.", "", n)
+                                    for n, r in d.records.items() if isinstance(r, Int4Weight)}),
+            "embedding_encoding": f"int{emb.bits}" if isinstance(emb, GroupAffine) else "keep",
+        },
+        **body,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the report of ``args.artifact`` (text, or JSON with ``--json``)."""
+    """Print the report of ``args.artifact``, a leechq artifact or a published Tetra directory
+    (text, or JSON with ``--json``)."""
     from leechq.formats.artifact import artifact_report
+    from leechq.models.convert import is_tetra_dir
 
     verify = not getattr(args, "no_verify", False)
-    report = artifact_report(args.artifact, verify=verify)
+    if is_tetra_dir(args.artifact):
+        report = tetra_report(args.artifact, verify=verify)
+    else:
+        report = artifact_report(args.artifact, verify=verify)
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:

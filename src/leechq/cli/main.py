@@ -57,9 +57,11 @@ def _dtype(p: argparse.ArgumentParser) -> None:
 
 
 def _args_quantize(p: argparse.ArgumentParser) -> None:
+    from leechq.models.zoo import aliases
+
     p.add_argument(
         "model",
-        help="model: alias (smollm2-135m, qwen2.5-coder-0.5b), HF directory, .gguf file or hub id",
+        help=f"model: alias ({', '.join(aliases())}), HF directory, .gguf file or hub id",
     )
     p.add_argument(
         "out", help="output artifact directory (created; must not hold another artifact)"
@@ -250,7 +252,8 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
         "--tune-seconds",
         type=float,
         default=180.0,
-        help="CPU budget of the end-to-end tuning step (0 skips it) [default: 180]",
+        help="at most this many seconds of end-to-end tuning on the CPU, less when the encode "
+        "took long (the demo aims at 15 minutes in all); 0 skips it [default: 180]",
     )
     p.add_argument(
         "--force", action="store_true", help="re-quantize even if a cached artifact exists"

@@ -411,6 +411,8 @@ def load_text(
     * ``"pydoc"``: split ``"calibration"`` or ``"evaluation"`` (offline, see the module docstring).
     * ``"pystdlib"``: the same splits of the standard library's code (offline,
       :mod:`leechq.data.code_corpus`).
+    * ``"fortunes"``: the same splits of Debian's quotations and verse, the unseen domain of the
+      quality reports (offline, :mod:`leechq.data.prose_corpus`).
     * ``"wikitext2"``: ``wikitext-2-raw-v1``, split ``"train"``/``"validation"``/``"test"``; rows
       joined with ``"\\n\\n"`` (docs/evaluation.md).
     * ``"c4"``: ``allenai/c4``; split ``"evaluation"`` reads shard 00000 of the validation set,
@@ -434,6 +436,10 @@ def load_text(
         from leechq.data.code_corpus import code_text
 
         text = code_text(split)
+    elif name == "fortunes":
+        from leechq.data.prose_corpus import fortunes_text
+
+        text = fortunes_text(split)
     elif name in ("wikitext2", "c4"):
         datasets = _require_datasets()
         if data_files is not None:
@@ -454,7 +460,8 @@ def load_text(
         limit = max_chars if max_chars is not None else (C4_MAX_CHARS if name == "c4" else None)
         text = _join_rows(ds["text"], limit)
     else:
-        raise InvalidInput(f"unknown corpus {name!r}; choices: pydoc, pystdlib, wikitext2, c4")
+        raise InvalidInput(
+            f"unknown corpus {name!r}; choices: pydoc, pystdlib, fortunes, wikitext2, c4")
     return text[:max_chars] if max_chars is not None else text
 
 

@@ -852,9 +852,24 @@ def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -
     from leechq.codebooks import get
 
     label_bits = get(art.quant_config.codebook).label_bits
+    return {
+        "codebook": art.quant_config.codebook,
+        "verified": bool(verify),
+        "config": art.quant_config.to_dict(),
+        **accounting_report(art.records, [*art.raw.values(), *art.raw_quant.values()],
+                            label_bits, directory),
+    }
+
+
+def accounting_report(records: dict[str, Any], raw: list[Any], label_bits: int,
+                      directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``matrices``, ``counts`` and ``rates`` of :func:`artifact_report` for any reader's
+    records (``QuantizedWeight`` / ``Int4Weight``) and raw values (tensors, counted at 16 bits
+    when floating and at their element size otherwise, or ``GroupAffine`` tables) of the model
+    stored in ``directory`` (its ``model.safetensors`` and files give the on-disk rates)."""
     matrices: dict[str, Any] = {}
     tot = {"weights": 0.0, "code": 0.0, "kernel": 0.0, "served": 0.0, "stored": 0.0}
-    for name, rec in art.records.items():
+    for name, rec in records.items():
         b = _record_bits(rec, label_bits)
         for k in tot:
             tot[k] += b[k]
@@ -868,26 +883,25 @@ def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -
         }
     raw_params = 0
     raw_served = 0.0
-    for t in art.raw.values():
-        raw_params += t.numel()
-        raw_served += t.numel() * (16 if t.is_floating_point() else 8 * t.element_size())
-    for ga in art.raw_quant.values():
-        n = ga.rows * ga.cols
-        raw_params += n
-        raw_served += n * ga.bits + 32 * ga.scales.numel()
+    for value in raw:
+        if isinstance(value, GroupAffine):
+            n = value.rows * value.cols
+            raw_params += n
+            raw_served += n * value.bits + 32 * value.scales.numel()
+        else:
+            raw_params += value.numel()
+            raw_served += value.numel() * (16 if value.is_floating_point()
+                                           else 8 * value.element_size())
     params = tot["weights"] + raw_params
     model_bytes = (Path(directory) / MODEL_FILE).stat().st_size
     dir_bytes = sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file())
     return {
-        "codebook": art.quant_config.codebook,
-        "verified": bool(verify),
-        "config": art.quant_config.to_dict(),
         "matrices": matrices,
         "counts": {
             "quantized_weights": int(tot["weights"]),
             "parameters": int(params),
-            "lattice_records": sum(isinstance(r, QuantizedWeight) for r in art.records.values()),
-            "int4_records": sum(isinstance(r, Int4Weight) for r in art.records.values()),
+            "lattice_records": sum(isinstance(r, QuantizedWeight) for r in records.values()),
+            "int4_records": sum(isinstance(r, Int4Weight) for r in records.values()),
             "model_safetensors_bytes": model_bytes,
             "directory_bytes": dir_bytes,
         },

@@ -201,9 +201,9 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
-    words in either Tetra layout: standard or ``w.t64``)."""
+    a record of either Tetra layout: ``tetra48`` or ``tetra64``)."""
     nb = w.n_blocks
-    if w.t64:  # the layout's own inverse map
+    if w.layout == "tetra64":  # the layout's own inverse map
         from leechq.formats.layouts.tetra64 import canonical_blocks
 
         word = canonical_blocks(w)
@@ -459,11 +459,12 @@ def int8_embedding(ids: torch.Tensor, table: Int8Weight) -> torch.Tensor:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      slot: torch.Tensor, pad: torch.Tensor, scale: float,
                      k_new: torch.Tensor | None = None,
-                     v_new: torch.Tensor | None = None) -> torch.Tensor:
+                     v_new: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Softmax attention of one query position per row in float64, narrowed to float32: key slot
-    ``s`` of row ``b`` is seen from the query's slot ``t = slot[0]`` iff ``pad[b] <= s <= t`` or
-    ``s == t`` (the serving model's mask). q [B, n_kv, G, hd]; k_cache, v_cache [B, n_kv, S, hd];
-    slot int64 [1]; pad int64 [B] → [B, n_kv, G, hd] f32. ``k_new``, ``v_new`` [B, n_kv, 1, hd]:
+    ``s`` of row ``b`` is seen from the query's slot ``t = slot[0]`` iff ``pad[b] <= s <= t`` (and
+    ``s > t - window`` when ``window`` > 0) or ``s == t`` (the serving model's mask).
+    q [B, n_kv, G, hd]; k_cache, v_cache [B, n_kv, S, hd]; slot int64 [1]; pad int64 [B] →
+    [B, n_kv, G, hd] f32. ``k_new``, ``v_new`` [B, n_kv, 1, hd]:
     first written into slot ``t`` of the caches (in place, as the kernel does)."""
     if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise InvalidInput("q must be [B, n_kv, G, hd] and k_cache, v_cache [B, n_kv, S, hd]")
@@ -472,7 +473,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v_cache.index_copy_(2, slot.reshape(-1)[:1], v_new)
     keys = torch.arange(k_cache.shape[2], device=q.device)
     t = slot.reshape(-1)[:1].to(q.device)
-    seen = ((keys[None, :] <= t) & (keys[None, :] >= pad.to(q.device)[:, None])) | (keys == t)
+    seen = (keys[None, :] <= t) & (keys[None, :] >= pad.to(q.device)[:, None])
+    if window > 0:
+        seen &= keys[None, :] > t - window
+    seen |= keys == t
     scores = torch.einsum("bhgd,bhsd->bhgs", q.double(), k_cache.double()) * scale
     scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)

@@ -1,7 +1,8 @@
 """Geometry and threshold constants of the kernel launches, in one place, one line of provenance
 each (what was measured, on which GPU; the comparisons behind each choice are in
-docs/decisions.md). The host wrappers (:mod:`leechq.kernels.triton.ops` and its family modules)
-and the serving groups read them from here; nothing in this module imports torch or triton."""
+docs/decisions.md). The dispatch table (:mod:`leechq.kernels.select`), the host wrappers
+(:mod:`leechq.kernels.triton.ops` and its family modules) and the serving groups read them from
+here; nothing in this module imports torch or triton."""
 
 from __future__ import annotations
 
@@ -67,17 +68,21 @@ DECODE_ATTN_MAX_SPLITS = 64
 """At most this many key splits per (row, key/value head); a split holds whole tiles."""
 
 # --- float16 tensor-core GEMM (decode once per tile) ---------------------------------------------
-GEMM_MAX_ROWS = 128
-"""Activation rows of one launch of the float16 tensor-core GEMM (``ops_gemm``): all of them in
-one program tile, so each weight block is decoded once per launch."""
+GEMM_MIN_ROWS = 3
+GEMM_MAX_ROWS = 64
+"""A serving group's rows from ``GEMM_MIN_ROWS`` to ``GEMM_MAX_ROWS`` take the float16
+tensor-core GEMM (``ops_gemm``: each weight block decoded once per launch); H200, Qwen3-8B
+projections per decode step (``bench_gemm.py``, 96c2f07): 2 rows ``m1`` 2.99 ms against the GEMM
+3.88; 4 / 8 / 16 / 32 / 64 rows GEMM 3.90 / 3.96 / 4.10 / 5.71 / 7.02 against the int8 kernel or
+the float16 copy 4.98 / 5.05 / 7.36 / 10.26 / 10.58; 128 rows 13.10 against the copy's 11.59."""
 
-GEMM_CONFIG = (4, 1, 4)
-"""``(num_warps, rows_per_step, programs_per_sm)`` of the float16 tensor-core GEMM when none is
-given: not yet measured (a first guess from the int8 kernel's geometry); ``GEMM_SWEEP`` lists the
-candidates ``benchmarks/bench_gemm.py`` times."""
+GEMM_CONFIG = (4, 2, 3)
+"""``(num_warps, rows_per_step, programs_per_sm)`` of the float16 tensor-core GEMM; H200,
+Qwen3-8B, the fastest of ``GEMM_SWEEP`` at every row count from 2 to 128 (``bench_gemm.py``,
+96c2f07; e.g. 16 rows 4.10 ms against 4.67 / 5.53 / 4.87)."""
 
 GEMM_SWEEP = ((4, 1, 4), (4, 1, 2), (4, 2, 3), (8, 1, 2))
 """Candidate ``(num_warps, rows_per_step, programs_per_sm)`` geometries of the float16
-tensor-core GEMM for ``benchmarks/bench_gemm.py`` (none measured yet). Offline sm_90 registers:
-(4, 1) 78 at ≤ 8 activation rows, 255 with a small spill at 128; (4, 2) 187 at 16 rows, 254 at
-64 (above 64 rows ``ops_gemm`` takes one row group per step)."""
+tensor-core GEMM that ``benchmarks/bench_gemm.py`` times. Offline sm_90 registers: (4, 1) 78 at
+≤ 8 activation rows, 255 with a small spill at 128; (4, 2) 187 at 16 rows, 254 at 64 (above 64
+rows ``ops_gemm`` takes one row group per step)."""

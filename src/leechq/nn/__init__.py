@@ -1,9 +1,9 @@
 """Layer 4: torch modules (the quantized linear and module replacement).
 
-``LeechqLinear`` (:mod:`leechq.nn.linear`), the replacement helpers (:mod:`leechq.nn.replace`) and
-``fuse_linears`` (:mod:`leechq.nn.fused`, used by the serving model to group q|k|v and gate|up) and
-the packed 4/8-bit embedding and head tables (:mod:`leechq.nn.embedding`) are imported on first
-access, so ``import leechq.nn`` stays cheap.
+``LeechqLinear`` (:mod:`leechq.nn.linear`), the replacement helpers (:mod:`leechq.nn.replace`),
+``LeechqGroup`` (:mod:`leechq.nn.group`: projections that read one input, q|k|v and gate|up, for
+``nn`` users and the serving model alike) and the packed 4/8-bit embedding and head tables
+(:mod:`leechq.nn.embedding`) are imported on first access, so ``import leechq.nn`` stays cheap.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 
 _LAZY = {
     "LeechqLinear": "leechq.nn.linear",
-    "fuse_linears": "leechq.nn.fused",
-    "LeechqGroup": "leechq.nn.fused",
+    "LeechqGroup": "leechq.nn.group",
     "replace_with_records": "leechq.nn.replace",
     "replace_with_placeholders": "leechq.nn.replace",
     "share_groups": "leechq.nn.replace",

@@ -75,19 +75,18 @@ def _target_device(device: torch.device | str | None, current: torch.device) -> 
     return dev
 
 
-def _select(op: str, layout: str, shape: Any, device: torch.device, prefer: str
-            ) -> tuple[Any, str | None]:
+def _select(request: Any, prefer: str) -> tuple[Any, str | None]:
     """(Triton kernel class or None for the reference path, why no kernel when one was wanted).
 
     CPU + "auto" and "reference" take the reference path; "fused" insists on a Triton kernel (on
     the CPU only under ``TRITON_INTERPRET=1``) and raises :class:`KernelUnavailable` otherwise.
     """
-    from leechq.kernels.select import choose_kernel
+    from leechq.kernels.select import choose
 
-    if prefer == "reference" or (prefer == "auto" and device.type == "cpu"):
+    if prefer == "reference" or (prefer == "auto" and request.device.type == "cpu"):
         return None, None
     try:
-        return choose_kernel(op, layout, shape, device, "triton"), None
+        return choose(request, "triton"), None
     except KernelUnavailable as exc:
         if prefer == "fused":
             raise
@@ -224,7 +223,7 @@ class PackedEmbedding(nn.Module):
         Returns:
             The :class:`Execution` (path "fused" or "reference").
         """
-        from leechq.kernels.select import Shape
+        from leechq.kernels.select import Request
 
         _check_finalize_args(dtype, prefer, "PackedEmbedding")
         device = _target_device(device, self.qweight.device)
@@ -234,12 +233,13 @@ class PackedEmbedding(nn.Module):
             self.execution = None  # _apply must not re-finalize on the way
             super().to(device)
         layout = f"int{self.bits}"
-        shape = Shape(self.num_embeddings, self.embedding_dim, 1, self.group)
-        kernel, reason = _select("embedding", layout, shape, device, prefer)
+        kernel, reason = _select(Request(layout, 1, device, dtype, op="embedding",
+                                         d_out=self.num_embeddings, d_in=self.embedding_dim,
+                                         group=self.group), prefer)
         table = self.table()
         dim = self.embedding_dim
         if kernel is not None:
-            fn = kernel.function()
+            fn = kernel.function(layout)
             self._lookup = lambda flat: fn(flat, table, out_dtype=dtype)
             name: str | None = kernel.name
         elif device.type == "cpu":
@@ -373,7 +373,7 @@ class PackedHead(nn.Module):
         Returns:
             The :class:`Execution` (path "fused" or "reference").
         """
-        from leechq.kernels.select import MAX_TRITON_ROWS, Shape
+        from leechq.kernels.select import MAX_TRITON_ROWS, Request
 
         _check_finalize_args(dtype, prefer, "PackedHead")
         t = self.table
@@ -384,14 +384,15 @@ class PackedHead(nn.Module):
                                    f"{t.qweight.device}, not {device}: move the embedding first")
             self.execution = None
             super().to(device)
-        shape = Shape(t.num_embeddings, t.embedding_dim, 1, t.group)
-        kernel, reason = _select("matvec", f"int{t.bits}", shape, device, prefer)
+        kernel, reason = _select(Request(f"int{t.bits}", 1, device, dtype,
+                                         d_out=t.num_embeddings, d_in=t.embedding_dim,
+                                         group=t.group), prefer)
         self._matvec = None
         self._key = 0
         self._max_rows = 0
         name = "chunked-dequantize-matmul"
         if kernel is not None:
-            fn, table = kernel.function(), t.table()
+            fn, table = kernel.function(f"int{t.bits}"), t.table()
             self._matvec = lambda x2: fn(x2, table).to(dtype)
             self._key = custom_ops.register(self._matvec)
             self._max_rows = MAX_TRITON_ROWS

@@ -9,7 +9,9 @@ compute ``y = σ ⊙ (Ŵ' (Q x)) + T x_tail`` with the activation rotated online
 :class:`SharedRotation` is the per-group slot that lets q/k/v (and gate/up) rotate their common
 input once. It is keyed by the input tensor's identity *and* version counter while holding a
 strong reference, so a recycled buffer or an in-place update can never be served a stale rotation
-(the pitfall: sharing keyed by pointer or width returns plausible wrong logits).
+(the pitfall: sharing keyed by pointer or width returns plausible wrong logits). Projections that
+read one input are grouped by :class:`leechq.nn.group.LeechqGroup`, which hands its members these
+slots.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from leechq.errors import InvalidInput, KernelUnavailable
+from leechq.errors import KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables
 
@@ -99,74 +101,3 @@ def plan(
             raise
         raise KernelUnavailable("leechq.kernels.select is not part of this build") from exc
     return plan_linear(record, device, dtype, preference="triton")
-
-
-class LeechqGroup(torch.nn.Module):
-    """Projections reading one input, outputs concatenated: ``[..., d_in] → [..., Σ d_out]``.
-
-    The serving model's ``wqkv`` / ``w13`` (docs/kernels.md). Rows of the result are
-    the rows of the members, so the group computes the same numbers as its members. Lattice members
-    with identical rotation tables share one :class:`SharedRotation` slot, so the fused path rotates
-    the common input once per call; the dense path needs no rotation at all.
-    """
-
-    def __init__(self, members: list[torch.nn.Module]) -> None:
-        super().__init__()
-        if not members:
-            raise InvalidInput("LeechqGroup needs at least one member")
-        d_in = {int(getattr(m, "in_features", -1)) for m in members}
-        if len(d_in) != 1:
-            raise InvalidInput(f"members of one group must share d_in, got {sorted(d_in)}")
-        self.members = torch.nn.ModuleList(members)
-        self.in_features = d_in.pop()
-        self.out_features = sum(int(m.out_features) for m in members)
-        share_member_rotations(members)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., d_in] → [..., Σ d_out] (members in order)."""
-        return torch.cat([m(x) for m in self.members], dim=-1)
-
-
-def share_member_rotations(members: list[torch.nn.Module]) -> int:
-    """One shared rotation slot per distinct rotation among lattice members; returns the count."""
-    import numpy as np
-
-    from leechq.nn.linear import LeechqLinear
-
-    slots: list[SharedRotation] = []
-    for m in members:
-        rec = getattr(m, "record", None) if isinstance(m, LeechqLinear) else None
-        if not isinstance(rec, QuantizedWeight) or rec.rotation is None:
-            continue
-        rot = rec.rotation
-        slot = next(
-            (
-                s
-                for s in slots
-                if s.tables.n == rot.n
-                and np.array_equal(s.tables.signs, rot.signs)
-                and np.array_equal(s.tables.small, rot.small)
-            ),
-            None,
-        )
-        if slot is None:
-            slot = SharedRotation(rot)
-            slots.append(slot)
-        slot.members += 1
-        m.share_rotation(slot)
-    return len(slots)
-
-
-def fuse_linears(members: list[torch.nn.Module]) -> torch.nn.Module:
-    """One module for projections that read the same input (q|k|v, gate|up, or a single one).
-
-    Args:
-        members: finalized :class:`~leechq.nn.linear.LeechqLinear` (or other ``[..., d_in] →
-            [..., d_out]`` modules), in output order.
-
-    Returns:
-        The single member itself, or a :class:`LeechqGroup`.
-    """
-    if len(members) == 1:
-        return members[0]
-    return LeechqGroup(list(members))

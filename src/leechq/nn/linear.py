@@ -53,13 +53,15 @@ class ReferencePathWarning(UserWarning):
 @dataclass(frozen=True)
 class Execution:
     """How a finalized module computes: ``path`` ("dense" or "fused"), the kernel name (fused) and,
-    for the dense path on an accelerator, why no kernel was used."""
+    for the dense path on an accelerator, why no kernel was used; ``members``: the matrices the
+    module computes (1 for a ``LeechqLinear``; a group's fused run: the matrices it holds)."""
 
     path: str
     device: str
     dtype: torch.dtype
     kernel: str | None = None
     reason: str | None = None
+    members: int = 1
 
 
 def record_kind(record: Record) -> str:

@@ -333,7 +333,7 @@ def _is_norm(module: nn.Module) -> bool:
 
 def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
            groups: tuple[str, ...], device: torch.device,
-           compute_dtype: torch.dtype) -> Attached:
+           compute_dtype: torch.dtype, bar: Any = None) -> Attached:
     """Swap composed modules into ``model`` for every record and table; add norm factors.
 
     Args:
@@ -343,6 +343,8 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
             composed wherever the model uses their parameter (a tied head too); 1-D norm weights
             get factors with ``groups`` ∋ "norms".
         groups, device, compute_dtype: see :class:`ComposedLinear`.
+        bar: a progress bar advanced by one per record and per table (composing a lattice
+            record decodes it), or None.
 
     Returns:
         :class:`Attached`; undo with :func:`detach`.
@@ -355,6 +357,8 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
             new = ComposedLinear(rec, bias, groups, device, compute_dtype)
             att.originals[name] = _swap(model, name, new)
             att.linears[name] = new
+            if bar is not None:
+                bar.update(1)
         for tname, ga in raw.items():
             if not isinstance(ga, GroupAffine):
                 continue
@@ -376,6 +380,8 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
                 elif not isinstance(m, nn.Linear):
                     raise InvalidInput(f"table {tname} is used by {type(m).__name__} {n}")
             att.tables[tname] = tuple(n for n, _ in users)
+            if bar is not None:
+                bar.update(1)
         if "norms" in groups:
             for tname, t in raw.items():
                 mod_name, _, leaf = tname.rpartition(".")

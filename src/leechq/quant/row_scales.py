@@ -55,6 +55,7 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import apply_rotation_transpose
+from leechq.quant.progress import stage_bar
 
 log = logging.getLogger("leechq.quant")
 
@@ -652,7 +653,7 @@ def train_row_scales(
         monitor_windows: int64 [M, T'] fixed windows on which KL is measured before and after.
         keep_checkpoint: keep the checkpoint directory after success.
         on_step: called as ``on_step(step, loss)`` after each optimizer step (tests).
-        progress: show a tqdm bar with a time estimate.
+        progress: tqdm bars (stderr, with time estimates) for the timing probe and the steps.
 
     Returns:
         :class:`RowScaleResult`.
@@ -710,11 +711,14 @@ def train_row_scales(
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             first = None
-            for k in range(config.probe_steps):
-                loss = loss_of(k)
-                loss.backward()
-                optimizer.zero_grad(set_to_none=True)
-                first = float(loss.detach()) if first is None else first
+            with stage_bar("row scales: timing probe", config.probe_steps, "step",
+                           progress) as pbar:
+                for k in range(config.probe_steps):
+                    loss = loss_of(k)
+                    loss.backward()
+                    optimizer.zero_grad(set_to_none=True)
+                    first = float(loss.detach()) if first is None else first
+                    pbar.update(1)
             per_step = (time.perf_counter() - t0) / config.probe_steps
             remaining = config.time_budget_s - (time.perf_counter() - started)
             total_steps = max(1, int(remaining / max(per_step, 1e-9)))
@@ -727,12 +731,7 @@ def train_row_scales(
             }
             log.info("row scales: probe %.3f s/step → %d steps", per_step, total_steps)
 
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total_steps, initial=start_step, desc="row scales", unit="step",
-                       dynamic_ncols=True)
+        bar = stage_bar("row scales", total_steps, "step", progress, initial=start_step)
         t_loop = time.perf_counter()
         for step in range(start_step, total_steps):
             lr = learning_rate(step, total_steps, config)
@@ -748,9 +747,8 @@ def train_row_scales(
             history.append(float(loss.detach()))
             if on_step is not None:
                 on_step(step, history[-1])
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(kl=f"{history[-1]:.4f}")
+            bar.update(1)
+            bar.set_postfix(kl=f"{history[-1]:.4f}")
             done = step + 1
             if ckpt is not None and (
                 done == total_steps
@@ -761,8 +759,7 @@ def train_row_scales(
                     "optimizer": optimizer.state_dict(),
                     "history": history,
                 })
-        if bar is not None:
-            bar.close()
+        bar.close()
         loop_steps = total_steps - start_step
         per_step = (time.perf_counter() - t_loop) / max(1, loop_steps)
         factors = {n: w.scale.detach().cpu().clone() for n, w in wrappers.items()}

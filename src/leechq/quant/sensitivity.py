@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import InvalidInput
+from leechq.quant.progress import stage_bar
 from leechq.quant.row_scales import kl_loss, model_logits
 
 log = logging.getLogger("leechq.quant")
@@ -277,7 +278,7 @@ def measure_swaps(
             within ``max_logit_bytes`` in f32, at most 8).
         max_logit_bytes: the logits budget of one forward when ``swaps_per_pass`` is None.
         chunk: positions per KL chunk.
-        progress: show a tqdm bar with a time estimate.
+        progress: show a tqdm bar (stderr) with a time estimate, up from the teacher's logits on.
 
     Returns:
         name → :class:`SwapMeasurement` (same order as ``swaps``); ``seconds`` is the candidate's
@@ -303,16 +304,14 @@ def measure_swaps(
                                "only)")
         entries[name] = (users, w.to(device=weight.device, dtype=weight.dtype))
     batch = windows.shape[0] if batch is None else max(1, int(batch))
+    names = list(entries)
+    # the bar is up from the start: the teacher's logits and the base pass come first
+    bar = stage_bar("int4 sensitivity", len(names), "matrix", progress)
+    bar.set_postfix_str("teacher logits")
     cache = teacher_logits_cache(teacher, windows, batch)
     if swaps_per_pass is None:
         per_copy = 4 * batch * windows.shape[1] * (cache[0].shape[-1] if cache else 1)
         swaps_per_pass = max(1, min(8, max_logit_bytes // max(1, per_copy)))
-    names = list(entries)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(names), desc="int4 sensitivity", unit="matrix", dynamic_ncols=True)
     found = _layer_stack(model)
     stack = found[1] if found is not None else None
     recorded: list[list[Any]] | None = [[] for _ in stack] if stack is not None else None
@@ -329,6 +328,7 @@ def measure_swaps(
     order = sorted(names, key=lambda n: layer[n])  # groups of similar depth skip the most
     done: dict[str, SwapMeasurement] = {}
     try:
+        bar.set_postfix_str("base pass")
         base = _pass_kl(model, windows, cache, batch, chunk, [None], stack, recorded)[0]
         for g0 in range(0, len(order), swaps_per_pass):
             group = order[g0 : g0 + swaps_per_pass]
@@ -340,11 +340,10 @@ def measure_swaps(
             for name, kl in zip(group, kls, strict=True):
                 done[name] = SwapMeasurement(name, base, kl, share)
                 log.info("sensitivity %s: KL %.5f -> %.5f", name, base, kl)
-            if bar is not None:
-                bar.update(len(group))
+            bar.set_postfix_str(group[-1])
+            bar.update(len(group))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     out = {n: done[n] for n in names}
     return out
 

@@ -35,10 +35,10 @@ monitor always uses the full-vocabulary KL.
 
 Stopping: the held-out monitor windows (never trained on) are scored every ``monitor_every`` steps;
 the best state (the untouched start included) is kept and restored at the end, and ``patience``
-evaluations without improvement stop the run. A budget is a step count or seconds (a probe times a
-step). The run is resumable: parameters, optimizer state, history and the monitor's best state
-are committed atomically every ``checkpoint_every`` steps; a killed run continues from the last
-commit to the same result.
+evaluations without improvement stop the run. A budget is a step count or seconds of training (a
+probe times a step; the one-off teacher logits and composing come on top). The run is resumable:
+parameters, optimizer state, history and the monitor's best state are committed atomically every
+``checkpoint_every`` steps; a killed run continues from the last commit to the same result.
 
 Precision: f32 master factors; on CUDA the forward runs under bf16 autocast with bf16 frozen
 parts, on the CPU in f32. After training the factors are folded into new records / raw tensors and
@@ -64,6 +64,7 @@ from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.quant.composed import GROUPS, Attached, attach, detach, fold, set_raw
+from leechq.quant.progress import stage_bar
 from leechq.quant.row_scales import (
     ConfigDict,
     RowScaleCheckpoint,
@@ -85,7 +86,9 @@ class TuneConfig(ConfigDict):
 
     Attributes:
         steps: optimizer steps; 0 = set from ``time_budget_s`` after a probe.
-        time_budget_s: wall-clock budget when ``steps == 0`` (teacher cache and probe included).
+        time_budget_s: wall-clock budget of the training when ``steps == 0``: the first monitor
+            score, the probe, the steps and their monitor scores (the teacher's logits and
+            composing the model come before it: on a CPU they take minutes whatever the budget).
         lr: peak AdamW learning rate of every factor.
         warmup_steps, final_lr_fraction: linear warm-up, then cosine to this fraction of ``lr``.
         weight_decay, betas: AdamW settings (decay 0: the factors have no natural zero).
@@ -165,8 +168,9 @@ class TeacherCache:
 
 @torch.no_grad()
 def cache_teacher(teacher: Any, windows: torch.Tensor, topk: int, temperature: float = 1.0,
-                  amp: Any = nullcontext) -> TeacherCache:
-    """Run ``teacher`` once over ``windows`` (int64 [N, T]) and keep its top-``topk`` log-probs."""
+                  amp: Any = nullcontext, bar: Any = None) -> TeacherCache:
+    """Run ``teacher`` once over ``windows`` (int64 [N, T]) and keep its top-``topk`` log-probs
+    (``bar``: a tqdm bar advanced by one per window, or None)."""
     logp, index, rest = [], [], []
     vocab = 0
     for i in range(windows.shape[0]):
@@ -182,6 +186,8 @@ def cache_teacher(teacher: Any, windows: torch.Tensor, topk: int, temperature: f
             rest.append(lp.scatter(-1, idx, float("-inf")).logsumexp(-1).cpu())
         else:
             rest.append(torch.full(lp.shape[:-1], float("-inf")))
+        if bar is not None:
+            bar.update(1)
     return TeacherCache(torch.stack(logp), torch.stack(index), torch.stack(rest), vocab)
 
 
@@ -362,7 +368,8 @@ def tune_model(
             state and early stopping; None trains to the budget and keeps the last state.
         checkpoint_dir: resumable run directory (removed after success unless
             ``keep_checkpoint``).
-        progress: show a tqdm bar with the time estimate.
+        progress: tqdm bars (stderr, with time estimates) for the teacher logits, composing the
+            trainable model, the timing probe and the training steps.
         on_step: ``on_step(step, loss)`` after each optimizer step (tests).
 
     Returns:
@@ -388,13 +395,19 @@ def tune_model(
     ckpt = RowScaleCheckpoint(checkpoint_dir, identity) if checkpoint_dir is not None else None
 
     t0 = time.perf_counter()
-    cache = (cache_teacher(teacher, windows, config.teacher_topk, config.temperature, amp)
-             if config.teacher_topk else None)
+    n_monitor = 0 if monitor_windows is None else int(monitor_windows.shape[0])
+    n_teacher = (int(windows.shape[0]) if config.teacher_topk else 0) + n_monitor
     monitor_logits: list[torch.Tensor] = []
-    if monitor_windows is not None:
-        with torch.no_grad(), amp():
-            monitor_logits = [model_logits(teacher, monitor_windows[i : i + 1]).float().cpu()
-                              for i in range(monitor_windows.shape[0])]
+    shown = progress and n_teacher > 0
+    with stage_bar("tune: teacher logits", n_teacher, "window", shown) as tbar:
+        cache = (cache_teacher(teacher, windows, config.teacher_topk, config.temperature, amp,
+                               bar=tbar)
+                 if config.teacher_topk else None)
+        for i in range(n_monitor):
+            with torch.no_grad(), amp():
+                monitor_logits.append(
+                    model_logits(teacher, monitor_windows[i : i + 1]).float().cpu())
+            tbar.update(1)
     teacher_seconds = time.perf_counter() - t0
     if cache is not None:
         teacher = None  # cached: the caller's placed copy can be freed during training
@@ -421,7 +434,10 @@ def tune_model(
             t_logits = model_logits(teacher, ids)
         return kl_loss(t_logits, s_logits, temperature=config.temperature, chunk=config.kl_chunk)
 
-    att = attach(student, records, raw, config.groups, device, compute_dtype)
+    n_tables = sum(isinstance(t, GroupAffine) for t in raw.values())
+    with stage_bar("tune: composing the model", len(records) + n_tables, "matrix",
+                   progress) as abar:
+        att = attach(student, records, raw, config.groups, device, compute_dtype, bar=abar)
     probe: dict[str, float] = {}
     try:
         params = att.parameters()
@@ -443,6 +459,7 @@ def tune_model(
 
         history: list[float] = []
         monitor_hist: list[list[float]] = []
+        budget_start = time.perf_counter()  # the teacher's logits and composing come before it
         start_step, total_steps = 0, config.steps or None
         since_best, stopped = 0, False
         best: dict[str, Any] = {"step": 0, "kl": None, "params": None}
@@ -462,23 +479,20 @@ def tune_model(
 
         if total_steps is None:  # probe: forward+backward without an update
             t_probe = time.perf_counter()
-            for k in range(config.probe_steps):
-                loss_of(k).backward()
-                optimizer.zero_grad(set_to_none=True)
+            with stage_bar("tune: timing probe", config.probe_steps, "step", progress) as pbar:
+                for k in range(config.probe_steps):
+                    loss_of(k).backward()
+                    optimizer.zero_grad(set_to_none=True)
+                    pbar.update(1)
             per = (time.perf_counter() - t_probe) / config.probe_steps
-            left = config.time_budget_s - (time.perf_counter() - started)
+            left = config.time_budget_s - (time.perf_counter() - budget_start)
             # a monitor score costs about its windows' forwards: budget it in
             score_cost = per * 0.4 * len(monitor_logits) / max(1, config.batch)
             total_steps = max(1, int(left / max(1e-9, per + score_cost / config.monitor_every)))
             probe = {"seconds_per_step": per, "steps_from_budget": float(total_steps)}
             log.info("tune: probe %.3f s/step -> %d steps", per, total_steps)
 
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total_steps, initial=start_step, desc="tune", unit="step",
-                       dynamic_ncols=True)
+        bar = stage_bar("tune", total_steps, "step", progress, initial=start_step)
         t_loop = time.perf_counter()
         done = start_step
         try:
@@ -514,15 +528,13 @@ def tune_model(
                         "history": history, "monitor": monitor_hist, "best": best,
                         "since_best": since_best, "stopped": stopped,
                     })
-                if bar is not None:
-                    bar.update(1)
-                    post = {"kl": f"{history[-1]:.4f}"}
-                    if best["kl"] is not None:
-                        post["held_out_best"] = f"{best['kl']:.4f}@{best['step']}"
-                    bar.set_postfix(post)
+                bar.update(1)
+                post = {"kl": f"{history[-1]:.4f}"}
+                if best["kl"] is not None:
+                    post["held_out_best"] = f"{best['kl']:.4f}@{best['step']}"
+                bar.set_postfix(post)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         per_step = (time.perf_counter() - t_loop) / max(1, done - start_step)
         if best["params"] is not None:
             restore(best["params"])

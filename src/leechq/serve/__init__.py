@@ -5,7 +5,8 @@ Modules (docs/architecture.md §3, §1; docs/kernels.md):
 
 * :mod:`~leechq.serve.model` — a small Llama/Qwen2/Qwen3 decoder over projection modules;
 * :mod:`~leechq.serve.build` — the decoder from a transformers model, state dict or random weights;
-* :mod:`~leechq.serve.fused` — Tetra projection groups: one rotation, one launch per group;
+* projection groups (q|k|v, gate|up: one rotation, one launch per group) are
+  :class:`leechq.nn.group.LeechqGroup`;
 * :mod:`~leechq.serve.cache` — the static KV cache;
 * :mod:`~leechq.serve.sampling` — greedy and sampled token selection (graph-safe);
 * :mod:`~leechq.serve.graphs` — CUDA-graph capture of the decode step;

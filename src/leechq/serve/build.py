@@ -2,8 +2,8 @@
 
 * :func:`from_hf_model`: a transformers ``*ForCausalLM`` (dense, or with leechq modules in place of
   its linears, as ``leechq.load`` returns it). Its modules are reused, not copied: dense q/k/v and
-  gate/up are concatenated by rows into one ``nn.Linear`` each; quantized groups go through
-  :func:`fuse_group`.
+  gate/up are concatenated by rows into one ``nn.Linear`` each; quantized ones become one
+  :class:`~leechq.nn.group.LeechqGroup` each (:func:`fuse_group`).
 * :func:`from_state_dict`: an HF-named dense state dict and its config (the fp16 arm).
 * :func:`random_dense`: random dense weights of a given shape (the fp16 arm of the benchmark).
 
@@ -22,24 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import InvalidInput, UnsupportedArchitecture
-from leechq.serve.model import Block, ModelArgs, Transformer
-
-
-class ConcatLinear(nn.Module):
-    """Members applied to the same input, outputs concatenated: [..., d_in] → [..., Σ d_out].
-
-    The stand-in fusion for modules without a fused kernel of their own.
-    """
-
-    def __init__(self, members: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [m(x) for m in self.members]
-        if len({o.dtype for o in outs}) > 1:  # a fused group's float32 beside a module's fp16
-            outs = [o.float() for o in outs]
-        return torch.cat(outs, dim=-1)
+from leechq.serve.model import Block, ModelArgs, Transformer, block_norm_sources
 
 
 class TiedHead(nn.Module):
@@ -98,12 +81,14 @@ def fuse_group(
 ) -> nn.Module:
     """One module for projections that read the same input (q|k|v, gate|up, or a single one).
 
-    Dense members become one ``nn.Linear`` (rows concatenated). Consecutive quantized members that
-    run the fused kernel of one lattice layout (Tetra or ball) with one shared rotation become one
-    :class:`~leechq.serve.fused.LatticeGroup` (one rotation, their packed tensors reused); any other
-    member (int4, the dense reference path) runs as it is. Several parts are joined by a
-    :class:`ConcatLinear`.
+    Dense members become one ``nn.Linear`` (rows concatenated). Otherwise a
+    :class:`~leechq.nn.group.LeechqGroup` (``from_modules``): consecutive quantized members that
+    run the fused kernel of one lattice layout with one shared rotation become its fused run (one
+    rotation, their packed tensors reused); any other member (int4, the dense reference path) runs
+    as it is, moved to ``device``.
     """
+    from leechq.nn.group import LeechqGroup, fused_layout
+
     if all(_is_dense(m) for m in members):
         return dense_linear(
             [m.weight for m in members],  # type: ignore[misc]
@@ -111,52 +96,7 @@ def fuse_group(
             dtype,
             device,
         )
-    parts: list[nn.Module] = []
-    run: list[nn.Module] = []
-
-    def flush() -> None:
-        if run:
-            from leechq.serve.fused import LatticeGroup
-
-            parts.append(LatticeGroup.from_modules(list(run)))
-            run.clear()
-
-    for m in members:
-        layout = _fused_lattice(m)
-        if layout and (not run or (_fused_lattice(run[0]) == layout
-                                   and _same_rotation(run[0], m))):
-            run.append(m)
-            continue
-        flush()
-        if layout:
-            run.append(m)
-        else:
-            parts.append(m.to(device))
-    flush()
-    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
-
-
-def _fused_lattice(m: nn.Module) -> str | None:
-    """The layout ("tetra48" or "planes14") when ``m`` is a finalized leechq module running that
-    layout's fused Triton kernel, else None."""
-    from leechq.serve.fused import LAYOUTS
-
-    rec = getattr(m, "record", None)
-    kernel = getattr(getattr(m, "execution", None), "kernel", None) or ""
-    layout = LAYOUTS.get(getattr(rec, "codebook", None) or "")
-    fused = (
-        layout is not None
-        and getattr(getattr(m, "execution", None), "path", None) == "fused"
-        and layout in kernel
-        and "triton" in kernel
-    )
-    return layout if fused else None
-
-
-def _same_rotation(a: nn.Module, b: nn.Module) -> bool:
-    from leechq.serve.fused import same_rotation
-
-    return same_rotation(a.record.rotation, b.record.rotation)  # type: ignore[union-attr]
+    return LeechqGroup.from_modules([m if fused_layout(m) else m.to(device) for m in members])
 
 
 def _get(module: Any, path: str) -> Any:
@@ -191,9 +131,9 @@ def from_hf_model(
     """Build the serving model from a transformers causal LM (its modules are reused).
 
     Args:
-        hf_model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
-            ``MistralForCausalLM``, dense or with leechq modules in place of its linears, embedding
-            or head.
+        hf_model: a causal LM of a family in ``leechq.serve.model.SUPPORTED_ARCHS`` (Llama,
+            Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 text), dense or with leechq modules in place of
+            its linears, embedding or head.
         dtype: activation dtype (default: the embedding's dtype, the dtype a packed embedding
             was finalized for, or float16 for another quantized embedding). A packed 4/8-bit
             embedding or head (:mod:`leechq.nn.embedding`) is reused packed, re-finalized for
@@ -240,11 +180,8 @@ def from_hf_model(
             w13=fuse_group([mlp.gate_proj, mlp.up_proj], dtype, device),
             w2=fuse_group([mlp.down_proj], dtype, device),
         )
-        _copy_norm(blk.attn_norm, layer.input_layernorm, dtype, device)
-        _copy_norm(blk.mlp_norm, layer.post_attention_layernorm, dtype, device)
-        if args.qk_norm:
-            _copy_norm(blk.q_norm, att.q_norm, dtype, device)  # type: ignore[arg-type]
-            _copy_norm(blk.k_norm, att.k_norm, dtype, device)  # type: ignore[arg-type]
+        for dst, src in block_norm_sources(args).items():
+            _copy_norm(getattr(blk, dst), _get(layer, src), dtype, device)
         blocks.append(blk)
     model = Transformer(args, new_embed, blocks, new_head)
     _copy_norm(model.norm, _get(hf_model, "model.norm"), dtype, device)
@@ -288,17 +225,9 @@ def from_state_dict(
             w13=lin(f"{p}.mlp", ["gate_proj", "up_proj"]),
             w2=lin(f"{p}.mlp", ["down_proj"]),
         )
-        for mod, name in [
-            (blk.attn_norm, "input_layernorm"),
-            (blk.mlp_norm, "post_attention_layernorm"),
-        ]:
-            mod.weight = nn.Parameter(
-                get(f"{p}.{name}.weight").to(device, dtype), requires_grad=False
-            )  # type: ignore[union-attr]
-        if args.qk_norm:
-            for mod, name in [(blk.q_norm, "q_norm"), (blk.k_norm, "k_norm")]:
-                w = get(f"{p}.self_attn.{name}.weight").to(device, dtype)  # type: ignore[union-attr]
-                mod.weight = nn.Parameter(w, requires_grad=False)  # type: ignore[union-attr]
+        for dst, src in block_norm_sources(args).items():
+            w = get(f"{p}.{src}.weight").to(device, dtype)  # type: ignore[union-attr]
+            getattr(blk, dst).weight = nn.Parameter(w, requires_grad=False)
         blocks.append(blk)
     head_w = get("lm_head.weight", required=not args.tie_word_embeddings)
     head: nn.Module = (

@@ -1,11 +1,12 @@
 """Generation through transformers' own modules, for the families the serving engine does not run.
 
-The CUDA-graph engine (:mod:`leechq.serve.model`) covers Llama-shaped blocks; a quantized Gemma,
-Phi-3, Olmo2 or mixture-of-experts model still runs — its quantized linears are ``LeechqLinear``
-modules inside transformers' own blocks — through this plain loop: one forward of the prompt, then
-one forward per new token with transformers' KV cache, the next token picked by the engine's own
-sampler (:func:`leechq.serve.sampling.select_tokens`, same filters and repetition penalty). Rows
-are generated one after the other (no batching, no graphs): correct everywhere, not fast.
+The CUDA-graph engine (:mod:`leechq.serve.model`) covers the Llama-shaped and Gemma-2/3 blocks; a
+quantized Phi-3, Olmo2 or mixture-of-experts model still runs — its quantized linears are
+``LeechqLinear`` modules inside transformers' own blocks — through this plain loop: one forward of
+the prompt, then one forward per new token with transformers' KV cache, the next token picked by
+the engine's own sampler (:func:`leechq.serve.sampling.select_tokens`, same filters and repetition
+penalty). Rows are generated one after the other (no batching, no graphs): correct everywhere, not
+fast.
 """
 
 from __future__ import annotations

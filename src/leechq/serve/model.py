@@ -1,5 +1,5 @@
-"""A small decoder for the Llama / Qwen2 / Qwen3 families, built for a static KV cache and CUDA
-graphs.
+"""A small decoder for the Llama / Mistral / Qwen2 / Qwen3 and Gemma-2 / Gemma-3 (text) families,
+built for a static KV cache and CUDA graphs.
 
 This is the serving model of issue 6 (docs/architecture.md §3: gpt-fast's static cache and
 graph-captured decode; docs/kernels.md: q/k/v and gate/up fused by rows). It is
@@ -12,206 +12,56 @@ deliberately small:
   step (one position per row) on CUDA runs the split-key kernel instead
   (``leechq.kernels.triton.ops.decode_attention``, :func:`decode_kernel_enabled`), which reads only
   the slots the query sees;
-* SwiGLU MLP.
+* SwiGLU MLP;
+* Gemma's block (``ModelArgs.gemma_block``): RMSNorm scaling by ``1 + weight`` in float32, norms
+  after the attention and the MLP as well as before them, GELU(tanh)-gated MLP, embeddings scaled by
+  √dim, the score scale ``query_pre_attn_scalar ** -0.5``, soft-capped logits (and Gemma-2's
+  soft-capped attention scores, computed explicitly: SDPA has no cap, so those layers never take
+  the decode kernel); per-layer sliding windows (a query sees the ``window`` latest positions, in
+  the masks and in the decode kernel) with Gemma-3's local RoPE base on the sliding layers. The
+  cache keeps every slot of a sliding layer (no ring buffer): windows cost compute, not memory.
 
 The model never owns a weight format. Every projection is an ``nn.Module`` mapping ``[..., d_in]``
 to ``[..., d_out]``: a dense ``nn.Linear`` (the fp16 arm) or a leechq module (the quantized arm),
 both fused by rows where inputs are shared (``wqkv`` = q|k|v, ``w13`` = gate|up). The embedding and
 the head are modules too (dense, or int8/int4 modules of the artifact). ``leechq.serve.build``
-assembles models.
+assembles models; :mod:`leechq.serve.args` reads their shapes (:class:`ModelArgs`) from configs.
 
 Batches are left padded. All rows share the cache slots of a step (``slots``, one per position); a
 row ``b`` with ``pad[b]`` padding tokens sees token position ``slot - pad[b]`` and never attends to
 its pad slots. Pad queries attend to themselves only, which keeps every softmax row finite.
 
-The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoPE, SiLU·mul) live in
-:class:`Pieces`, so the decode path can swap in ``torch.compile``d copies (fused elementwise
-kernels) without tracing through the projections' own kernels. A rotated lattice group on its matvec
+The pure-tensor pieces between projections (norms, residual adds, q/k norm + RoPE, SiLU·mul, and
+Gemma's norms and GELU·mul) live in :class:`Pieces`, so the decode path can swap in
+``torch.compile``d copies (fused elementwise kernels) without tracing through the projections' own
+kernels. A rotated lattice group on its matvec
 path instead takes the norm (with the residual add) or the SwiGLU before it into its rotation
-launch (:func:`norm_project`, :func:`silu_project`; ``leechq.serve.fused``).
+launch (:func:`norm_project`, :func:`silu_project`; ``leechq.nn.group``); Gemma's projections
+run plain, their norms and activation not being the ones those launches compute.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leechq.errors import InvalidInput, UnsupportedArchitecture
+from leechq.errors import InvalidInput
 from leechq.kernels.reference import rms_norm, silu_mul
-
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-
-
-@dataclass
-class ModelArgs:
-    """Shape and hyper-parameters of a decoder (everything the forward pass needs besides weights).
-
-    Attributes:
-        arch: "llama", "mistral", "qwen2" or "qwen3" (the HF ``model_type``).
-        vocab_size, dim, n_layers, n_heads, n_kv_heads, head_dim, intermediate_size: shapes.
-        norm_eps: RMSNorm epsilon.
-        rope_theta: RoPE base.
-        rope_scaling: the RoPE parameters besides theta ({"rope_type": "default"} when plain).
-        qk_norm: per-head RMSNorm of q and k before RoPE (Qwen3).
-        attention_bias: q/k/v (and o for Llama) carry biases (Qwen2: q/k/v only).
-        o_bias: the output projection carries a bias.
-        mlp_bias: gate/up/down carry biases (Llama ``mlp_bias``).
-        tie_word_embeddings: the head reuses the embedding matrix.
-        max_position_embeddings: the longest position the model was trained for.
-    """
-
-    arch: str
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default"})
-    qk_norm: bool = False
-    attention_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 32768
-
-    def __post_init__(self) -> None:
-        if self.arch not in SUPPORTED_ARCHS:
-            raise UnsupportedArchitecture(
-                f"serving supports model_type {list(SUPPORTED_ARCHS)}, got {self.arch!r}"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise InvalidInput(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise InvalidInput(f"head_dim={self.head_dim} must be even for RoPE")
-
-    @property
-    def q_size(self) -> int:
-        """Width of the query projection output."""
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        """Width of the key (and value) projection output."""
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def groups(self) -> int:
-        """Query heads per key/value head."""
-        return self.n_heads // self.n_kv_heads
-
-    @classmethod
-    def from_hf_config(cls, config: Any) -> ModelArgs:
-        """Read an HF config (a ``PretrainedConfig`` or the ``config.json`` dict).
-
-        Raises:
-            UnsupportedArchitecture: an unknown ``model_type``, a non-SiLU MLP, sliding-window
-                attention or a RoPE type other than default / linear / llama3.
-        """
-        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
-        arch = cfg.get("model_type", "")
-        if arch not in SUPPORTED_ARCHS:
-            raise UnsupportedArchitecture(
-                f"serving supports model_type {list(SUPPORTED_ARCHS)}, got {arch!r}"
-            )
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise UnsupportedArchitecture(
-                f"{arch}: hidden_act {act!r} is not supported (need 'silu')"
-            )
-        if cfg.get("use_sliding_window") or (arch == "mistral" and cfg.get("sliding_window")):
-            raise UnsupportedArchitecture(f"{arch}: sliding-window attention is not supported")
-        n_heads = int(cfg["num_attention_heads"])
-        dim = int(cfg["hidden_size"])
-        head_dim = int(cfg.get("head_dim") or dim // n_heads)
-        rope = dict(cfg.get("rope_parameters") or {})
-        legacy = cfg.get("rope_scaling") or {}
-        if not rope:
-            rope = dict(legacy)
-            rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise UnsupportedArchitecture(f"{arch}: partial rotary embeddings are not supported")
-        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
-        scaling["rope_type"] = rope_type
-        # Qwen2 always biases q/k/v (never o); Llama/Mistral/Qwen3 bias all four iff attention_bias.
-        attn_bias = arch == "qwen2" or bool(cfg.get("attention_bias", False))
-        return cls(
-            arch=arch,
-            vocab_size=int(cfg["vocab_size"]),
-            dim=dim,
-            n_layers=int(cfg["num_hidden_layers"]),
-            n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            head_dim=head_dim,
-            intermediate_size=int(cfg["intermediate_size"]),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", 10000.0)),
-            rope_scaling=scaling,
-            qk_norm=arch == "qwen3",
-            attention_bias=attn_bias,
-            o_bias=attn_bias and arch != "qwen2",
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# RoPE
-
-
-def rope_inv_freq(args: ModelArgs) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (f32 [head_dim/2]) and the cos/sin scaling factor for ``args``' RoPE
-    type."""
-    dim = args.head_dim
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    kind = args.rope_scaling.get("rope_type", "default")
-    if kind == "default":
-        return inv, 1.0
-    if kind == "linear":
-        return inv / float(args.rope_scaling["factor"]), 1.0
-    if kind == "llama3":
-        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between is
-        # interpolated linearly in 1/wavelength.
-        p = args.rope_scaling
-        factor, lo, hi = (
-            float(p["factor"]),
-            float(p["low_freq_factor"]),
-            float(p["high_freq_factor"]),
-        )
-        old_len = float(p["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
-        smooth = (old_len / wavelen - lo) / (hi - lo)
-        mixed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < old_len / hi) & ~(wavelen > old_len / lo)
-        return torch.where(medium, mixed, scaled), 1.0
-    raise UnsupportedArchitecture(f"RoPE type {kind!r} is not supported (default, linear, llama3)")
-
-
-def rope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for integer positions [B, T]: two ``dtype`` tensors [B, T, head_dim] (HF
-    order)."""
-    freqs = positions[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+from leechq.serve.args import (  # noqa: F401  (re-exported: the model's public names)
+    GEMMA_ARCHS,
+    SUPPORTED_ARCHS,
+    ModelArgs,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -235,6 +85,31 @@ def add_rms_norm(
     return x, rms_norm(x, weight, eps)
 
 
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm over the last dimension: normalise in f32, multiply by ``1 + weight`` in
+    f32, narrow to ``x.dtype`` once. Shapes as ``x``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_offset_norms(
+    x: torch.Tensor, delta: torch.Tensor, post: torch.Tensor, pre: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma's residual step: ``r = x + offset_rms_norm(delta, post)`` (``delta``, a sublayer's
+    output, first narrowed to ``x.dtype``), returns ``(r, offset_rms_norm(r, pre))``, the next
+    sublayer's input. x, delta [..., dim]; post, pre [dim]."""
+    x = x + offset_rms_norm(delta.to(x.dtype), post, eps)
+    return x, offset_rms_norm(x, pre, eps)
+
+
+def gelu_mul(gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """GELU(tanh)-gated MLP input on a gate|up tensor [..., 2·I] → [..., I] of ``dtype`` (computed
+    in the input's dtype, as :func:`~leechq.kernels.reference.silu_mul`)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") * up).to(dtype)
+
+
 def qkv_split_rope(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -245,13 +120,15 @@ def qkv_split_rope(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    norm_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the fused q|k|v output, apply the q/k norms and RoPE, lay heads out for SDPA.
 
     Args:
         qkv: [B, T, (n_heads + 2·n_kv_heads)·head_dim].
         cos, sin: [B, T, head_dim].
-        q_norm, k_norm: per-head RMSNorm weights [head_dim] (Qwen3) or None.
+        q_norm, k_norm: per-head RMSNorm weights [head_dim] (Qwen3, Gemma-3) or None.
+        norm_offset: the q/k norms are Gemma's (:func:`offset_rms_norm`).
 
     Returns:
         q [B, n_kv_heads, groups·T, head_dim] (the query heads of one key/value head folded into the
@@ -266,8 +143,9 @@ def qkv_split_rope(
     k = k.reshape(b, t, n_kv_heads, head_dim)
     v = v.reshape(b, t, n_kv_heads, head_dim)
     if q_norm is not None and k_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
+        norm = offset_rms_norm if norm_offset else rms_norm
+        q = norm(q, q_norm, eps)
+        k = norm(k, k_norm, eps)
     c, s = cos[:, :, None, :], sin[:, :, None, :]
     q = q * c + _rotate_half(q) * s
     k = k * c + _rotate_half(k) * s
@@ -284,15 +162,19 @@ def merge_heads(o: torch.Tensor, n_heads: int, t: int) -> torch.Tensor:
 
 
 def attention_mask(
-    slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups: int
+    slots: torch.Tensor, pad: torch.Tensor, seq_len: int, groups: int, window: int = 0
 ) -> torch.Tensor:
     """Boolean SDPA mask [B, 1, groups·T, S] (True = attend) for queries at ``slots`` [T].
 
     Key slot ``s`` is visible from a query at slot ``t`` of row ``b`` iff ``s <= t`` and ``s >=
-    pad[b]``; a pad query (``t < pad[b]``) sees only itself so its softmax stays finite.
+    pad[b]`` (and, with a sliding ``window`` > 0, ``s > t - window``: slots and positions differ by
+    the row's padding only, so this is transformers' window on positions); a pad query
+    (``t < pad[b]``) sees only itself so its softmax stays finite.
     """
     keys = torch.arange(seq_len, device=slots.device)
     causal = keys[None, None, :] <= slots[None, :, None]  # [1, T, S]
+    if window > 0:
+        causal = causal & (keys[None, None, :] > slots[None, :, None] - window)
     real = keys[None, None, :] >= pad[:, None, None]  # [B, 1, S]
     self_only = keys[None, None, :] == slots[None, :, None]
     mask = (causal & real) | self_only  # [B, T, S]
@@ -327,16 +209,28 @@ def decode_kernel_enabled(device: torch.device, positions: int, head_dim: int) -
 
 def decode_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+                  scale: float, window: int = 0) -> torch.Tensor:
     """The decode step's attention (``ops.decode_attention``) from :func:`qkv_split_rope`'s
     ``q`` [B, n_kv, groups, head_dim], ``k`` and ``v`` [B, n_kv, 1, head_dim] for the one position
     at ``slots`` [1]: writes ``k``, ``v`` into that cache slot (inside the kernel) and returns
     [B, n_kv, groups, head_dim], what ``scaled_dot_product_attention`` gives under
-    :func:`attention_mask` after the cache write."""
+    :func:`attention_mask` (with the same sliding ``window``) after the cache write."""
     from leechq.kernels.triton import ops
 
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    return ops.decode_attention(q, k_cache, v_cache, slots, pad, scale, k_new=k, v_new=v)
+    return ops.decode_attention(q, k_cache, v_cache, slots, pad, scale, k_new=k, v_new=v,
+                                window=window)
+
+
+def softcap_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float, cap: float) -> torch.Tensor:
+    """Attention with soft-capped scores (Gemma-2): ``cap·tanh(scale·q·k / cap)``, then the
+    additive ``mask``, a float32 softmax narrowed to q's dtype, times ``v``. q [B, H, Tq, hd];
+    k, v [B, H, S, hd]; mask [B, 1, Tq, S] → [B, H, Tq, hd] (transformers' eager order)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap + mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 def norm_project(
@@ -379,6 +273,9 @@ class Pieces:
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm
     qkv_split_rope: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = qkv_split_rope
     silu_mul: Callable[..., torch.Tensor] = silu_mul
+    offset_rms_norm: Callable[..., torch.Tensor] = offset_rms_norm
+    add_offset_norms: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_offset_norms
+    gelu_mul: Callable[..., torch.Tensor] = gelu_mul
 
     @classmethod
     def compiled(cls, dynamic: bool = False) -> Pieces:
@@ -404,6 +301,9 @@ def _compiled_pieces(dynamic: bool = False) -> Pieces:
         add_rms_norm=_CompiledOrEager(add_rms_norm, dynamic),
         qkv_split_rope=_CompiledOrEager(qkv_split_rope, dynamic),
         silu_mul=_CompiledOrEager(silu_mul, dynamic),
+        offset_rms_norm=_CompiledOrEager(offset_rms_norm, dynamic),
+        add_offset_norms=_CompiledOrEager(add_offset_norms, dynamic),
+        gelu_mul=_CompiledOrEager(gelu_mul, dynamic),
     )
 
 
@@ -452,8 +352,27 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def block_norm_sources(args: ModelArgs) -> dict[str, str]:
+    """Each :class:`Block` norm of ``args``' family → the module of a transformers decoder layer
+    that holds its weight (dotted path; the builders in ``leechq.serve.build`` copy them)."""
+    names = {"attn_norm": "input_layernorm"}
+    if args.gemma_block:
+        names.update(
+            post_attn_norm="post_attention_layernorm",
+            mlp_norm="pre_feedforward_layernorm",
+            post_mlp_norm="post_feedforward_layernorm",
+        )
+    else:
+        names["mlp_norm"] = "post_attention_layernorm"
+    if args.qk_norm:
+        names.update(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+    return names
+
+
 class Block(nn.Module):
-    """One decoder layer: attention (fused q|k|v, o) and SwiGLU MLP (fused gate|up, down).
+    """One decoder layer: attention (fused q|k|v, o) and gated MLP (fused gate|up, down): SwiGLU,
+    or Gemma's GELU(tanh) with the sublayer outputs normalised too (``post_attn_norm``,
+    ``post_mlp_norm``; ``args.gemma_block``).
 
     Args:
         args: model shapes.
@@ -472,6 +391,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        sandwich = args.gemma_block
+        self.post_attn_norm = RMSNorm(args.dim, args.norm_eps) if sandwich else None
+        self.post_mlp_norm = RMSNorm(args.dim, args.norm_eps) if sandwich else None
         self.wqkv, self.wo, self.w13, self.w2 = wqkv, wo, w13, w2
 
     def attention(
@@ -485,10 +407,12 @@ class Block(nn.Module):
         slots: torch.Tensor,
         fns: Pieces,
         pad: torch.Tensor | None = None,
+        window: int = 0,
     ) -> torch.Tensor:
         """Attention sub-layer from the fused q|k|v projection ``qkv`` [B, T, q_size + 2·kv_size]
-        (``self.wqkv`` of the normalised input) → [B, T, dim]; writes the cache. ``mask`` None: a
-        decode step (T = 1) through :func:`decode_attend`, which needs ``pad``."""
+        (``self.wqkv`` of the normalised input) → [B, T, dim]; writes the cache. ``mask``: the
+        additive mask of this layer (its sliding ``window`` included); None: a decode step
+        (T = 1) through :func:`decode_attend`, which needs ``pad`` and applies ``window``."""
         a = self.args
         t = qkv.shape[1]
         q, k, v = fns.qkv_split_rope(
@@ -501,17 +425,21 @@ class Block(nn.Module):
             a.n_kv_heads,
             a.head_dim,
             a.norm_eps,
+            a.gemma_block,
         )
         if mask is None:
             if pad is None:
                 raise InvalidInput("Block.attention without a mask needs pad (the decode kernel)")
-            o = decode_attend(q, k, v, k_cache, v_cache, slots, pad, a.head_dim**-0.5)
+            o = decode_attend(q, k, v, k_cache, v_cache, slots, pad, a.softmax_scale, window)
         else:
             k_cache.index_copy_(2, slots, k)
             v_cache.index_copy_(2, slots, v)
-            o = F.scaled_dot_product_attention(
-                q, k_cache, v_cache, attn_mask=mask, scale=a.head_dim**-0.5
-            )
+            if a.attn_softcap is not None:
+                o = softcap_attention(q, k_cache, v_cache, mask, a.softmax_scale, a.attn_softcap)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, k_cache, v_cache, attn_mask=mask, scale=a.softmax_scale
+                )
         return self.wo(merge_heads(o, a.n_heads, t))
 
 
@@ -536,6 +464,10 @@ class Transformer(nn.Module):
         self.head = head
         inv_freq, self.rope_scale = rope_inv_freq(args)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # The sliding layers' own RoPE (Gemma-3), when they have one; None: every layer the same.
+        local = args.local_rope_theta is not None and any(args.layer_windows)
+        self.register_buffer("inv_freq_local", rope_inv_freq(args, local=True)[0] if local
+                             else None, persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -566,24 +498,79 @@ class Transformer(nn.Module):
         """
         a = self.args
         x = self.embed(tokens)
+        if a.embed_scale != 1.0:  # the factor rounded to the activation dtype, as transformers
+            x = x * float(torch.tensor(a.embed_scale, dtype=x.dtype))
         positions = (slots[None, :] - pad[:, None]).clamp_min(0)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, x.dtype)
-        mask: torch.Tensor | None = None
-        if not decode_kernel_enabled(x.device, int(tokens.shape[1]), a.head_dim):
-            visible = attention_mask(slots, pad, k_caches[0].shape[2], a.groups)
-            # Additive form, built once per forward and shared by every layer (SDPA would
-            # otherwise convert a boolean mask in each layer). Every row has a visible key, so no
-            # row is all -inf.
-            mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
-            mask = mask.masked_fill(~visible, float("-inf"))
+        rope = {False: (cos, sin)}
+        if self.inv_freq_local is not None:
+            rope[True] = rope_cos_sin(positions, self.inv_freq_local, 1.0, x.dtype)
+        masks: dict[int, torch.Tensor | None] = {}
+        kernel = a.attn_softcap is None and decode_kernel_enabled(
+            x.device, int(tokens.shape[1]), a.head_dim)
+        for window in {a.window(i) for i in range(a.n_layers)}:
+            masks[window] = None if kernel else self._additive_mask(
+                slots, pad, k_caches[0].shape[2], window, x.dtype)
+
+        def attend(i: int, blk: Block, qkv: torch.Tensor) -> torch.Tensor:
+            window = a.window(i)
+            c, s = rope[bool(window) and self.inv_freq_local is not None]
+            return blk.attention(qkv, c, s, masks[window], k_caches[i], v_caches[i], slots, fns,
+                                 pad, window)
+
+        if a.gemma_block:
+            x, h = self._gemma_layers(x, attend, last_only, fns)
+        else:
+            x, h = self._layers(x, attend, last_only, fns)
+        logits = self.head(h).float()
+        if a.final_softcap is not None:
+            logits = torch.tanh(logits / a.final_softcap) * a.final_softcap
+        return logits
+
+    def _additive_mask(self, slots: torch.Tensor, pad: torch.Tensor, seq_len: int, window: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """:func:`attention_mask` in additive form, built once per forward and window and shared
+        by the layers (SDPA would otherwise convert a boolean mask in each layer). Every row has
+        a visible key, so no row is all -inf."""
+        visible = attention_mask(slots, pad, seq_len, self.args.groups, window)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=slots.device)
+        return mask.masked_fill(~visible, float("-inf"))
+
+    def _layers(self, x: torch.Tensor, attend: Callable[[int, Block, torch.Tensor], torch.Tensor],
+                last_only: bool, fns: Pieces) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Llama-shaped blocks from the embedded ``x`` [B, T, dim]: the residual stream and
+        the final norm's output (last position only with ``last_only``)."""
+        a = self.args
         delta: torch.Tensor | None = None
         for i, blk in enumerate(self.blocks):
             x, qkv = norm_project(blk.wqkv, x, delta, blk.attn_norm.weight, a.norm_eps, fns)
-            attn = blk.attention(qkv, cos, sin, mask, k_caches[i], v_caches[i], slots, fns,
-                                 pad)
+            attn = attend(i, blk, qkv)
             x, gate_up = norm_project(blk.w13, x, attn, blk.mlp_norm.weight, a.norm_eps, fns)
             delta = silu_project(blk.w2, gate_up, x.dtype, fns)
         if last_only:
             x, delta = x[:, -1:], delta[:, -1:]  # type: ignore[index]
-        _, h = fns.add_rms_norm(x, delta, self.norm.weight, a.norm_eps)
-        return self.head(h).float()
+        return fns.add_rms_norm(x, delta, self.norm.weight, a.norm_eps)
+
+    def _gemma_layers(self, x: torch.Tensor,
+                      attend: Callable[[int, Block, torch.Tensor], torch.Tensor],
+                      last_only: bool, fns: Pieces) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gemma's blocks (norms before and after each sublayer, GELU-tanh MLP), as
+        :meth:`_layers`. The projections run plain (their fused pre-ops are SwiGLU and
+        Llama-rounded norms)."""
+        a = self.args
+        eps = a.norm_eps
+        h = fns.offset_rms_norm(x, self.blocks[0].attn_norm.weight, eps)
+        delta = x  # reassigned by the first block
+        for i, blk in enumerate(self.blocks):
+            if i:
+                prev = self.blocks[i - 1]
+                x, h = fns.add_offset_norms(x, delta, prev.post_mlp_norm.weight,
+                                            blk.attn_norm.weight, eps)
+            attn = attend(i, blk, blk.wqkv(h))
+            x, h = fns.add_offset_norms(x, attn, blk.post_attn_norm.weight,
+                                        blk.mlp_norm.weight, eps)
+            delta = blk.w2(fns.gelu_mul(blk.w13(h), x.dtype))
+        if last_only:
+            x, delta = x[:, -1:], delta[:, -1:]
+        return fns.add_offset_norms(x, delta, self.blocks[-1].post_mlp_norm.weight,
+                                    self.norm.weight, eps)

@@ -25,8 +25,8 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, KernelUnavailable
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, generate_rotation, rotation_seed
+from leechq.nn.group import LeechqGroup
 from leechq.serve.build import TiedHead, dense_linear, finish_model
-from leechq.serve.fused import group_from_records
 from leechq.serve.model import Block, ModelArgs, Transformer
 
 LABEL_BITS = 47
@@ -183,7 +183,7 @@ def random_quantized_model(
     portable: bool = False,
     direct: bool = False,
     codebook: str = "tetra",
-    t64: bool | None = None,
+    layout: str | None = None,
 ) -> Transformer:
     """A serving model of ``args``' shape whose projections are random Tetra (or ball) matrices.
 
@@ -193,8 +193,9 @@ def random_quantized_model(
         dtype: activation dtype.
         seed: makes the codes (and the dense embedding/head/norms) reproducible.
         int4_v: v_proj as int4 g128 instead of Tetra (the published recipe).
-        prefer: "fused" (Tetra groups as :class:`~leechq.serve.fused.LatticeGroup`, error if no
-            kernel), "auto" (fused where possible) or "reference" (``LeechqLinear`` dense path).
+        prefer: "fused" (lattice groups as fused runs of :class:`~leechq.nn.group.LeechqGroup`,
+            error if no kernel), "auto" (fused where possible) or "reference" (``LeechqLinear``
+            dense path).
         rotate: give every lattice matrix its (block, activation) rotation.
         head_kind: "dense" (fp16 head, or tied) or "int4" (a random int4 g128 head).
         portable: draw the dense embedding/head on the CPU so the same seed gives the same model on
@@ -203,15 +204,19 @@ def random_quantized_model(
             (no canonical records, no host packing; seconds instead of a minute for a 14B shape).
             Needs the fused kernels; the codes differ from the canonical path's for the same seed.
         codebook: "tetra" or "ball" (the lattice matrices' codebook).
-        t64: with ``direct`` and Tetra, the groups in the ``tetra64`` layout
-            (``formats.layouts.tetra64``) or not; None: as a served model built from records
-            (``ops.t64_serving``).
+        layout: with ``direct`` and Tetra, the layout the groups' words are drawn into
+            ("tetra48", or "tetra64": ``formats.layouts.tetra64.Tetra64Weight`` records); None: as
+            a served model built from records (``nn.group.serving_layout``).
 
     Returns:
         The :class:`Transformer` (eval mode) on ``device``.
     """
     if codebook not in ("tetra", "ball"):
         raise InvalidInput(f"codebook must be 'tetra' or 'ball', got {codebook!r}")
+    if layout is not None and (not direct or codebook != "tetra"
+                               or layout not in ("tetra48", "tetra64")):
+        raise InvalidInput(f"layout {layout!r} is for direct Tetra models only "
+                           "('tetra48' or 'tetra64')")
     g = torch.Generator().manual_seed(seed)
     a = args
     rots: dict[tuple[int, int], RotationTables] = {}
@@ -232,8 +237,8 @@ def random_quantized_model(
 
     def group(records: list[Any], index: int) -> nn.Module:
         if direct:
-            return _direct_group(records, device, dtype, seed * 1_000_003 + index, t64)
-        return group_from_records(records, device, dtype, prefer)
+            return _direct_group(records, device, dtype, seed * 1_000_003 + index, layout)
+        return LeechqGroup.from_records(records, device, dtype, prefer)
 
     blocks = []
     for i in range(a.n_layers):
@@ -277,25 +282,31 @@ class _DirectLattice:
 
 def _direct_group(
     records: list[Any], device: torch.device | str, dtype: torch.dtype, seed: int,
-    t64: bool | None = None,
+    layout: str | None = None,
 ) -> nn.Module:
-    """Device-drawn lattice matrices (runs) and host-drawn int4 ones, as
-    :func:`group_from_records` would group them, with weights scaled to variance about
-    ``1/d_in`` (``t64``: Tetra in the ``tetra64`` layout, or None: the served default)."""
+    """Device-drawn lattice matrices (runs) and host-drawn int4 ones, grouped as
+    :meth:`LeechqGroup.from_records` would group them, with weights scaled to variance about
+    ``1/d_in`` (``layout``: the Tetra runs' layout, "tetra48" or "tetra64"; None: the served
+    default)."""
+    from leechq.formats import layouts
     from leechq.formats.layouts import planes14, tetra48
-    from leechq.serve.build import ConcatLinear
-    from leechq.serve.fused import LAYOUTS, LatticeGroup, fused_kernels_available
+    from leechq.nn.group import (
+        PackedRun,
+        assemble,
+        fused_kernels_available,
+        layout_for,
+        serving_layout,
+    )
 
     device = torch.device(device)
-    parts: list[nn.Module] = []
+    segments: list[Any] = []
     run: list[_DirectLattice] = []
 
     def flush() -> None:
         if not run:
             return
         d_in, rot = run[0].d_in, run[0].rotation
-        name = LAYOUTS[run[0].codebook]
-        layout = tetra48 if name == "tetra48" else planes14
+        name = layout_for(run[0].codebook)
         draw = tetra48.random_tetra48 if name == "tetra48" else planes14.random_planes14
         why = fused_kernels_available(
             sum(r.d_out for r in run), d_in, 0 if rot is None else rot.odd, device, name
@@ -309,16 +320,14 @@ def _direct_group(
             w.row_scales.mul_(math.sqrt(BLOCK / d_in))
             w.tail.mul_(d_in**-0.5)
             packs.append(w)
-        cat = layout.concat_rows(packs)
-        if name == "tetra48" and t64 is None:
-            from leechq.serve.fused import _serving_layout
-
-            cat = _serving_layout(cat)
-        elif name == "tetra48" and t64:
+        cat = layouts.get(name).concat_rows(packs)
+        if name == "tetra48" and layout is None:
+            cat = serving_layout(cat)
+        elif name == "tetra48" and layout == "tetra64":
             from leechq.formats.layouts.tetra64 import to_tetra64
 
             cat = to_tetra64(cat)
-        parts.append(LatticeGroup([cat], rot, None, members=len(run)))
+        segments.append(PackedRun((cat,), rot, None, len(run)))
         run.clear()
 
     for r in records:
@@ -329,8 +338,8 @@ def _direct_group(
             run.append(r)
         else:
             flush()
-            mod = _leechq_linear(r)
-            mod.finalize(device, dtype, prefer="fused")  # type: ignore[operator]
-            parts.append(mod)
+            m = _leechq_linear(r)
+            m.finalize(device, dtype, prefer="fused")  # type: ignore[operator]
+            segments.append(m)
     flush()
-    return parts[0] if len(parts) == 1 else ConcatLinear(parts)
+    return assemble(segments)

@@ -117,6 +117,17 @@ class SamplingConfig:
         )
 
 
+LOW_BIT_SAMPLING = SamplingConfig(
+    temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.15, seed=0
+)
+"""Sampling for a 2-bit model's answers (the demo's preset). Greedy decoding of a 2-bit model
+falls into loops: its noise flattens the distribution's head, and the argmax keeps returning to
+the same phrase. This preset samples at a moderate temperature, cuts the low-probability tail
+(nucleus and min-p: the tail is where 2-bit noise lives) and divides the logits of tokens already
+present (prompt and answer) by the repetition penalty. Seeded: the same prompt gives the same
+answer on a machine."""
+
+
 class SamplerState:
     """Device-side values of a :class:`SamplingConfig` (stable addresses for graph replays).
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -245,6 +246,8 @@ class Planes14Weight:
         rotation: the input rotation, or None.
     """
 
+    layout: ClassVar[str] = NAME
+
     d_out: int
     d_in: int
     records: torch.Tensor
@@ -351,10 +354,23 @@ def pack(qw: QuantizedWeight) -> Planes14Weight:
     return pack_points(points, qw.gains.numpy(), qw.row_scales, qw.centroids, qw.tail, qw.rotation)
 
 
+def _expect(w: object, what: str) -> None:
+    """Raise :class:`InvalidInput` unless ``w`` is a :class:`Planes14Weight`."""
+    if type(w) is not Planes14Weight:
+        got = getattr(w, "layout", "") or type(w).__name__
+        raise InvalidInput(f"planes14.{what}: expected a planes14 record (Planes14Weight), "
+                           f"got {got}")
+
+
 def unpack(w: Planes14Weight) -> QuantizedWeight:
-    """The canonical ball-coded matrix back (labels through the v1 index), bit for bit."""
+    """The canonical ball-coded matrix back (labels through the v1 index), bit for bit.
+
+    Raises:
+        InvalidInput: ``w`` is not a ``planes14`` record, or concatenates different gain pairs.
+    """
     from leechq.lattice.indexing import encode_points
 
+    _expect(w, "unpack")
     cents = w.row_centroids_f64.cpu()
     if w.d_out and not bool((cents == cents[0]).all()):
         raise InvalidInput("planes14.unpack: rows carry different centroid pairs (a fused record)")
@@ -379,6 +395,7 @@ def concat_rows(parts: Sequence[Planes14Weight]) -> Planes14Weight:
         raise InvalidInput("concat_rows needs at least one matrix")
     d_in = parts[0].d_in
     for p in parts:
+        _expect(p, "concat_rows")
         if p.d_in != d_in:
             raise InvalidInput(f"concat_rows: d_in {p.d_in} != {d_in}; fused matrices share an input")
     cat = lambda name: torch.cat([getattr(p, name) for p in parts], dim=0)  # noqa: E731

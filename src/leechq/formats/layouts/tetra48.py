@@ -12,6 +12,10 @@ Beside the words the record carries what the kernels need per row, already narro
 sharing an input concatenate by rows, docs/kernels.md) and the unquantized ``tail`` (f32). The exact f64
 scales and centroids are kept beside them so the round trip is lossless.
 
+The fields and methods both Tetra layouts share live on :class:`TetraRecord`; the served
+``tetra64`` form of the same matrix is a type of its own (``tetra64.Tetra64Weight``). Every record
+type names its layout in the class attribute ``layout``, which is what consumers dispatch on.
+
 This module does not decode words (that needs the Tetra tables: ``leechq.kernels.reference``) and does
 not know about devices beyond ``Tensor.to``.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -40,19 +45,17 @@ def stride_u32(n_blocks: int) -> int:
     return -(-WORD_BYTES * n_blocks // 8) * 2
 
 
-def t64_stride(n_blocks: int) -> int:
-    """u32 words per row in the ``tetra64`` layout (:mod:`.tetra64`): four per block pair."""
-    return 4 * -(-n_blocks // 2)
-
-
 @dataclass(frozen=True)
-class Tetra48Weight:
-    """A Tetra-coded matrix in the served ``tetra48`` layout.
+class TetraRecord:
+    """A Tetra-coded matrix packed for the kernels: what every Tetra layout carries.
+
+    The subclasses differ only in how ``words`` holds the codes (their ``layout`` and ``stride``):
+    :class:`Tetra48Weight` (this module) and ``tetra64.Tetra64Weight``.
 
     Attributes:
         d_out: rows.
         d_in: columns; ``n_blocks = d_in // 24`` coded blocks then ``d_in % 24`` tail columns.
-        words: int32 [d_out, stride_u32(n_blocks)], the little-endian u32 view of each padded row.
+        words: int32 [d_out, stride], the packed codes of each row (the subclass's layout).
         row_scales: float32 [d_out], σ_row as the kernels read it.
         row_centroids: float32 [d_out, 2], the gain pair of each row's matrix.
         tail: float32 [d_out, d_in % 24], unquantized tail columns (rotated basis).
@@ -60,10 +63,9 @@ class Tetra48Weight:
         row_centroids_f64: float64 [d_out, 2], exact gain pairs.
         n_centroids: stored centroids of the source matrix (1 or 2); 1 means the pair repeats.
         rotation: the input rotation the activation must receive, or None.
-        t64: the words are in the ``tetra64`` layout (:mod:`.tetra64`: table addresses and shells,
-            rows of :func:`t64_stride` words), read by the batch-1 ``m1``, int8 and
-            dequantization kernels.
     """
+
+    layout: ClassVar[str] = ""
 
     d_out: int
     d_in: int
@@ -75,7 +77,6 @@ class Tetra48Weight:
     row_centroids_f64: torch.Tensor
     n_centroids: int = 2
     rotation: RotationTables | None = None
-    t64: bool = False
 
     @property
     def n_blocks(self) -> int:
@@ -87,10 +88,8 @@ class Tetra48Weight:
 
     @property
     def stride(self) -> int:
-        """u32 words per row."""
-        if self.t64:
-            return t64_stride(self.n_blocks)
-        return stride_u32(self.n_blocks)
+        """u32 words per row (the subclass's layout)."""
+        raise NotImplementedError
 
     @property
     def device(self) -> torch.device:
@@ -110,11 +109,11 @@ class Tetra48Weight:
             t = getattr(self, name)
             if tuple(t.shape) != shape or t.dtype != dtype:
                 raise InvalidInput(
-                    f"Tetra48Weight.{name}: expected {dtype} {list(shape)}, got {t.dtype} "
+                    f"{type(self).__name__}.{name}: expected {dtype} {list(shape)}, got {t.dtype} "
                     f"{list(t.shape)}"
                 )
 
-    def to(self, device: torch.device | str) -> Tetra48Weight:
+    def to(self, device: torch.device | str) -> TetraRecord:
         """A copy with the kernel tensors on ``device`` (the f64 originals stay on the host)."""
         return replace(
             self,
@@ -128,6 +127,20 @@ class Tetra48Weight:
         """Bytes a matvec streams: words (with row padding), f32 scale, f32 centroid pair, f32 tail."""
         return 4 * (self.words.numel() + self.row_scales.numel() + self.row_centroids.numel()
                     + self.tail.numel())
+
+
+@dataclass(frozen=True)
+class Tetra48Weight(TetraRecord):
+    """A Tetra-coded matrix in the served ``tetra48`` layout: ``words`` int32
+    [d_out, stride_u32(n_blocks)], the little-endian u32 view of each padded row of 6-byte words
+    (fields: :class:`TetraRecord`)."""
+
+    layout: ClassVar[str] = NAME
+
+    @property
+    def stride(self) -> int:
+        """u32 words per row: :func:`stride_u32`."""
+        return stride_u32(self.n_blocks)
 
 
 def words_from_codes(labels: np.ndarray, gains: np.ndarray) -> np.ndarray:
@@ -201,12 +214,10 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
     """The canonical matrix back from a (single-matrix) ``tetra48`` record, bit for bit.
 
     Raises:
-        InvalidInput: the record concatenates matrices with different gain pairs.
+        InvalidInput: the record is not a ``tetra48`` one, or concatenates matrices with
+            different gain pairs.
     """
-    if w.t64:
-        from leechq.formats.layouts.tetra64 import from_tetra64
-
-        w = from_tetra64(w)
+    _expect(w, Tetra48Weight, "unpack")
     cents = w.row_centroids_f64.cpu()
     if w.d_out and not bool((cents == cents[0]).all()):
         raise InvalidInput("tetra48.unpack: rows carry different centroid pairs (a fused record)")
@@ -225,16 +236,31 @@ def unpack(w: Tetra48Weight) -> QuantizedWeight:
     )
 
 
+def _expect(w: object, cls: type[TetraRecord], what: str) -> None:
+    """Raise :class:`InvalidInput` unless ``w`` is a ``cls`` record (naming both layouts)."""
+    if type(w) is not cls:
+        got = getattr(w, "layout", "") or type(w).__name__
+        raise InvalidInput(f"{cls.layout}.{what}: expected a {cls.layout} record "
+                           f"({cls.__name__}), got {got}")
+
+
 def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
     """Concatenate matrices that read the same input (q/k/v, gate/up) into one record by rows.
 
     Row strides, tails and the per-row gain pairs concatenate without re-encoding (docs/kernels.md).
 
     Raises:
-        InvalidInput: the parts differ in ``d_in`` or in rotation.
+        InvalidInput: the parts are not all ``tetra48`` records, differ in ``d_in`` or in rotation.
     """
+    return concat_records(parts, Tetra48Weight)
+
+
+def concat_records(parts: Sequence[TetraRecord], cls: type[TetraRecord]) -> TetraRecord:
+    """:func:`concat_rows` for the Tetra layout of ``cls`` (every part must be a ``cls``)."""
     if not parts:
         raise InvalidInput("concat_rows needs at least one matrix")
+    for p in parts:
+        _expect(p, cls, "concat_rows")
     d_in = parts[0].d_in
     for p in parts:
         if p.d_in != d_in:
@@ -244,11 +270,8 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
             and p.rotation.seed != parts[0].rotation.seed
         ):
             raise InvalidInput("concat_rows: fused matrices must share one input rotation")
-        if p.t64 != parts[0].t64:
-            raise InvalidInput("concat_rows: fused matrices must share one layout "
-                               "(standard or tetra64)")
     cat = lambda name: torch.cat([getattr(p, name) for p in parts], dim=0)  # noqa: E731
-    out = Tetra48Weight(
+    out = cls(
         d_out=sum(p.d_out for p in parts),
         d_in=d_in,
         words=cat("words"),
@@ -259,7 +282,6 @@ def concat_rows(parts: Sequence[Tetra48Weight]) -> Tetra48Weight:
         row_centroids_f64=cat("row_centroids_f64"),
         n_centroids=max(p.n_centroids for p in parts),
         rotation=parts[0].rotation,
-        t64=parts[0].t64,
     )
     out.validate()
     return out

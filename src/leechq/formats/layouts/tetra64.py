@@ -1,5 +1,11 @@
 """The ``tetra64`` served layout: each Tetra block as its decoder's table addresses and its shell.
 
+A record in this layout is a :class:`Tetra64Weight` (a type of its own, registered as ``tetra64``
+in :mod:`leechq.formats.layouts`; consumers dispatch on its ``layout``). :func:`pack`,
+:func:`unpack` and :func:`concat_rows` are the layout's registry functions;
+:func:`to_tetra64` / :func:`from_tetra64` convert from and to the ``tetra48`` record of the same
+matrix, bit for bit.
+
 A served form of a ``tetra48`` matrix for the batch-1 kernel (docs/kernels.md leaves
 the served layout to the kernels; docs/kernels.md fixes what a word decodes to). The canonical
 48-bit word (``p``, ``r``, ``s8``, ``b1``, ``i1``, ``b2``, ``i2``, ``b3``, ``i3``, gain ``g``) names
@@ -42,15 +48,22 @@ inverts it bit for bit; the shells are recomputed with the codebook decoder when
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from functools import cache
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
 from leechq.errors import InvalidInput
-from leechq.formats.layouts.tetra48 import Tetra48Weight, stride_u32, t64_stride
+from leechq.formats.layouts import tetra48
+from leechq.formats.layouts.tetra48 import Tetra48Weight, TetraRecord, stride_u32
+from leechq.formats.quantized_weight import QuantizedWeight
+
+NAME = "tetra64"
 
 MID_SHIFT = CLASS_ROWS - N0_MIXED
 """``R2 = i2 + MID_SHIFT`` for ``i2 ≥ 1240`` (the middle section's class-1 rows,
@@ -60,6 +73,26 @@ CHUNK = 1 << 22
 """Blocks decoded at a time when computing shells (bounded memory on large matrices)."""
 
 _M32 = 0xFFFFFFFF
+
+
+def t64_stride(n_blocks: int) -> int:
+    """u32 words per row in this layout: four per block pair."""
+    return 4 * -(-n_blocks // 2)
+
+
+@dataclass(frozen=True)
+class Tetra64Weight(TetraRecord):
+    """A Tetra-coded matrix in the served ``tetra64`` layout: ``words`` int32
+    [d_out, t64_stride(n_blocks)] (the table addresses and shells of each block pair, see the
+    module docstring); the other fields as :class:`~leechq.formats.layouts.tetra48.TetraRecord`.
+    Read by the batch-1 ``m1``, int8 and dequantization kernels."""
+
+    layout: ClassVar[str] = NAME
+
+    @property
+    def stride(self) -> int:
+        """u32 words per row: :func:`t64_stride`."""
+        return t64_stride(self.n_blocks)
 
 
 def _fields(b: torch.Tensor, spec: tuple[tuple[int, int], ...]) -> list[torch.Tensor]:
@@ -203,33 +236,69 @@ def unpack_words(words: torch.Tensor, n_blocks: int) -> torch.Tensor:
     return torch.stack([e, o], dim=2).reshape(d_out, 2 * w.shape[1], 7)[:, :n_blocks]
 
 
-def to_tetra64(w: Tetra48Weight) -> Tetra48Weight:
-    """The same matrix in this layout (``t64=True``), from a standard or kernel-order record; the
-    shells are decoded on the words' device."""
-    if w.t64:
-        raise InvalidInput("to_tetra64: the record is in the tetra64 layout already")
-    blocks = canonical_blocks(w)
-    out = replace(w, words=pack_words(encode_blocks(blocks)).contiguous(), t64=True)
+def _with_words(w: TetraRecord, cls: type[TetraRecord], words: torch.Tensor) -> TetraRecord:
+    """A ``cls`` record with ``w``'s fields and these ``words``, validated."""
+    kept = {f.name: getattr(w, f.name) for f in dataclass_fields(w) if f.name != "words"}
+    out = cls(words=words, **kept)
     out.validate()
     return out
 
 
-def canonical_blocks(w: Tetra48Weight) -> torch.Tensor:
+def to_tetra64(w: Tetra48Weight) -> Tetra64Weight:
+    """The same matrix in this layout from a ``tetra48`` record; the shells are decoded on the
+    words' device.
+
+    Raises:
+        InvalidInput: ``w`` is not a ``tetra48`` record (e.g. already a ``tetra64`` one).
+    """
+    if type(w) is not Tetra48Weight:
+        raise InvalidInput(f"to_tetra64: expected a tetra48 record, got "
+                           f"{getattr(w, 'layout', '') or type(w).__name__}"
+                           + (" (the record is in the tetra64 layout already)"
+                              if isinstance(w, Tetra64Weight) else ""))
+    blocks = canonical_blocks(w)
+    return _with_words(w, Tetra64Weight, pack_words(encode_blocks(blocks)).contiguous())
+
+
+def canonical_blocks(w: TetraRecord) -> torch.Tensor:
     """The canonical 48-bit words (int64 [d_out, n_blocks]) of a record in either Tetra layout
-    (standard or this one)."""
-    if w.t64:
+    (``tetra48`` or this one)."""
+    if isinstance(w, Tetra64Weight):
         return decode_fields(unpack_words(w.words, w.n_blocks))
     return blocks_from_words(w.words, w.n_blocks)
 
 
-def from_tetra64(w: Tetra48Weight) -> Tetra48Weight:
-    """Inverse of :func:`to_tetra64`: the standard-order record, bit for bit."""
-    if not w.t64:
-        raise InvalidInput("from_tetra64: the record is not in the tetra64 layout")
-    out = replace(w, words=standard_words(canonical_blocks(w), w.n_blocks), t64=False)
-    out.validate()
-    return out
+def from_tetra64(w: Tetra64Weight) -> Tetra48Weight:
+    """Inverse of :func:`to_tetra64`: the ``tetra48`` record, bit for bit.
+
+    Raises:
+        InvalidInput: ``w`` is not a ``tetra64`` record.
+    """
+    if type(w) is not Tetra64Weight:
+        raise InvalidInput(f"from_tetra64: the record is not in the tetra64 layout "
+                           f"({getattr(w, 'layout', '') or type(w).__name__})")
+    return _with_words(w, Tetra48Weight, standard_words(canonical_blocks(w), w.n_blocks))
 
 
-__all__ = ["blocks_from_words", "canonical_blocks", "decode_fields", "encode_blocks", "from_tetra64", "pack_words",
-           "shells", "standard_words", "t64_stride", "to_tetra64", "unpack_words", "x_all"]
+def pack(qw: QuantizedWeight) -> Tetra64Weight:
+    """A canonical Tetra-coded matrix in this layout (``tetra48.pack`` then :func:`to_tetra64`).
+
+    Raises:
+        InvalidInput: as ``tetra48.pack``.
+    """
+    return to_tetra64(tetra48.pack(qw))
+
+
+def unpack(w: Tetra64Weight) -> QuantizedWeight:
+    """The canonical matrix back from a (single-matrix) ``tetra64`` record, bit for bit."""
+    return tetra48.unpack(from_tetra64(w))
+
+
+def concat_rows(parts: Sequence[Tetra64Weight]) -> Tetra64Weight:
+    """``tetra48.concat_rows`` for records in this layout (every part a :class:`Tetra64Weight`)."""
+    return tetra48.concat_records(parts, Tetra64Weight)  # type: ignore[return-value]
+
+
+__all__ = ["NAME", "Tetra64Weight", "blocks_from_words", "canonical_blocks", "concat_rows",
+           "decode_fields", "encode_blocks", "from_tetra64", "pack", "pack_words", "shells",
+           "standard_words", "t64_stride", "to_tetra64", "unpack", "unpack_words", "x_all"]

@@ -15,7 +15,8 @@ and the captured graph stays valid from step to step.
 * :func:`decode_attention_combine_kernel`: one program per (row, query head) merges the splits.
 
 Visibility is the serving model's mask (``leechq.serve.model.attention_mask``): key slot ``s`` of
-row ``b`` is seen from slot ``t`` iff ``pad[b] <= s <= t``, or ``s == t``. Twin:
+row ``b`` is seen from slot ``t`` iff ``pad[b] <= s <= t`` and, with a sliding window ``W``,
+``s > t - W``; or ``s == t``. Twin:
 ``leechq.kernels.reference.decode_attention``.
 """
 
@@ -31,7 +32,7 @@ LOG2E = 1.4426950408889634
 def decode_attention_partial_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, pad_ptr, po_ptr, pml_ptr, kn_ptr, vn_ptr,
     sq_b, sq_h, sq_g, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, qk_scale,
-    seq_len,
+    seq_len, window,
     N_KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr, IEEE: tl.constexpr,
     WRITE: tl.constexpr,
@@ -45,13 +46,15 @@ def decode_attention_partial_kernel(
     step's own key and value (``kn``, ``vn``: [B, N_KV, D] by their strides) stand in for cache
     slot ``t`` and the program whose split holds ``t`` writes them there — no other program reads
     that slot, so the cache write needs no launch of its own. No load or store reaches past the
-    cache's ``seq_len`` slots, whatever ``t``."""
+    cache's ``seq_len`` slots, whatever ``t``. ``window``: keys ``s <= t - window`` are hidden too
+    (a sliding window; a huge value for none), and the whole tiles before the first seen key are
+    skipped."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     b = bh // N_KV
     h = bh % N_KV
     t = tl.load(slot_ptr).to(tl.int32)
-    lo = tl.load(pad_ptr + b).to(tl.int32)
+    lo = tl.maximum(tl.load(pad_ptr + b).to(tl.int32), t - window + 1)
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
     d_ok = d < D
@@ -70,7 +73,9 @@ def decode_attention_partial_kernel(
         own = d_ok & (tl.zeros([DP], tl.int32) + t >= start) & (tl.zeros([DP], tl.int32) + t < end)
         tl.store(kb + t * sk_s + d, k_new, mask=own)
         tl.store(vb + t * sv_s + d, v_new, mask=own)
-    for n0 in range(start, end, BLOCK_N):
+    # Whole tiles before the first seen key hold nothing (the query's own slot t is seen always).
+    first = start + (tl.maximum(tl.minimum(lo, t) - start, 0) // BLOCK_N) * BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
         k = tl.load(kb + n[:, None] * sk_s + d[None, :], mask=n_ok[:, None] & d_ok[None, :],

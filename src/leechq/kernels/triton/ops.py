@@ -7,9 +7,10 @@ naming the tensor: wrong dtype, wrong shape for the packed record, non-contiguou
 the CPU (or on another device than the weights) — except under the Triton interpreter
 (``TRITON_INTERPRET=1``), where CPU tensors are the point. Outputs are freshly allocated float32
 unless an ``out`` buffer is given. The other kernel families' host sides live beside this module
-and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_imma` (the int8
-tensor-core kernel), :mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 /
-int8), :mod:`.ops_attention` (decode attention).
+and are re-exported here: :mod:`.ops_common` (checks, :data:`A16`), :mod:`.ops_path` (each
+call's path from the dispatch table), :mod:`.ops_imma` (the int8 tensor-core kernel),
+:mod:`.ops_dense` (the many-row dequantized path), :mod:`.ops_intq` (int4 / int8),
+:mod:`.ops_attention` (decode attention).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import triton
 
 from leechq.codebooks.base import BLOCK
-from leechq.errors import InvalidInput, KernelUnavailable, UnsupportedShape
+from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.kernels import reference as ref
 from leechq.kernels.tables import (
     natural_order,
@@ -82,6 +83,10 @@ from leechq.kernels.triton.ops_dense import (  # noqa: F401  (re-exported)
     tetra48_dequantize_f16,
     tetra48_matmul_dense,
 )
+from leechq.kernels.triton.ops_gemm import (  # noqa: F401  (re-exported)
+    matmul_gemm_ordered,
+    tetra48_matmul_gemm,
+)
 from leechq.kernels.triton.ops_imma import (  # noqa: F401  (re-exported)
     IMMA_MAXNREG,
     IMMA_ROWS,
@@ -103,6 +108,11 @@ from leechq.kernels.triton.ops_intq import (  # noqa: F401  (re-exported)
     int4_matvec,
     int8_embedding,
     int8_matvec,
+)
+from leechq.kernels.triton.ops_path import (  # noqa: F401  (re-exported)
+    _configured_m1,
+    matvec_path,
+    matvec_request,
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
@@ -292,13 +302,6 @@ def m1_wave_rows(d_out: int, n_blocks: int, programs: int, ilp: int = 2, num_war
     return max(trip, -(-rows // trip) * trip)
 
 
-def _many_row_m1_default() -> bool:
-    """Whether several activation rows with no configuration run the many-row ``m1`` kernel (on a
-    GPU) rather than the tiled one (under the interpreter, where a many-row ``m1`` launch costs
-    ~10 s; the tests that want it ask for it or patch this)."""
-    return not interpreting()
-
-
 def _tile_config(cfg: MatvecConfig, m_rows: int) -> MatvecConfig:
     """The configuration the tiled kernels run with (an ``m1`` configuration falls back to the
     tiled defaults of the H200 sweep)."""
@@ -333,8 +336,9 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None =
     kernel's, :func:`_check_m1`: against the f64 reference on a small random record — two
     K-slices, a tail, chunk walking, two calls so that the tickets must have reset; for several
     rows ``mb + 1`` and ``mb − 1`` of them: a one-row launch and a zero pad row); a failure
-    warns and falls back to the tiled kernel for good. Under a capture with no check yet, the tiled
-    kernel is used for that call."""
+    warns, and the verdict stays False (:func:`matvec_path` then marks ``m1`` unusable for the
+    request and the dispatch table chooses again). Under a capture with no check yet, False for
+    that call."""
     if interpreting() or device.type != "cuda":
         return True
     check = check or _check_m1
@@ -343,10 +347,11 @@ def m1_enabled(device: torch.device, cfg: MatvecConfig, check: Callable | None =
 
 
 def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: Iterator,
-                     fallback: str = "the tiled kernel") -> bool:
+                     fallback: str = "the dispatch table chooses again without it") -> bool:
     """Run ``cases`` (a generator of ``(y, x, dense)``: kernel output, activation, f64 reference
     matrix) and require every output within ``1e-5 · Σ|w·x|`` and the ticket counters reset; any
-    failure or exception warns and returns False (the caller keeps ``fallback``)."""
+    failure or exception warns (a ``UserWarning`` naming the kernel) and returns False (the
+    caller then does ``fallback``)."""
     try:
         worst = 0.0
         for y, x, dense in cases:
@@ -359,7 +364,7 @@ def _first_use_check(what: str, device: torch.device, cfg: MatvecConfig, cases: 
         reason = f"error {worst:.2e}, tickets {'reset' if tickets_clean else 'NOT reset'}"
     except Exception as exc:  # any failure means: do not use the kernel on this device
         reason = f"{type(exc).__name__}: {exc}"[:300]
-    warnings.warn(f"the {what} ({cfg}) failed its first-use check on {device} ({reason}); using "
+    warnings.warn(f"the {what} ({cfg}) failed its first-use check on {device} ({reason}); "
                   f"{fallback}", stacklevel=5)
     return False
 
@@ -700,32 +705,36 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
                             out: torch.Tensor | None = None,
                             acts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``y = W x`` from an already prepared activation (trio order): float32 [M, d_out]. With no
-    ``config``: one row, or several on the CPU interpreter, the ``m1``/tiled plan; 3..16 rows on
-    a GPU the int8 tensor-core kernel (:func:`tetra48_matvec_imma_prepared`, see
-    :data:`IMMA_MIN_ROWS`; ``acts``: its activation records when they exist already, e.g.
-    written by the rotation; used only on that path). The ``tetra64`` layout (``w.t64``,
-    ``formats.layouts.tetra64``) takes the ``m1`` plan (``CODE = TETRA_64``) or the int8
-    kernel; the tiled kernel raises :class:`UnsupportedShape` on it."""
+    ``config`` the dispatch table picks the path (:func:`matvec_path`: the int8 tensor-core
+    kernel, :func:`tetra48_matvec_imma_prepared` — ``acts``: its activation records when they
+    exist already, e.g. written by the rotation; used only there —, the ``m1`` launch groups of
+    :func:`m1_plan`, or the tiled kernel). The ``tetra64`` layout (a ``Tetra64Weight``,
+    ``formats.layouts.tetra64``) is read by ``m1`` (``CODE = TETRA_64``) and the int8 kernel
+    only. An explicit ``config`` runs that kernel: an ``m1`` configuration that cannot take the
+    shape (or failed its first-use check) runs the tiled kernel's defaults; the tiled kernel
+    raises :class:`UnsupportedShape` on ``tetra64``."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    if w.t64 and not _c.A16:
-        if config is None and _t64_on_imma(w, m_rows, xp.device):
-            return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
-        raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
-                               "activations only (ops_common.A16 is False); pass no configuration")
-    if config is None and imma_default(w, m_rows):
+    if config is not None:
+        if w.layout == "tetra64" and not _c.A16:
+            raise UnsupportedShape("the batch-1 kernel decodes the tetra64 layout with 16-bit "
+                                   "activations only (ops_common.A16 is False); pass no "
+                                   "configuration")
+        plan = _configured_m1(w, m_rows, xp.device, config)
+        path = "m1" if plan is not None else "tiled"
+    else:
+        path, plan = matvec_path(w, m_rows, xp.device)
+    if path == "imma":
         return tetra48_matvec_imma_prepared(xp, w, m_rows, out=out, acts=acts)
     _check_prepared(xp, m_rows, w.n_blocks, w.words.device)
     y = out if out is not None else torch.empty(m_rows, w.d_out, dtype=torch.float32,
                                                 device=xp.device)
-    plan = _m1_groups(w, m_rows, xp.device, config, _check_m1_t64 if w.t64 else None,
-                      many_rows=w.t64)
     if plan is not None:
         first = 0
         for rows, c in plan:
             _launch_m1("tetra48", xp[first:], w, y[first:], c, rows)
             first += rows
         return y
-    if w.t64:
+    if w.layout == "tetra64":
         raise UnsupportedShape(
             f"the tetra64 layout is read only by the m1 and int8 kernels, none of which takes "
             f"{m_rows} rows of this matrix here (config {config}); use the standard layout")
@@ -737,50 +746,6 @@ def tetra48_matvec_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int,
         USE_ASM=_use_asm(), SMEM_ROWS=cfg.smem_rows, num_warps=cfg.num_warps,
     )
     return y
-
-
-def _m1_groups(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device,
-               config: MatvecConfig | None, check: Callable | None = None,
-               many_rows: bool = False) -> list[tuple[int, MatvecConfig]] | None:
-    """The ``(rows, configuration)`` launch groups of an ``m1`` kernel for ``m_rows`` activation
-    rows, or None when the tiled kernel serves them. With no ``config``: the row groups of
-    :func:`m1_plan`, each in its own geometry (H200, Qwen3-8B projections: M = 5 9.18
-    ms, 6 10.09, 7 12.30 against 6.59 for 4 and 12.44 for 8) — one row anywhere, several only on
-    a GPU (:func:`_many_row_m1_default`); an ``m1`` ``config`` serves all rows (several need its
-    ``mb`` > 1). Every group must fit the kernel and pass :func:`m1_enabled` with ``check`` (the
-    kernel's first-use check; default: Tetra's). ``many_rows``: several rows take the ``m1``
-    row groups under the interpreter too (a layout only ``m1`` reads)."""
-    if config is None:
-        if not many_rows and not _m1_allowed(w, m_rows, device):
-            return None
-        plan = m1_plan(w.d_out, w.n_blocks, device, w.tail_cols, m_rows,
-                       getattr(w, "t64", False))
-    else:
-        plan = [(m_rows, config)]
-    if all(_m1_applies(c, w) and _m1_runs(c, rows, device, check) for rows, c in plan):
-        return plan
-    return None
-
-
-def _t64_on_imma(w: Tetra48Weight, m_rows: int, device: torch.device) -> bool:
-    """Whether the dispatch table puts ``m_rows`` unconfigured rows of a ``tetra64`` matrix under
-    24-bit activations on the int8 kernel (``Request.imma_only``: its only reader)."""
-    from leechq.kernels.select import Int8Path, Request, choose_path
-
-    req = Request("tetra48", m_rows, device, n_blocks=w.n_blocks, imma_only=True)
-    try:
-        return choose_path(req) is Int8Path
-    except KernelUnavailable:
-        return False
-
-
-def _m1_allowed(w: Tetra48Weight | Planes14Weight, m_rows: int, device: torch.device) -> bool:
-    """Whether the dispatch table lets ``m1`` take ``m_rows`` unconfigured rows of ``w``
-    (``kernels.select.M1Path``: one row anywhere, several where :func:`_many_row_m1_default`)."""
-    from leechq.kernels.select import Request, path_allowed
-
-    layout = "planes14" if hasattr(w, "records") else "tetra48"
-    return path_allowed("m1", Request(layout, m_rows, device, n_blocks=w.n_blocks))
 
 
 def _m1_runs(cfg: MatvecConfig, m_rows: int, device: torch.device,
@@ -812,7 +777,7 @@ def _launch_m1(kind: str, xp: torch.Tensor, w: Tetra48Weight | Planes14Weight, y
     if kind == "planes14":
         data, table = w.records, planes14_m1_table(xp.device)
         consts = {"CODE": PLANES14.value, "SEL_TABLE": True, **consts}
-    elif w.t64:
+    elif w.layout == "tetra64":
         data, table = w.words, tetra_m1_bits_table(xp.device, T64_PBITS.value)
         consts = {"CODE": TETRA_64.value, "SEL_TABLE": True, **consts}
     else:
@@ -860,12 +825,12 @@ def planes14_matvec_prepared(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
 def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
                     config: MatvecConfig | None = None) -> torch.Tensor:
     """``y = W x`` for a Planes14 record (twin of ``reference.planes14_matvec``). With no
-    ``config``, the ``m1`` kernel with the Planes14 decode (:mod:`.planes14_m1`) in the row groups
-    and per-shape geometry of :func:`m1_plan` (as Tetra: one row, two, or four per launch), and
-    for 3..16 rows on a GPU the int8 tensor-core kernel (:func:`planes14_matvec_planned`); with
-    an ``m1`` ``config``, that kernel in it (several rows need its ``mb`` 2 or 4); anything else
-    (and several rows under the interpreter, where the many-row ``m1`` costs ~10 s a launch) the
-    tiled kernel. H200, Qwen3-8B projections, ``m1`` against tiled
+    ``config``, the dispatch table's path (:func:`matvec_path`): the ``m1`` kernel with the
+    Planes14 decode (:mod:`.planes14_m1`) in the row groups and per-shape geometry of
+    :func:`m1_plan` (as Tetra: one row, two, or four per launch), the int8 tensor-core kernel
+    (:func:`planes14_matvec_planned`), or the tiled kernel; with an ``m1`` ``config``, that
+    kernel in it (several rows need its ``mb`` 2 or 4) where it applies, else the tiled
+    kernel. H200, Qwen3-8B projections, ``m1`` against tiled
     (cuBLAS fp16 ≈ 4.7 ms): M = 1 3.37 vs 5.41 ms, M = 2 4.26 vs 5.44, M = 4 6.80 vs 9.92, M = 8
     13.10 vs 14.57."""
     m_rows = _check_x(x, w.d_in, w.records.device)
@@ -877,9 +842,13 @@ def planes14_matvec(x: torch.Tensor, w: Planes14Weight,
 def planes14_m1_groups(w: Planes14Weight, m_rows: int, device: torch.device,
                        config: MatvecConfig | None = None) -> list[tuple[int, MatvecConfig]] | None:
     """The ``(rows, configuration)`` launch groups of the ``m1`` Planes14 kernel for ``m_rows``
-    activation rows (1..8), or None when the tiled kernel serves them (see
-    :func:`planes14_matvec`; the prepared activation's order follows: :func:`planes14_order`)."""
-    return _m1_groups(w, m_rows, device, config, _check_planes14_m1)
+    activation rows, or None when the tiled kernel serves them: with no ``config`` the dispatch
+    table's (:func:`matvec_path`; the int8 kernel's calls get them too, it reads the ``m1``
+    order), else ``config``'s one group where it applies (:func:`_configured_m1`). The prepared
+    activation's order follows: :func:`planes14_order`."""
+    if config is not None:
+        return _configured_m1(w, m_rows, device, config)
+    return matvec_path(w, m_rows, device)[1]
 
 
 def planes14_order(device: torch.device, m1: bool) -> torch.Tensor:
@@ -894,8 +863,8 @@ def planes14_matvec_planned(xp: torch.Tensor, w: Planes14Weight, m_rows: int,
                             out: torch.Tensor | None = None,
                             acts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``y = W x`` from an activation prepared in :func:`planes14_order` for ``plan`` (from
-    :func:`planes14_m1_groups`): its ``m1`` launch groups — or, for 3..16 rows with no ``config``
-    on a GPU (:func:`imma_default`: 3..16 rows), the int8 tensor-core kernel from the same order
+    :func:`planes14_m1_groups`): its ``m1`` launch groups — or, with no ``config`` where the
+    dispatch table picks it (:func:`imma_default`), the int8 tensor-core kernel from the same order
     (:func:`planes14_matvec_imma_prepared`; ``acts`` as for :func:`tetra48_matvec_prepared`) —
     or with ``plan`` None the tiled kernel (in ``config`` if that is a tiled configuration).
     float32 [m_rows, d_out]."""

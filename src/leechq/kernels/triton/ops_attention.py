@@ -18,6 +18,9 @@ from leechq.kernels.tuning import DECODE_ATTN_BLOCK_N, DECODE_ATTN_MAX_SPLITS
 DECODE_ATTN_MAX_HEAD_DIM = 256
 """The widest attention head :func:`decode_attention` takes."""
 
+NO_WINDOW = 1 << 30
+"""The window the kernel is given for "no sliding window" (wider than any cache)."""
+
 
 def decode_attention_splits(seq_len: int) -> tuple[int, int]:
     """``(keys per split, splits)`` of :func:`decode_attention` over a ``seq_len``-slot cache: one
@@ -30,7 +33,7 @@ def decode_attention_splits(seq_len: int) -> tuple[int, int]:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      slot: torch.Tensor, pad: torch.Tensor, scale: float,
                      k_new: torch.Tensor | None = None,
-                     v_new: torch.Tensor | None = None) -> torch.Tensor:
+                     v_new: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Attention of one query position per row over a static KV cache (the serving model's decode
     step), reading only the slots the query sees (twin: ``reference.decode_attention``).
 
@@ -46,14 +49,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_new, v_new: [B, n_kv, 1, head_dim] of q's dtype (unit stride along ``head_dim``), the
             step's own key and value: written into slot ``t`` of the caches by the kernel (no
             separate cache write) and used for it; None when the caches already hold them.
+        window: a sliding window > 0 also hides the keys ``s <= t - window`` (the query sees the
+            ``window`` latest slots, itself included; the splits and tiles before them are not
+            read); 0: none.
 
     Returns:
         [B, n_kv, G, head_dim] of q's dtype, contiguous (so also [B, 1, n_kv·G·head_dim]).
 
     Raises:
         InvalidInput: mismatched shapes, dtypes or devices, a strided head dimension, a head
-            dimension above :data:`DECODE_ATTN_MAX_HEAD_DIM`, a cache without slots.
+            dimension above :data:`DECODE_ATTN_MAX_HEAD_DIM`, a cache without slots, a
+            negative window.
     """
+    if window < 0:
+        raise InvalidInput(f"window must be >= 0 (0: none), got {window}")
     if (k_new is None) != (v_new is None):
         raise InvalidInput("k_new and v_new go together")
     news = () if k_new is None else (("k_new", k_new), ("v_new", v_new))
@@ -98,6 +107,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), float(scale) * LOG2E, seq_len,
+        min(int(window), NO_WINDOW) if window else NO_WINDOW,
         N_KV=n_kv, G=g, GP=max(16, triton.next_power_of_2(g)), D=hd, DP=dp,
         BLOCK_N=DECODE_ATTN_BLOCK_N, SPLIT=split, NSPLIT=nsplit,
         IEEE=q.dtype == torch.float32 or (interpreting() and q.dtype == torch.bfloat16),

@@ -99,9 +99,9 @@ def _checked_once(cache: dict, key: Any, check: Callable[..., bool], *args: Any)
 
 def _check_lattice(w: Tetra48Weight | Planes14Weight, words: torch.Tensor, name: str,
                    t64_ok: bool = False) -> None:
-    if getattr(w, "t64", False) and not t64_ok:
+    if w.layout == "tetra64" and not t64_ok:
         raise InvalidInput(
-            "this Tetra48Weight is in the tetra64 layout, which only the m1, int8 and "
+            "this record is in the tetra64 layout (Tetra64Weight), which only the m1, int8 and "
             "dequantization kernels read (tetra48_matvec_prepared, tetra48_dequantize_f16); "
             "convert it back with "
             "formats.layouts.tetra64.from_tetra64")

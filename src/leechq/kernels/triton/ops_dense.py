@@ -69,7 +69,7 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     """The record's coded blocks as float16 ``[d_out, 24·n_blocks]`` without σ_row, columns as
     :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
     same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
-    The ``tetra64`` layout (``w.t64``) is decoded as such."""
+    The ``tetra64`` layout (a ``Tetra64Weight``) is decoded as such."""
     _check_lattice(w, w.words, "words", t64_ok=True)
     dev = w.words.device
     out = _dequant_out(out, w, dev)
@@ -78,7 +78,7 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
         tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
             w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
             N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, T64=w.t64, num_warps=cfg.num_warps,
+            GROUPED=cfg.grouped, T64=w.layout == "tetra64", num_warps=cfg.num_warps,
             num_stages=1,
         )
     return out

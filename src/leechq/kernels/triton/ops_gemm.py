@@ -7,7 +7,7 @@ copy. Twins: ``reference.tetra48_dequantize_f16`` (the decoded values, bit for b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,7 +34,6 @@ from leechq.kernels.tuning import (
     EPILOGUE_MIN_ROWS,
     EPILOGUE_ROWS,
     GEMM_CONFIG,
-    GEMM_MAX_ROWS,
     GEMM_SWEEP,
 )
 
@@ -42,6 +41,11 @@ if TYPE_CHECKING:
     from leechq.formats.layouts.tetra48 import Tetra48Weight
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+GEMM_LAUNCH_ROWS = 128
+"""Activation rows one launch takes (all of them in one program tile, so each weight block is
+decoded once per launch); the dispatch table uses it for ``tuning.GEMM_MIN_ROWS`` ..
+``GEMM_MAX_ROWS`` rows, where it measured fastest."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,10 @@ def tetra48_matmul_gemm(x: torch.Tensor, w: Tetra48Weight, config: GemmConfig | 
     """``y = W x`` for 1..128 activation rows on float16 tensor cores, each block decoded once:
     ``out_dtype`` [M, d_out] from x [M, d_in] (float32/16, bfloat16; rotated basis), as
     ``ops_dense.tetra48_matmul_dense`` (values and activations rounded to float16, the products
-    accumulated and σ_row and the tail applied in float32). Either Tetra layout (``w.t64``).
-    ``config``: :data:`GEMM_DEFAULT` if None."""
+    accumulated and σ_row and the tail applied in float32). Either Tetra layout
+    (``Tetra48Weight`` or ``Tetra64Weight``). ``config``: :data:`GEMM_DEFAULT` if None."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=GEMM_MAX_ROWS,
+    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=GEMM_LAUNCH_ROWS,
                       what="the float16 tensor-core GEMM takes")
     grouped = dequant_config().grouped
     n = BLOCK * w.n_blocks
@@ -117,9 +121,9 @@ def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig 
     check_tensor(x16, "x16", torch.float16, device=w.words.device)
     if x16.dim() != 2 or x16.shape[1] != w.d_in:
         raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
-    if not 1 <= x16.shape[0] <= GEMM_MAX_ROWS:
+    if not 1 <= x16.shape[0] <= GEMM_LAUNCH_ROWS:
         raise UnsupportedShape(f"x16 has {x16.shape[0]} rows; the float16 tensor-core GEMM "
-                               f"takes 1..{GEMM_MAX_ROWS}")
+                               f"takes 1..{GEMM_LAUNCH_ROWS}")
     n = BLOCK * w.n_blocks
     xa = x16
     if x16.stride(0) % 8 or x16.data_ptr() % 16:
@@ -143,6 +147,9 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: Gem
         raise InvalidInput(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
     cfg = (GEMM_DEFAULT if config is None else config).check()
     m_rows = int(x16.shape[0])
+    mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
+    if mt >= 16 and cfg.rows_per_step != 1:  # one row group per step: the grid must know it
+        cfg = replace(cfg, rows_per_step=1)
     dev = x16.device
     out = torch.empty(m_rows, w.d_out, dtype=out_dtype, device=dev)
     if not w.d_out:
@@ -153,11 +160,11 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: Gem
     alloc = torch.empty if w.n_blocks else torch.zeros  # the kernel writes every entry
     part = alloc(slices, m_rows, w.d_out, dtype=torch.float32, device=dev)
     if w.n_blocks:
-        mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
         gemm_kernel[(triton.cdiv(w.d_out, cfg.block_rows), slices)](
             x16.view(torch.int32), x16.stride(0) // 2, w.words, w.row_centroids,
             tetra_m1_table(dev), part, w.d_out, m_rows, k_pairs, N_BLOCKS=w.n_blocks, MT=mt,
-            NW=cfg.num_warps, RPS=cfg.rows_per_step if mt < 16 else 1, GROUPED=grouped, T64=w.t64,
+            NW=cfg.num_warps, RPS=cfg.rows_per_step, GROUPED=grouped,
+            T64=w.layout == "tetra64",
             USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
         )
     bo = 256

@@ -42,16 +42,11 @@ def imma_chunks(m_rows: int) -> int:
 
 
 def imma_default(w: Tetra48Weight | Planes14Weight, m_rows: int) -> bool:
-    """Whether ``m_rows`` unconfigured activation rows of ``w`` take the int8 tensor-core kernel
-    on this machine (a matrix with no coded block, the tail only, stays on the ``m1``/tiled
-    plan). For Planes14 also only from the ``m1`` order (:func:`planes14_matvec_planned` with a
-    plan). Asks the dispatch table (``kernels.select.PATHS``: ``imma`` first for such a call)."""
-    from leechq.kernels.select import Int8Path, Request, choose_path
+    """Whether the dispatch table runs ``m_rows`` unconfigured activation rows of ``w`` on the
+    int8 tensor-core kernel (``ops.matvec_path`` chooses the entry ``imma``)."""
+    from leechq.kernels.triton.ops import matvec_path
 
-    tetra = hasattr(w, "words")
-    data = w.words if tetra else w.records
-    req = Request("tetra48" if tetra else "planes14", m_rows, data.device, n_blocks=w.n_blocks)
-    return choose_path(req) is Int8Path
+    return matvec_path(w, m_rows)[0] == "imma"
 
 
 def imma_activation(xp: torch.Tensor, m_rows: int, n_blocks: int
@@ -145,10 +140,10 @@ def tetra48_matvec_imma_prepared(xp: torch.Tensor, w: Tetra48Weight, m_rows: int
     167 registers with 16-bit activations, three programs per SM) groups of 8 rows per warp and
     step, sharing the step's activation fragments; ``maxnreg``: the register cap (0: the
     compiler's choice; :data:`IMMA_MAXNREG`). Three launches: the activation records (unless
-    given), the MMA kernel and the slice sum. The ``tetra64`` layout (``w.t64``,
+    given), the MMA kernel and the slice sum. The ``tetra64`` layout (a ``Tetra64Weight``,
     ``CODE = TETRA_64``: its stored shells give ``1/‖y‖``) is decoded as such."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    code = TETRA_64.value if w.t64 else TETRA.value
+    code = TETRA_64.value if w.layout == "tetra64" else TETRA.value
     return _matvec_imma(code, w.words, tetra_m1_table(xp.device), xp, w, m_rows, out,
                         acts, k_per, num_warps, row_groups, rows_per_step, maxnreg)
 

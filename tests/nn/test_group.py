@@ -1,5 +1,6 @@
-"""Fused Tetra groups (one rotation, one launch per part) against the dense reference, through the
-Triton interpreter on the CPU (``TRITON_INTERPRET=1``)."""
+"""``LeechqGroup``: the fused lattice run (one rotation, one launch per part) against the dense
+reference through the Triton interpreter on the CPU (``TRITON_INTERPRET=1``), member segments,
+groups of finalized modules sharing one copy, and the ``tetra64`` type in a group."""
 
 from __future__ import annotations
 
@@ -9,21 +10,87 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from leechq_tiny import int4_record, lattice_record
 from torch import nn
 
 from leechq.errors import InvalidInput
 from leechq.formats.rotation import generate_rotation
 from leechq.kernels.tuning import DENSE_MIN_ROWS
-from leechq.serve.build import ConcatLinear, execution_paths, fuse_group
+from leechq.nn.group import LeechqGroup
+from leechq.nn.linear import LeechqLinear
+from leechq.serve.build import execution_paths
 from leechq.serve.random_codes import random_int4, random_tetra
 
 pytestmark = pytest.mark.interp
+
+
+def _members() -> list[LeechqLinear]:
+    q = lattice_record("tetra", 32, 56, seed=1, rotation_seed_value=9)
+    k = lattice_record("tetra", 16, 56, seed=2, rotation_seed_value=9)
+    v = int4_record(16, 56, seed=3)
+    mods = [LeechqLinear.from_record(r, bias=torch.randn(r.d_out)) for r in (q, k, v)]
+    for m in mods:
+        m.finalize("cpu")
+    return mods
+
+
+def test_group_rows_are_member_rows() -> None:
+    """Members on the dense path (the CPU): no fused run, the rows of the group are the rows of
+    its members in order; q and k (one rotation) share a slot."""
+    members = _members()
+    group = LeechqGroup.from_modules(members)
+    assert isinstance(group, LeechqGroup) and group.out_features == 64 and group.in_features == 56
+    assert group.segments == [0, 1, 2] and group.execution is None and not group.parts
+    assert not group.fuses_pre_ops(1)
+    with pytest.raises(InvalidInput, match="one rotated fused run"):
+        group.forward_silu_mul(torch.randn(1, 112), torch.float32)
+    x = torch.randn(2, 3, 56)
+    ref = torch.cat([m(x) for m in members], dim=-1)
+    torch.testing.assert_close(group(x), ref, rtol=0, atol=0)
+
+
+def test_single_member_and_errors() -> None:
+    members = _members()
+    assert LeechqGroup.from_modules(members[:1]) is members[0]
+    with pytest.raises(InvalidInput, match="d_in"):
+        LeechqGroup([members[0], torch.nn.Linear(48, 8)])
+    with pytest.raises(InvalidInput, match="at least one"):
+        LeechqGroup.from_modules([])
+
+
+@pytest.mark.interp
+def test_group_rotates_once_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q and k on the fused path (one rotation) become one fused run: one rotation launch per
+    call of the group, the members' numbers (each member now reads its rows of the run)."""
+    from leechq.kernels.triton import ops
+
+    members = _members()[:2]
+    for m in members:
+        m.finalize("cpu", torch.float32, prefer="fused")
+    x = torch.randn(2, 56)
+    before = torch.cat([m(x) for m in members], dim=-1)
+    calls = []
+    rotate = ops.rotate
+    monkeypatch.setattr(ops, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+    group = LeechqGroup.from_modules(members)
+    assert isinstance(group, LeechqGroup) and group.segments == [-1]  # one fused run
+    assert group.execution.members == 2 and len(group.parts) == 1
+    y = group(x)
+    assert len(calls) == 1
+    assert (y - before).abs().max().item() <= 1e-5 * before.abs().max().item()
 
 
 def _records(rotated: bool, d_in: int = 72) -> list[Any]:
     g = torch.Generator().manual_seed(0)
     rot = generate_rotation(d_in, 5) if rotated else None  # 72 = 8·9: a Hadamard and Q_odd part
     return [random_tetra(16, d_in, g, rot), random_tetra(8, d_in, g, rot)]
+
+
+def _fused(records: list[Any], biases: list[Any]) -> LeechqGroup:
+    """The records as one fused run (``prefer="fused"``: the interpreter's Triton kernels)."""
+    group = LeechqGroup.from_records(records, "cpu", torch.float32, prefer="fused", biases=biases)
+    assert isinstance(group, LeechqGroup) and group.segments == [-1]
+    return group
 
 
 def _reference(x: torch.Tensor, records: list[Any], biases: list[Any]) -> torch.Tensor:
@@ -63,12 +130,12 @@ def _within(y: torch.Tensor, ref: torch.Tensor, tol: float, slack: torch.Tensor)
 @pytest.mark.parametrize("rows", [3, 11, 20])
 def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, rotated: bool,
                                               rows: int) -> None:
-    from leechq.serve.fused import TetraGroup
 
     recs = _records(rotated)
     biases = [torch.randn(16), None]
-    group = TetraGroup.from_records(recs, biases, "cpu")
-    assert group._matvec_path(DENSE_MIN_ROWS - 1) and not group._matvec_path(DENSE_MIN_ROWS)
+    group = _fused(recs, biases)
+    assert group._many_rows(DENSE_MIN_ROWS - 1) is None  # the interpreter: no GEMM
+    assert group._many_rows(DENSE_MIN_ROWS) == "dense"
     assert execution_paths(group) == {"fused": 2}
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
     y = group(x)
@@ -87,7 +154,6 @@ def test_group_row_paths(monkeypatch: pytest.MonkeyPatch, rows: int, path: str) 
     4-row call, the interpreter having no int8 kernel) and more the dequantized copy. Every path
     stays within its accuracy (f32 for the lattice kernel, fp16 otherwise)."""
     from leechq.kernels.triton import ops
-    from leechq.serve.fused import TetraGroup
 
     calls: list[str] = []
     for name, tag in (("tetra48_matmul_dense", "dense"), ("matmul_dense_ordered", "dense"),
@@ -97,7 +163,7 @@ def test_group_row_paths(monkeypatch: pytest.MonkeyPatch, rows: int, path: str) 
                             or _r(*a, **k))
     recs = _records(True)
     biases = [torch.randn(16), None]
-    group = TetraGroup.from_records(recs, biases, "cpu")
+    group = _fused(recs, biases)
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
     y = group(x)
     ref = _reference(x, recs, biases)
@@ -113,7 +179,8 @@ class _Exec:
 
 
 class _FinalizedStandIn(nn.Module):
-    """What ``fuse_group`` reads of a finalized fused ``LeechqLinear``: record, execution, plan."""
+    """What ``LeechqGroup.from_modules`` reads of a finalized fused ``LeechqLinear``: record,
+    execution, plan."""
 
     def __init__(self, record: Any, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -130,7 +197,6 @@ class _FinalizedStandIn(nn.Module):
 
 
 def test_group_from_finalized_modules_shares_one_concatenated_copy() -> None:
-    from leechq.serve.fused import TetraGroup
 
     recs = _records(True)
     g = torch.Generator().manual_seed(1)
@@ -141,9 +207,10 @@ def test_group_from_finalized_modules_shares_one_concatenated_copy() -> None:
     before = [m(x) for m in mods]
     v_mod = nn.Linear(72, 8)  # a member without a fused kernel stays itself
     v_mod.weight.data = v.dequantize(torch.float32)
-    fused = fuse_group([*mods, v_mod], torch.float32, "cpu")
-    assert isinstance(fused, ConcatLinear) and isinstance(fused.members[0], TetraGroup)
-    group = fused.members[0]
+    fused = LeechqGroup.from_modules([*mods, v_mod])
+    assert isinstance(fused, LeechqGroup) and fused.segments == [-1, 0]  # q|k fused, then v
+    assert fused.members[0] is v_mod
+    group = fused
     assert len(group.parts) == 1 and group.execution.members == 2  # one launch for q|k
     # the members now read row slices of the group's tensors: one copy in memory
     words = group.parts[0].words
@@ -155,16 +222,16 @@ def test_group_from_finalized_modules_shares_one_concatenated_copy() -> None:
     ref = torch.cat([_reference(x, recs, biases), v_mod(x)], dim=-1)
     y = fused(x)
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
-    concat = TetraGroup.from_records(recs, biases, "cpu")(x)
+    assert not fused.fuses_pre_ops(1)  # a member beside the run: the pre-ops run on their own
+    concat = _fused(recs, biases)(x)
     assert torch.equal(y[:, :24], concat)  # same bits as the group built from the records
 
 
 def test_group_from_records_reference_path_on_cpu() -> None:
-    from leechq.serve.fused import group_from_records
 
     recs = _records(True)
     v = random_int4(8, 72, torch.Generator().manual_seed(2), group=24)
-    module = group_from_records([*recs, v], "cpu", torch.float32, prefer="auto")
+    module = LeechqGroup.from_records([*recs, v], "cpu", torch.float32, prefer="auto")
     assert execution_paths(module) == {"dense": 3}
     x = torch.randn(2, 72)
     ref = torch.cat([_reference(x, recs, [None, None]), F.linear(x, v.dequantize())], dim=-1)
@@ -173,9 +240,9 @@ def test_group_from_records_reference_path_on_cpu() -> None:
 
 def test_group_rotation_equals_ops_rotate() -> None:
     from leechq.kernels.triton import ops
-    from leechq.serve.fused import TetraGroup, _prepared_buffer
+    from leechq.nn.group import _prepared_buffer
 
-    group = TetraGroup.from_records(_records(True), [None, None], "cpu")
+    group = _fused(_records(True), [None, None])
     x = torch.randn(3, 72, dtype=torch.float16)
     ours = _prepared_buffer(torch.device("cpu"), group.n_blocks, 3)
     group._fill(x, ours, group.order)
@@ -189,9 +256,8 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     separate pieces followed by the group give: the same residual, outputs within the norm's one
     rounding of the narrowed input (the kernel sums the squares in its own order)."""
     from leechq.kernels.reference import rms_norm, silu_mul
-    from leechq.serve.fused import TetraGroup
 
-    group = TetraGroup.from_records(_records(True), [torch.randn(16), None], "cpu")
+    group = _fused(_records(True), [torch.randn(16), None])
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, 3, 72, generator=g).half()
     delta = torch.randn(1, 3, 72, generator=g)  # a fused group's float32 output
@@ -225,7 +291,7 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     ysm_want = group(silu_mul(gm, torch.float16))
     assert (ysm - ysm_want).abs().max().item() <= 2e-3 * ysm_want.abs().max().item()
     # where the group does not take a pre-op: no rotation
-    plain = TetraGroup.from_records(_records(False), [None, None], "cpu")
+    plain = _fused(_records(False), [None, None])
     assert not plain.fuses_pre_ops(1)
 
 
@@ -242,11 +308,10 @@ def test_ball_group_matches_reference(rotated: bool, rows: int) -> None:
     """Ball records group as Tetra ones do: one concatenated Planes14 part, one rotation into the
     prepared layout of the kernel that serves the rows (the batch-1 ``m1`` kernel for one row
     here, the tiled one for several under the interpreter; 11 rows = 8 + 3), f32 accuracy."""
-    from leechq.serve.fused import LatticeGroup
 
     recs = _ball_records(rotated)
     biases = [None, torch.randn(8)]
-    group = LatticeGroup.from_records(recs, biases, "cpu")
+    group = _fused(recs, biases)
     assert group.layout == "planes14" and len(group.parts) == 1
     assert group.execution.kernel == "triton-planes14-matvec"
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
@@ -264,7 +329,6 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     keeps the rows (f32 accuracy, no dense call)."""
     from leechq.kernels import select
     from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
 
     calls = []
     dense = ops.matmul_dense_ordered
@@ -276,7 +340,7 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ops, "matmul_dense_ordered", counted)
     recs = _ball_records(True)
     biases = [None, torch.randn(8)]
-    group = LatticeGroup.from_records(recs, biases, "cpu")
+    group = _fused(recs, biases)
     monkeypatch.setattr(select, "DENSE_MIN_ROWS", 20)
     x = torch.randn(20, 72, generator=torch.Generator().manual_seed(4))
     ref = _reference(x, recs, biases)
@@ -284,6 +348,7 @@ def test_ball_group_many_rows_take_the_dense_copy(monkeypatch: pytest.MonkeyPatc
     assert calls == [20] and y.shape == (20, 24)
     assert (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
     monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: False)
+    select.clear_memo()  # the table read the check's verdict: choose again
     y = group(x)
     assert calls == [20]
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
@@ -295,9 +360,9 @@ def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
     count (the prepared layout for its matvec, natural order for its dequantized copy); Tetra and
     ball records never share a group."""
     from leechq.kernels.reference import rms_norm, silu_mul
-    from leechq.serve.fused import LatticeGroup, group_from_records
+    from leechq.nn.group import pack_records
 
-    group = LatticeGroup.from_records(_ball_records(True), [None, None], "cpu")
+    group = _fused(_ball_records(True), [None, None])
     assert group.fuses_pre_ops(1) and group.fuses_pre_ops(DENSE_MIN_ROWS)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, 72, generator=g).half()
@@ -312,26 +377,27 @@ def test_ball_group_pre_ops_and_mixed_codebooks() -> None:
     ys_want = group(silu_mul(gate_up, torch.float16))
     assert (ys - ys_want).abs().max().item() <= 2e-3 * ys_want.abs().max().item()
     with pytest.raises(InvalidInput, match="mix codebooks"):
-        LatticeGroup.from_records([_records(True)[0], _ball_records(True)[0]], [None, None],
-                                  "cpu")
+        LeechqGroup(fused=pack_records([_records(True)[0], _ball_records(True)[0]],
+                                       [None, None], "cpu"))
     # on the CPU (no fused kernels) the records stay separate reference modules
-    mixed = group_from_records([_records(True)[0], _ball_records(True)[0]], "cpu",
-                               torch.float32)
-    assert isinstance(mixed, ConcatLinear) and execution_paths(mixed) == {"dense": 2}
+    mixed = LeechqGroup.from_records([_records(True)[0], _ball_records(True)[0]], "cpu",
+                                     torch.float32)
+    assert isinstance(mixed, LeechqGroup) and mixed.segments == [0, 1]
+    assert execution_paths(mixed) == {"dense": 2}
 
 
 def test_ball_group_from_finalized_modules_shares_one_copy() -> None:
-    """``fuse_group`` over fused ball ``LeechqLinear`` modules: one Planes14 group whose members
-    read row views of its concatenated records, computing what they did (2 rows: tiled)."""
-    from leechq.serve.fused import LatticeGroup
+    """``LeechqGroup.from_modules`` over fused ball ``LeechqLinear`` modules: one Planes14 run
+    whose members read row views of its concatenated records, computing what they did (2 rows:
+    tiled)."""
 
     recs = _ball_records(True)
     mods = [_FinalizedStandIn(r, None) for r in recs]
     assert all("planes14" in m.execution.kernel for m in mods)
     x = torch.randn(2, 72)
     before = [m(x) for m in mods]
-    group = fuse_group(mods, torch.float32, "cpu")
-    assert isinstance(group, LatticeGroup) and group.layout == "planes14"
+    group = LeechqGroup.from_modules(mods)
+    assert isinstance(group, LeechqGroup) and group.layout == "planes14"
     assert len(group.parts) == 1 and group.execution.members == 2
     records = group.parts[0].records
     assert mods[1]._fused.tensors["records"].data_ptr() == records[recs[0].d_out:].data_ptr()
@@ -341,65 +407,30 @@ def test_ball_group_from_finalized_modules_shares_one_copy() -> None:
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
-def test_direct_ball_group_matches_its_records() -> None:
-    """``random_quantized_model(direct=True, codebook="ball")``'s groups: Planes14 records drawn
-    on the device, one group per run, computing ``W·Q x`` from its own records."""
-    from leechq.kernels import reference as kref
-    from leechq.serve.random_codes import _direct_group, _DirectLattice
-
-    rot = generate_rotation(72, 5)
-    group = _direct_group([_DirectLattice(16, 72, rot, "ball"), _DirectLattice(8, 72, rot, "ball")],
-                          "cpu", torch.float32, seed=2)
-    assert group.layout == "planes14" and group.execution.members == 2
-    x = torch.randn(1, 72, generator=torch.Generator().manual_seed(3))
-    xr = kref.rotate(x, rot)
-    want = kref.planes14_matvec(xr, group.parts[0])
-    y = group(x)
-    slack = _a16_slack(xr, kref.planes14_dequantize_rotated(group.parts[0]))
-    assert _within(y, want, 1e-5, slack)
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3])
-def test_direct_tetra_group_in_tetra64(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
-    """``_direct_group(t64=True)`` holds its words in the ``tetra64`` layout and gives the
-    standard-layout group's outputs bit for bit (one and two rows on ``m1``, three on the int8
-    kernel, forced here as on a GPU); ``t64=None`` follows ``ops.t64_serving`` (off on the CPU)."""
-    from leechq.kernels.triton import ops
-    from leechq.serve.random_codes import _direct_group, _DirectLattice
-
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
-    monkeypatch.setattr(ops, "_many_row_m1_default", lambda: True)  # as on a GPU
-    rot = generate_rotation(72, 5)
-    lattices = [_DirectLattice(16, 72, rot), _DirectLattice(8, 72, rot)]
-    std = _direct_group(lattices, "cpu", torch.float32, seed=2, t64=False)
-    t64 = _direct_group(lattices, "cpu", torch.float32, seed=2, t64=True)
-    assert t64.parts[0].t64 and not std.parts[0].t64
-    assert not _direct_group(lattices, "cpu", torch.float32, seed=2).parts[0].t64
-    x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
-    assert torch.equal(t64(x), std(x))
-
-
 def test_group_from_modules_serves_tetra64(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where ``ops.t64_serving`` says so, a group of finalized members holds one ``tetra64``
     copy, the members' plans read row views of it, and the outputs are the standard layout's
     bit for bit."""
+    from leechq.formats.layouts.tetra64 import Tetra64Weight
     from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
 
     recs = _records(True)
     biases = [torch.randn(16), torch.randn(8)]
     x = torch.randn(1, 72, generator=torch.Generator().manual_seed(3))
-    want = LatticeGroup.from_records(recs, biases, "cpu")(x)
+    want = _fused(recs, biases)(x)
     monkeypatch.setattr(ops, "t64_serving", lambda device: True)
     mods = [_FinalizedStandIn(r, b) for r, b in zip(recs, biases, strict=True)]
-    group = fuse_group(mods, torch.float32, "cpu")
-    assert isinstance(group, LatticeGroup) and group.parts[0].t64
+    before = [m(x) for m in mods]
+    group = LeechqGroup.from_modules(mods)
+    assert isinstance(group, LeechqGroup) and type(group.parts[0]) is Tetra64Weight
+    assert group.layout == "tetra64" and group.execution.kernel == "triton-tetra48-matvec"
     words = group.parts[0].words
     for m, off in zip(mods, (0, recs[0].d_out), strict=True):
-        assert m._fused.packed["w"].t64
+        assert type(m._fused.packed["w"]) is Tetra64Weight
         assert m._fused.packed["w"].words.data_ptr() == words[off:].data_ptr()
     assert torch.equal(group(x), want)
-    assert LatticeGroup.from_records(recs, biases, "cpu").parts[0].t64
+    assert all(torch.equal(m(x), b) for m, b in zip(mods, before, strict=True))
+    assert type(_fused(recs, biases).parts[0]) is Tetra64Weight
 
 
 @pytest.mark.parametrize(("ball", "rows"), [(False, 3), (True, 11)])
@@ -410,11 +441,10 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     form) writes the activation records, no records launch runs, and the outputs equal the
     launch's (``_rotation_records`` patched to None) bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
     records); a 72-wide group (a rotation of several groups) keeps the launch."""
+    from leechq.kernels import select
     from leechq.kernels.reference import rms_norm
-    from leechq.kernels.triton import ops
-    from leechq.serve.fused import LatticeGroup
 
-    monkeypatch.setattr(ops, "imma_default", lambda w, m_rows: 3 <= m_rows <= 16)
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)  # the table as on a GPU
     launches, calls = [], []
     from leechq.kernels.triton import ops_imma
 
@@ -432,29 +462,45 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     monkeypatch.setattr(ops_imma, "_matvec_imma", called)
     recs = _ball_records(True, d_in=128) if ball else _records(True, d_in=128)
     biases = [None, torch.randn(8)]
-    group = LatticeGroup.from_records(recs, biases, "cpu")
-    if ball:  # the m1 order needs an m1 plan: the GPU's choice for several rows
-        monkeypatch.setattr(ops, "planes14_m1_groups", lambda w, r, d, c=None: [(r, None)])
+    group = _fused(recs, biases)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(rows, 128, generator=g)
     weight = (1 + 0.2 * torch.randn(128, generator=g)).half()
-    records = LatticeGroup._rotation_records
-    monkeypatch.setattr(LatticeGroup, "_rotation_records", lambda self, *a: None)
+    records = LeechqGroup._rotation_records
+    monkeypatch.setattr(LeechqGroup, "_rotation_records", lambda self, *a: None)
     if ball:  # the plain rotation (the norm form is the Tetra case's)
         want = group(x)
         assert calls == [rows]  # one call (the parts concatenated by rows)
-        monkeypatch.setattr(LatticeGroup, "_rotation_records", records)  # the default
+        monkeypatch.setattr(LeechqGroup, "_rotation_records", records)  # the default
         assert torch.equal(group(x), want) and len(launches) == 1  # the rotation wrote them
         return
     want_norm = group.forward_add_norm(x.half(), None, weight, 1e-6)[1]
     assert len(launches) == 1 and calls == [rows]
-    monkeypatch.setattr(LatticeGroup, "_rotation_records", records)  # the default
+    monkeypatch.setattr(LeechqGroup, "_rotation_records", records)  # the default
     assert torch.equal(group.forward_add_norm(x.half(), None, weight, 1e-6)[1], want_norm)
     assert len(launches) == 1  # the rotation wrote them
     ref = _reference(rms_norm(x.half(), weight, 1e-6).float(), recs, biases)
     assert (want_norm - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
-    wide = LatticeGroup.from_records(_records(True), [None, None], "cpu")
+    wide = _fused(_records(True), [None, None])
     wide(torch.randn(3, 72, generator=g))
     assert len(launches) == 2
 
 
+
+
+def test_second_fused_run_becomes_a_nested_group() -> None:
+    """Tetra q|k then a ball v (another layout): the first run is the group's fused run, the
+    second a nested group of the same class; the rows are the members' rows in order."""
+    tetra, ball = _records(True), _ball_records(True)
+    recs, biases = [*tetra, ball[1]], [torch.randn(16), None, torch.randn(8)]
+    group = LeechqGroup.from_records(recs, "cpu", torch.float32, prefer="fused", biases=biases)
+    assert isinstance(group, LeechqGroup) and group.segments == [-1, 0]
+    inner = group.members[0]
+    assert isinstance(inner, LeechqGroup) and inner.layout == "planes14"
+    assert group.layout == "tetra48" and group.out_features == 32
+    assert execution_paths(group) == {"fused": 3} and not group.fuses_pre_ops(1)
+    x = torch.randn(2, 72, generator=torch.Generator().manual_seed(9))
+    y = group(x)
+    ref = _reference(x, recs, biases)
+    assert y.shape == (2, 32) and _within(y, ref, 1e-5, _records_slack(x, recs))
+    assert torch.equal(y[:, 24:], inner(x))

@@ -1,0 +1,20 @@
+"""Progress bars of the quantization stages (teacher logits, probes, training, sensitivity).
+
+One helper, so every stage shows the same thing: a tqdm bar on stderr with a rate and a time
+estimate, or a disabled bar (every method a no-op) when progress is off — callers never branch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def stage_bar(desc: str, total: int | None, unit: str, enabled: bool, initial: int = 0) -> Any:
+    """A tqdm bar named ``desc`` over ``total`` ``unit``s (stderr), disabled unless ``enabled``.
+
+    Use it as a context manager or close it; ``update``/``set_postfix`` work either way.
+    """
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
+                disable=not enabled)
