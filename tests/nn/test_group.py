@@ -295,6 +295,38 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     assert not plain.fuses_pre_ops(1)
 
 
+@pytest.mark.parametrize("rotated", [True, False])
+def test_tetra_group_rows_take_the_gemm(monkeypatch: pytest.MonkeyPatch, rotated: bool) -> None:
+    """Where the table puts a Tetra group's rows on ``gemm-f16`` (decided as on a GPU here):
+    one GEMM call per part with all the rows (a rotated group from the rotation's float16 output
+    in the copy's column order, an unrotated one from natural order), within float16 accuracy
+    of the f64 reference; with the entry disabled the rows go back to the matvec."""
+    from leechq.kernels import select
+    from leechq.kernels.triton import ops
+
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)
+    calls = []
+    name = "matmul_gemm_ordered" if rotated else "tetra48_matmul_gemm"
+    gemm = getattr(ops, name)
+
+    def counted(x, w, *a, **k):
+        calls.append((int(x.shape[0]), x.dtype))
+        return gemm(x, w, *a, **k)
+
+    monkeypatch.setattr(ops, name, counted)
+    recs = _records(rotated)
+    biases = [torch.randn(16), None]
+    group = _fused(recs, biases)
+    x = torch.randn(5, 72, generator=torch.Generator().manual_seed(5))
+    ref = _reference(x, recs, biases)
+    assert group._many_rows(5) == "gemm"
+    y = group(x)
+    assert calls == [(5, torch.float16 if rotated else torch.float32)] * len(group.parts)
+    assert y.shape == (5, 24) and (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+    monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "gemm-f16")
+    assert group._many_rows(5) is None
+
+
 def _ball_records(rotated: bool, d_in: int = 72) -> list[Any]:
     from leechq.serve.random_codes import random_ball
 
@@ -423,7 +455,7 @@ def test_group_from_modules_serves_tetra64(monkeypatch: pytest.MonkeyPatch) -> N
     before = [m(x) for m in mods]
     group = LeechqGroup.from_modules(mods)
     assert isinstance(group, LeechqGroup) and type(group.parts[0]) is Tetra64Weight
-    assert group.layout == "tetra64" and group.execution.kernel == "triton-tetra48-matvec"
+    assert group.layout == "tetra64" and group.execution.kernel == "triton-tetra64-matvec"
     words = group.parts[0].words
     for m, off in zip(mods, (0, recs[0].d_out), strict=True):
         assert type(m._fused.packed["w"]) is Tetra64Weight
@@ -436,8 +468,8 @@ def test_group_from_modules_serves_tetra64(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(("ball", "rows"), [(False, 3), (True, 11)])
 def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.MonkeyPatch,
                                                        ball: bool, rows: int) -> None:
-    """Where the int8 kernel serves the rows
-    (forced here: 3..16 rows): the group's rotation (Planes14: the plain one; Tetra: its norm
+    """Where the int8 kernel serves the rows (forced here: 3..16 rows; Tetra groups take the
+    GEMM there unless it is disabled): the group's rotation (Planes14: the plain one; Tetra: its norm
     form) writes the activation records, no records launch runs, and the outputs equal the
     launch's (``_rotation_records`` patched to None) bit for bit; 11 rows go to the kernel in one call (two 8-row chunks of
     records); a 72-wide group (a rotation of several groups) keeps the launch."""
@@ -445,6 +477,7 @@ def test_rotation_written_records_feed_the_int8_kernel(monkeypatch: pytest.Monke
     from leechq.kernels.reference import rms_norm
 
     monkeypatch.setattr(select, "_interpreter_costs", lambda: False)  # the table as on a GPU
+    monkeypatch.setenv("LEECHQ_DISABLE_KERNELS", "gemm-f16")  # Tetra's 3..16 rows: int8 then
     launches, calls = [], []
     from leechq.kernels.triton import ops_imma
 

@@ -114,10 +114,11 @@ def same_rotation(a: RotationTables | None, b: RotationTables | None) -> bool:
 
 
 def _matvec_kernel(layout: str) -> str:
-    """The name of the Triton matvec kernel that reads ``layout`` (``kernels.select.KERNELS``)."""
+    """The family of the Triton matvec entries that read ``layout`` (``kernels.select.KERNELS``;
+    e.g. ``triton-tetra48-matvec``)."""
     from leechq.kernels.select import KERNELS
 
-    return next(k.name for k in KERNELS
+    return next(k.family(layout) for k in KERNELS
                 if k.backend == "triton" and k.op == "matvec" and layout in k.layouts)
 
 
