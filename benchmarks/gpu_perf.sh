@@ -3,10 +3,11 @@
 # $OUT (default /tmp/out). Usage: benchmarks/gpu_perf.sh SUITE
 #   gputests  the whole GPU test tier in one run (pytest -m gpu, 14 workers, a fallback warning
 #             fails the test): passed / failed in $OUT/gputests.log
-#   kernels   one decode step's projections, Qwen3-8B shapes, at 1, 8 and 16 activation rows:
-#             the served Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py)
-#   e2e       decode tokens/s of Qwen3-8B at batch 1 and 8, fp16 against Tetra in one process,
-#             correctness gates first (benchmarks/bench_e2e.py)
+#   kernels   one decode step's projections, Qwen3-8B shapes: at 1 activation row the served
+#             Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py), at 2..128 rows the
+#             served path and the float16 tensor-core GEMM (benchmarks/bench_gemm.py)
+#   e2e       decode tokens/s of Qwen3-8B at batch 1, 8, 16, 32 and 64, fp16 against Tetra in one
+#             process, correctness gates first (benchmarks/bench_e2e.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
@@ -23,12 +24,15 @@ gputests)
   exit $rc
   ;;
 kernels)
-  timeout 560 python benchmarks/bench_matvec.py --model qwen3-8b --rows 1,8,16 \
+  timeout 200 python benchmarks/bench_matvec.py --model qwen3-8b --rows 1 \
     --out "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | grep -v '^{"bench'
+  timeout 340 python benchmarks/bench_gemm.py --model qwen3-8b --configs 4x2x3 \
+    --rows 2,3,4,8,16,32,64,128 --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" \
+    | grep -v '^{"bench'
   ;;
 e2e)
   timeout 560 python benchmarks/bench_e2e.py --models qwen3-8b --arms fp16,tetra48 \
-    --batches 1,8 --no-profile --budget-s 500 --out "$OUT/e2e.json" 2>&1 \
+    --batches 1,8,16,32,64 --no-profile --budget-s 500 --out "$OUT/e2e.json" 2>&1 \
     | tee "$OUT/e2e.log" | grep -v '^{"bench'
   ;;
 *)
