@@ -1,0 +1,70 @@
+"""One shape of the float16 tensor-core GEMM (``ops.tetra48_matmul_gemm``), for Nsight Compute.
+
+Draws a random Tetra matrix on the GPU (every 48-bit word is legal, so time does not depend on
+the values), checks the product once against the f64 reference on its first and last 128 output
+rows, then
+calls the GEMM ``--calls`` times and prints the median time of one call (CUDA events). Wrap it in
+``ncu`` to see where a launch's time goes, e.g. for Qwen3-8B's gate|up projection at 8 rows::
+
+    ncu --kernel-name regex:gemm_kernel --launch-skip 2 --launch-count 1 --set full \\
+        python benchmarks/ncu_gemm.py --d-out 24576 --d-in 4096 --rows 8
+
+Run from the repository root with ``PYTHONPATH=src`` on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+
+def _rows(w: Any, sl: slice) -> Any:
+    """Output rows ``sl`` of a ``tetra48`` record, on the CPU."""
+    return replace(w, d_out=sl.stop - sl.start, **{k: getattr(w, k)[sl].cpu() for k in (
+        "words", "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--d-out", type=int, default=24576)
+    p.add_argument("--d-in", type=int, default=4096)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--layout", choices=("tetra48", "tetra64"), default="tetra64")
+    p.add_argument("--calls", type=int, default=5)
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_gemm.py needs a CUDA device")
+
+    from leechq.formats.layouts.tetra48 import random_tetra48
+    from leechq.formats.layouts.tetra64 import to_tetra64
+    from leechq.kernels import reference as ref
+    from leechq.kernels.triton import ops
+
+    w48 = random_tetra48(a.d_out, a.d_in, seed=1, device="cuda")
+    w = to_tetra64(w48) if a.layout == "tetra64" else w48
+    x = torch.randn(a.rows, a.d_in, device="cuda")
+    y = ops.tetra48_matmul_gemm(x, w)
+    for sl in (slice(0, 128), slice(a.d_out - 128, a.d_out)):  # both ends of the grid
+        part = _rows(w48, sl)
+        err = ref.row_bound_error(y[:, sl].cpu(), x.cpu(), ref.tetra48_dequantize_rotated(part))
+        print(f"output rows {sl.start}..{sl.stop - 1}: largest error {err:.2e} of sum |w x|")
+        if not err <= 4e-3:
+            raise SystemExit("the GEMM disagrees with the f64 product: not timing it")
+    times = []
+    for _ in range(a.calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        ops.tetra48_matmul_gemm(x, w)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    print(f"{a.layout} {a.d_out}x{a.d_in}, {a.rows} rows: median {statistics.median(times):.4f} ms "
+          f"per call over {a.calls} (gather, GEMM and finalize launches)")
+
+
+if __name__ == "__main__":
+    main()
