@@ -39,6 +39,9 @@ def tiny_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     elif arch == "qwen2":
         common.update(rope_theta=1000000.0)
         cfg_cls, model_cls = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
+    elif arch == "mistral":
+        common.update(sliding_window=5, head_dim=16)  # a window shorter than the prompts
+        cfg_cls, model_cls = transformers.MistralConfig, transformers.MistralForCausalLM
     elif arch == "qwen3":
         common.update(head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True)
         cfg_cls, model_cls = transformers.Qwen3Config, transformers.Qwen3ForCausalLM

@@ -282,6 +282,28 @@ def test_unsupported_gemma_configs_are_named(change: dict[str, Any], match: str)
         ModelArgs.from_hf_config(cfg)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize(("arch", "overrides", "windows"), [
+    ("mistral", {}, (5, 5)),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}, (0, 4)),
+    ("qwen2", {"sliding_window": 4}, ()),  # use_sliding_window off: full attention
+])
+def test_sliding_windows_of_other_families_match_transformers(
+        arch: str, overrides: dict[str, Any], windows: tuple[int, ...]) -> None:
+    """Mistral's window on every layer, Qwen2's on the layers from ``max_window_layers`` (with
+    ``use_sliding_window``): the serving model's logits over 13 positions of a batch of two
+    match transformers' (eager attention, its own sliding mask)."""
+    hf = tiny_hf_model(arch, **overrides)
+    model = from_hf_model(hf)
+    assert model.args.layer_windows == windows
+    tokens = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(9))
+    ours, ref = _full_logits(model, tokens), hf(tokens).logits
+    assert (ours - ref).abs().max().item() < 1e-4 * ref.abs().max().item()
+    full = tiny_hf_model(arch, **{**overrides, "sliding_window": None})
+    if windows:  # the window changed the numbers: it is not a no-op
+        assert (hf(tokens).logits - full(tokens).logits).abs().max().item() > 1e-3
+
+
 def test_sliding_window_mask_semantics() -> None:
     """Window 3: a query at slot t sees t-2 .. t (transformers' ``kv > q - window``), never the
     row's padding; a pad query still sees itself."""

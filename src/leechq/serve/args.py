@@ -3,7 +3,7 @@ config (the object or its ``config.json`` dict, older key names included), and i
 
 :mod:`leechq.serve.model` runs what these describe; reading a config refuses, with the reason, what
 the decoder cannot compute (an unknown family, another activation, a RoPE type other than default /
-linear / llama3, sliding windows outside the Gemma families).
+linear / llama3).
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ class ModelArgs:
 
         Raises:
             UnsupportedArchitecture: an unknown ``model_type``, an MLP activation other than the
-                family's (SiLU; GELU-tanh for Gemma), sliding-window attention outside the Gemma
-                families, bidirectional attention, partial rotary embeddings or a RoPE type
+                family's (SiLU; GELU-tanh for Gemma), a layer type other than full or sliding
+                attention, bidirectional attention, partial rotary embeddings or a RoPE type
                 other than default / linear / llama3.
         """
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
@@ -158,8 +158,6 @@ class ModelArgs:
                 raise UnsupportedArchitecture(
                     f"{arch}: hidden_act {act!r} is not supported (need 'silu')"
                 )
-            if cfg.get("use_sliding_window") or (arch == "mistral" and cfg.get("sliding_window")):
-                raise UnsupportedArchitecture(f"{arch}: sliding-window attention is not supported")
         n_heads = int(cfg["num_attention_heads"])
         n_layers = int(cfg["num_hidden_layers"])
         dim = int(cfg["hidden_size"])
@@ -204,7 +202,8 @@ class ModelArgs:
             attn_scale=float(cfg.get("query_pre_attn_scalar") or 256) ** -0.5 if gemma else None,
             attn_softcap=float(softcap) if softcap else None,
             final_softcap=float(final_cap) if final_cap else None,
-            layer_windows=_gemma_windows(cfg, arch, n_layers) if gemma else (),
+            layer_windows=(_gemma_windows(cfg, arch, n_layers) if gemma
+                           else _windows(cfg, arch, n_layers)),
             local_rope_theta=local_theta,
         )
 
@@ -231,6 +230,35 @@ def _rope_parameters(cfg: Mapping[str, Any], arch: str
     return rope, local
 
 
+def _windows(cfg: Mapping[str, Any], arch: str, n_layers: int) -> tuple[int, ...]:
+    """Per layer, the sliding window of a non-Gemma family, as transformers reads its config, or
+    ``()`` for full attention everywhere: Mistral slides every layer by ``sliding_window`` when it
+    is set; Qwen2/Qwen3 only with ``use_sliding_window``, on the ``"sliding_attention"`` layers of
+    ``layer_types`` (without it, the layers from ``max_window_layers`` on); Llama never."""
+    window = int(cfg.get("sliding_window") or 0)
+    if arch == "mistral":
+        return (window,) * n_layers if window else ()
+    if arch == "llama" or not cfg.get("use_sliding_window") or not window:
+        return ()
+    types = cfg.get("layer_types")
+    if not types:
+        first = int(cfg.get("max_window_layers") or 0)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    return _typed_windows(types, window, arch, n_layers)
+
+
+def _typed_windows(types: Any, window: int, arch: str, n_layers: int) -> tuple[int, ...]:
+    """``window`` on the ``"sliding_attention"`` entries of ``types``, 0 on the full ones."""
+    if len(types) != n_layers:
+        raise UnsupportedArchitecture(
+            f"{arch}: layer_types has {len(types)} entries for {n_layers} layers"
+        )
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise UnsupportedArchitecture(f"{arch}: layer types {sorted(unknown)} are not supported")
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
+
+
 def _gemma_windows(cfg: Mapping[str, Any], arch: str, n_layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (``sliding_window`` on the ``"sliding_attention"`` layers of
     ``layer_types``; without it Gemma-2 alternates from a sliding first layer and Gemma-3 makes
@@ -242,14 +270,7 @@ def _gemma_windows(cfg: Mapping[str, Any], arch: str, n_layers: int) -> tuple[in
         types = [
             "sliding_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)
         ]
-    if len(types) != n_layers:
-        raise UnsupportedArchitecture(
-            f"{arch}: layer_types has {len(types)} entries for {n_layers} layers"
-        )
-    unknown = set(types) - {"sliding_attention", "full_attention"}
-    if unknown:
-        raise UnsupportedArchitecture(f"{arch}: layer types {sorted(unknown)} are not supported")
-    return tuple(window if t == "sliding_attention" else 0 for t in types)
+    return _typed_windows(types, window, arch, n_layers)
 
 
 # --------------------------------------------------------------------------------------------------
