@@ -26,7 +26,7 @@ gputests)
 kernels)
   timeout 200 python benchmarks/bench_matvec.py --model qwen3-8b --rows 1 \
     --out "$OUT/matvec.json" 2>&1 | tee "$OUT/matvec.log" | grep -v '^{"bench'
-  timeout 340 python benchmarks/bench_gemm.py --model qwen3-8b --configs 4x2x3 \
+  timeout 340 python benchmarks/bench_gemm.py --model qwen3-8b --configs 4x2x4 \
     --rows 2,3,4,8,16,32,64,128 --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" \
     | grep -v '^{"bench'
   ;;

@@ -76,12 +76,13 @@ projections per decode step (``bench_gemm.py``, 96c2f07): 2 rows ``m1`` 2.99 ms 
 3.88; 4 / 8 / 16 / 32 / 64 rows GEMM 3.90 / 3.96 / 4.10 / 5.71 / 7.02 against the int8 kernel or
 the float16 copy 4.98 / 5.05 / 7.36 / 10.26 / 10.58; 128 rows 13.10 against the copy's 11.59."""
 
-GEMM_CONFIG = (4, 2, 3)
+GEMM_CONFIG = (4, 2, 4)
 """``(num_warps, rows_per_step, programs_per_sm)`` of the float16 tensor-core GEMM; H200,
-Qwen3-8B, the fastest of ``GEMM_SWEEP`` at every row count from 2 to 128 (``bench_gemm.py``,
-96c2f07; e.g. 16 rows 4.10 ms against 4.67 / 5.53 / 4.87)."""
+Qwen3-8B (``bench_gemm.py``): (4, 2, ·) the fastest of ``GEMM_SWEEP`` at every row count from 2
+to 128 (96c2f07; 16 rows 4.10 ms against 4.67 / 5.53 / 4.87), and 4 programs per SM the fastest
+of 3..7 at 4..64 rows (745bc96; 8 rows 3.885 ms against 3.964 / 3.988 / 4.047 / 4.046)."""
 
-GEMM_SWEEP = ((4, 1, 4), (4, 1, 2), (4, 2, 3), (8, 1, 2))
+GEMM_SWEEP = ((4, 1, 4), (4, 1, 2), (4, 2, 4), (8, 1, 2))
 """Candidate ``(num_warps, rows_per_step, programs_per_sm)`` geometries of the float16
 tensor-core GEMM that ``benchmarks/bench_gemm.py`` times. Offline sm_90 registers: (4, 1) 78 at
 ≤ 8 activation rows, 255 with a small spill at 128; (4, 2) 187 at 16 rows, 254 at 64 (above 64
