@@ -88,6 +88,43 @@ def test_plan_linear_reference_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
         select.plan_linear(tetra48.pack(qw), "cpu", torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_plan_linear_many_rows_of_a_16bit_layer(monkeypatch: pytest.MonkeyPatch,
+                                                dtype: torch.dtype) -> None:
+    """A 16-bit Triton lattice layer (the interpreter deciding as a GPU does) runs the GEMM's rows
+    (3..64; 3..8 here) in one float16 tensor-core GEMM call from natural order and more rows on
+    the float16 copy, at
+    the 16-bit model's precision; one or two rows, and every row of a float32 layer, stay on
+    the lattice matvec."""
+    pytest.importorskip("triton")
+    from leechq.kernels.triton import ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(select, "_interpreter_costs", lambda: False)
+    monkeypatch.setattr(select, "GEMM_MAX_ROWS", 8)  # the copy from 17 rows, kept small here
+    calls: list[tuple[str, int]] = []
+    for name in ("tetra48_matmul_gemm", "tetra48_matmul_dense"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda x, w, *a, _n=name, _f=real, **k: (
+            calls.append((_n, int(x.shape[0]))), _f(x, w, *a, **k))[1])
+    g = torch.Generator().manual_seed(3)
+    qw = QuantizedWeight("tetra", 40, 96, torch.randint(0, 2**47, (40, 4), generator=g),
+                         torch.randint(0, 2, (40, 4), generator=g, dtype=torch.uint8),
+                         torch.rand(40, dtype=torch.float64, generator=g) + 0.5,
+                         torch.tensor([0.8, 1.2], dtype=torch.float64), torch.zeros(40, 0))
+    plan = select.plan_linear(qw, "cpu", dtype)
+    dense = qw.dequantize(torch.float64)
+    for rows in (2, 5, 18) if dtype != torch.float32 else (5,):
+        x = torch.randn(rows, 96, generator=g).to(dtype)
+        y = plan(x)
+        want = x.double() @ dense.T
+        assert y.dtype == dtype and (y.double() - want).abs().max() <= 4e-3 * want.abs().max()
+    if dtype == torch.float32:
+        assert calls == []
+    else:
+        assert calls == [("tetra48_matmul_gemm", 5), ("tetra48_matmul_dense", 18)]
+
+
 def test_reference_twins_share_signatures() -> None:
     import inspect
 

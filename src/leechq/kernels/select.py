@@ -511,7 +511,8 @@ class LinearPlan:
     Attributes:
         kernel_name: the selected matvec kernel.
         run: ``run(x2d) -> y2d`` on [M, d_in] activations (already rotated for lattice records);
-            any M (chunks of 8 rows for the Triton kernels).
+            any M (chunks of 8 rows for the Triton matvecs; a 16-bit lattice layer's many rows in
+            one GEMM or float16-copy call where the table says so).
         rotate: ``rotate(x2d) -> Q x`` for rotated lattice records, else None.
         d_out, d_in: shape; dtype: the activation/output dtype.
         tensors: the packed device tensors (for memory accounting).
@@ -559,7 +560,8 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
     Tetra-coded matrices → ``tetra48``, ball-coded → ``planes14``, int4 → the int4 matvec. The
     layer is chosen for (one row, ``device``) by :func:`choose` (``preference``: its ``prefer``);
     a Triton lattice layer runs ``ops.tetra48_matvec`` / ``ops.planes14_matvec``, which take
-    each call's path from the table. ``kernel_name`` is the entry's family
+    each call's path from the table; in a float16 / bfloat16 layer, rows the table gives to
+    ``gemm-f16`` or ``dense-f16`` take that product instead (:func:`_many_rows`). ``kernel_name`` is the entry's family
     (``triton-tetra48-matvec``, ``reference-int4-matvec``, …).
 
     Raises:
@@ -608,5 +610,41 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
     tensors["records" if layout == "planes14" else "words"] = (
         packed.records if layout == "planes14" else packed.words)
     box = {"w": packed}
-    return LinearPlan(k.family(layout), _chunked(lambda x: fn(x.float(), box["w"]), rows, dtype),
-                      rotate, record.d_out, record.d_in, dtype, tensors, packed=box)
+    run = _chunked(lambda x: fn(x.float(), box["w"]), rows, dtype)
+    if k.backend == "triton" and dtype in (torch.float16, torch.bfloat16):
+        run = _many_rows(run, box, device, dtype)
+    return LinearPlan(k.family(layout), run, rotate, record.d_out, record.d_in, dtype, tensors,
+                      packed=box)
+
+
+_MANY_ROW_ENTRIES = ("gemm-f16", "dense-f16")
+
+
+def _many_rows(matvec: Callable[[torch.Tensor], torch.Tensor], box: dict[str, Any],
+               device: torch.device, dtype: torch.dtype
+               ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A 16-bit layer's ``run``: rows the table gives to ``gemm-f16`` (the float16 tensor-core
+    GEMM from natural order, ``ops.tetra48_matmul_gemm``) or ``dense-f16`` (a float16 copy and
+    cuBLAS, ``ops.tetra48_matmul_dense`` / ``planes14_matmul_dense``) in one call — the
+    precision of the 16-bit model itself —, the others through ``matvec`` (the lattice matvec in
+    chunks of :data:`MAX_TRITON_ROWS`)."""
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        m = int(x.shape[0])
+        if m >= min(GEMM_MIN_ROWS, DENSE_MIN_ROWS):
+            w = box["w"]
+            name = choose(Request(w.layout, m, device, dtype, n_blocks=w.n_blocks,
+                                  dense_copy=True, d_out=w.d_out, d_in=w.d_in,
+                                  tail_cols=w.tail_cols)).name
+            if name in _MANY_ROW_ENTRIES:
+                from leechq.kernels.triton import ops
+
+                x = x.contiguous()
+                if name == "gemm-f16":
+                    return ops.tetra48_matmul_gemm(x, w, out_dtype=dtype)
+                dense = (ops.planes14_matmul_dense if w.layout == "planes14"
+                         else ops.tetra48_matmul_dense)
+                return dense(x.float(), w).to(dtype)
+        return matvec(x)
+
+    return run
