@@ -561,8 +561,9 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
     layer is chosen for (one row, ``device``) by :func:`choose` (``preference``: its ``prefer``);
     a Triton lattice layer runs ``ops.tetra48_matvec`` / ``ops.planes14_matvec``, which take
     each call's path from the table; in a float16 / bfloat16 layer, rows the table gives to
-    ``gemm-f16`` or ``dense-f16`` take that product instead (:func:`_many_rows`). ``kernel_name`` is the entry's family
-    (``triton-tetra48-matvec``, ``reference-int4-matvec``, …).
+    ``gemm-f16`` or ``dense-f16`` take that product instead (:func:`_many_rows`).
+    ``kernel_name`` is the entry's family (``triton-tetra48-matvec``, ``reference-int4-matvec``,
+    …).
 
     Raises:
         KernelUnavailable: no kernel can (the message lists why).
