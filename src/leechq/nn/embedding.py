@@ -106,11 +106,16 @@ class PackedEmbedding(nn.Module):
         num_embeddings, embedding_dim: the table's shape (vocabulary rows, dim).
         group: columns per scale/bias group.
         qweight: uint8 buffer [vocab, dim·bits/8]; scales, biases: float16 buffers [vocab, groups].
+        embed_scale: factor on every looked-up row (1.0: none). A module that replaces a scaled
+            word embedding (Gemma's √dim) carries the factor it applied; ``forward`` rounds it to
+            the output dtype and multiplies, as transformers does. Not part of the table (not
+            saved); the tied :class:`PackedHead` reads the unscaled table.
         execution: how ``forward`` computes once finalized (None before).
     """
 
     def __init__(self, bits: int, num_embeddings: int, embedding_dim: int, group: int,
-                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> None:
+                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                 embed_scale: float = 1.0) -> None:
         super().__init__()
         if bits not in (4, 8):
             raise InvalidInput(f"a packed table has 4 or 8 bits, got {bits}")
@@ -118,6 +123,7 @@ class PackedEmbedding(nn.Module):
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.group = int(group)
+        self.embed_scale = float(embed_scale)
         # The kernels' record classes validate every shape and dtype (and name the bad tensor).
         self._make_table(qweight, scales, biases)
         self.register_buffer("qweight", qweight.detach().contiguous())
@@ -281,7 +287,8 @@ class PackedEmbedding(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the table: ids int32/int64 [...] → [..., dim] of the finalize dtype.
+        """Rows of the table times ``embed_scale``: ids int32/int64 [...] → [..., dim] of the
+        finalize dtype.
 
         Out-of-range ids raise :class:`InvalidInput` on the CPU (reference twin); on an
         accelerator they are not checked (no host sync), as in ``torch.nn.functional.embedding``.
@@ -294,6 +301,8 @@ class PackedEmbedding(nn.Module):
             return self._unfinalized(flat)
         rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
                                            self.execution.dtype)
+        if self.embed_scale != 1.0:  # the factor rounded to the output dtype, as transformers
+            rows = rows * float(torch.tensor(self.embed_scale, dtype=rows.dtype))
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
@@ -302,8 +311,9 @@ class PackedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         path = self.execution.path if self.execution is not None else "unfinalized"
+        scale = f", embed_scale={self.embed_scale:g}" if self.embed_scale != 1.0 else ""
         return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, "
-                f"group={self.group}, path={path}")
+                f"group={self.group}{scale}, path={path}")
 
 
 class PackedHead(nn.Module):
