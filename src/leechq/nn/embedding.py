@@ -123,7 +123,8 @@ class PackedEmbedding(nn.Module):
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.group = int(group)
-        self.embed_scale = float(embed_scale)
+        self._embed_scale = float(embed_scale)
+        self._out_scale = self._embed_scale  # rounded to the output dtype by finalize
         # The kernels' record classes validate every shape and dtype (and name the bad tensor).
         self._make_table(qweight, scales, biases)
         self.register_buffer("qweight", qweight.detach().contiguous())
@@ -138,6 +139,22 @@ class PackedEmbedding(nn.Module):
     def prefer(self) -> str:
         """The kernel preference of the last :meth:`finalize` ("auto" before any)."""
         return self._prefer
+
+    @property
+    def embed_scale(self) -> float:
+        """The factor on every looked-up row (1.0: none)."""
+        return self._embed_scale
+
+    @embed_scale.setter
+    def embed_scale(self, value: float) -> None:
+        self._embed_scale = float(value)
+        self._out_scale = self._rounded_scale()
+
+    def _rounded_scale(self) -> float:
+        """``embed_scale`` rounded to the output dtype (a plain float: no tensor in forward)."""
+        if self.execution is None or self._embed_scale == 1.0:
+            return self._embed_scale
+        return float(torch.tensor(self._embed_scale, dtype=self.execution.dtype))
 
     # ------------------------------------------------------------------ construction
 
@@ -264,6 +281,7 @@ class PackedEmbedding(nn.Module):
         self._prefer = prefer
         path = "fused" if kernel is not None else "reference"
         self.execution = Execution(path, str(device), dtype, kernel=name, reason=reason)
+        self._out_scale = self._rounded_scale()
         if reason is not None:
             warnings.warn(f"PackedEmbedding [{self.num_embeddings}x{dim}, int{self.bits}] on "
                           f"{device} runs the reference path: {reason}", ReferencePathWarning,
@@ -301,8 +319,8 @@ class PackedEmbedding(nn.Module):
             return self._unfinalized(flat)
         rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
                                            self.execution.dtype)
-        if self.embed_scale != 1.0:  # the factor rounded to the output dtype, as transformers
-            rows = rows * float(torch.tensor(self.embed_scale, dtype=rows.dtype))
+        if self._out_scale != 1.0:  # the factor rounded to the output dtype, as transformers
+            rows = rows * self._out_scale
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
