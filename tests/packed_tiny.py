@@ -18,7 +18,8 @@ def packed_artifact(
 
     Args:
         tmp: parent directory.
-        arch: "llama"/"qwen2" (tied head) or "qwen3" (untied head).
+        arch: "llama"/"qwen2" (tied head), "qwen3" (untied head), or "gemma2"/"gemma3" (tied,
+            √dim-scaled embedding; :func:`leechq_tiny.family_model`).
         embed_bits: 4 or 8 for the embedding table.
         head_bits: 4 or 8 for an untied head table; None keeps an untied head dense.
         group: columns per scale/bias group.
@@ -27,13 +28,13 @@ def packed_artifact(
         ``(directory, dense model holding the artifact's tensors dequantized)``: the dense model
         is what ``leechq.load`` returned before tables were kept packed.
     """
-    from leechq_tiny import quantize_randomly, tiny_model, tiny_tokenizer
+    from leechq_tiny import family_model, quantize_randomly, tiny_model, tiny_tokenizer
 
     from leechq.config import QuantConfig
     from leechq.formats.artifact import GroupAffine, read_artifact, write_artifact
     from leechq.models.save import raw_tensors
 
-    dense = tiny_model(arch)
+    dense = family_model(arch) if arch.startswith("gemma") else tiny_model(arch)
     records = quantize_randomly(dense)
     raw, tied = raw_tensors(dense, {})
     raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-CASES = [("llama", 4, None), ("qwen3", 8, 8)]
+CASES = [("llama", 4, None), ("qwen3", 8, 8), ("gemma3", 4, None)]
 
 
 def _hf_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:

@@ -150,6 +150,28 @@ def _module_name(model: torch.nn.Module, module: Any) -> str | None:
     return None
 
 
+def _embed_scale(module: torch.nn.Module | None) -> float:
+    """The factor a (scaled) word-embedding module multiplies its rows by: transformers' Gemma
+    embeddings keep it as ``scalar_embed_scale`` (a float) and the ``embed_scale`` buffer; 1.0 for a
+    plain embedding.
+
+    Raises:
+        ArtifactError: the module has an ``embed_scale`` whose value cannot be read (meta device).
+    """
+    scalar = getattr(module, "scalar_embed_scale", None)
+    if scalar is not None:
+        return float(scalar)
+    buf = getattr(module, "embed_scale", None)
+    if buf is None:
+        return 1.0
+    if isinstance(buf, torch.Tensor):
+        if buf.device.type == "meta":
+            raise ArtifactError(f"cannot read the embedding scale of {type(module).__name__} "
+                                "on the meta device")
+        return float(buf.item())
+    return float(buf)
+
+
 def _replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     parent_name, _, leaf = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -162,7 +184,8 @@ def install_packed_tables(
     """Put packed modules in place of the input embedding / output head stored as group-affine.
 
     The embedding module becomes a :class:`PackedEmbedding` when ``<embedding>.weight`` is a
-    group-affine tensor of the artifact; the head becomes a :class:`PackedHead` reading that same
+    group-affine tensor of the artifact (carrying the factor a scaled word embedding applied, e.g.
+    Gemma's √dim, as its ``embed_scale``); the head becomes a :class:`PackedHead` reading that same
     table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``), or one over its
     own table when ``<head>.weight`` is group-affine. Dense tables are left to the dense path.
 
@@ -185,6 +208,7 @@ def install_packed_tables(
             emb = PackedEmbedding.from_group_affine(art.raw_quant[emb_key])
         except InvalidInput as exc:
             raise ArtifactError(f"group-affine table {emb_key}: {exc}") from exc
+        emb.embed_scale = _embed_scale(get_in())  # type: ignore[misc]
         _replace_module(model, emb_name, emb)  # type: ignore[arg-type]
         modules.append(emb)
         handled.add(emb_key)  # type: ignore[arg-type]

@@ -106,11 +106,16 @@ class PackedEmbedding(nn.Module):
         num_embeddings, embedding_dim: the table's shape (vocabulary rows, dim).
         group: columns per scale/bias group.
         qweight: uint8 buffer [vocab, dim·bits/8]; scales, biases: float16 buffers [vocab, groups].
+        embed_scale: factor on every looked-up row (1.0: none). A module that replaces a scaled
+            word embedding (Gemma's √dim) carries the factor it applied; ``forward`` rounds it to
+            the output dtype and multiplies, as transformers does. Not part of the table (not
+            saved); the tied :class:`PackedHead` reads the unscaled table.
         execution: how ``forward`` computes once finalized (None before).
     """
 
     def __init__(self, bits: int, num_embeddings: int, embedding_dim: int, group: int,
-                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> None:
+                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                 embed_scale: float = 1.0) -> None:
         super().__init__()
         if bits not in (4, 8):
             raise InvalidInput(f"a packed table has 4 or 8 bits, got {bits}")
@@ -118,6 +123,8 @@ class PackedEmbedding(nn.Module):
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.group = int(group)
+        self._embed_scale = float(embed_scale)
+        self._out_scale = self._embed_scale  # rounded to the output dtype by finalize
         # The kernels' record classes validate every shape and dtype (and name the bad tensor).
         self._make_table(qweight, scales, biases)
         self.register_buffer("qweight", qweight.detach().contiguous())
@@ -132,6 +139,22 @@ class PackedEmbedding(nn.Module):
     def prefer(self) -> str:
         """The kernel preference of the last :meth:`finalize` ("auto" before any)."""
         return self._prefer
+
+    @property
+    def embed_scale(self) -> float:
+        """The factor on every looked-up row (1.0: none)."""
+        return self._embed_scale
+
+    @embed_scale.setter
+    def embed_scale(self, value: float) -> None:
+        self._embed_scale = float(value)
+        self._out_scale = self._rounded_scale()
+
+    def _rounded_scale(self) -> float:
+        """``embed_scale`` rounded to the output dtype (a plain float: no tensor in forward)."""
+        if self.execution is None or self._embed_scale == 1.0:
+            return self._embed_scale
+        return float(torch.tensor(self._embed_scale, dtype=self.execution.dtype))
 
     # ------------------------------------------------------------------ construction
 
@@ -258,6 +281,7 @@ class PackedEmbedding(nn.Module):
         self._prefer = prefer
         path = "fused" if kernel is not None else "reference"
         self.execution = Execution(path, str(device), dtype, kernel=name, reason=reason)
+        self._out_scale = self._rounded_scale()
         if reason is not None:
             warnings.warn(f"PackedEmbedding [{self.num_embeddings}x{dim}, int{self.bits}] on "
                           f"{device} runs the reference path: {reason}", ReferencePathWarning,
@@ -281,7 +305,8 @@ class PackedEmbedding(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the table: ids int32/int64 [...] → [..., dim] of the finalize dtype.
+        """Rows of the table times ``embed_scale``: ids int32/int64 [...] → [..., dim] of the
+        finalize dtype.
 
         Out-of-range ids raise :class:`InvalidInput` on the CPU (reference twin); on an
         accelerator they are not checked (no host sync), as in ``torch.nn.functional.embedding``.
@@ -294,6 +319,8 @@ class PackedEmbedding(nn.Module):
             return self._unfinalized(flat)
         rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
                                            self.execution.dtype)
+        if self._out_scale != 1.0:  # the factor rounded to the output dtype, as transformers
+            rows = rows * self._out_scale
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
@@ -302,8 +329,9 @@ class PackedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         path = self.execution.path if self.execution is not None else "unfinalized"
+        scale = f", embed_scale={self.embed_scale:g}" if self.embed_scale != 1.0 else ""
         return (f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, "
-                f"group={self.group}, path={path}")
+                f"group={self.group}{scale}, path={path}")
 
 
 class PackedHead(nn.Module):

@@ -13,6 +13,7 @@ Fusing by rows is exact: the rows of the fused output are the rows of the member
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -149,6 +150,8 @@ def from_hf_model(
     embed = _get(hf_model, "model.embed_tokens")
     ref = getattr(embed, "weight", None)
     if isinstance(embed, PackedEmbedding):  # a 4/8-bit table kept packed by leechq.load
+        if embed.embed_scale != 1.0:  # the reused module scales its rows itself: not twice
+            args = dataclasses.replace(args, embed_scale=1.0)
         ex = embed.execution
         dtype = dtype or (ex.dtype if ex is not None else torch.float16)
         device = device or embed.qweight.device
