@@ -14,6 +14,7 @@ import torch
 
 from leechq.data import corpus
 from leechq.errors import ArtifactError, InvalidInput
+from leechq.utils.hashing import sha256_file
 
 
 class WordTokenizer:
@@ -119,7 +120,7 @@ def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     manifest = json.loads((src.parent / "manifest.json").read_text())
     assert manifest["version"] == "3.11.2-6+test1" and manifest[
         "deb_sha256"
-    ] == corpus._sha256_file(deb)
+    ] == sha256_file(deb)
     assert corpus.pydoc_sources_dir(fetch=False) == src
     assert corpus.corpus_info(src)["version"] == "3.11.2-6+test1"
     contents = {

@@ -46,6 +46,7 @@ from typing import Any
 
 from leechq.data.cache import cache_root
 from leechq.errors import ArtifactError, InvalidInput
+from leechq.utils.hashing import sha256_file
 
 PYDOC_PACKAGE = "python3.11-doc"
 PYDOC_SYSTEM_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
@@ -186,7 +187,7 @@ def fetch_deb_sources(dest: Path, sub: str, package: str, hint: str,
             "package": package,
             "deb": deb_path.name,
             "version": version,
-            "deb_sha256": _sha256_file(deb_path),
+            "deb_sha256": sha256_file(deb_path),
         }
         (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
         if not deb:
@@ -217,14 +218,6 @@ def _apt_download(work: Path, package: str, hint: str) -> Path:
             f"{proc.stderr.strip()[-1000:]}; {hint}"
         )
     return debs[0]
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _ar_members(data: bytes) -> dict[str, bytes]:
