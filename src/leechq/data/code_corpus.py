@@ -5,10 +5,10 @@ Code corpus: the Python sources of the standard library as shipped by Debian's
 documentation's own text, which would leak the Python-docs evaluation split) and ``test/``. Where it
 comes from, in order: ``$LEECHQ_CORPUS_DIR/pycode`` when ``$LEECHQ_CORPUS_DIR`` is set (laid out
 like ``usr/lib/python3.11``; an error if it is missing,
-:func:`leechq.data.corpus.corpus_dir_override`), the cache
+:func:`leechq.data.debian.corpus_dir_override`), the cache
 ``<cache root>/pycode/libpython3.11-stdlib/src``, else fetched into that cache the same way as the
 Python-docs corpus (``apt-get download``, or a local ``.deb`` passed as ``fetch_code(deb=PATH)``;
-members extracted in Python, temp dir + rename; :mod:`leechq.data.corpus`). Its files are split into
+members extracted in Python, temp dir + rename; :mod:`leechq.data.debian`). Its files are split into
 calibration and evaluation by the same path-hash rule (:func:`leechq.data.corpus.split_of`).
 
 Default calibration text (:func:`mixed_calibration_text`): the calibration splits of the Python
@@ -23,52 +23,37 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from leechq.data.cache import cache_root
-from leechq.errors import ArtifactError, InvalidInput
+from leechq.data.debian import DebianFiles
+from leechq.errors import InvalidInput
 
 CODE_PACKAGE = "libpython3.11-stdlib"
-_CODE_PREFIX = "usr/lib/python3.11/"
-_CODE_SKIP = ("pydoc_data/", "test/")
-_MANIFEST = "manifest.json"
+CODE = DebianFiles(
+    package=CODE_PACKAGE,
+    corpus="pycode",
+    sub="src",
+    prefix="usr/lib/python3.11/",
+    suffix=".py",
+    skip=("pydoc_data/", "test/"),
+    fetch_name="leechq.data.code_corpus.fetch_code",
+    layout="usr/lib/python3.11",
+)
+"""The code corpus: ``usr/lib/python3.11/**/*.py`` of ``libpython3.11-stdlib`` without
+``pydoc_data/`` and ``test/``."""
 PIECE_CHARS = 4096
 """Approximate characters per interleaved piece of :func:`mixed_calibration_text`."""
 MIXED_SOURCE = "pydoc+pystdlib:calibration"
 """The description of the default calibration text in provenance."""
 
 
-def _cache_code_dir() -> Path:
-    return cache_root() / "pycode" / CODE_PACKAGE
-
-
-def _code_hint() -> str:
-    from leechq.data.corpus import offline_hint
-
-    return offline_hint(
-        CODE_PACKAGE, "leechq.data.code_corpus.fetch_code", "pycode", "usr/lib/python3.11"
-    )
-
-
 def code_sources_dir(*, fetch: bool = True) -> Path:
-    """The directory of the standard-library sources, fetched into the cache if needed.
+    """The directory of the standard-library sources, fetched into the cache if needed
+    (:meth:`leechq.data.debian.DebianFiles.locate`).
 
     Raises:
         ArtifactError: ``$LEECHQ_CORPUS_DIR`` lacks ``pycode/``, no copy found and ``fetch`` is
             False, or fetching failed.
     """
-    from leechq.data.corpus import corpus_dir_override
-
-    override = corpus_dir_override("pycode")
-    if override is not None:
-        return override
-    cached = _cache_code_dir()
-    if (cached / _MANIFEST).is_file() and (cached / "src").is_dir():
-        return cached / "src"
-    if not fetch:
-        raise ArtifactError(
-            f"no copy of the {CODE_PACKAGE} sources: not cached at {cached}; call fetch_code(), "
-            f"or {_code_hint()}"
-        )
-    return fetch_code()
+    return CODE.locate(fetch=fetch)
 
 
 def fetch_code(deb: Path | str | None = None) -> Path:
@@ -80,10 +65,7 @@ def fetch_code(deb: Path | str | None = None) -> Path:
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no sources.
     """
-    from leechq.data.corpus import fetch_deb_sources
-
-    return fetch_deb_sources(_cache_code_dir(), "src", CODE_PACKAGE, _code_hint(), deb,
-                             _CODE_PREFIX, ".py", _CODE_SKIP)
+    return CODE.fetch(deb)
 
 
 def code_files(split: str, root: Path | str | None = None) -> list[str]:
@@ -98,7 +80,7 @@ def code_files(split: str, root: Path | str | None = None) -> list[str]:
         raise InvalidInput(f"unknown split {split!r}; choices: {', '.join(SPLITS)}")
     base = Path(root) if root is not None else code_sources_dir()
     rels = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py") if p.is_file())
-    return [r for r in rels if not r.startswith(_CODE_SKIP) and split_of(r) == split]
+    return [r for r in rels if not r.startswith(CODE.skip) and split_of(r) == split]
 
 
 def code_text(split: str, root: Path | str | None = None) -> str:

@@ -6,12 +6,13 @@ files, ~11 MB of English prose and code). Where it comes from, in order:
 
 1. ``$LEECHQ_CORPUS_DIR/pydoc``: when ``$LEECHQ_CORPUS_DIR`` is set, its ``pydoc/`` subdirectory,
    laid out like ``html/_sources`` (an error if it is missing; the variable is the one offline
-   switch for every corpus, see :func:`corpus_dir_override`);
+   switch for every corpus, see :func:`leechq.data.debian.corpus_dir_override`);
 2. the installed package: ``/usr/share/doc/python3.11/html/_sources``;
 3. the cache: ``<cache root>/pydoc/python3.11-doc/_sources`` (see :mod:`leechq.data.cache`);
 4. otherwise it is fetched into that cache: ``apt-get download python3.11-doc`` (no root needed;
    or a local ``.deb`` passed as ``fetch_pydoc(deb=PATH)``), and the ``_sources`` members of its
-   ``data.tar.*`` are extracted in Python (ar + tarfile; no ``dpkg`` needed), temp dir + rename.
+   ``data.tar.*`` are extracted in Python, temp dir + rename (:mod:`leechq.data.debian`, the
+   mechanism every Debian-backed corpus shares; :data:`PYDOC` declares this one).
 
 Split (fixed, by file, disjoint): a file with posix path ``rel`` relative to ``_sources`` belongs to
 the *evaluation* split iff ``int.from_bytes(sha256(rel.encode()).digest()[:8], "big") % 10 == 0``,
@@ -31,31 +32,38 @@ Online corpora (WikiText-2, C4) go through the optional ``datasets`` package (:f
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import shutil
 import subprocess
-import tarfile
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from leechq.data.cache import cache_root
-from leechq.errors import ArtifactError, InvalidInput
+from leechq.data.debian import (  # noqa: F401
+    CORPUS_DIR_ENV,
+    MANIFEST,
+    DebianFiles,
+    corpus_dir_override,
+    offline_hint,
+)
+from leechq.errors import InvalidInput
 
 PYDOC_PACKAGE = "python3.11-doc"
 PYDOC_SYSTEM_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
-_DEB_SOURCES_PREFIX = "usr/share/doc/python3.11/html/_sources/"
+PYDOC = DebianFiles(
+    package=PYDOC_PACKAGE,
+    corpus="pydoc",
+    sub="_sources",
+    prefix="usr/share/doc/python3.11/html/_sources/",
+    suffix=".txt",
+    fetch_name="leechq.data.corpus.fetch_pydoc",
+    layout="html/_sources",
+)
+"""The Python-docs corpus: the ``*.txt`` under ``html/_sources`` of ``python3.11-doc``."""
 EVAL_MODULUS = 10
 SPLITS = ("calibration", "evaluation")
-_MANIFEST = "manifest.json"
-CORPUS_DIR_ENV = "LEECHQ_CORPUS_DIR"
-"""The environment variable naming a directory of offline corpora: ``pydoc/`` (laid out like the
-docs' ``html/_sources``) and/or ``pycode/`` (laid out like ``usr/lib/python3.11``)."""
 # Content fingerprints of known package versions (see corpus_info); informative, not enforced.
 KNOWN_CORPUS_FINGERPRINTS = {"3.11.2-6+deb12u8": "930d16cdb6d46cd5"}
 
@@ -81,46 +89,9 @@ def split_of(rel: str) -> str:
 # Locating / fetching the sources
 
 
-def _cache_pydoc_dir() -> Path:
-    return cache_root() / "pydoc" / PYDOC_PACKAGE
-
-
-def corpus_dir_override(name: str) -> Path | None:
-    """``$LEECHQ_CORPUS_DIR/<name>`` when the variable is set, else None.
-
-    Args:
-        name: the corpus subdirectory (``"pydoc"`` or ``"pycode"``).
-
-    Raises:
-        ArtifactError: the variable is set but ``<dir>/<name>`` is not a directory.
-    """
-    env = os.environ.get(CORPUS_DIR_ENV)
-    if not env:
-        return None
-    p = Path(env).expanduser() / name
-    if not p.is_dir():
-        raise ArtifactError(
-            f"${CORPUS_DIR_ENV}={env!r} has no {name}/ directory ({p} is not a directory); "
-            f"put the {name} corpus there or unset ${CORPUS_DIR_ENV}"
-        )
-    return p
-
-
-def offline_hint(package: str, fetch: str, subdir: str, layout: str) -> str:
-    """What an offline user can do instead of ``apt-get download`` (for error messages)."""
-    return (
-        f"download {package}_*.deb from a Debian mirror and call {fetch}(deb=PATH), or set "
-        f"${CORPUS_DIR_ENV} to a directory holding {subdir}/ laid out like {layout}"
-    )
-
-
-_PYDOC_HINT = offline_hint(
-    PYDOC_PACKAGE, "leechq.data.corpus.fetch_pydoc", "pydoc", "html/_sources"
-)
-
-
 def pydoc_sources_dir(*, fetch: bool = True) -> Path:
-    """The ``_sources`` directory of the Python docs, fetched into the cache if needed.
+    """The ``_sources`` directory of the Python docs, fetched into the cache if needed
+    (:meth:`leechq.data.debian.DebianFiles.locate`, looking at :data:`PYDOC_SYSTEM_SOURCES` too).
 
     Args:
         fetch: allow downloading and extracting the ``.deb`` when no copy is found.
@@ -129,20 +100,7 @@ def pydoc_sources_dir(*, fetch: bool = True) -> Path:
         ArtifactError: ``$LEECHQ_CORPUS_DIR`` lacks ``pydoc/``, no copy found and ``fetch`` is
             False, or fetching failed.
     """
-    override = corpus_dir_override("pydoc")
-    if override is not None:
-        return override
-    if PYDOC_SYSTEM_SOURCES.is_dir():
-        return PYDOC_SYSTEM_SOURCES
-    cached = _cache_pydoc_dir()
-    if (cached / _MANIFEST).is_file() and (cached / "_sources").is_dir():
-        return cached / "_sources"
-    if not fetch:
-        raise ArtifactError(
-            f"no copy of the {PYDOC_PACKAGE} sources: not installed at {PYDOC_SYSTEM_SOURCES}, not "
-            f"cached at {cached}; call fetch_pydoc(), or {_PYDOC_HINT}"
-        )
-    return fetch_pydoc()
+    return PYDOC.locate(fetch=fetch, system=PYDOC_SYSTEM_SOURCES)
 
 
 def fetch_pydoc(deb: Path | str | None = None) -> Path:
@@ -155,136 +113,7 @@ def fetch_pydoc(deb: Path | str | None = None) -> Path:
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` has no ``_sources``.
     """
-    return fetch_deb_sources(_cache_pydoc_dir(), "_sources", PYDOC_PACKAGE, _PYDOC_HINT, deb)
-
-
-def fetch_deb_sources(dest: Path, sub: str, package: str, hint: str,
-                      deb: Path | str | None = None, prefix: str = _DEB_SOURCES_PREFIX,
-                      suffix: str = ".txt", skip: tuple[str, ...] = ()) -> Path:
-    """Extract the files of a Debian package into the cache directory ``dest`` (its ``sub``
-    folder) atomically: a temporary sibling, a manifest (package, ``.deb`` name, version, sha256),
-    then a rename; a concurrent fetch that finished first wins. Returns ``dest / sub``.
-
-    Args:
-        dest: the cache directory of this corpus.
-        sub: the folder under ``dest`` that receives the members.
-        package: the Debian package (``apt-get download`` when ``deb`` is None).
-        hint: what an offline user can do, ending the error messages.
-        deb: a local ``.deb`` to extract (left in place).
-        prefix, suffix, skip: which members of its data archive are taken
-            (:func:`_extract_sources`).
-
-    Raises:
-        ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no matching member.
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
-    try:
-        deb_path = Path(deb) if deb else _apt_download(work, package, hint)
-        version = _extract_sources(deb_path, work / sub, prefix, suffix, skip)
-        manifest = {
-            "package": package,
-            "deb": deb_path.name,
-            "version": version,
-            "deb_sha256": _sha256_file(deb_path),
-        }
-        (work / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if not deb:
-            deb_path.unlink()
-        os.chmod(work, 0o755)
-        if (dest / _MANIFEST).is_file():  # another process finished first
-            return dest / sub
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(work, dest)
-        return dest / sub
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _apt_download(work: Path, package: str, hint: str) -> Path:
-    """``apt-get download package`` into ``work``; the path of the ``.deb``. ``hint`` (see
-    :func:`offline_hint`) ends the error messages."""
-    if shutil.which("apt-get") is None:
-        raise ArtifactError(f"apt-get not found: {hint}")
-    proc = subprocess.run(
-        ["apt-get", "download", package], cwd=work, capture_output=True, text=True
-    )
-    debs = sorted(work.glob(f"{package}_*.deb"))
-    if proc.returncode != 0 or not debs:
-        raise ArtifactError(
-            f"apt-get download {package} failed (exit {proc.returncode}): "
-            f"{proc.stderr.strip()[-1000:]}; {hint}"
-        )
-    return debs[0]
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _ar_members(data: bytes) -> dict[str, bytes]:
-    """Members of a Unix ar archive (the container format of a .deb)."""
-    if not data.startswith(b"!<arch>\n"):
-        raise ArtifactError("not a .deb (ar) archive: bad magic")
-    out: dict[str, bytes] = {}
-    pos = 8
-    while pos + 60 <= len(data):
-        header = data[pos : pos + 60]
-        name = header[:16].decode("ascii").strip().rstrip("/")
-        size = int(header[48:58].decode("ascii").strip())
-        pos += 60
-        out[name] = data[pos : pos + size]
-        pos += size + (size & 1)
-    return out
-
-
-def _extract_sources(
-    deb: Path,
-    dest: Path,
-    prefix: str = _DEB_SOURCES_PREFIX,
-    suffix: str = ".txt",
-    skip: tuple[str, ...] = (),
-) -> str:
-    """Extract the ``*<suffix>`` files under ``prefix`` of a .deb (default: the ``*.txt`` under
-    html/_sources of python3.11-doc), except those whose path relative to ``prefix`` starts with
-    one of ``skip``; return the package version."""
-    members = _ar_members(deb.read_bytes())
-    data_name = next((n for n in members if n.startswith("data.tar")), None)
-    if data_name is None:
-        raise ArtifactError(f"{deb}: no data.tar member")
-    version = ""
-    control_name = next((n for n in members if n.startswith("control.tar")), None)
-    if control_name is not None:
-        with tarfile.open(fileobj=io.BytesIO(members[control_name]), mode="r:*") as ctl:
-            for m in ctl.getmembers():
-                if m.name.lstrip("./") == "control" and m.isfile():
-                    text = ctl.extractfile(m).read().decode("utf-8")  # type: ignore[union-attr]
-                    for line in text.splitlines():
-                        if line.startswith("Version:"):
-                            version = line.split(":", 1)[1].strip()
-    n = 0
-    with tarfile.open(fileobj=io.BytesIO(members[data_name]), mode="r:*") as tar:
-        for m in tar.getmembers():
-            name = m.name.removeprefix("./")
-            if not (name.startswith(prefix) and name.endswith(suffix) and m.isfile()):
-                continue
-            rel = name[len(prefix) :]
-            if rel.startswith(skip):
-                continue
-            if rel.startswith("/") or ".." in rel.split("/"):
-                raise ArtifactError(f"{deb}: unsafe member path {m.name!r}")
-            out = dest / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
-            n += 1
-    if n == 0:
-        raise ArtifactError(f"{deb}: no {prefix}*{suffix} members")
-    return version
+    return PYDOC.fetch(deb)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +194,7 @@ def corpus_info(root: Path | str | None = None) -> dict[str, Any]:
 
 
 def _pydoc_version(base: Path) -> str | None:
-    manifest = base.parent / _MANIFEST
+    manifest = base.parent / MANIFEST
     if manifest.is_file():
         try:
             return str(json.loads(manifest.read_text())["version"])

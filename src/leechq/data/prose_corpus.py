@@ -8,10 +8,10 @@ quantized model does on a domain its calibration never saw.
 
 Where it comes from, in order: ``$LEECHQ_CORPUS_DIR/fortunes`` when that variable is set (the
 topic files directly inside; an error if it is missing,
-:func:`leechq.data.corpus.corpus_dir_override`), the cache
+:func:`leechq.data.debian.corpus_dir_override`), the cache
 ``<cache root>/fortunes/fortunes/src``, else fetched into that cache as the other Debian corpora
 are (``apt-get download``, or a local ``.deb`` passed as ``fetch_fortunes(deb=PATH)``;
-:func:`leechq.data.corpus.fetch_deb_sources`).
+:class:`leechq.data.debian.DebianFiles`).
 
 Splits: every entry goes to ``"evaluation"`` or ``"calibration"`` by the hash rule of the other
 corpora applied to ``<topic>/<entry number>`` (:func:`leechq.data.corpus.split_of`), so a user who
@@ -24,46 +24,32 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from leechq.data.cache import cache_root
+from leechq.data.debian import DebianFiles
 from leechq.errors import ArtifactError, InvalidInput
 
 PROSE_PACKAGE = "fortunes"
-_PREFIX = "usr/share/games/fortunes/"
-_MANIFEST = "manifest.json"
-
-
-def _cache_dir() -> Path:
-    return cache_root() / "fortunes" / PROSE_PACKAGE
-
-
-def _hint() -> str:
-    from leechq.data.corpus import offline_hint
-
-    return offline_hint(PROSE_PACKAGE, "leechq.data.prose_corpus.fetch_fortunes", "fortunes",
-                        "usr/share/games/fortunes")
+FORTUNES = DebianFiles(
+    package=PROSE_PACKAGE,
+    corpus="fortunes",
+    sub="src",
+    prefix="usr/share/games/fortunes/",
+    suffix="",
+    fetch_name="leechq.data.prose_corpus.fetch_fortunes",
+    layout="usr/share/games/fortunes",
+    what="texts",
+)
+"""The unseen-domain corpus: the files under ``usr/share/games/fortunes`` of ``fortunes``."""
 
 
 def fortunes_dir(*, fetch: bool = True) -> Path:
-    """The directory of the topic files, fetched into the cache if needed.
+    """The directory of the topic files, fetched into the cache if needed
+    (:meth:`leechq.data.debian.DebianFiles.locate`).
 
     Raises:
         ArtifactError: ``$LEECHQ_CORPUS_DIR`` lacks ``fortunes/``, no copy is cached and
             ``fetch`` is False, or fetching failed.
     """
-    from leechq.data.corpus import corpus_dir_override
-
-    override = corpus_dir_override("fortunes")
-    if override is not None:
-        return override
-    cached = _cache_dir()
-    if (cached / _MANIFEST).is_file() and (cached / "src").is_dir():
-        return cached / "src"
-    if not fetch:
-        raise ArtifactError(
-            f"no copy of the {PROSE_PACKAGE} texts: not cached at {cached}; call "
-            f"fetch_fortunes(), or {_hint()}"
-        )
-    return fetch_fortunes()
+    return FORTUNES.locate(fetch=fetch)
 
 
 def fetch_fortunes(deb: Path | str | None = None) -> Path:
@@ -75,9 +61,7 @@ def fetch_fortunes(deb: Path | str | None = None) -> Path:
     Raises:
         ArtifactError: apt-get is missing or fails, or the ``.deb`` holds no topic file.
     """
-    from leechq.data.corpus import fetch_deb_sources
-
-    return fetch_deb_sources(_cache_dir(), "src", PROSE_PACKAGE, _hint(), deb, _PREFIX, "")
+    return FORTUNES.fetch(deb)
 
 
 def topic_files(root: Path | str | None = None) -> list[str]:

@@ -40,6 +40,7 @@ from leechq.data.corpus import (
 from leechq.errors import InvalidInput
 from leechq.eval.kl import kl_to_reference
 from leechq.eval.ppl import model_device, perplexity
+from leechq.utils.hashing import sha256_file
 
 SCHEMA = "leechq-eval-v1"
 
@@ -100,21 +101,13 @@ def artifact_sha256(path: str | Path) -> str:
     """sha256 of a file, or of a directory (over its sorted ``relpath\\0sha256(file)\\n`` lines)."""
     p = Path(path)
     if p.is_file():
-        return _sha_file(p)
+        return sha256_file(p)
     if p.is_dir():
         digest = hashlib.sha256()
         for f in sorted(q for q in p.rglob("*") if q.is_file()):
-            digest.update(f"{f.relative_to(p).as_posix()}\0{_sha_file(f)}\n".encode())
+            digest.update(f"{f.relative_to(p).as_posix()}\0{sha256_file(f)}\n".encode())
         return digest.hexdigest()
     raise InvalidInput(f"artifact {p} does not exist")
-
-
-def _sha_file(p: Path) -> str:
-    digest = hashlib.sha256()
-    with open(p, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def eval_windows(tokenizer: Any, config: SuiteConfig) -> TokenWindows:

@@ -61,7 +61,6 @@ from leechq.formats.integrity import (
     check_record_magnitudes,
     content_digest,
     load_json,
-    sha256_file,
     verify_manifest,
 )
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
@@ -72,6 +71,7 @@ from leechq.formats.safetensors_io import existing_directory, swap_into_place
 from leechq.formats.safetensors_io import expect_tensor as _expect
 from leechq.formats.safetensors_io import fsync_write as _fsync_write
 from leechq.formats.safetensors_io import parse_header as _parse_header
+from leechq.utils.hashing import sha256_file
 
 QUANT_METHOD = "leechq"
 CODE_ORDER = "msb_first_block"

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from leechq.errors import ArtifactError
+from leechq.utils.hashing import sha256_file
 
 F32_MAX = float(torch.finfo(torch.float32).max)
 # Decoded weights must stay this far below the f32 maximum, so that the f32 products a kernel forms
@@ -87,18 +88,6 @@ def check_plain_name(name: Any, where: str) -> str:
     ):
         raise ArtifactError(f"{where}: file name {name!r} is not a plain name inside the directory")
     return name
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 (hex) of a file, streamed in 4 MiB chunks."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    except OSError as exc:
-        raise ArtifactError(f"{path}: unreadable: {exc}") from exc
-    return h.hexdigest()
 
 
 def load_json(path: Path, what: str = "") -> Any:

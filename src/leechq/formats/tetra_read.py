@@ -25,7 +25,7 @@ from leechq.codebooks.tetra import labels_gains_from_words, words_from_disk_byte
 from leechq.codebooks.tetra_tables import FINGERPRINT, PUBLISHED_DIGESTS, tetra_tables
 from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
 from leechq.formats.artifact import CONFIG_FILE, MODEL_FILE, GroupAffine, _expect, _parse_header
-from leechq.formats.integrity import check_record_magnitudes, load_json, sha256_file
+from leechq.formats.integrity import check_record_magnitudes, load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.tetra_dir import (
@@ -48,6 +48,7 @@ from leechq.formats.tetra_dir import (
     _raw_dims,
     dense_digest,
 )
+from leechq.utils.hashing import sha256_file
 
 
 def check_tables() -> None:

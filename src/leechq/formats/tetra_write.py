@@ -33,7 +33,7 @@ from leechq.formats.artifact import (
     clean_stale_partials,
     read_artifact,
 )
-from leechq.formats.integrity import load_json, sha256_file
+from leechq.formats.integrity import load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import existing_directory, swap_into_place
@@ -62,6 +62,7 @@ from leechq.formats.tetra_dir import (
     _rotation_key,
     dense_digest,
 )
+from leechq.utils.hashing import sha256_file
 
 # --------------------------------------------------------------------------------------------------
 # writing

@@ -33,7 +33,8 @@ from leechq.data.cache import cache_root
 from leechq.errors import InvalidInput
 from leechq.models.arch import ArchSpec, arch_of
 from leechq.models.experts import split_experts
-from leechq.models.zoo import ModelSource, resolve_model, sha256_file
+from leechq.models.zoo import ModelSource, resolve_model
+from leechq.utils.hashing import sha256_file
 
 _CONVERTED_MARKER = "leechq-converted.json"
 

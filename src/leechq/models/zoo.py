@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 
 from leechq.data.cache import cache_root
 from leechq.errors import ArtifactError, InvalidInput, UnsupportedArchitecture
+from leechq.utils.hashing import sha256_file
 
 _CHUNK = 1 << 20
 _STAMP_SUFFIX = ".verified.json"
@@ -260,15 +261,6 @@ def zoo_dir() -> Path:
 def aliases() -> list[str]:
     """Zoo aliases, sorted."""
     return sorted(ZOO)
-
-
-def sha256_file(path: Path | str) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_file(path: Path | str, sha256: str, size: int | None = None) -> None:
