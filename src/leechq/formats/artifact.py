@@ -192,6 +192,46 @@ def _rotation_key(rot: RotationTables) -> str:
     return f"{rot.n}_{rot.seed:016x}"
 
 
+class TensorSink:
+    """What a writer collects (this module's artifact and ``tetra_write``'s Tetra directory):
+    tensors by name, each name once, as detached contiguous CPU copies; and the rotation tables
+    its lattice records share, one per key, stored under ``rotation_prefix``."""
+
+    def __init__(self, rotation_prefix: str = "leechq.rotations.") -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._rotations: dict[str, RotationTables] = {}
+        self._prefix = rotation_prefix
+
+    def put(self, key: str, t: torch.Tensor) -> None:
+        """Store ``t`` under ``key``; :class:`InvalidInput` if the name is taken."""
+        if key in self.tensors:
+            raise InvalidInput(f"tensor name {key!r} would be written twice")
+        self.tensors[key] = t.detach().cpu().contiguous().clone()
+
+    def rotation(self, name: str, rot: RotationTables) -> str:
+        """The key of record ``name``'s rotation (registered on first use); two different tables
+        under one key raise :class:`InvalidInput`."""
+        key = _rotation_key(rot)
+        prev = self._rotations.setdefault(key, rot)
+        if prev is not rot and not (
+            np.array_equal(prev.signs, rot.signs) and np.array_equal(prev.small, rot.small)
+        ):
+            raise InvalidInput(f"record {name}: two different rotation tables share the key {key}")
+        return key
+
+    def put_rotations(self) -> dict[str, Any]:
+        """Store every registered rotation's ``signs`` and ``small`` tables (float64, key order)
+        and return their descriptors (seed as a string, n, and its 2^m · k split)."""
+        desc: dict[str, Any] = {}
+        for key, rot in sorted(self._rotations.items()):
+            m, k = split_width(rot.n)
+            for part in ("signs", "small"):
+                table = np.ascontiguousarray(getattr(rot, part), dtype="<f8")
+                self.put(f"{self._prefix}{key}.{part}", torch.from_numpy(table))
+            desc[key] = {"seed": str(rot.seed), "n": rot.n, "pow2": m, "odd": k}
+        return desc
+
+
 def _codebook_fingerprint(name: str) -> str:
     from leechq.codebooks import get
 
@@ -312,16 +352,10 @@ def build_tensors(
     from leechq.codebooks import get
 
     label_bits = get(codebook).label_bits
-    tensors: dict[str, torch.Tensor] = {}
+    sink = TensorSink(ROTATION_PREFIX)
+    put = sink.put
     rec_desc: dict[str, Any] = {}
-    rot_desc: dict[str, Any] = {}
     raw_desc: dict[str, Any] = {}
-    rot_tables: dict[str, RotationTables] = {}
-
-    def put(key: str, t: torch.Tensor) -> None:
-        if key in tensors:
-            raise InvalidInput(f"tensor name {key!r} is produced twice")
-        tensors[key] = t.detach().cpu().contiguous().clone()
 
     for name, rec in records.items():
         if isinstance(rec, QuantizedWeight):
@@ -333,17 +367,7 @@ def build_tensors(
                 raise InvalidInput(
                     f"record {name} has {rec.gain_bits} gain bits, the config {gain_bits}"
                 )
-            rot_key = None
-            if rec.rotation is not None:
-                rot_key = _rotation_key(rec.rotation)
-                prev = rot_tables.get(rot_key)
-                if prev is None:
-                    rot_tables[rot_key] = rec.rotation
-                elif not (
-                    np.array_equal(prev.signs, rec.rotation.signs)
-                    and np.array_equal(prev.small, rec.rotation.small)
-                ):
-                    raise InvalidInput(f"two different rotation tables share the key {rot_key}")
+            rot_key = None if rec.rotation is None else sink.rotation(name, rec.rotation)
             put(f"{name}.codes", pack_codes(rec.labels, rec.gains, label_bits, gain_bits))
             put(f"{name}.row_scales", rec.row_scales.to(torch.float64))
             put(f"{name}.centroids", rec.centroids.to(torch.float64))
@@ -381,17 +405,7 @@ def build_tensors(
                 f"record {name} of type {type(rec).__name__} cannot be stored "
                 "(control coders produce no codes)"
             )
-    for key, rot in rot_tables.items():
-        m, k = split_width(rot.n)
-        put(
-            f"{ROTATION_PREFIX}{key}.signs",
-            torch.from_numpy(np.ascontiguousarray(rot.signs, dtype=np.float64)),
-        )
-        put(
-            f"{ROTATION_PREFIX}{key}.small",
-            torch.from_numpy(np.ascontiguousarray(rot.small, dtype=np.float64)),
-        )
-        rot_desc[key] = {"seed": str(rot.seed), "n": rot.n, "pow2": m, "odd": k}
+    rot_desc = sink.put_rotations()
     for name, t in raw.items():
         if name.startswith(ROTATION_PREFIX):
             raise InvalidInput(
@@ -420,7 +434,7 @@ def build_tensors(
                 "dtype": _DTYPE_NAMES[t.dtype],
                 "dims": list(t.shape),
             }
-    return tensors, rec_desc, rot_desc, raw_desc
+    return sink.tensors, rec_desc, rot_desc, raw_desc
 
 
 def write_artifact(

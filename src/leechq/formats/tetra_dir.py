@@ -59,9 +59,10 @@ from leechq.formats.artifact import (
     CONFIG_FILE,
     MODEL_FILE,
     GroupAffine,
+    _rotation_key,
 )
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
-from leechq.formats.rotation import RotationTables, apply_rotation_transpose
+from leechq.formats.rotation import apply_rotation_transpose
 
 QUANT_METHOD = "llvq"
 LAYOUT_VERSION = 1
@@ -313,8 +314,6 @@ def _check_against_config(
                       f"a record nor a raw tensor, e.g. {missing[:4]}")
 
 
-def _rotation_key(rot: RotationTables) -> str:
-    return f"{rot.n}_{rot.seed:016x}"
 
 
 def _raw_dims(value: RawValue) -> tuple[int, ...]:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from leechq._version import __version__
@@ -28,6 +27,7 @@ from leechq.formats.artifact import (
     MODEL_FILE,
     Artifact,
     GroupAffine,
+    TensorSink,
     _fsync_write,
     check_output_path,
     clean_stale_partials,
@@ -35,7 +35,6 @@ from leechq.formats.artifact import (
 )
 from leechq.formats.integrity import load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
-from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import existing_directory, swap_into_place
 from leechq.formats.tetra_dir import (
     _RESERVED_FILES,
@@ -104,16 +103,10 @@ def build_tetra_tensors(
         InvalidInput: a record or tensor the format (or ``llvq-tetra``) cannot carry; the message
             names it and says why.
     """
-    tensors: dict[str, torch.Tensor] = {}
+    sink = TensorSink(ROTATION_PREFIX)
+    put = sink.put
     rec_desc: dict[str, Any] = {}
-    rot_desc: dict[str, Any] = {}
     raw_desc: dict[str, Any] = {}
-    rot_tables: dict[str, RotationTables] = {}
-
-    def put(key: str, t: torch.Tensor) -> None:
-        if key in tensors:
-            raise InvalidInput(f"tensor name {key!r} would be written twice")
-        tensors[key] = t.detach().cpu().contiguous().clone()
 
     def check_name(name: str, what: str) -> None:
         if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
@@ -143,14 +136,7 @@ def build_tetra_tensors(
                 if not 0 <= rec.rotation.seed < 1 << 64:
                     raise InvalidInput(f"record {name}: rotation seed {rec.rotation.seed} is "
                                        "outside [0, 2^64)")
-                rot_key = _rotation_key(rec.rotation)
-                prev = rot_tables.setdefault(rot_key, rec.rotation)
-                if prev is not rec.rotation and not (
-                    np.array_equal(prev.signs, rec.rotation.signs)
-                    and np.array_equal(prev.small, rec.rotation.small)
-                ):
-                    raise InvalidInput(f"record {name}: two different rotation tables share the "
-                                       f"key {rot_key}")
+                rot_key = sink.rotation(name, rec.rotation)
             words = words_from_labels_gains(rec.labels.reshape(-1), rec.gains.reshape(-1))
             put(f"{name}.codes", disk_bytes_from_words(words))
             put(f"{name}.row_scales", rec.row_scales.to(torch.float64))
@@ -190,11 +176,7 @@ def build_tetra_tensors(
         else:
             raise InvalidInput(f"record {name} of type {type(rec).__name__} cannot be written to "
                                "the Tetra format (only Tetra-coded QuantizedWeight and Int4Weight)")
-    for key, rot in sorted(rot_tables.items()):
-        m, k = split_width(rot.n)
-        put(f"{ROTATION_PREFIX}{key}.signs", torch.from_numpy(np.array(rot.signs, dtype="<f8")))
-        put(f"{ROTATION_PREFIX}{key}.small", torch.from_numpy(np.array(rot.small, dtype="<f8")))
-        rot_desc[key] = {"seed": str(rot.seed), "n": rot.n, "pow2": m, "odd": k}
+    rot_desc = sink.put_rotations()
 
     norm_raw: dict[str, RawValue] = {}
     for name, value in raw.items():
@@ -233,7 +215,7 @@ def build_tetra_tensors(
             "groups_per_row": -(-ga.cols // ga.group),
         }
         norm_raw[name] = ga
-    return tensors, rec_desc, rot_desc, raw_desc, dict(records), norm_raw
+    return sink.tensors, rec_desc, rot_desc, raw_desc, dict(records), norm_raw
 
 
 def _artifact_kinds(records: Mapping[str, QuantizedWeight | Int4Weight]) -> str:
