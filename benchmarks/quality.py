@@ -22,6 +22,7 @@ greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (defaul
 
 Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
 skipped with a message when matplotlib is not installed), and one JSON line (the last line).
+``--plot-from a.json,b.json`` plots the rows of earlier runs together and measures nothing.
 
 ``--tiny``: a random 2-layer Llama (hidden 192, vocab 512) and two synthetic token streams as the
 two "domains", quantized with the test suite's stand-in direction codebook
@@ -274,24 +275,47 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, label in ((axes[0], "ppl_ratio", "perplexity / reference"),
                            (axes[1], "kl", "KL(reference || arm), nats/token")):
         for dset, marker in (("in-domain", "o"), ("unseen", "s")):
             for r in rows:
                 if r["set"] != dset:
                     continue
-                ax.scatter(r["bpp"], r[key], marker=marker,
-                           color="C0" if r["arm"].startswith(("bare", "full")) else "C1")
-                ax.annotate(f"{r['model']}:{r['arm']}", (r["bpp"], r[key]), fontsize=6)
+                color = f"C{models.index(r['model']) % 10}"
+                ours = r["arm"].startswith(("bare", "full"))
+                ax.scatter(r["bpp"], r[key], marker=marker, s=36 if ours else 26,
+                           facecolors=color if ours else "none", edgecolors=color)
+                ax.annotate(r["arm"], (r["bpp"], r[key]), fontsize=6)
         ax.set_xlabel("whole-model bits per parameter")
         ax.set_ylabel(label)
         ax.set_yscale("log")
-    fig.suptitle("leechq (blue) vs scalar baselines (orange); o in-domain, s unseen domain")
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=f"C{i % 10}", label=m)
+               for i, m in enumerate(models)]
+    axes[0].legend(handles=handles, fontsize=7, loc="upper center")
+    fig.suptitle("leechq filled, scalar baselines hollow; circle: in-domain, square: unseen domain")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     return f"wrote {path}"
+
+
+def _result_rows(path: Path) -> list[dict[str, Any]]:
+    """The ``rows`` of a result file (this script's JSON last line, or a file that is that one
+    JSON object, e.g. pretty-printed), or a clear exit."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        try:
+            result = json.loads(text)
+        except ValueError:
+            result = json.loads([ln for ln in text.splitlines() if ln.strip()][-1])
+        rows = result["rows"]
+    except (OSError, IndexError, KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"{path}: not a quality.py result file ({exc})") from exc
+    if not isinstance(rows, list):
+        raise SystemExit(f"{path}: 'rows' is not a list")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plot", default=None,
                     help="plot path [default: docs/quality.png; none with --tiny]")
+    ap.add_argument("--plot-from", default=None,
+                    help="comma-separated result files of earlier runs (their JSON last line): "
+                         "plot their rows together to --plot, measure nothing")
     args = ap.parse_args(argv)
+    if args.plot_from:
+        rows_from: list[dict[str, Any]] = []
+        for name in args.plot_from.split(","):
+            rows_from += _result_rows(Path(name))
+        note = plot(rows_from, Path(args.plot or ROOT / "docs" / "quality.png"))
+        print(json.dumps({"plot": note, "rows": len(rows_from)}))
+        return 0
     args.bits = [int(b) for b in args.bits.split(",") if b]
     wanted = [a for a in args.arms.split(",") if a]
     if args.tiny:

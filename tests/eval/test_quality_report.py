@@ -36,3 +36,26 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
         assert rows[("rtn-4", s)]["kl"] < rows[("rtn-2", s)]["kl"]
     iv = [i for i in result["intervals"] if i["arm"] == "bare"]
     assert len(iv) == 2 and all(i["ci95"]["kl"][0] <= i["ci95"]["kl"][1] for i in iv)
+
+
+def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--plot-from`` reads the rows of earlier result files (a JSON last line, or one
+    pretty-printed object), plots them together and measures nothing; a file that is not a
+    result is refused with its name."""
+    spec = importlib.util.spec_from_file_location("quality_plot", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    row = {"model": "m", "arm": "bare", "set": "unseen", "bpp": 2.5, "ppl_ratio": 1.5, "kl": 0.3}
+    a = tmp_path / "a.json"
+    a.write_text("a table line\n" + json.dumps({"rows": [row]}) + "\n", encoding="utf-8")
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"rows": [{**row, "arm": "rtn-2"}]}, indent=2), encoding="utf-8")
+    png = tmp_path / "q.png"
+    assert module.main(["--plot-from", f"{a},{b}", "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["rows"] == 2
+    assert png.exists() == out["plot"].startswith("wrote")  # no matplotlib: the note says so
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"bad\.json: not a quality\.py result file"):
+        module.main(["--plot-from", str(bad), "--plot", str(png)])
