@@ -13,9 +13,9 @@ Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.nn.group.Lee
 the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
 ``served`` (the group's forward: rotation, then what the dispatch table picks — ``m1`` at 1–2
 rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS above), and
-``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM; default ``tuning.GEMM_SWEEP``:
-the same rotation into the copy's column order, then ``ops_gemm.matmul_gemm_ordered`` per
-part). Every arm is first checked against the f64 product of
+``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM;
+default ``tuning.GEMM_SWEEP``: the same rotation into the copy's column order, then
+``ops_gemm.matmul_gemm_ordered`` per part). Every arm is first checked against the f64 product of
 its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then
 its whole pass is one CUDA graph, replayed; arms alternate in rounds, medians of the rounds.
 
@@ -25,8 +25,6 @@ The last stdout line is one JSON object ``{"bench": "gemm", ...}`` (also written
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 from dataclasses import replace
@@ -38,8 +36,16 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_matvec import build_fp16, build_tetra, git_sha, graph_of, time_ms  # noqa: E402
-from shapes import MODELS, Model  # noqa: E402
+from bench_matvec import (  # noqa: E402
+    add_common_args,
+    build_fp16,
+    build_tetra,
+    emit,
+    graph_of,
+    setup,
+    time_ms,
+)
+from shapes import Model  # noqa: E402
 
 CHECK_ROWS = 256
 """Output rows of each group kind checked against the f64 product."""
@@ -158,33 +164,16 @@ def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS))
-    p.add_argument("--rows", default="2,4,8,16,32,64,128", help="comma list of row counts")
+    add_common_args(p, "2,4,8,16,32,64,128", 3, 10)
     p.add_argument("--configs", default="all",
                    help="'all' (tuning.GEMM_SWEEP) or a comma list of indices into it and/or "
-                        "geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x3")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--dry-run", action="store_true",
-                   help="two tiny layers under the Triton interpreter on the CPU (no timing)")
-    p.add_argument("--out", default=None, help="also write the JSON line here")
+                        "geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x4")
     a = p.parse_args()
-    rows = [int(r) for r in a.rows.split(",")]
-    if a.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"
-        model, device, rows, a.rounds, a.reps = (Model("tiny", 2, 128, 256, 2, 1, 32), "cpu",
-                                                 [2, 17], 1, 1)
-    else:
-        model, device = MODELS[a.model], "cuda"
+    model, device, rows = setup(a, [2, 17])
     configs = parse_configs(a.configs)
     if a.dry_run:
         configs = configs[:2]
-    results = bench(model, rows, configs, device, a.rounds, a.reps)
-    line = json.dumps({"bench": "gemm", "git": git_sha(), "device": (
-        torch.cuda.get_device_name() if device == "cuda" else "cpu"), "results": results})
-    if a.out:
-        Path(a.out).write_text(line + "\n")
-    print(line)
+    emit("gemm", bench(model, rows, configs, device, a.rounds, a.reps), device, a.out)
     return 0
 
 

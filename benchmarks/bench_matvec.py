@@ -154,29 +154,42 @@ def bench(model: Model, rows_list: list[int], device: str, rounds: int, reps: in
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_common_args(p: argparse.ArgumentParser, rows: str, rounds: int, reps: int) -> None:
+    """The options every projection benchmark takes (``bench_gemm.py`` too)."""
     p.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS))
-    p.add_argument("--rows", default="1,8,16", help="comma list of activation row counts")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--rows", default=rows, help="comma list of activation row counts")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--reps", type=int, default=reps)
     p.add_argument("--dry-run", action="store_true",
                    help="two tiny layers under the Triton interpreter on the CPU (no timing)")
     p.add_argument("--out", default=None, help="also write the JSON line here")
-    a = p.parse_args()
-    rows = [int(r) for r in a.rows.split(",")]
+
+
+def setup(a: argparse.Namespace, dry_rows: list[int]) -> tuple[Model, str, list[int]]:
+    """``(model, device, rows)`` from the common options; ``--dry-run``: the tiny model on the CPU
+    interpreter at ``dry_rows``, one round of one replay."""
     if a.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
-        model, device, rows, a.rounds, a.reps = (Model("tiny", 2, 128, 256, 2, 1, 32), "cpu",
-                                                 [1, 3], 1, 1)
-    else:
-        model, device = MODELS[a.model], "cuda"
-    results = bench(model, rows, device, a.rounds, a.reps)
-    line = json.dumps({"bench": "matvec", "git": git_sha(), "device": (
+        a.rounds, a.reps = 1, 1
+        return Model("tiny", 2, 128, 256, 2, 1, 32), "cpu", dry_rows
+    return MODELS[a.model], "cuda", [int(r) for r in a.rows.split(",")]
+
+
+def emit(bench_name: str, results: list[dict[str, Any]], device: str, out: str | None) -> None:
+    """Print the result JSON line (and write it to ``out``)."""
+    line = json.dumps({"bench": bench_name, "git": git_sha(), "device": (
         torch.cuda.get_device_name() if device == "cuda" else "cpu"), "results": results})
-    if a.out:
-        Path(a.out).write_text(line + "\n")
+    if out:
+        Path(out).write_text(line + "\n")
     print(line)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(p, "1,8,16", 5, 20)
+    a = p.parse_args()
+    model, device, rows = setup(a, [1, 3])
+    emit("matvec", bench(model, rows, device, a.rounds, a.reps), device, a.out)
     return 0
 
 
