@@ -65,10 +65,10 @@ def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
 
 
-def _head(part: Any, rows: int) -> Any:
-    """The first ``rows`` output rows of a record, on the CPU."""
-    rows = min(rows, part.d_out)
-    return replace(part, d_out=rows, **{k: getattr(part, k)[:rows].cpu() for k in (
+def record_rows(part: Any, sl: slice) -> Any:
+    """Output rows ``sl`` (a step-1 slice within ``d_out``) of a ``tetra48`` record, on the
+    CPU."""
+    return replace(part, d_out=sl.stop - sl.start, **{k: getattr(part, k)[sl].cpu() for k in (
         "words", "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
 
 
@@ -79,7 +79,7 @@ def references(tetra: list[Any], fp16: list[torch.Tensor], kinds: int) -> list[d
 
     out = []
     for grp, w16 in zip(tetra[:kinds], fp16[:kinds], strict=True):
-        head = _head(grp.parts[0], CHECK_ROWS)
+        head = record_rows(grp.parts[0], slice(0, min(CHECK_ROWS, grp.parts[0].d_out)))
         out.append({"grp": grp, "dense": ref.tetra48_dequantize_rotated(head),
                     "w16": w16[:CHECK_ROWS].double().cpu(), "rows": head.d_out})
     return out

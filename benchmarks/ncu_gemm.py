@@ -16,16 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import replace
-from typing import Any
 
 import torch
-
-
-def _rows(w: Any, sl: slice) -> Any:
-    """Output rows ``sl`` of a ``tetra48`` record, on the CPU."""
-    return replace(w, d_out=sl.stop - sl.start, **{k: getattr(w, k)[sl].cpu() for k in (
-        "words", "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
+from bench_gemm import record_rows
 
 
 def main() -> None:
@@ -49,7 +42,7 @@ def main() -> None:
     x = torch.randn(a.rows, a.d_in, device="cuda")
     y = ops.tetra48_matmul_gemm(x, w)
     for sl in (slice(0, 128), slice(a.d_out - 128, a.d_out)):  # both ends of the grid
-        part = _rows(w48, sl)
+        part = record_rows(w48, sl)
         err = ref.row_bound_error(y[:, sl].cpu(), x.cpu(), ref.tetra48_dequantize_rotated(part))
         print(f"output rows {sl.start}..{sl.stop - 1}: largest error {err:.2e} of sum |w x|")
         if not err <= 4e-3:
