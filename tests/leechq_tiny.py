@@ -312,6 +312,39 @@ def make_artifact(
     return out, model
 
 
+def make_tetra_dir(tmp: Path, arch: str = "qwen3") -> tuple[Path, Path]:
+    """A tiny artifact in what the published Tetra format carries (random Tetra records, an int4
+    v_proj, a 4-bit embedding table, bf16 norms, the tiny tokenizer) and the Tetra checkpoint
+    leechq's published-format writer makes of it.
+
+    Returns:
+        ``(artifact directory, Tetra directory)``.
+    """
+    from leechq.config import QuantConfig
+    from leechq.formats.artifact import GroupAffine, write_artifact
+    from leechq.formats.tetra_write import artifact_to_tetra_dir
+    from leechq.models.save import raw_tensors
+
+    model = tiny_model(arch)
+    records = quantize_randomly(model, codebook="tetra")
+    raw, tied = raw_tensors(model, {})
+    raw = {k: v.to(torch.bfloat16) for k, v in raw.items() if k[:-7] not in records}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in raw:
+            raw[name] = GroupAffine.quantize(raw[name].float(), 4, 64)
+    art = tmp / f"art-{arch}"
+    write_artifact(
+        art,
+        base_config=model.config.to_dict(),
+        quant_config=QuantConfig(codebook="tetra", int4_modules=("self_attn.v_proj",)),
+        records=records,
+        raw=raw,
+        tied=tied,
+        tokenizer=tiny_tokenizer(),
+    )
+    return art, Path(artifact_to_tetra_dir(art, tmp / f"tetra-{arch}"))
+
+
 def ids(n: int = 12, batch: int = 2, seed: int = 0, vocab: int = 96) -> torch.Tensor:
     """Random token ids [batch, n] (avoiding the special ids 0..3)."""
     g = torch.Generator().manual_seed(seed)

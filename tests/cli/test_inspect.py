@@ -9,13 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from leechq_tiny import quantize_randomly, tiny_model, tiny_tokenizer
+from leechq_tiny import make_tetra_dir
 
 from leechq.cli.main import main
-from leechq.config import QuantConfig
-from leechq.formats.artifact import GroupAffine, artifact_report, write_artifact
-from leechq.models.save import raw_tensors
+from leechq.formats.artifact import artifact_report
 
 pytest.importorskip("transformers")
 
@@ -24,26 +21,8 @@ pytest.importorskip("transformers")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """``(artifact, the Tetra directory written from it)``: random valid Tetra records, an int4
     v_proj, a 4-bit embedding table, bf16 norms, the tiny tokenizer."""
-    from leechq.formats.tetra_write import artifact_to_tetra_dir
-
-    tmp = tmp_path_factory.mktemp("inspect-tetra")
-    model = tiny_model("qwen3")
-    records = quantize_randomly(model, codebook="tetra")
-    raw, tied = raw_tensors(model, {})
-    raw = {k: v.to(torch.bfloat16) for k, v in raw.items() if k[:-7] not in records}
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in raw:
-            raw[name] = GroupAffine.quantize(raw[name].float(), 4, 64)
-    art = write_artifact(
-        tmp / "art",
-        base_config=model.config.to_dict(),
-        quant_config=QuantConfig(codebook="tetra", int4_modules=("self_attn.v_proj",)),
-        records=records,
-        raw=raw,
-        tied=tied,
-        tokenizer=tiny_tokenizer(),
-    )
-    return Path(art), Path(artifact_to_tetra_dir(art, tmp / "tetra"))
+    art, tetra = make_tetra_dir(tmp_path_factory.mktemp("inspect-tetra"), "qwen3")
+    return Path(art), tetra
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:

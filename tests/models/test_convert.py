@@ -9,45 +9,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from leechq_tiny import ids, quantize_randomly, tiny_model, tiny_tokenizer
+from leechq_tiny import ids, make_tetra_dir
 
 import leechq.integrations.transformers  # noqa: F401  (registers quant_method "leechq")
 from leechq.cli.main import main
-from leechq.config import QuantConfig
 from leechq.errors import ArtifactError, InvalidInput
-from leechq.formats.artifact import GroupAffine, read_artifact, write_artifact
+from leechq.formats.artifact import read_artifact
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.models.convert import is_tetra_dir, tetra_dir_to_artifact
 from leechq.models.load import load
-from leechq.models.save import raw_tensors
 
 llvq_tetra = pytest.importorskip("llvq_tetra")
 transformers = pytest.importorskip("transformers")
 
 
 def _tetra_dir(tmp: Path, arch: str) -> Path:
-    """A Tetra checkpoint written by leechq's published-format writer from random valid records
-    (int4 v_proj, 4-bit embedding table, bf16 norms, the tiny tokenizer)."""
-    from leechq.formats.tetra_write import artifact_to_tetra_dir
-
-    model = tiny_model(arch)
-    records = quantize_randomly(model, codebook="tetra")
-    raw, tied = raw_tensors(model, {})
-    raw = {k: v.to(torch.bfloat16) for k, v in raw.items() if k[:-7] not in records}
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in raw:
-            raw[name] = GroupAffine.quantize(raw[name].float(), 4, 64)
-    art = tmp / f"art-{arch}"
-    write_artifact(
-        art,
-        base_config=model.config.to_dict(),
-        quant_config=QuantConfig(codebook="tetra", int4_modules=("self_attn.v_proj",)),
-        records=records,
-        raw=raw,
-        tied=tied,
-        tokenizer=tiny_tokenizer(),
-    )
-    return artifact_to_tetra_dir(art, tmp / f"tetra-{arch}")
+    """A Tetra checkpoint written by leechq's published-format writer
+    (:func:`leechq_tiny.make_tetra_dir`)."""
+    return make_tetra_dir(tmp, arch)[1]
 
 
 def _llvq_logits(path: Path, x: torch.Tensor) -> torch.Tensor:
