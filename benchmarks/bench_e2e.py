@@ -22,6 +22,8 @@ What it does, in order:
      served by Planes14 groups), fp16 embedding and head;
    * ``fp16``: the same engine (same loop, same graphs, same compiled pieces) with dense fp16
      weights;
+   * ``int4``: the same engine in bfloat16 with every projection torch's int4 weight-only GEMM
+     (tinygemm, group 128, ``int4_tinygemm.py``), embedding and head dense;
    * ``hf-fp16``: plain transformers fp16 ``generate`` (its default dynamic cache, no graphs).
    Protocol: random prompts of ``--prompt-len`` tokens (no padding), ``--new-tokens`` greedy tokens,
    one warm-up generation (compilation, capture), then the median of ``--repeats`` timed
@@ -365,6 +367,17 @@ def build_arm(arm: str, name: str) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {}
     if arm == "fp16":
         model = random_dense(args, torch.float16, dev, seed=0)
+    elif arm == "int4":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import int4_tinygemm
+
+        model = random_dense(args, torch.bfloat16, dev, seed=0)
+        shapes = [(m.out_features, m.in_features) for blk in model.blocks
+                  for m in blk.modules() if isinstance(m, torch.nn.Linear)]
+        if not all(int4_tinygemm.fits(*s) for s in shapes):
+            raise KernelUnavailable(f"{name}: projection shapes that tinygemm does not take")
+        info["int4_linears"] = sum(int4_tinygemm.swap_linears(blk, torch.bfloat16)
+                                   for blk in model.blocks)
     elif arm in ("tetra48", "tetra48-q4", "tetra48-norot", "ball"):
         q4 = arm == "tetra48-q4"
         with warnings.catch_warnings():
@@ -582,7 +595,7 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--arms",
         default=None,
-        help="comma list: fp16,tetra48,tetra48-q4,tetra48-norot,ball,hf-fp16",
+        help="comma list: fp16,int4,tetra48,tetra48-q4,tetra48-norot,ball,hf-fp16",
     )
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)

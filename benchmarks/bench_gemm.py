@@ -12,7 +12,9 @@ random matrix (q|k|v 4096→6144, o 4096→4096, gate|up 4096→24576, down 1228
 Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.nn.group.LeechqGroup` in
 the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
 ``served`` (the group's forward: rotation, then what the dispatch table picks — ``m1`` at 1–2
-rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS above), and
+rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS above), ``int4``
+(torch's int4 weight-only GEMM, tinygemm, group 128, bfloat16 activations: ``int4_tinygemm.py``,
+coded from the fp16 arm's matrices) and
 ``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM;
 default ``tuning.GEMM_SWEEP``: the same rotation into the copy's column order, then
 ``ops_gemm.matmul_gemm_ordered`` per part). Every arm is first checked against the f64 product of
@@ -45,13 +47,15 @@ from bench_matvec import (  # noqa: E402
     setup,
     time_ms,
 )
+from int4_tinygemm import Int4Linear, dequantize, fits, quantize  # noqa: E402
 from shapes import Model  # noqa: E402
 
 CHECK_ROWS = 256
 """Output rows of each group kind checked against the f64 product."""
 
-MAX_ERR = {"fp16": 4e-3, "served": 4e-3, "gemm": 4e-3}
-"""The largest ``row_bound_error`` an arm may show (float16 values and activations: a few 2^-11)."""
+MAX_ERR = {"fp16": 4e-3, "served": 4e-3, "gemm": 4e-3, "int4": 8e-3}
+"""The largest ``row_bound_error`` an arm may show (float16 values and activations: a few 2^-11;
+the int4 arm's bfloat16 activations and outputs: a few 2^-8)."""
 
 
 def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
@@ -80,8 +84,10 @@ def references(tetra: list[Any], fp16: list[torch.Tensor], kinds: int) -> list[d
     out = []
     for grp, w16 in zip(tetra[:kinds], fp16[:kinds], strict=True):
         head = record_rows(grp.parts[0], slice(0, min(CHECK_ROWS, grp.parts[0].d_out)))
+        w4 = dequantize(*quantize(w16[:CHECK_ROWS].cpu())) if fits(*w16.shape) else w16[:0]
         out.append({"grp": grp, "dense": ref.tetra48_dequantize_rotated(head),
-                    "w16": w16[:CHECK_ROWS].double().cpu(), "rows": head.d_out})
+                    "w16": w16[:CHECK_ROWS].double().cpu(), "w4": w4.double(),
+                    "rows": head.d_out})
     return out
 
 
@@ -96,6 +102,8 @@ def check_arm(arm: str, fn: Any, refs: list[dict[str, Any]], rows: int, device: 
         y = fn(i, grp, x)[:, : r["rows"]].float().cpu()
         if arm == "fp16":
             worst = max(worst, ref.row_bound_error(y, x.float().cpu(), r["w16"]))
+        elif arm == "int4":
+            worst = max(worst, ref.row_bound_error(y, x.bfloat16().float().cpu(), r["w4"]))
         else:
             xr = ref.rotate(x.float().cpu(), grp.rotation)
             worst = max(worst, ref.row_bound_error(y, xr, r["dense"]))
@@ -109,6 +117,8 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 
     if text == "all":
         return list(GEMM_SWEEP)
+    if text == "none":
+        return []
     out = []
     for item in text.split(","):
         out.append(tuple(int(v) for v in item.split("x")) if "x" in item
@@ -122,17 +132,25 @@ def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]
 
     tetra = build_tetra(model, device)
     fp16 = build_fp16(model, device)
+    int4 = [Int4Linear(w) for w in fp16] if all(fits(*w.shape) for w in fp16) else []
+    if not int4:
+        print("int4 arm skipped: these shapes are not tinygemm's (n % 16, k % 128)", flush=True)
     kinds = len(model.groups())
     refs = references(tetra, fp16, kinds)
     out = []
     for rows in rows_list:
         xs = {d: torch.randn(rows, d, device=device, dtype=torch.float16)
               for d in {g.d_in for g in tetra}}
+
         arms: dict[str, Any] = {
             "fp16": (lambda i, g, x: x @ fp16[i].T,
                      lambda xs=xs: [xs[w.shape[1]] @ w.T for w in fp16]),
             "served": (lambda i, g, x: g(x), lambda xs=xs: [g(xs[g.d_in]) for g in tetra]),
         }
+        if int4:
+            xb = {d: x.to(int4[0].dtype) for d, x in xs.items()}
+            arms["int4"] = (lambda i, g, x: int4[i](x.to(int4[i].dtype)),
+                            lambda xb=xb: [m(xb[m.in_features]) for m in int4])
         for c in configs:
             cfg = ops_gemm.GemmConfig(*c).check()
             arms["gemm[{}x{}x{}]".format(*c)] = (
@@ -156,6 +174,8 @@ def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]
         if device.startswith("cuda") and best is not None:
             row["best_gemm_x_fp16"] = ms["fp16"] / ms[best]
             row["served_x_fp16"] = ms["fp16"] / ms["served"]
+            if "int4" in ms:
+                row["int4_x_fp16"] = ms["fp16"] / ms["int4"]
         print(f"{model.name} rows={rows}: " + ", ".join(f"{a} {v:.3f} ms" for a, v in ms.items())
               + f"; best {best}", flush=True)
         out.append(row)
@@ -166,8 +186,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(p, "2,4,8,16,32,64,128", 3, 10)
     p.add_argument("--configs", default="all",
-                   help="'all' (tuning.GEMM_SWEEP) or a comma list of indices into it and/or "
-                        "geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x4")
+                   help="'all' (tuning.GEMM_SWEEP), 'none', or a comma list of indices into it "
+                        "and/or geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x4")
     a = p.parse_args()
     model, device, rows = setup(a, [2, 17])
     configs = parse_configs(a.configs)

@@ -171,7 +171,7 @@ def setup(a: argparse.Namespace, dry_rows: list[int]) -> tuple[Model, str, list[
     if a.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
         a.rounds, a.reps = 1, 1
-        return Model("tiny", 2, 128, 256, 2, 1, 32), "cpu", dry_rows
+        return Model("tiny", 2, 128, 256, 2, 1, 64), "cpu", dry_rows
     return MODELS[a.model], "cuda", [int(r) for r in a.rows.split(",")]
 
 
