@@ -135,7 +135,7 @@ def test_group_from_records_matches_reference(monkeypatch: pytest.MonkeyPatch, r
     biases = [torch.randn(16), None]
     group = _fused(recs, biases)
     assert group._many_rows(DENSE_MIN_ROWS - 1) is None  # the interpreter: no GEMM
-    assert group._many_rows(DENSE_MIN_ROWS) == "dense"
+    assert group._many_rows(DENSE_MIN_ROWS) == "dense-f16"
     assert execution_paths(group) == {"fused": 2}
     x = torch.randn(rows, 72, generator=torch.Generator().manual_seed(rows))
     y = group(x)
@@ -319,7 +319,7 @@ def test_tetra_group_rows_take_the_gemm(monkeypatch: pytest.MonkeyPatch, rotated
     group = _fused(recs, biases)
     x = torch.randn(5, 72, generator=torch.Generator().manual_seed(5))
     ref = _reference(x, recs, biases)
-    assert group._many_rows(5) == "gemm"
+    assert group._many_rows(5) == "gemm-f16"
     y = group(x)
     assert calls == [(5, torch.float16 if rotated else torch.float32)] * len(group.parts)
     assert y.shape == (5, 24) and (y - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()

@@ -618,34 +618,49 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
                       packed=box)
 
 
-_MANY_ROW_ENTRIES = ("gemm-f16", "dense-f16")
+MANY_ROW_ENTRIES = ("gemm-f16", "dense-f16")
+"""The table's entries that take all of a call's rows in one many-row product."""
+
+
+def many_row_entry(req: Request) -> str | None:
+    """The entry of :data:`MANY_ROW_ENTRIES` the table gives ``req``'s rows to (a caller that
+    can take either product: ``req.dense_copy`` True), or None where a lattice matvec keeps
+    them."""
+    name = choose(req).name
+    return name if name in MANY_ROW_ENTRIES else None
+
+
+def many_row_product(entry: str, x: torch.Tensor, w: Any,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``y = W x`` for the rows ``entry`` (of :data:`MANY_ROW_ENTRIES`) serves, from natural
+    column order: ``out_dtype`` [M, d_out] from x [M, d_in] (float32 or 16-bit; rotated basis)
+    and a packed lattice record ``w`` — ``gemm-f16``: the float16 tensor-core GEMM
+    (``ops.tetra48_matmul_gemm``); ``dense-f16``: a float16 copy and cuBLAS
+    (``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense``)."""
+    from leechq.kernels.triton import ops
+
+    if entry == "gemm-f16":
+        return ops.tetra48_matmul_gemm(x, w, out_dtype=out_dtype)
+    dense = ops.planes14_matmul_dense if w.layout == "planes14" else ops.tetra48_matmul_dense
+    return dense(x.float(), w).to(out_dtype)
 
 
 def _many_rows(matvec: Callable[[torch.Tensor], torch.Tensor], box: dict[str, Any],
                device: torch.device, dtype: torch.dtype
                ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A 16-bit layer's ``run``: rows the table gives to ``gemm-f16`` (the float16 tensor-core
-    GEMM from natural order, ``ops.tetra48_matmul_gemm``) or ``dense-f16`` (a float16 copy and
-    cuBLAS, ``ops.tetra48_matmul_dense`` / ``planes14_matmul_dense``) in one call — the
-    precision of the 16-bit model itself —, the others through ``matvec`` (the lattice matvec in
-    chunks of :data:`MAX_TRITON_ROWS`)."""
+    """A 16-bit layer's ``run``: rows the table gives to a many-row entry
+    (:func:`many_row_product`) in one call — the precision of the 16-bit model itself —, the
+    others through ``matvec`` (the lattice matvec in chunks of :data:`MAX_TRITON_ROWS`)."""
 
     def run(x: torch.Tensor) -> torch.Tensor:
         m = int(x.shape[0])
         if m >= min(GEMM_MIN_ROWS, DENSE_MIN_ROWS):
             w = box["w"]
-            name = choose(Request(w.layout, m, device, dtype, n_blocks=w.n_blocks,
-                                  dense_copy=True, d_out=w.d_out, d_in=w.d_in,
-                                  tail_cols=w.tail_cols)).name
-            if name in _MANY_ROW_ENTRIES:
-                from leechq.kernels.triton import ops
-
-                x = x.contiguous()
-                if name == "gemm-f16":
-                    return ops.tetra48_matmul_gemm(x, w, out_dtype=dtype)
-                dense = (ops.planes14_matmul_dense if w.layout == "planes14"
-                         else ops.tetra48_matmul_dense)
-                return dense(x.float(), w).to(dtype)
+            entry = many_row_entry(Request(w.layout, m, device, dtype, n_blocks=w.n_blocks,
+                                           dense_copy=True, d_out=w.d_out, d_in=w.d_in,
+                                           tail_cols=w.tail_cols))
+            if entry is not None:
+                return many_row_product(entry, x.contiguous(), w, dtype)
         return matvec(x)
 
     return run

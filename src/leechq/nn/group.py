@@ -368,18 +368,17 @@ class LeechqGroup(nn.Module):
         return y.reshape(*lead, self.offsets[-1])
 
     def _many_rows(self, m_rows: int) -> str | None:
-        """Which many-row path serves ``m_rows`` rows — the dispatch table's choice
-        (``kernels.select.KERNELS``) for a caller that can take either: ``"gemm"`` (the float16
-        tensor-core GEMM, ``ops.matmul_gemm_ordered`` after a rotation into the copies' column
-        order, or ``ops.tetra48_matmul_gemm`` for an unrotated group), ``"dense"`` (float16
-        dequantized copies on cuBLAS: ``ops.matmul_dense_ordered``, or
-        ``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense`` unrotated), or None where
-        the lattice matvec serves them from the prepared activation."""
-        from leechq.kernels.select import Request, choose
+        """Which many-row entry serves ``m_rows`` rows — the dispatch table's choice
+        (``kernels.select.many_row_entry``): ``"gemm-f16"`` (the float16 tensor-core GEMM,
+        ``ops.matmul_gemm_ordered`` after a rotation into the copies' column order),
+        ``"dense-f16"`` (float16 dequantized copies on cuBLAS, ``ops.matmul_dense_ordered``;
+        an unrotated group takes either from natural order, ``select.many_row_product``), or
+        None where the lattice matvec serves them from the prepared activation."""
+        from leechq.kernels.select import Request, many_row_entry
 
         device = self.parts[0].device
-        req = Request(self.layout, m_rows, device, n_blocks=self.n_blocks, dense_copy=True)
-        return _MANY_ROWS.get(choose(req).name)
+        return many_row_entry(Request(self.layout, m_rows, device, n_blocks=self.n_blocks,
+                                      dense_copy=True))
 
     def forward_add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -508,14 +507,13 @@ class LeechqGroup(nn.Module):
         if self.rot is not None:
             part0 = self.parts[0]
             extra, x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
-            ordered = ops.matmul_gemm_ordered if kind == "gemm" else ops.matmul_dense_ordered
+            ordered = ops.matmul_gemm_ordered if kind == "gemm-f16" else ops.matmul_dense_ordered
             ys = [ordered(x16, part) for part in self.parts]
         else:
-            matmul = (ops.tetra48_matmul_gemm if kind == "gemm"
-                      else ops.planes14_matmul_dense if self.layout == "planes14"
-                      else ops.tetra48_matmul_dense)
+            from leechq.kernels.select import many_row_product
+
             extra, xr = rotated(None)
-            ys = [matmul(xr, part) for part in self.parts]
+            ys = [many_row_product(kind, xr, part) for part in self.parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
             y = y + self.bias
@@ -545,10 +543,6 @@ class LeechqGroup(nn.Module):
         )
 
 
-
-
-_MANY_ROWS = {"gemm-f16": "gemm", "dense-f16": "dense"}
-"""The dispatch table's many-row entries → :meth:`LeechqGroup._many_rows`' names."""
 
 
 # ---------------------------------------------------------------------------------- building
