@@ -172,15 +172,15 @@ def pair_items(item, n_items, NP: tl.constexpr, N_BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
-                 GROUPED: tl.constexpr):
-    """Where a block pair's values go (int32 pointers and section steps): the even block's first
-    section and step, the odd block's. ``GROUPED``: the layout of
-    ``reference.dequant_group_columns`` (groups of :data:`GROUP_PAIRS` pairs; per group the even
-    blocks' sections, section-major, then the odd blocks'), so that consecutive lanes (pairs)
-    store consecutive 16-byte units; else block-major (block ``b`` at columns
-    ``24 b .. 24 b + 23``)."""
-    row_out = out_ptr + row * (12 * N_BLOCKS)
+def section_words(pair, H: tl.constexpr, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
+                  GROUPED: tl.constexpr):
+    """Where block ``2·pair + H``'s three sections lie in a row of the dequantized copy, in
+    int32 words (two float16 columns): ``(first, step)``, section ``s`` at ``first + s·step``.
+    ``GROUPED``: the layout of ``reference.dequant_group_columns`` (groups of
+    :data:`GROUP_PAIRS` pairs; per group the even blocks' sections, section-major, then the odd
+    blocks'), so that consecutive lanes (pairs) hold consecutive 16-byte units; else
+    block-major (block ``b`` at columns ``24 b .. 24 b + 23``). The dequantization kernels
+    store there and the float16 tensor-core GEMM reads its activation from there."""
     if GROUPED:
         GP: tl.constexpr = GROUP_PAIRS
         LAST: tl.constexpr = (NP - 1) // GP
@@ -188,12 +188,24 @@ def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
         g = pair // GP
         j = pair - g * GP
         pg = tl.minimum(NP - g * GP, GP)
-        pg_odd = pg - tl.where(g == LAST, ODD, 0)
-        out_e = row_out + 4 * (6 * GP * g + j)
-        return out_e, 4 * pg, out_e + 12 * pg, 4 * pg_odd
+        if H == 0:
+            return 24 * GP * g + 4 * j, 4 * pg
+        else:
+            pg_odd = pg - tl.where(g == LAST, ODD, 0)
+            return 24 * GP * g + 4 * j + 12 * pg, 4 * pg_odd
     else:
-        out_e = row_out + 24 * pair
-        return out_e, 4, out_e + 12, 4
+        return 12 * (2 * pair + H), 4
+
+
+@triton.jit
+def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
+                 GROUPED: tl.constexpr):
+    """Where a block pair's values go (int32 pointers and section steps, :func:`section_words`):
+    the even block's first section and step, the odd block's."""
+    row_out = out_ptr + row * (12 * N_BLOCKS)
+    first_e, step_e = section_words(pair, 0, NP, N_BLOCKS, GROUPED)
+    first_o, step_o = section_words(pair, 1, NP, N_BLOCKS, GROUPED)
+    return row_out + first_e, step_e, row_out + first_o, step_o
 
 
 @triton.jit

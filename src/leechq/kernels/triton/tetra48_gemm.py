@@ -45,10 +45,10 @@ import triton.language as tl
 
 from leechq.kernels.triton._bits import global_load32, global_load128, global_store32
 from leechq.kernels.triton.tetra48_dequant import (
-    GROUP_PAIRS,
     block_values,
     block_values64,
     f16_eight,
+    section_words,
 )
 from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
 
@@ -162,36 +162,13 @@ def pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W: tl.constexpr, T64: tl.con
 
 
 @triton.jit
-def x_column(pair, H: tl.constexpr, S: tl.constexpr, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
-             GROUPED: tl.constexpr):
-    """The first column (float16 units, a multiple of 8) of section ``S`` of block
-    ``2·pair + H`` in the dequantized copy's column order: the grouped layout of
-    ``reference.dequant_group_columns`` (as :func:`.tetra48_dequant.pair_outputs` places it) or
-    block-major."""
-    if GROUPED:
-        GP: tl.constexpr = GROUP_PAIRS
-        LAST: tl.constexpr = (NP - 1) // GP
-        ODD: tl.constexpr = N_BLOCKS % 2
-        gq = pair // GP
-        j = pair - gq * GP
-        pg = tl.minimum(NP - gq * GP, GP)
-        if H == 0:
-            col = 48 * GP * gq + 8 * j + S * 8 * pg
-        else:
-            pg_odd = pg - tl.where(gq == LAST, ODD, 0)
-            col = 48 * GP * gq + 8 * j + 24 * pg + S * 8 * pg_odd
-    else:
-        col = 24 * (2 * pair + H) + 8 * S
-    return col
-
-
-@triton.jit
 def _x_words(xrow, ok, pair, H: tl.constexpr, S: tl.constexpr, NP: tl.constexpr,
              N_BLOCKS: tl.constexpr, GROUPED: tl.constexpr, USE_ASM: tl.constexpr):
     """The ``B`` words of block ``H``, section ``S`` of the lane's pair: the four int32 words (8
-    float16 columns at :func:`x_column`) of activation row ``xrow`` (int32 pointers
-    ``[MT, L]``); zeros where not ``ok``."""
-    col = x_column(pair, H, S, NP, N_BLOCKS, GROUPED) // 2
+    float16 columns at the copy's column order, :func:`.tetra48_dequant.section_words`) of
+    activation row ``xrow`` (int32 pointers ``[MT, L]``); zeros where not ``ok``."""
+    first, step = section_words(pair, H, NP, N_BLOCKS, GROUPED)
+    col = first + S * step
     return global_load128(xrow + col[None, :], ok, USE_ASM)
 
 
