@@ -5,7 +5,8 @@
 #             fails the test): passed / failed in $OUT/gputests.log
 #   kernels   one decode step's projections, Qwen3-8B shapes: at 1 activation row the served
 #             Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py), at 2..128 rows the
-#             served path and the float16 tensor-core GEMM (benchmarks/bench_gemm.py)
+#             served path, the float16 tensor-core GEMM and torch's int4 tinygemm
+#             (benchmarks/bench_gemm.py)
 #   e2e       decode tokens/s of Qwen3-8B at batch 1, 8, 16, 32 and 64, fp16 against Tetra in one
 #             process, correctness gates first (benchmarks/bench_e2e.py)
 set -uo pipefail
