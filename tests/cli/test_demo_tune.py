@@ -99,3 +99,22 @@ def test_quality_table_has_one_row_per_model() -> None:
     assert lines[1].split() == ["bare", "2-bit", "x2.500", "0.7500", "0.400"]
     assert lines[2].split() == ["tuned", "2-bit", "x1.250", "0.3450", "0.610"]
     assert "x1.00 = no loss" in QUALITY_LEGEND
+
+
+def test_reference_logits_run_the_reference_once_per_window_and_change_no_number() -> None:
+    from leechq.cli.demo import ReferenceLogits
+    from leechq.data import token_windows
+    from leechq.eval.runner import SuiteConfig, run_suite
+
+    tok = tiny_tokenizer()
+    reference, student = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    text = " ".join(WORDS[(i * 5) % len(WORDS)] for i in range(800))
+    windows = token_windows(tok, text, 3, 16)
+    cfg = SuiteConfig(n_windows=3, window=16)
+    cached = ReferenceLogits(reference)
+    for model in (student, student):
+        got = run_suite(model, tok, cfg, reference=cached, windows=windows)
+        want = run_suite(model, tok, cfg, reference=reference, windows=windows)
+        assert got["kl"] == {**want["kl"], "seconds": got["kl"]["seconds"]}
+        assert got["ppl"] == want["ppl"]
+    assert cached.forwards == 3  # one per window (batch size 1), not one per window and model
