@@ -118,3 +118,20 @@ def test_reference_logits_run_the_reference_once_per_window_and_change_no_number
         assert got["kl"] == {**want["kl"], "seconds": got["kl"]["seconds"]}
         assert got["ppl"] == want["ppl"]
     assert cached.forwards == 3  # one per window (batch size 1), not one per window and model
+
+
+def test_the_demo_sets_a_passive_openmp_wait_before_torch_loads_unless_the_user_chose() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, os, leechq.cli.demo; "
+            "print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "PASSIVE"]  # set before torch (and its OpenMP runtime) is loaded
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "ACTIVE"]

@@ -34,11 +34,19 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+# Read once by torch's OpenMP runtime when torch loads, so set here, before any torch import: a
+# worker thread waiting for work sleeps instead of spinning. On a small machine shared with other
+# processes a spinning worker keeps a core that another process needs, and every parallel torch
+# operation then waits for a descheduled thread; the results are the same either way. A value
+# set by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 DEMO_EMBEDDING = "int8"
