@@ -20,8 +20,9 @@ On a fresh machine the demo
 5. prints the size under the three accounting rules (never mixed) and the file size against the
    reference's files;
 6. prints the quality of the bare and the tuned model against the reference on held-out windows of
-   the evaluation split (perplexity ratio, KL(reference ‖ 2-bit), greedy agreement) with what
-   each measure means: what the tuning stage buys;
+   the evaluation split (perplexity ratio, KL(reference ‖ 2-bit), greedy agreement; the
+   reference's logits computed once for both, :class:`ReferenceLogits`) with what each measure
+   means: what the tuning stage buys;
 7. ends with one JSON line holding every number and timing.
 
 Fallbacks, each announced on stdout (never a made-up number): Tetra's encoder unavailable → the
