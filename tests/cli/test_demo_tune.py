@@ -99,3 +99,39 @@ def test_quality_table_has_one_row_per_model() -> None:
     assert lines[1].split() == ["bare", "2-bit", "x2.500", "0.7500", "0.400"]
     assert lines[2].split() == ["tuned", "2-bit", "x1.250", "0.3450", "0.610"]
     assert "x1.00 = no loss" in QUALITY_LEGEND
+
+
+def test_reference_logits_run_the_reference_once_per_window_and_change_no_number() -> None:
+    from leechq.cli.demo import ReferenceLogits
+    from leechq.data import token_windows
+    from leechq.eval.runner import SuiteConfig, run_suite
+
+    tok = tiny_tokenizer()
+    reference, student = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    text = " ".join(WORDS[(i * 5) % len(WORDS)] for i in range(800))
+    windows = token_windows(tok, text, 3, 16)
+    cfg = SuiteConfig(n_windows=3, window=16)
+    cached = ReferenceLogits(reference)
+    for model in (student, student):
+        got = run_suite(model, tok, cfg, reference=cached, windows=windows)
+        want = run_suite(model, tok, cfg, reference=reference, windows=windows)
+        assert got["kl"] == {**want["kl"], "seconds": got["kl"]["seconds"]}
+        assert got["ppl"] == want["ppl"]
+    assert cached.forwards == 3  # one per window (batch size 1), not one per window and model
+
+
+def test_the_demo_sets_a_passive_openmp_wait_before_torch_loads_unless_the_user_chose() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, os, leechq.cli.demo; "
+            "print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "PASSIVE"]  # set before torch (and its OpenMP runtime) is loaded
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "ACTIVE"]

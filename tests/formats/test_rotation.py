@@ -81,21 +81,20 @@ def test_orthogonal_and_inverse(n: int) -> None:
     assert np.allclose(apply_rotation(x, t).numpy(), x.numpy() @ q.T, atol=1e-12)
 
 
-def test_transpose_exact_order_matches_scalar_loop() -> None:
-    t = generate_rotation(24, 0x110FEED)
-    m, k = t.pow2, t.odd
-    rng = np.random.default_rng(0)
-    row = rng.standard_normal(24)
-    # Scalar reference of docs/format.md §2 step 3.
-    v = [[row[g * m + j] for j in range(m)] for g in range(k)]
-    mixed = [[0.0] * m for _ in range(k)]
+def _scalar_mix(vals: list[float], small: np.ndarray, k: int, m: int,
+                transpose: bool) -> list[float]:
+    out = []
     for g in range(k):
         for j in range(m):
             acc = 0.0
             for tt in range(k):
-                acc = acc + t.small[tt][g] * v[tt][j]
-            mixed[g][j] = acc
-    flat = [x for grp in mixed for x in grp]
+                acc = acc + (small[tt][g] if transpose else small[g][tt]) * vals[tt * m + j]
+            out.append(acc)
+    return out
+
+
+def _scalar_wht(vals: list[float], k: int, m: int) -> list[float]:
+    flat = list(vals)
     length = 1
     while length < m:
         for g in range(k):
@@ -104,10 +103,30 @@ def test_transpose_exact_order_matches_scalar_loop() -> None:
                     a, b = flat[g * m + j], flat[g * m + j + length]
                     flat[g * m + j], flat[g * m + j + length] = a + b, a - b
         length *= 2
+    return flat
+
+
+@pytest.mark.parametrize("n", [24, 40, 64, 576, 1536])
+def test_both_directions_match_the_scalar_loop_bit_for_bit(n: int) -> None:
+    """docs/format.md §2 step 3 as a scalar loop (mix with t ascending from 0.0, butterflies,
+    × 1/√m, signs) against the whole-tensor code, batched over leading dims, bit for bit."""
+    t = generate_rotation(n, 0x110FEED + n)
+    m, k = t.pow2, t.odd
+    rows = np.random.default_rng(n).standard_normal((2, 3, n))
+    rows[0, 0, :5] = 0.0  # zeros (and their signs) take the same path
     r = 1.0 / math.sqrt(m)
-    expect = [flat[i] * r * t.signs[i] for i in range(24)]
-    got = apply_rotation_transpose(torch.tensor(row), t).tolist()
-    assert got == expect  # bit for bit
+    got_t = apply_rotation_transpose(torch.tensor(rows), t).numpy()
+    got_f = apply_rotation(torch.tensor(rows), t).numpy()
+    for a in range(2):
+        for b in range(1 if n > 64 else 3):  # the wide rows: one scalar reference each
+            row = rows[a, b].tolist()
+            flat = _scalar_wht(_scalar_mix(row, t.small, k, m, True) if k > 1 else row, k, m)
+            expect_t = [flat[i] * r * t.signs[i] for i in range(n)]
+            assert got_t[a, b].tolist() == expect_t
+            signed = [row[i] * t.signs[i] for i in range(n)]
+            scaled = [x * r for x in _scalar_wht(signed, k, m)]
+            expect_f = _scalar_mix(scaled, t.small, k, m, False) if k > 1 else scaled
+            assert got_f[a, b].tolist() == expect_f
 
 
 def test_sign_bits_round_trip() -> None:

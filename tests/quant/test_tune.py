@@ -67,6 +67,45 @@ def test_centroid_parts_compose_the_decode_and_the_factors_fold_exactly() -> Non
     torch.testing.assert_close(m4(x[:, :48]), x[:, :48] @ q.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("d_in,gain_bits,rotate,zero", [
+    (56, 1, True, False), (48, 2, True, True), (56, 1, False, True), (72, 0, True, False)])
+def test_centroid_parts_are_each_parts_own_unrotated_decode_bit_for_bit(
+        d_in: int, gain_bits: int, rotate: bool, zero: bool) -> None:
+    """B[k] = Qᵀ(rotated decode on the blocks of gain k, / c_k) and T = Qᵀ(tail), each un-rotated
+    alone in f64 and narrowed once; a zero centroid's part is zeros."""
+    import dataclasses
+
+    from leechq.codebooks import BLOCK
+    from leechq.formats.rotation import apply_rotation_transpose
+
+    rec = lattice_record("tetra", 9, d_in, seed=d_in + gain_bits, gain_bits=gain_bits,
+                         rotate=rotate)
+    if zero:
+        c = rec.centroids.clone()
+        c[0] = 0.0
+        rec = dataclasses.replace(rec, centroids=c)
+    parts, tail = centroid_parts(rec)
+    rot = rec.dequantize_rotated()
+    cut = rec.n_blocks * BLOCK
+    gains = rec.gains.long().repeat_interleave(BLOCK, dim=1)
+
+    def unrotate(x: torch.Tensor) -> torch.Tensor:
+        return x if rec.rotation is None else apply_rotation_transpose(x, rec.rotation)
+
+    assert parts.dtype == torch.float32 and parts.shape == (rec.centroids.numel(), 9, d_in)
+    for k in range(rec.centroids.numel()):
+        part = torch.zeros_like(rot)
+        if float(rec.centroids[k]) != 0.0:
+            part[:, :cut] = torch.where(gains == k, rot[:, :cut] / rec.centroids[k], 0.0)
+        assert torch.equal(parts[k], unrotate(part).to(torch.float32))
+    if rec.tail_cols:
+        t = torch.zeros_like(rot)
+        t[:, cut:] = rot[:, cut:]
+        assert tail is not None and torch.equal(tail, unrotate(t).to(torch.float32))
+    else:
+        assert tail is None
+
+
 def test_composed_gradients_match_autograd_through_the_plain_composition() -> None:
     rec = lattice_record("tetra", 5, 48, seed=2)
     m = ComposedLinear(rec, torch.randn(5), ("row_scales", "centroids", "biases"),

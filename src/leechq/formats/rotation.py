@@ -151,15 +151,17 @@ def _wht_groups(v: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _mix(v: torch.Tensor, small: torch.Tensor, k: int, m: int, transpose: bool) -> torch.Tensor:
-    """out[g] = Σ_t A[g][t] · v[t] over groups, A = small (or its transpose), t ascending, no FMA."""
+    """out[g] = Σ_t A[g][t] · v[t] over groups, A = small (or its transpose), t ascending, no FMA.
+
+    Every output group at once: for each ``t`` the products ``A[g][t]·v[t]`` of all ``g`` (one
+    rounded multiply each) are added to the accumulators, which start at 0.0 — per element the
+    same operations in the same order as the scalar loop, in ``2k`` whole-tensor operations.
+    """
     groups = v.reshape(*v.shape[:-1], k, m)
+    coef = small.T if transpose else small  # coef[g, t]
     out = torch.zeros_like(groups)
-    for g in range(k):
-        acc = torch.zeros_like(groups[..., 0, :])
-        for t in range(k):
-            coef = small[t, g] if transpose else small[g, t]
-            acc = acc + coef * groups[..., t, :]
-        out[..., g, :] = acc
+    for t in range(k):
+        out += coef[:, t, None] * groups[..., t : t + 1, :]
     return out.reshape(v.shape)
 
 

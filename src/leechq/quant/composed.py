@@ -38,27 +38,28 @@ def centroid_parts(record: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor 
     Returns:
         ``(B float32 [n_c, d_out, d_in], T float32 [d_out, d_in] or None)`` with
         ``Σ_k centroids[k]·B[k] + T`` equal to the record's decode up to f32 rounding; ``B[k]`` is
-        the decode of the blocks whose gain index is ``k`` with ``centroids[k]`` replaced by 1.
+        the decode of the blocks whose gain index is ``k`` with ``centroids[k]`` replaced by 1
+        (zeros for a zero centroid).
+
+    One decode of the record; the parts (and the tail) are un-rotated together in one call, each
+    element in f64 exactly as a separate un-rotation of its part would, then narrowed to f32.
     """
     rot = record.dequantize_rotated()
     cut = record.n_blocks * BLOCK
-    gains = record.gains.long().repeat_interleave(BLOCK, dim=1)
     c = record.centroids
-    parts = []
-    for k in range(c.numel()):
-        part = torch.zeros_like(rot)
-        if float(c[k]) != 0.0:
-            part[:, :cut] = torch.where(gains == k, rot[:, :cut] / c[k], 0.0)
-        parts.append(part)
-    tail = None
-    if record.tail_cols:
-        tail = torch.zeros_like(rot)
-        tail[:, cut:] = rot[:, cut:]
+    n_c = c.numel()
+    has_tail = record.tail_cols > 0
+    parts = torch.zeros(n_c + int(has_tail), record.d_out, record.d_in, dtype=torch.float64)
+    ks = torch.arange(n_c)[:, None, None]
+    pick = (record.gains.long().repeat_interleave(BLOCK, dim=1) == ks) & (c != 0.0)[:, None, None]
+    safe = torch.where(c != 0.0, c, 1.0)[:, None, None]
+    parts[:n_c, :, :cut] = torch.where(pick, rot[:, :cut] / safe, 0.0)
+    if has_tail:
+        parts[n_c, :, cut:] = rot[:, cut:]
     if record.rotation is not None:
-        parts = [apply_rotation_transpose(p, record.rotation) for p in parts]
-        tail = None if tail is None else apply_rotation_transpose(tail, record.rotation)
-    stacked = torch.stack(parts).to(torch.float32)
-    return stacked, (None if tail is None else tail.to(torch.float32))
+        parts = apply_rotation_transpose(parts, record.rotation)
+    parts = parts.to(torch.float32)
+    return parts[:n_c], (parts[n_c] if has_tail else None)
 
 
 class _ComposedOp(torch.autograd.Function):
