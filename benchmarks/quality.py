@@ -342,12 +342,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="plot path [default: docs/quality.png; none with --tiny]")
     ap.add_argument("--plot-from", default=None,
                     help="comma-separated result files of earlier runs (their JSON last line): "
-                         "plot their rows together to --plot, measure nothing")
+                         "plot their rows together to --plot (a model, arm and set in several files: "
+                         "the last file's row), measure nothing")
     args = ap.parse_args(argv)
     if args.plot_from:
         rows_from: list[dict[str, Any]] = []
         for name in args.plot_from.split(","):
             rows_from += _result_rows(Path(name))
+        # a (model, arm, set) measured in several runs: the later file's row
+        rows_from = list({(r["model"], r["arm"], r["set"]): r for r in rows_from}.values())
         note = plot(rows_from, Path(args.plot or ROOT / "docs" / "quality.png"))
         print(json.dumps({"plot": note, "rows": len(rows_from)}))
         return 0
