@@ -201,6 +201,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         return quantize_model_in_place(model, windows, config, progress=not args.tiny)
 
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
+    if not {"bare", "full", "full+tune"} & set(wanted):
+        return out  # baselines only: no lattice encode
     t0 = time.perf_counter()
     student = copy.deepcopy(reference)
     enc = encode(student, calib, cfg)
@@ -342,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="plot path [default: docs/quality.png; none with --tiny]")
     ap.add_argument("--plot-from", default=None,
                     help="comma-separated result files of earlier runs (their JSON last line): "
-                         "plot their rows together to --plot (a model, arm and set in several files: "
-                         "the last file's row), measure nothing")
+                         "plot their rows together to --plot (a model, arm and set in several "
+                         "files: the last file's row), measure nothing")
     args = ap.parse_args(argv)
     if args.plot_from:
         rows_from: list[dict[str, Any]] = []

@@ -63,3 +63,23 @@ def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture
     bad.write_text("not json\n", encoding="utf-8")
     with pytest.raises(SystemExit, match=r"bad\.json: not a quality\.py result file"):
         module.main(["--plot-from", str(bad), "--plot", str(png)])
+
+
+def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for scalar baselines only, the report encodes nothing with the lattice."""
+    import argparse
+
+    import torch
+
+    import leechq.models.quantize as quantize
+
+    spec = importlib.util.spec_from_file_location("quality_arms", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(quantize, "quantize_model_in_place",
+                        lambda *a, **k: pytest.fail("a lattice encode for baseline arms"))
+    args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True)
+    calib = torch.zeros(2, 8, dtype=torch.long)
+    assert module.leechq_arms(object(), {"calib": calib}, args, ["rtn", "gptq", "hqq"]) == {}
+    with pytest.raises(pytest.fail.Exception, match="lattice encode"):
+        module.leechq_arms(object(), {"calib": calib}, args, ["bare"])
