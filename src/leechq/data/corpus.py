@@ -41,13 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from leechq.data.debian import (  # noqa: F401
-    CORPUS_DIR_ENV,
-    MANIFEST,
-    DebianFiles,
-    corpus_dir_override,
-    offline_hint,
-)
+from leechq.data.debian import MANIFEST, DebianFiles
 from leechq.errors import InvalidInput
 
 PYDOC_PACKAGE = "python3.11-doc"

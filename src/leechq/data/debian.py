@@ -245,5 +245,3 @@ def _extract_sources(
     if n == 0:
         raise ArtifactError(f"{deb}: no {prefix}*{suffix} members")
     return version
-
-
