@@ -314,8 +314,6 @@ def _check_against_config(
                       f"a record nor a raw tensor, e.g. {missing[:4]}")
 
 
-
-
 def _raw_dims(value: RawValue) -> tuple[int, ...]:
     return tuple(value.dims) if isinstance(value, GroupAffine) else tuple(value.shape)
 

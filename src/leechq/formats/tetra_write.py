@@ -29,6 +29,7 @@ from leechq.formats.artifact import (
     GroupAffine,
     TensorSink,
     _fsync_write,
+    _rotation_key,
     check_output_path,
     clean_stale_partials,
     read_artifact,
@@ -58,7 +59,6 @@ from leechq.formats.tetra_dir import (
     _check_against_config,
     _field_digests,
     _raw_dims,
-    _rotation_key,
     dense_digest,
 )
 from leechq.utils.hashing import sha256_file
