@@ -189,7 +189,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     from leechq.formats.accounting import whole_model_bits
     from leechq.models.arch import arch_of
     from leechq.models.quantize import quantize_model_in_place
-    from leechq.quant.recipe import resolve_recipe, run_recipe
+    from leechq.quant.recipe import resolve_recipe, run_recipe, tune_result
     from leechq.quant.row_scales import RowScaleConfig
     from leechq.quant.tune import TuneConfig
 
@@ -214,28 +214,36 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
-    for name in ("full", "full+tune"):
-        if name not in wanted:
-            continue
-        tune = (TuneConfig(steps=args.tune_steps, warmup_steps=max(1, args.tune_steps // 10),
-                           lr=2e-3, monitor_every=max(1, args.tune_steps // 10))
-                if name == "full+tune" else None)
-        recipe = resolve_recipe("full", args.target_bpp, row_scales=rows, tune=tune,
-                                sensitivity_windows=roles["sens"].shape[0],
-                                sensitivity_window_len=roles["sens"].shape[1],
-                                device=args.device)
-        t0 = time.perf_counter()
-        res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
-                         embed_name=f"{arch.embed_path}.weight", head_name=head,
-                         train_windows=roles["train"], sensitivity_windows=roles["sens"],
-                         monitor_windows=roles["monitor"], student=copy.deepcopy(student),
-                         encoded=enc, progress=not args.tiny)
-        detail = {"seconds": time.perf_counter() - t0,
-                  "int4": len(res.metadata.get("selection", {}).get("int4", []))}
-        if "tune" in res.metadata:
-            detail["tune_best_step"] = res.metadata["tune"]["best_step"]
-        out[name] = (res.model, res.metadata["whole_model_bits_per_param"], detail)
+    tune = TuneConfig(steps=args.tune_steps, warmup_steps=max(1, args.tune_steps // 10),
+                      lr=2e-3, monitor_every=max(1, args.tune_steps // 10))
+    # full+tune continues the full arm's result when both are wanted (one encode and one
+    # sensitivity pass for the two)
+    recipe = resolve_recipe("full", args.target_bpp, row_scales=rows,
+                            tune=None if "full" in wanted else tune,
+                            sensitivity_windows=roles["sens"].shape[0],
+                            sensitivity_window_len=roles["sens"].shape[1], device=args.device)
+    if not {"full", "full+tune"} & set(wanted):
+        return out
+    t0 = time.perf_counter()
+    res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
+                     embed_name=f"{arch.embed_path}.weight", head_name=head,
+                     train_windows=roles["train"], sensitivity_windows=roles["sens"],
+                     monitor_windows=roles["monitor"], student=copy.deepcopy(student),
+                     encoded=enc, progress=not args.tiny)
+    results = {"full" if "full" in wanted else "full+tune": res}
+    if "full" in wanted and "full+tune" in wanted:
+        results["full+tune"] = tune_result(res, reference, tune, roles["train"],
+                                           monitor_windows=roles["monitor"],
+                                           progress=not args.tiny)
+    for name, r in results.items():
+        detail = {"seconds": r.metadata["seconds"],
+                  "int4": len(r.metadata.get("selection", {}).get("int4", []))}
+        if "tune" in r.metadata:
+            detail["tune_best_step"] = r.metadata["tune"]["best_step"]
+            detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
+        out[name] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
         log(f"{name}: recipe {detail['seconds']:.1f} s")
+    log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return out
 
 

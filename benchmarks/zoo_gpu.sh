@@ -1,12 +1,14 @@
 #!/bin/bash
 # Zoo-model quality and timing runs on a GPU host that cannot reach PyPI (the `device` machine).
 #
-# The GGUF, the offline corpora (pydoc, pycode) and the pure-Python packages the GPU image lacks
-# (gguf, accelerate) arrive as carried files under gpu_carry/ (staged by the `stage` step into /tmp/zoo); the zoo
-# re-verifies the GGUF's pinned sha256 before use. Steps (one per call, each under 10 minutes):
-#   stage PART        copy one carried GGUF part (and, with the first, the corpus/packages)
+# The GGUF, the offline corpora (pydoc, pycode, fortunes) and the pure-Python packages the GPU image
+# lacks (gguf, accelerate: the wheels under .whl/) arrive as carried files under gpu_carry/ (staged
+# by the `stage` step into /tmp/zoo); the zoo re-verifies the GGUF's pinned sha256 before use.
+# Steps (one per call, each under 10 minutes):
+#   stage DIR         copy the GGUF part carried in gpu_carry/DIR (and the corpora / wheels)
 #   ball              leechq quantize --codebook ball on CUDA, then eval (CPU, f32, 8x512 held out)
 #   recipe            benchmarks/recipe_ablation.py at full depth on CUDA (Tetra), artifact kept
+#   quality CODEBOOK  benchmarks/quality.py at full depth on CUDA: bare, full, full+tune
 #   serve             the kept artifact: leechq run/chat on CUDA; GPU tests of the model paths
 # Results go to $OUT.
 set -u
@@ -19,15 +21,15 @@ L="python -m leechq.cli.main"
 mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
 case $step in
 stage)
-  part=$2
-  mv gpu_carry/$part $Z/
-  if [ -d gpu_carry/site ]; then cp -r gpu_carry/site/. $Z/site/; fi
-  # pydoc.tar.xz holds _sources/ (the docs' html/_sources); pycode.tar.xz holds pycode/
-  # (laid out like usr/lib/python3.11), the code half of the default calibration mix.
-  if [ -f gpu_carry/pydoc.tar.xz ]; then
-    mkdir -p $Z/corpus && tar -xJf gpu_carry/pydoc.tar.xz -C $Z/corpus && mv $Z/corpus/_sources $Z/corpus/pydoc
+  # gpu_carry/DIR holds one GGUF part (partA or partB) and, optionally, corpus.tar.xz
+  # (fortunes/, pycode/ and pydoc/ laid out as $LEECHQ_CORPUS_DIR wants them)
+  d=gpu_carry/$2
+  mv $d/part* $Z/
+  if [ -f $d/corpus.tar.xz ]; then mkdir -p $Z/corpus && tar -xJf $d/corpus.tar.xz -C $Z/corpus; fi
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target $Z/site .whl/*.whl > /dev/null 2>&1
   fi
-  if [ -f gpu_carry/pycode.tar.xz ]; then mkdir -p $Z/corpus && tar -xJf gpu_carry/pycode.tar.xz -C $Z/corpus; fi
   ls -la $Z $Z/corpus | head; python -c "import gguf, accelerate; print('gguf', gguf.__file__)"
   if [ -f $Z/partA ] && [ -f $Z/partB ]; then cat $Z/partA $Z/partB > $G && rm $Z/partA $Z/partB; fi
   ls -la $LEECHQ_CACHE/zoo/smollm2-135m; nvidia-smi -L
@@ -45,6 +47,13 @@ recipe)
     --eval-windows 8 --eval-window 512 --keep-artifact $Z/smol-full \
     --out $OUT/recipe-ablation.json > $OUT/recipe.log 2> $OUT/recipe.err
   tail -25 $OUT/recipe.log; tail -5 $OUT/recipe.err
+  ;;
+quality)
+  cb=${2:-tetra}
+  timeout 560 python benchmarks/quality.py --models smollm2-135m --arms bare,full,full+tune \
+    --codebook $cb --device cuda --compare-to full --plot $OUT/quality-$cb.png \
+    > $OUT/quality-$cb.json 2> $OUT/quality-$cb.log
+  echo "rc $?"; tail -12 $OUT/quality-$cb.log; tail -12 $OUT/quality-$cb.json | cut -c1-400
   ;;
 serve)
   A=$Z/smol-full

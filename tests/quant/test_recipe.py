@@ -29,6 +29,7 @@ from leechq.quant.recipe import (
     resolve_recipe,
     run_recipe,
     table_records,
+    tune_result,
 )
 from leechq.quant.row_scales import RowScaleConfig
 from leechq.quant.tune import TuneConfig
@@ -268,3 +269,14 @@ def test_the_tuning_step_writes_an_artifact_that_gives_the_tuned_logits(tmp_path
     loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
     assert read_artifact(path).quantization_config["provenance"]["recipe"]["tune"]["steps"] == 6
+
+    # the tuning step added to the finished untuned result: the same model, the result unchanged
+    before = logits(untuned.model, ids)
+    continued = tune_result(untuned, reference, recipe.tune, windows(6, seed=7))
+    torch.testing.assert_close(logits(continued.model, ids), logits(res.model, ids), rtol=0,
+                               atol=1e-5)
+    assert torch.equal(logits(untuned.model, ids), before) and "tune" not in untuned.metadata
+    assert continued.metadata["tune"]["steps"] == 6 and continued.recipe.tune == recipe.tune
+    assert [s["step"] for s in continued.metadata["steps"]][-1] == "tune"
+    with pytest.raises(InvalidInput, match="already has a tuning step"):
+        tune_result(res, reference, recipe.tune, windows(6, seed=7))

@@ -422,6 +422,86 @@ def _original_weights(reference: nn.Module, names: Sequence[str]) -> dict[str, t
     return {n: reference.get_submodule(n).weight.detach().to(torch.float32).cpu() for n in names}
 
 
+def _tune_step(
+    student: nn.Module,
+    reference: nn.Module,
+    records: dict[str, QuantizedWeight | Int4Weight],
+    raw: dict[str, torch.Tensor | GroupAffine],
+    tied: Mapping[str, str],
+    train_windows: torch.Tensor,
+    tune: TuneConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    monitor_windows: torch.Tensor | None,
+    checkpoint_dir: Any,
+    progress: bool,
+) -> dict[str, Any]:
+    """Step 5: tune ``student``'s continuous parameters; ``records``/``raw`` and ``student`` are
+    updated in place with the folded result. Returns the step's summary."""
+    train_model = _placed(student, device, torch.float32)
+    stored_raw = {n: t for n, t in raw.items() if n not in tied}
+    result = tune_model(
+        train_model, _placed(reference, device, dtype), records, stored_raw, train_windows,
+        tune, monitor_windows=monitor_windows, checkpoint_dir=checkpoint_dir, progress=progress,
+    )
+    records.update(result.records)
+    raw.update(result.raw)
+    if train_model is not student:
+        set_module_weights(student, result.records)
+        set_raw(student, result.raw)
+    summary = result.summary()
+    summary["train_windows"] = list(train_windows.shape)
+    summary["device"] = str(device)
+    return summary
+
+
+def tune_result(
+    result: RecipeResult,
+    reference: nn.Module,
+    tune: TuneConfig,
+    train_windows: torch.Tensor,
+    *,
+    monitor_windows: torch.Tensor | None = None,
+    checkpoint_dir: Any = None,
+    progress: bool = False,
+) -> RecipeResult:
+    """``result`` (a recipe run without tuning) with the end-to-end tuning step added: the same as
+    running its recipe with ``tune`` set, without repeating the encode and sensitivity steps.
+    ``result`` is left unchanged (its model is copied).
+
+    Args:
+        result: a :class:`RecipeResult` whose recipe has no tuning step.
+        reference: the dense teacher (unchanged).
+        tune: the tuning settings.
+        train_windows: int64 [N, T] training windows (calibration split).
+        monitor_windows: int64 [M, T] held-out monitor windows, or None.
+        checkpoint_dir: directory for the resumable tuning checkpoint, or None.
+        progress: a tqdm bar.
+
+    Raises:
+        InvalidInput: ``result`` was already tuned.
+    """
+    if result.recipe.tune is not None:
+        raise InvalidInput("tune_result: this result's recipe already has a tuning step")
+    recipe = result.recipe.replace(tune=tune)
+    device, dtype = _device_dtype(recipe)
+    student = copy.deepcopy(result.model)
+    records, raw = dict(result.records), dict(result.raw)
+    meta = copy.deepcopy(result.metadata)
+    t0 = time.perf_counter()
+    meta["tune"] = _tune_step(student, reference, records, raw, result.tied, train_windows, tune,
+                              device, dtype, monitor_windows=monitor_windows,
+                              checkpoint_dir=checkpoint_dir, progress=progress)
+    seconds = time.perf_counter() - t0
+    meta["steps"].append({"step": "tune", "seconds": seconds})
+    meta["recipe"], meta["describe"] = recipe.to_dict(), recipe.describe()
+    meta["seconds"] = float(meta.get("seconds", 0.0)) + seconds
+    # tuning changes stored values, not what is stored: the bits per parameter stay as they were
+    return RecipeResult(student, records, raw, dict(result.tied), result.config, recipe, meta,
+                        dict(result.provenance))
+
+
 def run_recipe(
     reference: nn.Module,
     calib_windows: torch.Tensor,
@@ -624,21 +704,9 @@ def run_recipe(
     # 5. end-to-end tuning (the student in f32 on the device; bf16 autocast there on CUDA)
     if recipe.tune is not None:
         t0 = time.perf_counter()
-        train_model = _placed(student, device, torch.float32)
-        stored_raw = {n: t for n, t in raw.items() if n not in tied}
-        result = tune_model(
-            train_model, _placed(reference, device, dtype), records, stored_raw, train_windows,
-            recipe.tune, monitor_windows=monitor_windows, checkpoint_dir=tune_checkpoint_dir,
-            progress=progress,
-        )
-        records.update(result.records)
-        raw.update(result.raw)
-        if train_model is not student:
-            set_module_weights(student, result.records)
-            set_raw(student, result.raw)
-        meta["tune"] = result.summary()
-        meta["tune"]["train_windows"] = list(train_windows.shape)
-        meta["tune"]["device"] = str(device)
+        meta["tune"] = _tune_step(student, reference, records, raw, tied, train_windows,
+                                  recipe.tune, device, dtype, monitor_windows=monitor_windows,
+                                  checkpoint_dir=tune_checkpoint_dir, progress=progress)
         steps.append({"step": "tune", "seconds": time.perf_counter() - t0})
 
     final = projected_bits(records, raw, dense_projections)
