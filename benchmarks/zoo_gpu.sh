@@ -5,10 +5,11 @@
 # lacks (gguf, accelerate: the wheels under .whl/) arrive as carried files under gpu_carry/ (staged
 # by the `stage` step into /tmp/zoo); the zoo re-verifies the GGUF's pinned sha256 before use.
 # Steps (one per call, each under 10 minutes):
+#   split ALIAS       (here) cut the cached GGUF of ALIAS into carryable parts gpu_carry/ALIAS-N
 #   stage DIR         copy the GGUF part carried in gpu_carry/DIR (and the corpora / wheels)
 #   ball              leechq quantize --codebook ball on CUDA, then eval (CPU, f32, 8x512 held out)
 #   recipe            benchmarks/recipe_ablation.py at full depth on CUDA (Tetra), artifact kept
-#   quality CODEBOOK  benchmarks/quality.py at full depth on CUDA: bare, full, full+tune
+#   quality CB [ALIAS [ARGS]] benchmarks/quality.py at full depth on CUDA: bare, full, full+tune
 #   serve             the kept artifact: leechq run/chat on CUDA; GPU tests of the model paths
 # Results go to $OUT.
 set -u
@@ -20,11 +21,30 @@ G=$LEECHQ_CACHE/zoo/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 L="python -m leechq.cli.main"
 mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
 case $step in
+split)
+  # here, not on the GPU host: cut the cached zoo GGUF of ALIAS into gpu_carry/ALIAS-1..N (each
+  # under the 64 MiB carry limit; the first also holds the corpora) with a manifest in each
+  alias=$2; src=$(ls $HOME/.cache/leechq/zoo/$alias/*.gguf); name=$(basename $src)
+  sum=$(sha256sum $src | cut -d' ' -f1)
+  tmp=$(mktemp -d); split -b 50000000 -d -a 2 $src $tmp/$name.part
+  n=$(ls $tmp | wc -l); i=0
+  for f in $tmp/*; do
+    i=$((i + 1)); d=gpu_carry/$alias-$i; mkdir -p $d; mv $f $d/
+    echo "$alias $name $n $sum" > $d/manifest
+  done
+  rmdir $tmp
+  # CORPUS: a folder laid out as $LEECHQ_CORPUS_DIR wants it (fortunes/, pycode/, pydoc/)
+  tar -cJf gpu_carry/$alias-1/corpus.tar.xz -C "${CORPUS:?CORPUS=DIR with fortunes/ pycode/ pydoc/}" \
+    fortunes pycode pydoc
+  du -sh gpu_carry/$alias-*
+  ;;
 stage)
-  # gpu_carry/DIR holds one GGUF part (partA or partB) and, optionally, corpus.tar.xz
-  # (fortunes/, pycode/ and pydoc/ laid out as $LEECHQ_CORPUS_DIR wants them)
+  # gpu_carry/DIR holds one GGUF part (partA/partB of smollm2-135m, or NAME.partNN with a manifest
+  # "alias name parts sha256" from `split`) and, optionally, corpus.tar.xz (fortunes/, pycode/
+  # and pydoc/ laid out as $LEECHQ_CORPUS_DIR wants them)
   d=gpu_carry/$2
-  mv $d/part* $Z/
+  mkdir -p $Z/incoming
+  mv $d/part* $Z/ 2> /dev/null; mv $d/*.part* $Z/incoming/ 2> /dev/null
   if [ -f $d/corpus.tar.xz ]; then mkdir -p $Z/corpus && tar -xJf $d/corpus.tar.xz -C $Z/corpus; fi
   if ls .whl/*.whl > /dev/null 2>&1; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -32,7 +52,15 @@ stage)
   fi
   ls -la $Z $Z/corpus | head; python -c "import gguf, accelerate; print('gguf', gguf.__file__)"
   if [ -f $Z/partA ] && [ -f $Z/partB ]; then cat $Z/partA $Z/partB > $G && rm $Z/partA $Z/partB; fi
-  ls -la $LEECHQ_CACHE/zoo/smollm2-135m; nvidia-smi -L
+  if [ -f $d/manifest ]; then
+    read alias name n sum < $d/manifest
+    if [ "$(ls $Z/incoming/$name.part* | wc -l)" = "$n" ]; then
+      mkdir -p $LEECHQ_CACHE/zoo/$alias && cat $Z/incoming/$name.part* > $LEECHQ_CACHE/zoo/$alias/$name
+      rm $Z/incoming/$name.part*
+      echo "$sum  $LEECHQ_CACHE/zoo/$alias/$name" | sha256sum -c
+    fi
+  fi
+  ls -la $LEECHQ_CACHE/zoo/*; nvidia-smi -L
   ;;
 ball)
   /usr/bin/time -v -o $OUT/ball.time $L quantize $G $Z/smol-ball --codebook ball \
@@ -49,9 +77,10 @@ recipe)
   tail -25 $OUT/recipe.log; tail -5 $OUT/recipe.err
   ;;
 quality)
-  cb=${2:-tetra}
-  timeout 560 python benchmarks/quality.py --models smollm2-135m --arms bare,full,full+tune \
-    --codebook $cb --device cuda --compare-to full --plot $OUT/quality-$cb.png \
+  # the zoo's fetch wants its own verification stamp, so the staged GGUF is named by its path
+  cb=${2:-tetra}; m=$(ls $LEECHQ_CACHE/zoo/${3:-smollm2-135m}/*.gguf); shift 3 2> /dev/null
+  timeout 560 python benchmarks/quality.py --models $m --arms bare,full,full+tune \
+    --codebook $cb --device cuda --compare-to full --plot $OUT/quality-$cb.png "$@" \
     > $OUT/quality-$cb.json 2> $OUT/quality-$cb.log
   echo "rc $?"; tail -12 $OUT/quality-$cb.log; tail -12 $OUT/quality-$cb.json | cut -c1-400
   ;;
