@@ -6,6 +6,7 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
 * ``full``       the full recipe at ``--target-bpp`` (int4 by sensitivity, 4/8-bit tables, row
                  scales; :mod:`leechq.quant.recipe`);
 * ``full+tune``  the full recipe plus the end-to-end tuning step (:mod:`leechq.quant.tune`);
+  with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports).
 
@@ -19,6 +20,8 @@ prose, needs ``datasets`` and its data; ``c4`` is the other choice).
 Measures per set: perplexity ratio to the reference, KL(reference ‖ arm) per predicted token,
 greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (default ``full``) with a
 95 % paired bootstrap interval over windows (``--boot`` resamples; the same windows for both arms).
+Every model is evaluated in float32 on ``--device``; each arm's measures are logged as soon as
+they are known, so a run cut off by a time limit keeps what it measured.
 
 Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
 skipped with a message when matplotlib is not installed), and one JSON line (the last line).
@@ -36,11 +39,13 @@ smollm2-135m --device cuda``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +88,21 @@ def per_window(model: Any, reference_logits: list[torch.Tensor], ids: torch.Tens
         out["agree"].append(float(a))
         out["n"].append(float(n))
     return out
+
+
+@contextlib.contextmanager
+def on_device(model: Any, device: str) -> Iterator[None]:
+    """``model`` evaluated on ``device`` in float32 (moved there for the block, then back to the
+    CPU, so that one arm at a time holds device memory)."""
+    if device == "cpu":
+        yield
+        return
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to("cpu")
+        torch.cuda.empty_cache()
 
 
 def summarize(arm: dict[str, list[float]], ref_nll: list[float]) -> dict[str, float]:
@@ -223,7 +243,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                             sensitivity_windows=roles["sens"].shape[0],
                             sensitivity_window_len=roles["sens"].shape[1], device=args.device)
     if not {"full", "full+tune"} & set(wanted):
-        return out
+        return {f"{arm_prefix(args)}{k}": v for k, v in out.items()}
     t0 = time.perf_counter()
     res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
                      embed_name=f"{arch.embed_path}.weight", head_name=head,
@@ -244,7 +264,13 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         out[name] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
         log(f"{name}: recipe {detail['seconds']:.1f} s")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
-    return out
+    return {f"{arm_prefix(args)}{k}": v for k, v in out.items()}
+
+
+def arm_prefix(args: argparse.Namespace) -> str:
+    """What our arms' names start with: nothing for the Tetra codebook (and ``--tiny``'s stand-in),
+    else the codebook's name and a space (``ball full``)."""
+    return "" if args.tiny or args.codebook == "tetra" else f"{args.codebook} "
 
 
 def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
@@ -294,7 +320,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
                 if r["set"] != dset:
                     continue
                 color = f"C{models.index(r['model']) % 10}"
-                ours = r["arm"].startswith(("bare", "full"))
+                ours = r["arm"].split()[-1].startswith(("bare", "full"))
                 ax.scatter(r["bpp"], r[key], marker=marker, s=36 if ours else 26,
                            facecolors=color if ours else "none", edgecolors=color)
                 ax.annotate(r["arm"], (r["bpp"], r[key]), fontsize=6)
@@ -381,24 +407,31 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{mname}: model and windows ready")
         arms = leechq_arms(reference, roles, args, wanted)
         arms.update(baseline_arms(reference, roles, args, wanted))
+        compare_to = (args.compare_to if args.compare_to in arms
+                      else f"{arm_prefix(args)}{args.compare_to}")
         for dset, ids in sets.items():
-            ref_logits = [reference(input_ids=ids[i : i + 1], use_cache=False).logits.float()
-                          .detach() for i in range(ids.shape[0])]
             from leechq.eval.ppl import window_nll
+            from leechq.quant.row_scales import model_logits
 
+            with on_device(reference, args.device):
+                ref_logits = [model_logits(reference, ids[i : i + 1]).float().cpu()
+                              for i in range(ids.shape[0])]
             ref_nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
             log(f"{mname} {dset}: reference logits of {ids.shape[0]} windows")
             measured = {}
             for a, (m, _, _) in arms.items():
-                measured[a] = per_window(m, ref_logits, ids)
-                log(f"{mname} {dset}: {a} measured")
+                with on_device(m, args.device):
+                    measured[a] = per_window(m, ref_logits, ids)
+                s = summarize(measured[a], ref_nll)
+                log(f"{mname} {dset}: {a} ppl x {s['ppl_ratio']:.4f}, KL {s['kl']:.4f}, "
+                    f"agreement {s['agreement']:.4f}")
             for arm, (_, bpp, detail) in arms.items():
                 rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
                              **summarize(measured[arm], ref_nll), **detail})
-                if arm != args.compare_to and args.compare_to in measured:
+                if arm != compare_to and compare_to in measured:
                     intervals.append({
-                        "model": mname, "set": dset, "arm": arm, "vs": args.compare_to,
-                        "ci95": paired_bootstrap(measured[arm], measured[args.compare_to],
+                        "model": mname, "set": dset, "arm": arm, "vs": compare_to,
+                        "ci95": paired_bootstrap(measured[arm], measured[compare_to],
                                                  ref_nll, args.boot),
                     })
     head = (f"{'model':<14} {'arm':<10} {'set':<10} {'b/param':>7} {'ppl x':>8} {'KL':>8} "
@@ -408,10 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['model']:<14} {r['arm']:<10} {r['set']:<10} {r['bpp']:>7.3f} "
               f"{r['ppl_ratio']:>8.3f} {r['kl']:>8.4f} {r['agreement']:>6.3f}")
-    print(f"\npaired bootstrap 95 % intervals of (arm − {args.compare_to}) over windows:")
+    print("\npaired bootstrap 95 % intervals of (arm − compared arm) over windows:")
     for iv in intervals:
         ci = iv["ci95"]
-        print(f"  {iv['model']} {iv['set']:<10} {iv['arm']:<10} ppl x [{ci['ppl_ratio'][0]:+.3f}, "
+        print(f"  {iv['model']} {iv['set']:<10} {iv['arm']:<10} − {iv['vs']:<10} "
+              f"ppl x [{ci['ppl_ratio'][0]:+.3f}, "
               f"{ci['ppl_ratio'][1]:+.3f}]  KL [{ci['kl'][0]:+.4f}, {ci['kl'][1]:+.4f}]")
     if args.plot is None and args.tiny:
         note = "no plot for --tiny (pass --plot PATH)"

@@ -83,3 +83,16 @@ def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPa
     assert module.leechq_arms(object(), {"calib": calib}, args, ["rtn", "gptq", "hqq"]) == {}
     with pytest.raises(pytest.fail.Exception, match="lattice encode"):
         module.leechq_arms(object(), {"calib": calib}, args, ["bare"])
+
+
+def test_arms_of_another_codebook_are_named_after_it() -> None:
+    """Tetra's arms are ``bare`` / ``full`` / ``full+tune``; another codebook's carry its name, so
+    that results of both codebooks plot and table side by side."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("quality_names", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.arm_prefix(argparse.Namespace(codebook="tetra", tiny=False)) == ""
+    assert module.arm_prefix(argparse.Namespace(codebook="ball", tiny=False)) == "ball "
+    assert module.arm_prefix(argparse.Namespace(codebook="standin", tiny=True)) == ""
