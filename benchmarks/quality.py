@@ -179,7 +179,8 @@ def tiny_setup(args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor], 
 def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor],
                                                               dict[str, Any]]:
     """A zoo/HF model, its two held-out sets and the calibration roles (calibration split)."""
-    from leechq.data import calibration_text, consecutive_windows, token_windows
+    from leechq.cli.quantize import calibration_source
+    from leechq.data import consecutive_windows, token_windows
     from leechq.data.corpus import load_text
     from leechq.models.hf_load import load_model
 
@@ -187,9 +188,11 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
     tok = loaded.tokenizer
     w = args.window
     n_calib = -(-args.calib_tokens // w)
+    text, args.calibration = calibration_source(args.calib_data)  # what `leechq quantize` uses
+    log(f"calibration text: {args.calibration}")
     (calib, sens, train, monitor), _ = consecutive_windows(
-        tok, calibration_text(), [(n_calib, w), (4, 256), (args.train_tokens // w, w), (2, w)],
-        source="pydoc:calibration")
+        tok, text, [(n_calib, w), (4, 256), (args.train_tokens // w, w), (2, w)],
+        source=args.calibration)
     in_split = "evaluation"
     unseen_split = "test" if args.unseen_domain == "wikitext2" else "evaluation"
     sets = {
@@ -367,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unseen-domain", default="fortunes", choices=("fortunes", "wikitext2", "c4"))
     ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--calib-data", default=None,
+                    help="calibration, sensitivity and training text, as `leechq quantize "
+                         "--calib-data` takes it [default: the offline Python docs + code mix]; "
+                         "the held-out sets stay as named, so say which one it makes in-domain")
     ap.add_argument("--calib-tokens", type=int, default=32768)
     ap.add_argument("--train-tokens", type=int, default=32768)
     ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
@@ -453,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         note = plot(rows, Path(args.plot or ROOT / "docs" / "quality.png"))
     print(note, file=sys.stderr)
     print(json.dumps({"rows": rows, "intervals": intervals, "plot": note,
+                      "calibration": getattr(args, "calibration", "synthetic-a"),
                       "sets": {"in-domain": "synthetic-a" if args.tiny else args.in_domain,
                                "unseen": "synthetic-b" if args.tiny else args.unseen_domain},
                       "seconds": time.perf_counter() - started, "tiny": args.tiny}))

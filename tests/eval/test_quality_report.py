@@ -96,3 +96,39 @@ def test_arms_of_another_codebook_are_named_after_it() -> None:
     assert module.arm_prefix(argparse.Namespace(codebook="tetra", tiny=False)) == ""
     assert module.arm_prefix(argparse.Namespace(codebook="ball", tiny=False)) == "ball "
     assert module.arm_prefix(argparse.Namespace(codebook="standin", tiny=True)) == ""
+
+
+def test_calib_data_is_what_the_report_calibrates_on(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--calib-data FILE`` gives the calibration, sensitivity, training and monitor windows (the
+    same loader as ``leechq quantize --calib-data``); the held-out sets stay the named corpora."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(SCRIPT.parents[1] / "tests"))
+    from leechq_tiny import WORDS, save_family_model
+
+    import leechq.data.corpus as corpus
+
+    model_dir, _ = save_family_model(tmp_path, "llama")
+    words = [w for w in WORDS if w.isalpha()][:40]
+    calib_words, held_words = words[:20], words[20:]
+    (tmp_path / "mine.txt").write_text(" ".join(calib_words * 300), encoding="utf-8")
+    monkeypatch.setattr(corpus, "load_text", lambda name, split, **kw: " ".join(held_words * 300))
+    spec = importlib.util.spec_from_file_location("quality_calib", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(window=16, calib_tokens=64, train_tokens=64, windows=2,
+                              in_domain="pydoc", unseen_domain="fortunes",
+                              calib_data=str(tmp_path / "mine.txt"))
+    _, sets, roles = module.real_setup(str(model_dir), args)
+    assert args.calibration.startswith("user:")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    calib_ids = set(tok.convert_tokens_to_ids(calib_words))
+    held_ids = set(tok.convert_tokens_to_ids(held_words))
+    for role in ("calib", "sens", "train", "monitor"):
+        assert set(roles[role].flatten().tolist()) <= calib_ids | {tok.bos_token_id}, role
+    for ids in sets.values():
+        assert set(ids.flatten().tolist()) <= held_ids | {tok.bos_token_id}
