@@ -77,8 +77,8 @@ recipe)
   tail -25 $OUT/recipe.log; tail -5 $OUT/recipe.err
   ;;
 quality)
-  # the zoo's fetch wants its own verification stamp, so the staged GGUF is named by its path
-  cb=${2:-tetra}; m=$(ls $LEECHQ_CACHE/zoo/${3:-smollm2-135m}/*.gguf); shift 3 2> /dev/null
+  # the staged GGUF has no verification stamp: the zoo hashes it against its pins on first use
+  cb=${2:-tetra}; m=${3:-smollm2-135m}; shift 3 2> /dev/null
   timeout 560 python benchmarks/quality.py --models $m --arms bare,full,full+tune \
     --codebook $cb --device cuda --compare-to full --plot $OUT/quality-$cb.png "$@" \
     > $OUT/quality-$cb.json 2> $OUT/quality-$cb.log
