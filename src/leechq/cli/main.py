@@ -117,8 +117,8 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=0,
         help="full recipe: end-to-end tuning of every continuous parameter after the row scales, "
         "this many AdamW steps (0 = off unless --tune-seconds) [default: 0]. It fits the model to "
-        "the calibration text's domain: a gain on text like it, none on other text, so it is off "
-        "unless --calib-data is the kind of text you will run",
+        "the calibration text's domain: a gain on text like it, none on other text; use it when "
+        "--calib-data is the kind of text you will run",
     )
     p.add_argument(
         "--tune-seconds",
