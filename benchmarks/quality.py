@@ -233,6 +233,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     log(f"bare encode: {time.perf_counter() - t0:.1f} s")
     if "bare" in wanted:
         out["bare"] = (student, bare_bits, {"seconds": time.perf_counter() - t0})
+    prefix = arm_prefix(args)
+    if not {"full", "full+tune"} & set(wanted):
+        return {f"{prefix}{k}": v for k, v in out.items()}
     arch = arch_of(reference)
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
@@ -245,8 +248,6 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                             tune=None if "full" in wanted else tune,
                             sensitivity_windows=roles["sens"].shape[0],
                             sensitivity_window_len=roles["sens"].shape[1], device=args.device)
-    if not {"full", "full+tune"} & set(wanted):
-        return {f"{arm_prefix(args)}{k}": v for k, v in out.items()}
     t0 = time.perf_counter()
     res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
                      embed_name=f"{arch.embed_path}.weight", head_name=head,
@@ -267,7 +268,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         out[name] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
         log(f"{name}: recipe {detail['seconds']:.1f} s")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
-    return {f"{arm_prefix(args)}{k}": v for k, v in out.items()}
+    return {f"{prefix}{k}": v for k, v in out.items()}
 
 
 def arm_prefix(args: argparse.Namespace) -> str:
