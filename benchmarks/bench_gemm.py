@@ -17,7 +17,7 @@ rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS a
 coded from the fp16 arm's matrices) and
 ``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM;
 default ``tuning.GEMM_SWEEP``: the same rotation into the copy's column order, then
-``ops_gemm.matmul_gemm_ordered`` per part). Every arm is first checked against the f64 product of
+``ops_gemm.matmul_gemm_ordered`` per part into one output). Every arm is first checked against the f64 product of
 its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then
 its whole pass is one CUDA graph, replayed; arms alternate in rounds, medians of the rounds.
 
@@ -60,13 +60,16 @@ the int4 arm's bfloat16 activations and outputs: a few 2^-8)."""
 
 def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
     """A served group's product through the float16 tensor-core GEMM: the group's rotation into
-    the dequantized copy's column order (as its dense path does), then one GEMM per part."""
+    the dequantized copy's column order (as its dense path does), then one GEMM per part, each
+    writing its columns of the output."""
     from leechq.kernels.triton import ops, ops_gemm
 
     part0 = grp.parts[0]
     x16 = ops.rotate(x, grp.rot, dense_order=ops.dense_input_order(part0, x.device))
-    ys = [ops_gemm.matmul_gemm_ordered(x16, part, cfg) for part in grp.parts]
-    return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+    y = torch.empty(x.shape[0], grp.offsets[-1], dtype=torch.float32, device=x.device)
+    for part, off in zip(grp.parts, grp.offsets, strict=False):
+        ops_gemm.matmul_gemm_ordered(x16, part, cfg, out=y[:, off : off + part.d_out])
+    return y
 
 
 def record_rows(part: Any, sl: slice) -> Any:

@@ -192,7 +192,11 @@ def test_ordered_input_equals_natural(grouped: bool) -> None:
         want = g.tetra48_matmul_gemm(x, w)
         assert torch.equal(got, want)
         half = g.matmul_gemm_ordered(x16, w, out_dtype=torch.float16)
+        wide = torch.full((6, w.d_out + 5), float("nan"))  # a part's columns of a group's output
+        g.matmul_gemm_ordered(x16, w, out=wide[:, 3 : 3 + w.d_out])
     assert half.dtype == torch.float16 and torch.equal(half, want.half())
+    assert torch.equal(wide[:, 3 : 3 + w.d_out], want)
+    assert wide[:, :3].isnan().all() and wide[:, 3 + w.d_out :].isnan().all()
     assert_matmul_close(want, _twin(x, w), x, ref.tetra48_dequantize_rotated(w), torch.float32)
 
 
@@ -213,6 +217,11 @@ def test_bad_input_is_refused() -> None:
             g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, config=bad)
     with pytest.raises(InvalidInput, match="out_dtype"):
         g.tetra48_matmul_gemm(torch.randn(3, w.d_in), w, out_dtype=torch.int32)
+    x16 = torch.randn(3, w.d_in).half()
+    for out in (torch.empty(3, w.d_out + 1), torch.empty(3, w.d_out, dtype=torch.float16),
+                torch.empty(w.d_out, 3).T):
+        with pytest.raises(InvalidInput, match="out must be"):
+            g.matmul_gemm_ordered(x16, w, out=out)
 
 
 def test_gemm_entry_serves_a_groups_middle_rows(monkeypatch: pytest.MonkeyPatch) -> None:

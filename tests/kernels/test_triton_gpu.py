@@ -7,6 +7,8 @@ bit helpers are checked against the shift/mask emulations the interpreter tests 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -321,10 +323,13 @@ def test_no_local_memory() -> None:
     # the dequantization kernel stages the same table: same rule for its loop
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 
-    dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32", "d_out": "i32"}
-    for vec, grouped in ((False, False), (True, False), (True, True)):
-        c = I.compile_for(tetra48_dequant_kernel, dq, dict(N_BLOCKS=171, NW=4, USE_ASM=True,
-                                                           VEC=vec, GROUPED=grouped), num_warps=4)
+    dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "scale_ptr": "*fp32", "tab_ptr": "*i32",
+          "out_ptr": "*i32", "d_out": "i32"}
+    for vec, grouped, scaled in ((False, False, False), (True, False, False),
+                                 (True, True, False), (True, True, True)):
+        c = I.compile_for(tetra48_dequant_kernel, dq, dict(
+            N_BLOCKS=171, OUT_STRIDE=2056 if scaled else 12 * 171, NW=4, USE_ASM=True, VEC=vec,
+            GROUPED=grouped, SCALED=scaled), num_warps=4)
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (vec, res)
         mix = I.hot_loop_mix(I.sass(c))["loop"]
@@ -375,6 +380,25 @@ def test_tetra48_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> N
     _check_dequant_forms(ops.tetra48_dequantize_f16, ops.tetra48_matmul_dense, w, got,
                          ref.tetra48_dequantize_f16(w, grouped=True), x,
                          ref.tetra48_dequantize_rotated(w))
+    _check_dense_copy(w)
+
+
+def _check_dense_copy(w) -> None:
+    """The served copy (σ_row folded in, the tail in place, rows padded to 16 bytes) of a record
+    stacked under a second one equals its twin bit for bit."""
+    ops = _ops()
+    w2 = replace(w, d_out=5, **{k: getattr(w, k)[-5:] for k in _record_rows(w)})
+    grouped = ops.dequant_config().grouped
+    got = ops.dense_copy([w, w2])
+    want = torch.cat([ref.folded_dense_f16(w, grouped), ref.folded_dense_f16(w2, grouped)])
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+def _record_rows(w) -> tuple[str, ...]:
+    """The per-output-row tensor fields of a lattice record."""
+    return tuple(k for k in ("words", "records", "row_scales", "row_centroids", "tail",
+                             "row_scales_f64", "row_centroids_f64")
+                 if isinstance(getattr(w, k, None), torch.Tensor))
 
 
 def test_planes14_dequant_compiles_clean() -> None:
@@ -384,11 +408,13 @@ def test_planes14_dequant_compiles_clean() -> None:
     from leechq.kernels.triton import introspect as I
     from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
 
-    sig = {"r_ptr": "*i32", "cent_ptr": "*fp32", "tab_ptr": "*i32", "out_ptr": "*i32",
-           "d_out": "i32"}
-    for sel, vec in ((True, False), (False, False), (True, True)):
-        c = I.compile_for(planes14_dequant_kernel, sig, dict(N_BLOCKS=171, NW=4, SEL_TABLE=sel,
-                                                             USE_ASM=True, VEC=vec, GROUPED=vec),
+    sig = {"r_ptr": "*i32", "cent_ptr": "*fp32", "scale_ptr": "*fp32", "tab_ptr": "*i32",
+           "out_ptr": "*i32", "d_out": "i32"}
+    for sel, vec, scaled in ((True, False, False), (False, False, False), (True, True, False),
+                             (True, True, True)):
+        c = I.compile_for(planes14_dequant_kernel, sig, dict(
+            N_BLOCKS=171, OUT_STRIDE=2056 if scaled else 12 * 171, NW=4, SEL_TABLE=sel,
+            USE_ASM=True, VEC=vec, GROUPED=vec, SCALED=scaled),
                           num_warps=4, aligned_ints=("d_out",))
         res = I.resource_usage(c)
         assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (sel, res)
@@ -418,6 +444,7 @@ def test_planes14_dense_path_full_shapes(d_out: int, d_in: int, m_rows: int) -> 
     _check_dequant_forms(ops.planes14_dequantize_f16, ops.planes14_matmul_dense, w, want,
                          ref.planes14_dequantize_f16(w, grouped=True), x, dense)
     assert ops._check_planes14_dense(torch.device(DEV))
+    _check_dense_copy(w)
 
 
 def test_imma_helpers_ptx_equal_emulation() -> None:

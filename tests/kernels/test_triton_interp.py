@@ -446,7 +446,8 @@ def test_m1_config_rule() -> None:
 def test_tetra48_dequantize_f16_and_dense_matmul() -> None:
     """The many-row path: the dequantization kernel equals its reference twin bit for bit (values
     rounded to float16 exactly as the kernel does), its column order maps back to the rotated basis,
-    and the float16 GEMM with σ_row and the tail stays within fp16 accuracy of the f64 product."""
+    and the float16 GEMM (σ_row folded into the copy, the tail in place) stays within fp16
+    accuracy of the f64 product."""
     ops = _ops()
     w = random_tetra48(7, 9 * 24 + 5, seed=9)
     got = ops.tetra48_dequantize_f16(w)  # the default form: grouped, 16-byte stores
@@ -477,41 +478,49 @@ def test_dense_products_from_the_rotation_order(layout: str) -> None:
     """The many-row product from an activation the rotation already wrote in the copy's column
     order (``ops.dense_input_order``, ``ops.matmul_dense_ordered``: no gather, no conversion)
     equals the product from the natural-order activation (whose tail it takes in float16, like
-    the blocks); the order is a permutation that keeps
-    the tail in place; the one-launch epilogue (σ_row and the tail) matches its twin."""
+    the blocks); the order is a permutation that keeps the tail in place; the copy (σ_row folded
+    into the values, the tail columns in place) equals its twin bit for bit, for one record and
+    for a group's parts stacked by rows, whose product is their products side by side."""
     ops = _ops()
     make = random_tetra48 if layout == "tetra48" else random_planes14
     matmul = ops.tetra48_matmul_dense if layout == "tetra48" else ops.planes14_matmul_dense
+    rotated = (ref.tetra48_dequantize_rotated if layout == "tetra48"
+               else ref.planes14_dequantize_rotated)
     w = make(40, 5 * 24 + 7, seed=5)
+    w2 = make(9, 5 * 24 + 7, seed=6)
     order = ops.dense_input_order(w, "cpu")
     assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(w.d_in))
     assert order[5 * 24:].tolist() == list(range(5 * 24, w.d_in))
+    cols = ops.dense_input_columns(w, "cpu")
+    assert torch.equal(order.long()[cols], torch.arange(w.d_in))
+    grouped = ops.dequant_config().grouped
+    copy = ops.dense_copy([w, w2])
+    assert copy.dtype == torch.float16 and copy.shape == (49, w.d_in)
+    assert copy.stride(0) == ops.aligned_width(w.d_in)
+    want = torch.cat([ref.folded_dense_f16(w, grouped), ref.folded_dense_f16(w2, grouped)])
+    assert torch.equal(copy, want)
+    dense = rotated(w)  # f64, natural order, σ_row included
+    assert torch.allclose(copy[:40].double(), dense[:, cols], rtol=2**-10, atol=0.0)
     x = torch.randn(6, w.d_in)
     x16 = torch.empty(6, w.d_in, dtype=torch.float16)
     x16[:, order.long()] = x.half()
     got = ops.matmul_dense_ordered(x16, w)
+    assert got.dtype == torch.float32 and got.shape == (6, 40)
     x_tail16 = x.clone()  # the tail activation too arrives in float16 here
     x_tail16[:, 5 * 24:] = x[:, 5 * 24:].half().float()
     assert torch.allclose(got, matmul(x_tail16, w), rtol=1e-5, atol=1e-5)
-    assert ref.row_bound_error(got, x, ref.tetra48_dequantize_rotated(w) if layout == "tetra48"
-                               else ref.planes14_dequantize_rotated(w)) <= 2e-3
-    y16 = torch.randn(6, 40).half()
-    epi = ops._scale_and_tail(y16, x16, w)
-    want = ref.scale_and_tail(y16, x16[:, 5 * 24:], w.row_scales, w.tail)
-    assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
-    rows = ops.EPILOGUE_ROWS + 5  # several rows per program, the last program ragged
-    y_many, x_many = torch.randn(rows, 40).half(), torch.randn(rows, w.d_in).half()
-    with pytest.MonkeyPatch.context() as mp:
-        from leechq.kernels.triton import ops_dense
-
-        mp.setattr(ops_dense, "EPILOGUE_MIN_ROWS", ops.EPILOGUE_ROWS)
-        epi = ops._scale_and_tail(y_many, x_many, w)
-    want = ref.scale_and_tail(y_many, x_many[:, 5 * 24:], w.row_scales, w.tail)
-    assert torch.allclose(epi, want, rtol=1e-6, atol=1e-6)
+    assert ref.row_bound_error(got, x, dense) <= 2e-3
+    both = ops.matmul_dense_ordered(x16, [w, w2])
+    assert torch.allclose(both, torch.cat([got, ops.matmul_dense_ordered(x16, w2)], dim=1),
+                          rtol=1e-6, atol=1e-6)
     with pytest.raises(InvalidInput, match="x16"):
         ops.matmul_dense_ordered(x.half()[:, :-1].contiguous(), w)
     with pytest.raises(InvalidInput, match="x16"):
         ops.matmul_dense_ordered(x, w)
+    with pytest.raises(InvalidInput, match="d_in"):
+        ops.dense_copy([w, make(9, 4 * 24, seed=7)])
+    with pytest.raises(InvalidInput, match="at least one"):
+        ops.dense_copy([])
 
 
 def test_planes14_dequantize_f16_and_dense_matmul() -> None:

@@ -267,12 +267,13 @@ def _grouped(matrix: torch.Tensor, n_blocks: int, grouped: bool) -> torch.Tensor
     return matrix[:, dequant_group_columns(n_blocks).to(matrix.device)] if grouped else matrix
 
 
-def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False) -> torch.Tensor:
-    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, each block's
-    columns in the order of :func:`dequant_column_order`, the blocks block-major or (``grouped``)
-    in the layout of :func:`dequant_group_columns` — computed as the kernel does (the value in
-    f32 times ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook
-    decoder."""
+def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False,
+                           scaled: bool = False) -> torch.Tensor:
+    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row (``scaled``:
+    with it, ``c_g`` replaced by ``f32(c_g · σ_row)``), each block's columns in the order of
+    :func:`dequant_column_order`, the blocks block-major or (``grouped``) in the layout of
+    :func:`dequant_group_columns` — computed as the kernel does (the value in f32 times
+    ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook decoder."""
     from leechq.codebooks.tetra import decode
     from leechq.kernels.tables import tetra_kernel_tables
 
@@ -281,7 +282,7 @@ def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False) -> torch.Ten
     n2 = (pts * pts).sum(-1)
     invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
     invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
-    cent = w.row_centroids.cpu().gather(1, gains.cpu().long())  # float32 [d_out, nb]
+    cent = _centroids(w, scaled).cpu().gather(1, gains.cpu().long())  # float32 [d_out, nb]
     scale = cent * invn
     cols = dequant_column_order(tetra_kernel_tables("cpu").order)
     vals = pts[:, :, cols].to(torch.float32) * scale[:, :, None]
@@ -289,9 +290,27 @@ def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False) -> torch.Ten
     return _grouped(out, w.n_blocks, grouped).to(w.words.device)
 
 
+def _centroids(w: Tetra48Weight | Planes14Weight, scaled: bool) -> torch.Tensor:
+    """float32 [d_out, 2]: the rows' gain centroids, times σ_row in f32 when ``scaled`` (what the
+    dequantization kernels compute with ``SCALED``)."""
+    if not scaled:
+        return w.row_centroids
+    return w.row_centroids * w.row_scales.to(torch.float32)[:, None]
+
+
+def folded_dense_f16(w: Tetra48Weight | Planes14Weight, grouped: bool = False) -> torch.Tensor:
+    """float16 [d_out, d_in]: the matrix the many-row path multiplies (``ops.dense_copy``) —
+    the blocks' values with σ_row folded in (:func:`tetra48_dequantize_f16` /
+    :func:`planes14_dequantize_f16` with ``scaled``) in the copy's column order, then the tail
+    columns rounded to float16, in place (``ops.dense_input_order``)."""
+    dequant = tetra48_dequantize_f16 if hasattr(w, "words") else planes14_dequantize_f16
+    blocks = dequant(w, grouped=grouped, scaled=True)
+    return torch.cat([blocks, w.tail.to(blocks.device, torch.float16)], dim=1)
+
+
 def scale_and_tail(y: torch.Tensor, x_tail: torch.Tensor, row_scales: torch.Tensor,
                    tail: torch.Tensor) -> torch.Tensor:
-    """The many-row products' epilogue (``dense_epilogue.scale_tail_kernel``): float32 [M, d_out]
+    """The float16 GEMM's finalize (``tetra48_gemm.gemm_finalize_kernel``): float32 [M, d_out]
     ``f32(y) · σ + f32(x_tail) · tailᵀ`` from the blocks' product ``y`` [M, d_out], the tail
     activation ``x_tail`` [M, t], σ_row [d_out] and the tail columns [d_out, t]."""
     return y.float() * row_scales + x_tail.float() @ tail.T
@@ -371,8 +390,10 @@ def planes14_dequantize_rotated(w: Planes14Weight) -> torch.Tensor:
     return _blocks_to_matrix(w, pts, gains, n2)
 
 
-def planes14_dequantize_f16(w: Planes14Weight, grouped: bool = False) -> torch.Tensor:
-    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row, natural column
+def planes14_dequantize_f16(w: Planes14Weight, grouped: bool = False,
+                            scaled: bool = False) -> torch.Tensor:
+    """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row (``scaled``: as
+    :func:`tetra48_dequantize_f16`), natural column
     order within each block, the blocks block-major or (``grouped``) in the layout of
     :func:`dequant_group_columns` — computed as the kernel does (the value in f32 times
     ``f32(c_g) · f32(1/√(16 m))``, rounded to float16), from the torch record decoder
@@ -380,7 +401,7 @@ def planes14_dequantize_f16(w: Planes14Weight, grouped: bool = False) -> torch.T
     pts, gains, n2 = planes14_points(w)
     invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
     invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
-    cent = w.row_centroids.to(pts.device).gather(1, gains)  # float32 [d_out, nb]
+    cent = _centroids(w, scaled).to(pts.device).gather(1, gains)  # float32 [d_out, nb]
     vals = pts.to(torch.float32) * (cent * invn)[:, :, None]
     out = vals.to(torch.float16).reshape(w.d_out, -1)
     return _grouped(out, w.n_blocks, grouped).to(w.records.device)

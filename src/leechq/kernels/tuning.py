@@ -53,11 +53,12 @@ DENSE_MIN_ROWS = 17
 at batch 16 / 32 / 64: 13.8 / 14.0 / 15.0 ms per step on the copy against 9.17 / 17.0 / 32.4."""
 
 EPILOGUE_ROWS = 16
-"""Activation rows per program of the many-row epilogue from :data:`EPILOGUE_MIN_ROWS`; H200,
-Qwen3-8B prefill, the 144 epilogues: 512 rows 4.29 → 2.41 ms."""
+"""Activation rows per program of the float16 GEMM's finalize (σ_row and the tail) from
+:data:`EPILOGUE_MIN_ROWS`; measured on the same geometry of the float16 copy's former epilogue,
+H200, Qwen3-8B prefill, 144 launches: 512 rows 4.29 → 2.41 ms."""
 
 EPILOGUE_MIN_ROWS = 128
-"""Rows from which the epilogue takes :data:`EPILOGUE_ROWS` per program; H200, 32 rows: 0.54 ms with
+"""Rows from which the finalize takes :data:`EPILOGUE_ROWS` per program; H200, 32 rows: 0.54 ms with
 one row per program against 0.99 with sixteen."""
 
 # --- decode attention ----------------------------------------------------------------------------

@@ -497,24 +497,29 @@ class LeechqGroup(nn.Module):
         what the pre-op also gives, e.g. ``norm_rotate``'s residual, as :meth:`_prepared_matvecs`
         passes on its fill's result): with an int32 ``order`` (a rotated group on the float16
         copy: ``ops.dense_input_order``) ``x`` is float16 in the copies' column order, written by
-        the rotation launch (``ops.matmul_dense_ordered``: no gather, no conversion, the epilogue
-        in one launch); with None float32 in natural order (the input itself for an unrotated
-        group), for the natural-order dense products."""
+        the rotation launch (``ops.matmul_dense_ordered``: no gather, no conversion, one copy of
+        all parts and one GEMM; the float16 GEMM: each part writes its columns of ``y``); with
+        None float32 in natural order (the input itself for an unrotated group), for the
+        natural-order dense products."""
         kind = self._many_rows(m_rows)
         if kind is None:
             return None, None
         ops = self._ops
-        if self.rot is not None:
-            part0 = self.parts[0]
-            extra, x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
-            ordered = ops.matmul_gemm_ordered if kind == "gemm-f16" else ops.matmul_dense_ordered
-            ys = [ordered(x16, part) for part in self.parts]
-        else:
+        if self.rot is None:
             from leechq.kernels.select import many_row_product
 
             extra, xr = rotated(None)
             ys = [many_row_product(kind, xr, part) for part in self.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        else:
+            part0 = self.parts[0]
+            extra, x16 = rotated(ops.dense_input_order(part0, part0.row_scales.device))
+            if kind == "dense-f16":
+                y = ops.matmul_dense_ordered(x16, self.parts)
+            else:
+                y = torch.empty(m_rows, self.offsets[-1], dtype=torch.float32, device=x16.device)
+                for part, off in zip(self.parts, self.offsets, strict=False):
+                    ops.matmul_gemm_ordered(x16, part, out=y[:, off : off + part.d_out])
         if self.bias is not None:
             y = y + self.bias
         return extra, y

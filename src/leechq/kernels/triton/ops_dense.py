@@ -1,13 +1,14 @@
-"""The many-row path: float16 dequantized copies of the lattice records (:mod:`.tetra48_dequant`,
-:mod:`.planes14_dequant`), one cuBLAS GEMM, and σ_row with the tail in one epilogue launch
-(:mod:`.dense_epilogue`); the column maps between the copies' layout and the natural order.
-Twins: ``reference.tetra48_dequantize_f16``, ``reference.planes14_dequantize_f16``,
-``reference.scale_and_tail``."""
+"""The many-row path: float16 copies of the lattice records with σ_row folded in and the tail
+columns in place (:func:`dense_copy`: :mod:`.tetra48_dequant`, :mod:`.planes14_dequant`), one for
+all parts of a serving group, and one cuBLAS GEMM with float32 output — no epilogue, no
+concatenation; the column maps between the copies' layout and the natural order. Twins:
+``reference.tetra48_dequantize_f16``, ``reference.planes14_dequantize_f16`` (bit for bit, with or
+without σ_row), ``reference.folded_dense_f16``."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,6 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 from leechq.kernels import reference as ref
 from leechq.kernels.tables import planes14_m1_table, tetra_kernel_tables, tetra_m1_table
-from leechq.kernels.triton.dense_epilogue import scale_tail_kernel
 from leechq.kernels.triton.ops_common import (
     _check_lattice,
     _check_x,
@@ -30,11 +30,12 @@ from leechq.kernels.triton.ops_common import (
 )
 from leechq.kernels.triton.planes14_dequant import planes14_dequant_kernel
 from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
-from leechq.kernels.tuning import EPILOGUE_MIN_ROWS, EPILOGUE_ROWS
 
 if TYPE_CHECKING:
     from leechq.formats.layouts.planes14 import Planes14Weight
     from leechq.formats.layouts.tetra48 import Tetra48Weight
+
+    _Record = Tetra48Weight | Planes14Weight
 
 
 @dataclass(frozen=True)
@@ -71,17 +72,33 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
     The ``tetra64`` layout (a ``Tetra64Weight``) is decoded as such."""
     _check_lattice(w, w.words, "words", t64_ok=True)
-    dev = w.words.device
-    out = _dequant_out(out, w, dev)
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        tetra48_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.words, w.row_centroids, tetra_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(), VEC=cfg.vector_stores,
-            GROUPED=cfg.grouped, T64=w.layout == "tetra64", num_warps=cfg.num_warps,
-            num_stages=1,
-        )
+    out = _dequant_out(out, w, w.words.device)
+    _launch_dequant(w, out, dequant_config() if config is None else config, scaled=False)
     return out
+
+
+def _launch_dequant(w: Tetra48Weight | Planes14Weight, out: torch.Tensor, cfg: DequantConfig,
+                    scaled: bool) -> None:
+    """The record's dequantization kernel into ``out``: float16 ``[d_out, ≥ 24·n_blocks]``, unit
+    column stride, rows 16-byte aligned (checked by the callers); ``scaled``: σ_row folded in."""
+    if not (w.d_out and w.n_blocks):
+        return
+    dev = out.device
+    common = dict(N_BLOCKS=w.n_blocks, NW=cfg.num_warps, USE_ASM=_use_asm(),
+                  VEC=cfg.vector_stores, GROUPED=cfg.grouped, SCALED=scaled,
+                  OUT_STRIDE=out.stride(0) // 2, num_warps=cfg.num_warps, num_stages=1)
+    grid = (_dequant_grid(w, dev, cfg),)
+    words = out.view(torch.int32)
+    if _is_tetra48(w):
+        tetra48_dequant_kernel[grid](
+            w.words, w.row_centroids, w.row_scales, tetra_m1_table(dev), words, w.d_out,
+            T64=w.layout == "tetra64", **common,
+        )
+    else:
+        planes14_dequant_kernel[grid](
+            w.records, w.row_centroids, w.row_scales, planes14_m1_table(dev), words, w.d_out,
+            SEL_TABLE=True, **common,
+        )
 
 
 def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
@@ -93,6 +110,44 @@ def _dequant_out(out: torch.Tensor | None, w: Tetra48Weight | Planes14Weight,
         return torch.empty(shape, dtype=torch.float16, device=device)
     check_tensor(out, "out", torch.float16, shape, device=device)
     return out
+
+
+def aligned_width(d_in: int) -> int:
+    """``d_in`` rounded up to a multiple of 8 (16-byte rows of float16)."""
+    return (d_in + 7) // 8 * 8
+
+
+def dense_copy(parts: Sequence[Tetra48Weight | Planes14Weight],
+               config: DequantConfig | None = None) -> torch.Tensor:
+    """The float16 matrix the many-row path multiplies, for lattice records of one ``d_in``
+    stacked by rows: ``[Σ d_out, d_in]`` (a view of a buffer with rows padded to 16 bytes), each
+    record's blocks with σ_row folded in (the dequantization kernels with ``SCALED``) in the
+    copy's column order, then its tail columns rounded to float16, in place — so that
+    ``x16 @ copy.T`` with ``x16`` in :func:`dense_input_order` is the product. Twin:
+    ``reference.folded_dense_f16`` of each record, bit for bit."""
+    if not parts:
+        raise InvalidInput("dense_copy needs at least one record")
+    w0 = parts[0]
+    if any(p.d_in != w0.d_in for p in parts):
+        raise InvalidInput(f"records differ in d_in: {[p.d_in for p in parts]}")
+    for p in parts:
+        if _is_tetra48(p):
+            _check_lattice(p, p.words, "words", t64_ok=True)
+        else:
+            _check_lattice(p, p.records, "records")
+    dev = w0.row_scales.device
+    cfg = dequant_config() if config is None else config
+    n = BLOCK * w0.n_blocks
+    buf = torch.empty(sum(p.d_out for p in parts), aligned_width(w0.d_in), dtype=torch.float16,
+                      device=dev)
+    off = 0
+    for p in parts:
+        rows = buf[off : off + p.d_out]
+        _launch_dequant(p, rows[:, :n], cfg, scaled=True)
+        if p.tail_cols:
+            rows[:, n : p.d_in].copy_(p.tail)
+        off += p.d_out
+    return buf[:, : w0.d_in]
 
 
 def _dequant_grid(w: Tetra48Weight | Planes14Weight, device: torch.device,
@@ -162,9 +217,10 @@ def planes14_dequant_natural_index(n_blocks: int, device: torch.device | str,
 
 def tetra48_matmul_dense(x: torch.Tensor, w: Tetra48Weight) -> torch.Tensor:
     """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
-    [M, d_out] from x [M, d_in] (rotated basis). Values and activations are rounded to float16
-    (relative error ≲ 2^-11 per product, the precision of an fp16 model); σ_row and the tail are
-    applied in float32. Twin of ``reference.tetra48_matvec`` within that tolerance."""
+    [M, d_out] from x [M, d_in] (rotated basis). Values (σ_row folded in, the tail columns
+    included) and activations are rounded to float16 (relative error ≲ 2^-11 per product, the
+    precision of an fp16 model), the products summed in float32. Twin of
+    ``reference.tetra48_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.words.device, max_rows=None)
     return _dense_product_natural(x, w)
 
@@ -185,42 +241,17 @@ def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
 
 
 def _dense_product_natural(x: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """:func:`_dense_product` from the float32 activation in natural order: its block columns
-    gathered into the copy's column order (:func:`_copy_columns`) and rounded to float16."""
-    cfg = dequant_config()
-    idx = _copy_columns(w, x.device, cfg.grouped)
-    xq = (x[:, : BLOCK * w.n_blocks] if idx is None else x[:, idx]).to(torch.float16)
-    return _dense_product(xq, x, w, cfg)
+    """:func:`matmul_dense_ordered` from the float32 activation in natural order: its columns
+    gathered into :func:`dense_input_order` and rounded to float16."""
+    return matmul_dense_ordered(x[:, dense_input_columns(w, x.device)].to(torch.float16), w)
 
 
-def _dense_product(xq: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
-                   cfg: DequantConfig) -> torch.Tensor:
-    """The many-row product from the float16 activation ``xq`` [M, 24·n_blocks] in the column
-    order of ``w``'s float16 copy under ``cfg``: that copy (``tetra48_dequantize_f16`` or
-    ``planes14_dequantize_f16``), one GEMM, then σ_row and the tail ``x[:, 24·n_blocks:]`` in
-    one epilogue (:func:`_scale_and_tail`): float32 [M, d_out]."""
-    dequantize = tetra48_dequantize_f16 if _is_tetra48(w) else planes14_dequantize_f16
-    return _scale_and_tail(xq @ dequantize(w, config=cfg).T, x, w)
-
-
-def _scale_and_tail(y16: torch.Tensor, x: torch.Tensor, w: Tetra48Weight | Planes14Weight
-                    ) -> torch.Tensor:
-    """σ_row and the tail columns on the blocks' product ``y16`` [M, d_out] (float16 or float32,
-    unit column stride): float32 [M, d_out] in one launch (:mod:`.dense_epilogue`; twin
-    ``reference.scale_and_tail``). The tail activation is ``x[:, 24·n_blocks:]`` (any float)."""
-    m_rows = int(y16.shape[0])
-    out = torch.empty(m_rows, w.d_out, dtype=torch.float32, device=y16.device)
-    if m_rows and w.d_out:
-        tail_x = x[:, BLOCK * w.n_blocks:]
-        bo = 256
-        bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1
-        scale_tail_kernel[(triton.cdiv(m_rows, bm), triton.cdiv(w.d_out, bo))](
-            y16, y16.stride(0), w.row_scales, tail_x, x.stride(0), w.tail, out, w.d_out, m_rows,
-            TAIL=w.tail_cols, TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm,
-            num_warps=4,
-        )
-    return out
-
+def mm_f32(a16: torch.Tensor, b16: torch.Tensor) -> torch.Tensor:
+    """``a16 @ b16`` of float16 matrices ``[M, K] @ [K, N]`` accumulated and returned in float32
+    (cuBLAS with a float32 output on a GPU; float32 products elsewhere)."""
+    if a16.device.type == "cuda":
+        return torch.mm(a16, b16, out_dtype=torch.float32)
+    return a16.float() @ b16.float()
 
 
 def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
@@ -231,16 +262,8 @@ def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
     :mod:`.planes14_dequant`; the permute selectors from the staged table); ``config``:
     :func:`dequant_config` if None."""
     _check_lattice(w, w.records, "records")
-    dev = w.records.device
-    out = _dequant_out(out, w, dev)
-    cfg = dequant_config() if config is None else config
-    if w.d_out and w.n_blocks:
-        planes14_dequant_kernel[(_dequant_grid(w, dev, cfg),)](
-            w.records, w.row_centroids, planes14_m1_table(dev), out.view(torch.int32), w.d_out,
-            N_BLOCKS=w.n_blocks, NW=cfg.num_warps, SEL_TABLE=True,
-            USE_ASM=_use_asm(), VEC=cfg.vector_stores, GROUPED=cfg.grouped,
-            num_warps=cfg.num_warps, num_stages=1,
-        )
+    out = _dequant_out(out, w, w.records.device)
+    _launch_dequant(w, out, dequant_config() if config is None else config, scaled=False)
     return out
 
 
@@ -279,7 +302,7 @@ def _check_planes14_dense(device: torch.device) -> bool:
 def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     """``y = W x`` for many activation rows through a float16 copy of W and cuBLAS: float32
     [M, d_out] from x [M, d_in] (rotated basis), as :func:`tetra48_matmul_dense` (the same
-    float16 rounding of values and activations; σ_row and the tail in float32). Twin of
+    float16 values and activations, float32 sums). Twin of
     ``reference.planes14_matvec`` within that tolerance."""
     _check_x(x, w.d_in, w.records.device, max_rows=None)
     return _dense_product_natural(x, w)
@@ -307,13 +330,33 @@ def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | 
     return _DENSE_ORDER[key]
 
 
-def matmul_dense_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
-    """``y = W x`` for many activation rows from the float16 activation already in
-    :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32 [M, d_out] by one
-    dequantization, one GEMM and one epilogue (σ_row and the tail) — the gather and the
-    conversion of :func:`tetra48_matmul_dense` / :func:`planes14_matmul_dense` are done by the
-    rotation. Same numbers as those (float16 activations and values)."""
-    check_tensor(x16, "x16", torch.float16, device=w.row_scales.device)
-    if x16.dim() != 2 or x16.shape[1] != w.d_in:
-        raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
-    return _dense_product(x16[:, : BLOCK * w.n_blocks], x16, w, dequant_config())
+def dense_input_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str
+                        ) -> torch.Tensor:
+    """int64 [d_in]: the natural (rotated-basis) column of each column of
+    :func:`dense_input_order`'s layout (its inverse: the gather that makes that layout; cached
+    as that order is)."""
+    dest = dense_input_order(w, device)
+    key = (dest.data_ptr(), str(device))
+    if key not in _DENSE_COLUMNS:
+        src = torch.empty(w.d_in, dtype=torch.int64, device=dest.device)
+        src[dest.to(torch.int64)] = torch.arange(w.d_in, dtype=torch.int64, device=dest.device)
+        _DENSE_COLUMNS[key] = src
+    return _DENSE_COLUMNS[key]
+
+
+_DENSE_COLUMNS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def matmul_dense_ordered(x16: torch.Tensor, w: _Record | Sequence[_Record]) -> torch.Tensor:
+    """``y = W x`` for many activation rows from the float16 activation ``x16`` [M, d_in] already
+    in :func:`dense_input_order` (``rotate(..., dense_order=)`` writes it): float32
+    [M, Σ d_out] by one :func:`dense_copy` of the record(s) ``w`` (several records of one
+    ``d_in``: their outputs side by side, as a serving group's parts) and one float16 GEMM with
+    float32 output (:func:`mm_f32`). Values and activations are float16, as in an fp16 model."""
+    parts = [w] if hasattr(w, "row_scales") else list(w)
+    if not parts:
+        raise InvalidInput("matmul_dense_ordered needs at least one record")
+    check_tensor(x16, "x16", torch.float16, device=parts[0].row_scales.device)
+    if x16.dim() != 2 or x16.shape[1] != parts[0].d_in:
+        raise InvalidInput(f"x16 must be [M, {parts[0].d_in}], got {list(x16.shape)}")
+    return mm_f32(x16, dense_copy(parts).T)

@@ -2,7 +2,8 @@
 the activation in the dequantized copy's column order, the K-slice geometry, the GEMM launch and
 the slice sum with σ_row and the tail. Same entry points as the many-row dense path
 (``ops_dense.tetra48_matmul_dense``, ``ops_dense.matmul_dense_ordered``), without the float16
-copy. Twins: ``reference.tetra48_dequantize_f16`` (the decoded values, bit for bit) and
+copy; a serving group's parts write their columns of one output (``out=``). Twins:
+``reference.tetra48_dequantize_f16`` (the decoded values, bit for bit) and
 ``reference.tetra48_matvec`` (the product, within float16 accuracy)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from leechq.kernels.triton.ops_common import (
     _use_asm,
     check_tensor,
 )
-from leechq.kernels.triton.ops_dense import _copy_columns, dequant_config
+from leechq.kernels.triton.ops_dense import _copy_columns, aligned_width, dequant_config
 from leechq.kernels.triton.tetra48_gemm import (
     PAIRS_PER_STEP,
     ROWS_PER_GROUP,
@@ -104,19 +105,21 @@ def tetra48_matmul_gemm(x: torch.Tensor, w: Tetra48Weight, config: GemmConfig | 
                       what="the float16 tensor-core GEMM takes")
     grouped = dequant_config().grouped
     n = BLOCK * w.n_blocks
-    x16 = torch.empty(m_rows, _aligned_width(w.d_in), dtype=torch.float16, device=x.device)
+    x16 = torch.empty(m_rows, aligned_width(w.d_in), dtype=torch.float16, device=x.device)
     idx = _copy_columns(w, x.device, grouped)
     x16[:, :n] = x[:, idx]
     return _gemm(x16, x[:, n:], w, config, out_dtype, grouped)
 
 
 def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None = None,
-                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                        out_dtype: torch.dtype = torch.float32,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`tetra48_matmul_gemm` from the float16 activation already in
     ``ops_dense.dense_input_order`` (what ``rotate(..., dense_order=)`` writes, and what
     ``ops_dense.matmul_dense_ordered`` takes): ``x16`` float16 [M ≤ 128, d_in], the tail taken
     from its last ``d_in mod 24`` columns. Copied once into a padded buffer unless its rows are
-    16-byte aligned."""
+    16-byte aligned. ``out``: where to write, ``[M, d_out]`` with unit column stride (a column
+    slice of a wider output, e.g.) in ``out_dtype``; a new tensor if None."""
     _check_lattice(w, w.words, "words", t64_ok=True)
     check_tensor(x16, "x16", torch.float16, device=w.words.device)
     if x16.dim() != 2 or x16.shape[1] != w.d_in:
@@ -127,31 +130,33 @@ def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig 
     n = BLOCK * w.n_blocks
     xa = x16
     if x16.stride(0) % 8 or x16.data_ptr() % 16:
-        xa = torch.empty(x16.shape[0], _aligned_width(w.d_in), dtype=torch.float16,
+        xa = torch.empty(x16.shape[0], aligned_width(w.d_in), dtype=torch.float16,
                          device=x16.device)
         xa[:, : w.d_in] = x16
-    return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped)
-
-
-def _aligned_width(d_in: int) -> int:
-    """``d_in`` rounded up to a multiple of 8 (16-byte rows of float16)."""
-    return (d_in + 7) // 8 * 8
+    return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped, out)
 
 
 def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None,
-          out_dtype: torch.dtype, grouped: bool) -> torch.Tensor:
+          out_dtype: torch.dtype, grouped: bool, out: torch.Tensor | None = None
+          ) -> torch.Tensor:
     """The GEMM and the finalize launch from ``x16`` (float16 [M, ≥ d_in], rows 16-byte aligned,
     the blocks' columns in the copy's order) and the tail activation ``x_tail`` [M, tail_cols]
-    (any float, unit column stride)."""
+    (any float, unit column stride), into ``out`` (checked) or a new tensor."""
     if out_dtype not in _OUT_DTYPES:
         raise InvalidInput(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
     cfg = (GEMM_DEFAULT if config is None else config).check()
     m_rows = int(x16.shape[0])
+    dev = x16.device
+    if out is None:
+        out = torch.empty(m_rows, w.d_out, dtype=out_dtype, device=dev)
+    elif (not isinstance(out, torch.Tensor) or out.dtype != out_dtype
+          or tuple(out.shape) != (m_rows, w.d_out) or out.device != dev
+          or (w.d_out > 1 and out.stride(1) != 1)):
+        raise InvalidInput(f"out must be {out_dtype} [{m_rows}, {w.d_out}] on {dev} with unit "
+                           f"column stride, got {_describe(out)}")
     mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
     if mt >= 16 and cfg.rows_per_step != 1:  # one row group per step: the grid must know it
         cfg = replace(cfg, rows_per_step=1)
-    dev = x16.device
-    out = torch.empty(m_rows, w.d_out, dtype=out_dtype, device=dev)
     if not w.d_out:
         return out
     np_ = (w.n_blocks + 1) // 2
@@ -175,3 +180,10 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: Gem
         TP=triton.next_power_of_2(max(w.tail_cols, 1)), BO=bo, BM=bm, num_warps=4,
     )
     return out
+
+
+def _describe(t: object) -> str:
+    """A tensor's dtype, shape, device and strides for an error message (or its type)."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{t.dtype} {list(t.shape)} on {t.device}, strides {t.stride()}"

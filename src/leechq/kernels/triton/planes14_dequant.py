@@ -27,7 +27,12 @@ import triton.language as tl
 
 from leechq.kernels.triton.planes14 import load_record_pair
 from leechq.kernels.triton.planes14_m1 import _record_bytes
-from leechq.kernels.triton.tetra48_dequant import pair_items, pair_outputs, store_eight
+from leechq.kernels.triton.tetra48_dequant import (
+    pair_items,
+    pair_outputs,
+    row_centroids,
+    store_eight,
+)
 from leechq.kernels.triton.tetra48_m1 import stage_table
 
 
@@ -46,11 +51,15 @@ def _dequant_record(A, B, C, D, cent0, cent1, tab_ptr, base, out, step, ok,
 
 
 @triton.jit
-def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                            NW: tl.constexpr, SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr,
-                            VEC: tl.constexpr = False, GROUPED: tl.constexpr = False):
-    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the records (int32 words,
-    ``7·⌈N_BLOCKS/2⌉`` per row); see the module docstring. Any grid; ``num_warps = NW``."""
+def planes14_dequant_kernel(r_ptr, cent_ptr, scale_ptr, tab_ptr, out_ptr, d_out,
+                            N_BLOCKS: tl.constexpr, OUT_STRIDE: tl.constexpr, NW: tl.constexpr,
+                            SEL_TABLE: tl.constexpr, USE_ASM: tl.constexpr,
+                            VEC: tl.constexpr = False, GROUPED: tl.constexpr = False,
+                            SCALED: tl.constexpr = False):
+    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs, ``OUT_STRIDE`` words per row)
+    from the records (int32 words, ``7·⌈N_BLOCKS/2⌉`` per row); see the module docstring.
+    ``SCALED`` as in :func:`.tetra48_dequant.tetra48_dequant_kernel`. Any grid;
+    ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     STRIDE_W: tl.constexpr = 7 * NP
     LANES: tl.constexpr = NW * 32
@@ -61,9 +70,9 @@ def planes14_dequant_kernel(r_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: 
         ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
         w0, w1, w2, w3, w4, w5, w6 = load_record_pair(r_ptr + row * STRIDE_W + 7 * pair, ok_e,
                                                       ok_o)
-        cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
-        cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
-        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
+        cent0, cent1 = row_centroids(cent_ptr, scale_ptr, row, ok, SCALED)
+        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED,
+                                                    OUT_STRIDE)
         _dequant_record(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, out_e, step_e,
                         ok_e, SEL_TABLE, VEC, USE_ASM)
         _dequant_record((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),

@@ -198,22 +198,40 @@ def section_words(pair, H: tl.constexpr, NP: tl.constexpr, N_BLOCKS: tl.constexp
 
 
 @triton.jit
+def row_centroids(cent_ptr, scale_ptr, row, ok, SCALED: tl.constexpr):
+    """Row ``row``'s two gain centroids (float32; zeros where not ``ok``), times its σ_row in f32
+    with ``SCALED``."""
+    cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
+    cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
+    if SCALED:
+        sigma = tl.load(scale_ptr + row, mask=ok, other=0.0)
+        cent0 = cent0 * sigma
+        cent1 = cent1 * sigma
+    return cent0, cent1
+
+
+@triton.jit
 def pair_outputs(out_ptr, row, pair, NP: tl.constexpr, N_BLOCKS: tl.constexpr,
-                 GROUPED: tl.constexpr):
+                 GROUPED: tl.constexpr, OUT_STRIDE: tl.constexpr):
     """Where a block pair's values go (int32 pointers and section steps, :func:`section_words`):
-    the even block's first section and step, the odd block's."""
-    row_out = out_ptr + row * (12 * N_BLOCKS)
+    the even block's first section and step, the odd block's. ``OUT_STRIDE``: int32 words per
+    output row."""
+    row_out = out_ptr + row * OUT_STRIDE
     first_e, step_e = section_words(pair, 0, NP, N_BLOCKS, GROUPED)
     first_o, step_o = section_words(pair, 1, NP, N_BLOCKS, GROUPED)
     return row_out + first_e, step_e, row_out + first_o, step_o
 
 
 @triton.jit
-def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: tl.constexpr,
-                           NW: tl.constexpr, USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
-                           GROUPED: tl.constexpr = False, T64: tl.constexpr = False):
-    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs) from the words (``T64``: the
-    ``tetra64`` layout); see the module docstring. Any grid; ``num_warps = NW``."""
+def tetra48_dequant_kernel(w_ptr, cent_ptr, scale_ptr, tab_ptr, out_ptr, d_out,
+                           N_BLOCKS: tl.constexpr, OUT_STRIDE: tl.constexpr, NW: tl.constexpr,
+                           USE_ASM: tl.constexpr, VEC: tl.constexpr = False,
+                           GROUPED: tl.constexpr = False, T64: tl.constexpr = False,
+                           SCALED: tl.constexpr = False):
+    """float16 ``[d_out, 24·N_BLOCKS]`` (written as int32 pairs, ``OUT_STRIDE`` words per row)
+    from the words (``T64``: the ``tetra64`` layout); see the module docstring. ``SCALED``: each
+    row's centroids are first multiplied by its σ_row (``scale_ptr``, float32 [d_out], in f32),
+    so the values carry σ_row. Any grid; ``num_warps = NW``."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     if T64:
         STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
@@ -226,9 +244,9 @@ def tetra48_dequant_kernel(w_ptr, cent_ptr, tab_ptr, out_ptr, d_out, N_BLOCKS: t
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):
         ok, row, pair, ok_e, ok_o = pair_items(start + e, n_items, NP, N_BLOCKS)
-        cent0 = tl.load(cent_ptr + row * 2, mask=ok, other=0.0)
-        cent1 = tl.load(cent_ptr + row * 2 + 1, mask=ok, other=0.0)
-        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED)
+        cent0, cent1 = row_centroids(cent_ptr, scale_ptr, row, ok, SCALED)
+        out_e, step_e, out_o, step_o = pair_outputs(out_ptr, row, pair, NP, N_BLOCKS, GROUPED,
+                                                    OUT_STRIDE)
         if T64:  # the pair's four words (rows hold all of their last pair)
             a, b, c, d = global_load128(w_ptr + row * STRIDE_W + 4 * pair, ok_e, USE_ASM)
             a = a.to(tl.uint32, bitcast=True)
