@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--calib-data", default=None,
                     help="calibration, sensitivity and training text, as `leechq quantize "
-                         "--calib-data` takes it [default: the offline Python docs + code mix]; "
+                         "--calib-data` takes it [default: the offline five-domain mix]; "
                          "the held-out sets stay as named, so say which one it makes in-domain")
     ap.add_argument("--calib-tokens", type=int, default=32768)
     ap.add_argument("--train-tokens", type=int, default=32768)

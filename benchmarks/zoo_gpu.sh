@@ -1,7 +1,7 @@
 #!/bin/bash
 # Zoo-model quality and timing runs on a GPU host that cannot reach PyPI (the `device` machine).
 #
-# The GGUF, the offline corpora (pydoc, pycode, fortunes) and the pure-Python packages the GPU image
+# The GGUF, the offline corpora (pydoc, pycode, debref, devref, jargon, fortunes) and the pure-Python packages the GPU image
 # lacks (gguf, accelerate: the wheels under .whl/) arrive as carried files under gpu_carry/ (staged
 # by the `stage` step into /tmp/zoo); the zoo re-verifies the GGUF's pinned sha256 before use.
 # Steps (one per call, each under 10 minutes):
@@ -33,15 +33,17 @@ split)
     echo "$alias $name $n $sum" > $d/manifest
   done
   rmdir $tmp
-  # CORPUS: a folder laid out as $LEECHQ_CORPUS_DIR wants it (fortunes/, pycode/, pydoc/)
-  tar -cJf gpu_carry/$alias-1/corpus.tar.xz -C "${CORPUS:?CORPUS=DIR with fortunes/ pycode/ pydoc/}" \
-    fortunes pycode pydoc
+  # CORPUS: a folder laid out as $LEECHQ_CORPUS_DIR wants it (the calibration mix's pydoc/,
+  # pycode/, debref/, devref/, jargon/ and the unseen set's fortunes/)
+  tar -cJf gpu_carry/$alias-1/corpus.tar.xz \
+    -C "${CORPUS:?CORPUS=DIR with pydoc/ pycode/ debref/ devref/ jargon/ fortunes/}" \
+    pydoc pycode debref devref jargon fortunes
   du -sh gpu_carry/$alias-*
   ;;
 stage)
   # gpu_carry/DIR holds one GGUF part (partA/partB of smollm2-135m, or NAME.partNN with a manifest
-  # "alias name parts sha256" from `split`) and, optionally, corpus.tar.xz (fortunes/, pycode/
-  # and pydoc/ laid out as $LEECHQ_CORPUS_DIR wants them)
+  # "alias name parts sha256" from `split`) and, optionally, corpus.tar.xz (the corpora laid
+  # out as $LEECHQ_CORPUS_DIR wants them, as `split` packs them)
   d=gpu_carry/$2
   mkdir -p $Z/incoming
   mv $d/part* $Z/ 2> /dev/null; mv $d/*.part* $Z/incoming/ 2> /dev/null

@@ -55,9 +55,11 @@ def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     """Small offline corpora under one ``$LEECHQ_CORPUS_DIR`` with a private ``$LEECHQ_CACHE``:
     ``pydoc/`` laid out like the Python-docs ``_sources`` tree (24 files of random words of the
     tiny tokenizer's vocabulary, both splits populated) and ``pycode/`` laid out like
-    ``usr/lib/python3.11`` (a few tiny modules, both splits populated). What ``leechq quantize``
-    calibrates on (the prose + code mix) and ``leechq eval`` evaluates on, with no download.
+    ``usr/lib/python3.11`` (a few tiny modules, both splits populated), and ``debref/``,
+    ``devref/``, ``jargon/`` (one file of random-word paragraphs each). What ``leechq quantize``
+    calibrates on (the five-domain mix) and ``leechq eval`` evaluates on, with no download.
     Returns the ``pydoc`` path."""
+    import gzip
     import random
 
     from leechq_tiny import WORDS
@@ -81,6 +83,12 @@ def fixture_corpus(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         (code / rel).write_text(f"def f{i}(x):\n    return {words!r}[x]\n")
     splits = {split_of(f"pkg/mod{i}.py") for i in range(12)}
     assert splits == {"calibration", "evaluation"}, splits
+    for name, rel in (("debref", "debian-reference.en.txt.gz"), ("devref", "a.rst.txt"),
+                      ("jargon", "jargon.txt.gz")):
+        (root / name).mkdir()
+        paras = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(20)]
+        data = "\n\n".join(paras).encode()
+        (root / name / rel).write_bytes(gzip.compress(data) if rel.endswith(".gz") else data)
     monkeypatch.setenv("LEECHQ_CORPUS_DIR", str(root))
     monkeypatch.setenv("LEECHQ_CACHE", str(root / "cache"))
     return sources

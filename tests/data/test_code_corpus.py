@@ -1,15 +1,16 @@
 """The standard-library code corpus (fetched from a .deb like the docs) and the default calibration
-mix of prose and code."""
+mix of five domains."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 from test_corpus import make_deb, make_sources
 
-from leechq.data import code_corpus, corpus
+from leechq.data import code_corpus, corpus, docs_corpus
 from leechq.errors import ArtifactError
 
 
@@ -21,10 +22,13 @@ def test_pieces_are_lossless_and_end_at_line_ends() -> None:
     assert all(len(p) >= 100 for p in parts[:-1])
 
 
-def test_interleave_alternates_then_appends_the_rest() -> None:
+def test_interleave_goes_round_robin_then_appends_the_rest() -> None:
     a = "".join(f"a{i}\n" for i in range(4))
     b = "".join(f"b{i}\n" for i in range(8))
-    assert code_corpus.interleave(a, b, 1) == "a0\nb0\na1\nb1\na2\nb2\na3\nb3\nb4\nb5\nb6\nb7\n"
+    assert code_corpus.interleave(a, b, size=1) == (
+        "a0\nb0\na1\nb1\na2\nb2\na3\nb3\nb4\nb5\nb6\nb7\n")
+    assert code_corpus.interleave(a, "c0\n", b, size=1).startswith("a0\nc0\nb0\na1\nb1\n")
+    assert code_corpus.interleave(size=1) == ""
 
 
 def test_fetch_code_from_a_deb_skips_docs_text_and_tests(
@@ -56,7 +60,7 @@ def test_fetch_code_from_a_deb_skips_docs_text_and_tests(
     assert text == "\n\n".join((root / r).read_text().strip() for r in cal)
 
 
-def test_mixed_calibration_text_holds_both_domains_early(tmp_path: Path) -> None:
+def test_mixed_calibration_text_holds_every_domain_early(tmp_path: Path) -> None:
     docs = make_sources(tmp_path / "docs", n=80)
     code = tmp_path / "code"
     for i in range(30):
@@ -64,13 +68,25 @@ def test_mixed_calibration_text_holds_both_domains_early(tmp_path: Path) -> None
         (code / "pkg" / f"m{i:02d}.py").write_text(
             "".join(f"x_{i}_{j} = {j}\n" for j in range(300))
         )
+    prose = {}
+    for name, word in (("debref", "apt"), ("devref", "upload"), ("jargon", "hack")):
+        prose[name] = tmp_path / name
+        prose[name].mkdir()
+        text = "".join(f"The {word} sentence number {j} of a long enough paragraph here.\n\n"
+                       for j in range(400))
+        suffix = docs_corpus.CORPORA[name].suffix
+        data = gzip.compress(text.encode()) if suffix.endswith(".gz") else text.encode()
+        (prose[name] / f"doc{suffix}").write_bytes(data)
     code_corpus._code_text_cached.cache_clear()
-    mixed = code_corpus.mixed_calibration_text(docs, code)
-    prose, src = corpus.calibration_text(docs), code_corpus.code_text("calibration", code)
-    assert sorted(mixed) == sorted(prose + src)  # nothing lost, nothing added
-    head = mixed[: 4 * code_corpus.PIECE_CHARS]
-    assert "Body text number" in head and "x_" in head
-    assert mixed.startswith(prose[:100])
+    docs_corpus._text_cached.cache_clear()
+    mixed = code_corpus.mixed_calibration_text(docs, code, prose)
+    parts = [corpus.calibration_text(docs), code_corpus.code_text("calibration", code)]
+    parts += [docs_corpus.docs_text(name, prose[name]) for name in docs_corpus.CORPORA]
+    assert sorted(mixed) == sorted("".join(parts))  # nothing lost, nothing added
+    head = mixed[: 6 * code_corpus.PIECE_CHARS]
+    for marker in ("Body text number", "x_", "The apt", "The upload", "The hack"):
+        assert marker in head, marker
+    assert mixed.startswith(parts[0][:100])
 
 
 def test_corpus_dir_serves_the_code_and_names_a_missing_subdirectory(

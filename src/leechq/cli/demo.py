@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         blocks = projection_blocks(ref.model)
         _say(
             f"calibration: {windows.n_windows} windows x {windows.window} tokens of the offline "
-            f"Python-docs calibration split (fingerprint {windows.fingerprint})"
+            f"calibration mix (fingerprint {windows.fingerprint})"
         )
         _say(
             f"{blocks:,} blocks of 24 weights to encode; the {codebook} encoder runs at "

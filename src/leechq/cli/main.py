@@ -142,9 +142,10 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH|hf:NAME[:SPLIT]",
         help="calibration text: a text file, a JSONL file (its 'text' field), a folder of "
-        ".txt/.md/.rst/.jsonl files, or hf:NAME[:SPLIT] (the datasets package) [default: the "
-        "offline calibration splits of the Python docs and the standard library's code, "
-        "interleaved]",
+        ".txt/.md/.rst/.jsonl files, or hf:NAME[:SPLIT] (the datasets package) [default: an "
+        "offline mix of five domains, interleaved: the Python docs and the standard library's "
+        "code (their calibration splits), the Debian Reference, the Debian Developer's "
+        "Reference and the Jargon File]",
     )
     p.add_argument(
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"

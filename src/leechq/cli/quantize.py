@@ -23,8 +23,8 @@ from typing import Any
 
 
 def calibration_source(calib_data: str | None) -> tuple[str, str]:
-    """``(text, source)`` of the calibration text: the offline default (Python-docs prose and
-    standard-library code interleaved, :func:`leechq.data.code_corpus.mixed_calibration_text`), or
+    """``(text, source)`` of the calibration text: the offline default (five domains interleaved,
+    :func:`leechq.data.code_corpus.mixed_calibration_text`), or
     the user's text named by ``--calib-data`` (:func:`leechq.data.user_text.load_user_text`)."""
     if calib_data is None:
         from leechq.data.code_corpus import MIXED_SOURCE, mixed_calibration_text

@@ -2,9 +2,10 @@
 
 The offline Python-docs corpus, its fixed calibration/evaluation split, token windows and token
 fingerprints live in :mod:`leechq.data.corpus`; the standard-library code corpus and the default
-calibration mix of prose and code in :mod:`leechq.data.code_corpus`; the user's own calibration
-text (``--calib-data``) in :mod:`leechq.data.user_text`; the shared cache location in
-:mod:`leechq.data.cache`.
+calibration mix of five domains in :mod:`leechq.data.code_corpus`; Debian's reference manuals and
+the Jargon File in :mod:`leechq.data.docs_corpus`; the unseen-domain ``fortunes`` in
+:mod:`leechq.data.prose_corpus`; the user's own calibration text (``--calib-data``) in
+:mod:`leechq.data.user_text`; the shared cache location in :mod:`leechq.data.cache`.
 Importing this package imports neither torch nor transformers.
 """
 
