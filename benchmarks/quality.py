@@ -25,7 +25,9 @@ they are known, so a run cut off by a time limit keeps what it measured.
 
 Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
 skipped with a message when matplotlib is not installed), and one JSON line (the last line).
-``--plot-from a.json,b.json`` plots the rows of earlier runs together and measures nothing.
+``--plot-from a.json,b.json=LABEL`` plots the rows of earlier runs together and measures nothing
+(``=LABEL``: that file's arms are named ``arm [LABEL]``, e.g. the same arms under another
+calibration text).
 
 ``--tiny``: a random 2-layer Llama (hidden 192, vocab 512) and two synthetic token streams as the
 two "domains", quantized with the test suite's stand-in direction codebook
@@ -324,7 +326,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
                 if r["set"] != dset:
                     continue
                 color = f"C{models.index(r['model']) % 10}"
-                ours = r["arm"].split()[-1].startswith(("bare", "full"))
+                ours = any(t.startswith(("bare", "full")) for t in r["arm"].split())
                 ax.scatter(r["bpp"], r[key], marker=marker, s=36 if ours else 26,
                            facecolors=color if ours else "none", edgecolors=color)
                 ax.annotate(r["arm"], (r["bpp"], r[key]), fontsize=6)
@@ -385,14 +387,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=None,
                     help="plot path [default: docs/quality.png; none with --tiny]")
     ap.add_argument("--plot-from", default=None,
-                    help="comma-separated result files of earlier runs (their JSON last line): "
-                         "plot their rows together to --plot (a model, arm and set in several "
-                         "files: the last file's row), measure nothing")
+                    help="comma-separated result files of earlier runs (their JSON last line), "
+                         "each optionally FILE=LABEL (its arms named 'arm [LABEL]'): plot their "
+                         "rows together to --plot (a model, arm and set in several files: the "
+                         "last file's row), measure nothing")
     args = ap.parse_args(argv)
     if args.plot_from:
         rows_from: list[dict[str, Any]] = []
-        for name in args.plot_from.split(","):
-            rows_from += _result_rows(Path(name))
+        for item in args.plot_from.split(","):
+            name, _, label = item.partition("=")
+            rows = _result_rows(Path(name))
+            if label:
+                rows = [{**r, "arm": f"{r['arm']} [{label}]"} for r in rows]
+            rows_from += rows
         # a (model, arm, set) measured in several runs: the later file's row
         rows_from = list({(r["model"], r["arm"], r["set"]): r for r in rows_from}.values())
         note = plot(rows_from, Path(args.plot or ROOT / "docs" / "quality.png"))

@@ -40,8 +40,9 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
 
 def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--plot-from`` reads the rows of earlier result files (a JSON last line, or one
-    pretty-printed object), plots them together (a row measured again: once) and measures
-    nothing; a file that is not a result is refused with its name."""
+    pretty-printed object), plots them together (a row measured again: once, unless its file
+    carries a label) and measures nothing; a file that is not a result is refused with its
+    name."""
     spec = importlib.util.spec_from_file_location("quality_plot", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -58,6 +59,9 @@ def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture
     c = tmp_path / "c.json"  # the same model, arm and set again: one row, the later file's
     c.write_text(json.dumps({"rows": [{**row, "ppl_ratio": 1.4}]}), encoding="utf-8")
     assert module.main(["--plot-from", f"{a},{b},{c}", "--plot", str(png)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 2
+    # a label keeps the same arms of another run apart: "bare [mix]" is a row of its own
+    assert module.main(["--plot-from", f"{a},{c}=mix", "--plot", str(png)]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 2
     bad = tmp_path / "bad.json"
     bad.write_text("not json\n", encoding="utf-8")
