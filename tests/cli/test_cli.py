@@ -302,3 +302,24 @@ def test_quantize_full_recipe_on_a_tiny_model(
     assert not (tmp_path / "q.ckpt").exists() and not (tmp_path / "q.rows-ckpt").exists()
     assert main(argv) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_demo_requantizes_a_cached_artifact_that_is_stale() -> None:
+    """The demo reuses its cached artifact only when it stands for this run: same codebook, at
+    least the calibration tokens asked for, the demo's embedding table, and today's default
+    calibration text (an artifact from before a change of default is made again)."""
+    from types import SimpleNamespace
+
+    from leechq.cli.demo import DEMO_EMBEDDING, stale_reason
+    from leechq.data.code_corpus import MIXED_SOURCE
+
+    good = SimpleNamespace(codebook="tetra", calib_windows=16, calib_window_len=256,
+                           embedding_encoding=DEMO_EMBEDDING,
+                           calibration=f"{MIXED_SOURCE} 16x256 tokens, fingerprint 0123")
+    assert stale_reason(good, "tetra", 4096) is None
+    assert "ball codebook" in stale_reason(SimpleNamespace(**{**vars(good), "codebook": "ball"}),
+                                           "tetra", 4096)
+    assert "2048 tokens" in stale_reason(SimpleNamespace(**{**vars(good), "calib_windows": 8}),
+                                         "tetra", 4096)
+    old = SimpleNamespace(**{**vars(good), "calibration": "pydoc+pystdlib:calibration 16x256"})
+    assert "pydoc+pystdlib:calibration" in stale_reason(old, "tetra", 4096)

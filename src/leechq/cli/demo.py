@@ -8,7 +8,9 @@ On a fresh machine the demo
    input rotation, GPTQ error feedback; a small calibration set from :mod:`leechq.data`; an 8-bit
    group-64 embedding table, which the tied head shares), after
    measuring this machine's encoder speed and printing the time that implies. The artifact is cached
-   (``<cache>/demo/<model>-<codebook>``) and reused by later runs unless ``--force``;
+   (``<cache>/demo/<model>-<codebook>``) and reused by later runs unless ``--force`` or it no
+   longer stands for this run (:func:`stale_reason`: another codebook, fewer calibration tokens,
+   another embedding table, a calibration text other than today's default);
 3. tunes every continuous parameter of the 2-bit model (row scales, gain centroids, the table's
    scales, norms; :mod:`leechq.quant.tune`) by KL to the reference on calibration windows, the
    held-out calibration monitor keeping the best state, within a CPU budget: what the
@@ -260,6 +262,23 @@ def tune_stage(ref: Any, bare: Path, budget_s: float, calib_tokens: int,
     return {"artifact": out, "summary": res.summary()}
 
 
+def stale_reason(qc: Any, codebook: str, calib_tokens: int) -> str | None:
+    """Why a cached demo artifact (its ``QuantConfig`` ``qc``) does not stand for what this run
+    would make — another codebook, fewer calibration tokens, another embedding table, or a
+    calibration text other than today's default — or None when it does."""
+    from leechq.data.code_corpus import MIXED_SOURCE
+
+    if qc.codebook != codebook:
+        return f"was made with the {qc.codebook} codebook"
+    if qc.calib_windows * qc.calib_window_len < calib_tokens:
+        return f"was calibrated on {qc.calib_windows * qc.calib_window_len} tokens"
+    if qc.embedding_encoding != DEMO_EMBEDDING:
+        return f"has a {qc.embedding_encoding} embedding"
+    if not str(qc.calibration).startswith(MIXED_SOURCE + " "):
+        return (f"was calibrated on other text ({str(qc.calibration).split(' ')[0]}, not "
+                f"today's default {MIXED_SOURCE})")
+    return None
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo (see the module docstring); returns the exit status."""
     t_start = time.perf_counter()
@@ -313,12 +332,10 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         try:
             art = read_artifact(out, verify=True)
-            reuse = (
-                art.quant_config.codebook == codebook
-                and art.quant_config.calib_windows * art.quant_config.calib_window_len
-                >= calib_tokens
-                and art.quant_config.embedding_encoding == DEMO_EMBEDDING
-            )
+            stale = stale_reason(art.quant_config, codebook, calib_tokens)
+            reuse = stale is None
+            if stale:
+                _say(f"note: the artifact cached at {out} {stale}; quantizing again")
         except Exception as exc:  # a broken cache is rebuilt, and said so
             _say(f"note: cached artifact {out} is unusable ({exc}); quantizing again")
     _rule(f"2. quantize with {codebook}")
