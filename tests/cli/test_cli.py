@@ -323,3 +323,31 @@ def test_demo_requantizes_a_cached_artifact_that_is_stale() -> None:
                                          "tetra", 4096)
     old = SimpleNamespace(**{**vars(good), "calibration": "pydoc+pystdlib:calibration 16x256"})
     assert "pydoc+pystdlib:calibration" in stale_reason(old, "tetra", 4096)
+
+
+def test_eval_on_named_sets_and_on_the_users_text(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``leechq eval --data`` takes the evaluation split of a named corpus or the user's own text
+    (a file here); text too short for the windows is refused naming --data and the sizes, and
+    nothing is written to --out."""
+    from leechq_tiny import WORDS
+
+    common = ["--windows", "2", "--window", "32", "--device", "cpu"]
+    assert main(["eval", str(artifact), "--data", "pystdlib", *common]) == 0
+    named = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert named["provenance"]["config"]["corpus"] == "pystdlib"
+    assert named["ppl"]["n_predicted"] == 2 * 31
+    mine = tmp_path / "mine.txt"
+    mine.write_text(" ".join(WORDS[i % len(WORDS)] for i in range(400)), encoding="utf-8")
+    assert main(["eval", str(artifact), "--data", str(mine), *common]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cfg = report["provenance"]["config"]
+    assert cfg["corpus"] == "user" and "mine.txt" in cfg["split"]
+    assert report["ppl"]["n_predicted"] == 2 * 31 and report["ppl"]["ppl"] > 0
+    short = tmp_path / "short.txt"
+    short.write_text(" ".join(WORDS[:5]), encoding="utf-8")
+    out = tmp_path / "r.json"
+    rc = main(["eval", str(artifact), "--data", str(short), *common, "--out", str(out)])
+    assert rc == 2 and not out.exists()
+    assert "--data" in capsys.readouterr().err

@@ -1,9 +1,11 @@
 """``leechq eval OUT``: perplexity and KL of an artifact against its reference model.
 
 A thin shell (docs/architecture.md §1 ``cli/eval.py``) over :func:`leechq.models.load.load`,
-:func:`leechq.models.hf_load.load_model` and :func:`leechq.eval.runner.run_suite` on the offline
-evaluation split. The reference defaults to the model the artifact was quantized from (its
-``provenance.model_id``). The JSON report is the last line of stdout; a summary goes to stderr.
+:func:`leechq.models.hf_load.load_model` and :func:`leechq.eval.runner.run_suite` on held-out text:
+the evaluation split of a named corpus (:data:`NAMED_SETS`, default ``pydoc``) or the user's own
+text (``--data``, read as ``--calib-data`` reads it). The reference defaults to the model the
+artifact was quantized from (its ``provenance.model_id``). The JSON report is the last line of
+stdout; a summary goes to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+NAMED_SETS = {"pydoc": "evaluation", "pystdlib": "evaluation", "fortunes": "evaluation",
+              "wikitext2": "test", "c4": "evaluation"}
+"""The corpora ``--data`` names (:func:`leechq.data.corpus.load_text`) and the split taken."""
 
 
 def reference_of(artifact: str | Path) -> str | None:
@@ -38,15 +44,30 @@ def evaluate(
     window: int,
     device: str = "auto",
     dtype: str = "auto",
+    data: str = "pydoc",
 ) -> dict[str, Any]:
-    """Run the suite on ``artifact`` (and KL against ``reference`` when given): the report dict."""
+    """Run the suite on ``artifact`` (and KL against ``reference`` when given) over ``data``
+    (a :data:`NAMED_SETS` name or a ``--calib-data`` spec): the report dict.
+
+    Raises:
+        InvalidInput: the text of ``data`` is unreadable or holds fewer than
+            ``n_windows · window`` tokens (the message names ``--data`` and the sizes).
+    """
     from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
     from leechq.models.load import load, resolve_device, resolve_dtype
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     model, tokenizer = load(artifact, device=dev, dtype=dt)
-    config = SuiteConfig(n_windows=n_windows, window=window, kl=reference is not None)
+    kl = reference is not None
+    windows = None
+    if data in NAMED_SETS:
+        config = SuiteConfig(corpus=data, split=NAMED_SETS[data], n_windows=n_windows,
+                             window=window, kl=kl)
+    else:
+        windows = user_windows(tokenizer, data, n_windows, window)
+        config = SuiteConfig(corpus="user", split=windows.source, n_windows=n_windows,
+                             window=window, kl=kl)
     ref_model, ref_info = None, None
     if reference is not None:
         from leechq.models.hf_load import load_model
@@ -61,15 +82,45 @@ def evaluate(
         reference=ref_model,
         model_info=ModelInfo(name=str(artifact), artifact=str(artifact)),
         reference_info=ref_info,
+        windows=windows,
     )
+
+
+def user_windows(tokenizer: Any, spec: str, n_windows: int, window: int) -> Any:
+    """``n_windows`` windows of ``window`` tokens from the first token of the user's text named by
+    ``spec`` (:func:`leechq.data.user_text.load_user_text`): a ``TokenWindows``.
+
+    Raises:
+        InvalidInput: unreadable text, or fewer tokens than the windows need.
+    """
+    from leechq.data import token_windows
+    from leechq.data.corpus import encode
+    from leechq.data.user_text import load_user_text
+    from leechq.errors import InvalidInput
+
+    user = load_user_text(spec)
+    need = n_windows * window
+    try:
+        return token_windows(tokenizer, user.text, n_windows, window, source=user.source)
+    except InvalidInput:
+        have = len(encode(tokenizer, user.text))
+        if have >= need:
+            raise
+        raise InvalidInput(
+            f"--data {spec!r} holds {have} tokens, fewer than --windows {n_windows} x --window "
+            f"{window} = {need}; ask for fewer or shorter windows, or bring more text"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.artifact``: a summary on stderr, the JSON report as the last stdout line."""
     reference = args.reference or reference_of(args.artifact)
-    report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype)
+    report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype,
+                      args.data)
     ppl = report["ppl"]
-    line = f"[eval] perplexity {ppl['ppl']:.4f}"
+    proto = report["provenance"]["protocol"]
+    line = (f"[eval] {proto['n_windows']} x {proto['window']} tokens of {proto['source']}: "
+            f"perplexity {ppl['ppl']:.4f}")
     if "reference_ppl" in ppl:
         line += (
             f" vs reference {ppl['reference_ppl']:.4f} (ratio {ppl['ratio']:.4f}); "

@@ -117,8 +117,8 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=0,
         help="full recipe: end-to-end tuning of every continuous parameter after the row scales, "
         "this many AdamW steps (0 = off unless --tune-seconds) [default: 0]. It fits the model to "
-        "the calibration text's domain: a gain on text like it, none on other text; use it when "
-        "--calib-data is the kind of text you will run",
+        "the calibration text: calibrated on one domain it gained there and not on other text; "
+        "on the broad default mix it gained on text of none of its domains too (BENCHMARKS.md §5)",
     )
     p.add_argument(
         "--tune-seconds",
@@ -218,6 +218,17 @@ def _args_eval(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--windows", type=int, default=8, help="held-out windows [default: 8]")
     p.add_argument("--window", type=int, default=512, help="tokens per window [default: 512]")
+    p.add_argument(
+        "--data",
+        default="pydoc",
+        metavar="NAME|PATH|hf:NAME[:SPLIT]",
+        help="held-out text: the evaluation split of an offline corpus (pydoc: the Python docs; "
+        "pystdlib: the standard library's code; fortunes: Debian's quotations, a domain the "
+        "default calibration never saw), wikitext2 or c4 (online, the datasets package), or "
+        "your own text as --calib-data takes it (a file, a JSONL file, a folder, hf:NAME[:SPLIT]; "
+        "./NAME for a file named like a corpus); windows are cut from its first token "
+        "[default: pydoc]",
+    )
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     _device(p)
     _dtype(p)
