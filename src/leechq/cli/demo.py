@@ -270,14 +270,16 @@ def stale_reason(qc: Any, codebook: str, calib_tokens: int) -> str | None:
 
     if qc.codebook != codebook:
         return f"was made with the {qc.codebook} codebook"
-    if qc.calib_windows * qc.calib_window_len < calib_tokens:
-        return f"was calibrated on {qc.calib_windows * qc.calib_window_len} tokens"
+    tokens = qc.calib_windows * qc.calib_window_len
+    if tokens < calib_tokens:
+        return f"was calibrated on {tokens} tokens"
     if qc.embedding_encoding != DEMO_EMBEDDING:
         return f"has a {qc.embedding_encoding} embedding"
     if not str(qc.calibration).startswith(MIXED_SOURCE + " "):
         return (f"was calibrated on other text ({str(qc.calibration).split(' ')[0]}, not "
                 f"today's default {MIXED_SOURCE})")
     return None
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo (see the module docstring); returns the exit status."""

@@ -94,22 +94,14 @@ def user_windows(tokenizer: Any, spec: str, n_windows: int, window: int) -> Any:
         InvalidInput: unreadable text, or fewer tokens than the windows need.
     """
     from leechq.data import token_windows
-    from leechq.data.corpus import encode
     from leechq.data.user_text import load_user_text
     from leechq.errors import InvalidInput
 
     user = load_user_text(spec)
-    need = n_windows * window
     try:
         return token_windows(tokenizer, user.text, n_windows, window, source=user.source)
-    except InvalidInput:
-        have = len(encode(tokenizer, user.text))
-        if have >= need:
-            raise
-        raise InvalidInput(
-            f"--data {spec!r} holds {have} tokens, fewer than --windows {n_windows} x --window "
-            f"{window} = {need}; ask for fewer or shorter windows, or bring more text"
-        ) from None
+    except InvalidInput as exc:  # its message has the token count and the sizes
+        raise InvalidInput(f"--data {spec!r}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -107,8 +107,8 @@ def docs_text(name: str, root: Path | str | None = None) -> str:
     Raises:
         ArtifactError: unknown name, or the corpus holds no file.
     """
-    base = Path(root) if root is not None else docs_dir(name)
     _corpus(name)
+    base = Path(root) if root is not None else docs_dir(name)
     return _text_cached(name, str(base))
 
 
