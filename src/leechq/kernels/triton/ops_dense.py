@@ -71,7 +71,7 @@ def tetra48_dequantize_f16(w: Tetra48Weight, out: torch.Tensor | None = None,
     :func:`dequant_natural_index` maps them (twin of ``reference.tetra48_dequantize_f16`` with the
     same ``grouped``; :mod:`.tetra48_dequant`). ``config``: :func:`dequant_config` if None.
     The ``tetra64`` layout (a ``Tetra64Weight``) is decoded as such."""
-    _check_lattice(w, w.words, "words", t64_ok=True)
+    _check_record(w)
     out = _dequant_out(out, w, w.words.device)
     _launch_dequant(w, out, dequant_config() if config is None else config, scaled=False)
     return out
@@ -131,10 +131,7 @@ def dense_copy(parts: Sequence[Tetra48Weight | Planes14Weight],
     if any(p.d_in != w0.d_in for p in parts):
         raise InvalidInput(f"records differ in d_in: {[p.d_in for p in parts]}")
     for p in parts:
-        if _is_tetra48(p):
-            _check_lattice(p, p.words, "words", t64_ok=True)
-        else:
-            _check_lattice(p, p.records, "records")
+        _check_record(p)
     dev = w0.row_scales.device
     cfg = dequant_config() if config is None else config
     n = BLOCK * w0.n_blocks
@@ -230,6 +227,15 @@ def _is_tetra48(w: Tetra48Weight | Planes14Weight) -> bool:
     return hasattr(w, "words")
 
 
+def _check_record(w: Tetra48Weight | Planes14Weight) -> None:
+    """A lattice record's code tensor checked (``tetra48``/``tetra64`` words or ``planes14``
+    records) before a dequantization kernel reads it."""
+    if _is_tetra48(w):
+        _check_lattice(w, w.words, "words", t64_ok=True)
+    else:
+        _check_lattice(w, w.records, "records")
+
+
 def _copy_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str,
                   grouped: bool) -> torch.Tensor | None:
     """The natural (rotated-basis) column of each column of ``w``'s float16 copy in the
@@ -261,7 +267,7 @@ def planes14_dequantize_f16(w: Planes14Weight, out: torch.Tensor | None = None,
     them (twin of ``reference.planes14_dequantize_f16`` with the same ``grouped``;
     :mod:`.planes14_dequant`; the permute selectors from the staged table); ``config``:
     :func:`dequant_config` if None."""
-    _check_lattice(w, w.records, "records")
+    _check_record(w)
     out = _dequant_out(out, w, w.records.device)
     _launch_dequant(w, out, dequant_config() if config is None else config, scaled=False)
     return out
@@ -308,43 +314,47 @@ def planes14_matmul_dense(x: torch.Tensor, w: Planes14Weight) -> torch.Tensor:
     return _dense_product_natural(x, w)
 
 
+_DENSE_COLUMNS: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
 _DENSE_ORDER: dict[tuple[str, str, int, int, bool], torch.Tensor] = {}
 
 
-def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
-                      ) -> torch.Tensor:
-    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that the
-    first ``24·n_blocks`` columns follow ``w``'s float16 copy under :func:`dequant_config` (the
-    inverse of :func:`dequant_natural_index` / :func:`planes14_dequant_natural_index`) and the
-    tail columns stay in place — the ``dense_order`` the rotation writes for
-    :func:`matmul_dense_ordered` (cached per layout, device, width and layout form)."""
-    grouped = dequant_config().grouped
-    key = ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in, grouped)
-    if key not in _DENSE_ORDER:
-        n = BLOCK * w.n_blocks
-        nat = _copy_columns(w, device, grouped)
-        dest = torch.arange(w.d_in, dtype=torch.int64, device=device)
-        if nat is not None:
-            dest[nat] = torch.arange(n, dtype=torch.int64, device=device)
-        _DENSE_ORDER[key] = dest.to(torch.int32)
-    return _DENSE_ORDER[key]
+def _dense_key(w: Tetra48Weight | Planes14Weight, device: torch.device | str
+               ) -> tuple[str, str, int, int, bool]:
+    """What the dense column layout depends on: layout, device, width and layout form."""
+    return ("tetra48" if _is_tetra48(w) else "planes14", str(device), w.n_blocks, w.d_in,
+            dequant_config().grouped)
 
 
 def dense_input_columns(w: Tetra48Weight | Planes14Weight, device: torch.device | str
                         ) -> torch.Tensor:
-    """int64 [d_in]: the natural (rotated-basis) column of each column of
-    :func:`dense_input_order`'s layout (its inverse: the gather that makes that layout; cached
-    as that order is)."""
-    dest = dense_input_order(w, device)
-    key = (dest.data_ptr(), str(device))
+    """int64 [d_in]: the natural (rotated-basis) column of each column of ``w``'s float16 copy
+    under :func:`dequant_config` — the copy's block columns (:func:`dequant_natural_index` /
+    :func:`planes14_dequant_natural_index`), then the tail columns in place; the gather that
+    makes :func:`dense_input_order`'s layout (cached per layout, device, width and layout
+    form)."""
+    key = _dense_key(w, device)
     if key not in _DENSE_COLUMNS:
-        src = torch.empty(w.d_in, dtype=torch.int64, device=dest.device)
-        src[dest.to(torch.int64)] = torch.arange(w.d_in, dtype=torch.int64, device=dest.device)
-        _DENSE_COLUMNS[key] = src
+        cols = torch.arange(w.d_in, dtype=torch.int64, device=device)
+        nat = _copy_columns(w, device, key[-1])
+        if nat is not None:
+            cols[: BLOCK * w.n_blocks] = nat
+        _DENSE_COLUMNS[key] = cols
     return _DENSE_COLUMNS[key]
 
 
-_DENSE_COLUMNS: dict[tuple[int, str], torch.Tensor] = {}
+def dense_input_order(w: Tetra48Weight | Planes14Weight, device: torch.device | str
+                      ) -> torch.Tensor:
+    """int32 [d_in]: where each natural (rotated-basis) column of the activation goes so that its
+    columns follow ``w``'s float16 copy (the inverse of :func:`dense_input_columns`; the tail
+    columns stay in place) — the ``dense_order`` the rotation writes for
+    :func:`matmul_dense_ordered` (cached as those columns are)."""
+    key = _dense_key(w, device)
+    if key not in _DENSE_ORDER:
+        cols = dense_input_columns(w, device)
+        dest = torch.empty_like(cols)
+        dest[cols] = torch.arange(w.d_in, dtype=torch.int64, device=cols.device)
+        _DENSE_ORDER[key] = dest.to(torch.int32)
+    return _DENSE_ORDER[key]
 
 
 def matmul_dense_ordered(x16: torch.Tensor, w: _Record | Sequence[_Record]) -> torch.Tensor:
