@@ -3,9 +3,10 @@
 Arms (each a model that maps ids to logits, with its whole-model bits per parameter, rule 2):
 
 * ``bare``       every block projection on the lattice (the encoder's defaults);
-* ``full``       the full recipe at ``--target-bpp`` (int4 by sensitivity, 4/8-bit tables, row
-                 scales; :mod:`leechq.quant.recipe`);
-* ``full+tune``  the full recipe plus the end-to-end tuning step (:mod:`leechq.quant.tune`);
+* ``full``       the full recipe at ``--target-bpp`` without its tuning step (int4 by sensitivity,
+                 4/8-bit tables, row scales; :mod:`leechq.quant.recipe`; ``--tune-steps 0``);
+* ``full+tune``  the full recipe as ``leechq quantize --recipe full`` runs it: the above plus
+                 ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
   with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports).
@@ -216,7 +217,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     from leechq.models.quantize import quantize_model_in_place
     from leechq.quant.recipe import resolve_recipe, run_recipe, tune_result
     from leechq.quant.row_scales import RowScaleConfig
-    from leechq.quant.tune import TuneConfig
+    from leechq.quant.tune import tune_settings
 
     calib = roles["calib"]
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
@@ -242,8 +243,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
-    tune = TuneConfig(steps=args.tune_steps, warmup_steps=max(1, args.tune_steps // 10),
-                      lr=2e-3, monitor_every=max(1, args.tune_steps // 10))
+    tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
     # full+tune continues the full arm's result when both are wanted (one encode and one
     # sensitivity pass for the two)
     recipe = resolve_recipe("full", args.target_bpp, row_scales=rows,
@@ -380,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-tokens", type=int, default=32768)
     ap.add_argument("--train-tokens", type=int, default=32768)
     ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
-    ap.add_argument("--tune-steps", type=int, default=200)
+    ap.add_argument("--tune-steps", type=int, default=100,
+                    help="steps of the full+tune arm (the full recipe's default: 100); the full "
+                         "arm is the full recipe with --tune-steps 0")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -407,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.bits = [int(b) for b in args.bits.split(",") if b]
     wanted = [a for a in args.arms.split(",") if a]
+    if "full+tune" in wanted and args.tune_steps < 1:
+        ap.error("the full+tune arm needs --tune-steps >= 1")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)

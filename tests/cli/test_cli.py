@@ -259,9 +259,11 @@ def test_target_bpp_needs_the_full_recipe(
 def test_quantize_full_recipe_on_a_tiny_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
 ) -> None:
-    """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales, all
-    recorded in the artifact, which loads and matches the recorded accounting."""
+    """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales,
+    end-to-end tuning (on by default), all recorded in the artifact, which loads and matches the
+    recorded accounting; no checkpoint is left behind."""
     from leechq.formats.artifact import artifact_report, read_artifact
+    from leechq.quant.tune import DEFAULT_TUNE_STEPS
 
     src = _tiny_llama_dir(tmp_path)
     out = tmp_path / "q"
@@ -294,12 +296,15 @@ def test_quantize_full_recipe_on_a_tiny_model(
         "int4_by_sensitivity",
         "tables",
         "row_scales",
+        "tune",
     ]
     assert recipe["row_scales"]["steps"] == 3
+    assert recipe["tune"]["total_steps"] == DEFAULT_TUNE_STEPS  # tuning is on by default
     assert recipe["whole_model_bits_per_param"] <= 6.0 + 1e-9
     report = artifact_report(out)
     assert report is not None
-    assert not (tmp_path / "q.ckpt").exists() and not (tmp_path / "q.rows-ckpt").exists()
+    for left in ("q.ckpt", "q.rows-ckpt", "q.tune-ckpt"):
+        assert not (tmp_path / left).exists()
     assert main(argv) == 2
     assert "already exists" in capsys.readouterr().err
 

@@ -32,7 +32,7 @@ from leechq.quant.recipe import (
     tune_result,
 )
 from leechq.quant.row_scales import RowScaleConfig
-from leechq.quant.tune import TuneConfig
+from leechq.quant.tune import DEFAULT_TUNE_STEPS, TuneConfig, tune_settings
 
 pytest.importorskip("transformers")
 
@@ -43,18 +43,22 @@ def test_resolve_describe_and_round_trip() -> None:
     bare = resolve_recipe("bare")
     assert bare.steps == ["encode"] and bare.row_scales is None
     full = resolve_recipe("full")
-    assert full.steps == ["encode", "int4_by_sensitivity", "tables", "row_scales"]
+    assert full.steps == ["encode", "int4_by_sensitivity", "tables", "row_scales", "tune"]
     assert (full.target_bpp, full.embedding_bits, full.head_bits) == (2.7, 4, 8)
     assert full.row_scales == RowScaleConfig()
+    assert full.tune == tune_settings() and full.tune.steps == DEFAULT_TUNE_STEPS
+    assert resolve_recipe("full", tune=None).steps[-1] == "row_scales"
     tuned = resolve_recipe("full", tune=TuneConfig(steps=5, groups=("norms", "tables")))
     assert tuned.steps[-1] == "tune" and "end-to-end tuning of norms, tables" in tuned.describe()
     assert Recipe.from_dict(tuned.to_dict()) == tuned
     assert resolve_recipe("full", 3.1).target_bpp == 3.1
-    custom = resolve_recipe("full", 2.5, embedding_bits=8, row_scales=None, requantize=False)
+    custom = resolve_recipe("full", 2.5, embedding_bits=8, row_scales=None, requantize=False,
+                            tune=None)
     assert custom.steps == ["encode", "int4_by_sensitivity", "tables"]
     text = custom.describe()
     assert "2.5 b/param" in text and "swapped post hoc" in text and "8-bit g64 embedding" in text
     assert "row scales" not in text and "row scales" in full.describe()
+    assert "end-to-end tuning" not in text and "100 steps, held-out" in full.describe()
     for r in (bare, full, custom):
         assert Recipe.from_dict(r.to_dict()) == r
     with pytest.raises(InvalidInput, match="full recipe only"):
@@ -134,7 +138,7 @@ def test_full_recipe_end_to_end_writes_an_artifact_that_loads(tmp_path: Path) ->
     target = _target_between(arch, 0.3)
     recipe = resolve_recipe(
         "full", target, sensitivity_windows=2,
-        row_scales=RowScaleConfig(steps=4, warmup_steps=1, lr=1e-2, batch=2),
+        row_scales=RowScaleConfig(steps=4, warmup_steps=1, lr=1e-2, batch=2), tune=None,
     )
     res = run_recipe(
         reference, windows(4, seed=100), config(), recipe, quantize_fn=quantize_fn,
@@ -191,7 +195,7 @@ def test_tied_head_post_hoc_swap_and_bare(tmp_path: Path) -> None:
     assert [s["step"] for s in bare.metadata["steps"]] == ["encode"]
     assert bare.records == enc.records and bare.raw == enc.raw
     recipe = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
-                            row_scales=None, sensitivity_windows=2)
+                            row_scales=None, sensitivity_windows=2, tune=None)
     res = run_recipe(reference, windows(4, seed=100), config(), recipe,
                      sensitivity_windows=windows(2, seed=8), **kw)
     chosen = res.metadata["selection"]["int4"]
@@ -216,7 +220,7 @@ def test_a_generous_budget_buys_the_8_bit_table_first() -> None:
 
     reference, student, enc = quantized("qwen2")
     recipe = resolve_recipe("full", 64.0, requantize=False, row_scales=None,
-                            sensitivity_windows=2)
+                            sensitivity_windows=2, tune=None)
     res = run_recipe(reference, windows(4, seed=100), config(), recipe, quantize_fn=quantize_fn,
                      embed_name=EMBED, head_name=HEAD, sensitivity_windows=windows(2, seed=8),
                      student=student, encoded=enc)
@@ -244,12 +248,46 @@ def test_recipe_refuses_inconsistent_inputs() -> None:
         run_recipe(reference, windows(4), config(), Recipe(row_scales=RowScaleConfig()), **kw)
 
 
+def test_tuning_is_skipped_with_the_reason_when_the_gpu_lacks_the_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CUDA device whose free memory is below the estimate the step is dropped before the
+    encode, and the reason recorded; the CPU and a recipe without tuning are never checked."""
+    from recipe_tiny import config, quantize_fn, quantized, windows
+
+    import leechq.quant.recipe as recipe_mod
+    from leechq.quant.tune import tune_memory_bytes
+
+    reference, student, enc = quantized("qwen2")
+    full = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
+                          row_scales=None, sensitivity_windows=2, device="cpu")
+    assert recipe_mod.tuning_fits(full, reference, 1) is None  # the CPU
+    need = tune_memory_bytes(reference, 2, on_cuda=True)
+    monkeypatch.setattr(recipe_mod, "_device_dtype",
+                        lambda r: (torch.device("cuda"), torch.bfloat16))
+    for free, fits in ((need, True), (need - 1, False)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, f=free: (f, 2 * need))
+        reason = recipe_mod.tuning_fits(full, reference, 1)
+        assert (reason is None) is fits
+    assert "GiB" in reason and "--tune-steps 0" in reason
+    assert recipe_mod.tuning_fits(full.replace(tune=None), reference, 1) is None
+
+    monkeypatch.undo()
+    monkeypatch.setattr(recipe_mod, "tuning_fits", lambda *a: "no room for it")
+    res = run_recipe(reference, windows(4, seed=100), config(), full, quantize_fn=quantize_fn,
+                     embed_name=EMBED, head_name=HEAD, sensitivity_windows=windows(2, seed=8),
+                     train_windows=windows(4, seed=7), student=student, encoded=enc)
+    assert res.metadata["tune"] == {"skipped": "no room for it"} and res.recipe.tune is None
+    assert "tune" not in [s["step"] for s in res.metadata["steps"]]
+    assert res.metadata["recipe"]["tune"] is None
+
+
 def test_the_tuning_step_writes_an_artifact_that_gives_the_tuned_logits(tmp_path: Path) -> None:
     from recipe_tiny import config, logits, quantize_fn, quantized, windows
 
     from leechq.models.load import load
 
-    reference, student, enc = quantized("qwen2")  # tied 4-bit table, biases, tails
+    reference, _student, _enc = quantized("qwen2")  # tied 4-bit table, biases, tails
     recipe = resolve_recipe(
         "full", _target_between("qwen2", 0.5), sensitivity_windows=2, row_scales=None,
         tune=TuneConfig(steps=6, warmup_steps=1, lr=2e-2, monitor_every=3),

@@ -18,10 +18,13 @@ from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.quant.composed import ComposedLinear, centroid_parts
 from leechq.quant.tune import (
+    DEFAULT_TUNE_STEPS,
     TuneConfig,
     cache_teacher,
     topk_kl_loss,
+    tune_memory_bytes,
     tune_model,
+    tune_settings,
 )
 
 pytest.importorskip("transformers")
@@ -246,6 +249,36 @@ def test_config_validation_and_round_trip() -> None:
                 {"monitor_every": 0}):
         with pytest.raises(InvalidInput):
             TuneConfig(**bad)
+
+
+def test_the_recipe_settings_for_a_budget() -> None:
+    """Steps: a tenth of warm-up and a monitor score every tenth; seconds replace the steps; no
+    budget is no tuning; a negative budget is refused."""
+    cfg = tune_settings()
+    assert (cfg.steps, cfg.lr, cfg.warmup_steps, cfg.monitor_every) == (DEFAULT_TUNE_STEPS, 2e-3,
+                                                                        10, 10)
+    assert (tune_settings(30).warmup_steps, tune_settings(30).monitor_every) == (3, 3)
+    assert (tune_settings(5).warmup_steps, tune_settings(5).monitor_every) == (1, 1)
+    timed = tune_settings(30, 90.0)
+    assert (timed.steps, timed.time_budget_s, timed.warmup_steps) == (0, 90.0, 10)
+    assert tune_settings(0) is None and tune_settings(0, 0.0) is None
+    for bad in ((-1, 0.0), (10, -5.0)):
+        with pytest.raises(InvalidInput, match="tuning budget"):
+            tune_settings(*bad)
+
+
+def test_the_memory_estimate_counts_student_teacher_and_the_parts() -> None:
+    """Student f32 + teacher + (centroids + tail) parts per linear weight, a tied tensor once."""
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 6),
+                                torch.nn.Linear(6, 10, bias=False))
+    params = 10 * 4 + 4 * 6 + 6 + 6 * 10
+    linear = 4 * 6 + 6 * 10
+    assert tune_memory_bytes(model, 2, on_cuda=True) == params * 4 + params * 2 + linear * 3 * 2
+    assert tune_memory_bytes(model, 4, on_cuda=False) == params * 8 + linear * 5 * 4
+    model[2].weight = torch.nn.Parameter(torch.zeros(10, 6))
+    model[0].weight = model[2].weight  # tied, [10, 6] both
+    tied = 10 * 6 + 4 * 6 + 6
+    assert tune_memory_bytes(model, 2, on_cuda=True) == tied * 6 + linear * 3 * 2
 
 
 @pytest.mark.gpu

@@ -113,7 +113,9 @@ def check_out(out: str, force: bool) -> None:
 
 
 def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
-    """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales; writes ``args.out``.
+    """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales, end-to-end tuning
+    (``--tune-steps``/``--tune-seconds``; skipped with a warning on a GPU without the memory for
+    it); writes ``args.out``.
 
     Returns:
         The artifact path.
@@ -139,14 +141,13 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         lr=args.train_lr,
         warmup_steps=max(1, steps // 10) if steps else 10,
     )
-    tune_steps, tune_seconds = getattr(args, "tune_steps", 0), getattr(args, "tune_seconds", 0.0)
+    from leechq.quant.tune import DEFAULT_TUNE_STEPS, tune_settings
+
+    tune_steps = getattr(args, "tune_steps", DEFAULT_TUNE_STEPS)
+    tune_seconds = getattr(args, "tune_seconds", 0.0)
     if tune_steps < 0 or tune_seconds < 0:
         raise InvalidInput("--tune-steps and --tune-seconds must be >= 0")
-    tune = None
-    if tune_steps or tune_seconds:
-        from leechq.quant.tune import TuneConfig
-
-        tune = TuneConfig(steps=tune_steps, time_budget_s=tune_seconds or 600.0)
+    tune = tune_settings(tune_steps, tune_seconds)
     recipe = resolve_recipe(
         "full", args.target_bpp, row_scales=rows, tune=tune,
         device="cuda" if device == "cuda" else "cpu",
@@ -220,7 +221,9 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         print(
             "[quantize] row scales: " + ", ".join(f"{k} {rs.get(k)}" for k in keys), file=sys.stderr
         )
-    if "tune" in result.metadata:
+    if "skipped" in result.metadata.get("tune", {}):
+        print(f"[quantize] warning: {result.metadata['tune']['skipped']}", file=sys.stderr)
+    elif "tune" in result.metadata:
         tn = result.metadata["tune"]
         keys = ["steps", "best_step", "seconds", "monitor_kl_before", "monitor_kl_after"]
         print("[quantize] tune: " + ", ".join(f"{k} {tn.get(k)}" for k in keys), file=sys.stderr)

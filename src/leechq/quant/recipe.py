@@ -18,9 +18,11 @@ hard-coded string):
    a separate width for an untied head; a tied head is one table, stored once;
 4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
    into the f64 row scales (:mod:`leechq.quant.row_scales`);
-5. **tune** (optional) — every continuous stored number (row scales, gain centroids, int4 and table
+5. **tune** — every continuous stored number (row scales, gain centroids, int4 and table
    scales/offsets, norm weights, biases) trained end to end by KL to the teacher, the held-out
-   monitor keeping the best state (:mod:`leechq.quant.tune`).
+   monitor keeping the best state (:mod:`leechq.quant.tune`); part of ``full`` by default
+   (:data:`leechq.quant.tune.DEFAULT_TUNE_STEPS`), skipped with a warning on a CUDA device whose
+   free memory is below :func:`leechq.quant.tune.tune_memory_bytes` (:func:`tuning_fits`).
 
 Every step shows a progress bar with a time estimate (tqdm) when ``progress`` is on.
 
@@ -61,7 +63,7 @@ from leechq.quant.row_scales import (
     train_row_scales,
 )
 from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
-from leechq.quant.tune import TuneConfig, set_raw, tune_model
+from leechq.quant.tune import TuneConfig, set_raw, tune_memory_bytes, tune_model, tune_settings
 
 log = logging.getLogger("leechq.quant")
 
@@ -224,7 +226,8 @@ def resolve_recipe(
     * ``bare``: every projection on the lattice, tables kept as in the checkpoint.
     * ``full``: int4 for the most sensitive matrices under ``target_bpp`` (default 2.7), a 4-bit
       embedding (tied head included) that the same budget may upgrade to 8 bits, an 8-bit untied
-      head, row scales trained by KL.
+      head, row scales trained by KL, then :data:`~leechq.quant.tune.DEFAULT_TUNE_STEPS` steps of
+      end-to-end tuning (:func:`~leechq.quant.tune.tune_settings`; ``tune=None`` leaves it out).
 
     Raises:
         InvalidInput: an unknown name, or ``target_bpp`` given to ``bare``.
@@ -242,6 +245,7 @@ def resolve_recipe(
             head_bits=8,
             table_upgrades=True,
             row_scales=RowScaleConfig(),
+            tune=tune_settings(),
         )
         return base.replace(**overrides) if overrides else base
     raise InvalidInput(f"unknown recipe {name!r}; choices: {', '.join(RECIPE_NAMES)}")
@@ -360,6 +364,27 @@ def _device_dtype(recipe: Recipe) -> tuple[torch.device, torch.dtype]:
     else:
         dtype = getattr(torch, recipe.train_dtype)
     return device, dtype
+
+
+def tuning_fits(recipe: Recipe, reference: nn.Module, gain_bits: int) -> str | None:
+    """Why ``recipe``'s tuning step cannot run on its device for ``reference``, or None.
+
+    Only a CUDA device is checked: its free memory against
+    :func:`~leechq.quant.tune.tune_memory_bytes` (``2 ** gain_bits`` centroids per matrix).
+    """
+    if recipe.tune is None:
+        return None
+    device, _ = _device_dtype(recipe)
+    if device.type != "cuda":
+        return None
+    need = tune_memory_bytes(reference, 2**gain_bits, on_cuda=True)
+    free, _total = torch.cuda.mem_get_info(device)
+    if need <= free:
+        return None
+    gib = 1024.0**3
+    return (f"end-to-end tuning needs about {need / gib:.1f} GiB on {device} and "
+            f"{free / gib:.1f} GiB are free: the artifact is the full recipe without it "
+            f"(--tune-steps 0 says so up front)")
 
 
 def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -556,10 +581,16 @@ def run_recipe(
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
+    skipped = tuning_fits(recipe, reference, base_config.gain_bits)
+    if skipped is not None:
+        log.warning("leechq: %s", skipped)
+        recipe = recipe.replace(tune=None)
     log.info("leechq %s", recipe.describe())
     steps: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"recipe": recipe.to_dict(), "describe": recipe.describe(),
                             "steps": steps}
+    if skipped is not None:
+        meta["tune"] = {"skipped": skipped}
     config = base_config.replace(
         int4_modules=tuple(recipe.forced_int4), int4_group=recipe.int4_group
     )

@@ -141,6 +141,55 @@ class TuneConfig(ConfigDict):
 
 
 
+DEFAULT_TUNE_STEPS = 100
+"""Steps of the full recipe's tuning step unless the user sets a budget. Measured (smollm2-135m,
+Tetra, 2.70 b/param, CPU, 8 192 tokens of the five-domain default calibration, 16 × 512 held-out
+windows per set, ``46c14d6``): after the row scales, 100 steps took the docs' perplexity ratio
+×1.636 → ×1.400 and the unseen domain's ×2.163 → ×2.024 (paired 95 % intervals −0.26…−0.21 and
+−0.17…−0.11); the monitor kept step 70 (docs/decisions.md)."""
+
+
+def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> TuneConfig | None:
+    """The full recipe's tuning settings for a budget: ``seconds > 0`` trains for that long,
+    else ``steps`` steps; None when both are 0 (no tuning).
+
+    The other settings are the measured run's (:data:`DEFAULT_TUNE_STEPS`): peak lr 2e-3, a tenth
+    of the steps of warm-up, the held-out monitor scored ten times (every 10 steps under a time
+    budget).
+
+    Raises:
+        InvalidInput: a negative budget.
+    """
+    if steps < 0 or seconds < 0:
+        raise InvalidInput(f"tuning budget must be >= 0, got {steps} steps and {seconds:g} s")
+    if seconds > 0:
+        return TuneConfig(steps=0, time_budget_s=float(seconds), lr=2e-3, warmup_steps=10,
+                          monitor_every=10)
+    if steps == 0:
+        return None
+    tenth = max(1, steps // 10)
+    return TuneConfig(steps=steps, lr=2e-3, warmup_steps=tenth, monitor_every=tenth)
+
+
+def tune_memory_bytes(model: nn.Module, n_centroids: int, on_cuda: bool) -> int:
+    """Upper estimate of the bytes tuning keeps on its device for a model shaped like ``model``.
+
+    Counted: the student in float32 (the composed modules keep the originals to undo the swap),
+    the teacher in the compute dtype (bfloat16 on CUDA, float32 on the CPU) and, for every linear,
+    ``n_centroids`` per-centroid parts plus a tail part in the compute dtype. Not counted:
+    activations, gradients of the (vector-sized) factors and the optimizer state.
+
+    Args:
+        model: the dense model (or one of the same shapes); a tied tensor counts once.
+        n_centroids: gain centroids per lattice matrix (``2 ** gain_bits``).
+        on_cuda: the compute dtype is bfloat16 (else float32).
+    """
+    width = 2 if on_cuda else 4
+    params = sum(p.numel() for p in model.parameters())
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return params * 4 + params * width + linear * (n_centroids + 1) * width
+
+
 # --------------------------------------------------------------------------------------------------
 # the teacher, cached
 
