@@ -12,12 +12,14 @@ evaluation split (never used for any choice):
 * ``+tables8``     bare + 8-bit g64 embedding (tied head: the same table) / 8-bit head;
 * ``+tables4``     bare + 4-bit g64 embedding (a tied head follows), 8-bit untied head;
 * ``+int4+tables4`` the two together;
-* ``full``         +int4 + tables4 + row scales (the full recipe: sensitivity measured with the
-                   final tables, then training on top), written as an artifact, re-loaded, checked;
+* ``full``         +int4 + tables4 + row scales (the full recipe without its tuning step:
+                   sensitivity measured with the final tables, then training on top), written as
+                   an artifact, re-loaded, checked;
 * ``+tune``        bare + end-to-end tuning of every continuous parameter (lattice row scales and
                    centroids, norms, biases; :mod:`leechq.quant.tune`), the held-out calibration
                    monitor keeping the best state;
-* ``full+tune``    the full recipe plus the tuning step (tables and int4 scales tuned too);
+* ``full+tune``    the full recipe with the tuning step (tables and int4 scales tuned too; this
+                   arm's ``--tune-steps``);
 * ``dense+tables8``, ``dense+tables4`` the table step alone on the dense reference: exact at full
                    depth (no encoding involved).
 
@@ -234,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         res.metadata["arm_cpu_seconds"] = _cpu_seconds() - c
         return res
 
+    # "full" is steps 1-4 here (the recipe's tuning step is the separate "full+tune" arm)
     full_recipe = resolve_recipe("full", args.target_bpp, requantize=False, row_scales=rows_cfg,
-                                 sensitivity_windows=args.sens_windows,
+                                 tune=None, sensitivity_windows=args.sens_windows,
                                  sensitivity_window_len=args.sens_window, device=args.device)
     order = [a for a in ARMS if a in want]
     need = set(order)
