@@ -383,8 +383,8 @@ def tuning_fits(recipe: Recipe, reference: nn.Module, gain_bits: int) -> str | N
         return None
     gib = 1024.0**3
     return (f"end-to-end tuning needs about {need / gib:.1f} GiB on {device} and "
-            f"{free / gib:.1f} GiB are free: the artifact is the full recipe without it "
-            f"(--tune-steps 0 says so up front)")
+            f"{free / gib:.1f} GiB are free: skipped, the artifact is the full recipe without "
+            f"it (--tune-steps 0 leaves it out without this warning)")
 
 
 def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
