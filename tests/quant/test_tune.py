@@ -70,6 +70,46 @@ def test_centroid_parts_compose_the_decode_and_the_factors_fold_exactly() -> Non
     torch.testing.assert_close(m4(x[:, :48]), x[:, :48] @ q.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "gemma", "llama"])
+def test_the_composed_model_gives_the_students_logits_scaled_embeddings_too(family: str) -> None:
+    """Attaching changes nothing before training, also where the embedding scales its rows
+    (``embed_scale``, the Gemma families); an embedding that does more than that is refused."""
+    from leechq_tiny import family_model
+    from recipe_tiny import config, quantize_fn, windows
+
+    from leechq.quant.composed import GROUPS, attach, detach
+
+    student = family_model(family)
+    enc = quantize_fn(student, windows(4, seed=100), config())
+    raw = dict(enc.raw)
+    emb = "model.embed_tokens.weight"
+    raw[emb] = GroupAffine.quantize(raw[emb], 4, 8)
+    with torch.no_grad():
+        student.get_parameter(emb).copy_(raw[emb].dequantize())
+    stored = {n: t for n, t in raw.items() if n not in enc.tied}
+    ids = windows(2, 16, seed=3)
+    with torch.no_grad():
+        before = student(input_ids=ids).logits
+    att = attach(student, enc.records, stored, GROUPS, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        after = student(input_ids=ids).logits
+    detach(student, att)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+
+    class Shifted(torch.nn.Embedding):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids) + 1.0
+
+    old = student.model.embed_tokens
+    shifted = Shifted(*old.weight.shape)
+    shifted.weight = old.weight
+    if hasattr(old, "embed_scale"):
+        shifted.embed_scale = old.embed_scale
+    student.model.embed_tokens = shifted
+    with pytest.raises(InvalidInput, match="not a table lookup"):
+        attach(student, enc.records, stored, GROUPS, torch.device("cpu"), torch.float32)
+
+
 @pytest.mark.parametrize("d_in,gain_bits,rotate,zero", [
     (56, 1, True, False), (48, 2, True, True), (56, 1, False, True), (72, 0, True, False)])
 def test_centroid_parts_are_each_parts_own_unrotated_decode_bit_for_bit(

@@ -241,15 +241,19 @@ class ComposedLinear(_Composed):
 
 class ComposedEmbedding(_Composed):
     """An embedding whose table is composed from a :class:`GroupAffine` table (see ComposedLinear);
-    ``share`` reuses another composed module's factors (a tied head and its embedding)."""
+    ``share`` reuses another composed module's factors (a tied head and its embedding);
+    ``embed_scale`` multiplies every looked-up row, as the scaled embeddings of the Gemma families
+    do (the factor rounded to the output dtype first, as transformers does)."""
 
     def __init__(self, source: GroupAffine, groups: tuple[str, ...], device: torch.device,
-                 compute_dtype: torch.dtype, share: ComposedLinear | None = None) -> None:
+                 compute_dtype: torch.dtype, share: ComposedLinear | None = None,
+                 embed_scale: float = 1.0) -> None:
         super().__init__()
         self.compute_dtype = compute_dtype
         self.kind = "tables"
         self.source = source
         self.dims = tuple(source.dims)
+        self.embed_scale = float(embed_scale)
         if share is not None:
             for name in ("codes", "col_group", "s0", "b0"):
                 self.register_buffer(name, getattr(share, name))
@@ -267,6 +271,12 @@ class ComposedEmbedding(_Composed):
 
     def compose(self) -> tuple[torch.Tensor, None]:
         return _affine_compose(self), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.embed_scale == 1.0:
+            return out
+        return out * torch.tensor(self.embed_scale, dtype=out.dtype)
 
     def op(self, ids: torch.Tensor, w: torch.Tensor, b: None) -> torch.Tensor:
         return F.embedding(ids, w.to(self.compute_dtype))
@@ -374,7 +384,9 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
                     att.linears[n] = lin_share
             for n, m in users:
                 if isinstance(m, nn.Embedding):
-                    emb = ComposedEmbedding(ga, groups, device, compute_dtype, share=lin_share)
+                    emb = ComposedEmbedding(ga, groups, device, compute_dtype, share=lin_share,
+                                            embed_scale=_embed_scale(m))
+                    _check_same_rows(n, m, emb)
                     att.originals[n] = _swap(model, n, emb)
                     att.embeddings[n] = emb
                     lin_share = lin_share or emb  # type: ignore[assignment]
@@ -410,6 +422,31 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
         detach(model, att)
         raise
     return att
+
+
+def _embed_scale(module: nn.Module) -> float:
+    """The factor an embedding module applies to its looked-up rows (``embed_scale``, as the
+    Gemma families' scaled embeddings have), 1.0 for a plain ``nn.Embedding``."""
+    scale = getattr(module, "embed_scale", None)
+    if scale is None:
+        return 1.0
+    return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
+
+
+@torch.no_grad()
+def _check_same_rows(name: str, original: nn.Module, composed: ComposedEmbedding) -> None:
+    """Refuse to train through a composed embedding that does not give the rows ``original``
+    gives (an embedding subclass whose forward does more than a lookup and ``embed_scale``)."""
+    ids = torch.arange(min(8, composed.dims[0]), device=composed.codes.device)
+    want = original(ids.to(original.weight.device)).float().to(ids.device)
+    got = composed(ids).float()
+    err = float((got - want).abs().max())
+    if not err <= 1e-2 * float(want.abs().max()) + 1e-6:
+        raise InvalidInput(
+            f"tuning: the embedding {name} ({type(original).__name__}) is not a table lookup "
+            f"times embed_scale (its composed twin differs by {err:.3g}); quantize without "
+            "tuning (--tune-steps 0)"
+        )
 
 
 def detach(model: nn.Module, att: Attached) -> None:
