@@ -4,6 +4,7 @@ head)."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -280,6 +281,39 @@ def test_tuning_is_skipped_with_the_reason_when_the_gpu_lacks_the_memory(
     assert res.metadata["tune"] == {"skipped": "no room for it"} and res.recipe.tune is None
     assert "tune" not in [s["step"] for s in res.metadata["steps"]]
     assert res.metadata["recipe"]["tune"] is None
+
+
+def test_a_model_tuning_cannot_compose_gets_the_recipe_without_the_step() -> None:
+    """An embedding whose forward is more than a lookup times ``embed_scale``: the tuning step is
+    refused and left out with the reason recorded; the model is steps 1-4's, unchanged."""
+    from recipe_tiny import config, logits, quantize_fn, quantized, windows
+
+    reference, student, enc = quantized("qwen2")
+
+    class Shifted(torch.nn.Embedding):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids) + 1.0
+
+    for model in (reference, student):
+        old = model.model.embed_tokens
+        new = Shifted(*old.weight.shape)
+        new.weight = old.weight
+        model.model.embed_tokens = new
+    recipe = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
+                            row_scales=None, sensitivity_windows=2,
+                            tune=TuneConfig(steps=2, warmup_steps=1, monitor_every=1))
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD,
+              sensitivity_windows=windows(2, seed=8))
+    res = run_recipe(reference, windows(4, seed=100), config(), recipe, **kw,
+                     train_windows=windows(4, seed=7), student=copy.deepcopy(student),
+                     encoded=enc)
+    plain = run_recipe(reference, windows(4, seed=100), config(), recipe.replace(tune=None),
+                       **kw, student=copy.deepcopy(student), encoded=enc)
+    assert "not a table lookup" in res.metadata["tune"]["skipped"] and res.recipe.tune is None
+    assert res.metadata["recipe"]["tune"] is None
+    assert [s["step"] for s in res.metadata["steps"]][-1] != "tune"
+    ids = windows(2, 16, seed=3)
+    torch.testing.assert_close(logits(res.model, ids), logits(plain.model, ids), rtol=0, atol=0)
 
 
 def test_the_tuning_step_writes_an_artifact_that_gives_the_tuned_logits(tmp_path: Path) -> None:

@@ -24,6 +24,11 @@ from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import apply_rotation_transpose
 
+class NotComposable(InvalidInput):
+    """A module of the model cannot be made differentiable in its stored numbers (tuning refuses
+    it; the full recipe then leaves the tuning step out)."""
+
+
 GROUPS = ("row_scales", "centroids", "int4", "tables", "norms", "biases")
 """The parameter groups, in the order of :mod:`leechq.quant.tune`'s table."""
 
@@ -442,7 +447,7 @@ def _check_same_rows(name: str, original: nn.Module, composed: ComposedEmbedding
     got = composed(ids).float()
     err = float((got - want).abs().max())
     if not err <= 1e-2 * float(want.abs().max()) + 1e-6:
-        raise InvalidInput(
+        raise NotComposable(
             f"tuning: the embedding {name} ({type(original).__name__}) is not a table lookup "
             f"times embed_scale (its composed twin differs by {err:.3g}); quantize without "
             "tuning (--tune-steps 0)"

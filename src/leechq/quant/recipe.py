@@ -57,6 +57,7 @@ from leechq.formats.accounting import (
 )
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
+from leechq.quant.composed import NotComposable
 from leechq.quant.row_scales import (
     RowScaleConfig,
     set_module_weights,
@@ -735,10 +736,16 @@ def run_recipe(
     # 5. end-to-end tuning (the student in f32 on the device; bf16 autocast there on CUDA)
     if recipe.tune is not None:
         t0 = time.perf_counter()
-        meta["tune"] = _tune_step(student, reference, records, raw, tied, train_windows,
-                                  recipe.tune, device, dtype, monitor_windows=monitor_windows,
-                                  checkpoint_dir=tune_checkpoint_dir, progress=progress)
-        steps.append({"step": "tune", "seconds": time.perf_counter() - t0})
+        try:
+            meta["tune"] = _tune_step(student, reference, records, raw, tied, train_windows,
+                                      recipe.tune, device, dtype, monitor_windows=monitor_windows,
+                                      checkpoint_dir=tune_checkpoint_dir, progress=progress)
+            steps.append({"step": "tune", "seconds": time.perf_counter() - t0})
+        except NotComposable as exc:  # the model is untouched: the result is steps 1-4
+            log.warning("leechq: %s; the tuning step is skipped", exc)
+            meta["tune"] = {"skipped": str(exc)}
+            recipe = recipe.replace(tune=None)
+            meta["recipe"], meta["describe"] = recipe.to_dict(), recipe.describe()
 
     final = projected_bits(records, raw, dense_projections)
     meta["whole_model_bits_per_param"] = final.bits_per_param

@@ -174,7 +174,8 @@ def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> Tune
 def tune_memory_bytes(model: nn.Module, n_centroids: int, on_cuda: bool) -> int:
     """Upper estimate of the bytes tuning keeps on its device for a model shaped like ``model``.
 
-    Counted: the student in float32 (the composed modules keep the originals to undo the swap),
+    Counted: the student in float32 (its dense weights stay on the device until every module is
+    composed),
     the teacher in the compute dtype (bfloat16 on CUDA, float32 on the CPU) and, for every linear,
     ``n_centroids`` per-centroid parts plus a tail part in the compute dtype. Not counted:
     activations, gradients of the (vector-sized) factors and the optimizer state.
