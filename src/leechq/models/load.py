@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from leechq.errors import ArtifactError, InvalidInput, UnsupportedArchitecture
+from leechq.utils.modules import embedding_scale
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -150,28 +151,6 @@ def _module_name(model: torch.nn.Module, module: Any) -> str | None:
     return None
 
 
-def _embed_scale(module: torch.nn.Module | None) -> float:
-    """The factor a (scaled) word-embedding module multiplies its rows by: transformers' Gemma
-    embeddings keep it as ``scalar_embed_scale`` (a float) and the ``embed_scale`` buffer; 1.0 for a
-    plain embedding.
-
-    Raises:
-        ArtifactError: the module has an ``embed_scale`` whose value cannot be read (meta device).
-    """
-    scalar = getattr(module, "scalar_embed_scale", None)
-    if scalar is not None:
-        return float(scalar)
-    buf = getattr(module, "embed_scale", None)
-    if buf is None:
-        return 1.0
-    if isinstance(buf, torch.Tensor):
-        if buf.device.type == "meta":
-            raise ArtifactError(f"cannot read the embedding scale of {type(module).__name__} "
-                                "on the meta device")
-        return float(buf.item())
-    return float(buf)
-
-
 def _replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     parent_name, _, leaf = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -208,7 +187,7 @@ def install_packed_tables(
             emb = PackedEmbedding.from_group_affine(art.raw_quant[emb_key])
         except InvalidInput as exc:
             raise ArtifactError(f"group-affine table {emb_key}: {exc}") from exc
-        emb.embed_scale = _embed_scale(get_in())  # type: ignore[misc]
+        emb.embed_scale = embedding_scale(get_in())  # type: ignore[misc]
         _replace_module(model, emb_name, emb)  # type: ignore[arg-type]
         modules.append(emb)
         handled.add(emb_key)  # type: ignore[arg-type]

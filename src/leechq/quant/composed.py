@@ -23,6 +23,8 @@ from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import apply_rotation_transpose
+from leechq.utils.modules import embedding_scale
+
 
 class NotComposable(InvalidInput):
     """A module of the model cannot be made differentiable in its stored numbers (tuning refuses
@@ -390,7 +392,7 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
             for n, m in users:
                 if isinstance(m, nn.Embedding):
                     emb = ComposedEmbedding(ga, groups, device, compute_dtype, share=lin_share,
-                                            embed_scale=_embed_scale(m))
+                                            embed_scale=embedding_scale(m))
                     _check_same_rows(n, m, emb)
                     att.originals[n] = _swap(model, n, emb)
                     att.embeddings[n] = emb
@@ -427,15 +429,6 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
         detach(model, att)
         raise
     return att
-
-
-def _embed_scale(module: nn.Module) -> float:
-    """The factor an embedding module applies to its looked-up rows (``embed_scale``, as the
-    Gemma families' scaled embeddings have), 1.0 for a plain ``nn.Embedding``."""
-    scale = getattr(module, "embed_scale", None)
-    if scale is None:
-        return 1.0
-    return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
 
 
 @torch.no_grad()
