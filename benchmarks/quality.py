@@ -361,6 +361,8 @@ def _result_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from leechq.quant.tune import DEFAULT_TUNE_STEPS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="random tiny model, synthetic domains")
     ap.add_argument("--models", default="smollm2-135m", help="comma-separated models")
@@ -380,9 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-tokens", type=int, default=32768)
     ap.add_argument("--train-tokens", type=int, default=32768)
     ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
-    ap.add_argument("--tune-steps", type=int, default=100,
-                    help="steps of the full+tune arm (the full recipe's default: 100); the full "
-                         "arm is the full recipe with --tune-steps 0")
+    ap.add_argument("--tune-steps", type=int, default=DEFAULT_TUNE_STEPS,
+                    help="steps of the full+tune arm [default: the full recipe's, "
+                         f"{DEFAULT_TUNE_STEPS}]; the full arm is the full recipe with "
+                         "--tune-steps 0")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

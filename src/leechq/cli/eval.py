@@ -59,15 +59,14 @@ def evaluate(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     model, tokenizer = load(artifact, device=dev, dtype=dt)
-    kl = reference is not None
     windows = None
     if data in NAMED_SETS:
-        config = SuiteConfig(corpus=data, split=NAMED_SETS[data], n_windows=n_windows,
-                             window=window, kl=kl)
+        corpus, split = data, NAMED_SETS[data]
     else:
         windows = user_windows(tokenizer, data, n_windows, window)
-        config = SuiteConfig(corpus="user", split=windows.source, n_windows=n_windows,
-                             window=window, kl=kl)
+        corpus, split = "user", windows.source
+    config = SuiteConfig(corpus=corpus, split=split, n_windows=n_windows, window=window,
+                         kl=reference is not None)
     ref_model, ref_info = None, None
     if reference is not None:
         from leechq.models.hf_load import load_model

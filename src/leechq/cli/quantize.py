@@ -143,11 +143,11 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     )
     from leechq.quant.tune import DEFAULT_TUNE_STEPS, tune_settings
 
-    tune_steps = getattr(args, "tune_steps", DEFAULT_TUNE_STEPS)
-    tune_seconds = getattr(args, "tune_seconds", 0.0)
-    if tune_steps < 0 or tune_seconds < 0:
-        raise InvalidInput("--tune-steps and --tune-seconds must be >= 0")
-    tune = tune_settings(tune_steps, tune_seconds)
+    try:
+        tune = tune_settings(getattr(args, "tune_steps", DEFAULT_TUNE_STEPS),
+                             getattr(args, "tune_seconds", 0.0))
+    except InvalidInput as exc:  # its message has both values
+        raise InvalidInput(f"--tune-steps / --tune-seconds: {exc}") from None
     recipe = resolve_recipe(
         "full", args.target_bpp, row_scales=rows, tune=tune,
         device="cuda" if device == "cuda" else "cpu",

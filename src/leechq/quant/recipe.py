@@ -388,6 +388,15 @@ def tuning_fits(recipe: Recipe, reference: nn.Module, gain_bits: int) -> str | N
             f"it (--tune-steps 0 leaves it out without this warning)")
 
 
+def _without_tuning(recipe: Recipe, meta: dict[str, Any], reason: str) -> Recipe:
+    """``recipe`` without its tuning step, ``reason`` warned and recorded in ``meta``."""
+    log.warning("leechq: %s", reason)
+    recipe = recipe.replace(tune=None)
+    meta["tune"] = {"skipped": reason}
+    meta["recipe"], meta["describe"] = recipe.to_dict(), recipe.describe()
+    return recipe
+
+
 def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """``model`` itself when it already lives on ``device`` in ``dtype``, else a moved copy."""
     p = next(model.parameters())
@@ -582,16 +591,13 @@ def run_recipe(
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
-    skipped = tuning_fits(recipe, reference, base_config.gain_bits)
-    if skipped is not None:
-        log.warning("leechq: %s", skipped)
-        recipe = recipe.replace(tune=None)
-    log.info("leechq %s", recipe.describe())
     steps: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"recipe": recipe.to_dict(), "describe": recipe.describe(),
                             "steps": steps}
+    skipped = tuning_fits(recipe, reference, base_config.gain_bits)
     if skipped is not None:
-        meta["tune"] = {"skipped": skipped}
+        recipe = _without_tuning(recipe, meta, skipped)
+    log.info("leechq %s", recipe.describe())
     config = base_config.replace(
         int4_modules=tuple(recipe.forced_int4), int4_group=recipe.int4_group
     )
@@ -742,10 +748,7 @@ def run_recipe(
                                       checkpoint_dir=tune_checkpoint_dir, progress=progress)
             steps.append({"step": "tune", "seconds": time.perf_counter() - t0})
         except NotComposable as exc:  # the model is untouched: the result is steps 1-4
-            log.warning("leechq: %s; the tuning step is skipped", exc)
-            meta["tune"] = {"skipped": str(exc)}
-            recipe = recipe.replace(tune=None)
-            meta["recipe"], meta["describe"] = recipe.to_dict(), recipe.describe()
+            recipe = _without_tuning(recipe, meta, f"{exc}; the tuning step is skipped")
 
     final = projected_bits(records, raw, dense_projections)
     meta["whole_model_bits_per_param"] = final.bits_per_param
