@@ -61,3 +61,21 @@ def quantized(arch: str = "llama", seed: int = 0) -> tuple[Any, Any, Any]:
 def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=ids, use_cache=False).logits
+
+
+class _Shifted(torch.nn.Embedding):
+    """An embedding whose forward does more than a lookup (tuning cannot compose it)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) + 1.0
+
+
+def shift_embedding(model: Any) -> None:
+    """Replace ``model.model.embed_tokens`` by a shifted embedding sharing its weight (a tied head
+    stays tied) and its ``embed_scale``."""
+    old = model.model.embed_tokens
+    new = _Shifted(*old.weight.shape)
+    new.weight = old.weight
+    if hasattr(old, "embed_scale"):
+        new.embed_scale = old.embed_scale
+    model.model.embed_tokens = new

@@ -286,19 +286,11 @@ def test_tuning_is_skipped_with_the_reason_when_the_gpu_lacks_the_memory(
 def test_a_model_tuning_cannot_compose_gets_the_recipe_without_the_step() -> None:
     """An embedding whose forward is more than a lookup times ``embed_scale``: the tuning step is
     refused and left out with the reason recorded; the model is steps 1-4's, unchanged."""
-    from recipe_tiny import config, logits, quantize_fn, quantized, windows
+    from recipe_tiny import config, logits, quantize_fn, quantized, shift_embedding, windows
 
     reference, student, enc = quantized("qwen2")
-
-    class Shifted(torch.nn.Embedding):
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return super().forward(ids) + 1.0
-
     for model in (reference, student):
-        old = model.model.embed_tokens
-        new = Shifted(*old.weight.shape)
-        new.weight = old.weight
-        model.model.embed_tokens = new
+        shift_embedding(model)
     recipe = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
                             row_scales=None, sensitivity_windows=2,
                             tune=TuneConfig(steps=2, warmup_steps=1, monitor_every=1))

@@ -75,7 +75,7 @@ def test_the_composed_model_gives_the_students_logits_scaled_embeddings_too(fami
     """Attaching changes nothing before training, also where the embedding scales its rows
     (``embed_scale``, the Gemma families); an embedding that does more than that is refused."""
     from leechq_tiny import family_model
-    from recipe_tiny import config, quantize_fn, windows
+    from recipe_tiny import config, quantize_fn, shift_embedding, windows
 
     from leechq.quant.composed import GROUPS, attach, detach
 
@@ -96,16 +96,7 @@ def test_the_composed_model_gives_the_students_logits_scaled_embeddings_too(fami
     detach(student, att)
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
 
-    class Shifted(torch.nn.Embedding):
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return super().forward(ids) + 1.0
-
-    old = student.model.embed_tokens
-    shifted = Shifted(*old.weight.shape)
-    shifted.weight = old.weight
-    if hasattr(old, "embed_scale"):
-        shifted.embed_scale = old.embed_scale
-    student.model.embed_tokens = shifted
+    shift_embedding(student)
     with pytest.raises(InvalidInput, match="not a table lookup"):
         attach(student, enc.records, stored, GROUPS, torch.device("cpu"), torch.float32)
 
