@@ -16,7 +16,7 @@ from leechq_tiny import int4_record, lattice_record
 
 from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
-from leechq.quant.composed import ComposedLinear, centroid_parts
+from leechq.quant.composed import ComposedLinear, lattice_factors
 from leechq.quant.tune import (
     DEFAULT_TUNE_STEPS,
     TuneConfig,
@@ -48,12 +48,21 @@ def _setup(seed: int = 0):  # type: ignore[no-untyped-def]
     return reference, student, records, raw
 
 
-def test_centroid_parts_compose_the_decode_and_the_factors_fold_exactly() -> None:
+def _unrotate(rec, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    from leechq.formats.rotation import apply_rotation_transpose
+
+    return x if rec.rotation is None else apply_rotation_transpose(x, rec.rotation)
+
+
+def test_lattice_factors_compose_the_decode_and_the_factors_fold_exactly() -> None:
+    from leechq.codebooks import BLOCK
+
     rec = lattice_record("tetra", 7, 56, seed=4, gain_bits=1)
-    parts, tail = centroid_parts(rec)
-    assert parts.shape == (2, 7, 56) and tail is not None
-    composed = (parts * rec.centroids.float()[:, None, None]).sum(0) + tail
-    torch.testing.assert_close(composed, rec.dequantize(torch.float32), rtol=0, atol=2e-6)
+    unit, gidx, tail = lattice_factors(rec)
+    assert unit.shape == (7, 48) and gidx.shape == (7, 2) and tail is not None
+    scale = rec.centroids.double()[gidx.long()].repeat_interleave(BLOCK, dim=1)
+    composed = _unrotate(rec, torch.cat((scale * unit, tail), dim=1))
+    torch.testing.assert_close(composed.float(), rec.dequantize(torch.float32), rtol=0, atol=2e-6)
     bias = torch.randn(7)
     m = ComposedLinear(rec, bias, ("row_scales", "centroids", "biases"), torch.device("cpu"),
                        torch.float32)
@@ -103,14 +112,13 @@ def test_the_composed_model_gives_the_students_logits_scaled_embeddings_too(fami
 
 @pytest.mark.parametrize("d_in,gain_bits,rotate,zero", [
     (56, 1, True, False), (48, 2, True, True), (56, 1, False, True), (72, 0, True, False)])
-def test_centroid_parts_are_each_parts_own_unrotated_decode_bit_for_bit(
+def test_lattice_factors_split_the_rotated_decode_by_centroid_and_compose_it(
         d_in: int, gain_bits: int, rotate: bool, zero: bool) -> None:
-    """B[k] = Qᵀ(rotated decode on the blocks of gain k, / c_k) and T = Qᵀ(tail), each un-rotated
-    alone in f64 and narrowed once; a zero centroid's part is zeros."""
+    """U·c_G is the rotated decode of the blocks (U zero where the centroid is 0), T its tail and
+    G the gain indices, exactly; at init the composed weight is the record's decode."""
     import dataclasses
 
     from leechq.codebooks import BLOCK
-    from leechq.formats.rotation import apply_rotation_transpose
 
     rec = lattice_record("tetra", 9, d_in, seed=d_in + gain_bits, gain_bits=gain_bits,
                          rotate=rotate)
@@ -118,26 +126,49 @@ def test_centroid_parts_are_each_parts_own_unrotated_decode_bit_for_bit(
         c = rec.centroids.clone()
         c[0] = 0.0
         rec = dataclasses.replace(rec, centroids=c)
-    parts, tail = centroid_parts(rec)
+    unit, gidx, tail = lattice_factors(rec)
     rot = rec.dequantize_rotated()
     cut = rec.n_blocks * BLOCK
-    gains = rec.gains.long().repeat_interleave(BLOCK, dim=1)
-
-    def unrotate(x: torch.Tensor) -> torch.Tensor:
-        return x if rec.rotation is None else apply_rotation_transpose(x, rec.rotation)
-
-    assert parts.dtype == torch.float32 and parts.shape == (rec.centroids.numel(), 9, d_in)
-    for k in range(rec.centroids.numel()):
-        part = torch.zeros_like(rot)
-        if float(rec.centroids[k]) != 0.0:
-            part[:, :cut] = torch.where(gains == k, rot[:, :cut] / rec.centroids[k], 0.0)
-        assert torch.equal(parts[k], unrotate(part).to(torch.float32))
+    assert unit.dtype == torch.float64 and unit.shape == (9, cut)
+    assert gidx.dtype == torch.int32 and torch.equal(gidx.long(), rec.gains.long())
+    picked = rec.centroids.double()[rec.gains.long()].repeat_interleave(BLOCK, dim=1)
+    torch.testing.assert_close(unit * picked, rot[:, :cut], rtol=1e-15, atol=0)
+    assert bool((unit[picked == 0.0] == 0.0).all())
     if rec.tail_cols:
-        t = torch.zeros_like(rot)
-        t[:, cut:] = rot[:, cut:]
-        assert tail is not None and torch.equal(tail, unrotate(t).to(torch.float32))
+        assert tail is not None and torch.equal(tail, rot[:, cut:])
     else:
         assert tail is None
+    m = ComposedLinear(rec, None, ("row_scales", "centroids"), torch.device("cpu"), torch.float32)
+    w, _ = m.compose()
+    torch.testing.assert_close(w, rec.dequantize(torch.float32), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("width", [56, 96, 576, 1536, 4096])
+def test_the_tuners_unrotation_is_the_exact_one_to_float32_accuracy(width: int) -> None:
+    """Two Hadamard-factor products (and the odd mix folded into the left one) give Qᵀ."""
+    from leechq.formats.rotation import apply_rotation_transpose, generate_rotation
+    from leechq.quant.composed import _Unrotation
+
+    tables = generate_rotation(width, 11)
+    x = torch.randn(5, width, dtype=torch.float64)
+    want = apply_rotation_transpose(x, tables)
+    got = _Unrotation(tables, torch.device("cpu"))(x.float())
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 * float(x.abs().max()))
+    assert not torch.equal(got, x.float())
+
+
+def test_a_composed_lattice_linear_keeps_one_copy_of_the_weight_whatever_the_centroids() -> None:
+    """The frozen buffers are U and T in the compute dtype and an int32 index per block: the same
+    bytes for 1 and 4 centroids (only the centroid vector grows)."""
+
+    def weight_bytes(gain_bits: int) -> int:
+        rec = lattice_record("tetra", 8, 96, seed=3, gain_bits=gain_bits)
+        m = ComposedLinear(rec, None, ("row_scales", "centroids"), torch.device("cpu"),
+                           torch.bfloat16)
+        return sum(b.numel() * b.element_size() for n, b in m.named_buffers()
+                   if n in ("unit", "tail", "gidx"))
+
+    assert weight_bytes(0) == weight_bytes(2) == 8 * 96 * 2 + 8 * 4 * 4
 
 
 def test_composed_gradients_match_autograd_through_the_plain_composition() -> None:
@@ -298,18 +329,23 @@ def test_the_recipe_settings_for_a_budget() -> None:
             tune_settings(*bad)
 
 
-def test_the_memory_estimate_counts_student_teacher_and_the_parts() -> None:
-    """Student f32 + teacher + (centroids + tail) parts per linear weight, a tied tensor once."""
-    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 6),
+def test_the_memory_estimate_counts_student_teacher_and_one_copy_of_each_weight() -> None:
+    """CUDA: student f32 (the parts replace its dense weights) + teacher bf16; CPU: student f32,
+    teacher f32 and the parts (f32 U/T of linears and embeddings, an int32 per 24 linear weights);
+    a tied tensor once."""
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 48), torch.nn.Linear(48, 6),
                                 torch.nn.Linear(6, 10, bias=False))
-    params = 10 * 4 + 4 * 6 + 6 + 6 * 10
-    linear = 4 * 6 + 6 * 10
-    assert tune_memory_bytes(model, 2, on_cuda=True) == params * 4 + params * 2 + linear * 3 * 2
-    assert tune_memory_bytes(model, 4, on_cuda=False) == params * 8 + linear * 5 * 4
-    model[2].weight = torch.nn.Parameter(torch.zeros(10, 6))
-    model[0].weight = model[2].weight  # tied, [10, 6] both
-    tied = 10 * 6 + 4 * 6 + 6
-    assert tune_memory_bytes(model, 2, on_cuda=True) == tied * 6 + linear * 3 * 2
+    params = 10 * 48 + 48 * 6 + 6 + 6 * 10
+    linear, tables = 48 * 6 + 6 * 10, 10 * 48
+    assert tune_memory_bytes(model, on_cuda=True) == params * 4 + params * 2
+    parts = (linear + tables) * 4 + linear // 24 * 4
+    assert tune_memory_bytes(model, on_cuda=False) == params * 8 + parts
+    model[0] = torch.nn.Embedding(10, 6)
+    model[2].weight = model[0].weight  # tied, [10, 6] both
+    tied = 10 * 6 + 48 * 6 + 6
+    assert tune_memory_bytes(model, on_cuda=True) == tied * 6
+    # the tied tensor is a table (no gain indices), counted once
+    assert tune_memory_bytes(model, on_cuda=False) == tied * 8 + (48 * 6 + 60) * 4 + 12 * 4
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ backward (:class:`_ComposedOp`), so no weight-sized tensor is kept between forwa
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
-from leechq.formats.rotation import apply_rotation_transpose
+from leechq.formats.rotation import RotationTables
 from leechq.utils.modules import embedding_scale
 
 
@@ -39,34 +40,68 @@ GROUPS = ("row_scales", "centroids", "int4", "tables", "norms", "biases")
 # composed weights
 
 
-def centroid_parts(record: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-centroid natural-basis parts of a lattice record.
+def lattice_factors(record: QuantizedWeight
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A lattice record split into what tuning keeps frozen, in the rotated basis.
 
     Returns:
-        ``(B float32 [n_c, d_out, d_in], T float32 [d_out, d_in] or None)`` with
-        ``Σ_k centroids[k]·B[k] + T`` equal to the record's decode up to f32 rounding; ``B[k]`` is
-        the decode of the blocks whose gain index is ``k`` with ``centroids[k]`` replaced by 1
-        (zeros for a zero centroid).
+        ``(U float64 [d_out, n_blocks·24], G int32 [d_out, n_blocks], T float64 [d_out, tail] or
+        None)``: ``U`` is the rotated decode of the blocks with every centroid replaced by 1 (zeros
+        where the block's centroid is 0), ``G`` the blocks' gain indices and ``T`` the rotated
+        tail, so that ``Qᵀ [c[G] ⊙ U, T]`` (each block's centroid times its 24 values, the tail
+        appended, then un-rotated) is the record's decode.
 
-    One decode of the record; the parts (and the tail) are un-rotated together in one call, each
-    element in f64 exactly as a separate un-rotation of its part would, then narrowed to f32.
+    One copy of the weight whatever the number of centroids: the gain index picks the centroid
+    per block when the weight is composed.
     """
     rot = record.dequantize_rotated()
     cut = record.n_blocks * BLOCK
-    c = record.centroids
-    n_c = c.numel()
-    has_tail = record.tail_cols > 0
-    parts = torch.zeros(n_c + int(has_tail), record.d_out, record.d_in, dtype=torch.float64)
-    ks = torch.arange(n_c)[:, None, None]
-    pick = (record.gains.long().repeat_interleave(BLOCK, dim=1) == ks) & (c != 0.0)[:, None, None]
-    safe = torch.where(c != 0.0, c, 1.0)[:, None, None]
-    parts[:n_c, :, :cut] = torch.where(pick, rot[:, :cut] / safe, 0.0)
-    if has_tail:
-        parts[n_c, :, cut:] = rot[:, cut:]
-    if record.rotation is not None:
-        parts = apply_rotation_transpose(parts, record.rotation)
-    parts = parts.to(torch.float32)
-    return parts[:n_c], (parts[n_c] if has_tail else None)
+    c = record.centroids.to(torch.float64)
+    picked = c[record.gains.long()].repeat_interleave(BLOCK, dim=1)
+    safe = torch.where(picked != 0.0, picked, 1.0)
+    unit = torch.where(picked != 0.0, rot[:, :cut] / safe, 0.0)
+    tail = rot[:, cut:] if record.tail_cols > 0 else None
+    return unit, record.gains.to(torch.int32), tail
+
+
+_HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _hadamard(n: int, device: torch.device) -> torch.Tensor:
+    """The Sylvester Hadamard matrix of order ``n`` (a power of two), float32 on ``device``."""
+    key = (n, str(device))
+    if key not in _HADAMARD:
+        h = torch.ones(1, 1)
+        while h.shape[0] < n:
+            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+        _HADAMARD[key] = h.to(device)
+    return _HADAMARD[key]
+
+
+class _Unrotation:
+    """``Qᵀ`` along the rows of a float32 weight, differentiable, for composing during tuning.
+
+    The same map as :func:`leechq.formats.rotation.apply_rotation_transpose` (the ``Q_odd``ᵀ mix
+    over the ``k`` groups, the Walsh–Hadamard transform of each group of ``m`` scaled by 1/√m,
+    the signs) computed with two matrix products instead of butterflies. With ``m = a·b`` a row
+    viewed as a ``(k·a) × b`` matrix ``X`` maps to ``K X H_b`` with ``K = Q_oddᵀ ⊗ H_a`` (the mix
+    and the transform act on different axes, so they combine). Float32 accuracy, not the exact
+    reader's bits (tuning only needs the former).
+    """
+
+    def __init__(self, tables: RotationTables, device: torch.device) -> None:
+        m = tables.pow2
+        a = m // min(m, 64)  # b = 64 columns (or all of a small group) keeps both products wide
+        small_t = torch.as_tensor(tables.small.T.copy(), dtype=torch.float32)  # [k, k]
+        self.left = torch.kron(small_t, _hadamard(a, torch.device("cpu"))).to(device)
+        self.right = _hadamard(m // a, device)
+        signs = torch.as_tensor(tables.signs, dtype=torch.float32, device=device)
+        self.signs = signs / math.sqrt(m)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        d, n = x.shape
+        v = torch.matmul(x.reshape(d, self.left.shape[0], self.right.shape[0]), self.right)
+        return torch.matmul(self.left, v).reshape(d, n) * self.signs
 
 
 class _ComposedOp(torch.autograd.Function):
@@ -159,20 +194,20 @@ class ComposedLinear(_Composed):
         if isinstance(source, QuantizedWeight):
             self.kind = "lattice"
             self.out_features, self.in_features = source.d_out, source.d_in
-            cent = "centroids" in groups
-            parts, tail = centroid_parts(source)
-            if not cent:  # one part: the lattice decode
-                parts = (parts * source.centroids.to(torch.float32)[:, None, None]).sum(0,
-                                                                                         True)
-            self.register_buffer("parts", parts.to(device=device, dtype=compute_dtype))
+            self.n_blocks = source.n_blocks
+            unit, gidx, tail = lattice_factors(source)
+            self.register_buffer("unit", unit.to(device=device, dtype=compute_dtype))
+            self.register_buffer("gidx", gidx.to(device))
             self.register_buffer("tail", None if tail is None else
                                  tail.to(device=device, dtype=compute_dtype))
-            c = source.centroids.to(torch.float32) if cent else torch.ones(1)
+            self.unrotate = (None if source.rotation is None
+                             else _Unrotation(source.rotation, device))
+            c = source.centroids.to(torch.float32)
             self.register_buffer("c0", c.to(device))
-            if cent:
+            if "centroids" in groups:
                 self.gamma = nn.Parameter(torch.ones(c.numel(), device=device))
             else:
-                self.register_buffer("gamma", torch.ones(1, device=device))
+                self.register_buffer("gamma", torch.ones(c.numel(), device=device))
             lam = torch.ones(source.d_out, device=device)
             if "row_scales" in groups:
                 self.lam = nn.Parameter(lam)
@@ -199,10 +234,14 @@ class ComposedLinear(_Composed):
     def compose(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight [d_out, d_in] (f32) and bias [d_out] (f32) or None."""
         if self.kind == "lattice":
-            coef = self.gamma * self.c0
-            w = torch.einsum("k,koi->oi", coef, self.parts.float()) * self.lam[:, None]
+            d_out, nb = self.out_features, self.n_blocks
+            coef = (self.gamma * self.c0).index_select(0, self.gidx.reshape(-1)).reshape(d_out, nb)
+            w = self.unit.float().reshape(d_out, nb, BLOCK) * (coef * self.lam[:, None])[..., None]
+            w = w.reshape(d_out, nb * BLOCK)
             if self.tail is not None:
-                w = w + self.tail.float()
+                w = torch.cat((w, self.tail.float()), dim=1)
+            if self.unrotate is not None:
+                w = self.unrotate(w)
         else:
             w = _affine_compose(self)
         return w, self.bias
@@ -368,12 +407,21 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
         :class:`Attached`; undo with :func:`detach`.
     """
     att = Attached()
+    if device.type == "cuda":  # each swapped-out dense weight waits on the CPU
+        att.parked = device
+
+    def swap(name: str, new: nn.Module) -> None:
+        old = _swap(model, name, new)
+        att.originals[name] = old
+        if att.parked is not None:
+            old.to("cpu")
+
     try:
         for name, rec in records.items():
             module = model.get_submodule(name)
             bias = getattr(module, "bias", None)
             new = ComposedLinear(rec, bias, groups, device, compute_dtype)
-            att.originals[name] = _swap(model, name, new)
+            swap(name, new)
             att.linears[name] = new
             if bar is not None:
                 bar.update(1)
@@ -387,14 +435,14 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
             for n, m in users:
                 if isinstance(m, nn.Linear):
                     lin_share = ComposedLinear(ga, m.bias, groups, device, compute_dtype)
-                    att.originals[n] = _swap(model, n, lin_share)
+                    swap(n, lin_share)
                     att.linears[n] = lin_share
             for n, m in users:
                 if isinstance(m, nn.Embedding):
                     emb = ComposedEmbedding(ga, groups, device, compute_dtype, share=lin_share,
                                             embed_scale=embedding_scale(m))
                     _check_same_rows(n, m, emb)
-                    att.originals[n] = _swap(model, n, emb)
+                    swap(n, emb)
                     att.embeddings[n] = emb
                     lin_share = lin_share or emb  # type: ignore[assignment]
                 elif not isinstance(m, nn.Linear):
@@ -421,10 +469,6 @@ def attach(model: nn.Module, records: Mapping[str, Any], raw: Mapping[str, Any],
                 att.hooks.append(module.register_forward_pre_hook(hook))
                 att.norms[tname] = factor
                 att.norm_params[tname] = param
-        if device.type == "cuda":  # the swapped-out dense weights wait on the CPU
-            for module in att.originals.values():
-                module.to("cpu")
-            att.parked = device
     except BaseException:
         detach(model, att)
         raise

@@ -367,18 +367,18 @@ def _device_dtype(recipe: Recipe) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
-def tuning_fits(recipe: Recipe, reference: nn.Module, gain_bits: int) -> str | None:
+def tuning_fits(recipe: Recipe, reference: nn.Module) -> str | None:
     """Why ``recipe``'s tuning step cannot run on its device for ``reference``, or None.
 
     Only a CUDA device is checked: its free memory against
-    :func:`~leechq.quant.tune.tune_memory_bytes` (``2 ** gain_bits`` centroids per matrix).
+    :func:`~leechq.quant.tune.tune_memory_bytes`.
     """
     if recipe.tune is None:
         return None
     device, _ = _device_dtype(recipe)
     if device.type != "cuda":
         return None
-    need = tune_memory_bytes(reference, 2**gain_bits, on_cuda=True)
+    need = tune_memory_bytes(reference, on_cuda=True)
     free, _total = torch.cuda.mem_get_info(device)
     if need <= free:
         return None
@@ -594,7 +594,7 @@ def run_recipe(
     steps: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"recipe": recipe.to_dict(), "describe": recipe.describe(),
                             "steps": steps}
-    skipped = tuning_fits(recipe, reference, base_config.gain_bits)
+    skipped = tuning_fits(recipe, reference)
     if skipped is not None:
         recipe = _without_tuning(recipe, meta, skipped)
     log.info("leechq %s", recipe.describe())

@@ -7,7 +7,7 @@ offset (init 0) so that one learning rate fits all of them:
 ============  ====================================================  ==========================
 group         composition (trainable in brackets)                   folded back as
 ============  ====================================================  ==========================
-row_scales    ``W = [λ] ⊙ Σ_k c_k B_k + T`` per lattice row          ``σ_row ← λ·σ_row`` (f64)
+row_scales    ``W = Qᵀ [[λ] ⊙ c_G ⊙ U, T]`` per lattice row         ``σ_row ← λ·σ_row`` (f64)
 centroids     ``c_k ← [γ_k]·c_k`` per lattice matrix                 ``centroids ← γ·c`` (f64)
 int4          ``s ← s0·[ρ]``, ``b ← b0 + s0·[δ]`` per int4 group     f16 scale and bias
 tables        the same for the 4/8-bit embedding / head tables      f16 scale and bias
@@ -15,13 +15,16 @@ norms         ``w ← w0·[ν]`` for every RMSNorm/LayerNorm weight      the raw
 biases        ``b ← [b]`` for the biases of quantized linears        the raw tensor's dtype
 ============  ====================================================  ==========================
 
-``B_k`` is the natural-basis decode of the blocks whose gain index is ``k`` with that centroid
-set to 1 and ``T`` the tail's (:func:`leechq.quant.composed.centroid_parts`); ``Σ_k c_k B_k + T``
-is the record's decode (row-scale training, :mod:`leechq.quant.row_scales`, is the case "λ only").
+In the rotated basis a lattice block of gain index ``k`` is ``c_k`` times its decode with that
+centroid set to 1 (``U``), and the tail ``T`` follows the blocks; the weight is their un-rotation
+``W = Qᵀ [[λ] ⊙ c_G ⊙ U, T]`` (:func:`leechq.quant.composed.lattice_factors`), which is the
+record's decode when every factor is 1 (row-scale training, :mod:`leechq.quant.row_scales`, is the
+case "λ only").
 
 Memory: a quantized linear or table is a composed module (:mod:`leechq.quant.composed`) whose
 weight is composed from its factors in the forward and *recomposed* in the backward, so no
-weight-sized tensor is kept for the backward; the frozen parts are buffers in the compute dtype.
+weight-sized tensor is kept for the backward; the frozen parts are buffers in the compute dtype,
+one copy of each weight whatever the number of centroids (:func:`tune_memory_bytes`).
 
 The teacher runs once, before training: its distribution over each training position is cached
 as its top-``k`` log-probabilities plus the log of the remaining mass
@@ -60,6 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
@@ -171,24 +175,34 @@ def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> Tune
     return TuneConfig(steps=steps, lr=2e-3, warmup_steps=tenth, monitor_every=tenth)
 
 
-def tune_memory_bytes(model: nn.Module, n_centroids: int, on_cuda: bool) -> int:
+def tune_memory_bytes(model: nn.Module, on_cuda: bool) -> int:
     """Upper estimate of the bytes tuning keeps on its device for a model shaped like ``model``.
 
-    Counted: the student in float32 (its dense weights stay on the device until every module is
-    composed),
-    the teacher in the compute dtype (bfloat16 on CUDA, float32 on the CPU) and, for every linear,
-    ``n_centroids`` per-centroid parts plus a tail part in the compute dtype. Not counted:
-    activations, gradients of the (vector-sized) factors and the optimizer state.
+    Counted: the student in float32, the teacher in the compute dtype (bfloat16 on CUDA, float32
+    on the CPU) and the frozen parts of the composed modules: one compute-dtype copy of every
+    linear and embedding weight plus an int32 gain index per 24 linear weights, whatever the number
+    of centroids. On CUDA each dense weight leaves for the CPU as its composed twin arrives
+    (:func:`leechq.quant.composed.attach`), so the parts replace the student's dense weights
+    there; on the CPU both stay. Not counted: activations, the transient float32 weight of the
+    matrix being composed, gradients of the (vector-sized) factors and the optimizer state.
 
     Args:
         model: the dense model (or one of the same shapes); a tied tensor counts once.
-        n_centroids: gain centroids per lattice matrix (``2 ** gain_bits``).
-        on_cuda: the compute dtype is bfloat16 (else float32).
+        on_cuda: the compute dtype is bfloat16 and the dense weights are parked (else float32,
+            kept).
     """
     width = 2 if on_cuda else 4
     params = sum(p.numel() for p in model.parameters())
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return params * 4 + params * width + linear * (n_centroids + 1) * width
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Embedding)}
+    tables = sum(w.numel() for w in weights.values())  # a tied head is its embedding's table
+    linear = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) not in weights:
+            weights[id(m.weight)] = m.weight
+            linear += m.weight.numel()
+    frozen = (linear + tables) * width + linear // BLOCK * 4
+    student = params * 4 if on_cuda else params * 4 + frozen
+    return student + params * width
 
 
 # --------------------------------------------------------------------------------------------------
