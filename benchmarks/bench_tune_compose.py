@@ -1,0 +1,80 @@
+"""Time and memory of one tuning step's composed-weight work per lattice matrix at real shapes.
+
+For each shape: a random lattice record (Tetra, one gain bit, rotated), its composed module in the
+tuning's compute dtype, and ``--tokens`` activation rows; the median wall time of a forward plus
+backward through the composed op (compose, matmul, recompose and the factor gradients), the
+frozen buffers' bytes and the peak device memory of that step. JSON last line.
+
+    python benchmarks/bench_tune_compose.py --device cuda --shapes 4096x4096,12288x4096,4096x12288
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shapes", default="4096x4096,12288x4096,4096x12288",
+                    help="comma list of d_outxd_in")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+
+    from leechq_tiny import lattice_record
+
+    from leechq.quant.composed import ComposedLinear
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    rows = []
+    for spec in args.shapes.split(","):
+        d_out, d_in = (int(v) for v in spec.split("x"))
+        t0 = time.perf_counter()
+        rec = lattice_record("tetra", d_out, d_in, seed=1)
+        m = ComposedLinear(rec, None, ("row_scales", "centroids"), dev, dtype)
+        built = time.perf_counter() - t0
+        err = float((m.compose()[0].detach().cpu() - rec.dequantize(torch.float32)).abs().max())
+        x = torch.randn(args.tokens, d_in, device=dev, dtype=dtype, requires_grad=True)
+
+        def step() -> None:
+            m(x).float().square().mean().backward()
+
+        for _ in range(3):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        times = []
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        frozen = sum(b.numel() * b.element_size() for b in m.buffers())
+        row = {"shape": spec, "ms": sorted(times)[len(times) // 2] * 1e3,
+               "frozen_bytes_per_weight": frozen / (d_out * d_in), "max_abs_err": err,
+               "build_s": built}
+        if cuda:
+            row["step_peak_extra_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+        del m, x, rec
+    print(json.dumps({"bench": "tune_compose", "device": str(dev), "tokens": args.tokens,
+                      "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
