@@ -157,6 +157,29 @@ def test_the_tuners_unrotation_is_the_exact_one_to_float32_accuracy(width: int) 
     assert not torch.equal(got, x.float())
 
 
+def test_bf16_parts_under_autocast_compose_in_f32_and_train_like_f32() -> None:
+    """The CUDA set-up (bf16 frozen parts, bf16 autocast forward) emulated on the CPU: the composed
+    weight stays f32 and within bf16 rounding of the decode, and the factor gradients are those
+    of the f32 module to bf16 accuracy."""
+    rec = lattice_record("tetra", 16, 200, seed=5, gain_bits=1)
+    groups = ("row_scales", "centroids")
+    m32 = ComposedLinear(rec, None, groups, torch.device("cpu"), torch.float32)
+    m16 = ComposedLinear(rec, None, groups, torch.device("cpu"), torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w16, _ = m16.compose()
+    assert w16.dtype == torch.float32
+    dec = rec.dequantize(torch.float32)
+    torch.testing.assert_close(w16, dec, rtol=0, atol=2**-8 * float(dec.abs().max()))
+    x = torch.randn(6, 200)
+    for m, ctx in ((m32, False), (m16, True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ctx):
+            y = m(x)
+        y.float().square().sum().backward()
+    for a, b in zip(m16.trainable(), m32.trainable(), strict=True):
+        assert a.grad is not None and bool(torch.isfinite(a.grad).all())
+        torch.testing.assert_close(a.grad, b.grad, rtol=0.05, atol=0.05 * float(b.grad.abs().max()))
+
+
 def test_a_composed_lattice_linear_keeps_one_copy_of_the_weight_whatever_the_centroids() -> None:
     """The frozen buffers are U and T in the compute dtype and an int32 index per block: the same
     bytes for 1 and 4 centroids (only the centroid vector grows)."""

@@ -241,7 +241,8 @@ class ComposedLinear(_Composed):
             if self.tail is not None:
                 w = torch.cat((w, self.tail.float()), dim=1)
             if self.unrotate is not None:
-                w = self.unrotate(w)
+                with torch.autocast(w.device.type, enabled=False):  # f32 under the caller's amp
+                    w = self.unrotate(w)
         else:
             w = _affine_compose(self)
         return w, self.bias
