@@ -47,7 +47,7 @@ def main() -> None:
         err = float((m.compose()[0].detach().cpu() - rec.dequantize(torch.float32)).abs().max())
         x = torch.randn(args.tokens, d_in, device=dev, dtype=dtype, requires_grad=True)
 
-        def step() -> None:
+        def step(m: ComposedLinear = m, x: torch.Tensor = x) -> None:
             m(x).float().square().mean().backward()
 
         for _ in range(3):
