@@ -14,11 +14,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def main() -> None:
@@ -30,9 +27,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
 
-    from leechq_tiny import lattice_record
-
+    from leechq.formats.rotation import generate_rotation
     from leechq.quant.composed import ComposedLinear
+    from leechq.serve.random_codes import random_tetra
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -41,7 +38,8 @@ def main() -> None:
     for spec in args.shapes.split(","):
         d_out, d_in = (int(v) for v in spec.split("x"))
         t0 = time.perf_counter()
-        rec = lattice_record("tetra", d_out, d_in, seed=1)
+        rec = random_tetra(d_out, d_in, torch.Generator().manual_seed(1),
+                           rotation=generate_rotation(d_in, 1))
         m = ComposedLinear(rec, None, ("row_scales", "centroids"), dev, dtype)
         built = time.perf_counter() - t0
         err = float((m.compose()[0].detach().cpu() - rec.dequantize(torch.float32)).abs().max())
