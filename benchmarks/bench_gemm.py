@@ -1,5 +1,6 @@
-"""The many-row Tetra product: fp16 cuBLAS, the served path, and the float16 tensor-core GEMM
-(``ops_gemm``: each block decoded once per launch) over its candidate geometries.
+"""The many-row lattice product: fp16 cuBLAS, the served path, and the float16 tensor-core GEMM
+(``ops_gemm``: each block decoded once per launch) over its candidate geometries, for Tetra or the
+ball codebook (``--codebook ball``: ``planes14`` records).
 
 Run on a CUDA machine from the repository root::
 
@@ -9,17 +10,18 @@ Run on a CUDA machine from the repository root::
 
 Protocol (as ``bench_matvec.py``): one process; every projection group of every layer a distinct
 random matrix (q|k|v 4096→6144, o 4096→4096, gate|up 4096→24576, down 12288→4096, ×36 layers for
-Qwen3-8B; Tetra words drawn on the device, served as :class:`leechq.nn.group.LeechqGroup` in
-the layout the server uses). Arms per row count: ``fp16`` (one cuBLAS GEMM per group),
-``served`` (the group's forward: rotation, then what the dispatch table picks — ``m1`` at 1–2
-rows, this GEMM in its default geometry at 3–64, the float16 copy and cuBLAS above), ``int4``
-(torch's int4 weight-only GEMM, tinygemm, group 128, bfloat16 activations: ``int4_tinygemm.py``,
-coded from the fp16 arm's matrices) and
-``gemm[WxRxP]`` for each candidate geometry (warps, row groups per step, programs per SM;
-default ``tuning.GEMM_SWEEP``: the same rotation into the copy's column order, then
-``ops_gemm.matmul_gemm_ordered`` per part into one output). Every arm is first checked against the f64 product of
-its own matrix (the first 256 output rows of each group kind, ``reference.row_bound_error``), then
-its whole pass is one CUDA graph, replayed; arms alternate in rounds, medians of the rounds.
+Qwen3-8B; Tetra words or ``planes14`` records drawn on the device, served as
+:class:`leechq.nn.group.LeechqGroup` in the layout the server uses). Arms per row count:
+``fp16`` (one cuBLAS GEMM per group), ``served`` (the group's forward: rotation, then what the
+dispatch table picks — ``m1`` at 1–2 rows, this GEMM in its default geometry at 3–64, the float16
+copy and cuBLAS above), ``int4`` (torch's int4 weight-only GEMM, tinygemm, group 128, bfloat16
+activations: ``int4_tinygemm.py``, coded from the fp16 arm's matrices) and ``gemm[WxRxP]`` for
+each candidate geometry (warps, row groups per step, programs per SM; default
+``tuning.GEMM_SWEEP``: the same rotation into the copy's column order, then
+``ops_gemm.matmul_gemm_ordered`` per part into one output). Every arm is first checked against
+the f64 product of its own matrix (the first 256 output rows of each group kind,
+``reference.row_bound_error``), then its whole pass is one CUDA graph, replayed; arms alternate
+in rounds, medians of the rounds.
 
 The last stdout line is one JSON object ``{"bench": "gemm", ...}`` (also written to ``--out``).
 """
@@ -73,10 +75,11 @@ def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
 
 
 def record_rows(part: Any, sl: slice) -> Any:
-    """Output rows ``sl`` (a step-1 slice within ``d_out``) of a ``tetra48`` record, on the
-    CPU."""
+    """Output rows ``sl`` (a step-1 slice within ``d_out``) of a ``tetra48`` or ``planes14``
+    record, on the CPU."""
+    codes = "records" if part.layout == "planes14" else "words"
     return replace(part, d_out=sl.stop - sl.start, **{k: getattr(part, k)[sl].cpu() for k in (
-        "words", "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
+        codes, "row_scales", "row_centroids", "tail", "row_scales_f64", "row_centroids_f64")})
 
 
 def references(tetra: list[Any], fp16: list[torch.Tensor], kinds: int) -> list[dict[str, Any]]:
@@ -88,7 +91,9 @@ def references(tetra: list[Any], fp16: list[torch.Tensor], kinds: int) -> list[d
     for grp, w16 in zip(tetra[:kinds], fp16[:kinds], strict=True):
         head = record_rows(grp.parts[0], slice(0, min(CHECK_ROWS, grp.parts[0].d_out)))
         w4 = dequantize(*quantize(w16[:CHECK_ROWS].cpu())) if fits(*w16.shape) else w16[:0]
-        out.append({"grp": grp, "dense": ref.tetra48_dequantize_rotated(head),
+        dense = (ref.planes14_dequantize_rotated(head) if head.layout == "planes14"
+                 else ref.tetra48_dequantize_rotated(head))
+        out.append({"grp": grp, "dense": dense,
                     "w16": w16[:CHECK_ROWS].double().cpu(), "w4": w4.double(),
                     "rows": head.d_out})
     return out
@@ -130,10 +135,10 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 
 
 def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]], device: str,
-          rounds: int, reps: int) -> list[dict[str, Any]]:
+          rounds: int, reps: int, codebook: str = "tetra") -> list[dict[str, Any]]:
     from leechq.kernels.triton import ops_gemm
 
-    tetra = build_tetra(model, device)
+    tetra = build_tetra(model, device, codebook=codebook)
     fp16 = build_fp16(model, device)
     int4 = [Int4Linear(w) for w in fp16] if all(fits(*w.shape) for w in fp16) else []
     if not int4:
@@ -172,15 +177,17 @@ def bench(model: Model, rows_list: list[int], configs: list[tuple[int, int, int]
         ms = {arm: statistics.median(v) for arm, v in per_round.items()}
         gemm_arms = [a for a in ms if a.startswith("gemm")]
         best = min(gemm_arms, key=lambda a: ms[a]) if gemm_arms else None
-        row = {"model": model.name, "rows": rows, "ms": ms, "max_err": errs, "best_gemm": best}
+        row = {"model": model.name, "codebook": codebook, "rows": rows, "ms": ms,
+               "max_err": errs, "best_gemm": best}
         if device.startswith("cuda"):  # speed ratios against fp16, whatever arms ran
             row["served_x_fp16"] = ms["fp16"] / ms["served"]
             if best is not None:
                 row["best_gemm_x_fp16"] = ms["fp16"] / ms[best]
             if "int4" in ms:
                 row["int4_x_fp16"] = ms["fp16"] / ms["int4"]
-        print(f"{model.name} rows={rows}: " + ", ".join(f"{a} {v:.3f} ms" for a, v in ms.items())
-              + f"; best {best}", flush=True)
+        print(f"{model.name} {codebook} rows={rows}: "
+              + ", ".join(f"{a} {v:.3f} ms" for a, v in ms.items()) + f"; best {best}",
+              flush=True)
         out.append(row)
     return out
 
@@ -191,12 +198,15 @@ def main() -> int:
     p.add_argument("--configs", default="all",
                    help="'all' (tuning.GEMM_SWEEP), 'none', or a comma list of indices into it "
                         "and/or geometries WARPSxROWS_PER_STEPxPROGRAMS_PER_SM, e.g. 0,4x2x4")
+    p.add_argument("--codebook", default="tetra", choices=("tetra", "ball"),
+                   help="the lattice codes: Tetra words or the ball codebook's planes14 records")
     a = p.parse_args()
     model, device, rows = setup(a, [2, 17])
     configs = parse_configs(a.configs)
     if a.dry_run:
         configs = configs[:2]
-    emit("gemm", bench(model, rows, configs, device, a.rounds, a.reps), device, a.out)
+    emit("gemm", bench(model, rows, configs, device, a.rounds, a.reps, a.codebook), device,
+         a.out)
     return 0
 
 

@@ -52,8 +52,9 @@ def shapes_of(model: Model) -> list[tuple[list[int], int]]:
     return [([dims[n][0] for n in names], dims[names[0]][1]) for names in model.groups()]
 
 
-def build_tetra(model: Model, device: str, seed: int = 0) -> list[Any]:
-    """The served Tetra groups of every layer (words drawn on the device)."""
+def build_tetra(model: Model, device: str, seed: int = 0, codebook: str = "tetra") -> list[Any]:
+    """The served groups of every layer, codes drawn on the device: Tetra words (``codebook``
+    "tetra") or ball-codebook ``planes14`` records ("ball")."""
     from leechq.formats.rotation import generate_rotation
     from leechq.serve.random_codes import _direct_group, _DirectLattice
 
@@ -61,7 +62,7 @@ def build_tetra(model: Model, device: str, seed: int = 0) -> list[Any]:
     for layer in range(model.layers):
         for g, (outs, d_in) in enumerate(shapes_of(model)):
             rot = generate_rotation(d_in, 1000 * layer + g + 1)
-            lat = [_DirectLattice(o, d_in, rot) for o in outs]
+            lat = [_DirectLattice(o, d_in, rot, codebook) for o in outs]
             groups.append(_direct_group(lat, device, torch.float16, seed=seed + 16 * layer + g))
     return groups
 

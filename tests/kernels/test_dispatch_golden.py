@@ -63,19 +63,18 @@ def test_matvec_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, n_blocks: in
 @pytest.mark.parametrize("layout", ["tetra48", "planes14"])
 def test_group_rows(monkeypatch: pytest.MonkeyPatch, interp: bool, p14_dense: bool,
                     layout: str) -> None:
-    """A serving group's rows (it can multiply a dequantized copy): on a GPU Tetra takes the
-    float16 tensor-core GEMM for 3..64 rows and the copy above; Planes14 the copy from 17 rows
-    (where its dequantization kernel is enabled); the lattice matvec's entries below."""
+    """A serving group's rows (it can multiply a dequantized copy): on a GPU both codebooks take
+    the float16 tensor-core GEMM for 3..64 rows and the copy above (Planes14 where its
+    dequantization kernel is enabled, else the matvec); under the interpreter the lattice
+    matvec's entries, then the copy from 17 rows."""
     _where(monkeypatch, interp)
     monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: p14_dense)
     got = _names(layout, 40, dense_copy=True)
-    small = ["m1"] + ["tiled"] * 15 if interp else ["m1"] * 2 + ["imma"] * 14
-    if layout == "planes14" and not p14_dense:
-        want = small + (["tiled"] * 112 if interp else ["m1"] * 112)
-    elif layout == "tetra48" and not interp:
-        want = ["m1"] * 2 + ["gemm-f16"] * 62 + ["dense-f16"] * 64
+    no_copy = layout == "planes14" and not p14_dense
+    if interp:
+        want = ["m1"] + ["tiled"] * 15 + (["tiled"] if no_copy else ["dense-f16"]) * 112
     else:
-        want = small + ["dense-f16"] * 112
+        want = ["m1"] * 2 + ["gemm-f16"] * 62 + (["m1"] if no_copy else ["dense-f16"]) * 64
     assert got == want
 
 

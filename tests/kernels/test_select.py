@@ -103,7 +103,7 @@ def test_plan_linear_many_rows_of_a_16bit_layer(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(select, "_interpreter_costs", lambda: False)
     monkeypatch.setattr(select, "GEMM_MAX_ROWS", 8)  # the copy from 17 rows, kept small here
     calls: list[tuple[str, int]] = []
-    for name in ("tetra48_matmul_gemm", "tetra48_matmul_dense"):
+    for name in ("matmul_gemm", "tetra48_matmul_dense"):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda x, w, *a, _n=name, _f=real, **k: (
             calls.append((_n, int(x.shape[0]))), _f(x, w, *a, **k))[1])
@@ -122,7 +122,7 @@ def test_plan_linear_many_rows_of_a_16bit_layer(monkeypatch: pytest.MonkeyPatch,
     if dtype == torch.float32:
         assert calls == []
     else:
-        assert calls == [("tetra48_matmul_gemm", 5), ("tetra48_matmul_dense", 18)]
+        assert calls == [("matmul_gemm", 5), ("tetra48_matmul_dense", 18)]
 
 
 def test_reference_twins_share_signatures() -> None:

@@ -295,18 +295,20 @@ def test_group_pre_ops_match_separate_launches(monkeypatch: pytest.MonkeyPatch) 
     assert not plain.fuses_pre_ops(1)
 
 
-@pytest.mark.parametrize("rotated", [True, False])
-def test_tetra_group_rows_take_the_gemm(monkeypatch: pytest.MonkeyPatch, rotated: bool) -> None:
-    """Where the table puts a Tetra group's rows on ``gemm-f16`` (decided as on a GPU here):
-    one GEMM call per part with all the rows (a rotated group from the rotation's float16 output
-    in the copy's column order, an unrotated one from natural order), within float16 accuracy
-    of the f64 reference; with the entry disabled the rows go back to the matvec."""
+@pytest.mark.parametrize(("rotated", "codebook"), [(True, "tetra"), (False, "tetra"),
+                                                   (True, "ball")])
+def test_group_rows_take_the_gemm(monkeypatch: pytest.MonkeyPatch, rotated: bool,
+                                  codebook: str) -> None:
+    """Where the table puts a Tetra or ball group's rows on ``gemm-f16`` (decided as on a GPU
+    here): one GEMM call per part with all the rows (a rotated group from the rotation's float16
+    output in the copy's column order, an unrotated one from natural order), within float16
+    accuracy of the f64 reference; with the entry disabled the rows go back to the matvec."""
     from leechq.kernels import select
     from leechq.kernels.triton import ops
 
     monkeypatch.setattr(select, "_interpreter_costs", lambda: False)
     calls = []
-    name = "matmul_gemm_ordered" if rotated else "tetra48_matmul_gemm"
+    name = "matmul_gemm_ordered" if rotated else "matmul_gemm"
     gemm = getattr(ops, name)
 
     def counted(x, w, *a, **k):
@@ -314,7 +316,7 @@ def test_tetra_group_rows_take_the_gemm(monkeypatch: pytest.MonkeyPatch, rotated
         return gemm(x, w, *a, **k)
 
     monkeypatch.setattr(ops, name, counted)
-    recs = _records(rotated)
+    recs = _records(rotated) if codebook == "tetra" else _ball_records(rotated)
     biases = [torch.randn(16), None]
     group = _fused(recs, biases)
     x = torch.randn(5, 72, generator=torch.Generator().manual_seed(5))

@@ -191,11 +191,12 @@ class _Lattice(_Triton):
 class GemmF16(_Lattice):
     """The float16 tensor-core GEMM (``ops_gemm.matmul_gemm_ordered``: each weight block decoded
     once per launch, no dequantized copy written): a serving group's ``tuning.GEMM_MIN_ROWS`` ..
-    ``GEMM_MAX_ROWS`` rows of a Tetra matrix (either layout), from the activation its rotation
-    writes in the copy's column order; not under the interpreter's cost rules."""
+    ``GEMM_MAX_ROWS`` rows of a lattice matrix (either Tetra layout or ``planes14``), from the
+    activation its rotation writes in the copy's column order; not under the interpreter's cost
+    rules."""
 
     name = "gemm-f16"
-    layouts = frozenset({"tetra48", "tetra64"})
+    layouts = frozenset(LATTICE)
 
     @classmethod
     def _path_ok(cls, req: Request) -> tuple[bool, str]:
@@ -635,12 +636,12 @@ def many_row_product(entry: str, x: torch.Tensor, w: Any,
     """``y = W x`` for the rows ``entry`` (of :data:`MANY_ROW_ENTRIES`) serves, from natural
     column order: ``out_dtype`` [M, d_out] from x [M, d_in] (float32 or 16-bit; rotated basis)
     and a packed lattice record ``w`` — ``gemm-f16``: the float16 tensor-core GEMM
-    (``ops.tetra48_matmul_gemm``); ``dense-f16``: a float16 copy and cuBLAS
+    (``ops.matmul_gemm``); ``dense-f16``: a float16 copy and cuBLAS
     (``ops.tetra48_matmul_dense`` / ``ops.planes14_matmul_dense``)."""
     from leechq.kernels.triton import ops
 
     if entry == "gemm-f16":
-        return ops.tetra48_matmul_gemm(x, w, out_dtype=out_dtype)
+        return ops.matmul_gemm(x, w, out_dtype=out_dtype)
     dense = ops.planes14_matmul_dense if w.layout == "planes14" else ops.tetra48_matmul_dense
     return dense(x.float(), w).to(out_dtype)
 

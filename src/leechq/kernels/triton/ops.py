@@ -85,8 +85,8 @@ from leechq.kernels.triton.ops_dense import (  # noqa: F401  (re-exported)
     tetra48_matmul_dense,
 )
 from leechq.kernels.triton.ops_gemm import (  # noqa: F401  (re-exported)
+    matmul_gemm,
     matmul_gemm_ordered,
-    tetra48_matmul_gemm,
 )
 from leechq.kernels.triton.ops_imma import (  # noqa: F401  (re-exported)
     IMMA_MAXNREG,

@@ -1,10 +1,12 @@
-"""Host side of the float16 tensor-core GEMM (:mod:`.tetra48_gemm`) for 1..128 activation rows:
-the activation in the dequantized copy's column order, the K-slice geometry, the GEMM launch and
-the slice sum with σ_row and the tail. Same entry points as the many-row dense path
-(``ops_dense.tetra48_matmul_dense``, ``ops_dense.matmul_dense_ordered``), without the float16
-copy; a serving group's parts write their columns of one output (``out=``). Twins:
-``reference.tetra48_dequantize_f16`` (the decoded values, bit for bit) and
-``reference.tetra48_matvec`` (the product, within float16 accuracy)."""
+"""Host side of the float16 tensor-core GEMM (:mod:`.tetra48_gemm`) for 1..128 activation rows
+of a lattice record (either Tetra layout or the ball codebook's ``planes14``): the activation in
+the dequantized copy's column order, the K-slice geometry, the GEMM launch and the slice sum with
+σ_row and the tail. Same entry points as the many-row dense path
+(``ops_dense.tetra48_matmul_dense`` / ``planes14_matmul_dense``,
+``ops_dense.matmul_dense_ordered``), without the float16 copy; a serving group's parts write
+their columns of one output (``out=``). Twins: ``reference.tetra48_dequantize_f16`` /
+``planes14_dequantize_f16`` (the decoded values, bit for bit) and ``reference.tetra48_matvec`` /
+``planes14_matvec`` (the product, within float16 accuracy)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import triton
 
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput, UnsupportedShape
-from leechq.kernels.tables import tetra_m1_table
+from leechq.kernels.tables import planes14_m1_table, tetra_m1_table
 from leechq.kernels.triton.ops_common import (
     _check_lattice,
     _check_x,
@@ -39,6 +41,7 @@ from leechq.kernels.tuning import (
 )
 
 if TYPE_CHECKING:
+    from leechq.formats.layouts.planes14 import Planes14Weight
     from leechq.formats.layouts.tetra48 import Tetra48Weight
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -93,35 +96,47 @@ def gemm_slice_pairs(d_out: int, n_blocks: int, device: torch.device, cfg: GemmC
     return PAIRS_PER_STEP.value * triton.cdiv(steps, ks)
 
 
-def tetra48_matmul_gemm(x: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None = None,
-                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _codes(w: Tetra48Weight | Planes14Weight) -> torch.Tensor:
+    """The record's code words (``records`` of a ``planes14`` record, else ``words``), checked
+    with its other tensors."""
+    p14 = w.layout == "planes14"
+    codes = w.records if p14 else w.words
+    _check_lattice(w, codes, "records" if p14 else "words", t64_ok=True)
+    return codes
+
+
+def matmul_gemm(x: torch.Tensor, w: Tetra48Weight | Planes14Weight,
+                config: GemmConfig | None = None,
+                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``y = W x`` for 1..128 activation rows on float16 tensor cores, each block decoded once:
     ``out_dtype`` [M, d_out] from x [M, d_in] (float32/16, bfloat16; rotated basis), as
-    ``ops_dense.tetra48_matmul_dense`` (values and activations rounded to float16, the products
-    accumulated and σ_row and the tail applied in float32). Either Tetra layout
-    (``Tetra48Weight`` or ``Tetra64Weight``). ``config``: :data:`GEMM_DEFAULT` if None."""
-    _check_lattice(w, w.words, "words", t64_ok=True)
-    m_rows = _check_x(x, w.d_in, w.words.device, max_rows=GEMM_LAUNCH_ROWS,
+    ``ops_dense.tetra48_matmul_dense`` / ``planes14_matmul_dense`` (values and activations
+    rounded to float16, the products accumulated and σ_row and the tail applied in float32).
+    Any lattice layout (``Tetra48Weight``, ``Tetra64Weight``, ``Planes14Weight``). ``config``:
+    :data:`GEMM_DEFAULT` if None."""
+    codes = _codes(w)
+    m_rows = _check_x(x, w.d_in, codes.device, max_rows=GEMM_LAUNCH_ROWS,
                       what="the float16 tensor-core GEMM takes")
     grouped = dequant_config().grouped
     n = BLOCK * w.n_blocks
     x16 = torch.empty(m_rows, aligned_width(w.d_in), dtype=torch.float16, device=x.device)
     idx = _copy_columns(w, x.device, grouped)
-    x16[:, :n] = x[:, idx]
+    x16[:, :n] = x[:, :n] if idx is None else x[:, idx]
     return _gemm(x16, x[:, n:], w, config, out_dtype, grouped)
 
 
-def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None = None,
+def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight,
+                        config: GemmConfig | None = None,
                         out_dtype: torch.dtype = torch.float32,
                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`tetra48_matmul_gemm` from the float16 activation already in
+    """:func:`matmul_gemm` from the float16 activation already in
     ``ops_dense.dense_input_order`` (what ``rotate(..., dense_order=)`` writes, and what
     ``ops_dense.matmul_dense_ordered`` takes): ``x16`` float16 [M ≤ 128, d_in], the tail taken
     from its last ``d_in mod 24`` columns. Copied once into a padded buffer unless its rows are
     16-byte aligned. ``out``: where to write, ``[M, d_out]`` with unit column stride (a column
     slice of a wider output, e.g.) in ``out_dtype``; a new tensor if None."""
-    _check_lattice(w, w.words, "words", t64_ok=True)
-    check_tensor(x16, "x16", torch.float16, device=w.words.device)
+    codes = _codes(w)
+    check_tensor(x16, "x16", torch.float16, device=codes.device)
     if x16.dim() != 2 or x16.shape[1] != w.d_in:
         raise InvalidInput(f"x16 must be [M, {w.d_in}], got {list(x16.shape)}")
     if not 1 <= x16.shape[0] <= GEMM_LAUNCH_ROWS:
@@ -136,7 +151,8 @@ def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight, config: GemmConfig 
     return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped, out)
 
 
-def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: GemmConfig | None,
+def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight | Planes14Weight,
+          config: GemmConfig | None,
           out_dtype: torch.dtype, grouped: bool, out: torch.Tensor | None = None
           ) -> torch.Tensor:
     """The GEMM and the finalize launch from ``x16`` (float16 [M, ≥ d_in], rows 16-byte aligned,
@@ -165,12 +181,13 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight, config: Gem
     alloc = torch.empty if w.n_blocks else torch.zeros  # the kernel writes every entry
     part = alloc(slices, m_rows, w.d_out, dtype=torch.float32, device=dev)
     if w.n_blocks:
+        p14 = w.layout == "planes14"
         gemm_kernel[(triton.cdiv(w.d_out, cfg.block_rows), slices)](
-            x16.view(torch.int32), x16.stride(0) // 2, w.words, w.row_centroids,
-            tetra_m1_table(dev), part, w.d_out, m_rows, k_pairs, N_BLOCKS=w.n_blocks, MT=mt,
-            NW=cfg.num_warps, RPS=cfg.rows_per_step, GROUPED=grouped,
-            T64=w.layout == "tetra64",
-            USE_ASM=_use_asm(), num_warps=cfg.num_warps, num_stages=1,
+            x16.view(torch.int32), x16.stride(0) // 2, w.records if p14 else w.words,
+            w.row_centroids, planes14_m1_table(dev) if p14 else tetra_m1_table(dev), part,
+            w.d_out, m_rows, k_pairs, N_BLOCKS=w.n_blocks, MT=mt, NW=cfg.num_warps,
+            RPS=cfg.rows_per_step, GROUPED=grouped, T64=w.layout == "tetra64",
+            USE_ASM=_use_asm(), P14=p14, num_warps=cfg.num_warps, num_stages=1,
         )
     bo = 256
     bm = EPILOGUE_ROWS if m_rows >= EPILOGUE_MIN_ROWS else 1

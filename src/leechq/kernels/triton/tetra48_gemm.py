@@ -34,8 +34,12 @@ numbers, bit for bit, as
   applies σ_row and the tail columns (twin ``reference.scale_and_tail``) and writes the output
   dtype.
 
-Both Tetra layouts: the 48-bit words (``T64`` False) and the ``tetra64`` pairs. Under the
-interpreter the MMA is emulated with f32 products (:func:`mma_f16`).
+Three layouts: Tetra's 48-bit words (``T64`` False), its ``tetra64`` pairs, and the ball
+codebook's 14-byte ``planes14`` records (``P14``: seven words per record pair, decoded by the
+batch-1 Planes14 decode, :func:`.planes14_m1._record_bytes`, with its table staged instead; the
+same float16 numbers as ``reference.planes14_dequantize_f16``, sections in natural coordinate
+order as :mod:`.planes14_dequant` stores them). Under the interpreter the MMA is emulated with
+f32 products (:func:`mma_f16`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import global_load32, global_load128, global_store32
+from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_dequant import (
     block_values,
     block_values64,
@@ -51,6 +56,11 @@ from leechq.kernels.triton.tetra48_dequant import (
     section_words,
 )
 from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
+
+P14_TABLE_PARTS = tl.constexpr(3)
+P14_TABLE_PART = tl.constexpr(2048)
+"""The Planes14 decode table staged per program: ``3 × 2048`` words (``tables.planes14_m1_table``,
+as :mod:`.planes14_dequant` stages it)."""
 
 PAIRS_PER_STEP = tl.constexpr(4)
 """Block pairs a warp decodes per K step (one per lane ``c`` of a fragment row)."""
@@ -126,39 +136,74 @@ def _sections(v, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _record_sections(A, B, C, D, cent0, cent1, tab_ptr, base, USE_ASM: tl.constexpr):
+    """One ``planes14`` record per element (bits 0..31, 32..63, 64..95, 96..111 in ``A, B, C,
+    D``) as its three sections' float16x2 words: section ``s`` holds natural coordinates
+    ``8s .. 8s + 7``, values ``y · centroid[g] / ‖y‖`` (:mod:`.planes14_dequant`'s numbers)."""
+    quads, g, invw = _record_bytes(A, B, C, D, tab_ptr, base, True, USE_ASM)
+    scale = tl.where(g != 0, cent1, cent0) * invw.to(tl.float32, bitcast=True)
+    q0, q1, q2, q3, q4, q5 = quads
+    return (f16_eight(q0, q1, scale, USE_ASM), f16_eight(q2, q3, scale, USE_ASM),
+            f16_eight(q4, q5, scale, USE_ASM))
+
+
+@triton.jit
 def pair_fragments(words, cent0, cent1, tab_ptr, base, sb_rep, T64: tl.constexpr,
-                   USE_ASM: tl.constexpr):
+                   USE_ASM: tl.constexpr, P14: tl.constexpr = False):
     """One block pair per element decoded to float16x2 words: ``f[h][s][k]`` is word ``k``
     (columns ``2k``, ``2k + 1``) of section ``s`` of the pair's even (``h`` = 0) or odd block,
-    values ``y · centroid[g] / ‖y‖`` as the dequantization kernel stores them. ``words``: the
-    pair's words (:func:`pair_words`)."""
-    x0, x1, x2, x3 = words
-    if T64:
-        ve = block_values64(x0, x1, x2, x3, False, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM)
-        vo = block_values64(x0, x1, x2, x3, True, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM)
+    values ``y · centroid[g] / ‖y‖`` as the dequantization kernels store them. ``words``: the
+    pair's words (:func:`pair_words`); ``P14``: a ``planes14`` record pair (``sb_rep`` unused)."""
+    if P14:
+        w0, w1, w2, w3, w4, w5, w6 = words
+        fe = _record_sections(w0, w1, w2, w3 & 0xFFFF, cent0, cent1, tab_ptr, base, USE_ASM)
+        fo = _record_sections((w3 >> 16) | (w4 << 16), (w4 >> 16) | (w5 << 16),
+                              (w5 >> 16) | (w6 << 16), w6 >> 16, cent0, cent1, tab_ptr, base,
+                              USE_ASM)
+        return fe, fo
     else:
-        ve = block_values(x0, x1, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM)
-        vo = block_values((x1 >> 16) | (x2 << 16), x2 >> 16, cent0, cent1, tab_ptr, base, sb_rep,
-                          USE_ASM)
-    return _sections(ve, USE_ASM), _sections(vo, USE_ASM)
+        x0, x1, x2, x3 = words
+        if T64:
+            ve = block_values64(x0, x1, x2, x3, False, cent0, cent1, tab_ptr, base, sb_rep,
+                                USE_ASM)
+            vo = block_values64(x0, x1, x2, x3, True, cent0, cent1, tab_ptr, base, sb_rep,
+                                USE_ASM)
+        else:
+            ve = block_values(x0, x1, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM)
+            vo = block_values((x1 >> 16) | (x2 << 16), x2 >> 16, cent0, cent1, tab_ptr, base,
+                              sb_rep, USE_ASM)
+        return _sections(ve, USE_ASM), _sections(vo, USE_ASM)
 
 
 @triton.jit
 def pair_words(w_ptr, row, pair, ok_e, ok_o, STRIDE_W: tl.constexpr, T64: tl.constexpr,
-               USE_ASM: tl.constexpr):
+               USE_ASM: tl.constexpr, P14: tl.constexpr = False):
     """The words of block pair ``pair`` of weight row ``row`` (a valid row) per element, as
-    uint32: the four of a ``tetra64`` pair (zeros unless ``ok_e``), or the three of a
-    ``tetra48`` pair (the third zero unless ``ok_o``, the odd block exists) and a copy."""
-    if T64:
-        a, b, c, d = global_load128(w_ptr + row * STRIDE_W + 4 * pair, ok_e, USE_ASM)
+    uint32: the four of a ``tetra64`` pair (zeros unless ``ok_e``), the three of a ``tetra48``
+    pair (the third zero unless ``ok_o``, the odd block exists) and a copy, or with ``P14`` the
+    seven of a ``planes14`` record pair (words 0..3 zero unless ``ok_e``, 4..6 unless ``ok_o``;
+    word 3's high half is the odd record's)."""
+    if P14:
+        pw = w_ptr + row * STRIDE_W + 7 * pair
+        w0 = global_load32(pw, ok_e, USE_ASM).to(tl.uint32, bitcast=True)
+        w1 = global_load32(pw + 1, ok_e, USE_ASM).to(tl.uint32, bitcast=True)
+        w2 = global_load32(pw + 2, ok_e, USE_ASM).to(tl.uint32, bitcast=True)
+        w3 = global_load32(pw + 3, ok_e, USE_ASM).to(tl.uint32, bitcast=True)
+        w4 = global_load32(pw + 4, ok_o, USE_ASM).to(tl.uint32, bitcast=True)
+        w5 = global_load32(pw + 5, ok_o, USE_ASM).to(tl.uint32, bitcast=True)
+        w6 = global_load32(pw + 6, ok_o, USE_ASM).to(tl.uint32, bitcast=True)
+        return w0, w1, w2, w3, w4, w5, w6
     else:
-        pw = w_ptr + row * STRIDE_W + 3 * pair
-        a = global_load32(pw, ok_e, USE_ASM)
-        b = global_load32(pw + 1, ok_e, USE_ASM)
-        c = global_load32(pw + 2, ok_o, USE_ASM)
-        d = c
-    return (a.to(tl.uint32, bitcast=True), b.to(tl.uint32, bitcast=True),
-            c.to(tl.uint32, bitcast=True), d.to(tl.uint32, bitcast=True))
+        if T64:
+            a, b, c, d = global_load128(w_ptr + row * STRIDE_W + 4 * pair, ok_e, USE_ASM)
+        else:
+            pw = w_ptr + row * STRIDE_W + 3 * pair
+            a = global_load32(pw, ok_e, USE_ASM)
+            b = global_load32(pw + 1, ok_e, USE_ASM)
+            c = global_load32(pw + 2, ok_o, USE_ASM)
+            d = c
+        return (a.to(tl.uint32, bitcast=True), b.to(tl.uint32, bitcast=True),
+                c.to(tl.uint32, bitcast=True), d.to(tl.uint32, bitcast=True))
 
 
 @triton.jit
@@ -230,20 +275,28 @@ def _store_group(acc, part, row_g, n_even, d_out, m_rows, USE_ASM: tl.constexpr)
 @triton.jit
 def gemm_kernel(x_ptr, stride_x, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, m_rows, K_PAIRS,
                 N_BLOCKS: tl.constexpr, MT: tl.constexpr, NW: tl.constexpr, RPS: tl.constexpr,
-                GROUPED: tl.constexpr, T64: tl.constexpr, USE_ASM: tl.constexpr):
+                GROUPED: tl.constexpr, T64: tl.constexpr, USE_ASM: tl.constexpr,
+                P14: tl.constexpr = False):
     """Partial ``y[n, o] = Σ_b ⟨W16[o, b], x16[n, b]⟩`` (no σ_row, no tail) over K-slice
     ``program_id(1)`` (``K_PAIRS`` block pairs, a multiple of 4) for weight rows
     ``program_id(0)·16·RPS·NW ..`` and all ``m_rows ≤ 8·MT`` activation rows:
     ``part[slice, n, o]`` (float32). ``x``: the float16 activation in the dequantized copy's
     column order (``GROUPED`` or block-major) as int32 words, row stride ``stride_x`` words (a
-    multiple of 4). Launched with ``num_warps = NW``; see the module docstring."""
+    multiple of 4). ``w``: Tetra words (``T64``: the ``tetra64`` pairs) or, with ``P14``,
+    ``planes14`` records, and ``tab`` the matching decode table. Launched with
+    ``num_warps = NW``; see the module docstring."""
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
-    if T64:
+    if P14:
+        STRIDE_W: tl.constexpr = 7 * NP  # planes14.stride_u32
+    elif T64:
         STRIDE_W: tl.constexpr = 4 * NP  # tetra48.t64_stride
     else:
         STRIDE_W: tl.constexpr = ((6 * N_BLOCKS + 7) // 8) * 2
     tl.static_assert(RPS == 1 or RPS == 2)
-    base = stage_table(tab_ptr, d_out, USE_ASM)
+    if P14:
+        base = stage_table(tab_ptr, d_out, USE_ASM, P14_TABLE_PARTS, P14_TABLE_PART)
+    else:
+        base = stage_table(tab_ptr, d_out, USE_ASM)
     e = tl.arange(0, NW * 32)
     sb_rep = sb_copy(e)
     lane = e % 32
@@ -288,13 +341,13 @@ def gemm_kernel(x_ptr, stride_x, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, m_ro
     pair = p_start + c
     pe = pair < p_stop
     po = pe & (2 * pair + 1 < N_BLOCKS)
-    wa = pair_words(w_ptr, ra, pair, oka & pe, oka & po, STRIDE_W, T64, USE_ASM)
-    wb = pair_words(w_ptr, rb, pair, okb & pe, okb & po, STRIDE_W, T64, USE_ASM)
+    wa = pair_words(w_ptr, ra, pair, oka & pe, oka & po, STRIDE_W, T64, USE_ASM, P14)
+    wb = pair_words(w_ptr, rb, pair, okb & pe, okb & po, STRIDE_W, T64, USE_ASM, P14)
     wc = wa
     wd = wb
     if RPS == 2:
-        wc = pair_words(w_ptr, rc, pair, okc & pe, okc & po, STRIDE_W, T64, USE_ASM)
-        wd = pair_words(w_ptr, rd, pair, okd & pe, okd & po, STRIDE_W, T64, USE_ASM)
+        wc = pair_words(w_ptr, rc, pair, okc & pe, okc & po, STRIDE_W, T64, USE_ASM, P14)
+        wd = pair_words(w_ptr, rd, pair, okd & pe, okd & po, STRIDE_W, T64, USE_ASM, P14)
     for p0 in range(p_start, p_stop, PAIRS_PER_STEP):
         pair = p0 + c
         pe = pair < p_stop
@@ -306,18 +359,18 @@ def gemm_kernel(x_ptr, stride_x, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, m_ro
         cur_b = wb
         cur_c = wc
         cur_d = wd
-        wa = pair_words(w_ptr, ra, nxt, oka & ne, oka & no, STRIDE_W, T64, USE_ASM)
-        wb = pair_words(w_ptr, rb, nxt, okb & ne, okb & no, STRIDE_W, T64, USE_ASM)
+        wa = pair_words(w_ptr, ra, nxt, oka & ne, oka & no, STRIDE_W, T64, USE_ASM, P14)
+        wb = pair_words(w_ptr, rb, nxt, okb & ne, okb & no, STRIDE_W, T64, USE_ASM, P14)
         if RPS == 2:
-            wc = pair_words(w_ptr, rc, nxt, okc & ne, okc & no, STRIDE_W, T64, USE_ASM)
-            wd = pair_words(w_ptr, rd, nxt, okd & ne, okd & no, STRIDE_W, T64, USE_ASM)
-        fa = pair_fragments(cur_a, ca0, ca1, tab_ptr, base, sb_rep, T64, USE_ASM)
-        fb = pair_fragments(cur_b, cb0, cb1, tab_ptr, base, sb_rep, T64, USE_ASM)
+            wc = pair_words(w_ptr, rc, nxt, okc & ne, okc & no, STRIDE_W, T64, USE_ASM, P14)
+            wd = pair_words(w_ptr, rd, nxt, okd & ne, okd & no, STRIDE_W, T64, USE_ASM, P14)
+        fa = pair_fragments(cur_a, ca0, ca1, tab_ptr, base, sb_rep, T64, USE_ASM, P14)
+        fb = pair_fragments(cur_b, cb0, cb1, tab_ptr, base, sb_rep, T64, USE_ASM, P14)
         fc = fa
         fd = fb
         if RPS == 2:
-            fc = pair_fragments(cur_c, cc0, cc1, tab_ptr, base, sb_rep, T64, USE_ASM)
-            fd = pair_fragments(cur_d, cd0, cd1, tab_ptr, base, sb_rep, T64, USE_ASM)
+            fc = pair_fragments(cur_c, cc0, cc1, tab_ptr, base, sb_rep, T64, USE_ASM, P14)
+            fd = pair_fragments(cur_d, cd0, cd1, tab_ptr, base, sb_rep, T64, USE_ASM, P14)
         acc_u, acc_v = _step_mmas(acc_u, acc_v, fa, fb, fc, fd, xrow, row_ok, pair, pe, po, NP,
                                   N_BLOCKS, GROUPED, RPS, NW, USE_ASM)
     _store_group(acc_u, part, r0 + g, n_even, d_out, m_rows, USE_ASM)
