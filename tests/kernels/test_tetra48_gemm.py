@@ -282,9 +282,11 @@ def test_gemm_entry_serves_a_groups_middle_rows(monkeypatch: pytest.MonkeyPatch)
     lattice layout; 2 rows stay on ``m1`` and 65 take the float16 copy; it refuses
     natural-order callers, other row counts and the interpreter with a reason."""
     from leechq.kernels import select
+    from leechq.kernels.triton import ops
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ops, "planes14_dense_enabled", lambda device: True)  # its check: GPU
     cuda = torch.device("cuda")
     for layout in ("tetra48", "tetra64", "planes14"):
         got = {r: select.choose(select.Request(layout, r, cuda, n_blocks=40, dense_copy=True)).name
