@@ -246,7 +246,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
     # full+tune continues the full arm's result when both are wanted (one encode and one
     # sensitivity pass for the two)
-    recipe = resolve_recipe("full", args.target_bpp, row_scales=rows,
+    head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
+    recipe = resolve_recipe("full", args.target_bpp, row_scales=rows, **head_bits,
                             tune=None if "full" in wanted else tune,
                             sensitivity_windows=roles["sens"].shape[0],
                             sensitivity_window_len=roles["sens"].shape[1], device=args.device)
@@ -371,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--codebook", default="tetra")
     ap.add_argument("--target-bpp", type=float, default=2.7)
+    ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None,
+                    help="the full arms' untied head width (default: the recipe's, 8)")
     ap.add_argument("--in-domain", default="pydoc")
     ap.add_argument("--unseen-domain", default="fortunes", choices=("fortunes", "wikitext2", "c4"))
     ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")

@@ -247,13 +247,39 @@ def test_quantize_then_demo_on_a_tiny_model(
     assert summary["counts"]["lattice_records"] == 14
 
 
-def test_target_bpp_needs_the_full_recipe(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("flag", "value"), [("--target-bpp", "3"), ("--head-bits", "4")])
+def test_full_recipe_flags_need_the_full_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
 ) -> None:
-    argv = ["quantize", "no-such-model", str(tmp_path / "q"), "--target-bpp", "3"]
+    argv = ["quantize", "no-such-model", str(tmp_path / "q"), flag, value]
     assert main(argv) == 2
-    assert "--target-bpp applies to --recipe full only" in capsys.readouterr().err
+    assert f"{flag} applies to --recipe full only" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
+
+
+def test_head_bits_sets_the_untied_heads_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``--head-bits 4``: the full recipe starts an untied head (tiny Qwen3) at 4 bits (8 by
+    default), and under a budget too tight to buy it 8 stores it so; a width other than 4 or 8
+    is refused by the parser."""
+    from leechq.formats.artifact import read_artifact
+
+    src = tmp_path / "tiny"
+    tiny_model("qwen3").save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "q"
+    argv = ["quantize", str(src), str(out), "--recipe", "full", "--target-bpp", "3",
+            "--head-bits", "4", "--calib-tokens", "256", "--window", "128", "--train-steps",
+            "1", "--train-tokens", "256", "--tune-steps", "0", "--device", "cpu"]
+    assert main(argv) == 0
+    recipe = read_artifact(out).quantization_config["provenance"]["recipe"]
+    tables = next(s["tables"] for s in recipe["steps"] if s["step"] == "tables")
+    assert tables["lm_head.weight"]["bits"] == 4
+    assert tables["model.embed_tokens.weight"]["bits"] in (4, 8)
+    with pytest.raises(SystemExit):
+        main(["quantize", str(src), str(tmp_path / "r"), "--recipe", "full", "--head-bits", "2"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 def test_quantize_full_recipe_on_a_tiny_model(

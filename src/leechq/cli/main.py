@@ -87,6 +87,16 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         help="full recipe: whole-model bits-per-parameter budget of the int4 choice [default: 2.7]",
     )
     p.add_argument(
+        "--head-bits",
+        type=int,
+        choices=(4, 8),
+        default=None,
+        help="full recipe: starting width of an untied output head's table (a tied head "
+        "follows the embedding); with 4 the --target-bpp budget buys it 8 bits only where that "
+        "gains most per bit, which leaves room for int4 projections on models whose head is a "
+        "large share of the weights [default: 8]",
+    )
+    p.add_argument(
         "--train-steps",
         type=int,
         default=100,

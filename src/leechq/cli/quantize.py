@@ -148,9 +148,10 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
                              getattr(args, "tune_seconds", 0.0))
     except InvalidInput as exc:  # its message has both values
         raise InvalidInput(f"--tune-steps / --tune-seconds: {exc}") from None
+    head = {} if getattr(args, "head_bits", None) is None else {"head_bits": args.head_bits}
     recipe = resolve_recipe(
         "full", args.target_bpp, row_scales=rows, tune=tune,
-        device="cuda" if device == "cuda" else "cpu",
+        device="cuda" if device == "cuda" else "cpu", **head,
     )
     n_calib = -(-args.calib_tokens // args.window)
     n_train = args.train_tokens // args.window
@@ -246,10 +247,12 @@ def run(args: argparse.Namespace) -> int:
     from leechq.models.load import resolve_device
     from leechq.models.quantize import quantize_model
 
-    if getattr(args, "recipe", "bare") != "full" and getattr(args, "target_bpp", None) is not None:
+    if getattr(args, "recipe", "bare") != "full":
         from leechq.errors import InvalidInput
 
-        raise InvalidInput("--target-bpp applies to --recipe full only")
+        for flag in ("target_bpp", "head_bits"):
+            if getattr(args, flag, None) is not None:
+                raise InvalidInput(f"--{flag.replace('_', '-')} applies to --recipe full only")
     check_out(args.out, args.force)
     device = resolve_device(args.device).type
     t0 = time.perf_counter()
