@@ -38,10 +38,10 @@ GPU a Tetra run takes ``m1`` for one or two rows; from ``tuning.GEMM_MIN_ROWS`` 
 ``GEMM_MAX_ROWS`` rows the float16 tensor-core GEMM (``ops.matmul_gemm_ordered``: the rotation
 writes the activation in the copy's column order, norm or SwiGLU fused into it, and each weight
 block is decoded once per launch); above that (long prompts) a float16 dequantized copy of each
-part on cuBLAS (``ops.matmul_dense_ordered``). Ball-coded runs (``planes14``) take the ``m1``
-kernel's row groups, 3..16 rows on the int8 tensor-core kernel, the tiled kernel where ``m1``
-does not serve, and from ``DENSE_MIN_ROWS`` rows the float16 copy
-(``ops.planes14_matmul_dense``, unless its first-use check failed).
+part on cuBLAS (``ops.matmul_dense_ordered``). Ball-coded runs (``planes14``) take the same
+float16 GEMM for 3..64 rows and, above, the float16 copy (``ops.planes14_matmul_dense``, unless
+its first-use check failed); one or two rows the ``m1`` kernel's row groups, and the tiled kernel
+where ``m1`` does not serve.
 
 The fused run's output is float32 (the compiled pieces that consume it, :mod:`leechq.serve.model`,
 narrow it inside their own fused kernel); member outputs of another dtype are widened to float32
