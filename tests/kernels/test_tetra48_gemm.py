@@ -253,6 +253,24 @@ def test_ordered_input_equals_natural(grouped: bool, layout: str) -> None:
     assert_matmul_close(want, _twin(x, w), x, _rotated(w), torch.float32)
 
 
+def test_launch_geometry() -> None:
+    """The default geometry takes two row groups per step, except for a Planes14 record at 9..16
+    rows (measured faster with one) and anything from 65 rows (forced); an explicit geometry is
+    kept below 65 rows."""
+    g = _gemm()
+    two = g.GemmConfig(4, 2, 4)
+    got = {(layout, rows): g.launch_config(None, layout, rows).rows_per_step
+           for layout in ("tetra64", "planes14") for rows in (3, 8, 9, 16, 17, 64, 65)}
+    assert got == {("tetra64", 3): 2, ("tetra64", 8): 2, ("tetra64", 9): 2, ("tetra64", 16): 2,
+                   ("tetra64", 17): 2, ("tetra64", 64): 2, ("tetra64", 65): 1,
+                   ("planes14", 3): 2, ("planes14", 8): 2, ("planes14", 9): 1,
+                   ("planes14", 16): 1, ("planes14", 17): 2, ("planes14", 64): 2,
+                   ("planes14", 65): 1}
+    assert g.GEMM_DEFAULT == two
+    assert g.launch_config(two, "planes14", 16) == two
+    assert g.launch_config(two, "planes14", 65).rows_per_step == 1
+
+
 @interp
 def test_bad_input_is_refused() -> None:
     g = _gemm()

@@ -83,6 +83,13 @@ Qwen3-8B (``bench_gemm.py``): (4, 2, ·) the fastest of ``GEMM_SWEEP`` at every 
 to 128 (96c2f07; 16 rows 4.10 ms against 4.67 / 5.53 / 4.87), and 4 programs per SM the fastest
 of 3..7 at 4..64 rows (745bc96; 8 rows 3.885 ms against 3.964 / 3.988 / 4.047 / 4.046)."""
 
+GEMM_P14_ONE_GROUP_TILES = 2
+"""8-row activation tiles (``MT``) at which a ``planes14`` GEMM in the default geometry takes one
+row group per step (9..16 activation rows); H200, Qwen3-8B ball projections (``bench_gemm.py
+--codebook ball``, tree 2ee1a3b): 12 rows 5.06 ms with (4, 1, 4) against 6.86 with (4, 2, 4),
+16 rows 5.19 against 7.00 (two groups: 254 registers offline); at 4, 8, 24 and 32 rows (4, 2, 4)
+is the faster (4.94 / 5.00 / 6.00 / 6.23 ms against 5.01 / 5.08 / 6.57 / 6.94)."""
+
 GEMM_SWEEP = ((4, 1, 4), (4, 1, 2), (4, 2, 4), (8, 1, 2))
 """Candidate ``(num_warps, rows_per_step, programs_per_sm)`` geometries of the float16
 tensor-core GEMM that ``benchmarks/bench_gemm.py`` times. Offline sm_90 registers: (4, 1) 78 at

@@ -37,6 +37,7 @@ from leechq.kernels.tuning import (
     EPILOGUE_MIN_ROWS,
     EPILOGUE_ROWS,
     GEMM_CONFIG,
+    GEMM_P14_ONE_GROUP_TILES,
     GEMM_SWEEP,
 )
 
@@ -151,6 +152,18 @@ def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight,
     return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped, out)
 
 
+def launch_config(config: GemmConfig | None, layout: str, m_rows: int) -> GemmConfig:
+    """The geometry a launch of ``m_rows`` activation rows of a ``layout`` record runs: ``config``
+    (:data:`GEMM_DEFAULT` if None), with one row group per step from 65 rows whatever it says
+    (the grid follows) and, in the default geometry, for a ``planes14`` record whose rows fill
+    ``tuning.GEMM_P14_ONE_GROUP_TILES`` 8-row tiles (9..16 rows, where it measured faster)."""
+    cfg = (GEMM_DEFAULT if config is None else config).check()
+    mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
+    if mt >= 16 or (config is None and layout == "planes14" and mt == GEMM_P14_ONE_GROUP_TILES):
+        cfg = replace(cfg, rows_per_step=1)
+    return cfg
+
+
 def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight | Planes14Weight,
           config: GemmConfig | None,
           out_dtype: torch.dtype, grouped: bool, out: torch.Tensor | None = None
@@ -160,8 +173,8 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight | Planes14We
     (any float, unit column stride), into ``out`` (checked) or a new tensor."""
     if out_dtype not in _OUT_DTYPES:
         raise InvalidInput(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
-    cfg = (GEMM_DEFAULT if config is None else config).check()
     m_rows = int(x16.shape[0])
+    cfg = launch_config(config, w.layout, m_rows)
     dev = x16.device
     if out is None:
         out = torch.empty(m_rows, w.d_out, dtype=out_dtype, device=dev)
@@ -171,8 +184,6 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight | Planes14We
         raise InvalidInput(f"out must be {out_dtype} [{m_rows}, {w.d_out}] on {dev} with unit "
                            f"column stride, got {_describe(out)}")
     mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
-    if mt >= 16 and cfg.rows_per_step != 1:  # one row group per step: the grid must know it
-        cfg = replace(cfg, rows_per_step=1)
     if not w.d_out:
         return out
     np_ = (w.n_blocks + 1) // 2
