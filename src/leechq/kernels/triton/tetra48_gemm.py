@@ -1,4 +1,5 @@
-"""Many-row Tetra product on float16 tensor cores, each block decoded once per launch.
+"""Many-row lattice product (Tetra, and the ball codebook's ``planes14``) on float16 tensor cores,
+each block decoded once per launch.
 
 The many-row path (:mod:`.tetra48_dequant` then cuBLAS) writes a float16 copy of every matrix
 and reads it back; the int8 kernel (:mod:`.tetra48_imma`) decodes once per 8-row chunk and
