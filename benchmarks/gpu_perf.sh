@@ -9,6 +9,9 @@
 #             (benchmarks/bench_gemm.py)
 #   e2e       decode tokens/s of Qwen3-8B at batch 1, 8, 16, 32 and 64, fp16 against Tetra in one
 #             process, correctness gates first (benchmarks/bench_e2e.py)
+#   ball      the ball codebook at Qwen3-8B shapes: its served projections and GEMM geometries at
+#             4..64 rows (bench_gemm.py --codebook ball), then decode tokens/s at batch 1..64,
+#             fp16 / ball / Tetra in one process (BENCHMARKS §1 and §2's ball tables)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
@@ -36,8 +39,16 @@ e2e)
     --batches 1,8,16,32,64 --no-profile --budget-s 500 --out "$OUT/e2e.json" 2>&1 \
     | tee "$OUT/e2e.log" | grep -v '^{"bench'
   ;;
+ball)
+  timeout 200 python benchmarks/bench_gemm.py --codebook ball --configs 4x2x4,4x1x4 \
+    --rows 4,8,12,16,32,64 --out "$OUT/gemm-ball.json" 2>&1 | tee "$OUT/gemm-ball.log" \
+    | grep -v '^{"bench'
+  timeout 360 python benchmarks/bench_e2e.py --quick --models qwen3-8b --arms fp16,ball,tetra48 \
+    --batches 1,8,16,32,64 --skip-gates --no-profile --budget-s 300 --out "$OUT/e2e-ball.json" \
+    2>&1 | tee "$OUT/e2e-ball.log" | grep -v '^{"bench'
+  ;;
 *)
-  echo "unknown suite '$suite' (gputests | kernels | e2e)" >&2
+  echo "unknown suite '$suite' (gputests | kernels | e2e | ball)" >&2
   exit 2
   ;;
 esac
