@@ -9,7 +9,10 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
   with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
-  ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports).
+  ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports);
+* ``llamacpp``   llama.cpp's own types ``--llama-types`` (:mod:`leechq.eval.llamacpp`), made by the
+  user's llama.cpp build in ``--llama-cpp DIR`` from the same source GGUF, each type with an
+  importance matrix from the same calibration windows (arms ``llama.cpp TYPE+imatrix``).
 
 Held-out sets (never used by any choice or training step): ``in-domain`` is the evaluation split of
 the calibration corpus (``--in-domain``, default ``pydoc``: the Python documentation, whose
@@ -203,7 +206,8 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
         "unseen": token_windows(tok, load_text(args.unseen_domain, unseen_split), args.windows,
                                 w).ids,
     }
-    roles = {"calib": calib, "sens": sens, "train": train, "monitor": monitor}
+    roles = {"calib": calib, "sens": sens, "train": train, "monitor": monitor,
+             "source": loaded.source, "tokenizer": tok}
     loaded.model.eval()
     return loaded.model, sets, roles
 
@@ -302,6 +306,36 @@ def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespac
             out[f"{kind}-{bits}"] = (res.model, res.accounting.bits_per_param,
                                      {"seconds": res.seconds})
             log(f"{kind}-{bits}: {res.seconds:.1f} s")
+    if "llamacpp" in wanted:
+        out.update(llamacpp_arms(roles, args))
+    return out
+
+
+def llamacpp_arms(roles: dict[str, Any],
+                  args: argparse.Namespace) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+    """llama.cpp's ``--llama-types`` from the model's source GGUF, each with an importance matrix
+    computed on the calibration windows every other arm calibrates on."""
+    import tempfile
+
+    from leechq.eval.llamacpp import compute_imatrix, find_tools, llamacpp_model
+
+    source = roles.get("source")
+    if source is None or source.kind != "gguf":
+        raise SystemExit("the llamacpp arms requantize a GGUF source model; this model is not one")
+    tools = find_tools(args.llama_cpp)
+    calib = roles["calib"]
+    out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="leechq-llamacpp-") as tmp:
+        t0 = time.perf_counter()
+        text = roles["tokenizer"].decode(calib.flatten().tolist())
+        imatrix = compute_imatrix(tools, source.path, text, Path(tmp) / "imatrix.gguf",
+                                  context=calib.shape[1], chunks=calib.shape[0])
+        log(f"llama.cpp importance matrix: {time.perf_counter() - t0:.1f} s")
+        for qtype in args.llama_types:
+            res = llamacpp_model(source.path, qtype, tools, tmp, imatrix=imatrix)
+            out[res.method] = (res.model, res.bits.bits_per_param,
+                               {"seconds": res.seconds, "types": res.bits.types})
+            log(f"{res.method}: {res.bits.bits_per_param:.3f} b/param, {res.seconds:.1f} s")
     return out
 
 
@@ -389,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the full+tune arm [default: the full recipe's, "
                          f"{DEFAULT_TUNE_STEPS}]; the full arm is the full recipe with "
                          "--tune-steps 0")
+    ap.add_argument("--llama-cpp", default=None, metavar="DIR",
+                    help="directory of the user's built llama.cpp tools (llama-quantize, "
+                         "llama-imatrix) for the llamacpp arms [default: PATH]")
+    ap.add_argument("--llama-types", default="IQ2_XXS,IQ2_XS,IQ2_S,IQ2_M,Q2_K,Q3_K_S",
+                    help="llama.cpp types of the llamacpp arms")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -414,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"plot": note, "rows": len(rows_from)}))
         return 0
     args.bits = [int(b) for b in args.bits.split(",") if b]
+    args.llama_types = [t for t in args.llama_types.split(",") if t]
     wanted = [a for a in args.arms.split(",") if a]
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
