@@ -21,7 +21,7 @@ from leechq.eval.llamacpp import (
     compute_imatrix,
     find_tools,
     gguf_bits,
-    llamacpp_model,
+    llamacpp_quantize,
     requantize,
 )
 
@@ -166,26 +166,29 @@ def test_gguf_bits_rule_two(tmp_path: Path) -> None:
         gguf_bits(tmp_path / "bad.gguf")
 
 
-def test_llamacpp_model_reads_back_the_requantized_file(
+def test_llamacpp_quantize_then_load_reads_the_requantized_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from leechq.models import hf_load
 
     tools = _tools(tmp_path)
     src = write_gguf(tmp_path / "src.gguf")
-    seen: dict[str, object] = {}
+    seen: list[tuple[object, dict[str, object]]] = []
 
     def fake_load(spec: object, **kw: object) -> SimpleNamespace:
-        seen["spec"], seen["kw"] = spec, kw
-        return SimpleNamespace(model="the model")
+        seen.append((spec, kw))
+        return SimpleNamespace(model=f"model {len(seen)}")
 
     monkeypatch.setattr(hf_load, "load_model", fake_load)
     work = tmp_path / "work"
     work.mkdir()
-    res = llamacpp_model(src, "iq2_xs", tools, work, imatrix=tmp_path / "m.gguf")
-    assert res.method == "llama.cpp IQ2_XS+imatrix" and res.model == "the model"
+    res = llamacpp_quantize(src, "iq2_xs", tools, work, imatrix=tmp_path / "m.gguf")
+    assert res.method == "llama.cpp IQ2_XS+imatrix" and res.path == work / "IQ2_XS+imatrix.gguf"
     assert res.bits.parameters == 192 and res.summary()["types"] == {"F32": 64, "Q8_0": 128}
-    spec = seen["spec"]
-    assert spec.kind == "gguf" and Path(spec.path) == work / "IQ2_XS+imatrix.gguf"
-    assert seen["kw"] == {"use_converted_cache": False}  # a scratch file is never cached
-    assert os.path.isfile(spec.path)
+    assert seen == []  # quantizing loads nothing
+    assert res.load() == "model 1" and res.load() == "model 2"  # each call reads the file
+    spec, kw = seen[0]
+    assert spec.kind == "gguf" and Path(spec.path) == res.path and os.path.isfile(spec.path)
+    assert kw == {"use_converted_cache": False}  # a scratch file is never cached
+    plain = llamacpp_quantize(src, "Q2_K", tools, work)
+    assert plain.method == "llama.cpp Q2_K" and plain.path == work / "Q2_K.gguf"

@@ -136,3 +136,40 @@ def test_calib_data_is_what_the_report_calibrates_on(tmp_path: Path,
         assert set(roles[role].flatten().tolist()) <= calib_ids | {tok.bos_token_id}, role
     for ids in sets.values():
         assert set(ids.flatten().tolist()) <= held_ids | {tok.bos_token_id}
+
+
+def test_loader_arms_are_loaded_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """An arm given as a loader (llama.cpp's files) is loaded once, when it is evaluated, and
+    measured on both sets like a model arm; without a GGUF source the llamacpp arms refuse."""
+    spec = importlib.util.spec_from_file_location("quality_loader", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit, match="GGUF source"):
+        module.llamacpp_arms({"calib": None}, None, Path("."))
+    loads: list[int] = []
+
+    def fake_arms(reference, roles, args, wanted):  # type: ignore[no-untyped-def]
+        import copy
+
+        def load():  # type: ignore[no-untyped-def]
+            loads.append(1)
+            return copy.deepcopy(reference)
+
+        return {"loaded": (load, 16.0, {"seconds": 0.0})}
+
+    monkeypatch.setattr(module, "baseline_arms", fake_arms)
+    try:
+        assert module.main(["--tiny", "--arms", "bare", "--boot", "20",
+                            "--compare-to", "loaded"]) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {(r["arm"], r["set"]): r for r in result["rows"]}
+    assert loads == [1]
+    for s in ("in-domain", "unseen"):
+        assert rows[("loaded", s)]["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference itself
+        assert rows[("bare", s)]["kl"] > 0
+    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {("bare", "loaded")}

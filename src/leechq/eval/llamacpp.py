@@ -12,8 +12,9 @@ the report evaluates like every other arm:
    dequantizes each tensor of the (already 4–6 bit) source GGUF to f32 — the same dense model that
    every leechq arm is measured against (:mod:`leechq.models.hf_load`) — and quantizes it again
    with its own per-tensor choice of types for ``TYPE`` (embedding and head included).
-3. **Read back**: the output GGUF is dequantized by transformers' GGUF loader (the ``gguf``
-   package's block decoders) into a dense f32 model; nothing is cached.
+3. **Read back** (:meth:`LlamaCppResult.load`, when the caller wants the model): the output GGUF
+   is dequantized by transformers' GGUF loader (the ``gguf`` package's block decoders) into a
+   dense f32 model; nothing is cached.
 
 Bits (:func:`gguf_bits`): whole-model bits per parameter by the rule leechq's artifacts follow
 (docs/format.md §4, rule 2): each quantized tensor at its stored size, float tensors (norms,
@@ -242,19 +243,33 @@ def gguf_bits(path: str | os.PathLike[str]) -> GgufBits:
 
 @dataclass
 class LlamaCppResult:
-    """A llama.cpp-quantized model read back as floats, and how it was made.
+    """A llama.cpp-quantized GGUF and how it was made; :meth:`load` reads it back as floats.
 
     Attributes:
         method: ``"llama.cpp <TYPE>"`` (``+imatrix`` when one was used).
-        model: the dequantized ``*ForCausalLM`` (f32, CPU, eval mode).
-        bits: :class:`GgufBits` of the quantized file.
-        seconds: wall time of importance matrix, quantization and read-back.
+        path: the quantized GGUF.
+        bits: :class:`GgufBits` of that file.
+        seconds: wall time of the quantization (the importance matrix is the caller's).
     """
 
     method: str
-    model: Any
+    path: Path
     bits: GgufBits
     seconds: float
+
+    def load(self) -> Any:
+        """The quantized model as a dense ``*ForCausalLM`` (f32, CPU, eval mode).
+
+        Each call reads and dequantizes the file again (transformers' GGUF loader); nothing is
+        cached, so a caller holds one such model at a time.
+        """
+        from leechq.models.hf_load import load_model
+        from leechq.models.zoo import ModelSource, check_gguf_metadata
+
+        info = check_gguf_metadata(self.path)
+        source = ModelSource("gguf", str(self.path), str(self.path.resolve()), None,
+                             info.architecture)
+        return load_model(source, use_converted_cache=False).model
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly summary (no model)."""
@@ -264,7 +279,7 @@ class LlamaCppResult:
                 "seconds": self.seconds}
 
 
-def llamacpp_model(
+def llamacpp_quantize(
     source: str | os.PathLike[str],
     qtype: str,
     tools: LlamaCppTools,
@@ -272,28 +287,21 @@ def llamacpp_model(
     *,
     imatrix: str | os.PathLike[str] | None = None,
 ) -> LlamaCppResult:
-    """Requantize ``source`` to ``qtype`` in ``workdir`` and read it back as a float model.
+    """Requantize ``source`` to ``qtype`` into ``workdir/<TYPE>[+imatrix].gguf`` and account it.
 
     Args:
         source: the source GGUF (a zoo model's file, or any GGUF transformers can read).
         qtype: llama.cpp type name (see :func:`requantize`).
         tools: from :func:`find_tools`.
-        workdir: an existing directory for the quantized GGUF (``<qtype>.gguf``, left there).
+        workdir: an existing directory; the file stays there for :meth:`LlamaCppResult.load`.
         imatrix: importance matrix from :func:`compute_imatrix`, or None.
 
     Returns:
-        A :class:`LlamaCppResult`.
+        A :class:`LlamaCppResult` (the model is not loaded).
     """
-    from leechq.models.hf_load import load_model
-    from leechq.models.zoo import ModelSource, check_gguf_metadata
-
     start = time.perf_counter()
     tag = "+imatrix" if imatrix is not None else ""
     out = Path(workdir) / f"{qtype.upper()}{tag}.gguf"
     requantize(tools, source, out, qtype, imatrix=imatrix)
-    bits = gguf_bits(out)
-    info = check_gguf_metadata(out)
-    loaded = load_model(ModelSource("gguf", str(out), str(out.resolve()), None, info.architecture),
-                        use_converted_cache=False)
-    return LlamaCppResult(f"llama.cpp {qtype.upper()}{tag}", loaded.model, bits,
+    return LlamaCppResult(f"llama.cpp {qtype.upper()}{tag}", out, gguf_bits(out),
                           time.perf_counter() - start)
