@@ -371,7 +371,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=f"C{i % 10}", label=m)
                for i, m in enumerate(models)]
     axes[0].legend(handles=handles, fontsize=7, loc="upper center")
-    fig.suptitle("leechq filled, scalar baselines hollow; circle: in-domain, square: unseen domain")
+    fig.suptitle("leechq filled, baselines (RTN, GPTQ, HQQ, llama.cpp) hollow; circle: in-domain, "
+                 "square: unseen domain")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
