@@ -147,29 +147,33 @@ def test_loader_arms_are_loaded_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
     spec.loader.exec_module(module)
     with pytest.raises(SystemExit, match="GGUF source"):
         module.llamacpp_arms({"calib": None}, None, Path("."))
-    loads: list[int] = []
+    loads: list[str] = []
 
     def fake_arms(reference, roles, args, wanted):  # type: ignore[no-untyped-def]
         import copy
 
-        def load():  # type: ignore[no-untyped-def]
-            loads.append(1)
-            return copy.deepcopy(reference)
+        import torch
 
-        return {"loaded": (load, 16.0, {"seconds": 0.0})}
+        def loader(name: str, noise: float):  # type: ignore[no-untyped-def]
+            def load():  # type: ignore[no-untyped-def]
+                loads.append(name)
+                model = copy.deepcopy(reference)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(noise * torch.randn_like(p))
+                return model
+            return load
+
+        return {"exact": (loader("exact", 0.0), 16.0, {"seconds": 0.0}),
+                "noisy": (loader("noisy", 0.05), 16.0, {"seconds": 0.0})}
 
     monkeypatch.setattr(module, "baseline_arms", fake_arms)
-    try:
-        assert module.main(["--tiny", "--arms", "bare", "--boot", "20",
-                            "--compare-to", "loaded"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
+    # `rtn` alone makes the lattice arms empty (no encode); the fake replaces the baselines
+    assert module.main(["--tiny", "--arms", "rtn", "--boot", "20", "--compare-to", "exact"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = {(r["arm"], r["set"]): r for r in result["rows"]}
-    assert loads == [1]
+    assert loads == ["exact", "noisy"]
     for s in ("in-domain", "unseen"):
-        assert rows[("loaded", s)]["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference itself
-        assert rows[("bare", s)]["kl"] > 0
-    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {("bare", "loaded")}
+        assert rows[("exact", s)]["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference itself
+        assert rows[("noisy", s)]["kl"] > 1e-4
+    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {("noisy", "exact")}

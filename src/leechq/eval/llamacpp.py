@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from leechq.errors import ArtifactError, InvalidInput
+from leechq.eval.baselines import OTHER_PARAM_BITS  # float tensors: 16 bits (format.md §4)
 
 QUANTIZE_TOOL = "llama-quantize"
 IMATRIX_TOOL = "llama-imatrix"
-FLOAT_BITS = 16  # float tensors counted as a served model keeps them (docs/format.md §4)
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 NEEDS_IMATRIX = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S"})  # llama.cpp refuses
 # these without an importance matrix
@@ -237,7 +237,7 @@ def gguf_bits(path: str | os.PathLike[str]) -> GgufBits:
             q_bits += int(t.n_bytes) * 8
     if params == 0:
         raise ArtifactError(f"{path}: GGUF holds no tensors")
-    bpp = (q_bits + FLOAT_BITS * (params - quantized)) / params
+    bpp = (q_bits + OTHER_PARAM_BITS * (params - quantized)) / params
     return GgufBits(params, quantized, q_bits, bpp, types)
 
 
