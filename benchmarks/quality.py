@@ -308,16 +308,16 @@ def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespac
                                      {"seconds": res.seconds})
             log(f"{kind}-{bits}: {res.seconds:.1f} s")
     if "llamacpp" in wanted:
-        out.update(llamacpp_arms(roles, args, roles["workdir"]))
+        out.update(llamacpp_arms(roles, args))
     return out
 
 
-def llamacpp_arms(roles: dict[str, Any], args: argparse.Namespace,
-                  workdir: Path) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+def llamacpp_arms(roles: dict[str, Any],
+                  args: argparse.Namespace) -> dict[str, tuple[Any, float, dict[str, Any]]]:
     """llama.cpp's ``--llama-types`` from the model's source GGUF, each with an importance matrix
     computed on the calibration windows every other arm calibrates on. The quantized files stay in
-    ``workdir``; each arm is a loader, called when the arm is evaluated (one such model in memory
-    at a time)."""
+    ``roles["workdir"]``; each arm is a loader, called when the arm is evaluated (one such model
+    in memory at a time)."""
     from leechq.eval.llamacpp import compute_imatrix, find_tools, llamacpp_quantize
 
     source = roles.get("source")
@@ -328,6 +328,7 @@ def llamacpp_arms(roles: dict[str, Any], args: argparse.Namespace,
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
     t0 = time.perf_counter()
     text = roles["tokenizer"].decode(calib.flatten().tolist())
+    workdir = roles["workdir"]
     imatrix = compute_imatrix(tools, source.path, text, workdir / "imatrix.gguf",
                               context=calib.shape[1], chunks=calib.shape[0])
     log(f"llama.cpp importance matrix: {time.perf_counter() - t0:.1f} s")
@@ -469,52 +470,55 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     intervals: list[dict[str, Any]] = []
     scratch = tempfile.TemporaryDirectory(prefix="leechq-quality-")  # llama.cpp's files
-    for mname in models:
-        reference, sets, roles = tiny_setup(args) if args.tiny else real_setup(mname, args)
-        roles["workdir"] = Path(scratch.name) / mname
-        roles["workdir"].mkdir()
-        log(f"{mname}: model and windows ready")
-        arms = leechq_arms(reference, roles, args, wanted)
-        arms.update(baseline_arms(reference, roles, args, wanted))
-        compare_to = (args.compare_to if args.compare_to in arms
-                      else f"{arm_prefix(args)}{args.compare_to}")
-        from leechq.eval.ppl import window_nll
-        from leechq.quant.row_scales import model_logits
+    try:
+        for mname in models:
+            reference, sets, roles = tiny_setup(args) if args.tiny else real_setup(mname, args)
+            roles["workdir"] = Path(scratch.name) / mname
+            roles["workdir"].mkdir()
+            log(f"{mname}: model and windows ready")
+            arms = leechq_arms(reference, roles, args, wanted)
+            arms.update(baseline_arms(reference, roles, args, wanted))
+            compare_to = (args.compare_to if args.compare_to in arms
+                          else f"{arm_prefix(args)}{args.compare_to}")
+            from leechq.eval.ppl import window_nll
+            from leechq.quant.row_scales import model_logits
 
-        ref: dict[str, tuple[list[torch.Tensor], list[float]]] = {}
-        for dset, ids in sets.items():
-            with on_device(reference, args.device):
-                ref_logits = [model_logits(reference, ids[i : i + 1]).float().cpu()
-                              for i in range(ids.shape[0])]
-            nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
-            ref[dset] = (ref_logits, nll)
-            log(f"{mname} {dset}: reference logits of {ids.shape[0]} windows")
-        measured: dict[str, dict[str, dict[str, list[float]]]] = {d: {} for d in sets}
-        for a in list(arms):
-            m, bpp, detail = arms[a]
-            # an arm is a model, or a loader (llama.cpp's files) called now: one at a time
-            model = m if isinstance(m, torch.nn.Module) else m()
+            ref: dict[str, tuple[list[torch.Tensor], list[float]]] = {}
             for dset, ids in sets.items():
-                with on_device(model, args.device):
-                    measured[dset][a] = per_window(model, ref[dset][0], ids)
-                s = summarize(measured[dset][a], ref[dset][1])
-                log(f"{mname} {dset}: {a} ppl x {s['ppl_ratio']:.4f}, KL {s['kl']:.4f}, "
-                    f"agreement {s['agreement']:.4f}")
-            del model
-            arms[a] = (None, bpp, detail)  # the model is no longer needed
-        for dset in sets:
-            ref_nll = ref[dset][1]
-            for arm, (_, bpp, detail) in arms.items():
-                rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
-                             **summarize(measured[dset][arm], ref_nll), **detail})
-                if arm != compare_to and compare_to in measured[dset]:
-                    intervals.append({
-                        "model": mname, "set": dset, "arm": arm, "vs": compare_to,
-                        "ci95": paired_bootstrap(measured[dset][arm],
-                                                 measured[dset][compare_to], ref_nll, args.boot),
-                    })
-        del reference, arms, ref
-    scratch.cleanup()
+                with on_device(reference, args.device):
+                    ref_logits = [model_logits(reference, ids[i : i + 1]).float().cpu()
+                                  for i in range(ids.shape[0])]
+                nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
+                ref[dset] = (ref_logits, nll)
+                log(f"{mname} {dset}: reference logits of {ids.shape[0]} windows")
+            measured: dict[str, dict[str, dict[str, list[float]]]] = {d: {} for d in sets}
+            for a in list(arms):
+                m, bpp, detail = arms[a]
+                # an arm is a model, or a loader (llama.cpp's files) called now: one at a time
+                model = m if isinstance(m, torch.nn.Module) else m()
+                for dset, ids in sets.items():
+                    with on_device(model, args.device):
+                        measured[dset][a] = per_window(model, ref[dset][0], ids)
+                    s = summarize(measured[dset][a], ref[dset][1])
+                    log(f"{mname} {dset}: {a} ppl x {s['ppl_ratio']:.4f}, KL {s['kl']:.4f}, "
+                        f"agreement {s['agreement']:.4f}")
+                del model
+                arms[a] = (None, bpp, detail)  # the model is no longer needed
+            for dset in sets:
+                ref_nll = ref[dset][1]
+                for arm, (_, bpp, detail) in arms.items():
+                    rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
+                                 **summarize(measured[dset][arm], ref_nll), **detail})
+                    if arm != compare_to and compare_to in measured[dset]:
+                        intervals.append({
+                            "model": mname, "set": dset, "arm": arm, "vs": compare_to,
+                            "ci95": paired_bootstrap(measured[dset][arm],
+                                                     measured[dset][compare_to], ref_nll,
+                                                     args.boot),
+                        })
+            del reference, arms, ref
+    finally:
+        scratch.cleanup()
     head = (f"{'model':<14} {'arm':<10} {'set':<10} {'b/param':>7} {'ppl x':>8} {'KL':>8} "
             f"{'agree':>6}")
     print(head)

@@ -146,7 +146,7 @@ def test_loader_arms_are_loaded_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     with pytest.raises(SystemExit, match="GGUF source"):
-        module.llamacpp_arms({"calib": None}, None, Path("."))
+        module.llamacpp_arms({"calib": None}, None)
     loads: list[str] = []
 
     def fake_arms(reference, roles, args, wanted):  # type: ignore[no-untyped-def]
