@@ -76,6 +76,7 @@ def test_planes14_level_selectors() -> None:
     from leechq.kernels.triton import planes14_m1 as P
 
     assert table.shape == (P.TABLE_WORDS.value,) and P.SELECTOR_WORD.value == T.P14_SELECTOR_WORD
+    assert P.TABLE_PARTS.value * P.TABLE_PART.value == P.TABLE_WORDS.value  # what is staged
     assert torch.equal(table[:2048], torch.from_numpy(
         T.planes14_signed_classes().reshape(-1).view(np.int32)))
 

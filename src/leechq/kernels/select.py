@@ -196,7 +196,6 @@ class GemmF16(_Lattice):
     rules."""
 
     name = "gemm-f16"
-    layouts = frozenset(LATTICE)
 
     @classmethod
     def _path_ok(cls, req: Request) -> tuple[bool, str]:

@@ -152,13 +152,18 @@ def matmul_gemm_ordered(x16: torch.Tensor, w: Tetra48Weight | Planes14Weight,
     return _gemm(xa, x16[:, n:], w, config, out_dtype, dequant_config().grouped, out)
 
 
+def _row_tiles(m_rows: int) -> int:
+    """The 8-row activation tiles a launch of ``m_rows`` rows covers, rounded up to a power of 2."""
+    return triton.next_power_of_2(triton.cdiv(m_rows, 8))
+
+
 def launch_config(config: GemmConfig | None, layout: str, m_rows: int) -> GemmConfig:
     """The geometry a launch of ``m_rows`` activation rows of a ``layout`` record runs: ``config``
     (:data:`GEMM_DEFAULT` if None), with one row group per step from 65 rows whatever it says
     (the grid follows) and, in the default geometry, for a ``planes14`` record whose rows fill
     ``tuning.GEMM_P14_ONE_GROUP_TILES`` 8-row tiles (9..16 rows, where it measured faster)."""
     cfg = (GEMM_DEFAULT if config is None else config).check()
-    mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
+    mt = _row_tiles(m_rows)
     if mt >= 16 or (config is None and layout == "planes14" and mt == GEMM_P14_ONE_GROUP_TILES):
         cfg = replace(cfg, rows_per_step=1)
     return cfg
@@ -183,7 +188,7 @@ def _gemm(x16: torch.Tensor, x_tail: torch.Tensor, w: Tetra48Weight | Planes14We
           or (w.d_out > 1 and out.stride(1) != 1)):
         raise InvalidInput(f"out must be {out_dtype} [{m_rows}, {w.d_out}] on {dev} with unit "
                            f"column stride, got {_describe(out)}")
-    mt = triton.next_power_of_2(triton.cdiv(m_rows, 8))
+    mt = _row_tiles(m_rows)
     if not w.d_out:
         return out
     np_ = (w.n_blocks + 1) // 2

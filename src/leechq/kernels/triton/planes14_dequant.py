@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton.planes14 import load_record_pair
+from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
+from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_dequant import (
     pair_items,
@@ -63,7 +65,7 @@ def planes14_dequant_kernel(r_ptr, cent_ptr, scale_ptr, tab_ptr, out_ptr, d_out,
     NP: tl.constexpr = (N_BLOCKS + 1) // 2
     STRIDE_W: tl.constexpr = 7 * NP
     LANES: tl.constexpr = NW * 32
-    base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+    base = stage_table(tab_ptr, d_out, USE_ASM, P14_TABLE_PARTS, P14_TABLE_PART)
     e = tl.arange(0, LANES)
     n_items = d_out * NP
     for start in range(tl.program_id(0) * LANES, n_items, tl.num_programs(0) * LANES):

@@ -47,9 +47,13 @@ from leechq.kernels.triton._bits import (
 )
 from leechq.kernels.triton.planes14 import load_record_pair, record_fields
 
-TABLE_WORDS = tl.constexpr(6144)
-"""The staged table (``tables.planes14_m1_table``): the class table, 512 entries × 4 words
-(its signed form, ``tables.planes14_signed_classes``), then the 4096 level selectors."""
+TABLE_PARTS = tl.constexpr(3)
+TABLE_PART = tl.constexpr(2048)
+"""The staged table is copied into shared memory in ``TABLE_PARTS`` parts of ``TABLE_PART`` words
+(``tetra48_m1.stage_table``)."""
+TABLE_WORDS = tl.constexpr(3 * 2048)  # TABLE_PARTS · TABLE_PART
+"""The staged table (``tables.planes14_m1_table``, 6144 words): the class table, 512 entries × 4
+words (its signed form, ``tables.planes14_signed_classes``), then the 4096 level selectors."""
 SELECTOR_WORD = tl.constexpr(2048)  # tables.P14_SELECTOR_WORD
 
 

@@ -49,6 +49,8 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.triton._bits import global_load32, global_load128, global_store32
+from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
+from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_dequant import (
     block_values,
@@ -57,11 +59,6 @@ from leechq.kernels.triton.tetra48_dequant import (
     section_words,
 )
 from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
-
-P14_TABLE_PARTS = tl.constexpr(3)
-P14_TABLE_PART = tl.constexpr(2048)
-"""The Planes14 decode table staged per program: ``3 × 2048`` words (``tables.planes14_m1_table``,
-as :mod:`.planes14_dequant` stages it)."""
 
 PAIRS_PER_STEP = tl.constexpr(4)
 """Block pairs a warp decodes per K step (one per lane ``c`` of a fragment row)."""

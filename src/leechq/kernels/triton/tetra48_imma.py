@@ -54,6 +54,8 @@ from leechq.kernels.triton._bits import (
     shfl_idx,
     shfl_xor,
 )
+from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
+from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 from leechq.kernels.triton.planes14_m1 import _record_bytes
 from leechq.kernels.triton.tetra48_m1 import (
     _x_limbs,
@@ -378,7 +380,7 @@ def _imma_body(rec_ptr, ex_ptr, w_ptr, cent_ptr, tab_ptr, part_ptr, d_out, K_PER
         base = stage_table(tab_ptr, d_out, USE_ASM)
     else:
         STRIDE_W: tl.constexpr = 7 * ((N_BLOCKS + 1) // 2)
-        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+        base = stage_table(tab_ptr, d_out, USE_ASM, P14_TABLE_PARTS, P14_TABLE_PART)
     e = tl.arange(0, NW * 32)
     sb_rep = sb_copy(e)
     warp = e // 32

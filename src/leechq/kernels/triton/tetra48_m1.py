@@ -66,6 +66,8 @@ from leechq.kernels.triton._bits import (
     table_load128,
     xor_and,
 )
+from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
+from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 
 MAGIC_RINT = tl.constexpr(12582912.0)
 """1.5·2^23: ``fma(x, s, MAGIC_RINT)`` has bits ``0x4B400000 + rint(x·s)`` for |x·s| < 2^22."""
@@ -663,7 +665,7 @@ def m1_kernel(
         STRIDE_W: tl.constexpr = 7 * NP
     sl, c0, cstep, e, sub, lane, pair = _geometry(N_BLOCKS, NW, BP)
     if CODE == 1:
-        base = stage_table(tab_ptr, d_out, USE_ASM, 3, 2048)  # planes14_m1.TABLE_WORDS
+        base = stage_table(tab_ptr, d_out, USE_ASM, P14_TABLE_PARTS, P14_TABLE_PART)
     elif CODE == 3:  # 4096 + 2·64·T64_PBITS words, in parts of 128·T64_PBITS
         base = stage_table(tab_ptr, d_out, USE_ASM, 32 // T64_PBITS + 1, 128 * T64_PBITS)
     else:
