@@ -268,13 +268,18 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                            monitor_windows=roles["monitor"],
                                            progress=not args.tiny)
     for name, r in results.items():
-        detail = {"seconds": r.metadata["seconds"],
-                  "int4": len(r.metadata.get("selection", {}).get("int4", []))}
+        sel = r.metadata.get("selection", {})
+        detail = {"seconds": r.metadata["seconds"], "int4": len(sel.get("int4", [])),
+                  "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
+                  "int4_over_budget": len(sel.get("rejected_over_budget", [])),
+                  "tables_upgraded": sel.get("tables_upgraded", [])}
         if "tune" in r.metadata:
             detail["tune_best_step"] = r.metadata["tune"]["best_step"]
             detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
         out[name] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
-        log(f"{name}: recipe {detail['seconds']:.1f} s")
+        log(f"{name}: recipe {detail['seconds']:.1f} s; int4 {detail['int4']}, gain <= 0 "
+            f"{detail['int4_gain_nonpositive']}, over the budget {detail['int4_over_budget']}, "
+            f"tables upgraded {detail['tables_upgraded'] or 'none'}")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
 

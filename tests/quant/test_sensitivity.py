@@ -120,3 +120,7 @@ def test_greedy_takes_the_best_gain_per_bit_within_budget() -> None:
     with pytest.raises(InvalidInput, match="duplicate"):
         select_under_budget([_c("a", 1, 1), _c("a", 2, 1)], 10.0)
     assert sel.to_dict()["chosen"] == ["d", "b", "a"]
+    assert sel.summary() == ("3 taken, 2 with gain <= 0 skipped, 1 over the budget; "
+                             "0.00 of 0.00 Mbit spent")
+    big = select_under_budget([_c("p", 1.0, 2e6), _c("q", 1.0, 3e6)], 2.5e6)
+    assert big.summary().endswith("1 over the budget; 2.00 of 2.50 Mbit spent")

@@ -668,6 +668,7 @@ def run_recipe(
             for m, (t, up) in upgrades.items()
         ]
         selection = select_under_budget(candidates, budget)
+        log.info("int4 selection at %g b/param: %s", recipe.target_bpp, selection.summary())
         for m in selection.chosen:
             if m in upgrades:
                 t, up = upgrades[m]

@@ -113,6 +113,12 @@ class Selection:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def summary(self) -> str:
+        """One line: what was taken, and why the rest was not (gain ≤ 0, or over the budget)."""
+        return (f"{len(self.chosen)} taken, {len(self.skipped_nonpositive)} with gain <= 0 "
+                f"skipped, {len(self.rejected_over_budget)} over the budget; "
+                f"{self.spent_bits / 1e6:.2f} of {self.budget_bits / 1e6:.2f} Mbit spent")
+
 
 def teacher_logits_cache(
     teacher: Any, windows: torch.Tensor, batch: int = 1
