@@ -34,6 +34,9 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
     for s in ("in-domain", "unseen"):
         assert rows[("full", s)]["kl"] < rows[("bare", s)]["kl"]
         assert rows[("rtn-4", s)]["kl"] < rows[("rtn-2", s)]["kl"]
+        # the recipe arms say how the int4 selection ended
+        full = rows[("full", s)]
+        assert {"int4", "int4_gain_nonpositive", "int4_over_budget", "tables_upgraded"} <= set(full)
     iv = [i for i in result["intervals"] if i["arm"] == "bare"]
     assert len(iv) == 2 and all(i["ci95"]["kl"][0] <= i["ci95"]["kl"][1] for i in iv)
 
