@@ -349,8 +349,14 @@ def llamacpp_arms(roles: dict[str, Any],
 # report
 
 
+PLOT_CAPS = {"ppl_ratio": 4.0, "kl": 3.0}
+"""Upper y-limits of the plot's panels: a row above one (scalar 2-bit arms reach ×1e8) is drawn at
+the limit as a triangle, its value in its label, so that the rows that matter keep their scale."""
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> str:
-    """Perplexity ratio and KL vs bits per parameter, one panel each, both sets; or why not."""
+    """Perplexity ratio and KL vs bits per parameter, a row of two panels per model, both sets in
+    each (values above :data:`PLOT_CAPS` drawn at the cap); or why not."""
     try:
         import matplotlib
 
@@ -359,29 +365,37 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
-    for ax, key, label in ((axes[0], "ppl_ratio", "perplexity / reference"),
-                           (axes[1], "kl", "KL(reference || arm), nats/token")):
-        for dset, marker in (("in-domain", "o"), ("unseen", "s")):
-            for r in rows:
-                if r["set"] != dset:
-                    continue
-                color = f"C{models.index(r['model']) % 10}"
-                ours = any(t.startswith(("bare", "full")) for t in r["arm"].split())
-                ax.scatter(r["bpp"], r[key], marker=marker, s=36 if ours else 26,
-                           facecolors=color if ours else "none", edgecolors=color)
-                ax.annotate(r["arm"], (r["bpp"], r[key]), fontsize=6)
-        ax.set_xlabel("whole-model bits per parameter")
-        ax.set_ylabel(label)
-        ax.set_yscale("log")
-    handles = [plt.Line2D([], [], marker="o", linestyle="", color=f"C{i % 10}", label=m)
-               for i, m in enumerate(models)]
-    axes[0].legend(handles=handles, fontsize=7, loc="upper center")
-    fig.suptitle("leechq filled, baselines (RTN, GPTQ, HQQ, llama.cpp) hollow; circle: in-domain, "
-                 "square: unseen domain")
+    fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
+    for row_axes, model in zip(axes, models):
+        mine = [r for r in rows if r["model"] == model]
+        for ax, key, label in ((row_axes[0], "ppl_ratio", "perplexity / reference"),
+                               (row_axes[1], "kl", "KL(reference || arm), nats/token")):
+            cap = PLOT_CAPS[key]
+            for dset, marker, color in (("in-domain", "o", "C0"), ("unseen", "s", "C3")):
+                for r in mine:
+                    if r["set"] != dset:
+                        continue
+                    ours = any(t.startswith(("bare", "full")) for t in r["arm"].split())
+                    over = r[key] > cap
+                    y = cap if over else r[key]
+                    ax.scatter(r["bpp"], y, marker="^" if over else marker, s=36 if ours else 26,
+                               facecolors=color if ours else "none", edgecolors=color)
+                    text = f"{r['arm']} ({r[key]:.3g})" if over else r["arm"]
+                    ax.annotate(text, (r["bpp"], y), fontsize=6, xytext=(3, 1),
+                                textcoords="offset points")
+            low = min(min(r[key] for r in mine), cap)
+            ax.set_yscale("log")
+            ax.set_ylim(low / 1.15, cap * 1.15)
+            ax.set_title(model, fontsize=9)
+            ax.set_xlabel("whole-model bits per parameter")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.2)
+    fig.suptitle("leechq filled, baselines (RTN, GPTQ, HQQ, llama.cpp) hollow; blue circle: "
+                 "in-domain, red square: unseen domain; triangle: off the scale")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     return f"wrote {path}"
 
 
