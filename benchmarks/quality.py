@@ -5,6 +5,8 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
 * ``bare``       every block projection on the lattice (the encoder's defaults);
 * ``full``       the full recipe at ``--target-bpp`` without its tuning step (int4 by sensitivity,
                  4/8-bit tables, row scales; :mod:`leechq.quant.recipe`; ``--tune-steps 0``);
+                 several budgets (``--target-bpp 2.7,3.5``) share the bare encode and name the
+                 arms ``full @2.7`` …, each compared to the ``--compare-to`` arm of its budget;
 * ``full+tune``  the full recipe as ``leechq quantize --recipe full`` runs it: the above plus
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
   with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
@@ -249,39 +251,58 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
-    # full+tune continues the full arm's result when both are wanted (one encode and one
-    # sensitivity pass for the two)
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
-    recipe = resolve_recipe("full", args.target_bpp, row_scales=rows, **head_bits,
-                            tune=None if "full" in wanted else tune,
-                            sensitivity_windows=roles["sens"].shape[0],
-                            sensitivity_window_len=roles["sens"].shape[1], device=args.device)
     t0 = time.perf_counter()
-    res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
-                     embed_name=f"{arch.embed_path}.weight", head_name=head,
-                     train_windows=roles["train"], sensitivity_windows=roles["sens"],
-                     monitor_windows=roles["monitor"], student=copy.deepcopy(student),
-                     encoded=enc, progress=not args.tiny)
-    results = {"full" if "full" in wanted else "full+tune": res}
-    if "full" in wanted and "full+tune" in wanted:
-        results["full+tune"] = tune_result(res, reference, tune, roles["train"],
-                                           monitor_windows=roles["monitor"],
-                                           progress=not args.tiny)
-    for name, r in results.items():
-        sel = r.metadata.get("selection", {})
-        detail = {"seconds": r.metadata["seconds"], "int4": len(sel.get("int4", [])),
-                  "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
-                  "int4_over_budget": len(sel.get("rejected_over_budget", [])),
-                  "tables_upgraded": sel.get("tables_upgraded", [])}
-        if "tune" in r.metadata:
-            detail["tune_best_step"] = r.metadata["tune"]["best_step"]
-            detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
-        out[name] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
-        log(f"{name}: recipe {detail['seconds']:.1f} s; int4 {detail['int4']}, gain <= 0 "
-            f"{detail['int4_gain_nonpositive']}, over the budget {detail['int4_over_budget']}, "
-            f"tables upgraded {detail['tables_upgraded'] or 'none'}")
+    for target in args.target_bpp:
+        suffix = budget_suffix(args, target)
+        # full+tune continues the full arm's result when both are wanted (one encode and one
+        # sensitivity pass for the two)
+        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits,
+                                tune=None if "full" in wanted else tune,
+                                sensitivity_windows=roles["sens"].shape[0],
+                                sensitivity_window_len=roles["sens"].shape[1],
+                                device=args.device)
+        res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
+                         embed_name=f"{arch.embed_path}.weight", head_name=head,
+                         train_windows=roles["train"], sensitivity_windows=roles["sens"],
+                         monitor_windows=roles["monitor"], student=copy.deepcopy(student),
+                         encoded=enc, progress=not args.tiny)
+        results = {"full" if "full" in wanted else "full+tune": res}
+        if "full" in wanted and "full+tune" in wanted:
+            results["full+tune"] = tune_result(res, reference, tune, roles["train"],
+                                               monitor_windows=roles["monitor"],
+                                               progress=not args.tiny)
+        for name, r in results.items():
+            sel = r.metadata.get("selection", {})
+            detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
+                      "int4": len(sel.get("int4", [])),
+                      "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
+                      "int4_over_budget": len(sel.get("rejected_over_budget", [])),
+                      "tables_upgraded": sel.get("tables_upgraded", [])}
+            if "tune" in r.metadata:
+                detail["tune_best_step"] = r.metadata["tune"]["best_step"]
+                detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
+            out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
+            log(f"{name}{suffix}: recipe {detail['seconds']:.1f} s; int4 {detail['int4']}, "
+                f"gain <= 0 {detail['int4_gain_nonpositive']}, over the budget "
+                f"{detail['int4_over_budget']}, tables upgraded "
+                f"{detail['tables_upgraded'] or 'none'}")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+def budget_suffix(args: argparse.Namespace, target: float) -> str:
+    """What a recipe arm's name ends with: nothing for a single ``--target-bpp``, else `` @B``."""
+    return "" if len(args.target_bpp) == 1 else f" @{target:g}"
+
+
+def compared_arm(arm: str, compare_to: str, arms: Any) -> str:
+    """The arm that ``arm`` is compared with: ``compare_to`` at ``arm``'s own budget (``full @3.5``
+    for ``full+tune @3.5``) where that arm exists, else ``compare_to``."""
+    base, sep, budget = arm.rpartition(" @")
+    if sep and f"{compare_to} @{budget}" in arms:
+        return f"{compare_to} @{budget}"
+    return compare_to
 
 
 def arm_prefix(args: argparse.Namespace) -> str:
@@ -426,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bits", default="2,3,4", help="baseline bits")
     ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--codebook", default="tetra")
-    ap.add_argument("--target-bpp", type=float, default=2.7)
+    ap.add_argument("--target-bpp", default="2.7",
+                    help="the full arms' whole-model budget in bits per parameter; several, "
+                         "comma-separated, make one pair of full arms per budget (one encode)")
     ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None,
                     help="the full arms' untied head width (default: the recipe's, 8)")
     ap.add_argument("--in-domain", default="pydoc")
@@ -474,6 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"plot": note, "rows": len(rows_from)}))
         return 0
     args.bits = [int(b) for b in args.bits.split(",") if b]
+    try:
+        args.target_bpp = [float(b) for b in args.target_bpp.split(",") if b.strip()]
+    except ValueError:
+        ap.error(f"--target-bpp: not a comma-separated list of numbers: {args.target_bpp!r}")
+    if not args.target_bpp or min(args.target_bpp) <= 0:
+        ap.error("--target-bpp: give one or more budgets > 0 bits per parameter")
+    if len(set(args.target_bpp)) != len(args.target_bpp):
+        ap.error(f"--target-bpp: a budget is repeated: {args.target_bpp}")
     args.llama_types = [t for t in args.llama_types.split(",") if t]
     wanted = [a for a in args.arms.split(",") if a]
     if "full+tune" in wanted and args.tune_steps < 1:
@@ -528,12 +559,12 @@ def main(argv: list[str] | None = None) -> int:
                 for arm, (_, bpp, detail) in arms.items():
                     rows.append({"model": mname, "arm": arm, "set": dset, "bpp": bpp,
                                  **summarize(measured[dset][arm], ref_nll), **detail})
-                    if arm != compare_to and compare_to in measured[dset]:
+                    vs = compared_arm(arm, compare_to, measured[dset])
+                    if arm != vs and vs in measured[dset]:
                         intervals.append({
-                            "model": mname, "set": dset, "arm": arm, "vs": compare_to,
-                            "ci95": paired_bootstrap(measured[dset][arm],
-                                                     measured[dset][compare_to], ref_nll,
-                                                     args.boot),
+                            "model": mname, "set": dset, "arm": arm, "vs": vs,
+                            "ci95": paired_bootstrap(measured[dset][arm], measured[dset][vs],
+                                                     ref_nll, args.boot),
                         })
             del reference, arms, ref
     finally:

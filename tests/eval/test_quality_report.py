@@ -180,3 +180,35 @@ def test_loader_arms_are_loaded_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
         assert rows[("exact", s)]["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference itself
         assert rows[("noisy", s)]["kl"] > 1e-4
     assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {("noisy", "exact")}
+
+
+def test_several_budgets_make_one_pair_of_full_arms_each(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """``--target-bpp 2.5,4`` makes ``full @2.5`` … ``full+tune @4`` from one encode, each tuned arm
+    compared with the full arm of its own budget; a bad budget list is refused by name."""
+    spec = importlib.util.spec_from_file_location("quality_budgets", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for bad, why in (("2,x", "not a comma-separated list"), ("0", "budgets > 0"),
+                     ("3,3", "repeated")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", "--arms", "full", "--target-bpp", bad])
+        assert why in capsys.readouterr().err
+    try:
+        assert module.main(["--tiny", "--arms", "full,full+tune", "--target-bpp", "2.5,4",
+                            "--boot", "20", "--tune-steps", "2"]) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {(r["arm"], r["set"]): r for r in result["rows"]}
+    names = ("full @2.5", "full+tune @2.5", "full @4", "full+tune @4")
+    assert {a for a, _ in rows} == set(names)
+    for s in ("in-domain", "unseen"):
+        assert rows[("full @2.5", s)]["target_bpp"] == 2.5
+        assert rows[("full @2.5", s)]["bpp"] <= rows[("full @4", s)]["bpp"]
+    pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
+    assert pairs == {("full+tune @2.5", "full @2.5"), ("full+tune @4", "full @4")}
+    assert module.compared_arm("full+tune @4", "full", {"full @4": 0}) == "full @4"
+    assert module.compared_arm("rtn-4", "full", {"full @4": 0}) == "full"
