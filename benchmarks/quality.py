@@ -299,7 +299,7 @@ def budget_suffix(args: argparse.Namespace, target: float) -> str:
 def compared_arm(arm: str, compare_to: str, arms: Any) -> str:
     """The arm that ``arm`` is compared with: ``compare_to`` at ``arm``'s own budget (``full @3.5``
     for ``full+tune @3.5``) where that arm exists, else ``compare_to``."""
-    base, sep, budget = arm.rpartition(" @")
+    _, sep, budget = arm.rpartition(" @")
     if sep and f"{compare_to} @{budget}" in arms:
         return f"{compare_to} @{budget}"
     return compare_to
