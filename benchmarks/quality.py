@@ -387,7 +387,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
-    for row_axes, model in zip(axes, models):
+    for row_axes, model in zip(axes, models, strict=True):
         mine = [r for r in rows if r["model"] == model]
         for ax, key, label in ((row_axes[0], "ppl_ratio", "perplexity / reference"),
                                (row_axes[1], "kl", "KL(reference || arm), nats/token")):
