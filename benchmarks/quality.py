@@ -5,8 +5,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
 * ``bare``       every block projection on the lattice (the encoder's defaults);
 * ``full``       the full recipe at ``--target-bpp`` without its tuning step (int4 by sensitivity,
                  4/8-bit tables, row scales; :mod:`leechq.quant.recipe`; ``--tune-steps 0``);
-                 several budgets (``--target-bpp 2.7,3.5``) share the bare encode and name the
-                 arms ``full @2.7`` …, each compared to the ``--compare-to`` arm of its budget;
+                 several budgets (``--target-bpp 2.7,3.5``) share the bare encode and the
+                 sensitivity pass and name the arms ``full @2.7`` …, each compared to the
+                 ``--compare-to`` arm of its budget;
 * ``full+tune``  the full recipe as ``leechq quantize --recipe full`` runs it: the above plus
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
   with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
@@ -253,6 +254,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     t0 = time.perf_counter()
+    measured = None  # the sensitivity pass, measured at the first budget and reused at the others
     for target in args.target_bpp:
         suffix = budget_suffix(args, target)
         # full+tune continues the full arm's result when both are wanted (one encode and one
@@ -266,7 +268,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                          embed_name=f"{arch.embed_path}.weight", head_name=head,
                          train_windows=roles["train"], sensitivity_windows=roles["sens"],
                          monitor_windows=roles["monitor"], student=copy.deepcopy(student),
-                         encoded=enc, progress=not args.tiny)
+                         encoded=enc, sensitivity=measured, progress=not args.tiny)
+        measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         if "full" in wanted and "full+tune" in wanted:
             results["full+tune"] = tune_result(res, reference, tune, roles["train"],

@@ -235,6 +235,41 @@ def test_a_generous_budget_buys_the_8_bit_table_first() -> None:
     assert sorted(sel["int4"]) == helped
 
 
+def test_another_budget_reuses_the_sensitivity_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second budget over the same encode takes the first run's measurements (no second pass)
+    and chooses from them as a fresh measurement would; measurements of other candidates are
+    refused."""
+    import copy
+
+    from recipe_tiny import config, quantize_fn, quantized, windows
+
+    import leechq.quant.recipe as recipe_mod
+
+    reference, student, enc = quantized("qwen2")
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD,
+              sensitivity_windows=windows(2, seed=8), encoded=enc)
+
+    def full(target: float):  # type: ignore[no-untyped-def]
+        return resolve_recipe("full", target, requantize=False, row_scales=None,
+                              sensitivity_windows=2, tune=None)
+
+    first = run_recipe(reference, windows(4, seed=100), config(), full(64.0),
+                       student=copy.deepcopy(student), **kw)
+    fresh = run_recipe(reference, windows(4, seed=100), config(), full(3.0),
+                       student=copy.deepcopy(student), **kw)
+    monkeypatch.setattr(recipe_mod, "measure_swaps",
+                        lambda *a, **k: pytest.fail("the sensitivity pass ran again"))
+    reused = run_recipe(reference, windows(4, seed=100), config(), full(3.0),
+                        student=copy.deepcopy(student), sensitivity=first.sensitivity, **kw)
+    assert set(first.sensitivity) == set(fresh.sensitivity)
+    assert reused.metadata["selection"] == fresh.metadata["selection"]
+    assert reused.metadata["sensitivity"] == fresh.metadata["sensitivity"]
+    with pytest.raises(InvalidInput, match="do not cover"):
+        run_recipe(reference, windows(4, seed=100), config(), full(3.0),
+                   student=copy.deepcopy(student),
+                   sensitivity=dict(list(first.sensitivity.items())[1:]), **kw)
+
+
 def test_recipe_refuses_inconsistent_inputs() -> None:
     from recipe_tiny import config, quantize_fn, quantized, windows
 

@@ -270,6 +270,8 @@ class RecipeResult:
         recipe: the resolved recipe.
         metadata: the recipe record for the artifact's provenance (steps, times, evidence).
         provenance: the encoder's provenance (model fingerprint, calibration digest, ...).
+        sensitivity: step 2's measurements by candidate (:func:`measure_swaps`'s results; empty
+            without the step), which :func:`run_recipe` can reuse for another budget.
     """
 
     model: nn.Module
@@ -280,6 +282,7 @@ class RecipeResult:
     recipe: Recipe
     metadata: dict[str, Any]
     provenance: dict[str, Any] = field(default_factory=dict)
+    sensitivity: dict[str, Any] = field(default_factory=dict)
 
     def bits(self, dense_projections: Sequence[str] = ()) -> ModelBits:
         """Planned whole-model bits (rule 2); ``dense_projections``: see :func:`projected_bits`."""
@@ -534,7 +537,7 @@ def tune_result(
     meta["seconds"] = float(meta.get("seconds", 0.0)) + seconds
     # tuning changes stored values, not what is stored: the bits per parameter stay as they were
     return RecipeResult(student, records, raw, dict(result.tied), result.config, recipe, meta,
-                        dict(result.provenance))
+                        dict(result.provenance), dict(result.sensitivity))
 
 
 def run_recipe(
@@ -554,6 +557,7 @@ def run_recipe(
     tune_checkpoint_dir: Any = None,
     student: nn.Module | None = None,
     encoded: Any = None,
+    sensitivity: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> RecipeResult:
     """Run ``recipe`` on ``reference`` (left unchanged) and return the quantized model and records.
@@ -579,6 +583,9 @@ def run_recipe(
         tune_checkpoint_dir: directory for the tuning checkpoint (resumable).
         student, encoded: a model already encoded with ``base_config`` (+ forced int4) and the
             ``quantize_fn`` result that made it, to skip the first encode (benchmarks reuse one).
+        sensitivity: step 2's measurements of an earlier result over the same encode and tables
+            (:attr:`RecipeResult.sensitivity`, e.g. at another ``target_bpp``), used instead of
+            measuring again; it must cover exactly this run's candidates.
         progress: tqdm bars (with time estimates) for the sensitivity, row-scale and tuning steps.
 
     Returns:
@@ -640,11 +647,17 @@ def run_recipe(
                     module = tname.rsplit(".", 1)[0]
                     upgrades[module] = (tname, up)
                     swaps[module] = up.dequantize(torch.float32)
-        sens_model = _placed(student, device, dtype)
-        teacher = _placed(reference, device, dtype)
-        measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps,
-                                 progress=progress)
-        del sens_model, teacher
+        if sensitivity is None:
+            sens_model = _placed(student, device, dtype)
+            teacher = _placed(reference, device, dtype)
+            measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps,
+                                     progress=progress)
+            del sens_model, teacher
+        elif set(sensitivity) != set(swaps):
+            raise InvalidInput("run_recipe: the given sensitivity measurements do not cover "
+                               "exactly this run's int4 / table candidates")
+        else:
+            measured = dict(sensitivity)
         planned_raw = {**raw, **tables}
         plan_bits = projected_bits(records, planned_raw, dense_projections)
         record_weights = sum(r.d_out * r.d_in for r in records.values())
@@ -757,5 +770,6 @@ def run_recipe(
     meta["seconds"] = time.perf_counter() - started
     meta["config_digest"] = config.digest()
     provenance = dict(getattr(enc, "provenance", {}) or {})
-    return RecipeResult(student, records, raw, tied, config, recipe, meta, provenance)
+    return RecipeResult(student, records, raw, tied, config, recipe, meta, provenance,
+                        measured if recipe.int4_selection else {})
 
