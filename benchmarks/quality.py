@@ -28,7 +28,9 @@ Measures per set: perplexity ratio to the reference, KL(reference ‖ arm) per p
 greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (default ``full``) with a
 95 % paired bootstrap interval over windows (``--boot`` resamples; the same windows for both arms).
 Every model is evaluated in float32 on ``--device``; each arm's measures are logged as soon as
-they are known, so a run cut off by a time limit keeps what it measured.
+they are known, so a run cut off by a time limit keeps what it measured. With ``--checkpoint-dir``
+the quantization steps are resumable: a run longer than one sitting (a model too large for one
+10-minute GPU call) is the same command repeated until it finishes.
 
 Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
 skipped with a message when matplotlib is not installed), and one JSON line (the last line).
@@ -231,8 +233,20 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
                       calib_window_len=calib.shape[1], device=args.device)
 
+    ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+
     def encode(model: Any, windows: torch.Tensor, config: Any) -> Any:
-        return quantize_model_in_place(model, windows, config, progress=not args.tiny)
+        where = None if ckpt is None else ckpt / "encode" / config.digest()[:16]
+        return quantize_model_in_place(model, windows, config, progress=not args.tiny,
+                                       checkpoint_dir=where)
+
+    def kept(target: float) -> dict[str, Any]:
+        """``run_recipe``'s resumable checkpoints of one budget under ``--checkpoint-dir``."""
+        if ckpt is None:
+            return {}
+        return {"checkpoint_dir": ckpt / f"rows-{target:g}",
+                "tune_checkpoint_dir": ckpt / f"tune-{target:g}",
+                "sensitivity_checkpoint_dir": ckpt / "sensitivity"}
 
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
     if not {"bare", "full", "full+tune"} & set(wanted):
@@ -268,13 +282,16 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                          embed_name=f"{arch.embed_path}.weight", head_name=head,
                          train_windows=roles["train"], sensitivity_windows=roles["sens"],
                          monitor_windows=roles["monitor"], student=copy.deepcopy(student),
-                         encoded=enc, sensitivity=measured, progress=not args.tiny)
+                         encoded=enc, sensitivity=measured, progress=not args.tiny,
+                         **kept(target))
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         if "full" in wanted and "full+tune" in wanted:
             results["full+tune"] = tune_result(res, reference, tune, roles["train"],
                                                monitor_windows=roles["monitor"],
-                                               progress=not args.tiny)
+                                               progress=not args.tiny,
+                                               checkpoint_dir=kept(target).get(
+                                                   "tune_checkpoint_dir"))
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
@@ -475,6 +492,11 @@ def main(argv: list[str] | None = None) -> int:
                          "llama-imatrix) for the llamacpp arms [default: PATH]")
     ap.add_argument("--llama-types", default="IQ2_XXS,IQ2_XS,IQ2_S,IQ2_M,Q2_K,Q3_K_S",
                     help="llama.cpp types of the llamacpp arms")
+    ap.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                    help="keep the quantization steps resumable under DIR (as `leechq quantize` "
+                         "does beside OUT): the same command run again after a time limit "
+                         "continues where it stopped; the encodes and the sensitivity pass stay "
+                         "for later runs, the row scales' and tuning's checkpoints go once done")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

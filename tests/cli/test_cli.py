@@ -283,13 +283,25 @@ def test_head_bits_sets_the_untied_heads_table(
 
 
 def test_quantize_full_recipe_on_a_tiny_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``--recipe full``: int4 choice under the budget, 4-bit embedding, trained row scales,
     end-to-end tuning (on by default), all recorded in the artifact, which loads and matches the
-    recorded accounting; no checkpoint is left behind."""
+    recorded accounting; the sensitivity pass kept its checkpoint beside OUT while it ran, and no
+    checkpoint is left behind."""
     from leechq.formats.artifact import artifact_report, read_artifact
+    from leechq.quant.sensitivity import MeasurementCheckpoint
     from leechq.quant.tune import DEFAULT_TUNE_STEPS
+
+    saved = []
+    real_save = MeasurementCheckpoint.save
+
+    def save(self, done):  # type: ignore[no-untyped-def]
+        real_save(self, done)
+        saved.append(self.path)
+
+    monkeypatch.setattr(MeasurementCheckpoint, "save", save)
 
     src = _tiny_llama_dir(tmp_path)
     out = tmp_path / "q"
@@ -329,7 +341,8 @@ def test_quantize_full_recipe_on_a_tiny_model(
     assert recipe["whole_model_bits_per_param"] <= 6.0 + 1e-9
     report = artifact_report(out)
     assert report is not None
-    for left in ("q.ckpt", "q.rows-ckpt", "q.tune-ckpt"):
+    assert saved and {p.parent for p in saved} == {tmp_path / "q.sens-ckpt"}
+    for left in ("q.ckpt", "q.rows-ckpt", "q.tune-ckpt", "q.sens-ckpt"):
         assert not (tmp_path / left).exists()
     assert main(argv) == 2
     assert "already exists" in capsys.readouterr().err

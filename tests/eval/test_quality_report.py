@@ -85,7 +85,7 @@ def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPa
     spec.loader.exec_module(module)
     monkeypatch.setattr(quantize, "quantize_model_in_place",
                         lambda *a, **k: pytest.fail("a lattice encode for baseline arms"))
-    args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True)
+    args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True, checkpoint_dir=None)
     calib = torch.zeros(2, 8, dtype=torch.long)
     assert module.leechq_arms(object(), {"calib": calib}, args, ["rtn", "gptq", "hqq"]) == {}
     with pytest.raises(pytest.fail.Exception, match="lattice encode"):
@@ -212,3 +212,37 @@ def test_several_budgets_make_one_pair_of_full_arms_each(capsys: pytest.CaptureF
     assert pairs == {("full+tune @2.5", "full @2.5"), ("full+tune @4", "full @4")}
     assert module.compared_arm("full+tune @4", "full", {"full @4": 0}) == "full @4"
     assert module.compared_arm("rtn-4", "full", {"full @4": 0}) == "full"
+
+
+def test_a_run_with_a_checkpoint_dir_resumes_to_the_same_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--checkpoint-dir``: the same command run again takes the encodes and the sensitivity pass
+    from the checkpoints (no block encoded, no probe pass); the row scales and the tuning, whose
+    checkpoints go once they finish, run again to the same measures."""
+    import leechq.quant.layerwise as layerwise
+    import leechq.quant.sensitivity as sensitivity
+
+    spec = importlib.util.spec_from_file_location("quality_resume", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--tiny", "--arms", "full+tune", "--boot", "20", "--tune-steps", "2",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    runs = []
+    try:
+        for again in (False, True):
+            if again:
+                monkeypatch.setattr(layerwise, "_quantize_block",
+                                    lambda *a, **k: pytest.fail("a block was encoded again"))
+                monkeypatch.setattr(sensitivity, "teacher_logits_cache",
+                                    lambda *a, **k: pytest.fail("the sensitivity pass ran again"))
+            assert module.main(argv) == 0
+            runs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    measures = [{(r["arm"], r["set"]): (r["bpp"], r["ppl_ratio"], r["kl"]) for r in run["rows"]}
+                for run in runs]
+    assert measures[0] == measures[1] and len(measures[0]) == 2
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"encode", "sensitivity"}

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from leechq.errors import InvalidInput
+from leechq.errors import ArtifactError, InvalidInput
 from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
 
 pytest.importorskip("transformers")
@@ -89,6 +89,64 @@ def test_swaps_refuse_bad_input_before_touching_the_model() -> None:
         measure_swaps(model, ref, windows(1), {"model.layers.0.mlp.up_proj": torch.zeros(3, 3)})
     with pytest.raises(InvalidInput, match="int64"):
         measure_swaps(model, ref, windows(1).float(), {})
+
+
+def test_a_killed_pass_resumes_from_its_checkpoint(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after two probe passes, the run measures only the candidates it lacks when started
+    again, with one base KL; a complete file is answered without any pass; a file of other
+    candidates or an unreadable one is refused."""
+    from leechq_tiny import tiny_model
+    from recipe_tiny import windows
+
+    import leechq.quant.sensitivity as sens_mod
+
+    reference = tiny_model("llama", seed=3)
+    model = copy.deepcopy(reference)
+    g = torch.Generator().manual_seed(1)
+    names = [f"model.layers.{i}.{p}" for i in range(2)
+             for p in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj")]
+    swaps = {}
+    with torch.no_grad():
+        for n in names:
+            w = model.get_submodule(n).weight
+            swaps[n] = w.detach().clone()
+            w.add_(0.2 * w.abs().mean() * torch.randn(w.shape, generator=g))
+    ids = windows(2, 16, seed=6)
+    fresh = measure_swaps(model, reference, ids, swaps, swaps_per_pass=2)
+    ckpt = tmp_path / "sens" / "run.json"
+    real = sens_mod._pass_kl
+    calls = []
+
+    def dies_on_the_fourth(*a, **k):  # base pass, two probe passes, then the kill
+        calls.append(len(a[5]))
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sens_mod, "_pass_kl", dies_on_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        measure_swaps(model, reference, ids, swaps, swaps_per_pass=2, checkpoint=ckpt)
+    assert not ckpt.with_name("run.json.tmp").exists()
+    calls.clear()
+    resumed = measure_swaps(model, reference, ids, swaps, swaps_per_pass=2, checkpoint=ckpt)
+    assert calls == [1, 2]  # the base pass and the one pass of the two candidates left
+    assert list(resumed) == names and len({m.kl_base for m in resumed.values()}) == 1
+    for n in names:
+        assert resumed[n].kl_swapped == pytest.approx(fresh[n].kl_swapped, rel=1e-5)
+        assert resumed[n].kl_base == pytest.approx(fresh[n].kl_base, rel=1e-6)
+    # everything kept: no teacher logits, no pass
+    monkeypatch.setattr(sens_mod, "teacher_logits_cache",
+                        lambda *a, **k: pytest.fail("measured again"))
+    again = measure_swaps(model, reference, ids, swaps, checkpoint=ckpt)
+    assert again == resumed
+    with pytest.raises(InvalidInput, match="other windows or other candidates"):
+        measure_swaps(model, reference, ids, {names[0]: swaps[names[0]]}, checkpoint=ckpt)
+    with pytest.raises(InvalidInput, match="other windows or other candidates"):
+        measure_swaps(model, reference, windows(2, 16, seed=7), swaps, checkpoint=ckpt)
+    ckpt.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ArtifactError, match="unreadable"):
+        measure_swaps(model, reference, ids, swaps, checkpoint=ckpt)
 
 
 def _c(name: str, gain: float, bits: float) -> Candidate:

@@ -205,6 +205,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         monitor_windows=monitor,
         checkpoint_dir=out.with_name(out.name + ".rows-ckpt"),
         tune_checkpoint_dir=out.with_name(out.name + ".tune-ckpt"),
+        sensitivity_checkpoint_dir=out.with_name(out.name + ".sens-ckpt"),
         progress=True,
     )
     for step in result.metadata["steps"]:
@@ -236,6 +237,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     shutil.rmtree(encode_ckpt, ignore_errors=True)
     shutil.rmtree(out.with_name(out.name + ".rows-ckpt"), ignore_errors=True)
     shutil.rmtree(out.with_name(out.name + ".tune-ckpt"), ignore_errors=True)
+    shutil.rmtree(out.with_name(out.name + ".sens-ckpt"), ignore_errors=True)
     return path
 
 

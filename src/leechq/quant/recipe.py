@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -540,6 +543,17 @@ def tune_result(
                         dict(result.provenance), dict(result.sensitivity))
 
 
+def _sensitivity_identity(config: QuantConfig, enc: Any, tables: Mapping[str, GroupAffine],
+                          recipe: Recipe, swaps: Mapping[str, torch.Tensor]) -> str:
+    """A name for step 2's measurements: the encode (its configuration, model and calibration),
+    the tables in place, the int4 / table widths of the swaps and the candidates."""
+    prov = getattr(enc, "provenance", {}) or {}
+    ident = [config.digest(), prov.get("model_fingerprint"), prov.get("calibration_digest"),
+             {t: [ga.bits, ga.group] for t, ga in sorted(tables.items())},
+             recipe.int4_group, recipe.table_group, sorted(swaps)]
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run_recipe(
     reference: nn.Module,
     calib_windows: torch.Tensor,
@@ -558,6 +572,7 @@ def run_recipe(
     student: nn.Module | None = None,
     encoded: Any = None,
     sensitivity: Mapping[str, Any] | None = None,
+    sensitivity_checkpoint_dir: Any = None,
     progress: bool = False,
 ) -> RecipeResult:
     """Run ``recipe`` on ``reference`` (left unchanged) and return the quantized model and records.
@@ -586,6 +601,8 @@ def run_recipe(
         sensitivity: step 2's measurements of an earlier result over the same encode and tables
             (:attr:`RecipeResult.sensitivity`, e.g. at another ``target_bpp``), used instead of
             measuring again; it must cover exactly this run's candidates.
+        sensitivity_checkpoint_dir: directory for step 2's measurements so far (resumable; one
+            file per encode, tables and candidates, :class:`MeasurementCheckpoint`).
         progress: tqdm bars (with time estimates) for the sensitivity, row-scale and tuning steps.
 
     Returns:
@@ -650,8 +667,12 @@ def run_recipe(
         if sensitivity is None:
             sens_model = _placed(student, device, dtype)
             teacher = _placed(reference, device, dtype)
+            kept = None
+            if sensitivity_checkpoint_dir is not None:
+                ident = _sensitivity_identity(config, enc, tables, recipe, swaps)
+                kept = Path(sensitivity_checkpoint_dir) / f"{ident}.json"
             measured = measure_swaps(sens_model, teacher, sensitivity_windows, swaps,
-                                     progress=progress)
+                                     progress=progress, checkpoint=kept)
             del sens_model, teacher
         elif set(sensitivity) != set(swaps):
             raise InvalidInput("run_recipe: the given sensitivity measurements do not cover "

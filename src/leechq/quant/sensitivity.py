@@ -26,17 +26,20 @@ name and hold a ``weight`` tensor, called on ``int64 [B, T]`` ids (see
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from leechq.errors import InvalidInput
+from leechq.errors import ArtifactError, InvalidInput
 from leechq.quant.progress import stage_bar
 from leechq.quant.row_scales import kl_loss, model_logits
 
@@ -263,6 +266,7 @@ def measure_swaps(
     max_logit_bytes: int = 1 << 29,
     chunk: int = 256,
     progress: bool = False,
+    checkpoint: str | os.PathLike[str] | None = None,
 ) -> dict[str, SwapMeasurement]:
     """Mean KL to the teacher with each matrix of ``swaps`` swapped in alone.
 
@@ -285,10 +289,16 @@ def measure_swaps(
         max_logit_bytes: the logits budget of one forward when ``swaps_per_pass`` is None.
         chunk: positions per KL chunk.
         progress: show a tqdm bar (stderr) with a time estimate, up from the teacher's logits on.
+        checkpoint: a JSON file that keeps the measurements made so far, rewritten after every
+            pass (:class:`MeasurementCheckpoint`): a run cut off and started again measures only
+            the candidates it lacks. The caller names one file per base model, teacher, windows
+            and swaps (their identity is the caller's to encode in the name); the file records
+            the windows' digest and the candidates and refuses others.
 
     Returns:
         name → :class:`SwapMeasurement` (same order as ``swaps``); ``seconds`` is the candidate's
-        share of its pass.
+        share of its pass. Resumed from ``checkpoint``, every measurement keeps the base KL of the
+        first run (the base pass is repeated for its layer record only).
     """
     if windows.dim() != 2 or windows.dtype != torch.int64:
         raise InvalidInput(
@@ -311,8 +321,13 @@ def measure_swaps(
         entries[name] = (users, w.to(device=weight.device, dtype=weight.dtype))
     batch = windows.shape[0] if batch is None else max(1, int(batch))
     names = list(entries)
+    saved = None if checkpoint is None else MeasurementCheckpoint(checkpoint, windows, names)
+    done: dict[str, SwapMeasurement] = {} if saved is None else saved.load()
     # the bar is up from the start: the teacher's logits and the base pass come first
-    bar = stage_bar("int4 sensitivity", len(names), "matrix", progress)
+    bar = stage_bar("int4 sensitivity", len(names), "matrix", progress, initial=len(done))
+    if len(done) == len(names):  # all of them kept: no pass at all
+        bar.close()
+        return {n: done[n] for n in names}
     bar.set_postfix_str("teacher logits")
     cache = teacher_logits_cache(teacher, windows, batch)
     if swaps_per_pass is None:
@@ -331,11 +346,13 @@ def measure_swaps(
         return int(idx) if idx.isdigit() and int(idx) < len(stack) else 0
 
     layer = {n: layer_of(n) for n in names}
-    order = sorted(names, key=lambda n: layer[n])  # groups of similar depth skip the most
-    done: dict[str, SwapMeasurement] = {}
+    order = sorted((n for n in names if n not in done),
+                   key=lambda n: layer[n])  # groups of similar depth skip the most
     try:
         bar.set_postfix_str("base pass")
         base = _pass_kl(model, windows, cache, batch, chunk, [None], stack, recorded)[0]
+        if done:  # resumed: one base for every gain
+            base = next(iter(done.values())).kl_base
         for g0 in range(0, len(order), swaps_per_pass):
             group = order[g0 : g0 + swaps_per_pass]
             skip = min(layer[n] for n in group) if stack is not None else 0
@@ -346,12 +363,60 @@ def measure_swaps(
             for name, kl in zip(group, kls, strict=True):
                 done[name] = SwapMeasurement(name, base, kl, share)
                 log.info("sensitivity %s: KL %.5f -> %.5f", name, base, kl)
+            if saved is not None:
+                saved.save(done)
             bar.set_postfix_str(group[-1])
             bar.update(len(group))
     finally:
         bar.close()
     out = {n: done[n] for n in names}
     return out
+
+
+class MeasurementCheckpoint:
+    """The measurements of one :func:`measure_swaps` run so far, in one JSON file.
+
+    The file holds the windows' digest, the candidate names and, per measured candidate, the base
+    KL, its swapped KL and its time. It is replaced atomically (written beside, then renamed), so a
+    kill leaves the previous pass's state. A file of other windows or other candidates is refused.
+
+    Args:
+        path: the file (its folder is created).
+        windows: the probes' int64 [N, T] windows.
+        names: every candidate of the run.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], windows: torch.Tensor,
+                 names: Sequence[str]) -> None:
+        from leechq.quant.calibration import token_digest
+
+        self.path = Path(path)
+        self.identity = {"windows": token_digest(windows), "names": sorted(names)}
+
+    def load(self) -> dict[str, SwapMeasurement]:
+        """The measurements kept (empty when the file does not exist)."""
+        if not self.path.exists():
+            return {}
+        try:
+            state = json.loads(self.path.read_text(encoding="utf-8"))
+            same = {k: state[k] for k in self.identity} == self.identity
+            done = {n: SwapMeasurement(n, float(b), float(k), float(s))
+                    for n, (b, k, s) in state["done"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"sensitivity checkpoint {self.path} is unreadable: {exc}") from exc
+        if not same or not set(done) <= set(self.identity["names"]):
+            raise InvalidInput(f"sensitivity checkpoint {self.path} holds the measurements of "
+                               "other windows or other candidates; remove it or name another")
+        return done
+
+    def save(self, done: Mapping[str, SwapMeasurement]) -> None:
+        """Replace the file with ``done``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        state = {**self.identity,
+                 "done": {n: [m.kl_base, m.kl_swapped, m.seconds] for n, m in done.items()}}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(tmp, self.path)
 
 
 def select_under_budget(candidates: Sequence[Candidate], budget_bits: float) -> Selection:
