@@ -14,7 +14,8 @@ choice is measured and recorded:
   output-error reduction of that one change, with every other matrix as it will be served
   ("restore" mode). The same function measures the converse ("isolate" mode: base = the
   reference, swap = the lattice decode, and ``−gain`` is the KL one quantized matrix causes).
-  Never run it on the evaluation split.
+  Never run it on the evaluation split. With a checkpoint (:class:`MeasurementCheckpoint`) the
+  measurements so far survive a kill and a second run measures only the rest.
 * **selection** (:func:`select_under_budget`): greedy by ``gain / extra_bits`` (extra served bits
   of the int4 record over the lattice one), skipping non-positive gains, until the budget is spent.
   Gains are treated as additive — an approximation the held-out evaluation of the chosen set checks.

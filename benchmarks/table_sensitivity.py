@@ -1,0 +1,203 @@
+"""What the token embedding and the output head cost on the lattice, against 4-bit tables.
+
+On models with a large vocabulary the two tables are a large share of the parameters
+(qwen2.5-coder-0.5b: 2 × 151 936 × 896, 43 %), so the full recipe's 4-bit tables alone put its
+whole-model rate above 2.7 b/param. This measures, one table at a time with every other tensor of
+the reference left as it is ("isolate" mode), what each representation costs on the two held-out
+sets of ``quality.py`` (in-domain: the Python docs' evaluation split; unseen: ``fortunes``):
+
+* ``head lattice``: the head coded like a projection (Hadamard rotation, shape–gain, GPTQ error
+  feedback with the Hessian of its inputs, the final norm's output on the calibration windows);
+* ``embedding lattice``: the embedding's rows coded the same way with an identity Hessian (a
+  lookup has no input statistics: every coordinate weighs the same);
+* ``head 4-bit`` / ``embedding 4-bit``: the recipe's group-affine tables (4 bits, groups of 64);
+* ``both lattice``: the two lattice tables together.
+
+Each arm reports its table's served bits per weight, perplexity ratio, KL(reference ‖ arm) per token
+and greedy agreement per set, with 95 % paired bootstrap intervals of each lattice arm minus the
+4-bit arm of the same table. One JSON line last.
+
+Usage: ``python benchmarks/table_sensitivity.py --model qwen2.5-coder-0.5b --windows 8``
+(CPU; ``--device cuda`` on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quality  # the report's setup, measures and intervals
+
+
+class _Enough(Exception):
+    """Raised by the head's input hook: nothing after it is needed."""
+
+
+class _TableBlock:
+    """A table as one block of the layerwise driver: the head reads the calibration states (its
+    Hessian), the embedding reads nothing (identity Hessian); the states pass through unchanged."""
+
+    def __init__(self, index: int, name: str, module: torch.nn.Module, reads_states: bool) -> None:
+        from leechq.quant.layerwise import LinearSpec
+
+        self.index = index
+        self.linears = [LinearSpec(name=name, module=module, act=0)]
+        self.module = module
+        self.reads_states = reads_states
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.reads_states:
+            self.module(hidden)
+        return hidden
+
+    @contextlib.contextmanager
+    def activate(self, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+        weight = self.module.weight
+        orig = weight.device, weight.dtype
+        self.module.to(device=device, dtype=dtype)
+        try:
+            yield
+        finally:
+            self.module.to(device=orig[0], dtype=orig[1])
+
+
+def head_states(model: Any, head: torch.nn.Module, calib: torch.Tensor, batch: int,
+                device: str) -> list[torch.Tensor]:
+    """The head's inputs on the calibration windows, one [batch, T, d] tensor per forward."""
+    states: list[torch.Tensor] = []
+
+    def grab(_module: Any, args: tuple[Any, ...]) -> None:
+        states.append(args[0].detach().float().cpu())
+        raise _Enough
+
+    handle = head.register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad(), quality.on_device(model, device):
+            for i in range(0, calib.shape[0], batch):
+                with contextlib.suppress(_Enough):
+                    model(input_ids=calib[i : i + batch].to(device))
+    finally:
+        handle.remove()
+    return states
+
+
+def lattice_tables(reference: Any, calib: torch.Tensor, args: argparse.Namespace,
+                   embed: str, head: str | None) -> dict[str, tuple[torch.Tensor, float]]:
+    """module name → (decoded weight, served bits per weight) of the lattice-coded tables."""
+    from leechq.config import QuantConfig
+    from leechq.formats.accounting import record_served_bits
+    from leechq.quant.layerwise import quantize_blocks
+
+    model = copy.deepcopy(reference)
+    blocks = []
+    if head is not None:
+        module = model.get_submodule(head)
+        states = head_states(model, module, calib, 4, args.device)
+        blocks.append(_TableBlock(0, head, module, reads_states=True))
+    else:
+        states = [torch.zeros(1, 1, model.get_submodule(embed).weight.shape[1])]
+    blocks.append(_TableBlock(len(blocks), embed, model.get_submodule(embed), reads_states=False))
+    cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
+                      calib_window_len=calib.shape[1], device=args.device)
+    t0 = time.perf_counter()
+    run = quantize_blocks(blocks, states, cfg, progress=True)
+    quality.log(f"lattice tables encoded: {time.perf_counter() - t0:.1f} s")
+    out = {}
+    for name, rec in run.records.items():
+        bits = record_served_bits(rec) / (rec.d_out * rec.d_in)
+        out[name] = (model.get_submodule(name).weight.detach().float().cpu(), bits)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--codebook", default="tetra", choices=("tetra", "ball"))
+    ap.add_argument("--windows", type=int, default=8, help="held-out windows per set")
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--boot", type=int, default=1000)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = ap.parse_args(argv)
+    # what quality.real_setup reads
+    args.calib_data, args.train_tokens = None, 2 * args.window
+    args.in_domain, args.unseen_domain = "pydoc", "fortunes"
+
+    from leechq.formats.artifact import GroupAffine
+    from leechq.models.arch import arch_of
+
+    reference, sets, roles = quality.real_setup(args.model, args)
+    arch = arch_of(reference)
+    embed = arch.embed_path
+    head = getattr(arch, "head_path", None)
+    tied = head is not None and (reference.get_submodule(head).weight
+                                 is reference.get_submodule(embed).weight)
+    if tied:
+        head = None  # one table: the embedding arm changes the head too
+    quality.log(f"{args.model}: tables {embed}" + (f", {head}" if head else " (tied head)"))
+    lattice = lattice_tables(reference, roles["calib"], args, embed, head)
+    arms: dict[str, dict[str, tuple[torch.Tensor, float]]] = {}
+    for name, label in ((head, "head"), (embed, "embedding")):
+        if name is None:
+            continue
+        w = reference.get_submodule(name).weight.detach().float()
+        ga = GroupAffine.quantize(w, 4, 64)
+        arms[f"{label} 4-bit"] = {name: (ga.dequantize(torch.float32),
+                                         (ga.bits * ga.rows * ga.cols + 32 * ga.scales.numel())
+                                         / (ga.rows * ga.cols))}
+        arms[f"{label} lattice"] = {name: lattice[name]}
+    if head is not None:
+        arms["both lattice"] = dict(lattice)
+
+    from leechq.eval.ppl import window_nll
+    from leechq.quant.row_scales import model_logits
+
+    ref: dict[str, tuple[list[torch.Tensor], list[float]]] = {}
+    for dset, ids in sets.items():
+        with quality.on_device(reference, args.device):
+            logits = [model_logits(reference, ids[i : i + 1]).float().cpu()
+                      for i in range(ids.shape[0])]
+        ref[dset] = (logits, [float(window_nll(r, ids[i : i + 1])[0])
+                              for i, r in enumerate(logits)])
+    quality.log("reference logits ready")
+    rows, measured = [], {d: {} for d in sets}
+    for arm, tensors in arms.items():
+        model = copy.deepcopy(reference)
+        with torch.no_grad():
+            for name, (w, _) in tensors.items():
+                model.get_submodule(name).weight.copy_(w)
+        for dset, ids in sets.items():
+            with quality.on_device(model, args.device):
+                measured[dset][arm] = quality.per_window(model, ref[dset][0], ids)
+            s = quality.summarize(measured[dset][arm], ref[dset][1])
+            bits = {n.rsplit(".", 1)[-1]: round(b, 4) for n, (_, b) in tensors.items()}
+            rows.append({"model": args.model, "arm": arm, "set": dset, "bits_per_weight": bits,
+                         **s})
+            quality.log(f"{dset}: {arm} ({bits} b/w) ppl x {s['ppl_ratio']:.4f}, KL "
+                        f"{s['kl']:.4f}, agreement {s['agreement']:.4f}")
+        del model
+    intervals = []
+    for dset in sets:
+        for label in ("head", "embedding"):
+            a, b = f"{label} lattice", f"{label} 4-bit"
+            if a in measured[dset]:
+                intervals.append({"set": dset, "arm": a, "vs": b, "ci95": quality.paired_bootstrap(
+                    measured[dset][a], measured[dset][b], ref[dset][1], args.boot)})
+    print(json.dumps({"model": args.model, "codebook": args.codebook,
+                      "windows": [args.windows, args.window], "calib_tokens": args.calib_tokens,
+                      "rows": rows, "intervals": intervals}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
