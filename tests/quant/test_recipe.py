@@ -235,6 +235,29 @@ def test_a_generous_budget_buys_the_8_bit_table_first() -> None:
     assert sorted(sel["int4"]) == helped
 
 
+def test_a_target_below_the_floor_says_why() -> None:
+    """A budget the lattice projections and the narrowest tables already exceed chooses nothing
+    and says so with the floor and the tables' share; a reachable one says nothing."""
+    from recipe_tiny import config, quantize_fn, quantized, windows
+
+    reference, student, enc = quantized("qwen2")
+    kw = dict(quantize_fn=quantize_fn, embed_name=EMBED, head_name=HEAD,
+              sensitivity_windows=windows(2, seed=8), encoded=enc)
+    results = {}
+    for target in (1.0, 64.0):
+        recipe = resolve_recipe("full", target, requantize=False, row_scales=None,
+                                sensitivity_windows=2, tune=None)
+        results[target] = run_recipe(reference, windows(4, seed=100), config(), recipe,
+                                     student=copy.deepcopy(student), **kw).metadata
+    low = results[1.0]
+    assert low["whole_model_bits_per_param"] > 1.0
+    assert low["floor"]["bits_per_param"] > 1.0 and 0 < low["floor"]["table_share"] < 1
+    assert low["selection"]["int4"] == [] and low["selection"]["tables_upgraded"] == []
+    assert low["over_target"].startswith(f"{low['whole_model_bits_per_param']:.3f} b/param, "
+                                         "above the 1 target")
+    assert "over_target" not in results[64.0] and "floor" not in results[64.0]
+
+
 def test_another_budget_reuses_the_sensitivity_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second budget over the same encode takes the first run's measurements (no second pass)
     and chooses from them as a fresh measurement would; measurements of other candidates are

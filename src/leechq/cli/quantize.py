@@ -217,6 +217,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
             f"tables upgraded to 8 bits: {sel['tables_upgraded'] or 'none'}",
             file=sys.stderr,
         )
+    if "over_target" in result.metadata:
+        print(f"[quantize] note: {result.metadata['over_target']}", file=sys.stderr)
     if "row_scales" in result.metadata:
         rs = result.metadata["row_scales"]
         keys = ["steps", "seconds", "monitor_kl_before", "monitor_kl_after"]

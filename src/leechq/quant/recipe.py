@@ -684,6 +684,11 @@ def run_recipe(
         record_weights = sum(r.d_out * r.d_in for r in records.values())
         scale = plan_bits.record_weights / max(1, record_weights)
         budget = recipe.target_bpp * plan_bits.parameters - plan_bits.served_bits
+        if budget < 0:  # the floor itself is above the target: say why, once the rate is final
+            table_params = sum(ga.rows * ga.cols for ga in tables.values())
+            meta["floor"] = {"bits_per_param": plan_bits.bits_per_param,
+                             "table_share": table_params / max(1, plan_bits.parameters),
+                             "table_bits": sorted({ga.bits for ga in tables.values()})}
         candidates = [
             Candidate(
                 name=n,
@@ -787,6 +792,17 @@ def run_recipe(
 
     final = projected_bits(records, raw, dense_projections)
     meta["whole_model_bits_per_param"] = final.bits_per_param
+    if "floor" in meta:
+        floor = meta["floor"]
+        meta["over_target"] = (
+            f"{final.bits_per_param:.3f} b/param, above the {recipe.target_bpp:g} target: with "
+            f"every projection on the lattice and the tables at "
+            f"{'/'.join(map(str, floor['table_bits'])) or 'no'} bits this model needs "
+            f"{floor['bits_per_param']:.3f} (the embedding and head tables are "
+            f"{100 * floor['table_share']:.0f} % of its parameters), so no int4 matrix or 8-bit "
+            f"table fits" + ("; an untied head can start at 4 bits (--head-bits 4)"
+                             if 8 in floor["table_bits"] else ""))
+        log.warning("leechq: %s", meta["over_target"])
     meta["projected"] = bool(dense_projections)
     meta["seconds"] = time.perf_counter() - started
     meta["config_digest"] = config.digest()
