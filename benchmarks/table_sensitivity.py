@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args.calib_data, args.train_tokens = None, 2 * args.window
     args.in_domain, args.unseen_domain = "pydoc", "fortunes"
 
+    from leechq.formats.accounting import raw_served_bits
     from leechq.formats.artifact import GroupAffine
     from leechq.models.arch import arch_of
 
@@ -152,9 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         w = reference.get_submodule(name).weight.detach().float()
         ga = GroupAffine.quantize(w, 4, 64)
-        arms[f"{label} 4-bit"] = {name: (ga.dequantize(torch.float32),
-                                         (ga.bits * ga.rows * ga.cols + 32 * ga.scales.numel())
-                                         / (ga.rows * ga.cols))}
+        bits, n = raw_served_bits(ga)
+        arms[f"{label} 4-bit"] = {name: (ga.dequantize(torch.float32), bits / n)}
         arms[f"{label} lattice"] = {name: lattice[name]}
     if head is not None:
         arms["both lattice"] = dict(lattice)
