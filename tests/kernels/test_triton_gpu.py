@@ -40,7 +40,15 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
     import triton
     import triton.language as tl
 
-    from leechq.kernels.triton._bits import byte_to_f32, dp4a, dp4a_self, prmt, spread4_bytes
+    from leechq.kernels.triton._bits import (
+        byte_to_f32,
+        bytes_times_f16x2,
+        dp4a,
+        dp4a_self,
+        half2,
+        prmt,
+        spread4_bytes,
+    )
 
     @triton.jit
     def k(a_ptr, b_ptr, s_ptr, out_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
@@ -49,13 +57,20 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
         a = tl.load(a_ptr + i, mask=ok).to(tl.uint32)
         b = tl.load(b_ptr + i, mask=ok).to(tl.uint32)
         s = tl.load(s_ptr + i, mask=ok).to(tl.uint32) & 0x7777  # selector nibbles < 8
-        tl.store(out_ptr + 7 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
-        tl.store(out_ptr + 7 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
-        tl.store(out_ptr + 7 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
-        tl.store(out_ptr + 7 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
-        tl.store(out_ptr + 7 * i + 4, byte_to_f32(b, 0, ASM).to(tl.int32, bitcast=True), mask=ok)
-        tl.store(out_ptr + 7 * i + 5, dp4a(a, b, s.to(tl.int32), False, ASM), mask=ok)
-        tl.store(out_ptr + 7 * i + 6, dp4a(a, b, s.to(tl.int32), True, ASM), mask=ok)
+        tl.store(out_ptr + 10 * i, prmt(a, b, s, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 10 * i + 1, spread4_bytes(a & 15, ASM).to(tl.int32), mask=ok)
+        tl.store(out_ptr + 10 * i + 2, dp4a_self(a, b.to(tl.int32) & 0xFFFF, ASM), mask=ok)
+        tl.store(out_ptr + 10 * i + 3, byte_to_f32(a, 2, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 10 * i + 4, byte_to_f32(b, 0, ASM).to(tl.int32, bitcast=True), mask=ok)
+        tl.store(out_ptr + 10 * i + 5, dp4a(a, b, s.to(tl.int32), False, ASM), mask=ok)
+        tl.store(out_ptr + 10 * i + 6, dp4a(a, b, s.to(tl.int32), True, ASM), mask=ok)
+        # a positive f32 scale from 2^-15 to 2^16 (float16 subnormals, normals and overflow)
+        scale = (((b >> 9) & 0x7FFFFF) | ((112 + (b & 31)) << 23)).to(tl.int32).to(
+            tl.float32, bitcast=True)
+        s2 = half2(scale, ASM)
+        tl.store(out_ptr + 10 * i + 7, s2, mask=ok)
+        tl.store(out_ptr + 10 * i + 8, bytes_times_f16x2(a, 0, s2, ASM), mask=ok)
+        tl.store(out_ptr + 10 * i + 9, bytes_times_f16x2(a, 2, s2, ASM), mask=ok)
 
     n = 1 << 16
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -63,7 +78,7 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
                .to(torch.int32) for _ in range(3))
     outs = []
     for asm in (True, False):
-        o = torch.empty(7 * n, dtype=torch.int32, device=DEV)
+        o = torch.empty(10 * n, dtype=torch.int32, device=DEV)
         k[(n // 1024,)](a, b, s, o, n, ASM=asm, BLOCK=1024)
         outs.append(o)
     assert torch.equal(outs[0], outs[1])

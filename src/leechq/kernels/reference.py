@@ -272,8 +272,9 @@ def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False,
     """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row (``scaled``:
     with it, ``c_g`` replaced by ``f32(c_g · σ_row)``), each block's columns in the order of
     :func:`dequant_column_order`, the blocks block-major or (``grouped``) in the layout of
-    :func:`dequant_group_columns` — computed as the kernel does (the value in f32 times
-    ``f32(c_g) · f32(1/‖y‖)``, rounded to float16), from the independent codebook decoder."""
+    :func:`dequant_group_columns` — computed as the kernel does (the scale ``f32(c_g) ·
+    f32(1/‖y‖)`` rounded to float16, the value times it exactly, rounded once to float16), from
+    the independent codebook decoder."""
     from leechq.codebooks.tetra import decode
     from leechq.kernels.tables import tetra_kernel_tables
 
@@ -285,9 +286,15 @@ def tetra48_dequantize_f16(w: Tetra48Weight, grouped: bool = False,
     cent = _centroids(w, scaled).cpu().gather(1, gains.cpu().long())  # float32 [d_out, nb]
     scale = cent * invn
     cols = dequant_column_order(tetra_kernel_tables("cpu").order)
-    vals = pts[:, :, cols].to(torch.float32) * scale[:, :, None]
+    vals = pts[:, :, cols].to(torch.float32) * _f16_scale(scale)[:, :, None]
     out = vals.to(torch.float16).reshape(w.d_out, -1)
     return _grouped(out, w.n_blocks, grouped).to(w.words.device)
+
+
+def _f16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """A float32 block scale as the kernels apply it: rounded to float16, held in float32 (a small
+    integer value times it is then exact in float32, so one rounding to float16 remains)."""
+    return scale.to(torch.float16).to(torch.float32)
 
 
 def _centroids(w: Tetra48Weight | Planes14Weight, scaled: bool) -> torch.Tensor:
@@ -395,14 +402,14 @@ def planes14_dequantize_f16(w: Planes14Weight, grouped: bool = False,
     """float16 [d_out, 24·n_blocks]: block values ``y · c_g / ‖y‖`` without σ_row (``scaled``: as
     :func:`tetra48_dequantize_f16`), natural column
     order within each block, the blocks block-major or (``grouped``) in the layout of
-    :func:`dequant_group_columns` — computed as the kernel does (the value in f32 times
-    ``f32(c_g) · f32(1/√(16 m))``, rounded to float16), from the torch record decoder
-    :func:`planes14_points`."""
+    :func:`dequant_group_columns` — computed as the kernel does (the scale ``f32(c_g) ·
+    f32(1/√(16 m))`` rounded to float16, the value times it exactly, rounded once to float16),
+    from the torch record decoder :func:`planes14_points`."""
     pts, gains, n2 = planes14_points(w)
     invn = (1.0 / _correctly_rounded_sqrt(torch.clamp(n2, min=1.0))).to(torch.float32)
     invn = torch.where(n2 > 0, invn, torch.zeros_like(invn))
     cent = _centroids(w, scaled).to(pts.device).gather(1, gains)  # float32 [d_out, nb]
-    vals = pts.to(torch.float32) * (cent * invn)[:, :, None]
+    vals = pts.to(torch.float32) * _f16_scale(cent * invn)[:, :, None]
     out = vals.to(torch.float16).reshape(w.d_out, -1)
     return _grouped(out, w.n_blocks, grouped).to(w.records.device)
 

@@ -9,9 +9,9 @@ lattice matvec once per 8 rows (849 ms for 256 prompt rows of Qwen3-8B shapes).
 Decode: the batch-1 Planes14 decode (:func:`.planes14_m1._record_bytes`, the signed class table
 and level selectors staged in shared memory): the record's six quads of signed value bytes, its
 gain bit and ``1/‖y‖``. Quad ``q`` holds natural coordinates ``4q .. 4q + 3``; quads ``2s, 2s + 1``
-make the record's 8-column section ``s``. Each value becomes an exact f32 by the magic-number bit
-pattern, is multiplied by ``c_g · (1/‖y‖)`` in f32 and rounded to float16, two per packing
-conversion (:func:`.tetra48_dequant.store_eight`).
+make the record's 8-column section ``s``. Each value times the float16-rounded ``c_g · (1/‖y‖)``
+is rounded once to float16, two per three float16x2 instructions
+(:func:`.tetra48_dequant.store_eight`).
 
 Layout and geometry as in :mod:`.tetra48_dequant`: the sections block-major (natural column
 order, no permutation of the activation) or grouped (``GROUPED``, the default; the activation is

@@ -8,11 +8,10 @@ tail columns and the column order are applied around the GEMM (``ops.tetra48_mat
 
 Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`,
 docs/kernels.md): per section the value bytes of the even and odd trio coordinates, the
-squared norm by ``dp4a``, ``1/‖y‖`` from the table. Each value byte becomes an exact f32 by the
-magic-number bit pattern (``_bits.byte_to_f32``: a byte permute and a subtraction, no int→float
-conversion), is multiplied by ``c_g·(1/‖y‖)`` in f32, and two values are rounded to float16 and
-packed by one ``cvt.rn.f16x2.f32`` (``_bits.pack_f16x2``) — the same numbers as converting each
-value (the twin's rounding), without the 48 I2F and 48 F2F per block of the first form.
+squared norm by ``dp4a``, ``1/‖y‖`` from the table. The block scale ``c_g·(1/‖y‖)`` is rounded
+to float16 once; each two value bytes become ``f16(v · scale)`` by three float16x2 instructions
+(``_bits.bytes_times_f16x2``: a byte permute under the exponent of 1024, a subtraction, a
+multiply) — the twin's numbers, without an int→float conversion or an f32 product.
 
 Columns within a block: column ``8 s + 4 h + i`` of block ``b`` holds trio coordinate
 ``t = 8 s + 2 i + h`` (section ``s``, half ``h`` = 0 for the even nibbles, byte ``i``), i.e.
@@ -40,7 +39,12 @@ import triton
 import triton.language as tl
 
 from leechq.kernels.reference import DEQUANT_GROUP_PAIRS
-from leechq.kernels.triton._bits import byte_to_f32, global_load128, global_store128, pack_f16x2
+from leechq.kernels.triton._bits import (
+    bytes_times_f16x2,
+    global_load128,
+    global_store128,
+    half2,
+)
 from leechq.kernels.triton.tetra48_m1 import (
     decode_block64,
     decode_nibbles,
@@ -58,27 +62,20 @@ its twin ``reference.dequant_group_columns`` defines it."""
 
 
 @triton.jit
-def _f16_pair(biased, i: tl.constexpr, scale, USE_ASM: tl.constexpr):
-    """Bytes ``i`` and ``i + 1`` of ``biased`` (values + 128, uint32) times ``scale`` in f32,
-    rounded to float16 and packed in one int32 (byte ``i`` in the low half): the magic-number
-    float (no int→float conversion) and one packing conversion per two values."""
-    lo = byte_to_f32(biased, i, USE_ASM) * scale
-    hi = byte_to_f32(biased, i + 1, USE_ASM) * scale
-    return pack_f16x2(lo, hi, USE_ASM)
-
-
-@triton.jit
 def f16_eight(a, b, scale, USE_ASM: tl.constexpr):
-    """Eight values (the signed bytes of ``a``, then of ``b``: int32) times ``scale`` (f32),
-    rounded to float16 and packed two per int32 (the lower column in the low half): four
+    """Eight values (the signed bytes of ``a``, then of ``b``: int32) times ``scale`` (f32)
+    rounded to float16 — ``f16(v · f16(scale))``, the exact product of the value and the
+    float16 scale rounded once — packed two per int32 (the lower column in the low half): four
     words, columns 0-1, 2-3, 4-5, 6-7 — what :func:`store_eight` stores and what the
-    tensor-core GEMM (:mod:`.tetra48_gemm`) takes as ``A`` fragments."""
+    tensor-core GEMM (:mod:`.tetra48_gemm`) takes as ``A`` fragments
+    (:func:`._bits.bytes_times_f16x2`: three float16x2 instructions per two values)."""
     qa = (a ^ 0x80808080).to(tl.uint32)
     qb = (b ^ 0x80808080).to(tl.uint32)
-    w0 = _f16_pair(qa, 0, scale, USE_ASM)
-    w1 = _f16_pair(qa, 2, scale, USE_ASM)
-    w2 = _f16_pair(qb, 0, scale, USE_ASM)
-    w3 = _f16_pair(qb, 2, scale, USE_ASM)
+    s2 = half2(scale, USE_ASM)
+    w0 = bytes_times_f16x2(qa, 0, s2, USE_ASM)
+    w1 = bytes_times_f16x2(qa, 2, s2, USE_ASM)
+    w2 = bytes_times_f16x2(qb, 0, s2, USE_ASM)
+    w3 = bytes_times_f16x2(qb, 2, s2, USE_ASM)
     return w0, w1, w2, w3
 
 
