@@ -127,7 +127,7 @@ def test_a_killed_pass_resumes_from_its_checkpoint(tmp_path: Path,
     monkeypatch.setattr(sens_mod, "_pass_kl", dies_on_the_fourth)
     with pytest.raises(KeyboardInterrupt):
         measure_swaps(model, reference, ids, swaps, swaps_per_pass=2, checkpoint=ckpt)
-    assert not ckpt.with_name("run.json.tmp").exists()
+    assert [p.name for p in ckpt.parent.iterdir()] == ["run.json"]  # no temporary left
     calls.clear()
     resumed = measure_swaps(model, reference, ids, swaps, swaps_per_pass=2, checkpoint=ckpt)
     assert calls == [1, 2]  # the base pass and the one pass of the two candidates left

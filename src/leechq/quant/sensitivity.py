@@ -42,7 +42,7 @@ from torch import nn
 
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.quant.progress import stage_bar
-from leechq.quant.row_scales import kl_loss, model_logits
+from leechq.quant.row_scales import _atomic_bytes, kl_loss, model_logits
 
 log = logging.getLogger("leechq.quant")
 
@@ -378,8 +378,9 @@ class MeasurementCheckpoint:
     """The measurements of one :func:`measure_swaps` run so far, in one JSON file.
 
     The file holds the windows' digest, the candidate names and, per measured candidate, the base
-    KL, its swapped KL and its time. It is replaced atomically (written beside, then renamed), so a
-    kill leaves the previous pass's state. A file of other windows or other candidates is refused.
+    KL, its swapped KL and its time. It is replaced atomically (written beside, synced, then
+    renamed, as the row-scale checkpoint's files), so a kill leaves the previous pass's state. A
+    file of other windows or other candidates is refused.
 
     Args:
         path: the file (its folder is created).
@@ -415,9 +416,7 @@ class MeasurementCheckpoint:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         state = {**self.identity,
                  "done": {n: [m.kl_base, m.kl_swapped, m.seconds] for n, m in done.items()}}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(tmp, self.path)
+        _atomic_bytes(self.path, json.dumps(state).encode())
 
 
 def select_under_budget(candidates: Sequence[Candidate], budget_bits: float) -> Selection:
