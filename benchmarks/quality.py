@@ -278,19 +278,20 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                 sensitivity_windows=roles["sens"].shape[0],
                                 sensitivity_window_len=roles["sens"].shape[1],
                                 device=args.device)
+        kept_here = kept(target)
         res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
                          embed_name=f"{arch.embed_path}.weight", head_name=head,
                          train_windows=roles["train"], sensitivity_windows=roles["sens"],
                          monitor_windows=roles["monitor"], student=copy.deepcopy(student),
                          encoded=enc, sensitivity=measured, progress=not args.tiny,
-                         **kept(target))
+                         **kept_here)
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         if "full" in wanted and "full+tune" in wanted:
             results["full+tune"] = tune_result(res, reference, tune, roles["train"],
                                                monitor_windows=roles["monitor"],
                                                progress=not args.tiny,
-                                               checkpoint_dir=kept(target).get(
+                                               checkpoint_dir=kept_here.get(
                                                    "tune_checkpoint_dir"))
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
