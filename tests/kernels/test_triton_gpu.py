@@ -69,8 +69,11 @@ def test_bit_helpers_ptx_equal_emulation() -> None:
             tl.float32, bitcast=True)
         s2 = half2(scale, ASM)
         tl.store(out_ptr + 10 * i + 7, s2, mask=ok)
-        tl.store(out_ptr + 10 * i + 8, bytes_times_f16x2(a, 0, s2, ASM), mask=ok)
-        tl.store(out_ptr + 10 * i + 9, bytes_times_f16x2(a, 2, s2, ASM), mask=ok)
+        off = ((b & 0x3FF).to(tl.int32) - 1536).to(tl.float16)  # an integer in [-1536, -513]
+        c2 = off.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        c2 = c2 | (c2 << 16)
+        tl.store(out_ptr + 10 * i + 8, bytes_times_f16x2(a, 0, c2, s2, ASM), mask=ok)
+        tl.store(out_ptr + 10 * i + 9, bytes_times_f16x2(a, 2, c2, s2, ASM), mask=ok)
 
     n = 1 << 16
     g = torch.Generator(device=DEV).manual_seed(0)

@@ -112,32 +112,39 @@ def half2(x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def bytes_times_f16x2(q, I: tl.constexpr, s2, USE_ASM: tl.constexpr):
-    """Bytes ``I`` and ``I + 1`` of the uint32 tensor ``q`` (values biased by +128) times the
-    float16 scale in both halves of ``s2`` (:func:`half2`), as float16 and packed in one int32
-    (byte ``I`` in the low half): ``f16(v · s)``, one rounding of the exact product.
+def bytes_times_f16x2(q, I: tl.constexpr, c2, s2, USE_ASM: tl.constexpr):
+    """Bytes ``I`` and ``I + 1`` of the uint32 tensor ``q`` plus an offset, times the float16
+    scale in both halves of ``s2`` (:func:`half2`), as float16 and packed in one int32 (byte
+    ``I`` in the low half): ``f16((q_i + 1024 + c) · s)``, one rounding of the exact product.
+    ``c2``: the float16 ``c`` in both halves, an integer (|c| ≤ 2048: exact in float16, and so is
+    the sum), e.g. :data:`MINUS_1152` for signed values biased by +128.
 
     On the GPU three instructions for two values: a byte permute puts each byte under the
-    float16 exponent of 1024 (``0x64qq`` is ``1024 + q``), one ``sub.f16x2`` of 1152 leaves the
-    exact value ``q − 128`` and one ``mul.rn.f16x2`` scales both."""
+    float16 exponent of 1024 (``0x64qq`` is ``1024 + q``), one ``add.f16x2`` of ``c`` leaves the
+    exact value and one ``mul.rn.f16x2`` scales both."""
     if USE_ASM:
         # a = q (bytes 0..3), b = 0x64 bytes (4..7): bytes [q_I, 0x64, q_I+1, 0x64]; a constant
         # selector, so it becomes an immediate
         sel = tl.full(q.shape, 0x4040 + I + ((I + 1) << 8), tl.uint32)
         exp = tl.full(q.shape, 0x64646464, tl.uint32)
-        magic = tl.full(q.shape, 0x64806480, tl.int32)
         out = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; sub.rn.f16x2 t, t, $4; "
+            "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; add.rn.f16x2 t, t, $4; "
             "mul.rn.f16x2 $0, t, $5; }",
-            "=r,r,r,r,r,r", [q, exp, sel, magic, s2], dtype=tl.int32, is_pure=True, pack=1,
+            "=r,r,r,r,r,r", [q, exp, sel, c2, s2], dtype=tl.int32, is_pure=True, pack=1,
         )
     else:
         s = (s2 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        lo = (((q >> (8 * I)) & 0xFF).to(tl.int32) - 128).to(tl.float16) * s
-        hi = (((q >> (8 * (I + 1))) & 0xFF).to(tl.int32) - 128).to(tl.float16) * s
+        c = (c2 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.int32) + 1024
+        lo = (((q >> (8 * I)) & 0xFF).to(tl.int32) + c).to(tl.float16) * s
+        hi = (((q >> (8 * (I + 1))) & 0xFF).to(tl.int32) + c).to(tl.float16) * s
         out = ((lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
                | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16))
     return out
+
+
+MINUS_1152 = tl.constexpr(-461314944)
+"""float16 −1152 in both halves of an int32 (``0xE480E480``): the :func:`bytes_times_f16x2`
+offset of bytes biased by +128."""
 
 
 @triton.jit

@@ -10,8 +10,9 @@ Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nib
 docs/kernels.md): per section the value bytes of the even and odd trio coordinates, the
 squared norm by ``dp4a``, ``1/‖y‖`` from the table. The block scale ``c_g·(1/‖y‖)`` is rounded
 to float16 once; each two value bytes become ``f16(v · scale)`` by three float16x2 instructions
-(``_bits.bytes_times_f16x2``: a byte permute under the exponent of 1024, a subtraction, a
-multiply) — the twin's numbers, without an int→float conversion or an f32 product.
+(``_bits.bytes_times_f16x2``: a byte permute under the exponent of 1024, an integer offset
+added, a multiply) — the twin's numbers, without an int→float conversion or an f32 product. A
+``tetra64`` block feeds its doubled rank nibbles straight in (:func:`block_values64`).
 
 Columns within a block: column ``8 s + 4 h + i`` of block ``b`` holds trio coordinate
 ``t = 8 s + 2 i + h`` (section ``s``, half ``h`` = 0 for the even nibbles, byte ``i``), i.e.
@@ -40,6 +41,7 @@ import triton.language as tl
 
 from leechq.kernels.reference import DEQUANT_GROUP_PAIRS
 from leechq.kernels.triton._bits import (
+    MINUS_1152,
     bytes_times_f16x2,
     global_load128,
     global_store128,
@@ -53,8 +55,11 @@ from leechq.kernels.triton.tetra48_m1 import (
     sb_copy,
     section_values,
     stage_table,
-    value_map64,
 )
+
+T64_OFFSET = tl.constexpr(-468786162)
+"""float16 −1038 in both halves of an int32 (``0xE40EE40E``): a ``tetra64`` block's
+:func:`f16_words` offset is this plus ``p`` in each half (``−1038 − p``; the byte is ``2h``)."""
 
 GROUP_PAIRS = tl.constexpr(DEQUANT_GROUP_PAIRS)
 """Block pairs per column group of the grouped layout (one warp's 32 lanes: 512-byte stores), as
@@ -62,29 +67,34 @@ its twin ``reference.dequant_group_columns`` defines it."""
 
 
 @triton.jit
-def f16_eight(a, b, scale, USE_ASM: tl.constexpr):
-    """Eight values (the signed bytes of ``a``, then of ``b``: int32) times ``scale`` (f32)
-    rounded to float16 — ``f16(v · f16(scale))``, the exact product of the value and the
-    float16 scale rounded once — packed two per int32 (the lower column in the low half): four
+def f16_words(qa, qb, c2, scale, USE_ASM: tl.constexpr):
+    """Eight values — the bytes of ``qa``, then of ``qb`` (uint32), each plus the offset ``c``
+    (``c2``: float16 ``c`` in both halves, :func:`._bits.bytes_times_f16x2`) — times ``scale``
+    (f32) rounded to float16: ``f16(v · f16(scale))``, the exact product of the value and the
+    float16 scale rounded once, packed two per int32 (the lower column in the low half): four
     words, columns 0-1, 2-3, 4-5, 6-7 — what :func:`store_eight` stores and what the
-    tensor-core GEMM (:mod:`.tetra48_gemm`) takes as ``A`` fragments
-    (:func:`._bits.bytes_times_f16x2`: three float16x2 instructions per two values)."""
-    qa = (a ^ 0x80808080).to(tl.uint32)
-    qb = (b ^ 0x80808080).to(tl.uint32)
+    tensor-core GEMM (:mod:`.tetra48_gemm`) takes as ``A`` fragments (three float16x2
+    instructions per two values)."""
     s2 = half2(scale, USE_ASM)
-    w0 = bytes_times_f16x2(qa, 0, s2, USE_ASM)
-    w1 = bytes_times_f16x2(qa, 2, s2, USE_ASM)
-    w2 = bytes_times_f16x2(qb, 0, s2, USE_ASM)
-    w3 = bytes_times_f16x2(qb, 2, s2, USE_ASM)
+    w0 = bytes_times_f16x2(qa, 0, c2, s2, USE_ASM)
+    w1 = bytes_times_f16x2(qa, 2, c2, s2, USE_ASM)
+    w2 = bytes_times_f16x2(qb, 0, c2, s2, USE_ASM)
+    w3 = bytes_times_f16x2(qb, 2, c2, s2, USE_ASM)
     return w0, w1, w2, w3
 
 
 @triton.jit
-def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
-    """Eight values (the signed bytes of ``a``, then of ``b``) times ``scale`` as float16: 16
-    bytes at ``ptr`` (int32 pointer) — one vector store per element with ``VEC``, else four
-    4-byte stores (:func:`f16_eight`)."""
-    w0, w1, w2, w3 = f16_eight(a, b, scale, USE_ASM)
+def f16_eight(a, b, scale, USE_ASM: tl.constexpr):
+    """:func:`f16_words` of eight signed value bytes (``a``, then ``b``: int32)."""
+    c2 = tl.full(a.shape, MINUS_1152, tl.int32)
+    return f16_words((a ^ 0x80808080).to(tl.uint32), (b ^ 0x80808080).to(tl.uint32), c2, scale,
+                     USE_ASM)
+
+
+@triton.jit
+def store_words(ptr, w0, w1, w2, w3, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Four float16x2 words (16 bytes) at ``ptr`` (int32 pointer): one vector store per element
+    with ``VEC``, else four 4-byte stores."""
     if VEC:
         global_store128(ptr, w0, w1, w2, w3, ok, USE_ASM)
     else:
@@ -92,6 +102,14 @@ def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
         tl.store(ptr + 1, w1, mask=ok)
         tl.store(ptr + 2, w2, mask=ok)
         tl.store(ptr + 3, w3, mask=ok)
+
+
+@triton.jit
+def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
+    """Eight values (the signed bytes of ``a``, then of ``b``) times ``scale`` as float16: 16
+    bytes at ``ptr`` (:func:`f16_eight`, :func:`store_words`)."""
+    w0, w1, w2, w3 = f16_eight(a, b, scale, USE_ASM)
+    store_words(ptr, w0, w1, w2, w3, ok, VEC, USE_ASM)
 
 
 @triton.jit
@@ -111,20 +129,20 @@ def block_values(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.conste
 @triton.jit
 def block_values64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
                    USE_ASM: tl.constexpr):
-    """:func:`block_values` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
-    (``w0..w3``, :func:`.tetra48_m1.decode_block64`; a constant block choice, so the field
-    selects fold away): the norm is the stored shell's, ``‖y‖² = 16 m``, and ``1/‖y‖`` the
-    table's as for the other layouts."""
+    """The even (``ODD`` False) or odd block of a ``tetra64`` pair (``w0..w3``,
+    :func:`.tetra48_m1.decode_block64`; a constant block choice, so the field selects fold
+    away) as :func:`f16_words` operands: per section the doubled even and odd nibbles
+    (``2h`` in each byte), the offset ``c = −1038 − p`` (every coordinate is ``2h − 14 − p``)
+    in both halves of ``c2``, and the scale ``centroid[g] · (1/‖y‖)`` — the norm is the stored
+    shell's, ``‖y‖² = 16 m``, ``1/‖y‖`` the table's as for the other layouts. Returns
+    ``(e1, o1, e2, o2, e3, o3, c2, scale)``."""
     odd = tl.full(w0.shape, ODD, tl.int1)
     h1, h2, h3, p, g, m = decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sb_rep * 4, USE_ASM)
-    mp, kp = value_map64(p)
-    z = tl.zeros(w0.shape, tl.int32)
-    e1, o1, _n = section_values(h1, mp, kp, z, USE_ASM)
-    e2, o2, _n = section_values(h2, mp, kp, z, USE_ASM)
-    e3, o3, _n = section_values(h3, mp, kp, z, USE_ASM)
+    c2 = p.to(tl.int32) * 0x00010001 + T64_OFFSET
     scale = (tl.where(g.to(tl.int32) != 0, cent1, cent0)
              * inv_norm(m.to(tl.int32) * 16, tab_ptr, base, sb_rep, USE_ASM))
-    return e1, o1, e2, o2, e3, o3, scale
+    return ((h1 << 1) & 0x1E1E1E1E, (h1 >> 3) & 0x1E1E1E1E, (h2 << 1) & 0x1E1E1E1E,
+            (h2 >> 3) & 0x1E1E1E1E, (h3 << 1) & 0x1E1E1E1E, (h3 >> 3) & 0x1E1E1E1E, c2, scale)
 
 
 @triton.jit
@@ -142,9 +160,14 @@ def _dequant_block64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, b
                      out, step, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
     """:func:`_dequant_block` for the even (``ODD`` False) or odd block of a ``tetra64`` pair
     (:func:`block_values64`)."""
-    e1, o1, e2, o2, e3, o3, scale = block_values64(w0, w1, w2, w3, ODD, cent0, cent1, tab_ptr,
-                                                   base, sb_rep, USE_ASM)
-    _store_block(e1, o1, e2, o2, e3, o3, scale, out, step, ok, VEC, USE_ASM)
+    e1, o1, e2, o2, e3, o3, c2, scale = block_values64(w0, w1, w2, w3, ODD, cent0, cent1,
+                                                       tab_ptr, base, sb_rep, USE_ASM)
+    a0, a1, a2, a3 = f16_words(e1, o1, c2, scale, USE_ASM)
+    store_words(out, a0, a1, a2, a3, ok, VEC, USE_ASM)
+    b0, b1, b2, b3 = f16_words(e2, o2, c2, scale, USE_ASM)
+    store_words(out + step, b0, b1, b2, b3, ok, VEC, USE_ASM)
+    d0, d1, d2, d3 = f16_words(e3, o3, c2, scale, USE_ASM)
+    store_words(out + 2 * step, d0, d1, d2, d3, ok, VEC, USE_ASM)
 
 
 @triton.jit

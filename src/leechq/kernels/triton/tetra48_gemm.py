@@ -56,6 +56,7 @@ from leechq.kernels.triton.tetra48_dequant import (
     block_values,
     block_values64,
     f16_eight,
+    f16_words,
     section_words,
 )
 from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
@@ -126,11 +127,20 @@ def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, USE_ASM: t
 
 @triton.jit
 def _sections(v, USE_ASM: tl.constexpr):
-    """A decoded block (:func:`.tetra48_dequant.block_values`) as its three sections' float16x2
-    words (:func:`.tetra48_dequant.f16_eight`)."""
+    """A decoded ``tetra48`` block (:func:`.tetra48_dequant.block_values`) as its three
+    sections' float16x2 words (:func:`.tetra48_dequant.f16_eight`)."""
     e1, o1, e2, o2, e3, o3, scale = v
     return (f16_eight(e1, o1, scale, USE_ASM), f16_eight(e2, o2, scale, USE_ASM),
             f16_eight(e3, o3, scale, USE_ASM))
+
+
+@triton.jit
+def _sections64(v, USE_ASM: tl.constexpr):
+    """A decoded ``tetra64`` block (:func:`.tetra48_dequant.block_values64`) as its three
+    sections' float16x2 words (:func:`.tetra48_dequant.f16_words`)."""
+    e1, o1, e2, o2, e3, o3, c2, scale = v
+    return (f16_words(e1, o1, c2, scale, USE_ASM), f16_words(e2, o2, c2, scale, USE_ASM),
+            f16_words(e3, o3, c2, scale, USE_ASM))
 
 
 @triton.jit
@@ -166,11 +176,15 @@ def pair_fragments(words, cent0, cent1, tab_ptr, base, sb_rep, T64: tl.constexpr
                                 USE_ASM)
             vo = block_values64(x0, x1, x2, x3, True, cent0, cent1, tab_ptr, base, sb_rep,
                                 USE_ASM)
+            fe = _sections64(ve, USE_ASM)
+            fo = _sections64(vo, USE_ASM)
         else:
             ve = block_values(x0, x1, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM)
             vo = block_values((x1 >> 16) | (x2 << 16), x2 >> 16, cent0, cent1, tab_ptr, base,
                               sb_rep, USE_ASM)
-        return _sections(ve, USE_ASM), _sections(vo, USE_ASM)
+            fe = _sections(ve, USE_ASM)
+            fo = _sections(vo, USE_ASM)
+        return fe, fo
 
 
 @triton.jit
