@@ -81,7 +81,9 @@ GEMM_CONFIG = (4, 2, 4)
 """``(num_warps, rows_per_step, programs_per_sm)`` of the float16 tensor-core GEMM; H200,
 Qwen3-8B (``bench_gemm.py``): (4, 2, ·) the fastest of ``GEMM_SWEEP`` at every row count from 2
 to 128 (96c2f07; 16 rows 4.10 ms against 4.67 / 5.53 / 4.87), and 4 programs per SM the fastest
-of 3..7 at 4..64 rows (745bc96; 8 rows 3.885 ms against 3.964 / 3.988 / 4.047 / 4.046)."""
+of 3..7 at 4..64 rows (745bc96; 8 rows 3.885 ms against 3.964 / 3.988 / 4.047 / 4.046); H100,
+867b6c4: still the fastest at 4, 8, 16 and 64 rows against 4x1x4/6/7, 4x2x3, 4x2x6 and 8x1x4
+(16 rows 3.631 ms against 3.784 for 4x2x6), level with 4x2x6 at 32."""
 
 GEMM_P14_ONE_GROUP_TILES = 2
 """8-row activation tiles (``MT``) at which a ``planes14`` GEMM in the default geometry takes one
