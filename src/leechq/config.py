@@ -33,7 +33,8 @@ DEVICES = ("auto", "cpu", "cuda")
 PROPAGATIONS = ("auto", "exact", "lazy")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 HESSIAN_DTYPES = ("float32", "float64")
-RAW_ENCODINGS = ("keep", "int8", "int4")
+RAW_ENCODINGS = ("keep", "int8", "int4", "lattice")
+"""Encodings of the token embedding (and an untied head, for the group-affine ones)."""
 CONTROL_CODEBOOKS = ("identity", "scalar-round")
 """Codebook names that select a control quantizer (docs/quantizer.md §5 controls); they write no
 artifact."""
@@ -74,7 +75,9 @@ class QuantConfig:
         int4_gptq: GPTQ-compensate int4 matrices (False = round-to-nearest of the original tensor,
             as the published recipe does).
         embedding_encoding: "keep" (as stored in the checkpoint), "int8" or "int4" group-affine for
-            the token embedding and an untied head (docs/format.md §3).
+            the token embedding and an untied head (docs/format.md §3), or "lattice": an untied
+            token embedding coded on the lattice like a projection with an identity Hessian
+            (``leechq.quant.embedding``; the head is kept as stored, a tied table is refused).
         embedding_group: group size of the group-affine embedding encoding.
         calibration: free-form provenance of the calibration text (dataset, revision, split).
     """

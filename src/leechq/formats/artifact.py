@@ -851,7 +851,8 @@ def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -
     per weight) and ``rates``:
 
     * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit tail
-      + 32-bit row scale), over the quantized projections only (tail columns in the denominator);
+      + 32-bit row scale), over the records only (the projections, and a lattice-coded embedding;
+      tail columns in the denominator);
     * ``whole_model_bits_per_param`` — every weight bit the served model keeps (f16 tails, f32 row
       scales, int4 with f16 scale/offset, group-affine tables, float tensors at 16 bits) over all
       parameters, embedding included and a tied head counted once;

@@ -192,11 +192,22 @@ def apply_rotation_transpose(x: torch.Tensor, tables: RotationTables) -> torch.T
     the published reader's bits.
     """
     _check(x, tables)
-    m, k = tables.pow2, tables.odd
+    small = torch.as_tensor(tables.small, dtype=x.dtype, device=x.device)
+    signs = torch.as_tensor(tables.signs, dtype=x.dtype, device=x.device)
+    return rotation_transpose_with(x, signs, small)
+
+
+def rotation_transpose_with(x: torch.Tensor, signs: torch.Tensor,
+                            small: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rotation_transpose` with the tables already tensors of ``x``'s dtype and
+    device (``signs`` [n], ``small`` [k, k]): the same operations, no host transfer (so it can run
+    inside a CUDA graph)."""
+    n = x.shape[-1]
+    if signs.shape != (n,):
+        raise InvalidInput(f"rotation width {signs.shape[0]} != last dim {n}")
+    m, k = split_width(n)
     v = x
     if k > 1:
-        small = torch.as_tensor(tables.small, dtype=x.dtype, device=x.device)
         v = _mix(v, small, k, m, transpose=True)
     v = _wht_groups(v, m) * (1.0 / math.sqrt(m))
-    signs = torch.as_tensor(tables.signs, dtype=x.dtype, device=x.device)
     return v * signs

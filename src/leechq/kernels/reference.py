@@ -202,15 +202,21 @@ def unprepare_activation(xp: torch.Tensor, m_rows: int, n: int, order: torch.Ten
 def tetra48_labels_gains(w: Tetra48Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels int64 [d_out, n_blocks] and gains int64 from the packed words (torch, any device;
     a record of either Tetra layout: ``tetra48`` or ``tetra64``)."""
-    nb = w.n_blocks
     if w.layout == "tetra64":  # the layout's own inverse map
         from leechq.formats.layouts.tetra64 import canonical_blocks
 
         word = canonical_blocks(w)
         return word & ((1 << 47) - 1), word >> 47
-    raw = w.words.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 6 * nb]
-    b = raw.reshape(w.d_out, nb, 6).to(torch.int64)
-    word = torch.zeros(w.d_out, nb, dtype=torch.int64, device=raw.device)
+    return tetra48_word_codes(w.words, w.n_blocks)
+
+
+def tetra48_word_codes(words: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels int64 [R, n_blocks] and gains int64 of ``tetra48`` rows ``words`` (int32 [R,
+    stride]: any rows of a record, e.g. gathered; torch, any device, no host sync)."""
+    rows = words.shape[0]
+    raw = words.contiguous().view(torch.uint8).reshape(rows, -1)[:, : 6 * n_blocks]
+    b = raw.reshape(rows, n_blocks, 6).to(torch.int64)
+    word = torch.zeros(rows, n_blocks, dtype=torch.int64, device=raw.device)
     for i in range(6):
         word |= b[:, :, i] << (8 * i)
     return word & ((1 << 47) - 1), word >> 47
@@ -363,12 +369,30 @@ def planes14_points(w: Planes14Weight) -> tuple[torch.Tensor, torch.Tensor, torc
     The block scale uses the class's shell, as the per-class table does: for a record of a
     real lattice point ``16·m = ‖y‖²``; a malformed record (a level past its class's length, as the
     random benchmark records have) still decodes exactly as the kernel decodes it."""
+    return planes14_record_points(w.records, w.n_blocks)
+
+
+def planes14_class_tables(device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The class table's magnitudes float64 [classes, 5] and shells float64 [classes] on
+    ``device`` (what :func:`planes14_record_points` reads)."""
     from leechq.formats.layouts.planes14 import planes14_tables
 
-    nb = w.n_blocks
-    raw = w.records.contiguous().view(torch.uint8).reshape(w.d_out, -1)[:, : 14 * nb]
-    b = raw.reshape(w.d_out, nb, 14).to(torch.int64)
-    lo = torch.zeros(w.d_out, nb, dtype=torch.int64, device=raw.device)
+    t = planes14_tables()
+    return (torch.as_tensor(t.magnitudes, dtype=torch.float64, device=device),
+            torch.as_tensor(t.shells, dtype=torch.float64, device=device))
+
+
+def planes14_record_points(records: torch.Tensor, n_blocks: int,
+                           class_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`planes14_points` of ``planes14`` rows ``records`` (int32 [R, stride]: any rows of
+    a record, e.g. gathered); ``class_tables``: :func:`planes14_class_tables` already on the
+    records' device (then no host transfer or sync)."""
+    nb = n_blocks
+    rows = records.shape[0]
+    raw = records.contiguous().view(torch.uint8).reshape(rows, -1)[:, : 14 * nb]
+    b = raw.reshape(rows, nb, 14).to(torch.int64)
+    lo = torch.zeros(rows, nb, dtype=torch.int64, device=raw.device)
     hi = torch.zeros_like(lo)
     for i in range(8):
         lo |= b[:, :, i] << (8 * i)
@@ -384,10 +408,9 @@ def planes14_points(w: Planes14Weight) -> tuple[torch.Tensor, torch.Tensor, torc
     j = torch.arange(BLOCK, device=raw.device)
     bit = lambda p: (p[..., None] >> j) & 1  # noqa: E731
     level = torch.where(bit(p2) == 1, 4, bit(p0) | (bit(p1) << 1))
-    mags = torch.as_tensor(planes14_tables().magnitudes, dtype=torch.float64, device=raw.device)
+    mags, shells = class_tables if class_tables is not None else planes14_class_tables(raw.device)
     mag = mags[ids[..., None], level]
     pts = torch.where(bit(signs) == 1, -mag, mag)
-    shells = torch.as_tensor(planes14_tables().shells, dtype=torch.float64, device=raw.device)
     return pts, gains, 16.0 * shells[ids]
 
 

@@ -13,7 +13,8 @@ the module type, the replacement and the finalize step with the transformers int
 3. replace the recorded linears by :class:`LeechqLinear` (:mod:`leechq.nn.replace`);
 4. a 4/8-bit group-affine embedding or head table stays packed: the module becomes a
    :class:`~leechq.nn.embedding.PackedEmbedding` / :class:`~leechq.nn.embedding.PackedHead` (a tied
-   head reads the embedding's table, no copy), see :func:`install_packed_tables`;
+   head reads the embedding's table, no copy); a lattice-coded embedding becomes a
+   :class:`~leechq.nn.lattice_embedding.LatticeEmbedding`, see :func:`install_packed_tables`;
 5. assign the other raw tensors (norms, biases, dense tables; any other group-affine tensor
    dequantized exactly) and tie a dense head when the config says so; refuse any parameter left
    unloaded;
@@ -157,21 +158,41 @@ def _replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) 
     setattr(parent, leaf, module)
 
 
-def install_packed_tables(
-    model: torch.nn.Module, art: Any, config: Any
-) -> tuple[list[torch.nn.Module], set[str]]:
-    """Put packed modules in place of the input embedding / output head stored as group-affine.
+def split_embedding_record(model: torch.nn.Module,
+                           records: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(the input embedding's lattice record or None, the other records)``: an artifact made
+    with ``embedding_encoding="lattice"`` records the token embedding under its module's name
+    beside the projections."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    emb_name = _module_name(model, get_in() if get_in else None)
+    if emb_name is None or emb_name not in records:
+        return None, records
+    return records[emb_name], {n: r for n, r in records.items() if n != emb_name}
 
-    The embedding module becomes a :class:`PackedEmbedding` when ``<embedding>.weight`` is a
-    group-affine tensor of the artifact (carrying the factor a scaled word embedding applied, e.g.
-    Gemma's √dim, as its ``embed_scale``); the head becomes a :class:`PackedHead` reading that same
-    table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``), or one over its
-    own table when ``<head>.weight`` is group-affine. Dense tables are left to the dense path.
+
+def install_packed_tables(
+    model: torch.nn.Module, art: Any, config: Any, lattice: Any = None
+) -> tuple[list[torch.nn.Module], set[str]]:
+    """Put packed modules in place of the input embedding / output head stored as group-affine
+    or on the lattice.
+
+    The embedding module becomes a :class:`LatticeEmbedding` over ``lattice`` (its record, from
+    :func:`split_embedding_record`), or a :class:`PackedEmbedding` when ``<embedding>.weight`` is
+    a group-affine tensor of the artifact — either carrying the factor a scaled word embedding
+    applied, e.g. Gemma's √dim, as its ``embed_scale``; the head becomes a :class:`PackedHead`
+    reading that same table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``),
+    or one over its own table when ``<head>.weight`` is group-affine. Dense tables are left to the
+    dense path.
 
     Returns:
         ``(modules to finalize, embedding first; tensor names they took over)``.
+
+    Raises:
+        ArtifactError: a table that does not fit its module, or a lattice-coded embedding whose
+            head is tied to it.
     """
     from leechq.nn.embedding import PackedEmbedding, PackedHead
+    from leechq.nn.lattice_embedding import LatticeEmbedding
 
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
@@ -182,7 +203,20 @@ def install_packed_tables(
     modules: list[torch.nn.Module] = []
     handled: set[str] = set()
     emb = None
-    if emb_key in art.raw_quant:
+    if lattice is not None:
+        module = get_in() if get_in else None
+        shape = tuple(getattr(module, "weight", torch.empty(0)).shape)
+        if shape != (lattice.d_out, lattice.d_in):
+            raise ArtifactError(f"lattice-coded embedding {emb_name}: [{lattice.d_out}, "
+                                f"{lattice.d_in}] does not fit the model's {list(shape)}")
+        try:
+            lat = LatticeEmbedding.from_record(lattice, embedding_scale(module))
+        except InvalidInput as exc:
+            raise ArtifactError(f"lattice-coded embedding {emb_name}: {exc}") from exc
+        _replace_module(model, emb_name, lat)  # type: ignore[arg-type]
+        modules.append(lat)
+        handled.add(emb_key)  # type: ignore[arg-type]
+    elif emb_key in art.raw_quant:
         try:
             emb = PackedEmbedding.from_group_affine(art.raw_quant[emb_key])
         except InvalidInput as exc:
@@ -198,6 +232,9 @@ def install_packed_tables(
         and head_key not in art.raw_quant
         and bool(getattr(config, "tie_word_embeddings", False))
     )
+    if lattice is not None and tied:
+        raise ArtifactError(f"{head_key} is tied to the lattice-coded embedding {emb_key}: a "
+                            f"lattice table serves no head (quantize with 'int4' or 'int8')")
     head = None
     if emb is not None and tied:
         head = PackedHead.tied_to(emb)
@@ -263,9 +300,10 @@ def load(
     model = build_skeleton(config, dt)
     if needs_split(art.records):  # experts quantized one matrix each (leechq.models.experts)
         split_experts(model, copy_weights=False)
-    replace_with_records(model, art.records)
+    lattice, records = split_embedding_record(model, art.records)
+    replace_with_records(model, records)
 
-    packed, handled = install_packed_tables(model, art, config)
+    packed, handled = install_packed_tables(model, art, config, lattice)
     state: dict[str, torch.Tensor] = dict(art.raw)
     for name, ga in art.raw_quant.items():
         if name not in handled:  # a group-affine tensor that is not an embedding/head table

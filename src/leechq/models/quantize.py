@@ -296,7 +296,7 @@ def _raw_tensors(
             continue
         seen[key] = name
         raw[name] = t.detach().cpu()
-    if config.embedding_encoding != "keep":
+    if config.embedding_encoding in ("int8", "int4"):
         bits = 8 if config.embedding_encoding == "int8" else 4
         embed_name = f"{arch.embed_path}.weight"
         head_name = f"{arch.head_path}.weight"
@@ -305,6 +305,35 @@ def _raw_tensors(
             if isinstance(t, torch.Tensor):
                 raw[name] = GroupAffine.quantize(t, bits, config.embedding_group)
     return raw, tied
+
+
+def check_lattice_embedding(model: Any, arch: ArchSpec) -> None:
+    """Refuse a lattice-coded embedding the model cannot take: a tied table (it is the head too,
+    and a lattice head costs four to ten times the KL: ``leechq.quant.embedding``) or an
+    embedding that is not a plain ``nn.Embedding``."""
+    if arch.tied_embeddings(model):
+        raise InvalidInput(
+            "embedding_encoding 'lattice' codes an untied token embedding; this model's head "
+            "is tied to it (one table serves both): use 'int4' or 'int8'")
+    if not isinstance(arch.embedding(model), torch.nn.Embedding):
+        raise InvalidInput(f"embedding_encoding 'lattice' needs an nn.Embedding at "
+                           f"{arch.embed_path}, got {type(arch.embedding(model)).__name__}")
+
+
+def lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig) -> Record:
+    """Code ``model``'s token embedding on the lattice (``leechq.quant.embedding``) and make the
+    model evaluate the decoded table; returns the record (stored under the module's name)."""
+    from leechq.quant.embedding import encode_embedding
+
+    check_lattice_embedding(model, arch)
+    module = arch.embedding(model)
+    t0 = time.perf_counter()
+    log.info("coding the token embedding %s on the lattice", list(module.weight.shape))
+    record = encode_embedding(module.weight, config, name=f"{arch.embed_path}.weight")
+    with torch.no_grad():
+        module.weight.copy_(record.dequantize(torch.float32).to(module.weight.dtype))
+    log.info("token embedding coded in %.1f s", time.perf_counter() - t0)
+    return record
 
 
 def _apply_raw_quant(model: Any, raw: dict[str, torch.Tensor | GroupAffine]) -> None:
@@ -340,6 +369,8 @@ def quantize_model_in_place(
         on_block: callback after each committed block (tests).
     """
     arch = check_model(model)
+    if config.embedding_encoding == "lattice":
+        check_lattice_embedding(model, arch)
     if calib_windows.dim() != 2 or calib_windows.dtype != torch.int64:
         raise InvalidInput(
             f"calib_windows must be int64 [n, seq], got {calib_windows.dtype} "
@@ -391,7 +422,10 @@ def quantize_model_in_place(
         progress=progress,
         on_block=on_block,
     )
-    raw, tied = _raw_tensors(model, arch, result.records, config)
+    records = dict(result.records)
+    if config.embedding_encoding == "lattice":
+        records[arch.embed_path] = lattice_embedding(model, arch, config)
+    raw, tied = _raw_tensors(model, arch, records, config)
     _apply_raw_quant(model, raw)
     if was_training:
         model.train()
@@ -408,7 +442,7 @@ def quantize_model_in_place(
         }
     )
     return ModelQuantization(
-        records=result.records,
+        records=records,
         raw=raw,
         tied=tied,
         stats=result.stats,

@@ -23,16 +23,20 @@ from leechq.errors import InvalidInput
 
 
 def model_records(model: torch.nn.Module) -> dict[str, Any]:
-    """Module name → canonical record of every :class:`LeechqLinear` in ``model``.
+    """Module name → canonical record of every :class:`LeechqLinear` in ``model``, and of a
+    lattice-coded embedding (:class:`~leechq.nn.lattice_embedding.LatticeEmbedding`).
 
     Raises:
         InvalidInput: a module has no record (an unloaded placeholder).
     """
+    from leechq.nn.lattice_embedding import LatticeEmbedding
     from leechq.nn.linear import LeechqLinear
 
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
-        if isinstance(module, LeechqLinear):
+        if isinstance(module, LatticeEmbedding):
+            out[name] = module.record()
+        elif isinstance(module, LeechqLinear):
             if module.record is None:
                 raise InvalidInput(f"{name}: LeechqLinear has no record (placeholder never loaded)")
             out[name] = module.record
@@ -49,9 +53,11 @@ def raw_tensors(
         or head table, under ``<module>.weight``), and alias → target for parameters sharing
         storage (e.g. a tied ``lm_head.weight``).
     """
+    from leechq.nn.lattice_embedding import LatticeEmbedding
     from leechq.nn.linear import LeechqLinear
 
-    leechq_prefixes = {name for name, m in model.named_modules() if isinstance(m, LeechqLinear)}
+    leechq_prefixes = {name for name, m in model.named_modules()
+                       if isinstance(m, (LeechqLinear, LatticeEmbedding))}
     raw: dict[str, Any] = {}
     tied: dict[str, str] = {}
     packed_owners = _packed_tables(model, raw, tied)

@@ -1,0 +1,111 @@
+"""A lattice-coded token embedding end to end on a tiny untied model: ``quantize_model`` with
+``embedding_encoding="lattice"`` records the table beside the projections, ``leechq.load`` serves
+it as a :class:`LatticeEmbedding` (no dense table) with the logits of the decoded model, ``save``
+writes it back byte for byte; a tied table is refused before any work, and an artifact whose head
+is tied to a lattice table is refused by the loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from leechq_tiny import ids, tiny_model, tiny_tokenizer
+
+from leechq.config import QuantConfig
+from leechq.errors import ArtifactError, InvalidInput
+from leechq.formats.artifact import artifact_report, read_artifact
+from leechq.formats.quantized_weight import QuantizedWeight
+from leechq.models.load import load
+from leechq.models.quantize import quantize_model
+from leechq.nn.lattice_embedding import LatticeEmbedding
+
+EMBED = "model.embed_tokens"
+
+
+def _windows(vocab: int = 96) -> torch.Tensor:
+    return torch.randint(3, vocab, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _cfg(**kw: object) -> QuantConfig:
+    base: dict[str, object] = dict(codebook="tetra", calib_windows=4, calib_window_len=16,
+                                   calib_batch=2, device="cpu", embedding_encoding="lattice")
+    base.update(kw)
+    return QuantConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    model = tiny_model("qwen3")  # untied head
+    out = quantize_model(model, tiny_tokenizer(), _windows(), _cfg(),
+                         tmp_path_factory.mktemp("lat") / "qwen3-lattice", progress=False)
+    return out, model
+
+
+def test_the_embedding_is_a_record_and_loads_as_a_lattice_module(
+        artifact: tuple[Path, torch.nn.Module]) -> None:
+    out, quantized = artifact
+    art = read_artifact(out)
+    rec = art.records[EMBED]
+    assert isinstance(rec, QuantizedWeight) and (rec.d_out, rec.d_in) == (96, 56)
+    assert f"{EMBED}.weight" not in art.raw and "lm_head.weight" in art.raw
+    assert art.quantization_config["config"]["embedding_encoding"] == "lattice"
+    # the in-place model evaluates the decoded table
+    assert torch.equal(quantized.model.embed_tokens.weight.detach(), rec.dequantize())
+    model, _ = load(out, device="cpu", tokenizer=False)
+    emb = model.model.embed_tokens
+    assert isinstance(emb, LatticeEmbedding) and model.get_input_embeddings() is emb
+    held = [n for n, t in model.named_parameters() if tuple(t.shape) == (96, 56)]
+    assert held == ["lm_head.weight"]  # the dense untied head only: no dense embedding
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, quantized(x).logits, rtol=0, atol=2e-5)
+    report = artifact_report(out)  # the table counts at its coded rate
+    dense = read_artifact(out).dense_state_dict()
+    params = sum(t.numel() for t in dense.values())
+    assert report["counts"]["parameters"] == params
+    assert report["matrices"][EMBED]["kind"] == "lattice"
+    assert 2 < report["matrices"][EMBED]["kernel_bits_per_weight"] < 8  # 8 of 56 columns: f32 tail
+
+
+def test_save_round_trip_and_dtypes(artifact: tuple[Path, torch.nn.Module],
+                                    tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from leechq.models.save import save
+
+    out, _ = artifact
+    model, tok = load(out, device="cpu")
+    again = save(model, tmp_path / "again", tokenizer=tok)
+    fa, fb = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert set(fa) == set(fb)
+    for k in fa:
+        assert fa[k].dtype == fb[k].dtype and torch.equal(fa[k], fb[k]), k
+    m16, _ = load(out, device="cpu", dtype="bfloat16", tokenizer=False)
+    x = ids()
+    assert m16.model.embed_tokens(x).dtype == torch.bfloat16
+    assert torch.equal(m16.model.embed_tokens(x), model.model.embed_tokens(x).to(torch.bfloat16))
+
+
+def test_tied_tables_are_refused(tmp_path: Path, artifact: tuple[Path, torch.nn.Module]) -> None:
+    tied = tiny_model("llama")  # one table for the embedding and the head
+    with pytest.raises(InvalidInput, match="tied to it"):
+        quantize_model(tied, None, _windows(), _cfg(), tmp_path / "no", progress=False)
+    assert not (tmp_path / "no").exists()
+    # an artifact whose head would be tied to the lattice table (no head of its own stored)
+    out, _ = artifact
+    art = read_artifact(out)
+    from leechq.models.load import (
+        base_config,
+        build_skeleton,
+        install_packed_tables,
+        split_embedding_record,
+    )
+
+    skeleton = build_skeleton(base_config(art.config), torch.float32)
+    lattice, rest = split_embedding_record(skeleton, art.records)
+    assert lattice is art.records[EMBED] and EMBED not in rest
+    art.raw.pop("lm_head.weight")
+    skeleton.config.tie_word_embeddings = True
+    with pytest.raises(ArtifactError, match="tied to the lattice-coded embedding"):
+        install_packed_tables(skeleton, art, skeleton.config, lattice)
