@@ -137,6 +137,44 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
         assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
 
 
+def test_lattice_coded_embedding(tmp_path: Path) -> None:
+    """A lattice-coded embedding (a record under the embedding's module name) loads as a
+    LatticeEmbedding with leechq.load's logits and is written back as the same tensors."""
+    from leechq_tiny import quantize_randomly, tiny_model, tiny_tokenizer
+    from safetensors.torch import load_file
+
+    from leechq.config import QuantConfig
+    from leechq.formats.artifact import write_artifact
+    from leechq.models.save import raw_tensors
+    from leechq.nn.lattice_embedding import LatticeEmbedding
+    from leechq.quant.embedding import encode_embedding
+
+    dense = tiny_model("qwen3")  # untied head
+    cfg = QuantConfig(codebook="tetra", embedding_encoding="lattice", device="cpu")
+    records = quantize_randomly(dense)
+    records["model.embed_tokens"] = encode_embedding(dense.model.embed_tokens.weight, cfg)
+    raw, tied = raw_tensors(dense, {})
+    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
+    out = write_artifact(tmp_path / "lat", base_config=dense.config.to_dict(), quant_config=cfg,
+                         records=records, raw=raw, tied=tied, tokenizer=tiny_tokenizer())
+    ours, _ = load(out, device="cpu", tokenizer=False)
+    hf = _from_pretrained(out, dtype=torch.float32)
+    assert isinstance(hf.model.embed_tokens, LatticeEmbedding)
+    assert hf.get_input_embeddings() is hf.model.embed_tokens
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
+    hf.save_pretrained(tmp_path / "saved")
+    a = load_file(str(out / "model.safetensors"))
+    b = load_file(str(tmp_path / "saved/model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+    again, _ = load(tmp_path / "saved", device="cpu", tokenizer=False)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x).logits, ours(x).logits, rtol=0, atol=0)
+
+
 def test_artifact_for_another_model(tmp_path: Path) -> None:
     from leechq.errors import ArtifactError, UnsupportedArchitecture
 

@@ -106,6 +106,14 @@ def test_names_and_shard_ids() -> None:
         shard_record(_lattice(4, 24), "diagonal", 0, 1)
 
 
+def test_a_lattice_coded_embedding_is_refused_by_name() -> None:
+    from leechq.integrations.vllm import check_servable
+
+    check_servable({"quant_method": "leechq", "config": {"embedding_encoding": "int4"}})
+    with pytest.raises(InvalidInput, match="lattice-coded.*leechq serve"):
+        check_servable({"quant_method": "leechq", "config": {"embedding_encoding": "lattice"}})
+
+
 @pytest.fixture(scope="module")
 def vllm_tp1() -> object:
     """vLLM's own layers on this process: tensor-parallel size 1 over gloo, on the CPU.

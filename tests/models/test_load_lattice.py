@@ -109,3 +109,24 @@ def test_tied_tables_are_refused(tmp_path: Path, artifact: tuple[Path, torch.nn.
     skeleton.config.tie_word_embeddings = True
     with pytest.raises(ArtifactError, match="tied to the lattice-coded embedding"):
         install_packed_tables(skeleton, art, skeleton.config, lattice)
+
+
+def test_serving_reuses_the_lattice_embedding(artifact: tuple[Path, torch.nn.Module]) -> None:
+    """``from_hf_model`` keeps the module; the engine's greedy tokens are transformers' own over
+    the same loaded model, and the memory report counts the coded table."""
+    from leechq.serve.build import from_hf_model
+    from leechq.serve.generate import Engine
+
+    out, _ = artifact
+    model, tok = load(out, device="cpu")
+    serving = from_hf_model(model)
+    assert serving.embed is model.model.embed_tokens
+    engine = Engine(serving)
+    prompt = tok.encode("the model reads the words", add_special_tokens=False)
+    got = engine.generate_ids([prompt], 8).tokens[0]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert len(got) >= 1 and got == want[0, len(prompt):].tolist()[: len(got)]
+    emb_bytes = serving.embed.packed_bytes()
+    assert engine.memory()["embed_head"] == emb_bytes + 4 * 96 * 56  # + the dense f32 head

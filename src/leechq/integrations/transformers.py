@@ -238,6 +238,7 @@ class LeechqHfQuantizer(HfQuantizer):
         self.dtype: torch.dtype | None = None
         self.modules: dict[str, Any] = {}
         self.captured: dict[str, dict[str, torch.Tensor]] = {}
+        self.lattice: tuple[str, Any, float] | None = None  # a lattice-coded embedding's holder
         self._key = uuid.uuid4().hex
         _QUANTIZERS[self._key] = self
 
@@ -267,11 +268,55 @@ class LeechqHfQuantizer(HfQuantizer):
         skip = list(getattr(qc, "modules_to_not_convert", None) or [])
         if needs_split(qc.records):  # experts quantized one matrix each (leechq.models.experts)
             split_experts(model, copy_weights=False)
-        self.modules = replace_with_placeholders(model, qc.records, skip=skip)
+        records = self._lattice_placeholder(model, dict(qc.records))
+        self.modules = replace_with_placeholders(model, records, skip=skip)
         device = next(iter(model.parameters())).device
         with torch.device(device):
             model.leechq = RotationStore(qc.rotations)
         check_pretrained_keys(model, art)  # every skeleton tensor stored or tied
+
+    def _lattice_placeholder(self, model: Any, records: dict[str, Any]) -> dict[str, Any]:
+        """A lattice-coded token embedding (recorded under the embedding module's name) gets a
+        placeholder whose buffers carry the record's tensor names (swapped for a
+        :class:`~leechq.nn.lattice_embedding.LatticeEmbedding` once loaded); returns the other
+        records."""
+        from leechq.nn.linear import LeechqLinear
+        from leechq.utils.modules import embedding_scale
+
+        get_in = getattr(model, "get_input_embeddings", None)
+        emb = get_in() if get_in is not None else None
+        name = next((n for n, m in model.named_modules() if m is emb and emb is not None), None)
+        if name is None or name not in records:
+            return records
+        desc = records.pop(name)
+        if not isinstance(emb, nn.Embedding) or desc.get("kind") != "lattice":
+            raise ArtifactError(f"{name}: the artifact records a {desc.get('kind')!r} table for a "
+                                f"{type(emb).__name__}; leechq codes an nn.Embedding on the "
+                                "lattice only")
+        with torch.device(emb.weight.device):
+            holder = LeechqLinear.placeholder(name, desc, bias=False)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, holder)
+        self.lattice = (name, holder, embedding_scale(emb))
+        return records
+
+    def _install_lattice_embedding(self, model: Any, rotations: dict[str, Any],
+                                   dtype: torch.dtype, fallback: torch.device | None) -> None:
+        """The loaded placeholder's record as a :class:`LatticeEmbedding`, finalized where
+        ``device_map`` puts the embedding."""
+        from leechq.nn.lattice_embedding import LatticeEmbedding
+
+        if self.lattice is None:
+            return
+        name, holder, scale = self.lattice
+        self.lattice = None
+        device = next(iter(holder.buffers())).device
+        record = holder.materialize(rotations)
+        module = LatticeEmbedding.from_record(record, scale)
+        module._canonical = holder._canonical  # the loaded bytes: state_dict writes them back
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, module)
+        module.finalize(_placement(model, name, fallback or device), dtype)
 
     def get_weight_conversions(self) -> list[Any]:
         """One converter per group-affine raw tensor (three stored keys → one dense parameter)."""
@@ -315,7 +360,9 @@ class LeechqHfQuantizer(HfQuantizer):
         dtype = self.dtype or torch.float32
         finalize_all(self.modules, devices, dtype)
         share_groups(self.modules)
-        self._install_packed_tables(model, dtype, next(iter(devices.values()), None))
+        fallback = next(iter(devices.values()), None)
+        self._install_lattice_embedding(model, rotations, dtype, fallback)
+        self._install_packed_tables(model, dtype, fallback)
         return model
 
     def _install_packed_tables(self, model: Any, dtype: torch.dtype,
@@ -403,12 +450,15 @@ class LeechqHfQuantizer(HfQuantizer):
         from leechq.nn.records import rotation_tensors
         from leechq.nn.replace import leechq_modules
 
+        from leechq.nn.lattice_embedding import LatticeEmbedding
+
         packed = [n for n, m in model.named_modules()
                   if isinstance(m, (PackedEmbedding, PackedHead))]
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()
                  if not any(k.startswith(p + ".") for p in packed)}
-        for module in leechq_modules(model).values():
-            rec = module.record
+        records = [m.record for m in leechq_modules(model).values()]
+        records += [m.record() for m in model.modules() if isinstance(m, LatticeEmbedding)]
+        for rec in records:
             if isinstance(rec, QuantizedWeight) and rec.rotation is not None:
                 state.update(rotation_tensors(rec.rotation))
         for alias in self.quantization_config.tied:

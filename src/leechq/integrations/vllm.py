@@ -242,6 +242,19 @@ def register() -> None:
     register_quantization_config("leechq")(config_cls)
 
 
+def check_servable(config: Mapping[str, Any]) -> None:
+    """Refuse a ``quantization_config`` this plugin cannot serve, naming why: an artifact whose
+    token embedding is lattice-coded (``embedding_encoding = "lattice"``: vLLM builds its own
+    embedding layer, which has no leechq method; ``leechq.load``, ``from_pretrained`` and
+    ``leechq serve`` serve it)."""
+    inner = config.get("config")
+    if isinstance(inner, Mapping) and inner.get("embedding_encoding") == "lattice":
+        raise InvalidInput(
+            "this artifact's token embedding is lattice-coded, which the vLLM plugin does not "
+            "serve (vLLM builds its own embedding layer); serve it with `leechq serve`, or "
+            "quantize with a 4/8-bit or kept embedding for vLLM")
+
+
 def _vllm_classes() -> type:
     from vllm.model_executor.layers.linear import (
         LinearBase,
@@ -255,6 +268,7 @@ def _vllm_classes() -> type:
 
         def __init__(self, config: Mapping[str, Any]) -> None:
             super().__init__()
+            check_servable(config)
             self.raw = dict(config)
             self.records: dict[str, Any] = dict(config.get("records") or {})
             self.rotation_desc: dict[str, Any] = dict(config.get("rotations") or {})

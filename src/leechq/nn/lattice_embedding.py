@@ -40,7 +40,8 @@ class LatticeEmbedding(nn.Module):
     """A lattice-coded token embedding: ids int [...] → [..., dim] (activation dtype).
 
     Build with :meth:`from_record`, then :meth:`finalize` once (``.to(device)`` afterwards moves
-    the buffers and re-finalizes; a dtype cast of the module changes the output dtype only).
+    the buffers and re-finalizes; a dtype cast of the module changes the output dtype only). Its
+    ``state_dict`` holds the canonical record's tensors, as the artifact stores them.
 
     Attributes:
         codebook: "tetra" or "ball".
@@ -90,6 +91,7 @@ class LatticeEmbedding(nn.Module):
         self._embed_scale = float(embed_scale)
         self._out_scale = self._embed_scale
         self._class_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._canonical: dict[str, torch.Tensor] | None = None  # state_dict's tensors, once built
         self.execution: Execution | None = None
         self._prefer = "auto"
 
@@ -215,6 +217,21 @@ class LatticeEmbedding(nn.Module):
             self.finalize(self.codes.device, _cast_dtype(fn, self.execution.dtype),
                           prefer=self._prefer)
         return self
+
+    # ------------------------------------------------------------------ serialization
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
+                            keep_vars: bool) -> None:
+        # The canonical record is what the module serializes, never its served buffers: the
+        # tensors the artifact holds under the module's name (``codes``, ``row_scales``,
+        # ``centroids``, ``tail``), so save → load is byte-identical. The rotation tables are
+        # shared artifact tensors (``leechq.nn.records.rotation_tensors``), not included.
+        if self._canonical is None:
+            from leechq.nn.records import record_tensors
+
+            self._canonical = record_tensors(self.record())
+        for name, tensor in self._canonical.items():
+            destination[prefix + name] = tensor
 
     # ------------------------------------------------------------------ forward
 

@@ -113,8 +113,8 @@ def _copy_norm(
 
 
 def _packed_on(module: nn.Module, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
-    """A packed embedding/head (:mod:`leechq.nn.embedding`) finalized for ``dtype`` on ``device``,
-    kept packed (the module is reused, re-finalized only when it ran another dtype or device)."""
+    """A packed embedding/head (:mod:`leechq.nn.embedding`, :mod:`leechq.nn.lattice_embedding`)
+    finalized for ``dtype`` on ``device``, kept packed (the module is reused, re-finalized only when it ran another dtype or device)."""
     ex = getattr(module, "execution", None)
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -137,29 +137,32 @@ def from_hf_model(
             its linears, embedding or head.
         dtype: activation dtype (default: the embedding's dtype, the dtype a packed embedding
             was finalized for, or float16 for another quantized embedding). A packed 4/8-bit
-            embedding or head (:mod:`leechq.nn.embedding`) is reused packed, re-finalized for
-            this dtype and device when needed.
+            embedding or head (:mod:`leechq.nn.embedding`) or a lattice-coded embedding
+            (:mod:`leechq.nn.lattice_embedding`) is reused as it is, re-finalized for this dtype
+            and device when needed.
         device: target device (default: where the embedding lives).
 
     Returns:
         The :class:`Transformer`, in eval mode.
     """
     from leechq.nn.embedding import PackedEmbedding, PackedHead
+    from leechq.nn.lattice_embedding import LatticeEmbedding
 
     args = ModelArgs.from_hf_config(hf_model.config)
     embed = _get(hf_model, "model.embed_tokens")
     ref = getattr(embed, "weight", None)
-    if isinstance(embed, PackedEmbedding):  # a 4/8-bit table kept packed by leechq.load
+    packed = isinstance(embed, (PackedEmbedding, LatticeEmbedding))
+    if packed:  # a 4/8-bit or lattice-coded table kept as such by leechq.load
         if embed.embed_scale != 1.0:  # the reused module scales its rows itself: not twice
             args = dataclasses.replace(args, embed_scale=1.0)
         ex = embed.execution
         dtype = dtype or (ex.dtype if ex is not None else torch.float16)
-        device = device or embed.qweight.device
+        device = device or next(embed.buffers()).device
     dtype = dtype or (ref.dtype if ref is not None and ref.is_floating_point() else torch.float16)
     device = device or (ref.device if ref is not None else "cpu")
     if isinstance(embed, nn.Embedding):
         new_embed: nn.Module = nn.Embedding.from_pretrained(embed.weight.detach().to(device, dtype))
-    elif isinstance(embed, PackedEmbedding):
+    elif packed:
         new_embed = _packed_on(embed, dtype, device)
     else:
         new_embed = embed.to(device)
