@@ -110,7 +110,7 @@ def test_a_lattice_coded_embedding_is_refused_by_name() -> None:
     from leechq.integrations.vllm import check_servable
 
     check_servable({"quant_method": "leechq", "config": {"embedding_encoding": "int4"}})
-    with pytest.raises(InvalidInput, match="lattice-coded.*leechq serve"):
+    with pytest.raises(InvalidInput, match=r"lattice-coded.*leechq serve"):
         check_servable({"quant_method": "leechq", "config": {"embedding_encoding": "lattice"}})
 
 

@@ -447,10 +447,9 @@ class LeechqHfQuantizer(HfQuantizer):
         group-affine raw tensors as loaded, and every other tensor as held."""
         from leechq.formats.quantized_weight import QuantizedWeight
         from leechq.nn.embedding import PackedEmbedding, PackedHead
+        from leechq.nn.lattice_embedding import LatticeEmbedding
         from leechq.nn.records import rotation_tensors
         from leechq.nn.replace import leechq_modules
-
-        from leechq.nn.lattice_embedding import LatticeEmbedding
 
         packed = [n for n, m in model.named_modules()
                   if isinstance(m, (PackedEmbedding, PackedHead))]

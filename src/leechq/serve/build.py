@@ -114,7 +114,8 @@ def _copy_norm(
 
 def _packed_on(module: nn.Module, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
     """A packed embedding/head (:mod:`leechq.nn.embedding`, :mod:`leechq.nn.lattice_embedding`)
-    finalized for ``dtype`` on ``device``, kept packed (the module is reused, re-finalized only when it ran another dtype or device)."""
+    finalized for ``dtype`` on ``device``, kept packed (the module is reused, re-finalized only
+    when it ran another dtype or device)."""
     ex = getattr(module, "execution", None)
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
