@@ -282,6 +282,43 @@ def test_head_bits_sets_the_untied_heads_table(
     assert "invalid choice" in capsys.readouterr().err
 
 
+def test_lattice_embedding_flag_in_both_recipes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``--lattice-embedding``: the bare and the full recipe store the untied embedding of a tiny
+    Qwen3 as a lattice record (the full recipe's table step says so) that ``leechq.load``
+    serves; a tied model (tiny Llama) is refused by name and nothing is written."""
+    from leechq.formats.artifact import read_artifact
+    from leechq.models.load import load
+    from leechq.nn.lattice_embedding import LatticeEmbedding
+
+    src = tmp_path / "tiny"
+    tiny_model("qwen3").save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    common = ["--lattice-embedding", "--calib-tokens", "256", "--window", "128", "--device",
+              "cpu"]
+    assert main(["quantize", str(src), str(tmp_path / "bare"), *common]) == 0
+    assert main(["quantize", str(src), str(tmp_path / "full"), "--recipe", "full",
+                 "--target-bpp", "6", "--train-steps", "1", "--train-tokens", "256",
+                 "--tune-steps", "0", *common]) == 0
+    for name in ("bare", "full"):
+        art = read_artifact(tmp_path / name)
+        assert "model.embed_tokens" in art.records, name
+        assert art.quant_config.embedding_encoding == "lattice"
+        model, _ = load(tmp_path / name, device="cpu", tokenizer=False)
+        assert isinstance(model.model.embed_tokens, LatticeEmbedding)
+    recipe = read_artifact(tmp_path / "full").quantization_config["provenance"]["recipe"]
+    step = next(s for s in recipe["steps"] if s["step"] == "tables")
+    assert list(step["lattice"]) == ["model.embed_tokens.weight"]
+    tied = tmp_path / "tied"
+    tiny_model("llama").save_pretrained(tied)
+    tiny_tokenizer().save_pretrained(tied)
+    capsys.readouterr()
+    assert main(["quantize", str(tied), str(tmp_path / "no"), *common]) == 2
+    assert "tied to it" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+
 def test_quantize_full_recipe_on_a_tiny_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -256,6 +256,14 @@ def test_a_target_below_the_floor_says_why() -> None:
     assert low["over_target"].startswith(f"{low['whole_model_bits_per_param']:.3f} b/param, "
                                          "above the 1 target")
     assert "over_target" not in results[64.0] and "floor" not in results[64.0]
+    assert "--lattice-embedding" not in low["over_target"]  # tied: no such advice
+    reference, student, enc = quantized("qwen3")  # untied: the lattice embedding is suggested
+    recipe = resolve_recipe("full", 1.0, requantize=False, row_scales=None,
+                            sensitivity_windows=2, tune=None)
+    kw["encoded"] = enc
+    meta = run_recipe(reference, windows(4, seed=100), config(), recipe, student=student,
+                      **kw).metadata
+    assert "--lattice-embedding" in meta["over_target"]
 
 
 def test_another_budget_reuses_the_sensitivity_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -402,3 +410,52 @@ def test_the_tuning_step_writes_an_artifact_that_gives_the_tuned_logits(tmp_path
     assert [s["step"] for s in continued.metadata["steps"]][-1] == "tune"
     with pytest.raises(InvalidInput, match="already has a tuning step"):
         tune_result(res, reference, recipe.tune, windows(6, seed=7))
+
+
+def test_a_lattice_coded_embedding_through_the_full_recipe(tmp_path: Path) -> None:
+    """``lattice_embedding``: the untied embedding is coded right after the encode (every later
+    step sees it), stored as a record under its module's name, counted at its coded rate in the
+    budget and the report, and loads as a LatticeEmbedding with the recipe model's logits; a tied
+    table is refused before any work, and the flag excludes a group-affine embedding width."""
+    from recipe_tiny import config, logits, quantize_fn, windows
+
+    from leechq.models.load import load
+    from leechq.nn.lattice_embedding import LatticeEmbedding
+    from leechq_tiny import tiny_model
+
+    reference = tiny_model("qwen3")  # untied head
+    cfg = config(codebook="tetra")  # the lattice embedding decodes Tetra or ball codes
+    recipe = resolve_recipe(
+        "full", 6.0, sensitivity_windows=2, embedding_bits=None, lattice_embedding=True,
+        row_scales=RowScaleConfig(steps=2, warmup_steps=1, lr=1e-2, batch=2), tune=None,
+    )
+    assert "lattice-coded embedding" in recipe.describe() and "tables" in recipe.steps
+    res = run_recipe(
+        reference, windows(4, seed=100), cfg, recipe, quantize_fn=quantize_fn,
+        embed_name=EMBED, head_name=HEAD, train_windows=windows(4, seed=7),
+        sensitivity_windows=windows(2, seed=8), monitor_windows=windows(2, seed=9),
+    )
+    meta = res.metadata
+    rec = res.records["model.embed_tokens"]
+    assert isinstance(rec, QuantizedWeight) and rec.codebook == "tetra"
+    assert EMBED not in res.raw and isinstance(res.raw[HEAD], GroupAffine)
+    assert res.config.embedding_encoding == "lattice"
+    assert [s["step"] for s in meta["steps"]] == ["encode", "lattice_embedding",
+                                                  "int4_by_sensitivity", "tables", "row_scales"]
+    assert torch.equal(res.model.model.embed_tokens.weight.detach(), rec.dequantize())
+    assert "model.embed_tokens" not in meta["sensitivity"]["matrices"]  # never an int4 candidate
+    path = res.write(tmp_path / "lat", base_config=reference.config.to_dict())
+    report = artifact_report(path)
+    assert report["rates"]["whole_model_bits_per_param"] == pytest.approx(
+        meta["whole_model_bits_per_param"], rel=1e-12)
+    loaded, _ = load(path, device="cpu", dtype="float32", tokenizer=False)
+    assert isinstance(loaded.model.embed_tokens, LatticeEmbedding)
+    ids = windows(2, 16, seed=11)
+    torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
+
+    with pytest.raises(InvalidInput, match="embedding_bits must then be None"):
+        resolve_recipe("full", lattice_embedding=True)
+    with pytest.raises(InvalidInput, match="tied to"):
+        run_recipe(tiny_model("llama"), windows(4), cfg, recipe, quantize_fn=quantize_fn,
+                   embed_name=EMBED, head_name=HEAD, train_windows=windows(4, seed=7),
+                   sensitivity_windows=windows(2, seed=8))

@@ -149,6 +149,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     except InvalidInput as exc:  # its message has both values
         raise InvalidInput(f"--tune-steps / --tune-seconds: {exc}") from None
     head = {} if getattr(args, "head_bits", None) is None else {"head_bits": args.head_bits}
+    if getattr(args, "lattice_embedding", False):
+        head.update(lattice_embedding=True, embedding_bits=None)
     recipe = resolve_recipe(
         "full", args.target_bpp, row_scales=rows, tune=tune,
         device="cuda" if device == "cuda" else "cpu", **head,
@@ -279,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
         f"fingerprint {windows.fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
     )
+    if getattr(args, "lattice_embedding", False):
+        cfg = cfg.replace(embedding_encoding="lattice")
     print(f"[quantize] {cfg.describe()}", file=sys.stderr)
     path = quantize_model(
         loaded.model,

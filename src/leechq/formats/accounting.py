@@ -55,9 +55,12 @@ def record_served_bits(rec: QuantizedWeight | Int4Weight) -> float:
     return float(_record_bits(rec, label_bits)["served"])
 
 
-def raw_served_bits(t: torch.Tensor | GroupAffine) -> tuple[float, int]:
+def raw_served_bits(t: torch.Tensor | GroupAffine | QuantizedWeight) -> tuple[float, int]:
     """``(served bits, parameters)`` of one raw tensor (float at 16 bits, integers at their width,
-    group-affine at its code bits plus 32 bits per group)."""
+    group-affine at its code bits plus 32 bits per group, a lattice-coded table at its record's
+    served bits)."""
+    if isinstance(t, QuantizedWeight):
+        return record_served_bits(t), t.d_out * t.d_in
     if isinstance(t, GroupAffine):
         n = t.rows * t.cols
         return float(n * t.bits + 32 * t.scales.numel()), n

@@ -14,8 +14,10 @@ hard-coded string):
    int4 set (``requantize``, faithful: later lattice matrices are calibrated through the int4 ones)
    or a post-hoc swap of the records;
 3. **tables** (docs/format.md §3) — group-affine 4- or 8-bit token embedding (group 64, f16 scale
-   and offset) and
-   a separate width for an untied head; a tied head is one table, stored once;
+   and offset) or, with ``lattice_embedding``, an untied embedding coded on the lattice
+   (:mod:`leechq.quant.embedding`; coded right after the encode, so that every later step sees
+   it, and recorded beside the projections), and a separate width for an untied head; a tied head
+   is one table, stored once;
 4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
    into the f64 row scales (:mod:`leechq.quant.row_scales`);
 5. **tune** — every continuous stored number (row scales, gain centroids, int4 and table
@@ -67,6 +69,14 @@ from leechq.quant.row_scales import (
     train_row_scales,
 )
 from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budget
+from leechq.quant.tables import (
+    apply_lattice,
+    apply_tables,
+    check_untied,
+    encoding_of,
+    ga_source,
+    table_records,
+)
 from leechq.quant.tune import TuneConfig, set_raw, tune_memory_bytes, tune_model, tune_settings
 
 log = logging.getLogger("leechq.quant")
@@ -88,6 +98,8 @@ class Recipe:
         forced_int4: module-name patterns kept int4 from the first encode (e.g. "self_attn.v_proj").
         int4_group: int4 group size.
         embedding_bits: step 3 width of the token embedding table (4 or 8; None keeps it).
+        lattice_embedding: step 3 codes an *untied* token embedding on the lattice instead
+            (``embedding_bits`` must then be None; a tied table is refused).
         head_bits: width of an *untied* head (4 or 8; None keeps it); a tied head follows the
             embedding.
         table_upgrades: with ``int4_selection``, a 4-bit table is also a candidate for 8 bits,
@@ -108,6 +120,7 @@ class Recipe:
     forced_int4: tuple[str, ...] = ()
     int4_group: int = 128
     embedding_bits: int | None = None
+    lattice_embedding: bool = False
     head_bits: int | None = None
     table_upgrades: bool = False
     table_group: int = 64
@@ -128,6 +141,9 @@ class Recipe:
                 "int4_selection needs a positive target_bpp",
             ),
             (self.embedding_bits in (None, 4, 8), "embedding_bits must be None, 4 or 8"),
+            (isinstance(self.lattice_embedding, bool), "lattice_embedding must be a bool"),
+            (not (self.lattice_embedding and self.embedding_bits is not None),
+             "lattice_embedding codes the embedding: embedding_bits must then be None"),
             (self.head_bits in (None, 4, 8), "head_bits must be None, 4 or 8"),
             (self.table_group >= 2, "table_group must be >= 2"),
             (self.int4_group >= 2 and self.int4_group % 2 == 0, "int4_group must be even >= 2"),
@@ -150,7 +166,8 @@ class Recipe:
         out = ["encode"]
         if self.int4_selection:
             out.append("int4_by_sensitivity")
-        if self.embedding_bits is not None or self.head_bits is not None:
+        if (self.embedding_bits is not None or self.head_bits is not None
+                or self.lattice_embedding):
             out.append("tables")
         if self.row_scales is not None:
             out.append("row_scales")
@@ -201,6 +218,8 @@ class Recipe:
             )
         if self.embedding_bits is not None:
             parts.append(f"{self.embedding_bits}-bit g{self.table_group} embedding")
+        if self.lattice_embedding:
+            parts.append("lattice-coded embedding")
         if self.head_bits is not None:
             parts.append(f"{self.head_bits}-bit g{self.table_group} untied head")
         if self.row_scales is not None:
@@ -411,54 +430,6 @@ def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Mo
     return copy.deepcopy(model).to(device=device, dtype=dtype)
 
 
-def table_records(
-    raw: Mapping[str, torch.Tensor | GroupAffine],
-    tied: Mapping[str, str],
-    recipe: Recipe,
-    embed_name: str,
-    head_name: str | None,
-) -> dict[str, GroupAffine]:
-    """The group-affine tables step 3 stores: name → :class:`GroupAffine`.
-
-    A head tied to the embedding is an alias in ``tied`` and is not a separate table.
-
-    Raises:
-        InvalidInput: the embedding (or an untied head the recipe quantizes) is not a dense raw
-            tensor.
-    """
-    out: dict[str, GroupAffine] = {}
-    wanted = [(embed_name, recipe.embedding_bits)]
-    if head_name is not None and head_name not in tied:
-        wanted.append((head_name, recipe.head_bits))
-    for name, bits in wanted:
-        if bits is None:
-            continue
-        t = raw.get(name)
-        if isinstance(t, GroupAffine):
-            t = ga_source(t)
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise InvalidInput(f"table {name!r} is not a 2-D raw tensor of the model")
-        out[name] = GroupAffine.quantize(t, bits, recipe.table_group)
-    return out
-
-
-def ga_source(t: torch.Tensor | GroupAffine) -> torch.Tensor:
-    """The dense float32 tensor a table is quantized from (a stored table: its decode)."""
-    return t.dequantize(torch.float32) if isinstance(t, GroupAffine) else t.to(torch.float32)
-
-
-def apply_tables(model: nn.Module, tables: Mapping[str, GroupAffine]) -> None:
-    """Make ``model`` evaluate the stored tables (a tied head follows by sharing)."""
-    for name, ga in tables.items():
-        param = model.get_parameter(name)
-        with torch.no_grad():
-            param.copy_(ga.dequantize(torch.float32).to(param.dtype))
-
-
-def _encoding_of(bits: int | None) -> str:
-    return {None: "keep", 8: "int8", 4: "int4"}[bits]
-
-
 def _original_weights(reference: nn.Module, names: Sequence[str]) -> dict[str, torch.Tensor]:
     return {n: reference.get_submodule(n).weight.detach().to(torch.float32).cpu() for n in names}
 
@@ -551,6 +522,8 @@ def _sensitivity_identity(config: QuantConfig, enc: Any, tables: Mapping[str, Gr
     ident = [config.digest(), prov.get("model_fingerprint"), prov.get("calibration_digest"),
              {t: [ga.bits, ga.group] for t, ga in sorted(tables.items())},
              recipe.int4_group, recipe.table_group, sorted(swaps)]
+    if recipe.lattice_embedding:  # (absent otherwise: earlier checkpoints keep their names)
+        ident.append("lattice-embedding")
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -612,6 +585,8 @@ def run_recipe(
         raise InvalidInput("run_recipe: the encoder must keep the tables (tables are step 3)")
     if recipe.int4_selection and sensitivity_windows is None:
         raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
+    if recipe.lattice_embedding:
+        check_untied(reference, embed_name, head_name)
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
@@ -646,15 +621,28 @@ def run_recipe(
     meta["bare_bits_per_param"] = bare_bits.bits_per_param
 
     tables = table_records(raw, tied, recipe, embed_name, head_name)
+    lattice: dict[str, QuantizedWeight] = {}  # the lattice-coded embedding, by tensor name
+    if recipe.lattice_embedding:
+        t0 = time.perf_counter()
+        if head_name is not None and head_name in tied:
+            raise InvalidInput(f"run_recipe: {head_name} is tied to {embed_name}; a lattice "
+                               "table serves no head")
+        from leechq.quant.embedding import encode_embedding
+
+        source = _original_weights(reference, [embed_name.rsplit(".", 1)[0]])
+        lattice[embed_name] = encode_embedding(next(iter(source.values())), config,
+                                               name=embed_name)
+        apply_lattice(student, raw, lattice)
+        steps.append({"step": "lattice_embedding", "seconds": time.perf_counter() - t0})
     device, dtype = _device_dtype(recipe)
 
     # 2. int4 by sensitivity (measured with the final tables in place)
     if recipe.int4_selection:
         t0 = time.perf_counter()
         apply_tables(student, tables)
-        lattice = [n for n, r in records.items() if isinstance(r, QuantizedWeight)]
-        originals = _original_weights(reference, lattice)
-        int4 = {n: Int4Weight.quantize(originals[n], group=recipe.int4_group) for n in lattice}
+        matrices = [n for n, r in records.items() if isinstance(r, QuantizedWeight)]
+        originals = _original_weights(reference, matrices)
+        int4 = {n: Int4Weight.quantize(originals[n], group=recipe.int4_group) for n in matrices}
         swaps = {n: rec.dequantize(torch.float32) for n, rec in int4.items()}
         upgrades: dict[str, tuple[str, GroupAffine]] = {}  # module -> (tensor, 8-bit table)
         if recipe.table_upgrades:
@@ -679,13 +667,14 @@ def run_recipe(
                                "exactly this run's int4 / table candidates")
         else:
             measured = dict(sensitivity)
-        planned_raw = {**raw, **tables}
+        planned_raw = {**raw, **tables, **lattice}
         plan_bits = projected_bits(records, planned_raw, dense_projections)
         record_weights = sum(r.d_out * r.d_in for r in records.values())
         scale = plan_bits.record_weights / max(1, record_weights)
         budget = recipe.target_bpp * plan_bits.parameters - plan_bits.served_bits
         if budget < 0:  # the floor itself is above the target: say why, once the rate is final
-            table_params = sum(ga.rows * ga.cols for ga in tables.values())
+            table_params = (sum(ga.rows * ga.cols for ga in tables.values())
+                            + sum(r.d_out * r.d_in for r in lattice.values()))
             meta["floor"] = {"bits_per_param": plan_bits.bits_per_param,
                              "table_share": table_params / max(1, plan_bits.parameters),
                              "table_bits": sorted({ga.bits for ga in tables.values()})}
@@ -696,7 +685,7 @@ def run_recipe(
                 extra_bits=scale * (record_served_bits(int4[n]) - record_served_bits(records[n])),
                 weights=records[n].d_out * records[n].d_in,
             )
-            for n in lattice
+            for n in matrices
         ] + [
             Candidate(  # a table is whole-model already: no depth scaling
                 name=m,
@@ -745,15 +734,21 @@ def run_recipe(
                       "chosen": len(chosen)})
 
     # 3. tables
-    if tables:
+    if tables or lattice:
         t0 = time.perf_counter()
         raw.update(tables)
         apply_tables(student, tables)
+        apply_lattice(student, raw, lattice)  # again: a re-encode in step 2 reset the student
         embed_bits = tables[embed_name].bits if embed_name in tables else None
-        config = config.replace(embedding_encoding=_encoding_of(embed_bits))
+        config = config.replace(
+            embedding_encoding="lattice" if lattice else encoding_of(embed_bits))
         steps.append({"step": "tables", "seconds": time.perf_counter() - t0,
                       "tables": {n: {"bits": g.bits, "group": g.group, "dims": list(g.dims)}
                                  for n, g in tables.items()},
+                      "lattice": {n: {"codebook": r.codebook, "dims": [r.d_out, r.d_in],
+                                      "served_bits_per_weight":
+                                      record_served_bits(r) / (r.d_out * r.d_in)}
+                                  for n, r in lattice.items()},
                       "tied": dict(tied)})
 
     # 4. row scales (nothing to train when the budget moved every matrix to int4)
@@ -790,7 +785,10 @@ def run_recipe(
         except NotComposable as exc:  # the model is untouched: the result is steps 1-4
             recipe = _without_tuning(recipe, meta, f"{exc}; the tuning step is skipped")
 
-    final = projected_bits(records, raw, dense_projections)
+    for name in lattice:  # a table until now; stored as a record
+        raw.pop(name, None)
+    final = projected_bits(records, {**raw, **lattice}, dense_projections)
+    records.update({n.rsplit(".", 1)[0]: r for n, r in lattice.items()})
     meta["whole_model_bits_per_param"] = final.bits_per_param
     if "floor" in meta:
         floor = meta["floor"]
@@ -801,7 +799,10 @@ def run_recipe(
             f"{floor['bits_per_param']:.3f} (the embedding and head tables are "
             f"{100 * floor['table_share']:.0f} % of its parameters), so no int4 matrix or 8-bit "
             f"table fits" + ("; an untied head can start at 4 bits (--head-bits 4)"
-                             if 8 in floor["table_bits"] else ""))
+                             if 8 in floor["table_bits"] else "")
+            + ("; an untied embedding can be coded on the lattice (--lattice-embedding, about "
+               "2.2 instead of 4.5 bits a weight)"
+               if embed_name in tables and head_name not in tied else ""))
         log.warning("leechq: %s", meta["over_target"])
     meta["projected"] = bool(dense_projections)
     meta["seconds"] = time.perf_counter() - started
