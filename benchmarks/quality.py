@@ -244,8 +244,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         """``run_recipe``'s resumable checkpoints of one budget under ``--checkpoint-dir``."""
         if ckpt is None:
             return {}
-        return {"checkpoint_dir": ckpt / f"rows-{target:g}",
-                "tune_checkpoint_dir": ckpt / f"tune-{target:g}",
+        lat = "-lattice-embedding" if args.lattice_embedding else ""  # another student
+        return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}",
+                "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}",
                 "sensitivity_checkpoint_dir": ckpt / "sensitivity"}
 
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
@@ -267,6 +268,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                           lr=2e-3)
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
+    if args.lattice_embedding:
+        head_bits.update(lattice_embedding=True, embedding_bits=None)
     t0 = time.perf_counter()
     measured = None  # the sensitivity pass, measured at the first budget and reused at the others
     for target in args.target_bpp:
@@ -313,16 +316,20 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
 
 
 def budget_suffix(args: argparse.Namespace, target: float) -> str:
-    """What a recipe arm's name ends with: nothing for a single ``--target-bpp``, else `` @B``."""
-    return "" if len(args.target_bpp) == 1 else f" @{target:g}"
+    """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``, then
+    nothing for a single ``--target-bpp``, else `` @B``."""
+    lat = " lattice-emb" if getattr(args, "lattice_embedding", False) else ""
+    return lat + ("" if len(args.target_bpp) == 1 else f" @{target:g}")
 
 
 def compared_arm(arm: str, compare_to: str, arms: Any) -> str:
-    """The arm that ``arm`` is compared with: ``compare_to`` at ``arm``'s own budget (``full @3.5``
-    for ``full+tune @3.5``) where that arm exists, else ``compare_to``."""
-    _, sep, budget = arm.rpartition(" @")
-    if sep and f"{compare_to} @{budget}" in arms:
-        return f"{compare_to} @{budget}"
+    """The arm that ``arm`` is compared with: ``compare_to`` with ``arm``'s own suffix (``full
+    @3.5`` for ``full+tune @3.5``, ``full lattice-emb`` for ``full+tune lattice-emb``) where that
+    arm exists, else ``compare_to``."""
+    cuts = [i for i, ch in enumerate(arm) if ch == " "]
+    for i in cuts:  # the longest suffix first: `` lattice-emb @3.5``, then `` @3.5``
+        if f"{compare_to}{arm[i:]}" in arms:
+            return f"{compare_to}{arm[i:]}"
     return compare_to
 
 
@@ -473,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                          "comma-separated, make one pair of full arms per budget (one encode)")
     ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None,
                     help="the full arms' untied head width (default: the recipe's, 8)")
+    ap.add_argument("--lattice-embedding", action="store_true",
+                    help="the full arms code an untied token embedding on the lattice "
+                         "(`leechq quantize --lattice-embedding`)")
     ap.add_argument("--in-domain", default="pydoc")
     ap.add_argument("--unseen-domain", default="fortunes", choices=("fortunes", "wikitext2", "c4"))
     ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")

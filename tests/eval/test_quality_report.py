@@ -212,6 +212,15 @@ def test_several_budgets_make_one_pair_of_full_arms_each(capsys: pytest.CaptureF
     assert pairs == {("full+tune @2.5", "full @2.5"), ("full+tune @4", "full @4")}
     assert module.compared_arm("full+tune @4", "full", {"full @4": 0}) == "full @4"
     assert module.compared_arm("rtn-4", "full", {"full @4": 0}) == "full"
+    lat = {"full lattice-emb": 0, "full lattice-emb @4": 0}
+    assert module.compared_arm("full+tune lattice-emb", "full", lat) == "full lattice-emb"
+    assert module.compared_arm("full+tune lattice-emb @4", "full", lat) == "full lattice-emb @4"
+    import argparse
+
+    args = argparse.Namespace(lattice_embedding=True, target_bpp=[2.5, 4.0])
+    assert module.budget_suffix(args, 4.0) == " lattice-emb @4"
+    args.target_bpp = [2.7]
+    assert module.budget_suffix(args, 2.7) == " lattice-emb"
 
 
 def test_a_run_with_a_checkpoint_dir_resumes_to_the_same_rows(
