@@ -202,6 +202,9 @@ class LatticeEmbedding(nn.Module):
         self.execution = Execution("reference", str(device), dtype,
                                    kernel=f"torch-lattice-{self.codebook}-embedding")
         self._out_scale = self._rounded_scale()
+        if self.num_embeddings:  # builds the decoder's tables on the device now, so that the
+            # first lookup inside a CUDA graph capture copies nothing from the host
+            self.dequantize_rows(torch.zeros(1, dtype=torch.int64, device=device))
         return self.execution
 
     def _apply(self, fn: Any, recurse: bool = True) -> LatticeEmbedding:
