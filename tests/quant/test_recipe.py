@@ -453,6 +453,12 @@ def test_a_lattice_coded_embedding_through_the_full_recipe(tmp_path: Path) -> No
     ids = windows(2, 16, seed=11)
     torch.testing.assert_close(logits(loaded, ids), logits(res.model, ids), rtol=0, atol=1e-5)
 
+    tuned = tune_result(res, reference, TuneConfig(steps=2, warmup_steps=1, batch=2,
+                                                   teacher_topk=0, monitor_every=1),
+                        windows(4, seed=7))  # quality.py's full+tune arm
+    assert tuned.records["model.embed_tokens"] is rec and EMBED not in tuned.raw
+    assert torch.equal(tuned.model.model.embed_tokens.weight.detach(), rec.dequantize())
+    assert tuned.metadata["tune"]["steps"] == 2
     with pytest.raises(InvalidInput, match="embedding_bits must then be None"):
         resolve_recipe("full", lattice_embedding=True)
     with pytest.raises(InvalidInput, match="tied to"):

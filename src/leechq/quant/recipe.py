@@ -75,6 +75,7 @@ from leechq.quant.tables import (
     check_untied,
     encoding_of,
     ga_source,
+    split_lattice_tables,
     table_records,
 )
 from leechq.quant.tune import TuneConfig, set_raw, tune_memory_bytes, tune_model, tune_settings
@@ -499,12 +500,17 @@ def tune_result(
     recipe = result.recipe.replace(tune=tune)
     device, dtype = _device_dtype(recipe)
     student = copy.deepcopy(result.model)
-    records, raw = dict(result.records), dict(result.raw)
+    records, lattice = split_lattice_tables(student, result.records)
+    raw = dict(result.raw)
+    apply_lattice(student, raw, lattice)  # a dense table to the tuning: left as it is
     meta = copy.deepcopy(result.metadata)
     t0 = time.perf_counter()
     meta["tune"] = _tune_step(student, reference, records, raw, result.tied, train_windows, tune,
                               device, dtype, monitor_windows=monitor_windows,
                               checkpoint_dir=checkpoint_dir, progress=progress)
+    for name, rec in lattice.items():
+        raw.pop(name, None)
+        records[name.rsplit(".", 1)[0]] = rec
     seconds = time.perf_counter() - t0
     meta["steps"].append({"step": "tune", "seconds": seconds})
     meta["recipe"], meta["describe"] = recipe.to_dict(), recipe.describe()

@@ -95,3 +95,19 @@ def apply_lattice(student: nn.Module, raw: dict[str, Any],
 
 def encoding_of(bits: int | None) -> str:
     return {None: "keep", 8: "int8", 4: "int4"}[bits]
+
+
+def split_lattice_tables(model: nn.Module, records: Mapping[str, Any]
+                         ) -> tuple[dict[str, Any], dict[str, QuantizedWeight]]:
+    """``(the projections' records, the lattice-coded tables by tensor name)``: a recipe result
+    records a lattice-coded embedding under its module's name beside the projections; the steps
+    that train records (row scales, tuning) take the projections only."""
+    linear: dict[str, Any] = {}
+    tables: dict[str, QuantizedWeight] = {}
+    for name, rec in records.items():
+        if isinstance(model.get_submodule(name), nn.Embedding):
+            tables[f"{name}.weight"] = rec
+        else:
+            linear[name] = rec
+    return linear, tables
+
