@@ -417,11 +417,11 @@ def test_a_lattice_coded_embedding_through_the_full_recipe(tmp_path: Path) -> No
     step sees it), stored as a record under its module's name, counted at its coded rate in the
     budget and the report, and loads as a LatticeEmbedding with the recipe model's logits; a tied
     table is refused before any work, and the flag excludes a group-affine embedding width."""
+    from leechq_tiny import tiny_model
     from recipe_tiny import config, logits, quantize_fn, windows
 
     from leechq.models.load import load
     from leechq.nn.lattice_embedding import LatticeEmbedding
-    from leechq_tiny import tiny_model
 
     reference = tiny_model("qwen3")  # untied head
     cfg = config(codebook="tetra")  # the lattice embedding decodes Tetra or ball codes
