@@ -726,4 +726,9 @@ def test_artifact_conversion_refusals(tmp_path: Path) -> None:
         artifact_to_tetra_dir(art, tmp_path / "o3")
     out = artifact_to_tetra_dir(art, tmp_path / "o3", allow_lossy_raw=True)
     assert read_tetra_dir(out).raw["model.norm.weight"].dtype == torch.float16
+    from dataclasses import replace
+
+    art.quant_config = replace(art.quant_config, embedding_encoding="lattice")
+    with pytest.raises(InvalidInput, match="codes its token embedding on the lattice"):
+        artifact_to_tetra_dir(art, tmp_path / "o4", allow_lossy_raw=True)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())

@@ -433,8 +433,9 @@ def artifact_to_tetra_dir(
         check_config, overwrite: as in :func:`write_tetra_dir`.
 
     Raises:
-        InvalidInput: a Ball-coded record, a gain width other than 1 bit, an 8-bit raw table, a
-            raw tensor that f16 cannot hold exactly (without ``allow_lossy_raw``).
+        InvalidInput: a Ball-coded record, a gain width other than 1 bit, a lattice-coded
+            embedding, an 8-bit raw table, a raw tensor that f16 cannot hold exactly (without
+            ``allow_lossy_raw``).
     """
     art = source if isinstance(source, Artifact) else read_artifact(source)
     if art.quant_config.codebook != "tetra" or art.quant_config.gain_bits != GAIN_BITS:
@@ -444,6 +445,11 @@ def artifact_to_tetra_dir(
             f"Tetra-coded records with {GAIN_BITS} gain bit. Ball-coded weights have no Tetra "
             "word: re-quantize with codebook='tetra', gain_bits=1"
         )
+    if art.quant_config.embedding_encoding == "lattice":
+        raise InvalidInput(
+            f"artifact {art.path} codes its token embedding on the lattice; the Tetra format "
+            "records linear layers only (its readers would load the table as a linear): "
+            "re-quantize without --lattice-embedding to convert")
     base = {k: v for k, v in art.config.items() if k != "quantization_config"}
     raw: dict[str, Any] = {}
     for name, t in art.raw.items():
