@@ -1,5 +1,6 @@
-"""Coding a token embedding on the lattice: the record is what block GPTQ gives with no error
-feedback (an identity Hessian), under the first block's attention-input rotation."""
+"""Coding a token embedding on the lattice (``leechq.quant.embedding``): the record is what block
+GPTQ gives with no error feedback (an identity Hessian), under the first block's attention-input
+rotation."""
 
 from __future__ import annotations
 
