@@ -88,6 +88,9 @@ def test_save_round_trip_and_dtypes(artifact: tuple[Path, torch.nn.Module],
 
 
 def test_tied_tables_are_refused(tmp_path: Path, artifact: tuple[Path, torch.nn.Module]) -> None:
+    with pytest.raises(InvalidInput, match="one gain bit"):
+        quantize_model(tiny_model("qwen3"), None, _windows(), _cfg(gain_bits=2),
+                       tmp_path / "wide", progress=False)
     tied = tiny_model("llama")  # one table for the embedding and the head
     with pytest.raises(InvalidInput, match="tied to it"):
         quantize_model(tied, None, _windows(), _cfg(), tmp_path / "no", progress=False)

@@ -84,6 +84,10 @@ def test_bad_input_is_refused() -> None:
         emb.finalize("cpu", torch.int8)
     with pytest.raises(InvalidInput, match="meta device"):
         emb.finalize("meta")
+    wide = encode_embedding(torch.randn(4, 24), QuantConfig(codebook="tetra", gain_bits=2,
+                                                            device="cpu"))
+    with pytest.raises(InvalidInput, match="one gain bit"):
+        LatticeEmbedding.from_record(wide)
     with pytest.raises(InvalidInput, match="QuantizedWeight"):
         LatticeEmbedding.from_record(torch.zeros(3, 24))  # type: ignore[arg-type]
 

@@ -64,6 +64,9 @@ class LatticeEmbedding(nn.Module):
         if record.codebook not in ("tetra", "ball"):
             raise InvalidInput(f"LatticeEmbedding decodes Tetra or ball codes, got codebook "
                                f"{record.codebook!r}")
+        if record.centroids.numel() > 2:
+            raise InvalidInput(f"LatticeEmbedding holds one gain bit (two centroids), got "
+                               f"{record.centroids.numel()} centroids")
         self.codebook = record.codebook
         self.num_embeddings = record.d_out
         self.embedding_dim = record.d_in

@@ -593,6 +593,9 @@ def run_recipe(
         raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
     if recipe.lattice_embedding:
         check_untied(reference, embed_name, head_name)
+        if base_config.gain_bits > 1:
+            raise InvalidInput(f"lattice_embedding serves one gain bit; the encoder config has "
+                               f"{base_config.gain_bits}")
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
