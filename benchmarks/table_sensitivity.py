@@ -8,8 +8,10 @@ sets of ``quality.py`` (in-domain: the Python docs' evaluation split; unseen: ``
 
 * ``head lattice``: the head coded like a projection (Hadamard rotation, shape–gain, GPTQ error
   feedback with the Hessian of its inputs, the final norm's output on the calibration windows);
-* ``embedding lattice``: the embedding's rows coded the same way with an identity Hessian (a
-  lookup has no input statistics: every coordinate weighs the same);
+* ``embedding lattice``: the embedding coded as ``leechq quantize --lattice-embedding`` codes it
+  (:func:`leechq.quant.embedding.encode_embedding`: the same coding with an identity Hessian, a
+  lookup having no input statistics) and served as the product serves it, a
+  :class:`~leechq.nn.lattice_embedding.LatticeEmbedding` in place of the model's embedding module;
 * ``head 4-bit`` / ``embedding 4-bit``: the recipe's group-affine tables (4 bits, groups of 64);
 * ``both lattice``: the two lattice tables together.
 
@@ -18,7 +20,7 @@ and greedy agreement per set, with 95 % paired bootstrap intervals of each latti
 4-bit arm of the same table. One JSON line last.
 
 Usage: ``python benchmarks/table_sensitivity.py --model qwen2.5-coder-0.5b --windows 8``
-(CPU; ``--device cuda`` on a GPU).
+(CPU; ``--device cuda`` on a GPU; ``--tables embedding`` measures the embedding's arms only).
 """
 
 from __future__ import annotations
@@ -92,31 +94,47 @@ def head_states(model: Any, head: torch.nn.Module, calib: torch.Tensor, batch: i
 
 
 def lattice_tables(reference: Any, calib: torch.Tensor, args: argparse.Namespace,
-                   embed: str, head: str | None) -> dict[str, tuple[torch.Tensor, float]]:
-    """module name → (decoded weight, served bits per weight) of the lattice-coded tables."""
+                   embed: str, head: str | None) -> dict[str, Any]:
+    """module name → lattice record of the tables: the head by GPTQ with the Hessian of its inputs
+    (the layer-wise driver), the embedding as the product codes it."""
     from leechq.config import QuantConfig
-    from leechq.formats.accounting import record_served_bits
+    from leechq.quant.embedding import encode_embedding
     from leechq.quant.layerwise import quantize_blocks
 
-    model = copy.deepcopy(reference)
-    blocks = []
-    if head is not None:
-        module = model.get_submodule(head)
-        states = head_states(model, module, calib, 4, args.device)
-        blocks.append(_TableBlock(0, head, module, reads_states=True))
-    else:
-        states = [torch.zeros(1, 1, model.get_submodule(embed).weight.shape[1])]
-    blocks.append(_TableBlock(len(blocks), embed, model.get_submodule(embed), reads_states=False))
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
                       calib_window_len=calib.shape[1], device=args.device)
+    out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    run = quantize_blocks(blocks, states, cfg, progress=True)
+    if head is not None:
+        model = copy.deepcopy(reference)
+        module = model.get_submodule(head)
+        states = head_states(model, module, calib, 4, args.device)
+        run = quantize_blocks([_TableBlock(0, head, module, reads_states=True)], states, cfg,
+                              progress=True)
+        out.update(run.records)
+    out[embed] = encode_embedding(reference.get_submodule(embed).weight, cfg, name=embed,
+                                  progress=True)
     quality.log(f"lattice tables encoded: {time.perf_counter() - t0:.1f} s")
-    out = {}
-    for name, rec in run.records.items():
-        bits = record_served_bits(rec) / (rec.d_out * rec.d_in)
-        out[name] = (model.get_submodule(name).weight.detach().float().cpu(), bits)
     return out
+
+
+def _install(model: Any, name: str, table: Any) -> None:
+    """Put ``table`` in ``model``'s module ``name``: a lattice-coded embedding as the served
+    :class:`LatticeEmbedding` (float32 on the CPU), anything else as the dense weight."""
+    from leechq.formats.quantized_weight import QuantizedWeight
+    from leechq.nn.lattice_embedding import LatticeEmbedding
+    from leechq.utils.modules import embedding_scale
+
+    module = model.get_submodule(name)
+    if isinstance(table, QuantizedWeight) and isinstance(module, torch.nn.Embedding):
+        served = LatticeEmbedding.from_record(table, embedding_scale(module))
+        served.finalize("cpu", torch.float32)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, served)
+        return
+    w = table.dequantize(torch.float32) if isinstance(table, QuantizedWeight) else table
+    with torch.no_grad():
+        module.weight.copy_(w)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-tokens", type=int, default=8192)
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--tables", default="both", choices=("both", "embedding"),
+                    help="measure both tables' arms, or the embedding's only")
     args = ap.parse_args(argv)
     # what quality.real_setup reads
     args.calib_data, args.train_tokens = None, 2 * args.window
     args.in_domain, args.unseen_domain = "pydoc", "fortunes"
 
-    from leechq.formats.accounting import raw_served_bits
+    from leechq.formats.accounting import raw_served_bits, record_served_bits
     from leechq.formats.artifact import GroupAffine
     from leechq.models.arch import arch_of
 
@@ -143,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     head = getattr(arch, "head_path", None)
     tied = head is not None and (reference.get_submodule(head).weight
                                  is reference.get_submodule(embed).weight)
-    if tied:
-        head = None  # one table: the embedding arm changes the head too
-    quality.log(f"{args.model}: tables {embed}" + (f", {head}" if head else " (tied head)"))
-    lattice = lattice_tables(reference, roles["calib"], args, embed, head)
-    arms: dict[str, dict[str, tuple[torch.Tensor, float]]] = {}
+    if tied or args.tables == "embedding":
+        head = None  # (tied: one table, the embedding arm changes the head too)
+    quality.log(f"{args.model}: tables {embed}"
+                + (f", {head}" if head else " (tied head)" if tied else ""))
+    records = lattice_tables(reference, roles["calib"], args, embed, head)
+    lattice = {n: (r, record_served_bits(r) / (r.d_out * r.d_in)) for n, r in records.items()}
+    arms: dict[str, dict[str, tuple[Any, float]]] = {}
     for name, label in ((head, "head"), (embed, "embedding")):
         if name is None:
             continue
@@ -173,9 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, measured = [], {d: {} for d in sets}
     for arm, tensors in arms.items():
         model = copy.deepcopy(reference)
-        with torch.no_grad():
-            for name, (w, _) in tensors.items():
-                model.get_submodule(name).weight.copy_(w)
+        for name, (table, _) in tensors.items():
+            _install(model, name, table)
         for dset, ids in sets.items():
             with quality.on_device(model, args.device):
                 measured[dset][arm] = quality.per_window(model, ref[dset][0], ids)

@@ -44,3 +44,17 @@ def test_bad_tables_are_refused() -> None:
         encode_embedding(torch.zeros(4, 24), cfg.replace(codebook="identity"))
     with pytest.raises(InvalidInput, match="expected a tensor"):
         encode_embedding([[0.0] * 24], cfg)  # type: ignore[arg-type]
+
+
+def test_progress_counts_every_column_group(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bar advances once per 24-column group; the record is the same with or without it."""
+    w = torch.randn(20, 77, generator=torch.Generator().manual_seed(4))
+    cfg = QuantConfig(codebook="tetra", device="cpu")
+    steps: list[int] = []
+    rot = generate_rotation(77, rotation_seed(0, 0, cfg.rotation_seed))
+    gptq_quantize(w, None, make_coder(cfg), rot, on_step=steps.append)
+    assert sum(steps) == 77 // 24
+    quiet = encode_embedding(w, cfg)
+    shown = encode_embedding(w, cfg, name="emb", progress=True)
+    assert torch.equal(quiet.labels, shown.labels) and torch.equal(quiet.gains, shown.gains)
+    assert "lattice emb" in capsys.readouterr().err

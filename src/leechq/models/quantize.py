@@ -324,16 +324,19 @@ def check_lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig) -> 
                            f"{arch.embed_path}, got {type(arch.embedding(model)).__name__}")
 
 
-def lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig) -> Record:
-    """Code ``model``'s token embedding on the lattice (``leechq.quant.embedding``) and make the
-    model evaluate the decoded table; returns the record (stored under the module's name)."""
+def lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig,
+                      progress: bool = False) -> Record:
+    """Code ``model``'s token embedding on the lattice (``leechq.quant.embedding``, a progress
+    bar with ``progress``) and make the model evaluate the decoded table; returns the record
+    (stored under the module's name)."""
     from leechq.quant.embedding import encode_embedding
 
     check_lattice_embedding(model, arch, config)
     module = arch.embedding(model)
     t0 = time.perf_counter()
     log.info("coding the token embedding %s on the lattice", list(module.weight.shape))
-    record = encode_embedding(module.weight, config, name=f"{arch.embed_path}.weight")
+    record = encode_embedding(module.weight, config, name=f"{arch.embed_path}.weight",
+                              progress=progress)
     with torch.no_grad():
         module.weight.copy_(record.dequantize(torch.float32).to(module.weight.dtype))
     log.info("token embedding coded in %.1f s", time.perf_counter() - t0)
@@ -428,7 +431,7 @@ def quantize_model_in_place(
     )
     records = dict(result.records)
     if config.embedding_encoding == "lattice":
-        records[arch.embed_path] = lattice_embedding(model, arch, config)
+        records[arch.embed_path] = lattice_embedding(model, arch, config, progress)
     raw, tied = _raw_tensors(model, arch, records, config)
     _apply_raw_quant(model, raw)
     if was_training:

@@ -26,7 +26,7 @@ from leechq.quant.layerwise import make_coder, resolve_device
 
 
 def encode_embedding(weight: torch.Tensor, config: QuantConfig,
-                     name: str = "embedding") -> QuantizedWeight:
+                     name: str = "embedding", progress: bool = False) -> QuantizedWeight:
     """Code a token embedding table on the lattice.
 
     Args:
@@ -34,6 +34,8 @@ def encode_embedding(weight: torch.Tensor, config: QuantConfig,
         config: the encoder configuration (codebook, gain bits, centroid iterations, rotation,
             tail policy, device).
         name: the table's name, for error messages.
+        progress: a tqdm bar over the table's 24-column groups, with a time estimate (coding a
+            151 936-row table takes minutes on a CPU).
 
     Returns:
         The canonical record (CPU tensors): ``d_out = vocab``, ``d_in = dim``.
@@ -53,5 +55,9 @@ def encode_embedding(weight: torch.Tensor, config: QuantConfig,
                 if config.rotate else None)
     device = resolve_device(config.device)
     w = weight.detach().to(device=device)  # gptq checks the shape, dtype and finiteness
-    result = gptq_quantize(w, None, coder, rotation, config.tail_policy, name)
+    from leechq.quant.progress import stage_bar
+
+    with stage_bar(f"lattice {name}", dim // 24, "column groups", progress) as bar:
+        result = gptq_quantize(w, None, coder, rotation, config.tail_policy, name,
+                               on_step=bar.update)
     return result.to_quantized_weight()

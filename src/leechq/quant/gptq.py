@@ -40,7 +40,7 @@ or optionally column-wise GPTQ against the natural-basis Hessian with the group 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -371,10 +371,12 @@ def schedule(n_groups: Sequence[int], rows: Sequence[int] | None = None) -> list
     return [sorted(step) for step in steps]
 
 
-def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
+def _run(matrices: Sequence[_Matrix], coder: BlockCoder,
+         on_step: Callable[[int], None] | None = None) -> None:
     """The concurrent loop of docs/quantizer.md §5: at each global step, one coder call for the next
     column group of
-    every matrix due (rows stacked), then each matrix stores its codes and propagates its error."""
+    every matrix due (rows stacked), then each matrix stores its codes and propagates its error;
+    ``on_step(column groups coded)`` after each step (a progress bar)."""
     for active in schedule([m.nb for m in matrices], [m.rows for m in matrices]):
         group = [matrices[j] for j in active]
         if len(group) == 1:
@@ -382,6 +384,8 @@ def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
             v = m.columns().clone()
             codes = coder.code(v, m.scales, m.centroids)
             m.apply(codes.values, codes.gains, codes.labels, codes.points)
+            if on_step is not None:
+                on_step(1)
             continue
         v = torch.cat([m.columns() for m in group])
         scales = torch.cat([m.scales for m in group])
@@ -397,6 +401,8 @@ def _run(matrices: Sequence[_Matrix], coder: BlockCoder) -> None:
                 None if codes.labels is None else codes.labels[rows],
                 None if codes.points is None else codes.points[rows],
             )
+        if on_step is not None:
+            on_step(len(group))
 
 
 @dataclass
@@ -424,6 +430,7 @@ def gptq_quantize_many(
     *,
     propagation: str = "auto",
     window: int = DEFAULT_WINDOW,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[GPTQResult]:
     """Code several matrices with block GPTQ concurrently (docs/quantizer.md §5).
 
@@ -442,6 +449,8 @@ def gptq_quantize_many(
             order may depend on the number of rows, so bit-exact batch invariance is not promised),
             or "auto".
         window: lazy window width in columns (rounded down to a multiple of 24).
+        on_step: called with the number of (matrix, column group) pairs coded after each step
+            (a progress bar; the total is the jobs' ``d_in // 24`` summed), or None.
 
     Returns:
         One :class:`GPTQResult` per job, in order.
@@ -454,7 +463,7 @@ def gptq_quantize_many(
         )
         prepared.append(job.rotation)
         matrices.append(_Matrix(w, u, scales, centroids, coder, propagation, window))
-    _run(matrices, coder)
+    _run(matrices, coder, on_step)
     return [m.finish(coder, rot) for m, rot in zip(matrices, prepared, strict=True)]
 
 
@@ -468,6 +477,7 @@ def gptq_quantize(
     *,
     propagation: str = "auto",
     window: int = DEFAULT_WINDOW,
+    on_step: Callable[[int], None] | None = None,
 ) -> GPTQResult:
     """Code one matrix with block GPTQ (docs/quantizer.md §5), all rows at once.
 
@@ -479,13 +489,14 @@ def gptq_quantize(
         rotation: the input rotation with its effective seed, or None.
         tail_policy: "keep_exact" or "refuse".
         name: the matrix name used in error messages.
-        propagation, window: see :func:`gptq_quantize_many`.
+        propagation, window, on_step: see :func:`gptq_quantize_many`.
 
     Returns:
         The coded matrix (:class:`GPTQResult`).
     """
     job = GPTQJob(weight, u, rotation, tail_policy, name)
-    return gptq_quantize_many([job], coder, propagation=propagation, window=window)[0]
+    return gptq_quantize_many([job], coder, propagation=propagation, window=window,
+                              on_step=on_step)[0]
 
 
 def gptq_quantize_reference(

@@ -640,7 +640,7 @@ def run_recipe(
 
         source = _original_weights(reference, [embed_name.rsplit(".", 1)[0]])
         lattice[embed_name] = encode_embedding(next(iter(source.values())), config,
-                                               name=embed_name)
+                                               name=embed_name, progress=progress)
         apply_lattice(student, raw, lattice)
         steps.append({"step": "lattice_embedding", "seconds": time.perf_counter() - t0})
     device, dtype = _device_dtype(recipe)
