@@ -20,6 +20,9 @@ Lifecycle (the HfQuantizer hooks of transformers 5):
   so
   transformers' own loader fills everything by name (f64 scales stay f64: the loader keeps the dtype
   of the buffer it loads into);
+* a lattice-coded token embedding (a record under the embedding module's name) gets the same
+  kind of placeholder in place of its ``nn.Embedding``, and becomes a
+  :class:`~leechq.nn.lattice_embedding.LatticeEmbedding` once loaded;
 * group-affine raw tensors (a 4/8-bit embedding or head) are read by a ``WeightConverter``
   (:meth:`LeechqHfQuantizer.get_weight_conversions`) that keeps their three stored tensors; a
   transient dense copy on the CPU fills the skeleton's parameter;
