@@ -93,47 +93,23 @@ def _select(request: Any, prefer: str) -> tuple[Any, str | None]:
         return None, str(exc)
 
 
-class PackedEmbedding(nn.Module):
-    """A token embedding whose table stays packed: ids int [...] → [..., dim] (activation dtype).
+class ScaledLookup(nn.Module):
+    """What the token-embedding modules share (:class:`PackedEmbedding`,
+    :class:`~leechq.nn.lattice_embedding.LatticeEmbedding`): the preference of the last
+    ``finalize``, the ``embed_scale`` factor rounded to the output dtype, the token-id check, and a
+    dtype cast (``model.half()``) that changes only the output dtype — the buffers named by
+    :attr:`KEPT_DTYPES` (all floating ones when None) keep theirs — and re-finalizes a finalized
+    module on its (new) device. A subclass sets ``execution`` in ``finalize`` and names its
+    device by :meth:`_device`."""
 
-    Build with :meth:`from_group_affine` or :meth:`from_table`, then :meth:`finalize` once on the
-    device (``.to(device)`` after finalize re-finalizes on the new device with the same preference;
-    a dtype cast of the module changes the output dtype and leaves the f16 scales and biases
-    untouched).
+    KEPT_DTYPES: tuple[str, ...] | None = None
 
-    Attributes:
-        bits: 4 or 8.
-        num_embeddings, embedding_dim: the table's shape (vocabulary rows, dim).
-        group: columns per scale/bias group.
-        qweight: uint8 buffer [vocab, dim·bits/8]; scales, biases: float16 buffers [vocab, groups].
-        embed_scale: factor on every looked-up row (1.0: none). A module that replaces a scaled
-            word embedding (Gemma's √dim) carries the factor it applied; ``forward`` rounds it to
-            the output dtype and multiplies, as transformers does. Not part of the table (not
-            saved); the tied :class:`PackedHead` reads the unscaled table.
-        execution: how ``forward`` computes once finalized (None before).
-    """
-
-    def __init__(self, bits: int, num_embeddings: int, embedding_dim: int, group: int,
-                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
-                 embed_scale: float = 1.0) -> None:
+    def __init__(self, embed_scale: float = 1.0) -> None:
         super().__init__()
-        if bits not in (4, 8):
-            raise InvalidInput(f"a packed table has 4 or 8 bits, got {bits}")
-        self.bits = int(bits)
-        self.num_embeddings = int(num_embeddings)
-        self.embedding_dim = int(embedding_dim)
-        self.group = int(group)
         self._embed_scale = float(embed_scale)
         self._out_scale = self._embed_scale  # rounded to the output dtype by finalize
-        # The kernels' record classes validate every shape and dtype (and name the bad tensor).
-        self._make_table(qweight, scales, biases)
-        self.register_buffer("qweight", qweight.detach().contiguous())
-        self.register_buffer("scales", scales.detach().contiguous())
-        self.register_buffer("biases", biases.detach().contiguous())
         self.execution: Execution | None = None
         self._prefer = "auto"
-        self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
-        self._key = 0  # the lookup's custom-op key (leechq.nn.custom_ops), set by finalize
 
     @property
     def prefer(self) -> str:
@@ -155,6 +131,82 @@ class PackedEmbedding(nn.Module):
         if self.execution is None or self._embed_scale == 1.0:
             return self._embed_scale
         return float(torch.tensor(self._embed_scale, dtype=self.execution.dtype))
+
+    def _flat_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` flattened, or :class:`InvalidInput` unless an int32/int64 tensor."""
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+            got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise InvalidInput(f"{type(self).__name__} takes int32/int64 token ids, got {got}")
+        return ids.reshape(-1)
+
+    def _scaled(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` times the factor rounded to the output dtype, as transformers scales them."""
+        return rows * self._out_scale if self._out_scale != 1.0 else rows
+
+    def _device(self) -> torch.device:
+        raise NotImplementedError
+
+    def finalize(self, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32, *, prefer: str = "auto") -> Execution:
+        raise NotImplementedError
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ScaledLookup:
+        names = self.KEPT_DTYPES
+        kept = {n: b for n, b in self._buffers.items() if b is not None
+                and (n in names if names is not None else b.is_floating_point())}
+        super()._apply(fn, recurse)
+        for n, old in kept.items():
+            new = self._buffers[n]
+            if new is not None and new.dtype != old.dtype:
+                self._buffers[n] = old.to(new.device)
+        if self.execution is not None:  # moved: the lookups must read the moved tensors
+            self.finalize(self._device(), _cast_dtype(fn, self.execution.dtype),
+                          prefer=self._prefer)
+        return self
+
+
+class PackedEmbedding(ScaledLookup):
+    """A token embedding whose table stays packed: ids int [...] → [..., dim] (activation dtype).
+
+    Build with :meth:`from_group_affine` or :meth:`from_table`, then :meth:`finalize` once on the
+    device (``.to(device)`` after finalize re-finalizes on the new device with the same preference;
+    a dtype cast of the module changes the output dtype and leaves the f16 scales and biases
+    untouched).
+
+    Attributes:
+        bits: 4 or 8.
+        num_embeddings, embedding_dim: the table's shape (vocabulary rows, dim).
+        group: columns per scale/bias group.
+        qweight: uint8 buffer [vocab, dim·bits/8]; scales, biases: float16 buffers [vocab, groups].
+        embed_scale: factor on every looked-up row (1.0: none). A module that replaces a scaled
+            word embedding (Gemma's √dim) carries the factor it applied; ``forward`` rounds it to
+            the output dtype and multiplies, as transformers does. Not part of the table (not
+            saved); the tied :class:`PackedHead` reads the unscaled table.
+        execution: how ``forward`` computes once finalized (None before).
+    """
+
+    KEPT_DTYPES = ("scales", "biases")  # f16: a bf16 cast would change them
+
+    def __init__(self, bits: int, num_embeddings: int, embedding_dim: int, group: int,
+                 qweight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                 embed_scale: float = 1.0) -> None:
+        super().__init__(embed_scale)
+        if bits not in (4, 8):
+            raise InvalidInput(f"a packed table has 4 or 8 bits, got {bits}")
+        self.bits = int(bits)
+        self.num_embeddings = int(num_embeddings)
+        self.embedding_dim = int(embedding_dim)
+        self.group = int(group)
+        # The kernels' record classes validate every shape and dtype (and name the bad tensor).
+        self._make_table(qweight, scales, biases)
+        self.register_buffer("qweight", qweight.detach().contiguous())
+        self.register_buffer("scales", scales.detach().contiguous())
+        self.register_buffer("biases", biases.detach().contiguous())
+        self._lookup: Callable[[torch.Tensor], torch.Tensor] = self._unfinalized
+        self._key = 0  # the lookup's custom-op key (leechq.nn.custom_ops), set by finalize
+
+    def _device(self) -> torch.device:
+        return self.qweight.device
 
     # ------------------------------------------------------------------ construction
 
@@ -288,20 +340,6 @@ class PackedEmbedding(nn.Module):
                           stacklevel=2)
         return self.execution
 
-    def _apply(self, fn: Any, recurse: bool = True) -> PackedEmbedding:
-        # A dtype cast (model.half(), model.to(bf16)) must not touch the stored f16 scales and
-        # biases (bf16 would change them): keep their values, follow only the device.
-        kept = {n: self._buffers[n] for n in ("scales", "biases")}
-        super()._apply(fn, recurse)
-        for n, old in kept.items():
-            new = self._buffers[n]
-            if new is not None and old is not None and new.dtype != old.dtype:
-                self._buffers[n] = old.to(new.device)
-        if self.execution is not None:  # moved: the kernels must read the moved tensors
-            self.finalize(self.qweight.device, _cast_dtype(fn, self.execution.dtype),
-                          prefer=self._prefer)
-        return self
-
     # ------------------------------------------------------------------ forward
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -311,17 +349,12 @@ class PackedEmbedding(nn.Module):
         Out-of-range ids raise :class:`InvalidInput` on the CPU (reference twin); on an
         accelerator they are not checked (no host sync), as in ``torch.nn.functional.embedding``.
         """
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
-            got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise InvalidInput(f"PackedEmbedding takes int32/int64 token ids, got {got}")
-        flat = ids.reshape(-1).contiguous()
+        flat = self._flat_ids(ids).contiguous()
         if self.execution is None:
             return self._unfinalized(flat)
         rows = custom_ops.packed_embedding(flat, self._key, self.embedding_dim,
                                            self.execution.dtype)
-        if self._out_scale != 1.0:  # the factor rounded to the output dtype, as transformers
-            rows = rows * self._out_scale
-        return rows.reshape(*ids.shape, self.embedding_dim)
+        return self._scaled(rows).reshape(*ids.shape, self.embedding_dim)
 
     def _unfinalized(self, flat: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("PackedEmbedding was never finalized: call finalize(device, dtype) "

@@ -22,13 +22,12 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
 from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.formats.rotation import RotationTables, rotation_transpose_with
-from leechq.nn.embedding import _cast_dtype, _check_finalize_args, _target_device
+from leechq.nn.embedding import ScaledLookup, _check_finalize_args, _target_device
 from leechq.nn.linear import Execution
 
 MAX_SHELL = 64
@@ -36,7 +35,7 @@ MAX_SHELL = 64
 on shells up to 12."""
 
 
-class LatticeEmbedding(nn.Module):
+class LatticeEmbedding(ScaledLookup):
     """A lattice-coded token embedding: ids int [...] → [..., dim] (activation dtype).
 
     Build with :meth:`from_record`, then :meth:`finalize` once (``.to(device)`` afterwards moves
@@ -57,7 +56,7 @@ class LatticeEmbedding(nn.Module):
     """
 
     def __init__(self, record: QuantizedWeight, embed_scale: float = 1.0) -> None:
-        super().__init__()
+        super().__init__(embed_scale)
         if not isinstance(record, QuantizedWeight):
             raise InvalidInput(f"LatticeEmbedding needs a QuantizedWeight, got "
                                f"{type(record).__name__}")
@@ -91,39 +90,16 @@ class LatticeEmbedding(nn.Module):
                         ("signs", signs.to(torch.float64)), ("small", small.to(torch.float64)),
                         ("roots", roots)):
             self.register_buffer(name, t.detach().contiguous().clone())
-        self._embed_scale = float(embed_scale)
-        self._out_scale = self._embed_scale
         self._class_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._canonical: dict[str, torch.Tensor] | None = None  # state_dict's tensors, once built
-        self.execution: Execution | None = None
-        self._prefer = "auto"
 
     @classmethod
     def from_record(cls, record: QuantizedWeight, embed_scale: float = 1.0) -> LatticeEmbedding:
         """A module over ``record`` (vocabulary rows × dim; its tensors are copied)."""
         return cls(record, embed_scale)
 
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def prefer(self) -> str:
-        """The preference of the last :meth:`finalize` ("auto" before any)."""
-        return self._prefer
-
-    @property
-    def embed_scale(self) -> float:
-        """The factor on every looked-up row (1.0: none)."""
-        return self._embed_scale
-
-    @embed_scale.setter
-    def embed_scale(self, value: float) -> None:
-        self._embed_scale = float(value)
-        self._out_scale = self._rounded_scale()
-
-    def _rounded_scale(self) -> float:
-        if self.execution is None or self._embed_scale == 1.0:
-            return self._embed_scale
-        return float(torch.tensor(self._embed_scale, dtype=self.execution.dtype))
+    def _device(self) -> torch.device:
+        return self.codes.device
 
     def packed_bytes(self) -> int:
         """Bytes the module holds on its device (codes, scales, tail and tables)."""
@@ -210,20 +186,6 @@ class LatticeEmbedding(nn.Module):
             self.dequantize_rows(torch.zeros(1, dtype=torch.int64, device=device))
         return self.execution
 
-    def _apply(self, fn: Any, recurse: bool = True) -> LatticeEmbedding:
-        # A dtype cast must not touch the float64 scales, centroids and tables (nor the f32
-        # tail): keep their values and follow only the device.
-        kept = {n: b for n, b in self._buffers.items() if b is not None}
-        super()._apply(fn, recurse)
-        for n, old in kept.items():
-            new = self._buffers[n]
-            if new is not None and new.dtype != old.dtype:
-                self._buffers[n] = old.to(new.device)
-        if self.execution is not None:
-            self.finalize(self.codes.device, _cast_dtype(fn, self.execution.dtype),
-                          prefer=self._prefer)
-        return self
-
     # ------------------------------------------------------------------ serialization
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
@@ -245,21 +207,17 @@ class LatticeEmbedding(nn.Module):
         """Rows of the table times ``embed_scale``: ids int32/int64 [...] → [..., dim] of the
         finalize dtype. Out-of-range ids raise :class:`InvalidInput` on the CPU; on an accelerator
         they are not checked (no host sync), as in ``torch.nn.functional.embedding``."""
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
-            got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise InvalidInput(f"LatticeEmbedding takes int32/int64 token ids, got {got}")
+        flat = self._flat_ids(ids)
         if self.execution is None:
             raise RuntimeError("LatticeEmbedding was never finalized: call finalize(device, "
                                "dtype) (leechq.load does it on load)")
-        flat = ids.reshape(-1).to(device=self.codes.device, dtype=torch.int64)
+        flat = flat.to(device=self.codes.device, dtype=torch.int64)
         if flat.device.type == "cpu" and flat.numel() and (
                 int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
             bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
             raise InvalidInput(f"token id {bad} outside the embedding's "
                                f"{self.num_embeddings} rows")
-        rows = self.dequantize_rows(flat).to(self.execution.dtype)
-        if self._out_scale != 1.0:
-            rows = rows * self._out_scale
+        rows = self._scaled(self.dequantize_rows(flat).to(self.execution.dtype))
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
