@@ -307,31 +307,14 @@ def _raw_tensors(
     return raw, tied
 
 
-def check_lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig) -> None:
-    """Refuse a lattice-coded embedding the model cannot take: a tied table (it is the head too,
-    and a lattice head costs four to ten times the KL: ``leechq.quant.embedding``) or an
-    embedding that is not a plain ``nn.Embedding``, or more than one gain bit (the served
-    layouts' width)."""
-    if arch.tied_embeddings(model):
-        raise InvalidInput(
-            "embedding_encoding 'lattice' codes an untied token embedding; this model's head "
-            "is tied to it (one table serves both): use 'int4' or 'int8'")
-    if config.gain_bits > 1:
-        raise InvalidInput(f"embedding_encoding 'lattice' serves one gain bit; this config has "
-                           f"{config.gain_bits}")
-    if not isinstance(arch.embedding(model), torch.nn.Embedding):
-        raise InvalidInput(f"embedding_encoding 'lattice' needs an nn.Embedding at "
-                           f"{arch.embed_path}, got {type(arch.embedding(model)).__name__}")
-
-
 def lattice_embedding(model: Any, arch: ArchSpec, config: QuantConfig,
                       progress: bool = False) -> Record:
     """Code ``model``'s token embedding on the lattice (``leechq.quant.embedding``, a progress
     bar with ``progress``) and make the model evaluate the decoded table; returns the record
-    (stored under the module's name)."""
+    (stored under the module's name). The caller has checked the model and config
+    (``leechq.quant.tables.check_lattice_table``)."""
     from leechq.quant.embedding import encode_embedding
 
-    check_lattice_embedding(model, arch, config)
     module = arch.embedding(model)
     t0 = time.perf_counter()
     log.info("coding the token embedding %s on the lattice", list(module.weight.shape))
@@ -376,8 +359,11 @@ def quantize_model_in_place(
         on_block: callback after each committed block (tests).
     """
     arch = check_model(model)
-    if config.embedding_encoding == "lattice":
-        check_lattice_embedding(model, arch, config)
+    if config.embedding_encoding == "lattice":  # refused before any work, not after the blocks
+        from leechq.quant.tables import check_lattice_table
+
+        check_lattice_table(model, f"{arch.embed_path}.weight", f"{arch.head_path}.weight",
+                            config)
     if calib_windows.dim() != 2 or calib_windows.dtype != torch.int64:
         raise InvalidInput(
             f"calib_windows must be int64 [n, seq], got {calib_windows.dtype} "

@@ -72,7 +72,7 @@ from leechq.quant.sensitivity import Candidate, measure_swaps, select_under_budg
 from leechq.quant.tables import (
     apply_lattice,
     apply_tables,
-    check_untied,
+    check_lattice_table,
     encoding_of,
     ga_source,
     split_lattice_tables,
@@ -502,7 +502,8 @@ def tune_result(
     student = copy.deepcopy(result.model)
     records, lattice = split_lattice_tables(student, result.records)
     raw = dict(result.raw)
-    apply_lattice(student, raw, lattice)  # a dense table to the tuning: left as it is
+    for name in lattice:  # the student holds the decode: a dense table to the tuning, left as is
+        raw[name] = student.get_parameter(name).detach().float()
     meta = copy.deepcopy(result.metadata)
     t0 = time.perf_counter()
     meta["tune"] = _tune_step(student, reference, records, raw, result.tied, train_windows, tune,
@@ -592,10 +593,7 @@ def run_recipe(
     if recipe.int4_selection and sensitivity_windows is None:
         raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
     if recipe.lattice_embedding:
-        check_untied(reference, embed_name, head_name)
-        if base_config.gain_bits > 1:
-            raise InvalidInput(f"lattice_embedding serves one gain bit; the encoder config has "
-                               f"{base_config.gain_bits}")
+        check_lattice_table(reference, embed_name, head_name, base_config)
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()
@@ -631,17 +629,15 @@ def run_recipe(
 
     tables = table_records(raw, tied, recipe, embed_name, head_name)
     lattice: dict[str, QuantizedWeight] = {}  # the lattice-coded embedding, by tensor name
+    decoded: dict[str, torch.Tensor] = {}  # its decode, made once
     if recipe.lattice_embedding:
         t0 = time.perf_counter()
-        if head_name is not None and head_name in tied:
-            raise InvalidInput(f"run_recipe: {head_name} is tied to {embed_name}; a lattice "
-                               "table serves no head")
         from leechq.quant.embedding import encode_embedding
 
-        source = _original_weights(reference, [embed_name.rsplit(".", 1)[0]])
-        lattice[embed_name] = encode_embedding(next(iter(source.values())), config,
+        lattice[embed_name] = encode_embedding(reference.get_parameter(embed_name), config,
                                                name=embed_name, progress=progress)
-        apply_lattice(student, raw, lattice)
+        decoded[embed_name] = lattice[embed_name].dequantize(torch.float32)
+        apply_lattice(student, raw, decoded)
         steps.append({"step": "lattice_embedding", "seconds": time.perf_counter() - t0})
     device, dtype = _device_dtype(recipe)
 
@@ -747,7 +743,7 @@ def run_recipe(
         t0 = time.perf_counter()
         raw.update(tables)
         apply_tables(student, tables)
-        apply_lattice(student, raw, lattice)  # again: a re-encode in step 2 reset the student
+        apply_lattice(student, raw, decoded)  # again: a re-encode in step 2 reset the student
         embed_bits = tables[embed_name].bits if embed_name in tables else None
         config = config.replace(
             embedding_encoding="lattice" if lattice else encoding_of(embed_bits))

@@ -67,26 +67,37 @@ def apply_tables(model: nn.Module, tables: Mapping[str, GroupAffine]) -> None:
             param.copy_(ga.dequantize(torch.float32).to(param.dtype))
 
 
-def check_untied(reference: nn.Module, embed_name: str, head_name: str | None) -> None:
-    """Refuse a lattice-coded embedding for a model whose head is the embedding's table."""
-    if head_name is None:
-        return
+def check_lattice_table(model: nn.Module, embed_name: str, head_name: str | None,
+                        config: Any) -> None:
+    """Refuse, before any work, a lattice-coded embedding that ``model`` or the encoder
+    ``config`` cannot take: an embedding (tensor ``embed_name``) that is not an ``nn.Embedding``,
+    more than one gain bit (the served layouts' width), or a head (tensor ``head_name``) tied to
+    the table — the table would be the head too, where the lattice costs four to ten times the
+    KL of a 4-bit table (:mod:`leechq.quant.embedding`)."""
+    owner = embed_name.rpartition(".")[0]
+    module = model.get_submodule(owner)
+    if not isinstance(module, nn.Embedding):
+        raise InvalidInput(f"a lattice-coded embedding needs an nn.Embedding at {owner}, got "
+                           f"{type(module).__name__}")
+    if config.gain_bits > 1:
+        raise InvalidInput(f"a lattice-coded embedding serves one gain bit; the encoder config "
+                           f"has {config.gain_bits}")
     try:
-        emb, head = reference.get_parameter(embed_name), reference.get_parameter(head_name)
+        head = model.get_parameter(head_name) if head_name is not None else None
     except AttributeError:
-        return
-    if emb is head or emb.data_ptr() == head.data_ptr():
+        head = None
+    if head is not None and (head is module.weight or head.data_ptr() == module.weight.data_ptr()):
         raise InvalidInput(
-            f"lattice_embedding codes an untied token embedding; {head_name} is tied to "
-            f"{embed_name} (one table serves both): use a 4- or 8-bit embedding")
+            f"a lattice-coded embedding must be untied; {head_name} is tied to it (one table "
+            f"serves both): use a 4- or 8-bit embedding")
 
 
 def apply_lattice(student: nn.Module, raw: dict[str, Any],
-                   lattice: Mapping[str, QuantizedWeight]) -> None:
-    """Make ``student`` evaluate the lattice-coded tables and keep their decode in ``raw`` (a
-    dense 2-D tensor: the row-scale and tuning steps leave it as it is)."""
-    for name, rec in lattice.items():
-        dense = rec.dequantize(torch.float32)
+                  decoded: Mapping[str, torch.Tensor]) -> None:
+    """Make ``student`` evaluate the lattice-coded tables, given decoded (float32, tensor name →
+    [vocab, dim]), and keep the decode in ``raw`` (a dense 2-D tensor: the row-scale and tuning
+    steps leave it as it is)."""
+    for name, dense in decoded.items():
         raw[name] = dense
         param = student.get_parameter(name)
         with torch.no_grad():
