@@ -106,8 +106,8 @@ def test_tied_tables_are_refused(tmp_path: Path, artifact: tuple[Path, torch.nn.
     )
 
     skeleton = build_skeleton(base_config(art.config), torch.float32)
-    lattice, rest = split_embedding_record(skeleton, art.records)
-    assert lattice is art.records[EMBED] and EMBED not in rest
+    name, lattice, rest = split_embedding_record(skeleton, art.records)
+    assert name == EMBED and lattice is art.records[EMBED] and EMBED not in rest
     art.raw.pop("lm_head.weight")
     skeleton.config.tie_word_embeddings = True
     with pytest.raises(ArtifactError, match="tied to the lattice-coded embedding"):

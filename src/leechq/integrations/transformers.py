@@ -283,15 +283,14 @@ class LeechqHfQuantizer(HfQuantizer):
         placeholder whose buffers carry the record's tensor names (swapped for a
         :class:`~leechq.nn.lattice_embedding.LatticeEmbedding` once loaded); returns the other
         records."""
+        from leechq.models.load import split_embedding_record
         from leechq.nn.linear import LeechqLinear
         from leechq.utils.modules import embedding_scale
 
-        get_in = getattr(model, "get_input_embeddings", None)
-        emb = get_in() if get_in is not None else None
-        name = next((n for n, m in model.named_modules() if m is emb and emb is not None), None)
-        if name is None or name not in records:
+        name, desc, records = split_embedding_record(model, records)
+        if name is None or desc is None:
             return records
-        desc = records.pop(name)
+        emb = model.get_submodule(name)
         if not isinstance(emb, nn.Embedding) or desc.get("kind") != "lattice":
             raise ArtifactError(f"{name}: the artifact records a {desc.get('kind')!r} table for a "
                                 f"{type(emb).__name__}; leechq codes an nn.Embedding on the "

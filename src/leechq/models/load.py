@@ -159,15 +159,15 @@ def _replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) 
 
 
 def split_embedding_record(model: torch.nn.Module,
-                           records: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """``(the input embedding's lattice record or None, the other records)``: an artifact made
-    with ``embedding_encoding="lattice"`` records the token embedding under its module's name
-    beside the projections."""
+                           records: dict[str, Any]) -> tuple[str | None, Any, dict[str, Any]]:
+    """``(the input embedding's module name, its entry in records or None, the other entries)``:
+    an artifact made with ``embedding_encoding="lattice"`` records the token embedding under its
+    module's name beside the projections (``records``: records, or their descriptors)."""
     get_in = getattr(model, "get_input_embeddings", None)
     emb_name = _module_name(model, get_in() if get_in else None)
     if emb_name is None or emb_name not in records:
-        return None, records
-    return records[emb_name], {n: r for n, r in records.items() if n != emb_name}
+        return emb_name, None, records
+    return emb_name, records[emb_name], {n: r for n, r in records.items() if n != emb_name}
 
 
 def install_packed_tables(
@@ -300,7 +300,7 @@ def load(
     model = build_skeleton(config, dt)
     if needs_split(art.records):  # experts quantized one matrix each (leechq.models.experts)
         split_experts(model, copy_weights=False)
-    lattice, records = split_embedding_record(model, art.records)
+    _, lattice, records = split_embedding_record(model, art.records)
     replace_with_records(model, records)
 
     packed, handled = install_packed_tables(model, art, config, lattice)
