@@ -123,14 +123,7 @@ class QuantizedWeight:
         # Correctly rounded sqrt(‖y‖²): torch's vectorized CPU f64 sqrt is one ulp low for some
         # shells (e.g. 32, 128, 304), which would break bit-exactness with other readers.
         norms = exact_norms(points.reshape(-1, BLOCK)).reshape(self.d_out, self.n_blocks)
-        picked = self.centroids[self.gains.long()] * self.row_scales[:, None]
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        scale = torch.where(norms > 0, picked / safe, torch.zeros_like(picked))
-        blocks = points.to(torch.float64) * scale[..., None]
-        out = torch.empty(self.d_out, self.d_in, dtype=torch.float64)
-        out[:, : self.n_blocks * BLOCK] = blocks.reshape(self.d_out, -1)
-        out[:, self.n_blocks * BLOCK :] = self.tail.to(torch.float64)
-        return out
+        return rotated_rows(points, self.gains, norms, self.row_scales, self.centroids, self.tail)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense matrix in the natural basis: [d_out, d_in] of ``dtype``.
@@ -247,6 +240,34 @@ class Int4Weight:
             "scales": 16 * self.scales.numel(),
             "biases": 16 * self.biases.numel(),
         }
+
+
+def rotated_rows(points: torch.Tensor, gains: torch.Tensor, norms: torch.Tensor,
+                 row_scales: torch.Tensor, centroids: torch.Tensor,
+                 tail: torch.Tensor) -> torch.Tensor:
+    """Rows of a lattice record in the rotated basis, in the exact float64 order of
+    docs/kernels.md: per block ``picked = c_g · s_i``, ``scale = picked / ‖y‖`` (0 for the
+    origin), ``w = y · scale``; then the tail widened. Any rows of a record (all of them, or a
+    lookup's), on any device.
+
+    Args:
+        points: int or float [R, n_blocks, 24]; gains: int [R, n_blocks]; norms: float64
+            [R, n_blocks], the correctly rounded ``‖y‖``; row_scales: float64 [R]; centroids:
+            float64 [n_centroids]; tail: float32 [R, tail_cols].
+
+    Returns:
+        float64 [R, 24·n_blocks + tail_cols].
+    """
+    rows, nb = gains.shape
+    picked = centroids[gains.long()] * row_scales[:, None]
+    safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+    scale = torch.where(norms > 0, picked / safe, torch.zeros_like(picked))
+    blocks = points.to(torch.float64) * scale[..., None]
+    out = torch.empty(rows, nb * BLOCK + tail.shape[1], dtype=torch.float64,
+                      device=points.device)
+    out[:, : nb * BLOCK] = blocks.reshape(rows, -1)
+    out[:, nb * BLOCK :] = tail.to(torch.float64)
+    return out
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:

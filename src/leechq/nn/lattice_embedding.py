@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from leechq.codebooks.base import BLOCK
 from leechq.errors import InvalidInput
-from leechq.formats.quantized_weight import QuantizedWeight
+from leechq.formats.quantized_weight import QuantizedWeight, rotated_rows
 from leechq.formats.rotation import RotationTables, rotation_transpose_with
 from leechq.nn.embedding import ScaledLookup, _check_finalize_args, _target_device
 from leechq.nn.linear import Execution
@@ -151,14 +150,8 @@ class LatticeEmbedding(ScaledLookup):
             pts, gains, n2 = reference.planes14_record_points(codes, self.n_blocks,
                                                               self._class_tables)
         shell = torch.clamp((n2 / 16).to(torch.int64), 0, MAX_SHELL)
-        norms = self.roots[shell]
-        picked = self.centroids[gains.long()] * self.row_scales.index_select(0, ids)[:, None]
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        scale = torch.where(norms > 0, picked / safe, torch.zeros_like(picked))
-        rows = ids.shape[0]
-        out = torch.empty(rows, self.embedding_dim, dtype=torch.float64, device=codes.device)
-        out[:, : self.n_blocks * BLOCK] = (pts * scale[..., None]).reshape(rows, -1)
-        out[:, self.n_blocks * BLOCK :] = self.tail.index_select(0, ids).to(torch.float64)
+        out = rotated_rows(pts, gains, self.roots[shell], self.row_scales.index_select(0, ids),
+                           self.centroids, self.tail.index_select(0, ids))
         if self.seed is not None:
             out = rotation_transpose_with(out, self.signs, self.small)
         return out.to(torch.float32)
