@@ -1,7 +1,7 @@
 """The batch-1 kernel's register cap (``ops.m1_maxnreg``) against the compiler in this
 environment: compiled offline for sm_90 (Triton's own ptxas, in a subprocess without the
 interpreter), every capped geometry of the real model widths uses no local memory and no stack.
-The GPU image's Triton (3.6) is checked by ``test_triton_gpu.py::test_no_local_memory``; this
+The GPU image's Triton (3.6) is checked by ``test_triton_gpu.py::test_m1_register_cap_spills_nothing``; this
 test holds the rule to the Triton the CI installs (3.9 when it was written, where a 23-column tail
 under the cap spilled)."""
 

@@ -268,92 +268,128 @@ def test_cpu_tensors_are_refused() -> None:
         ops.tetra48_matvec(torch.randn(1, 96, device=DEV), w.to("cpu"))  # weights on the CPU
 
 
-def test_no_local_memory() -> None:
+@pytest.mark.parametrize("m_rows", [1, 8])
+def test_matvec_kernel_uses_no_local_memory(m_rows: int) -> None:
     from leechq.kernels.triton import introspect as I
     from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
 
     sig = {"xp_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp32", "cent_ptr": "*fp32",
            "tail_ptr": "*fp32", "rows_ptr": "*i32", "cw_ptr": "*i32", "y_ptr": "*fp32",
            "stride_ym": "i32", "d_out": "i32"}
-    for m_rows in (1, 8):
-        c = I.compile_for(tetra48_matvec_kernel, sig, dict(
-            N_BLOCKS=512, TAIL_COLS=0, M=m_rows, ROWS=16 if m_rows == 1 else 8, BP=32,
-            USE_ASM=True, SMEM_ROWS=False), num_warps=4)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
+    c = I.compile_for(tetra48_matvec_kernel, sig, dict(
+        N_BLOCKS=512, TAIL_COLS=0, M=m_rows, ROWS=16 if m_rows == 1 else 8, BP=32,
+        USE_ASM=True, SMEM_ROWS=False), num_warps=4)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, res
+
+
+@pytest.mark.parametrize("ilp", [1, 2])
+def test_m1_kernel_uses_no_local_memory(ilp: int) -> None:
+    from leechq.kernels.triton import introspect as I
     from leechq.kernels.triton.tetra48_m1 import m1_kernel
 
-    aligned = ("d_out", "stride_x", "stride_y")  # as a launch marks them (multiples of 16)
-    m1 = I.M1_SIGNATURE
-    for ilp in (1, 2):
-        c = I.compile_for(m1_kernel, m1, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(N_BLOCKS=512, TAIL_COLS=0, ROWS=64, NW=4,
                                                       BP=32, USE_ASM=True, ILP=ilp, MB=1),
-                          num_warps=4)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (ilp, res)
-    # the register cap of ops.m1_config spills nothing where it is applied (Qwen3 4B/8B/14B and
-    # Llama-3-8B row widths, the widest chunks of the rule)
+                      num_warps=4)
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (ilp, res)
+
+
+def test_m1_register_cap_applies_only_to_wide_rows() -> None:
     from leechq.kernels.triton import ops
 
     assert ops.m1_maxnreg(448, 23) == 0 and ops.m1_maxnreg(513, 0) == 0
-    for n_blocks, tail, rows in ((106, 5, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64),
-                                 (448, 16, 64), (512, 0, 256), (512, 0, 64)):
-        assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
-        c = I.compile_for(m1_kernel, m1, dict(
-            N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1),
-            num_warps=4, maxnreg=ops.M1_MAXNREG, aligned_ints=aligned)
-        res = I.resource_usage(c)
-        assert res.get("registers") == ops.M1_MAXNREG, (n_blocks, res)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, rows, res)
-        # the staged table lives at the start of the reserved 32 KiB; no Triton shared memory may
-        # be used inside the hot loop (it would overwrite the table)
-        mix = I.hot_loop_mix(I.sass(c))["loop"]
-        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (ilp, mix)
-    # several activation rows (ops.m1_config's mb 2 and 4 geometries): no spills, and no layout
-    # conversion through shared memory in the loop. Compiled with the hints a launch gives
-    # (aligned pointers, d_out and strides multiples of 16): without them an earlier 2-D
-    # [rows, tile] form compiled clean here, while the launched kernel spread the rows over warps
-    # and converted layouts through shared memory, over the staged table
-    for mb, ilp, rows in ((2, 2, 112), (4, 1, 64), (4, 1, 256)):
-        c = I.compile_for(m1_kernel, m1, dict(
-            N_BLOCKS=170, TAIL_COLS=16, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=ilp, MB=mb),
-            num_warps=4, aligned_ints=aligned)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (mb, res)
-        mix = I.hot_loop_mix(I.sass(c))["loop"]
-        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (mb, mix)
-    # the Planes14 decode stages its class table the same way: same rule, and the register cap of
-    # ops.m1_config spills nothing at Qwen3-8B's widths (one row, both selector forms; two rows
-    # per launch at every width, four rows per launch up to 512 blocks)
-    from leechq.kernels.triton.tetra48_m1 import PLANES14
 
-    for n_blocks, tail, cap in ((170, 16, ops.M1_MAXNREG), (512, 0, ops.M1_MAXNREG), (725, 8, 0)):
-        for sel, mb in ((True, 1), (False, 1), (True, 2)) + (((True, 4),) if n_blocks <= 512
-                                                              else ()):
-            c = I.compile_for(m1_kernel, m1, dict(
-                N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=1,
-                MB=mb, CODE=PLANES14.value, SEL_TABLE=sel), num_warps=4,
-                maxnreg=cap if mb == 1 else 0, aligned_ints=aligned)
-            res = I.resource_usage(c)
-            assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, sel, res)
-            mix = I.hot_loop_mix(I.sass(c))["loop"]
-            assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (n_blocks, mix)
-    # the dequantization kernel stages the same table: same rule for its loop
+
+# Qwen3 4B/8B/14B and Llama-3-8B row widths, the widest chunks of the rule
+@pytest.mark.parametrize(("n_blocks", "tail", "rows"), [
+    (106, 5, 32), (170, 16, 112), (213, 8, 216), (405, 8, 64), (448, 16, 64), (512, 0, 256),
+    (512, 0, 64)])
+def test_m1_register_cap_spills_nothing(n_blocks: int, tail: int, rows: int) -> None:
+    """The register cap of ``ops.m1_config`` spills nothing where it is applied, and the hot loop
+    touches no Triton shared memory (the staged table lives at the start of the reserved 32 KiB;
+    a store there would overwrite it)."""
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton import ops
+    from leechq.kernels.triton.tetra48_m1 import m1_kernel
+
+    aligned = ("d_out", "stride_x", "stride_y")  # as a launch marks them (multiples of 16)
+    assert ops.m1_maxnreg(n_blocks, tail) == ops.M1_MAXNREG
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
+        N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=2, MB=1),
+        num_warps=4, maxnreg=ops.M1_MAXNREG, aligned_ints=aligned)
+    res = I.resource_usage(c)
+    assert res.get("registers") == ops.M1_MAXNREG, (n_blocks, res)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (n_blocks, rows, res)
+    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix
+
+
+def _assert_clean_loop(c, what) -> None:
+    """No spills, and no Triton shared memory or barrier inside the hot loop (it would overwrite
+    a staged table)."""
+    from leechq.kernels.triton import introspect as I
+
+    res = I.resource_usage(c)
+    assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (what, res)
+    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (what, mix)
+
+
+@pytest.mark.parametrize(("mb", "ilp", "rows"), [(2, 2, 112), (4, 1, 64), (4, 1, 256)])
+def test_m1_many_rows_loop_is_clean(mb: int, ilp: int, rows: int) -> None:
+    """Several activation rows (``ops.m1_config``'s mb 2 and 4 geometries): no spills and no layout
+    conversion through shared memory in the loop. Compiled with the hints a launch gives (aligned
+    pointers, d_out and strides multiples of 16): without them an earlier 2-D [rows, tile] form
+    compiled clean here, while the launched kernel spread the rows over warps and converted
+    layouts through shared memory, over the staged table."""
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton.tetra48_m1 import m1_kernel
+
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
+        N_BLOCKS=170, TAIL_COLS=16, ROWS=rows, NW=4, BP=32, USE_ASM=True, ILP=ilp, MB=mb),
+        num_warps=4, aligned_ints=("d_out", "stride_x", "stride_y"))
+    _assert_clean_loop(c, mb)
+
+
+@pytest.mark.parametrize(("n_blocks", "tail", "capped", "sel", "mb"), [
+    *[(n, t, True, sel, mb) for n, t in ((170, 16), (512, 0))
+      for sel, mb in ((True, 1), (False, 1), (True, 2), (True, 4))],
+    *[(725, 8, False, sel, mb) for sel, mb in ((True, 1), (False, 1), (True, 2))]])
+def test_m1_planes14_loop_is_clean(n_blocks: int, tail: int, capped: bool, sel: bool,
+                                   mb: int) -> None:
+    """The Planes14 decode stages its class table the same way: same rule, and the register cap of
+    ``ops.m1_config`` spills nothing at Qwen3-8B's widths (one row, both selector forms; two rows
+    per launch at every width, four rows per launch up to 512 blocks)."""
+    from leechq.kernels.triton import introspect as I
+    from leechq.kernels.triton import ops
+    from leechq.kernels.triton.tetra48_m1 import PLANES14, m1_kernel
+
+    c = I.compile_for(m1_kernel, I.M1_SIGNATURE, dict(
+        N_BLOCKS=n_blocks, TAIL_COLS=tail, ROWS=64, NW=4, BP=32, USE_ASM=True, ILP=1,
+        MB=mb, CODE=PLANES14.value, SEL_TABLE=sel), num_warps=4,
+        maxnreg=ops.M1_MAXNREG if capped and mb == 1 else 0,
+        aligned_ints=("d_out", "stride_x", "stride_y"))
+    _assert_clean_loop(c, (n_blocks, sel, mb))
+
+
+@pytest.mark.parametrize(("vec", "grouped", "scaled"), [
+    (False, False, False), (True, False, False), (True, True, False), (True, True, True)])
+def test_dequant_loop_is_clean(vec: bool, grouped: bool, scaled: bool) -> None:
+    """The dequantization kernel stages the same table: same rule for its loop; its stores are
+    vectorised and values become floats by the magic-number bit pattern (no I2F)."""
+    from leechq.kernels.triton import introspect as I
     from leechq.kernels.triton.tetra48_dequant import tetra48_dequant_kernel
 
     dq = {"w_ptr": "*i32", "cent_ptr": "*fp32", "scale_ptr": "*fp32", "tab_ptr": "*i32",
           "out_ptr": "*i32", "d_out": "i32"}
-    for vec, grouped, scaled in ((False, False, False), (True, False, False),
-                                 (True, True, False), (True, True, True)):
-        c = I.compile_for(tetra48_dequant_kernel, dq, dict(
-            N_BLOCKS=171, OUT_STRIDE=2056 if scaled else 12 * 171, NW=4, USE_ASM=True, VEC=vec,
-            GROUPED=grouped, SCALED=scaled), num_warps=4)
-        res = I.resource_usage(c)
-        assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (vec, res)
-        mix = I.hot_loop_mix(I.sass(c))["loop"]
-        assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (vec, mix)
-        assert mix.get("STG", 0) == (6 if vec else 24), (vec, mix)  # per block pair
-        assert "I2F" not in mix, mix  # values become floats by the magic-number bit pattern
+    c = I.compile_for(tetra48_dequant_kernel, dq, dict(
+        N_BLOCKS=171, OUT_STRIDE=2056 if scaled else 12 * 171, NW=4, USE_ASM=True, VEC=vec,
+        GROUPED=grouped, SCALED=scaled), num_warps=4)
+    _assert_clean_loop(c, vec)
+    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    assert mix.get("STG", 0) == (6 if vec else 24), (vec, mix)  # per block pair
+    assert "I2F" not in mix, mix
 
 
 def _dequant_forms() -> list:
