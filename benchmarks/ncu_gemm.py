@@ -1,5 +1,5 @@
 """One shape of a many-row Tetra product, for Nsight Compute: the float16 tensor-core GEMM
-(``ops.tetra48_matmul_gemm``, ``--product gemm``) or the float16 copy and cuBLAS
+(``ops.matmul_gemm``, ``--product gemm``) or the float16 copy and cuBLAS
 (``ops.tetra48_matmul_dense``, ``--product dense``: the dequantization kernel, then the GEMM).
 
 Draws a random Tetra matrix on the GPU (every 48-bit word is legal, so time does not depend on
@@ -46,7 +46,7 @@ def main() -> None:
     w48 = random_tetra48(a.d_out, a.d_in, seed=1, device="cuda")
     w = to_tetra64(w48) if a.layout == "tetra64" else w48
     x = torch.randn(a.rows, a.d_in, device="cuda")
-    product = ops.tetra48_matmul_gemm if a.product == "gemm" else ops.tetra48_matmul_dense
+    product = ops.matmul_gemm if a.product == "gemm" else ops.tetra48_matmul_dense
     y = product(x, w)
     for sl in (slice(0, 128), slice(a.d_out - 128, a.d_out)):  # both ends of the grid
         part = record_rows(w48, sl)
