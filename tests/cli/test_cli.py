@@ -432,3 +432,46 @@ def test_eval_on_named_sets_and_on_the_users_text(
     rc = main(["eval", str(artifact), "--data", str(short), *common, "--out", str(out)])
     assert rc == 2 and not out.exists()
     assert "--data" in capsys.readouterr().err
+
+
+def _mmlu_dir(root: Path) -> Path:
+    """A two-subject MMLU in cais/mmlu JSON lines (dev: 5 shots each; test: 4 questions each)."""
+    root.mkdir(parents=True)
+    answers = {"anatomy": "ABAC", "virology": "DAAB"}
+    for split in ("dev", "test"):
+        with (root / f"{split}.jsonl").open("w") as fh:
+            for subject, letters in answers.items():
+                for i, a in enumerate("ABCDA" if split == "dev" else letters):
+                    fh.write(json.dumps({"question": f"the water {i}", "subject": subject,
+                                         "choices": ["one", "two", "three", "four"],
+                                         "answer": "ABCD".index(a)}) + "\n")
+    return root
+
+
+def test_eval_scores_tasks_on_the_artifact_and_the_reference(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``--tasks mmlu`` scores the same prompts on the artifact and on the reference; bad task
+    flags are refused before any model loads, and nothing is written to --out."""
+    ref = tmp_path / "ref"
+    tiny_model("llama").save_pretrained(ref)
+    tiny_tokenizer().save_pretrained(ref)
+    data = _mmlu_dir(tmp_path / "mmlu")
+    common = ["--reference", str(ref), "--windows", "2", "--window", "32", "--device", "cpu"]
+    rc = main(["eval", str(artifact), *common, "--tasks", "mmlu", "--mmlu", str(data),
+               "--task-limit", "3"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    got, want = report["tasks"]["mmlu"], report["reference_tasks"]["mmlu"]
+    assert got["n"] == want["n"] == 6  # 3 sampled questions of each of the two subjects
+    assert got["prompts_fingerprint"] == want["prompts_fingerprint"]
+    assert 0.0 <= got["value"] <= 1.0 and 0.0 <= want["value"] <= 1.0
+    assert report["provenance"]["config"]["tasks"] == ["mmlu"]
+    assert "[eval] mmlu: accuracy_micro" in captured.err and "vs reference" in captured.err
+    out = tmp_path / "r.json"
+    for bad, needle in ((["--tasks", "mmlu,trivia"], "unknown task 'trivia'"),
+                        (["--mmlu", str(data)], "--tasks does not ask for mmlu"),
+                        (["--tasks", "mmlu", "--task-limit", "0"], "--task-limit")):
+        assert main(["eval", str(artifact), *common, *bad, "--out", str(out)]) == 2
+        assert needle in capsys.readouterr().err and not out.exists()

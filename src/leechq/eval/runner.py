@@ -201,22 +201,27 @@ def run_suite(
     else:
         report["ppl"] = perplexity(model, win, batch_size=config.batch_size).to_dict()
     if config.tasks:
-        from leechq.eval.tasks import TASKS
-
-        report["tasks"] = {}
-        for name in config.tasks:
-            cls = TASKS.get(name)
-            path = (
-                config.mmlu_path
-                if name == "mmlu"
-                else config.gsm8k_path
-                if name == "gsm8k"
-                else None
-            )
-            task = cls(path)
-            report["tasks"][name] = task.run(model, tokenizer, limit=config.task_limit).to_dict()
+        report["tasks"] = run_tasks(model, tokenizer, config)
     report["seconds"] = time.perf_counter() - start
     return report
+
+
+def run_tasks(model: Any, tokenizer: Any, config: SuiteConfig) -> dict[str, Any]:
+    """``config.tasks`` on ``model``: ``{task name: TaskResult.to_dict()}`` (MMLU from
+    ``config.mmlu_path``, GSM8K from ``config.gsm8k_path``, ``config.task_limit`` items).
+
+    Raises:
+        InvalidInput: an unknown task name (the message lists the registered ones).
+    """
+    from leechq.eval.tasks import TASKS
+
+    out: dict[str, Any] = {}
+    for name in config.tasks:
+        cls = TASKS.get(name)
+        path = config.mmlu_path if name == "mmlu" else config.gsm8k_path if name == "gsm8k" \
+            else None
+        out[name] = cls(path).run(model, tokenizer, limit=config.task_limit).to_dict()
+    return out
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
