@@ -325,15 +325,16 @@ def test_m1_register_cap_spills_nothing(n_blocks: int, tail: int, rows: int) -> 
     assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, mix
 
 
-def _assert_clean_loop(c, what) -> None:
+def _assert_clean_loop(c, what) -> dict:
     """No spills, and no Triton shared memory or barrier inside the hot loop (it would overwrite
-    a staged table)."""
+    a staged table); returns the loop's instruction mix."""
     from leechq.kernels.triton import introspect as I
 
     res = I.resource_usage(c)
     assert res.get("local", 0) == 0 and res.get("stack", 0) == 0, (what, res)
     mix = I.hot_loop_mix(I.sass(c))["loop"]
     assert "STS" not in mix and "BAR" not in mix and "STSM" not in mix, (what, mix)
+    return mix
 
 
 @pytest.mark.parametrize(("mb", "ilp", "rows"), [(2, 2, 112), (4, 1, 64), (4, 1, 256)])
@@ -386,8 +387,7 @@ def test_dequant_loop_is_clean(vec: bool, grouped: bool, scaled: bool) -> None:
     c = I.compile_for(tetra48_dequant_kernel, dq, dict(
         N_BLOCKS=171, OUT_STRIDE=2056 if scaled else 12 * 171, NW=4, USE_ASM=True, VEC=vec,
         GROUPED=grouped, SCALED=scaled), num_warps=4)
-    _assert_clean_loop(c, vec)
-    mix = I.hot_loop_mix(I.sass(c))["loop"]
+    mix = _assert_clean_loop(c, vec)
     assert mix.get("STG", 0) == (6 if vec else 24), (vec, mix)  # per block pair
     assert "I2F" not in mix, mix
 
