@@ -129,6 +129,19 @@ def test_mmlu_scoring_micro_macro(tmp_path: Path, toy_tokenizer) -> None:
     assert other.prompts_fingerprint != res.prompts_fingerprint and other.value == res.value
 
 
+def test_mmlu_progress_bar_counts_the_questions(
+    tmp_path: Path, toy_tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = mmlu.load_mmlu(write_mmlu_csv(tmp_path))
+    model = FixedLetter(toy_tokenizer.encode(" B")[0])
+    quiet = MMLUTask(data=data, per_subject=None).run(model, toy_tokenizer)
+    assert capsys.readouterr().err == ""
+    shown = MMLUTask(data=data, per_subject=None).run(model, toy_tokenizer, progress="mmlu (x)")
+    err = capsys.readouterr().err
+    assert "mmlu (x)" in err and "31/31" in err and "question" in err
+    assert shown.to_dict() == quiet.to_dict()  # the bar changes nothing scored
+
+
 def test_mmlu_sampling_is_seeded_fisher_yates(tmp_path: Path, toy_tokenizer) -> None:
     data = mmlu.load_mmlu(write_mmlu_csv(tmp_path))
     law = [it for it in data["test"] if it.subject == "professional_law"]
@@ -259,6 +272,20 @@ def test_gsm8k_fewshot_exact_match(tmp_path: Path, toy_tokenizer) -> None:
     assert limited.n == 2 and [r["index"] for r in limited.details["items"]] == g8.sample_indices(
         4, 2
     )
+
+
+def test_gsm8k_progress_bar_counts_the_problems(
+    tmp_path: Path, toy_tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = g8.load_gsm8k(write_gsm8k(tmp_path))
+    task = GSM8KTask(data=data, shots=2, max_new_tokens=4)
+    model = Scripted(toy_tokenizer.encode("?\nAnswer:")[1], toy_tokenizer.encode(" 42."))
+    quiet = task.run(model, toy_tokenizer, limit=3)
+    assert capsys.readouterr().err == ""
+    shown = task.run(model, toy_tokenizer, limit=3, progress="gsm8k (x)")
+    err = capsys.readouterr().err
+    assert "gsm8k (x)" in err and "3/3" in err and "problem" in err
+    assert shown.to_dict() == quiet.to_dict()
 
 
 def test_gsm8k_chat_mode_and_errors(tmp_path: Path, toy_tokenizer) -> None:

@@ -94,9 +94,10 @@ def evaluate(
         model_info=ModelInfo(name=str(artifact), artifact=str(artifact)),
         reference_info=ref_info,
         windows=windows,
+        progress="artifact",
     )
     if tasks and ref_model is not None:
-        report["reference_tasks"] = run_tasks(ref_model, tokenizer, config)
+        report["reference_tasks"] = run_tasks(ref_model, tokenizer, config, progress="reference")
     return report
 
 

@@ -144,6 +144,7 @@ def run_suite(
     model_info: ModelInfo | None = None,
     reference_info: ModelInfo | None = None,
     windows: TokenWindows | None = None,
+    progress: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (and compare it with ``reference``) and return the report.
 
@@ -155,6 +156,7 @@ def run_suite(
         model_info: provenance of ``model``; its artifact, if any, is hashed.
         reference_info: provenance of ``reference``.
         windows: pre-built evaluation windows (else built from ``config``).
+        progress: label of the tasks' progress bars on stderr (``"mmlu (LABEL)"``); None: none.
 
     Returns:
         A JSON-serializable dict: ``schema``, ``provenance`` (models, artifact sha256, tokens
@@ -201,14 +203,16 @@ def run_suite(
     else:
         report["ppl"] = perplexity(model, win, batch_size=config.batch_size).to_dict()
     if config.tasks:
-        report["tasks"] = run_tasks(model, tokenizer, config)
+        report["tasks"] = run_tasks(model, tokenizer, config, progress=progress)
     report["seconds"] = time.perf_counter() - start
     return report
 
 
-def run_tasks(model: Any, tokenizer: Any, config: SuiteConfig) -> dict[str, Any]:
+def run_tasks(model: Any, tokenizer: Any, config: SuiteConfig, *,
+              progress: str | None = None) -> dict[str, Any]:
     """``config.tasks`` on ``model``: ``{task name: TaskResult.to_dict()}`` (MMLU from
     ``config.mmlu_path``, GSM8K from ``config.gsm8k_path``, ``config.task_limit`` items).
+    ``progress`` labels one bar per task on stderr, ``"TASK (LABEL)"`` (None: no bars).
 
     Raises:
         InvalidInput: an unknown task name (the message lists the registered ones).
@@ -220,7 +224,9 @@ def run_tasks(model: Any, tokenizer: Any, config: SuiteConfig) -> dict[str, Any]
         cls = TASKS.get(name)
         path = config.mmlu_path if name == "mmlu" else config.gsm8k_path if name == "gsm8k" \
             else None
-        out[name] = cls(path).run(model, tokenizer, limit=config.task_limit).to_dict()
+        bar = None if progress is None else f"{name} ({progress})"
+        out[name] = cls(path).run(model, tokenizer, limit=config.task_limit,
+                                  progress=bar).to_dict()
     return out
 
 
@@ -280,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         name=args.model, source=loaded.source.to_dict(), extra={"load_seconds": loaded.seconds}
     )
     if args.baseline is None:
-        report = run_suite(loaded.model, loaded.tokenizer, config, model_info=ref_info)
+        report = run_suite(loaded.model, loaded.tokenizer, config, model_info=ref_info,
+                           progress=args.model)
     else:
         from leechq.eval.baselines import run_baseline
 
@@ -312,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             reference=loaded.model,
             model_info=info,
             reference_info=ref_info,
+            progress=args.baseline,
         )
     report["wall_seconds"] = time.perf_counter() - t0
     text = json.dumps(report, sort_keys=True)

@@ -55,7 +55,7 @@ def encode_embedding(weight: torch.Tensor, config: QuantConfig,
                 if config.rotate else None)
     device = resolve_device(config.device)
     w = weight.detach().to(device=device)  # gptq checks the shape, dtype and finiteness
-    from leechq.quant.progress import stage_bar
+    from leechq.utils.progress import stage_bar
 
     with stage_bar(f"lattice {name}", dim // 24, "column groups", progress) as bar:
         result = gptq_quantize(w, None, coder, rotation, config.tail_policy, name,

@@ -55,7 +55,7 @@ from leechq.codebooks.base import BLOCK
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import apply_rotation_transpose
-from leechq.quant.progress import stage_bar
+from leechq.utils.progress import stage_bar
 
 log = logging.getLogger("leechq.quant")
 

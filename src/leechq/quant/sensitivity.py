@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from leechq.errors import ArtifactError, InvalidInput
-from leechq.quant.progress import stage_bar
 from leechq.quant.row_scales import _atomic_bytes, kl_loss, model_logits
+from leechq.utils.progress import stage_bar
 
 log = logging.getLogger("leechq.quant")
 

@@ -68,7 +68,6 @@ from leechq.errors import InvalidInput
 from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.quant.composed import GROUPS, Attached, attach, detach, fold, set_raw
-from leechq.quant.progress import stage_bar
 from leechq.quant.row_scales import (
     ConfigDict,
     RowScaleCheckpoint,
@@ -80,6 +79,7 @@ from leechq.quant.row_scales import (
     set_module_weights,
     training_checks,
 )
+from leechq.utils.progress import stage_bar
 
 log = logging.getLogger("leechq.quant")
 

@@ -57,8 +57,10 @@ class Task(Protocol):
 
     name: str
 
-    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None) -> TaskResult:
-        """Score ``model`` (with its ``tokenizer``); ``limit`` caps the number of items."""
+    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None,
+            progress: str | None = None) -> TaskResult:
+        """Score ``model`` (with its ``tokenizer``); ``limit`` caps the number of items;
+        ``progress`` names a bar on stderr that counts the items scored (None: no bar)."""
         ...
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from leechq.data.corpus import encode
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.eval.tasks.base import TASKS, PromptHasher, TaskResult, eos_ids, greedy_generate
+from leechq.utils.progress import stage_bar
 from leechq.utils.splitmix import SplitMix64
 
 SAMPLE_SEED = 0x0065_736D_386B
@@ -251,8 +252,10 @@ class GSM8KTask:
         )
         return f"{shots}Question: {item.question.strip()}\nAnswer:"
 
-    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None) -> TaskResult:
-        """Score ``model``; ``limit`` caps the number of problems (fixed seeded sample)."""
+    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None,
+            progress: str | None = None) -> TaskResult:
+        """Score ``model``; ``limit`` caps the number of problems (fixed seeded sample);
+        ``progress`` names a bar on stderr over the problems (None: no bar)."""
         data = self._data if self._data is not None else load_gsm8k(self.path)
         test = data["test"]
         indices = sample_indices(len(test), limit)
@@ -265,35 +268,37 @@ class GSM8KTask:
             tail = tokenizer.decode(generated[-16:])
             return "Question:" in tail or "\n\n\n" in tail
 
-        for index in indices:
-            item = test[index]
-            ids = encode(tokenizer, self.prompt(item, data["train"], tokenizer))
-            hasher.add(ids)
-            gen, reason = greedy_generate(
-                model,
-                ids,
-                max_new_tokens=self.max_new_tokens,
-                stop_ids=stops,
-                stop_check=stop_check if self.mode == "fewshot" else None,
-            )
-            completion = tokenizer.decode(gen)
-            if self.mode == "fewshot":
-                completion = _cut_fewshot(completion)
-            gold = gold_answer(item.answer)
-            extracted, source = extract_answer(completion)
-            correct = extracted == gold
-            right += int(correct)
-            rows.append(
-                {
-                    "index": index,
-                    "gold": gold,
-                    "extracted": extracted,
-                    "source": source,
-                    "correct": correct,
-                    "stop": reason,
-                    "n_gen": len(gen),
-                }
-            )
+        with stage_bar(progress or "", len(indices), "problem", progress is not None) as bar:
+            for index in indices:
+                item = test[index]
+                ids = encode(tokenizer, self.prompt(item, data["train"], tokenizer))
+                hasher.add(ids)
+                gen, reason = greedy_generate(
+                    model,
+                    ids,
+                    max_new_tokens=self.max_new_tokens,
+                    stop_ids=stops,
+                    stop_check=stop_check if self.mode == "fewshot" else None,
+                )
+                completion = tokenizer.decode(gen)
+                if self.mode == "fewshot":
+                    completion = _cut_fewshot(completion)
+                gold = gold_answer(item.answer)
+                extracted, source = extract_answer(completion)
+                correct = extracted == gold
+                right += int(correct)
+                rows.append(
+                    {
+                        "index": index,
+                        "gold": gold,
+                        "extracted": extracted,
+                        "source": source,
+                        "correct": correct,
+                        "stop": reason,
+                        "n_gen": len(gen),
+                    }
+                )
+                bar.update(1)
         n = len(indices)
         return TaskResult(
             task=self.name,

@@ -42,6 +42,7 @@ from typing import Any
 from leechq.data.corpus import encode
 from leechq.errors import ArtifactError, InvalidInput
 from leechq.eval.tasks.base import TASKS, PromptHasher, TaskResult, last_logits
+from leechq.utils.progress import stage_bar
 from leechq.utils.splitmix import SplitMix64
 
 LETTERS = ("A", "B", "C", "D")
@@ -298,8 +299,10 @@ class MMLUTask:
         self.per_subject = per_subject
         self._data = data
 
-    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None) -> TaskResult:
-        """Score ``model``; ``limit`` overrides ``per_subject``."""
+    def run(self, model: Any, tokenizer: Any, *, limit: int | None = None,
+            progress: str | None = None) -> TaskResult:
+        """Score ``model``; ``limit`` overrides ``per_subject``; ``progress`` names a bar on
+        stderr over the questions (None: no bar)."""
         data = self._data if self._data is not None else load_mmlu(self.path)
         per_subject = limit if limit is not None else self.per_subject
         letter_ids = letter_token_ids(tokenizer)
@@ -311,16 +314,20 @@ class MMLUTask:
             test[it.subject].append(it)
         hasher = PromptHasher()
         scores: list[SubjectScore] = []
-        for subject in sorted(test):
-            right = 0
-            picked = sample_items(subject, test[subject], per_subject)
-            for item in picked:
-                ids = encode(tokenizer, build_prompt(subject, dev[subject][: self.shots], item))
-                hasher.add(ids)
-                logits = last_logits(model, ids)
-                pick = int(logits[letter_ids].argmax())
-                right += int(pick == item.answer)
-            scores.append(SubjectScore(subject, right, len(picked), len(test[subject])))
+        picks = {s: sample_items(s, test[s], per_subject) for s in sorted(test)}
+        total = sum(len(p) for p in picks.values())
+        with stage_bar(progress or "", total, "question", progress is not None) as bar:
+            for subject, picked in picks.items():
+                right = 0
+                for item in picked:
+                    ids = encode(tokenizer,
+                                 build_prompt(subject, dev[subject][: self.shots], item))
+                    hasher.add(ids)
+                    logits = last_logits(model, ids)
+                    pick = int(logits[letter_ids].argmax())
+                    right += int(pick == item.answer)
+                    bar.update(1)
+                scores.append(SubjectScore(subject, right, len(picked), len(test[subject])))
         scored = sum(s.scored for s in scores)
         return TaskResult(
             task=self.name,

@@ -1,4 +1,5 @@
-"""Progress bars of the quantization stages (teacher logits, probes, training, sensitivity).
+"""Progress bars of every long stage: the quantization stages (encode, teacher logits, probes,
+training, sensitivity) and the evaluation tasks.
 
 One helper, so every stage shows the same thing: a tqdm bar on stderr with a rate and a time
 estimate, or a disabled bar (every method a no-op) when progress is off — callers never branch.
