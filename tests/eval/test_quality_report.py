@@ -255,3 +255,57 @@ def test_a_run_with_a_checkpoint_dir_resumes_to_the_same_rows(
                 for run in runs]
     assert measures[0] == measures[1] and len(measures[0]) == 2
     assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"encode", "sensitivity"}
+
+
+def test_tasks_are_scored_on_every_arm_and_the_reference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        toy_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """``--tasks mmlu``: the reference and each arm are scored on the same prompts (one
+    fingerprint), the reference's score is what the task gives on its own, and a setup without a
+    tokenizer or an unknown task is refused."""
+    import csv
+
+    from leechq.eval.tasks import MMLUTask, mmlu
+
+    for subject, answers in (("anatomy", "ABCDABCD"), ("virology", "DDCBA")):
+        for split, rows in (("dev", "ABCDA"), ("test", answers)):
+            (tmp_path / split).mkdir(exist_ok=True)
+            with (tmp_path / split / f"{subject}_{split}.csv").open("w", newline="") as fh:
+                for i, a in enumerate(rows):
+                    csv.writer(fh).writerow([f"{subject} {split} q{i}?", "w", "x", "y", "z", a])
+    spec = importlib.util.spec_from_file_location("quality_tasks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tiny = module.tiny_setup
+    seen: list = []
+
+    def with_tokenizer(args):  # type: ignore[no-untyped-def]
+        model, sets, roles = tiny(args)
+        seen.append(model)
+        return model, sets, {**roles, "tokenizer": toy_tokenizer}
+
+    argv = ["--tiny", "--arms", "rtn", "--bits", "2,4", "--boot", "20", "--compare-to", "rtn-4",
+            "--tasks", "mmlu", "--mmlu", str(tmp_path)]
+    try:
+        with pytest.raises(SystemExit, match="tokenizer"):
+            module.main(argv)
+        capsys.readouterr()
+        monkeypatch.setattr(module, "tiny_setup", with_tokenizer)
+        assert module.main(argv) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    ref = result["reference_tasks"]["tiny"]["mmlu"]
+    direct = MMLUTask(data=mmlu.load_mmlu(tmp_path), per_subject=None).run(seen[0], toy_tokenizer)
+    assert ref["n"] == 13 and ref["value"] == pytest.approx(direct.value)
+    assert ref["fingerprint"] == direct.prompts_fingerprint
+    for r in result["rows"]:
+        assert r["tasks"]["mmlu"]["fingerprint"] == ref["fingerprint"]
+        assert r["tasks"]["mmlu"]["n"] == 13 and 0.0 <= r["tasks"]["mmlu"]["value"] <= 1.0
+    assert "mmlu (rtn-2)" in captured.err and "mmlu (reference)" in captured.err
+    with pytest.raises(SystemExit):
+        module.main(["--tiny", "--tasks", "arc"])
+    assert "unknown task 'arc'" in capsys.readouterr().err
