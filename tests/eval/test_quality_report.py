@@ -284,7 +284,7 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
         seen.append(model)
         return model, sets, {**roles, "tokenizer": toy_tokenizer}
 
-    argv = ["--tiny", "--arms", "rtn", "--bits", "2,4", "--boot", "20", "--compare-to", "rtn-4",
+    argv = ["--tiny", "--arms", "rtn", "--bits", "4", "--boot", "20", "--compare-to", "rtn-4",
             "--tasks", "mmlu", "--mmlu", str(tmp_path)]
     try:
         with pytest.raises(SystemExit, match="tokenizer"):
@@ -305,7 +305,7 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
     for r in result["rows"]:
         assert r["tasks"]["mmlu"]["fingerprint"] == ref["fingerprint"]
         assert r["tasks"]["mmlu"]["n"] == 13 and 0.0 <= r["tasks"]["mmlu"]["value"] <= 1.0
-    assert "mmlu (rtn-2)" in captured.err and "mmlu (reference)" in captured.err
+    assert "mmlu (rtn-4)" in captured.err and "mmlu (reference)" in captured.err
     with pytest.raises(SystemExit):
         module.main(["--tiny", "--tasks", "arc"])
     assert "unknown task 'arc'" in capsys.readouterr().err
