@@ -128,7 +128,7 @@ def task_scores(model: Any, tokenizer: Any, args: argparse.Namespace, label: str
     prompts' token ``fingerprint``; a progress bar on stderr named ``TASK (label)``."""
     from leechq.eval.runner import SuiteConfig, run_tasks
 
-    config = SuiteConfig(tasks=tuple(args.tasks), mmlu_path=args.mmlu, gsm8k_path=args.gsm8k,
+    config = SuiteConfig(tasks=args.tasks, mmlu_path=args.mmlu, gsm8k_path=args.gsm8k,
                          task_limit=args.task_limit)
     with on_device(model, args.device):
         done = run_tasks(model, tokenizer, config, progress=label)
@@ -577,12 +577,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(args.target_bpp)) != len(args.target_bpp):
         ap.error(f"--target-bpp: a budget is repeated: {args.target_bpp}")
     args.llama_types = [t for t in args.llama_types.split(",") if t]
-    args.tasks = [t for t in args.tasks.split(",") if t]
     from leechq.cli.eval import check_tasks
     from leechq.errors import InvalidInput
+    from leechq.eval.runner import parse_tasks
 
+    args.tasks = parse_tasks(args.tasks)
     try:
-        check_tasks(tuple(args.tasks), args.mmlu, args.gsm8k, args.task_limit)
+        check_tasks(args.tasks, args.mmlu, args.gsm8k, args.task_limit)
     except InvalidInput as exc:
         ap.error(str(exc))
     wanted = [a for a in args.arms.split(",") if a]

@@ -142,8 +142,10 @@ def user_windows(tokenizer: Any, spec: str, n_windows: int, window: int) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.artifact``: a summary on stderr, the JSON report as the last stdout line."""
+    from leechq.eval.runner import parse_tasks
+
     reference = args.reference or reference_of(args.artifact)
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    tasks = parse_tasks(args.tasks)
     report = evaluate(args.artifact, reference, args.windows, args.window, args.device, args.dtype,
                       args.data, tasks=tasks, mmlu=args.mmlu, gsm8k=args.gsm8k,
                       task_limit=args.task_limit)

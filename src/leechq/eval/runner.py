@@ -208,6 +208,11 @@ def run_suite(
     return report
 
 
+def parse_tasks(spec: str) -> tuple[str, ...]:
+    """Task names of a comma-separated ``--tasks`` value (blanks around names dropped)."""
+    return tuple(t.strip() for t in spec.split(",") if t.strip())
+
+
 def run_tasks(model: Any, tokenizer: Any, config: SuiteConfig, *,
               progress: str | None = None) -> dict[str, Any]:
     """``config.tasks`` on ``model``: ``{task name: TaskResult.to_dict()}`` (MMLU from
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         split=split,
         n_windows=args.windows,
         window=args.window,
-        tasks=tuple(t for t in args.tasks.split(",") if t),
+        tasks=parse_tasks(args.tasks),
         mmlu_path=args.mmlu,
         gsm8k_path=args.gsm8k,
         task_limit=args.limit,
