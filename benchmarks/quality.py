@@ -303,29 +303,30 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
+
+    def recipe_run(target: float, measured: Any, row_scales: Any, tuning: Any,
+                   kept_dirs: dict[str, Any]) -> Any:
+        """The full recipe at ``target`` with these row-scale and tuning settings."""
+        return run_recipe(
+            reference, calib, cfg,
+            resolve_recipe("full", target, row_scales=row_scales, **head_bits, tune=tuning,
+                           sensitivity_windows=roles["sens"].shape[0],
+                           sensitivity_window_len=roles["sens"].shape[1], device=args.device),
+            quantize_fn=encode, embed_name=f"{arch.embed_path}.weight", head_name=head,
+            train_windows=roles["train"], sensitivity_windows=roles["sens"],
+            monitor_windows=roles["monitor"], student=copy.deepcopy(student), encoded=enc,
+            sensitivity=measured, progress=not args.tiny, **kept_dirs)
+
     t0 = time.perf_counter()
     measured = None  # the sensitivity pass, measured at the first budget and reused at the others
     for target in args.target_bpp:
         suffix = budget_suffix(args, target)
         kept_here = kept(target)
-
-        def recipe_run(row_scales: Any, tuning: Any, kept_dirs: dict[str, Any]) -> Any:
-            return run_recipe(
-                reference, calib, cfg,
-                resolve_recipe("full", target, row_scales=row_scales, **head_bits, tune=tuning,
-                               sensitivity_windows=roles["sens"].shape[0],
-                               sensitivity_window_len=roles["sens"].shape[1],
-                               device=args.device),
-                quantize_fn=encode, embed_name=f"{arch.embed_path}.weight", head_name=head,
-                train_windows=roles["train"], sensitivity_windows=roles["sens"],
-                monitor_windows=roles["monitor"], student=copy.deepcopy(student), encoded=enc,
-                sensitivity=measured, progress=not args.tiny, **kept_dirs)
-
         results = {}
         if {"full", "full+tune"} & set(wanted):
             # full+tune continues the full arm's result when both are wanted (one encode and one
             # sensitivity pass for the two)
-            res = recipe_run(rows, None if "full" in wanted else tune, kept_here)
+            res = recipe_run(target, measured, rows, None if "full" in wanted else tune, kept_here)
             measured = res.sensitivity
             results["full" if "full" in wanted else "full+tune"] = res
             if "full" in wanted and "full+tune" in wanted:
@@ -335,7 +336,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                                    checkpoint_dir=kept_here.get(
                                                        "tune_checkpoint_dir"))
         if "full-rows+tune" in wanted:
-            res = recipe_run(None, tune, kept(target, "-norows"))
+            res = recipe_run(target, measured, None, tune, kept(target, "-norows"))
             measured = res.sensitivity
             results["full-rows+tune"] = res
         for name, r in results.items():
