@@ -13,7 +13,7 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
 * ``full-rows+tune`` the full recipe with its row-scale step left out, tuning on top (does the
                  row-scale step still earn its time when tuning, which trains the same scales,
                  follows?); shares the encode and the sensitivity pass of the arms above;
-  with ``--codebook`` other than ``tetra`` these three are named after it (``ball full``);
+  with ``--codebook`` other than ``tetra`` these are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports);
 * ``llamacpp``   llama.cpp's own types ``--llama-types`` (:mod:`leechq.eval.llamacpp`), made by the
@@ -73,6 +73,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_ARMS = ("full", "full+tune", "full-rows+tune")
 """The arms that run the full recipe (each at every ``--target-bpp``)."""
+ARM_CHOICES = ("bare", *RECIPE_ARMS, "rtn", "gptq", "hqq", "llamacpp")
+"""What ``--arms`` takes (the scalar baselines once each, at every ``--bits``)."""
 _T0 = time.perf_counter()
 
 
@@ -603,7 +605,11 @@ def main(argv: list[str] | None = None) -> int:
         check_tasks(args.tasks, args.mmlu, args.gsm8k, args.task_limit)
     except InvalidInput as exc:
         ap.error(str(exc))
-    wanted = [a for a in args.arms.split(",") if a]
+    wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in wanted if a not in ARM_CHOICES]
+    if unknown or not wanted:
+        ap.error(f"--arms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                 f"choices: {', '.join(ARM_CHOICES)}")
     for tuned in {"full+tune", "full-rows+tune"} & set(wanted):
         if args.tune_steps < 1:
             ap.error(f"the {tuned} arm needs --tune-steps >= 1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -13,10 +14,16 @@ pytest.importorskip("transformers")
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
 
 
-def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("quality_report", SCRIPT)
+def _script(name: str) -> ModuleType:
+    """A fresh copy of the report script, imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
+    module = _script("quality_report")
     try:
         assert module.main(["--tiny", "--arms", "bare,full,full+tune,rtn", "--bits", "2,4",
                             "--boot", "50"]) == 0
@@ -44,9 +51,7 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
 def test_row_scale_step_ablation_arm(capsys: pytest.CaptureFixture[str]) -> None:
     """``full-rows+tune`` runs the full recipe without its row-scale step and tunes on top; it
     shares the encode with ``full+tune`` (the same bits) and is its own model."""
-    spec = importlib.util.spec_from_file_location("quality_norows", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_norows")
     try:
         assert module.main(["--tiny", "--arms", "full+tune,full-rows+tune", "--boot", "20",
                             "--compare-to", "full+tune"]) == 0
@@ -66,14 +71,23 @@ def test_row_scale_step_ablation_arm(capsys: pytest.CaptureFixture[str]) -> None
         ("full-rows+tune", "full+tune")}
 
 
+def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt arm (or an empty list) stops the run before any model loads, naming it and
+    the choices."""
+    module = _script("quality_bad_arms")
+    for arms, said in (("full,ful+tune", "'ful+tune'"), (",", "empty list")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", "--arms", arms])
+        err = capsys.readouterr().err
+        assert said in err and "full-rows+tune" in err
+
+
 def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--plot-from`` reads the rows of earlier result files (a JSON last line, or one
     pretty-printed object), plots them together (a row measured again: once, unless its file
     carries a label) and measures nothing; a file that is not a result is refused with its
     name."""
-    spec = importlib.util.spec_from_file_location("quality_plot", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_plot")
     row = {"model": "m", "arm": "bare", "set": "unseen", "bpp": 2.5, "ppl_ratio": 1.5, "kl": 0.3}
     a = tmp_path / "a.json"
     a.write_text("a table line\n" + json.dumps({"rows": [row]}) + "\n", encoding="utf-8")
@@ -105,9 +119,7 @@ def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPa
 
     import leechq.models.quantize as quantize
 
-    spec = importlib.util.spec_from_file_location("quality_arms", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_arms")
     monkeypatch.setattr(quantize, "quantize_model_in_place",
                         lambda *a, **k: pytest.fail("a lattice encode for baseline arms"))
     args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True, checkpoint_dir=None)
@@ -122,9 +134,7 @@ def test_arms_of_another_codebook_are_named_after_it() -> None:
     that results of both codebooks plot and table side by side."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("quality_names", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_names")
     assert module.arm_prefix(argparse.Namespace(codebook="tetra", tiny=False)) == ""
     assert module.arm_prefix(argparse.Namespace(codebook="ball", tiny=False)) == "ball "
     assert module.arm_prefix(argparse.Namespace(codebook="standin", tiny=True)) == ""
@@ -147,9 +157,7 @@ def test_calib_data_is_what_the_report_calibrates_on(tmp_path: Path,
     calib_words, held_words = words[:20], words[20:]
     (tmp_path / "mine.txt").write_text(" ".join(calib_words * 300), encoding="utf-8")
     monkeypatch.setattr(corpus, "load_text", lambda name, split, **kw: " ".join(held_words * 300))
-    spec = importlib.util.spec_from_file_location("quality_calib", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_calib")
     args = argparse.Namespace(window=16, calib_tokens=64, train_tokens=64, windows=2,
                               in_domain="pydoc", unseen_domain="fortunes",
                               calib_data=str(tmp_path / "mine.txt"))
@@ -170,9 +178,7 @@ def test_loader_arms_are_loaded_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """An arm given as a loader (llama.cpp's files) is loaded once, when it is evaluated, and
     measured on both sets like a model arm; without a GGUF source the llamacpp arms refuse."""
-    spec = importlib.util.spec_from_file_location("quality_loader", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_loader")
     with pytest.raises(SystemExit, match="GGUF source"):
         module.llamacpp_arms({"calib": None}, None)
     loads: list[str] = []
@@ -211,9 +217,7 @@ def test_several_budgets_make_one_pair_of_full_arms_each(capsys: pytest.CaptureF
                                                          ) -> None:
     """``--target-bpp 2.5,4`` makes ``full @2.5`` … ``full+tune @4`` from one encode, each tuned arm
     compared with the full arm of its own budget; a bad budget list is refused by name."""
-    spec = importlib.util.spec_from_file_location("quality_budgets", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_budgets")
     for bad, why in (("2,x", "not a comma-separated list"), ("0", "budgets > 0"),
                      ("3,3", "repeated")):
         with pytest.raises(SystemExit):
@@ -257,9 +261,7 @@ def test_a_run_with_a_checkpoint_dir_resumes_to_the_same_rows(
     import leechq.quant.layerwise as layerwise
     import leechq.quant.sensitivity as sensitivity
 
-    spec = importlib.util.spec_from_file_location("quality_resume", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_resume")
     argv = ["--tiny", "--arms", "full+tune", "--boot", "20", "--tune-steps", "2",
             "--checkpoint-dir", str(tmp_path / "ckpt")]
     runs = []
@@ -298,9 +300,7 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
             with (tmp_path / split / f"{subject}_{split}.csv").open("w", newline="") as fh:
                 for i, a in enumerate(rows):
                     csv.writer(fh).writerow([f"{subject} {split} q{i}?", "w", "x", "y", "z", a])
-    spec = importlib.util.spec_from_file_location("quality_tasks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("quality_tasks")
     tiny = module.tiny_setup
     seen: list = []
 
