@@ -10,9 +10,6 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--compare-to`` arm of its budget;
 * ``full+tune``  the full recipe as ``leechq quantize --recipe full`` runs it: the above plus
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
-* ``full-rows+tune`` the full recipe with its row-scale step left out, tuning on top (does the
-                 row-scale step still earn its time when tuning, which trains the same scales,
-                 follows?); shares the encode and the sensitivity pass of the arms above;
   with ``--codebook`` other than ``tetra`` these are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports);
@@ -71,7 +68,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE_ARMS = ("full", "full+tune", "full-rows+tune")
+RECIPE_ARMS = ("full", "full+tune")
 """The arms that run the full recipe (each at every ``--target-bpp``)."""
 ARM_CHOICES = ("bare", *RECIPE_ARMS, "rtn", "gptq", "hqq", "llamacpp")
 """What ``--arms`` takes (the scalar baselines once each, at every ``--bits``)."""
@@ -274,14 +271,13 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         return quantize_model_in_place(model, windows, config, progress=not args.tiny,
                                        checkpoint_dir=where)
 
-    def kept(target: float, tag: str = "") -> dict[str, Any]:
-        """``run_recipe``'s resumable checkpoints of one budget (and arm ``tag``, which trains
-        another student) under ``--checkpoint-dir``."""
+    def kept(target: float) -> dict[str, Any]:
+        """``run_recipe``'s resumable checkpoints of one budget under ``--checkpoint-dir``."""
         if ckpt is None:
             return {}
         lat = "-lattice-embedding" if args.lattice_embedding else ""  # another student
-        return {"checkpoint_dir": ckpt / f"rows{tag}-{target:g}{lat}",
-                "tune_checkpoint_dir": ckpt / f"tune{tag}-{target:g}{lat}",
+        return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}",
+                "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}",
                 "sensitivity_checkpoint_dir": ckpt / "sensitivity"}
 
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
@@ -305,42 +301,32 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
-
-    def recipe_run(target: float, measured: Any, row_scales: Any, tuning: Any,
-                   kept_dirs: dict[str, Any]) -> Any:
-        """The full recipe at ``target`` with these row-scale and tuning settings."""
-        return run_recipe(
-            reference, calib, cfg,
-            resolve_recipe("full", target, row_scales=row_scales, **head_bits, tune=tuning,
-                           sensitivity_windows=roles["sens"].shape[0],
-                           sensitivity_window_len=roles["sens"].shape[1], device=args.device),
-            quantize_fn=encode, embed_name=f"{arch.embed_path}.weight", head_name=head,
-            train_windows=roles["train"], sensitivity_windows=roles["sens"],
-            monitor_windows=roles["monitor"], student=copy.deepcopy(student), encoded=enc,
-            sensitivity=measured, progress=not args.tiny, **kept_dirs)
-
     t0 = time.perf_counter()
     measured = None  # the sensitivity pass, measured at the first budget and reused at the others
     for target in args.target_bpp:
         suffix = budget_suffix(args, target)
+        # full+tune continues the full arm's result when both are wanted (one encode and one
+        # sensitivity pass for the two)
+        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits,
+                                tune=None if "full" in wanted else tune,
+                                sensitivity_windows=roles["sens"].shape[0],
+                                sensitivity_window_len=roles["sens"].shape[1],
+                                device=args.device)
         kept_here = kept(target)
-        results = {}
-        if {"full", "full+tune"} & set(wanted):
-            # full+tune continues the full arm's result when both are wanted (one encode and one
-            # sensitivity pass for the two)
-            res = recipe_run(target, measured, rows, None if "full" in wanted else tune, kept_here)
-            measured = res.sensitivity
-            results["full" if "full" in wanted else "full+tune"] = res
-            if "full" in wanted and "full+tune" in wanted:
-                results["full+tune"] = tune_result(res, reference, tune, roles["train"],
-                                                   monitor_windows=roles["monitor"],
-                                                   progress=not args.tiny,
-                                                   checkpoint_dir=kept_here.get(
-                                                       "tune_checkpoint_dir"))
-        if "full-rows+tune" in wanted:
-            res = recipe_run(target, measured, None, tune, kept(target, "-norows"))
-            measured = res.sensitivity
-            results["full-rows+tune"] = res
+        res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
+                         embed_name=f"{arch.embed_path}.weight", head_name=head,
+                         train_windows=roles["train"], sensitivity_windows=roles["sens"],
+                         monitor_windows=roles["monitor"], student=copy.deepcopy(student),
+                         encoded=enc, sensitivity=measured, progress=not args.tiny,
+                         **kept_here)
+        measured = res.sensitivity
+        results = {"full" if "full" in wanted else "full+tune": res}
+        if "full" in wanted and "full+tune" in wanted:
+            results["full+tune"] = tune_result(res, reference, tune, roles["train"],
+                                               monitor_windows=roles["monitor"],
+                                               progress=not args.tiny,
+                                               checkpoint_dir=kept_here.get(
+                                                   "tune_checkpoint_dir"))
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
@@ -357,7 +343,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 f"gain <= 0 {detail['int4_gain_nonpositive']}, over the budget "
                 f"{detail['int4_over_budget']}, tables upgraded "
                 f"{detail['tables_upgraded'] or 'none'}")
-    log(f"recipe arms: {time.perf_counter() - t0:.1f} s")
+    log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
 
 
@@ -610,9 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         ap.error(f"--arms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                  f"choices: {', '.join(ARM_CHOICES)}")
-    for tuned in {"full+tune", "full-rows+tune"} & set(wanted):
-        if args.tune_steps < 1:
-            ap.error(f"the {tuned} arm needs --tune-steps >= 1")
+    if "full+tune" in wanted and args.tune_steps < 1:
+        ap.error("the full+tune arm needs --tune-steps >= 1")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)

@@ -48,29 +48,6 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
     assert len(iv) == 2 and all(i["ci95"]["kl"][0] <= i["ci95"]["kl"][1] for i in iv)
 
 
-def test_row_scale_step_ablation_arm(capsys: pytest.CaptureFixture[str]) -> None:
-    """``full-rows+tune`` runs the full recipe without its row-scale step and tunes on top; it
-    shares the encode with ``full+tune`` (the same bits) and is its own model."""
-    module = _script("quality_norows")
-    try:
-        assert module.main(["--tiny", "--arms", "full+tune,full-rows+tune", "--boot", "20",
-                            "--compare-to", "full+tune"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    rows = {(r["arm"], r["set"]): r for r in result["rows"]}
-    for s in ("in-domain", "unseen"):
-        with_rows, without = rows[("full+tune", s)], rows[("full-rows+tune", s)]
-        assert "row_scales" in with_rows["steps"] and "tune" in with_rows["steps"]
-        assert "row_scales" not in without["steps"] and "tune" in without["steps"]
-        assert without["bpp"] == with_rows["bpp"]
-        assert without["kl"] != with_rows["kl"]
-    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
-        ("full-rows+tune", "full+tune")}
-
-
 def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     """A misspelt arm (or an empty list) stops the run before any model loads, naming it and
     the choices."""
@@ -79,7 +56,7 @@ def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) ->
         with pytest.raises(SystemExit):
             module.main(["--tiny", "--arms", arms])
         err = capsys.readouterr().err
-        assert said in err and "full-rows+tune" in err
+        assert said in err and "full+tune" in err
 
 
 def test_plot_from_earlier_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
