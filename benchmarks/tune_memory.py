@@ -1,0 +1,153 @@
+"""Device memory and step time of the end-to-end tuning step on a whole model of a real shape.
+
+The recipe's tuning step (`leechq.quant.tune.tune_model`) at the placement `--recipe full` uses:
+the student in float32 on the device (every projection a random Tetra record with its input
+rotation, the embedding a 4-bit and the untied head an 8-bit group-affine table, the norms dense),
+the teacher in the compute dtype (bfloat16 on CUDA), the teacher's top-k cache, `--steps`
+optimizer steps of `--batch` windows of `--window` random tokens and a held-out monitor. Values
+are random (a model of the named shape from its config, random codes): memory and time do not
+depend on them. Reports the bytes allocated once both models are placed, the peak during tuning
+(`torch.cuda.max_memory_allocated`), the estimate the recipe gates on
+(`leechq.quant.tune.tune_memory_bytes`), seconds per step and the teacher's cache time. JSON last
+line.
+
+    python benchmarks/tune_memory.py --shape qwen3-8b --device cuda
+    python benchmarks/tune_memory.py --shape qwen3-tiny --device cpu --steps 2   # a dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+GIB = 1024.0**3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-8b",
+                    help="a named shape of leechq.serve.random_codes.SHAPES")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=2, help="training windows per step")
+    ap.add_argument("--windows", type=int, default=8, help="training windows (teacher cache)")
+    ap.add_argument("--monitor", type=int, default=2, help="held-out monitor windows")
+    ap.add_argument("--window", type=int, default=512, help="tokens per window")
+    ap.add_argument("--topk", type=int, default=128, help="cached teacher log-probabilities")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for name in ("steps", "batch", "windows", "monitor", "window", "topk"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    return args
+
+
+def build_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype,
+                seed: int) -> torch.nn.Module:
+    """A transformers causal LM of ``shape`` (an HF config dict), random init, built on
+    ``device`` in ``dtype``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = {k: v for k, v in shape.items() if k != "model_type"}
+    config = AutoConfig.for_model(shape["model_type"], **kwargs)
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def stored_parts(student: torch.nn.Module, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Random records for every projection of ``student``'s layers and the raw tensors the recipe
+    stores beside them: the 4-bit embedding and 8-bit head tables (group 64; their decode is set
+    into ``student``) and the norms. The projections keep their random dense weights: tuning
+    parks them and composes the records."""
+    from leechq.formats.group_affine import GroupAffine
+    from leechq.formats.rotation import generate_rotation
+    from leechq.serve.random_codes import random_tetra
+
+    gen = torch.Generator().manual_seed(seed)
+    rotations: dict[int, Any] = {}
+    records: dict[str, Any] = {}
+    for name, m in student.named_modules():
+        if isinstance(m, torch.nn.Linear) and ".layers." in f".{name}":
+            d_out, d_in = m.weight.shape
+            rot = rotations.setdefault(d_in, generate_rotation(d_in, 1))
+            records[name] = random_tetra(d_out, d_in, gen, rotation=rot)
+    raw: dict[str, Any] = {}
+    embed = student.get_input_embeddings().weight
+    head = student.get_output_embeddings().weight
+    names = {id(p): n for n, p in student.named_parameters()}
+    for param, bits in ((embed, 4), (head, 8)) if head is not embed else ((embed, 4),):
+        table = GroupAffine.quantize(param.detach().float(), bits, 64)
+        with torch.no_grad():  # the student holds what is stored (tuning checks the lookup)
+            param.copy_(table.dequantize(param.dtype).to(param.device))
+        raw[names[id(param)]] = table
+    for n, p in student.named_parameters():
+        if p.dim() == 1 and "norm" in n:
+            raw[n] = p.detach().clone()
+    return records, raw
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    from leechq.quant.tune import TuneConfig, tune_memory_bytes, tune_model
+    from leechq.serve.random_codes import SHAPES
+
+    if args.shape not in SHAPES:
+        raise SystemExit(f"unknown --shape {args.shape!r}; choices: {sorted(SHAPES)}")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    compute = torch.bfloat16 if cuda else torch.float32
+    t0 = time.perf_counter()
+    teacher = build_model(SHAPES[args.shape], dev, compute, args.seed)
+    student = build_model(SHAPES[args.shape], dev, torch.float32, args.seed)
+    params = sum(p.numel() for p in student.parameters())
+    estimate = tune_memory_bytes(student, on_cuda=cuda)
+    records, raw = stored_parts(student, args.seed + 1)
+    built_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(args.seed + 2)
+    vocab = int(SHAPES[args.shape]["vocab_size"])
+    windows = torch.randint(0, vocab, (args.windows, args.window), generator=gen)
+    monitor = torch.randint(0, vocab, (args.monitor, args.window), generator=gen)
+    config = TuneConfig(steps=args.steps, lr=2e-3, warmup_steps=1, batch=args.batch,
+                        teacher_topk=args.topk, monitor_every=args.steps, checkpoint_every=0)
+    placed = None
+    if cuda:
+        torch.cuda.synchronize(dev)
+        placed = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    result = tune_model(student, teacher, records, raw, windows, config,
+                        monitor_windows=monitor, progress=False)
+    row: dict[str, Any] = {
+        "bench": "tune_memory", "shape": args.shape, "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "params": params, "records": len(records), "tables": sum(
+            type(t).__name__ == "GroupAffine" for t in raw.values()),
+        "window": args.window, "batch": args.batch, "windows": args.windows,
+        "monitor": args.monitor, "topk": args.topk, "steps": result.steps,
+        "estimate_gib": estimate / GIB,
+        "placed_gib": None if placed is None else placed / GIB,
+        "peak_gib": (torch.cuda.max_memory_allocated(dev) / GIB) if cuda else None,
+        "seconds_per_step": result.seconds_per_step,
+        "teacher_seconds": result.teacher_seconds, "tune_seconds": result.seconds,
+        "build_seconds": built_s,
+        "monitor_kl_before": result.monitor_kl_before, "monitor_kl_after": result.monitor_kl_after,
+        "torch": torch.__version__,
+    }
+    print(json.dumps(row))
+    sys.stdout.flush()
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The whole-model tuning memory benchmark (``benchmarks/tune_memory.py``), tiny shape, CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_memory.py"
+
+
+@pytest.fixture(scope="module")
+def tm():
+    spec = importlib.util.spec_from_file_location("tune_memory", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stored_parts_cover_every_layer_projection_and_set_the_tables(tm) -> None:
+    from leechq.formats.group_affine import GroupAffine
+    from leechq.serve.random_codes import SHAPES
+
+    student = tm.build_model(SHAPES["qwen3-tiny"], torch.device("cpu"), torch.float32, 0)
+    records, raw = tm.stored_parts(student, 1)
+    linears = [n for n, m in student.named_modules()
+               if isinstance(m, torch.nn.Linear) and ".layers." in n]
+    assert sorted(records) == sorted(linears) and len(linears) == 2 * 7
+    tables = {n: t for n, t in raw.items() if isinstance(t, GroupAffine)}
+    assert {t.bits for t in tables.values()} == {4, 8}
+    for name, table in tables.items():  # the student holds exactly what is stored
+        assert torch.equal(student.get_parameter(name).detach(), table.dequantize(torch.float32))
+    norms = [n for n, p in student.named_parameters() if p.dim() == 1 and "norm" in n]
+    assert norms and all(n in raw for n in norms)
+
+
+def test_a_dry_run_tunes_and_reports(tm, capsys) -> None:
+    row = tm.main(["--shape", "qwen3-tiny", "--device", "cpu", "--steps", "2", "--windows", "4",
+                   "--window", "32", "--topk", "8", "--monitor", "1"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == row
+    assert row["steps"] == 2 and row["records"] == 14 and row["tables"] == 2
+    assert row["estimate_gib"] > 0 and row["peak_gib"] is None  # no device counters on the CPU
+    assert row["monitor_kl_before"] > 0 and row["seconds_per_step"] > 0
+
+
+def test_bad_arguments_are_refused(tm) -> None:
+    with pytest.raises(SystemExit):
+        tm.parse_args(["--steps", "0"])
+    with pytest.raises(SystemExit, match="unknown --shape"):
+        tm.main(["--shape", "qwen9", "--device", "cpu"])
