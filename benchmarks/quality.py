@@ -128,8 +128,9 @@ def on_device(model: Any, device: str) -> Iterator[None]:
 def task_scores(model: Any, tokenizer: Any, args: argparse.Namespace, label: str
                 ) -> dict[str, dict[str, Any]]:
     """``args.tasks`` on ``model``: per task its headline ``metric`` and ``value``, the items
-    scored ``n``, the standard error where the task has one (MMLU's micro ``stderr``) and the
-    prompts' token ``fingerprint``; a progress bar on stderr named ``TASK (label)``."""
+    scored ``n``, the standard error where the task has one (MMLU's micro ``stderr``), MMLU's
+    ``picked_letters`` (how often the model chose each letter) and the prompts' token
+    ``fingerprint``; a progress bar on stderr named ``TASK (label)``."""
     from leechq.eval.runner import SuiteConfig, run_tasks
 
     config = SuiteConfig(tasks=args.tasks, mmlu_path=args.mmlu, gsm8k_path=args.gsm8k,
@@ -138,6 +139,8 @@ def task_scores(model: Any, tokenizer: Any, args: argparse.Namespace, label: str
         done = run_tasks(model, tokenizer, config, progress=label)
     return {name: {"metric": r["metric"], "value": r["value"], "n": r["n"],
                    "stderr": r["details"].get("micro_stderr"),
+                   **({"picked_letters": r["details"]["picked_letters"]}
+                      if "picked_letters" in r["details"] else {}),
                    "fingerprint": r["prompts_fingerprint"]} for name, r in done.items()}
 
 

@@ -304,6 +304,8 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
     direct = MMLUTask(data=mmlu.load_mmlu(tmp_path), per_subject=None).run(seen[0], toy_tokenizer)
     assert ref["n"] == 13 and ref["value"] == pytest.approx(direct.value)
     assert ref["fingerprint"] == direct.prompts_fingerprint
+    assert ref["picked_letters"] == direct.details["picked_letters"]
+    assert sum(ref["picked_letters"].values()) == 13
     for r in result["rows"]:
         assert r["tasks"]["mmlu"]["fingerprint"] == ref["fingerprint"]
         assert r["tasks"]["mmlu"]["n"] == 13 and 0.0 <= r["tasks"]["mmlu"]["value"] <= 1.0

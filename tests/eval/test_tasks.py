@@ -120,6 +120,9 @@ def test_mmlu_scoring_micro_macro(tmp_path: Path, toy_tokenizer) -> None:
     )
     assert res.details["accuracy_macro"] == pytest.approx((0.5 + 20 / 21) / 2)
     assert res.details["micro_stderr"] == 0.0  # census
+    assert res.details["picked_letters"] == {"A": 0, "B": 31, "C": 0, "D": 0}
+    assert sum(res.details["right_letters"].values()) == 31
+    assert res.details["right_letters"]["B"] == 25
     # every prompt had 5 shots and ended at "Answer:"
     first = toy_tokenizer.decode(model.calls[0])
     assert first.count("Answer:") == 6 and first.endswith("Answer:") and "abstract algebra" in first

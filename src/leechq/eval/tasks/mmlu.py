@@ -316,6 +316,8 @@ class MMLUTask:
         scores: list[SubjectScore] = []
         picks = {s: sample_items(s, test[s], per_subject) for s in sorted(test)}
         total = sum(len(p) for p in picks.values())
+        chosen = dict.fromkeys(LETTERS, 0)  # the model's letters, pooled over scored questions
+        right_letters = dict.fromkeys(LETTERS, 0)
         with stage_bar(progress or "", total, "question", progress is not None) as bar:
             for subject, picked in picks.items():
                 right = 0
@@ -326,6 +328,8 @@ class MMLUTask:
                     logits = last_logits(model, ids)
                     pick = int(logits[letter_ids].argmax())
                     right += int(pick == item.answer)
+                    chosen[LETTERS[pick]] += 1
+                    right_letters[LETTERS[item.answer]] += 1
                     bar.update(1)
                 scores.append(SubjectScore(subject, right, len(picked), len(test[subject])))
         scored = sum(s.scored for s in scores)
@@ -339,6 +343,8 @@ class MMLUTask:
                 "accuracy_macro": macro_accuracy(scores),
                 "accuracy_pooled": sum(s.right for s in scores) / scored if scored else 0.0,
                 "micro_stderr": micro_stderr(scores),
+                "picked_letters": chosen,
+                "right_letters": right_letters,
                 "shots": self.shots,
                 "per_subject": per_subject,
                 "population": sum(s.population for s in scores),
