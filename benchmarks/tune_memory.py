@@ -26,6 +26,12 @@ from typing import Any
 import torch
 
 GIB = 1024.0**3
+_T0 = time.perf_counter()
+
+
+def note(msg: str) -> None:
+    """A progress line on stderr with the seconds since start (a run cut off shows where)."""
+    print(f"[tune_memory +{time.perf_counter() - _T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,12 +72,28 @@ def build_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype,
     return model.to(device=device, dtype=dtype).eval()
 
 
+def random_table(dims: tuple[int, int], bits: int, group: int,
+                 generator: torch.Generator) -> Any:
+    """A group-affine table of random codes (``GroupAffine`` of ``bits`` over ``group`` columns):
+    codes uniform, every scale ``2/levels`` and offset ``-1`` of a group spanning [-1, 1], times
+    ``1/sqrt(cols)``."""
+    from leechq.formats.group_affine import GroupAffine
+
+    rows, cols = dims
+    width = cols // 2 if bits == 4 else cols
+    qweight = torch.randint(0, 256, (rows, width), generator=generator, dtype=torch.uint8)
+    groups = -(-cols // group)
+    span = 1.0 / cols**0.5
+    scales = torch.full((rows, groups), 2 * span / ((1 << bits) - 1), dtype=torch.float16)
+    biases = torch.full((rows, groups), -span, dtype=torch.float16)
+    return GroupAffine(dims, bits, group, qweight, scales, biases)
+
+
 def stored_parts(student: torch.nn.Module, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Random records for every projection of ``student``'s layers and the raw tensors the recipe
-    stores beside them: the 4-bit embedding and 8-bit head tables (group 64; their decode is set
-    into ``student``) and the norms. The projections keep their random dense weights: tuning
-    parks them and composes the records."""
-    from leechq.formats.group_affine import GroupAffine
+    stores beside them: the 4-bit embedding and 8-bit head tables (group 64, random codes; their
+    decode is set into ``student``) and the norms. The projections keep their random dense
+    weights: tuning parks them and composes the records."""
     from leechq.formats.rotation import generate_rotation
     from leechq.serve.random_codes import random_tetra
 
@@ -88,7 +110,7 @@ def stored_parts(student: torch.nn.Module, seed: int) -> tuple[dict[str, Any], d
     head = student.get_output_embeddings().weight
     names = {id(p): n for n, p in student.named_parameters()}
     for param, bits in ((embed, 4), (head, 8)) if head is not embed else ((embed, 4),):
-        table = GroupAffine.quantize(param.detach().float(), bits, 64)
+        table = random_table(tuple(param.shape), bits, 64, gen)
         with torch.no_grad():  # the student holds what is stored (tuning checks the lookup)
             param.copy_(table.dequantize(param.dtype).to(param.device))
         raw[names[id(param)]] = table
@@ -110,11 +132,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     compute = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
     teacher = build_model(SHAPES[args.shape], dev, compute, args.seed)
+    note(f"teacher {args.shape} built on {dev} in {compute}")
     student = build_model(SHAPES[args.shape], dev, torch.float32, args.seed)
     params = sum(p.numel() for p in student.parameters())
     estimate = tune_memory_bytes(student, on_cuda=cuda)
+    note(f"student built in float32: {params / 1e9:.2f} G parameters, estimate "
+         f"{estimate / GIB:.1f} GiB")
     records, raw = stored_parts(student, args.seed + 1)
     built_s = time.perf_counter() - t0
+    note(f"{len(records)} random records and {len(raw)} raw tensors")
     gen = torch.Generator().manual_seed(args.seed + 2)
     vocab = int(SHAPES[args.shape]["vocab_size"])
     windows = torch.randint(0, vocab, (args.windows, args.window), generator=gen)
@@ -127,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         placed = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     result = tune_model(student, teacher, records, raw, windows, config,
-                        monitor_windows=monitor, progress=False)
+                        monitor_windows=monitor, progress=True)
+    note(f"tuned {result.steps} steps")
     row: dict[str, Any] = {
         "bench": "tune_memory", "shape": args.shape, "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
