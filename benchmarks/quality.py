@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import sys
@@ -301,6 +302,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
+    if tune is not None and args.tune_topk is not None:
+        tune = dataclasses.replace(tune, teacher_topk=args.tune_topk)
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
@@ -341,6 +344,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             if "tune" in r.metadata:
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
                 detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
+                detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
+                detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
             out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
             log(f"{name}{suffix}: recipe {detail['seconds']:.1f} s; int4 {detail['int4']}, "
                 f"gain <= 0 {detail['int4_gain_nonpositive']}, over the budget "
@@ -533,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the full+tune arm [default: the full recipe's, "
                          f"{DEFAULT_TUNE_STEPS}]; the full arm is the full recipe with "
                          "--tune-steps 0")
+    ap.add_argument("--tune-topk", type=int, default=None, metavar="K",
+                    help="the full+tune arm's cached teacher log-probabilities per position "
+                         "(0: the full teacher every step) [default: the recipe's]")
     ap.add_argument("--llama-cpp", default=None, metavar="DIR",
                     help="directory of the user's built llama.cpp tools (llama-quantize, "
                          "llama-imatrix) for the llamacpp arms [default: PATH]")
@@ -601,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"choices: {', '.join(ARM_CHOICES)}")
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
+    if args.tune_topk is not None and args.tune_topk < 0:
+        ap.error(f"--tune-topk must be >= 0, got {args.tune_topk}")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)

@@ -46,6 +46,27 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
         assert {"int4", "int4_gain_nonpositive", "int4_over_budget", "tables_upgraded"} <= set(full)
     iv = [i for i in result["intervals"] if i["arm"] == "bare"]
     assert len(iv) == 2 and all(i["ci95"]["kl"][0] <= i["ci95"]["kl"][1] for i in iv)
+    tuned = rows[("full+tune", "in-domain")]  # the recipe's teacher cache, and what it left out
+    assert tuned["tune_teacher_topk"] == 128 and 0.0 <= tuned["tune_teacher_rest_mass"] <= 1.0
+
+
+def test_tune_topk_sets_the_teacher_of_the_tuning_arm(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-topk 0`` tunes against the full teacher every step (no cache, no rest mass);
+    a negative K is refused before any model loads."""
+    module = _script("quality_tune_topk")
+    try:
+        assert module.main(["--tiny", "--arms", "full+tune", "--tune-topk", "0", "--boot", "20",
+                            "--compare-to", "full+tune"]) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {r["tune_teacher_topk"] for r in result["rows"]} == {0}
+    assert {r["tune_teacher_rest_mass"] for r in result["rows"]} == {None}
+    with pytest.raises(SystemExit):
+        module.main(["--tiny", "--arms", "full+tune", "--tune-topk", "-1"])
+    assert "--tune-topk must be >= 0" in capsys.readouterr().err
 
 
 def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
