@@ -3,21 +3,14 @@ its packing (through the op's CPU twin) and the module swap."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "int4_tinygemm.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def tg():
-    spec = importlib.util.spec_from_file_location("int4_tinygemm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("int4_tinygemm")
 
 
 def test_codes_round_each_group_to_its_nearest_level(tg) -> None:

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_memory.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def tm():
-    spec = importlib.util.spec_from_file_location("tune_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tune_memory")
 
 
 def test_stored_parts_cover_every_layer_projection_and_set_the_tables(tm) -> None:
