@@ -10,6 +10,8 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--compare-to`` arm of its budget;
 * ``full+tune``  the full recipe as ``leechq quantize --recipe full`` runs it: the above plus
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
+                 ``--tune-topk 128,0`` adds ``full+tune topk=0``: the same full result tuned
+                 against another teacher cache (0: the full teacher every step);
   with ``--codebook`` other than ``tetra`` these are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports);
@@ -302,8 +304,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
-    if tune is not None and args.tune_topk is not None:
-        tune = dataclasses.replace(tune, teacher_topk=args.tune_topk)
+    topks = args.tune_topk or [None]  # None: the recipe's teacher cache
+    if tune is not None and topks[0] is not None:
+        tune = dataclasses.replace(tune, teacher_topk=topks[0])
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
@@ -333,6 +336,12 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                                progress=not args.tiny,
                                                checkpoint_dir=kept_here.get(
                                                    "tune_checkpoint_dir"))
+            for k in topks[1:]:  # the same full result tuned against another teacher cache
+                where = kept_here.get("tune_checkpoint_dir")
+                results[topk_arm(k)] = tune_result(
+                    res, reference, dataclasses.replace(tune, teacher_topk=k), roles["train"],
+                    monitor_windows=roles["monitor"], progress=not args.tiny,
+                    checkpoint_dir=None if where is None else Path(f"{where}-topk{k}"))
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
@@ -355,6 +364,12 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     return {f"{prefix}{k}": v for k, v in out.items()}
 
 
+def topk_arm(k: int) -> str:
+    """The name of a further ``--tune-topk`` arm: ``full+tune topk=K`` (``K`` = 0: the full
+    teacher every step)."""
+    return f"full+tune topk={k}"
+
+
 def budget_suffix(args: argparse.Namespace, target: float) -> str:
     """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``, then
     nothing for a single ``--target-bpp``, else `` @B``."""
@@ -368,7 +383,7 @@ def compared_arm(arm: str, compare_to: str, arms: Any) -> str:
     arm exists, else ``compare_to``."""
     cuts = [i for i, ch in enumerate(arm) if ch == " "]
     for i in cuts:  # the longest suffix first: `` lattice-emb @3.5``, then `` @3.5``
-        if f"{compare_to}{arm[i:]}" in arms:
+        if f"{compare_to}{arm[i:]}" in arms and f"{compare_to}{arm[i:]}" != arm:
             return f"{compare_to}{arm[i:]}"
     return compare_to
 
@@ -538,9 +553,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the full+tune arm [default: the full recipe's, "
                          f"{DEFAULT_TUNE_STEPS}]; the full arm is the full recipe with "
                          "--tune-steps 0")
-    ap.add_argument("--tune-topk", type=int, default=None, metavar="K",
+    ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
-                         "(0: the full teacher every step) [default: the recipe's]")
+                         "(0: the full teacher every step) [default: the recipe's]; each further "
+                         "K adds an arm 'full+tune topk=K', the same full result tuned against "
+                         "that teacher (with --compare-to full+tune: a paired interval between "
+                         "the two teachers)")
     ap.add_argument("--llama-cpp", default=None, metavar="DIR",
                     help="directory of the user's built llama.cpp tools (llama-quantize, "
                          "llama-imatrix) for the llamacpp arms [default: PATH]")
@@ -609,8 +627,18 @@ def main(argv: list[str] | None = None) -> int:
                  f"choices: {', '.join(ARM_CHOICES)}")
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
-    if args.tune_topk is not None and args.tune_topk < 0:
-        ap.error(f"--tune-topk must be >= 0, got {args.tune_topk}")
+    if args.tune_topk is not None:
+        try:
+            args.tune_topk = [int(k) for k in args.tune_topk.split(",") if k.strip()]
+        except ValueError:
+            ap.error(f"--tune-topk: not a comma-separated list of integers: {args.tune_topk!r}")
+        if not args.tune_topk or min(args.tune_topk) < 0:
+            ap.error(f"--tune-topk must be >= 0, got {args.tune_topk}")
+        if len(set(args.tune_topk)) != len(args.tune_topk):
+            ap.error(f"--tune-topk: a size is repeated: {args.tune_topk}")
+        if len(args.tune_topk) > 1 and not {"full", "full+tune"} <= set(wanted):
+            ap.error("several --tune-topk sizes tune the full arm's result: "
+                     "--arms needs full and full+tune")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)

@@ -50,23 +50,35 @@ def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) ->
     assert tuned["tune_teacher_topk"] == 128 and 0.0 <= tuned["tune_teacher_rest_mass"] <= 1.0
 
 
-def test_tune_topk_sets_the_teacher_of_the_tuning_arm(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--tune-topk 0`` tunes against the full teacher every step (no cache, no rest mass);
-    a negative K is refused before any model loads."""
+def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-topk 8,0`` tunes the full arm's result twice: ``full+tune`` against an 8-entry
+    teacher cache, ``full+tune topk=0`` against the full teacher every step (no cache, no rest
+    mass), with a paired interval between the two; bad sizes are refused before any model
+    loads."""
     module = _script("quality_tune_topk")
     try:
-        assert module.main(["--tiny", "--arms", "full+tune", "--tune-topk", "0", "--boot", "20",
-                            "--compare-to", "full+tune"]) == 0
+        assert module.main(["--tiny", "--arms", "full,full+tune", "--tune-topk", "8,0",
+                            "--boot", "20", "--compare-to", "full+tune"]) == 0
     finally:
         from standin_codebook import unregister
 
         unregister()
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {r["tune_teacher_topk"] for r in result["rows"]} == {0}
-    assert {r["tune_teacher_rest_mass"] for r in result["rows"]} == {None}
-    with pytest.raises(SystemExit):
-        module.main(["--tiny", "--arms", "full+tune", "--tune-topk", "-1"])
-    assert "--tune-topk must be >= 0" in capsys.readouterr().err
+    topk = {r["arm"]: (r.get("tune_teacher_topk"), r.get("tune_teacher_rest_mass"))
+            for r in result["rows"]}
+    assert topk["full"] == (None, None)
+    assert topk["full+tune"][0] == 8 and 0.0 <= topk["full+tune"][1] <= 1.0
+    assert topk["full+tune topk=0"] == (0, None)
+    pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
+    assert pairs == {("full", "full+tune"), ("full+tune topk=0", "full+tune")}
+    for bad, says in ((["--tune-topk", "-1"], "--tune-topk must be >= 0"),
+                      (["--tune-topk", "8,x"], "not a comma-separated list of integers"),
+                      (["--tune-topk", "8,8"], "a size is repeated"),
+                      (["--arms", "full+tune", "--tune-topk", "8,0"], "--arms needs full")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", "full+tune"] if "--arms" not in bad else []),
+                         *bad])
+        assert says in capsys.readouterr().err
 
 
 def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
