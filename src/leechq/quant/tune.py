@@ -26,9 +26,10 @@ weight is composed from its factors in the forward and *recomposed* in the backw
 weight-sized tensor is kept for the backward; the frozen parts are buffers in the compute dtype,
 one copy of each weight whatever the number of centroids (:func:`tune_memory_bytes`).
 
-The teacher runs once, before training: its distribution over each training position is cached
-as its top-``k`` log-probabilities plus the log of the remaining mass
-(``teacher_topk``; 0 caches nothing and runs the teacher every step). The loss on cached positions
+The teacher runs every step by default (``teacher_topk`` 0): the loss is the KL over the full
+vocabulary. With ``teacher_topk`` = k > 0 it runs once, before training instead: its distribution
+over each training position is cached as its top-``k`` log-probabilities plus the log of the
+remaining mass (docs/decisions.md says why that is not the default). The loss on cached positions
 is the KL between the two distributions *coarsened to k+1 outcomes* (the k teacher tokens and
 "anything else"): a lower bound of the full KL (data processing), exact when the teacher's mass
 outside its top k is zero. How much mass lies outside the top k depends on the model (the result
@@ -120,7 +121,7 @@ class TuneConfig(ConfigDict):
     kl_chunk: int = 256
     seed: int = 0
     groups: tuple[str, ...] = GROUPS
-    teacher_topk: int = 128
+    teacher_topk: int = 0
     monitor_every: int = 10
     patience: int = 0
     probe_steps: int = 3
