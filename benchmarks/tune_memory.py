@@ -3,13 +3,14 @@
 The recipe's tuning step (`leechq.quant.tune.tune_model`) at the placement `--recipe full` uses:
 the student in float32 on the device (every projection a random Tetra record with its input
 rotation, the embedding a 4-bit and the untied head an 8-bit group-affine table, the norms dense),
-the teacher in the compute dtype (bfloat16 on CUDA), the teacher's top-k cache, `--steps`
-optimizer steps of `--batch` windows of `--window` random tokens and a held-out monitor. Values
-are random (a model of the named shape from its config, random codes): memory and time do not
-depend on them. Reports the bytes allocated once both models are placed, the peak during tuning
-(`torch.cuda.max_memory_allocated`), the estimate the recipe gates on
-(`leechq.quant.tune.tune_memory_bytes`), seconds per step and the teacher's cache time. JSON last
-line.
+the teacher in the compute dtype (bfloat16 on CUDA), run every step (`--topk 0`, the recipe's
+default) or once into a top-k cache, `--steps` optimizer steps of `--batch` windows of `--window`
+random tokens and a held-out monitor. Values are random (a model of the named shape from its
+config, random codes): memory and time do not depend on them. Reports the bytes allocated once
+both models are placed, the peak during tuning (`torch.cuda.max_memory_allocated`) in three
+phases (:class:`Phases`), the estimate the recipe gates on
+(`leechq.quant.tune.tune_memory_bytes`), seconds per step, before the steps and after them. JSON
+last line.
 
     python benchmarks/tune_memory.py --shape qwen3-8b --device cuda
     python benchmarks/tune_memory.py --shape qwen3-tiny --device cpu --steps 2   # a dry run
@@ -44,12 +45,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int, default=8, help="training windows (teacher cache)")
     ap.add_argument("--monitor", type=int, default=2, help="held-out monitor windows")
     ap.add_argument("--window", type=int, default=512, help="tokens per window")
-    ap.add_argument("--topk", type=int, default=128, help="cached teacher log-probabilities")
+    ap.add_argument("--topk", type=int, default=None,
+                    help="cached teacher log-probabilities per position, 0: the full teacher "
+                         "every step [default: the recipe's]")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    for name in ("steps", "batch", "windows", "monitor", "window", "topk"):
+    for name in ("steps", "batch", "windows", "monitor", "window"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
+    if args.topk is None:
+        from leechq.quant.tune import TuneConfig
+
+        args.topk = TuneConfig().teacher_topk
+    if args.topk < 0:
+        ap.error("--topk must be >= 0 (0: the full teacher every step)")
     return args
 
 
@@ -120,6 +129,55 @@ def stored_parts(student: torch.nn.Module, seed: int) -> tuple[dict[str, Any], d
     return records, raw
 
 
+class Phases:
+    """Peak device memory and wall time of the tuning call in three phases, split at the optimizer
+    steps (``tune_model``'s ``on_step``): ``before`` (the teacher's logits, composing the model,
+    the monitor's first score and step 0), ``steps`` (the largest of steps 1 …, each a forward and
+    backward of both models and an update) and ``after`` (restoring the best state, folding it
+    into records and tables, decoding them into the student, the final score). Peaks in GiB on
+    CUDA, else None."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.before: float | None = None
+        self.steps: float | None = None
+        self.after: float | None = None
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.seconds_before: float | None = None
+        self.seconds_after: float | None = None
+
+    def _take(self) -> float | None:
+        """The peak since the last call (GiB), the counter reset."""
+        if self.device is None:
+            return None
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) / GIB
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
+    def step(self, step: int, loss: float) -> None:
+        peak = self._take()
+        self.t_last = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = self.t_last
+            self.before = peak
+        elif peak is not None:
+            self.steps = max(self.steps or 0.0, peak)
+
+    def close(self) -> None:
+        self.after = self._take()
+        end = time.perf_counter()
+        if self.t_first is not None and self.t_last is not None:
+            self.seconds_before = self.t_first - self.t0
+            self.seconds_after = end - self.t_last
+
+    def peak(self) -> float | None:
+        got = [p for p in (self.before, self.steps, self.after) if p is not None]
+        return max(got) if got else None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from leechq.quant.tune import TuneConfig, tune_memory_bytes, tune_model
@@ -152,8 +210,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.cuda.synchronize(dev)
         placed = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
+    phases = Phases(dev if cuda else None)
     result = tune_model(student, teacher, records, raw, windows, config,
-                        monitor_windows=monitor, progress=True)
+                        monitor_windows=monitor, progress=True, on_step=phases.step)
+    phases.close()
     note(f"tuned {result.steps} steps")
     row: dict[str, Any] = {
         "bench": "tune_memory", "shape": args.shape, "device": str(dev),
@@ -164,7 +224,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "monitor": args.monitor, "topk": args.topk, "steps": result.steps,
         "estimate_gib": estimate / GIB,
         "placed_gib": None if placed is None else placed / GIB,
-        "peak_gib": (torch.cuda.max_memory_allocated(dev) / GIB) if cuda else None,
+        "peak_gib": phases.peak(),
+        "peak_before_steps_gib": phases.before, "peak_steps_gib": phases.steps,
+        "peak_after_steps_gib": phases.after,
+        "seconds_before_steps": phases.seconds_before, "seconds_after_steps": phases.seconds_after,
         "seconds_per_step": result.seconds_per_step,
         "teacher_seconds": result.teacher_seconds, "tune_seconds": result.seconds,
         "build_seconds": built_s,

@@ -37,11 +37,26 @@ def test_a_dry_run_tunes_and_reports(tm, capsys) -> None:
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == row
     assert row["steps"] == 2 and row["records"] == 14 and row["tables"] == 2
     assert row["estimate_gib"] > 0 and row["peak_gib"] is None  # no device counters on the CPU
+    assert row["peak_steps_gib"] is None and row["topk"] == 8
     assert row["monitor_kl_before"] > 0 and row["seconds_per_step"] > 0
+    assert row["seconds_before_steps"] > 0 and row["seconds_after_steps"] > 0
+
+
+def test_the_default_teacher_is_the_recipes(tm, capsys) -> None:
+    """Without ``--topk`` the run tunes as the recipe does (``TuneConfig``'s teacher: the full
+    one every step, ``topk`` 0)."""
+    from leechq.quant.tune import TuneConfig
+
+    row = tm.main(["--shape", "qwen3-tiny", "--device", "cpu", "--steps", "1", "--windows", "2",
+                   "--window", "16", "--monitor", "1"])
+    capsys.readouterr()
+    assert row["topk"] == TuneConfig().teacher_topk == 0 and row["steps"] == 1
 
 
 def test_bad_arguments_are_refused(tm) -> None:
     with pytest.raises(SystemExit):
         tm.parse_args(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        tm.parse_args(["--topk", "-1"])
     with pytest.raises(SystemExit, match="unknown --shape"):
         tm.main(["--shape", "qwen9", "--device", "cpu"])
