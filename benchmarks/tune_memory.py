@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-8b",
                     help="a named shape of leechq.serve.random_codes.SHAPES")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers [default: the shape's]: fewer for a quicker run of the "
+                         "same widths (the per-layer and the whole-model terms apart)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=2, help="training windows per step")
@@ -50,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "every step [default: the recipe's]")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.layers is not None and args.layers < 1:
+        ap.error("--layers must be >= 1")
     for name in ("steps", "batch", "windows", "monitor", "window"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
@@ -189,9 +194,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cuda = dev.type == "cuda"
     compute = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
-    teacher = build_model(SHAPES[args.shape], dev, compute, args.seed)
-    note(f"teacher {args.shape} built on {dev} in {compute}")
-    student = build_model(SHAPES[args.shape], dev, torch.float32, args.seed)
+    shape = dict(SHAPES[args.shape])
+    if args.layers is not None:  # the shape's layers, fewer (or more) of them
+        shape["num_hidden_layers"] = args.layers
+    teacher = build_model(shape, dev, compute, args.seed)
+    note(f"teacher {args.shape} ({shape['num_hidden_layers']} layers) built on {dev} in "
+         f"{compute}")
+    student = build_model(shape, dev, torch.float32, args.seed)
     params = sum(p.numel() for p in student.parameters())
     estimate = tune_memory_bytes(student, on_cuda=cuda)
     note(f"student built in float32: {params / 1e9:.2f} G parameters, estimate "
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     built_s = time.perf_counter() - t0
     note(f"{len(records)} random records and {len(raw)} raw tensors")
     gen = torch.Generator().manual_seed(args.seed + 2)
-    vocab = int(SHAPES[args.shape]["vocab_size"])
+    vocab = int(shape["vocab_size"])
     windows = torch.randint(0, vocab, (args.windows, args.window), generator=gen)
     monitor = torch.randint(0, vocab, (args.monitor, args.window), generator=gen)
     config = TuneConfig(steps=args.steps, lr=2e-3, warmup_steps=1, batch=args.batch,
@@ -216,7 +225,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     phases.close()
     note(f"tuned {result.steps} steps")
     row: dict[str, Any] = {
-        "bench": "tune_memory", "shape": args.shape, "device": str(dev),
+        "bench": "tune_memory", "shape": args.shape, "layers": shape["num_hidden_layers"],
+        "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "params": params, "records": len(records), "tables": sum(
             type(t).__name__ == "GroupAffine" for t in raw.values()),

@@ -48,9 +48,10 @@ def test_the_default_teacher_is_the_recipes(tm, capsys) -> None:
     from leechq.quant.tune import TuneConfig
 
     row = tm.main(["--shape", "qwen3-tiny", "--device", "cpu", "--steps", "1", "--windows", "2",
-                   "--window", "16", "--monitor", "1"])
+                   "--window", "16", "--monitor", "1", "--layers", "1"])
     capsys.readouterr()
     assert row["topk"] == TuneConfig().teacher_topk == 0 and row["steps"] == 1
+    assert row["layers"] == 1 and row["records"] == 7  # one layer's seven projections
 
 
 def test_bad_arguments_are_refused(tm) -> None:
@@ -58,5 +59,7 @@ def test_bad_arguments_are_refused(tm) -> None:
         tm.parse_args(["--steps", "0"])
     with pytest.raises(SystemExit):
         tm.parse_args(["--topk", "-1"])
+    with pytest.raises(SystemExit):
+        tm.parse_args(["--layers", "0"])
     with pytest.raises(SystemExit, match="unknown --shape"):
         tm.main(["--shape", "qwen9", "--device", "cpu"])

@@ -104,6 +104,9 @@ def test_the_composed_model_gives_the_students_logits_scaled_embeddings_too(fami
         after = student(input_ids=ids).logits
     detach(student, att)
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+    # detaching released the frozen parts (a GPU never holds them beside the returned weights)
+    for composed in (*att.linears.values(), *att.embeddings.values()):
+        assert all(b is None for b in composed._buffers.values())
 
     shift_embedding(student)
     with pytest.raises(InvalidInput, match="not a table lookup"):

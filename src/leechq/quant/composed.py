@@ -493,7 +493,12 @@ def _check_same_rows(name: str, original: nn.Module, composed: ComposedEmbedding
 
 
 def detach(model: nn.Module, att: Attached) -> None:
-    """Put the original modules and norm parameters back (inverse of :func:`attach`)."""
+    """Put the original modules and norm parameters back (inverse of :func:`attach`).
+
+    Ends the attachment: each composed module's buffers (its frozen parts) are released before
+    its original returns to the device, so a CUDA device never holds both a weight's frozen parts
+    and its dense original. :func:`fold` what was trained first.
+    """
     for h in att.hooks:
         h.remove()
     for tname, param in att.norm_params.items():
@@ -502,9 +507,11 @@ def detach(model: nn.Module, att: Attached) -> None:
             del module.__dict__["weight"]
         module.weight = param
     for name, module in att.originals.items():
+        composed = _swap(model, name, module)
+        for key in list(composed._buffers):
+            composed._buffers[key] = None
         if att.parked is not None:
             module.to(att.parked)
-        _swap(model, name, module)
 
 
 def fold(att: Attached, records: Mapping[str, Any], raw: Mapping[str, Any]
