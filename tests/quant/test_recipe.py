@@ -328,16 +328,16 @@ def test_tuning_is_skipped_with_the_reason_when_the_gpu_lacks_the_memory(
     reference, student, enc = quantized("qwen2")
     full = resolve_recipe("full", _target_between("qwen2", 0.5), requantize=False,
                           row_scales=None, sensitivity_windows=2, device="cpu")
-    assert recipe_mod.tuning_fits(full, reference) is None  # the CPU
-    need = tune_memory_bytes(reference, on_cuda=True)
+    assert recipe_mod.tuning_fits(full, reference, 16) is None  # the CPU
+    need = tune_memory_bytes(reference, on_cuda=True, tokens=full.tune.batch * 16)
     monkeypatch.setattr(recipe_mod, "_device_dtype",
                         lambda r: (torch.device("cuda"), torch.bfloat16))
     for free, fits in ((need, True), (need - 1, False)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, f=free: (f, 2 * need))
-        reason = recipe_mod.tuning_fits(full, reference)
+        reason = recipe_mod.tuning_fits(full, reference, 16)
         assert (reason is None) is fits
     assert "GiB" in reason and "--tune-steps 0" in reason
-    assert recipe_mod.tuning_fits(full.replace(tune=None), reference) is None
+    assert recipe_mod.tuning_fits(full.replace(tune=None), reference, 16) is None
 
     monkeypatch.undo()
     monkeypatch.setattr(recipe_mod, "tuning_fits", lambda *a: "no room for it")

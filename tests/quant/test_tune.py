@@ -355,23 +355,57 @@ def test_the_recipe_settings_for_a_budget() -> None:
             tune_settings(*bad)
 
 
-def test_the_memory_estimate_counts_student_teacher_and_one_copy_of_each_weight() -> None:
-    """CUDA: student f32 (the parts replace its dense weights) + teacher bf16; CPU: student f32,
-    teacher f32 and the parts (f32 U/T of linears and embeddings, an int32 per 24 linear weights);
-    a tied tensor once."""
+def test_the_memory_estimate_counts_student_teacher_parts_and_a_steps_transients() -> None:
+    """The larger of the placed models (CUDA: student f32 + teacher bf16) and training: the
+    student's dense weights replaced by their parts on CUDA (bf16 parts, an int32 per 24 linear
+    weights; on the CPU f32 parts beside the kept weights, teacher f32), plus the step's
+    transients (f32 copies of the largest weight, activations per token per linear feature); a
+    tied tensor once."""
+    import leechq.quant.tune as tune
+
     model = torch.nn.Sequential(torch.nn.Embedding(10, 48), torch.nn.Linear(48, 6),
                                 torch.nn.Linear(6, 10, bias=False))
     params = 10 * 48 + 48 * 6 + 6 + 6 * 10
     linear, tables = 48 * 6 + 6 * 10, 10 * 48
-    assert tune_memory_bytes(model, on_cuda=True) == params * 4 + params * 2
-    parts = (linear + tables) * 4 + linear // 24 * 4
-    assert tune_memory_bytes(model, on_cuda=False) == params * 8 + parts
+    features = 48 + 6 + 6 + 10
+
+    def transient(tokens: int, largest: int) -> int:
+        return (tune.TRANSIENT_WEIGHT_COPIES * 4 * largest
+                + int(tokens * tune.ACTIVATION_BYTES * features))
+
+    for tokens in (1, 1000):
+        gpu = (params - linear - tables) * 4 + (linear + tables) * 2 + linear // 24 * 4
+        gpu += params * 2 + transient(tokens, 480)
+        assert tune_memory_bytes(model, on_cuda=True, tokens=tokens) == max(params * 6, gpu)
+        parts = (linear + tables) * 4 + linear // 24 * 4
+        assert (tune_memory_bytes(model, on_cuda=False, tokens=tokens)
+                == params * 8 + parts + transient(tokens, 480))
+    assert tune_memory_bytes(model, on_cuda=True, tokens=1000) > tune_memory_bytes(
+        model, on_cuda=True, tokens=1)
     model[0] = torch.nn.Embedding(10, 6)
     model[2].weight = model[0].weight  # tied, [10, 6] both
     tied = 10 * 6 + 48 * 6 + 6
-    assert tune_memory_bytes(model, on_cuda=True) == tied * 6
     # the tied tensor is a table (no gain indices), counted once
-    assert tune_memory_bytes(model, on_cuda=False) == tied * 8 + (48 * 6 + 60) * 4 + 12 * 4
+    assert (tune_memory_bytes(model, on_cuda=False, tokens=1)
+            == tied * 8 + (48 * 6 + 60) * 4 + 12 * 4 + transient(1, 288))
+
+
+def test_the_memory_estimate_lies_above_the_measured_peaks_at_qwen3_8b_shapes() -> None:
+    """Within 10 % above the peaks ``benchmarks/tune_memory.py`` measured (H100, GiB) at Qwen3-8B
+    widths: 36 and 12 layers, 1 024 and 2 048 tokens per step (meta-device models)."""
+    from leechq.serve.random_codes import SHAPES
+
+    measured = {(36, 1024): 52.20, (12, 1024): 28.87, (12, 2048): 31.84}
+    for (layers, tokens), peak in measured.items():
+        shape = {k: v for k, v in SHAPES["qwen3-8b"].items() if k != "model_type"}
+        shape["num_hidden_layers"] = layers
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.for_model(SHAPES["qwen3-8b"]["model_type"], **shape)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        gib = tune_memory_bytes(model, on_cuda=True, tokens=tokens) / 1024**3
+        assert peak < gib < 1.10 * peak, (layers, tokens, gib)
 
 
 @pytest.mark.gpu

@@ -393,18 +393,19 @@ def _device_dtype(recipe: Recipe) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
-def tuning_fits(recipe: Recipe, reference: nn.Module) -> str | None:
+def tuning_fits(recipe: Recipe, reference: nn.Module, window: int) -> str | None:
     """Why ``recipe``'s tuning step cannot run on its device for ``reference``, or None.
 
     Only a CUDA device is checked: its free memory against
-    :func:`~leechq.quant.tune.tune_memory_bytes`.
+    :func:`~leechq.quant.tune.tune_memory_bytes` for steps of ``recipe.tune.batch`` windows of
+    ``window`` tokens.
     """
     if recipe.tune is None:
         return None
     device, _ = _device_dtype(recipe)
     if device.type != "cuda":
         return None
-    need = tune_memory_bytes(reference, on_cuda=True)
+    need = tune_memory_bytes(reference, on_cuda=True, tokens=recipe.tune.batch * window)
     free, _total = torch.cuda.mem_get_info(device)
     if need <= free:
         return None
@@ -600,7 +601,8 @@ def run_recipe(
     steps: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"recipe": recipe.to_dict(), "describe": recipe.describe(),
                             "steps": steps}
-    skipped = tuning_fits(recipe, reference)
+    skipped = (None if train_windows is None
+               else tuning_fits(recipe, reference, int(train_windows.shape[1])))
     if skipped is not None:
         recipe = _without_tuning(recipe, meta, skipped)
     log.info("leechq %s", recipe.describe())

@@ -176,34 +176,67 @@ def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> Tune
     return TuneConfig(steps=steps, lr=2e-3, warmup_steps=tenth, monitor_every=tenth)
 
 
-def tune_memory_bytes(model: nn.Module, on_cuda: bool) -> int:
-    """Upper estimate of the bytes tuning keeps on its device for a model shaped like ``model``.
+TRANSIENT_WEIGHT_COPIES = 6
+"""Float32 copies of the largest composed weight (the head or the embedding table of an LLM) that
+one step keeps alive at once, in :func:`tune_memory_bytes`: its recomposition with gradients in the
+backward (the expanded scales and offsets, the codes in float32, the weight) and the weight's
+gradient. Fitted on Qwen3-8B shapes at 12 and 36 layers and 1 024 and 2 048 tokens per step (H100,
+``benchmarks/tune_memory.py``, ``benchmarks/results/tune-memory-qwen3-8b-*-h100-2026-12-06.json``):
+5.3 copies measured, rounded up."""
 
-    Counted: the student in float32, the teacher in the compute dtype (bfloat16 on CUDA, float32
-    on the CPU) and the frozen parts of the composed modules: one compute-dtype copy of every
-    linear and embedding weight plus an int32 gain index per 24 linear weights, whatever the number
-    of centroids. On CUDA each dense weight leaves for the CPU as its composed twin arrives
-    (:func:`leechq.quant.composed.attach`), so the parts replace the student's dense weights
-    there; on the CPU both stay. Not counted: activations, the transient float32 weight of the
-    matrix being composed, gradients of the (vector-sized) factors and the optimizer state.
+ACTIVATION_BYTES = 3.5
+"""Bytes per token per input and output feature of every linear (the head's output features are
+the logits) that a step keeps for its backward, in :func:`tune_memory_bytes`: 2.9–3.1 measured on
+the same runs, rounded up."""
+
+
+def tune_memory_bytes(model: nn.Module, on_cuda: bool, tokens: int = 1024) -> int:
+    """Upper estimate of the peak bytes tuning needs on its device for a model shaped like
+    ``model``, training on ``tokens`` tokens per step (``batch`` × window length).
+
+    The larger of two moments:
+
+    * **placed**: the student in float32 and the teacher in the compute dtype (bfloat16 on CUDA,
+      float32 on the CPU), as the recipe places them before composing;
+    * **training**: on CUDA each dense weight of the student leaves for the CPU as its composed
+      twin arrives (:func:`leechq.quant.composed.attach`), so the student's linear and table
+      weights count as their frozen parts (one compute-dtype copy of every linear and embedding
+      weight plus an int32 gain index per 24 linear weights); on the CPU both stay. On top, a
+      step's transients: :data:`TRANSIENT_WEIGHT_COPIES` float32 copies of the largest weight,
+      and :data:`ACTIVATION_BYTES` per token per input and output feature of every linear (the
+      head's output features are the logits).
+
+    On Qwen3-8B shapes the estimate lies 6–9 % above the measured peak
+    (``benchmarks/tune_memory.py``; the constants' notes). Not counted: gradients of the
+    (vector-sized) factors and the optimizer state. A mixture of experts counts every expert's
+    activations, more than a step keeps.
 
     Args:
         model: the dense model (or one of the same shapes); a tied tensor counts once.
         on_cuda: the compute dtype is bfloat16 and the dense weights are parked (else float32,
             kept).
+        tokens: tokens per training step (``TuneConfig.batch`` × the windows' length).
     """
     width = 2 if on_cuda else 4
     params = sum(p.numel() for p in model.parameters())
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Embedding)}
     tables = sum(w.numel() for w in weights.values())  # a tied head is its embedding's table
-    linear = 0
+    linear = features = 0
+    largest = max((w.numel() for w in weights.values()), default=0)
     for m in model.modules():
-        if isinstance(m, nn.Linear) and id(m.weight) not in weights:
-            weights[id(m.weight)] = m.weight
-            linear += m.weight.numel()
+        if isinstance(m, nn.Linear):
+            features += m.in_features + m.out_features
+            largest = max(largest, m.weight.numel())
+            if id(m.weight) not in weights:
+                weights[id(m.weight)] = m.weight
+                linear += m.weight.numel()
     frozen = (linear + tables) * width + linear // BLOCK * 4
-    student = params * 4 if on_cuda else params * 4 + frozen
-    return student + params * width
+    teacher = params * width
+    placed = params * 4 + teacher
+    dense_left = (params - linear - tables) * 4 if on_cuda else params * 4
+    transient = TRANSIENT_WEIGHT_COPIES * 4 * largest + int(tokens * ACTIVATION_BYTES * features)
+    training = dense_left + frozen + teacher + transient
+    return max(placed, training) if on_cuda else training
 
 
 # --------------------------------------------------------------------------------------------------
