@@ -27,7 +27,7 @@ def test_tuning_with_a_seconds_budget_shows_teacher_probe_and_step_bars(
 
     reference, student, enc = quantized("llama")
     cfg = TuneConfig(steps=0, time_budget_s=1e-6, probe_steps=2, monitor_every=1,
-                     groups=("row_scales",))
+                     groups=("row_scales",), teacher_topk=8)  # a teacher cache to fill
     res = tune_model(student, reference, enc.records, enc.raw, windows(3, 16, seed=1), cfg,
                      monitor_windows=windows(2, 16, seed=2), progress=True)
     err = capsys.readouterr().err
