@@ -38,11 +38,11 @@ they are known, so a run cut off by a time limit keeps what it measured. With ``
 the quantization steps are resumable: a run longer than one sitting (a model too large for one
 10-minute GPU call) is the same command repeated until it finishes.
 
-Output: a table on stdout, ``docs/quality.png`` (perplexity ratio and KL vs bits per parameter;
-skipped with a message when matplotlib is not installed), and one JSON line (the last line).
-``--plot-from a.json,b.json=LABEL`` plots the rows of earlier runs together and measures nothing
-(``=LABEL``: that file's arms are named ``arm [LABEL]``, e.g. the same arms under another
-calibration text).
+Output: a table on stdout, one JSON line (the last line) and, with ``--plot PATH``, a plot
+(perplexity ratio and KL vs bits per parameter; skipped with a message when matplotlib is not
+installed). ``--plot-from a.json,b.json=LABEL`` plots the rows of earlier runs together to
+``--plot`` (default ``docs/quality.png``) and measures nothing (``=LABEL``: that file's arms are
+named ``arm [LABEL]``, e.g. the same arms under another calibration text).
 
 ``--tiny``: a random 2-layer Llama (hidden 192, vocab 512) and two synthetic token streams as the
 two "domains", quantized with the test suite's stand-in direction codebook
@@ -581,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plot", default=None,
-                    help="plot path [default: docs/quality.png; none with --tiny]")
+                    help="plot path [default: no plot when measuring; docs/quality.png with "
+                         "--plot-from]")
     ap.add_argument("--plot-from", default=None,
                     help="comma-separated result files of earlier runs (their JSON last line), "
                          "each optionally FILE=LABEL (its arms named 'arm [LABEL]'): plot their "
@@ -725,10 +726,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {iv['model']} {iv['set']:<10} {iv['arm']:<10} − {iv['vs']:<10} "
               f"ppl x [{ci['ppl_ratio'][0]:+.3f}, "
               f"{ci['ppl_ratio'][1]:+.3f}]  KL [{ci['kl'][0]:+.4f}, {ci['kl'][1]:+.4f}]")
-    if args.plot is None and args.tiny:
-        note = "no plot for --tiny (pass --plot PATH)"
-    else:
-        note = plot(rows, Path(args.plot or ROOT / "docs" / "quality.png"))
+    # the committed docs/quality.png is drawn with --plot-from, never by a measuring run
+    note = "no plot (pass --plot PATH)" if args.plot is None else plot(rows, Path(args.plot))
     print(note, file=sys.stderr)
     print(json.dumps({"rows": rows, "intervals": intervals, "plot": note,
                       "reference_tasks": reference_tasks,

@@ -71,6 +71,7 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
     assert topk["full+tune topk=0"] == (0, None)
     pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
     assert pairs == {("full", "full+tune"), ("full+tune topk=0", "full+tune")}
+    assert result["plot"] == "no plot (pass --plot PATH)"  # docs/quality.png is left alone
     for bad, says in ((["--tune-topk", "-1"], "--tune-topk must be >= 0"),
                       (["--tune-topk", "8,x"], "not a comma-separated list of integers"),
                       (["--tune-topk", "8,8"], "a size is repeated"),
