@@ -2,9 +2,12 @@
 
 Each quantized linear or table becomes a :class:`ComposedLinear` / :class:`ComposedEmbedding`
 whose weight is composed from frozen parts and trainable factors (see :mod:`leechq.quant.tune` for
-the table of groups); every norm weight gets a factor. The composition is recomputed in the
-backward (:class:`_ComposedOp`), so no weight-sized tensor is kept between forward and backward.
-:func:`fold` turns the factors back into records and raw tensors of the artifact's formats.
+the table of groups); every norm weight gets a factor. No weight-sized tensor is kept between
+forward and backward (:class:`_ComposedOp`): a lattice weight is recomposed in the backward under
+autograd; a group-affine weight (an int4 matrix, a head or embedding table) is composed
+:data:`ROW_CHUNK` rows at a time in both directions, its factors' gradients computed directly
+from each chunk, and an embedding composes only the rows a lookup names. :func:`fold` turns the
+factors back into records and raw tensors of the artifact's formats.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ class _Unrotation:
 
 
 class _ComposedOp(torch.autograd.Function):
-    """``op(x, compose())`` whose backward recomposes the weight instead of saving it."""
+    """``op(x, compose())`` whose backward recomposes the weight instead of saving it (or, for a
+    group-affine weight, computes its factors' gradients directly, :meth:`_Composed.direct`)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, owner: Any, *params: torch.Tensor) -> torch.Tensor:
@@ -113,13 +117,18 @@ class _ComposedOp(torch.autograd.Function):
         ctx.x_dtype = x.dtype
         ctx.save_for_backward(x)
         with torch.no_grad():
-            w, b = owner.compose()
-            return owner.op(x, w, b)
+            return owner.value(x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (x,) = ctx.saved_tensors
         owner = ctx.owner
+        direct = owner.direct(x, g)
+        if direct is not None:
+            gx, by_name = direct
+            gx = None if gx is None or not ctx.needs_input_grad[0] else gx.to(ctx.x_dtype)
+            names = [n for n, _ in sorted(owner.named_parameters())]
+            return (gx, None, *[by_name.get(n) for n in names])
         trainable = [p for p in owner.trainable() if p.requires_grad]
         with torch.enable_grad():
             w, b = owner.compose()
@@ -147,6 +156,43 @@ class _Composed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _ComposedOp.apply(x, self, *self.trainable())
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """The module's output for ``x`` (no gradients): ``op(x, compose())``."""
+        w, b = self.compose()
+        return self.op(x, w, b)
+
+    def direct(self, x: torch.Tensor, g: torch.Tensor
+               ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]] | None:
+        """``(input gradient, {parameter name: gradient})`` computed without recomposing the
+        whole weight under autograd, or None (the backward then recomposes it)."""
+        return None
+
+
+ROW_CHUNK = 8192
+"""Rows of a group-affine weight (an int4 matrix, a head or embedding table) composed at once:
+its forward and backward never hold more than this many float32 rows of it."""
+
+
+def _affine_rows(m: Any, rows: slice | torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (a slice or an int64 index) of a group-affine module's weight, f32
+    [n, cols]: ``s0·ρ`` and ``b0 + s0·δ`` per group times the codes (:func:`_affine_compose`)."""
+    s0 = m.s0[rows]
+    s = (s0 * m.rho[rows])[:, m.col_group]
+    b = (m.b0[rows] + s0 * m.delta[rows])[:, m.col_group]
+    return s * m.codes[rows].float() + b
+
+
+def _affine_factor_grads(m: Any, rows: slice | torch.Tensor, gw: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``ρ`` and ``δ`` at ``rows`` from the weight's gradient there (f32
+    [n, cols]): ``∂W/∂ρ = s0·codes`` and ``∂W/∂δ = s0`` within each group."""
+    n, groups = gw.shape[0], m.s0.shape[1]
+    codes = m.codes[rows].float()
+    by_code = torch.zeros(n, groups, device=gw.device).index_add_(1, m.col_group, gw * codes)
+    by_one = torch.zeros(n, groups, device=gw.device).index_add_(1, m.col_group, gw)
+    s0 = m.s0[rows]
+    return s0 * by_code, s0 * by_one
 
 
 def _affine_factors(module: nn.Module, scales: torch.Tensor, biases: torch.Tensor,
@@ -251,6 +297,42 @@ class ComposedLinear(_Composed):
         cd = self.compute_dtype
         return F.linear(x.to(cd), w.to(cd), None if b is None else b.to(cd))
 
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "lattice":
+            return super().value(x)
+        cd = self.compute_dtype
+        xc = x.to(cd)
+        parts = [F.linear(xc, _affine_rows(self, slice(r, r + ROW_CHUNK)).to(cd))
+                 for r in range(0, self.out_features, ROW_CHUNK)]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return y if self.bias is None else y + self.bias.to(cd)
+
+    def direct(self, x: torch.Tensor, g: torch.Tensor
+               ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]] | None:
+        """A group-affine weight: the input gradient and the factors' gradients ``ρ``, ``δ`` (and
+        the bias's) ROW_CHUNK rows at a time (a lattice weight: None)."""
+        if self.kind == "lattice":
+            return None
+        cd = self.compute_dtype
+        g2 = g.reshape(-1, self.out_features)
+        x2 = x.reshape(-1, self.in_features).float()
+        train = isinstance(self.rho, nn.Parameter)
+        gx = torch.zeros(g2.shape[0], self.in_features, device=g.device)
+        g_rho = torch.zeros_like(self.s0) if train else None
+        g_delta = torch.zeros_like(self.s0) if train else None
+        for r in range(0, self.out_features, ROW_CHUNK):
+            rows = slice(r, r + ROW_CHUNK)
+            gr = g2[:, rows]
+            gx += (gr.to(cd) @ _affine_rows(self, rows).to(cd)).float()
+            if train:
+                g_rho[rows], g_delta[rows] = _affine_factor_grads(self, rows, gr.float().T @ x2)
+        out: dict[str, torch.Tensor] = {}
+        if train:
+            out.update(rho=g_rho, delta=g_delta)
+        if isinstance(self.bias, nn.Parameter):
+            out["bias"] = g2.float().sum(0)
+        return gx.reshape(*x.shape[:-1], self.in_features), out
+
     def op_backward(self, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
         cd = self.compute_dtype
         gx = g.to(cd) @ w.to(cd)
@@ -328,10 +410,22 @@ class ComposedEmbedding(_Composed):
     def op(self, ids: torch.Tensor, w: torch.Tensor, b: None) -> torch.Tensor:
         return F.embedding(ids, w.to(self.compute_dtype))
 
-    def op_backward(self, ids: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
-        gw = torch.zeros(w.shape, dtype=torch.float32, device=g.device)
-        gw.index_add_(0, ids.reshape(-1), g.reshape(-1, g.shape[-1]).float())
-        return None, gw, None
+    def value(self, ids: torch.Tensor) -> torch.Tensor:
+        """The looked-up rows, composing only the distinct rows ``ids`` names."""
+        rows, where = torch.unique(ids, return_inverse=True)
+        return F.embedding(where, _affine_rows(self, rows).to(self.compute_dtype))
+
+    def direct(self, ids: torch.Tensor, g: torch.Tensor
+               ) -> tuple[None, dict[str, torch.Tensor]] | None:
+        """The factors' gradients from the looked-up rows alone (ids have no gradient)."""
+        if not isinstance(self.rho, nn.Parameter):
+            return None, {}
+        rows, where = torch.unique(ids, return_inverse=True)
+        gw = torch.zeros(rows.numel(), self.dims[1], device=g.device)
+        gw.index_add_(0, where.reshape(-1), g.reshape(-1, self.dims[1]).float())
+        g_rho, g_delta = torch.zeros_like(self.s0), torch.zeros_like(self.s0)
+        g_rho[rows], g_delta[rows] = _affine_factor_grads(self, rows, gw)
+        return None, {"rho": g_rho, "delta": g_delta}
 
     def fold(self) -> GroupAffine:
         s, b = _affine_fold(self)

@@ -178,11 +178,13 @@ def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> Tune
 
 TRANSIENT_WEIGHT_COPIES = 6
 """Float32 copies of the largest composed weight (the head or the embedding table of an LLM) that
-one step keeps alive at once, in :func:`tune_memory_bytes`: its recomposition with gradients in the
-backward (the expanded scales and offsets, the codes in float32, the weight) and the weight's
-gradient. Fitted on Qwen3-8B shapes at 12 and 36 layers and 1 024 and 2 048 tokens per step (H100,
-``benchmarks/tune_memory.py``, ``benchmarks/results/tune-memory-qwen3-8b-*-h100-2026-12-06.json``):
-5.3 copies measured, rounded up."""
+one step may keep alive at once, in :func:`tune_memory_bytes`. Fitted on Qwen3-8B shapes at 12 and
+36 layers and 1 024 and 2 048 tokens per step (H100, ``benchmarks/tune_memory.py``,
+``benchmarks/results/tune-memory-qwen3-8b-*-h100-2026-12-06.json``: 5.3 copies, rounded up) when
+a table's backward recomposed the whole weight under autograd. Tables now compose
+:data:`leechq.quant.composed.ROW_CHUNK` rows at a time (on the CPU a head-sized table's step
+peaks 0.3 f32 weights above its start instead of 4.0), so this is an upper bound until the GPU
+peak is measured again."""
 
 ACTIVATION_BYTES = 3.5
 """Bytes per token per input and output feature of every linear (the head's output features are
@@ -206,8 +208,9 @@ def tune_memory_bytes(model: nn.Module, on_cuda: bool, tokens: int = 1024) -> in
       and :data:`ACTIVATION_BYTES` per token per input and output feature of every linear (the
       head's output features are the logits).
 
-    On Qwen3-8B shapes the estimate lies 6–9 % above the measured peak
-    (``benchmarks/tune_memory.py``; the constants' notes). Not counted: gradients of the
+    On Qwen3-8B shapes the estimate lay 6–9 % above the peaks measured before the tables'
+    row-chunked backward (``benchmarks/tune_memory.py``; the constants' notes), which lowered
+    them. Not counted: gradients of the
     (vector-sized) factors and the optimizer state. A mixture of experts counts every expert's
     activations, more than a step keeps.
 
