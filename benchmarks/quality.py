@@ -304,7 +304,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
     tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
-    topks = args.tune_topk or [None]  # None: the recipe's teacher cache
+    topks = args.tune_topk or [None]  # None: the recipe's teacher
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}

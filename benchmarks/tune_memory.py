@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          f"{compute}")
     student = build_model(shape, dev, torch.float32, args.seed)
     params = sum(p.numel() for p in student.parameters())
-    estimate = tune_memory_bytes(student, on_cuda=cuda)
+    estimate = tune_memory_bytes(student, on_cuda=cuda, tokens=args.batch * args.window)
     note(f"student built in float32: {params / 1e9:.2f} G parameters, estimate "
          f"{estimate / GIB:.1f} GiB")
     records, raw = stored_parts(student, args.seed + 1)

@@ -128,7 +128,8 @@ class _ComposedOp(torch.autograd.Function):
             gx, by_name = direct
             gx = None if gx is None or not ctx.needs_input_grad[0] else gx.to(ctx.x_dtype)
             names = [n for n, _ in sorted(owner.named_parameters())]
-            return (gx, None, *[by_name.get(n) for n in names])
+            return (gx, None, *[by_name.get(n) if ctx.needs_input_grad[2 + i] else None
+                                for i, n in enumerate(names)])
         trainable = [p for p in owner.trainable() if p.requires_grad]
         with torch.enable_grad():
             w, b = owner.compose()

@@ -22,9 +22,10 @@ record's decode when every factor is 1 (row-scale training, :mod:`leechq.quant.r
 case "λ only").
 
 Memory: a quantized linear or table is a composed module (:mod:`leechq.quant.composed`) whose
-weight is composed from its factors in the forward and *recomposed* in the backward, so no
-weight-sized tensor is kept for the backward; the frozen parts are buffers in the compute dtype,
-one copy of each weight whatever the number of centroids (:func:`tune_memory_bytes`).
+weight is composed from its factors in the forward and *recomposed* in the backward (a group-affine
+one a chunk of rows at a time), so no weight-sized tensor is kept for the backward; the frozen
+parts are buffers in the compute dtype, one copy of each weight whatever the number of centroids
+(:func:`tune_memory_bytes`).
 
 The teacher runs every step by default (``teacher_topk`` 0): the loss is the KL over the full
 vocabulary. With ``teacher_topk`` = k > 0 it runs once, before training instead: its distribution
@@ -210,9 +211,8 @@ def tune_memory_bytes(model: nn.Module, on_cuda: bool, tokens: int = 1024) -> in
 
     On Qwen3-8B shapes the estimate lay 6–9 % above the peaks measured before the tables'
     row-chunked backward (``benchmarks/tune_memory.py``; the constants' notes), which lowered
-    them. Not counted: gradients of the
-    (vector-sized) factors and the optimizer state. A mixture of experts counts every expert's
-    activations, more than a step keeps.
+    them. Not counted: gradients of the (vector-sized) factors and the optimizer state. A mixture
+    of experts counts every expert's activations, more than a step keeps.
 
     Args:
         model: the dense model (or one of the same shapes); a tied tensor counts once.
