@@ -408,24 +408,24 @@ class ComposedEmbedding(_Composed):
             return out
         return out * torch.tensor(self.embed_scale, dtype=out.dtype)
 
-    def op(self, ids: torch.Tensor, w: torch.Tensor, b: None) -> torch.Tensor:
-        return F.embedding(ids, w.to(self.compute_dtype))
-
     def value(self, ids: torch.Tensor) -> torch.Tensor:
-        """The looked-up rows, composing only the distinct rows ``ids`` names."""
-        rows, where = torch.unique(ids, return_inverse=True)
-        return F.embedding(where, _affine_rows(self, rows).to(self.compute_dtype))
+        """The looked-up rows, composed for each id (a repeated id once per occurrence; no
+        device sync, nothing vocabulary-sized)."""
+        flat = ids.reshape(-1)
+        rows = _affine_rows(self, flat).to(self.compute_dtype)
+        return rows.reshape(*ids.shape, self.dims[1])
 
     def direct(self, ids: torch.Tensor, g: torch.Tensor
                ) -> tuple[None, dict[str, torch.Tensor]] | None:
-        """The factors' gradients from the looked-up rows alone (ids have no gradient)."""
+        """The factors' gradients from the looked-up rows alone (ids have no gradient): each
+        occurrence's contribution, summed into its row."""
         if not isinstance(self.rho, nn.Parameter):
             return None, {}
-        rows, where = torch.unique(ids, return_inverse=True)
-        gw = torch.zeros(rows.numel(), self.dims[1], device=g.device)
-        gw.index_add_(0, where.reshape(-1), g.reshape(-1, self.dims[1]).float())
-        g_rho, g_delta = torch.zeros_like(self.s0), torch.zeros_like(self.s0)
-        g_rho[rows], g_delta[rows] = _affine_factor_grads(self, rows, gw)
+        flat = ids.reshape(-1)
+        per_rho, per_delta = _affine_factor_grads(self, flat,
+                                                  g.reshape(-1, self.dims[1]).float())
+        g_rho = torch.zeros_like(self.s0).index_add_(0, flat, per_rho)
+        g_delta = torch.zeros_like(self.s0).index_add_(0, flat, per_delta)
         return None, {"rho": g_rho, "delta": g_delta}
 
     def fold(self) -> GroupAffine:
