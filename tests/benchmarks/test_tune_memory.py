@@ -63,3 +63,17 @@ def test_bad_arguments_are_refused(tm) -> None:
         tm.parse_args(["--layers", "0"])
     with pytest.raises(SystemExit, match="unknown --shape"):
         tm.main(["--shape", "qwen9", "--device", "cpu"])
+
+
+def test_the_estimate_lies_above_the_measured_peaks_at_qwen3_8b_shapes(tm) -> None:
+    """``tune_memory_bytes`` within 10 % above the peaks this benchmark measured (H100, GiB) at
+    Qwen3-8B widths: 36 and 12 layers, 1 024 and 2 048 tokens per step (meta-device models)."""
+    from leechq.quant.tune import tune_memory_bytes
+    from leechq.serve.random_codes import SHAPES
+
+    measured = {(36, 1024): 52.20, (12, 1024): 28.87, (12, 2048): 31.84}
+    for (layers, tokens), peak in measured.items():
+        shape = {**SHAPES["qwen3-8b"], "num_hidden_layers": layers}
+        model = tm.build_model(shape, torch.device("meta"), torch.float32, 0)
+        gib = tune_memory_bytes(model, on_cuda=True, tokens=tokens) / 1024**3
+        assert peak < gib < 1.10 * peak, (layers, tokens, gib)

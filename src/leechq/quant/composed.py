@@ -177,7 +177,7 @@ its forward and backward never hold more than this many float32 rows of it."""
 
 def _affine_rows(m: Any, rows: slice | torch.Tensor) -> torch.Tensor:
     """Rows ``rows`` (a slice or an int64 index) of a group-affine module's weight, f32
-    [n, cols]: ``s0·ρ`` and ``b0 + s0·δ`` per group times the codes (:func:`_affine_compose`)."""
+    [n, cols]: ``s0·ρ`` and ``b0 + s0·δ`` per group times the codes."""
     s0 = m.s0[rows]
     s = (s0 * m.rho[rows])[:, m.col_group]
     b = (m.b0[rows] + s0 * m.delta[rows])[:, m.col_group]
@@ -211,9 +211,9 @@ def _affine_factors(module: nn.Module, scales: torch.Tensor, biases: torch.Tenso
 
 
 def _affine_compose(m: Any) -> torch.Tensor:
-    s = (m.s0 * m.rho)[:, m.col_group]
-    b = (m.b0 + m.s0 * m.delta)[:, m.col_group]
-    return (s * m.codes.float() + b).reshape(m.dims)
+    """The whole group-affine weight, f32 of the module's ``dims`` (:func:`_affine_rows` of every
+    row)."""
+    return _affine_rows(m, slice(None)).reshape(m.dims)
 
 
 def _affine_fold(m: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,8 +316,8 @@ class ComposedLinear(_Composed):
             return None
         cd = self.compute_dtype
         g2 = g.reshape(-1, self.out_features)
-        x2 = x.reshape(-1, self.in_features).float()
         train = isinstance(self.rho, nn.Parameter)
+        x2 = x.reshape(-1, self.in_features).float() if train else None
         gx = torch.zeros(g2.shape[0], self.in_features, device=g.device)
         g_rho = torch.zeros_like(self.s0) if train else None
         g_delta = torch.zeros_like(self.s0) if train else None
