@@ -336,10 +336,6 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                                progress=not args.tiny,
                                                checkpoint_dir=kept_here.get(
                                                    "tune_checkpoint_dir"))
-            if args.code_step:  # a second tuning run from full+tune, with and without codes
-                for arm in CODE_ARMS[int(args.retune_steps == 0):]:
-                    results[arm] = code_arm(results["full+tune"], reference, roles, args,
-                                            codes=arm == CODE_ARMS[1])
             for k in topks[1:]:  # the same full result tuned against another teacher cache
                 where = kept_here.get("tune_checkpoint_dir")
                 results[topk_arm(k)] = tune_result(
@@ -354,8 +350,6 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                       "int4_over_budget": len(sel.get("rejected_over_budget", [])),
                       "tables_upgraded": sel.get("tables_upgraded", []),
                       "steps": [st["step"] for st in r.metadata["steps"]]}
-            if "codes" in r.metadata:
-                detail["codes"] = r.metadata["codes"]
             if "tune" in r.metadata:
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
                 detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
@@ -368,42 +362,6 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 f"{detail['tables_upgraded'] or 'none'}")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
-
-
-CODE_ARMS = ("full+tune+retune", "full+tune+codes")
-"""``--code-step``'s arms: full+tune tuned ``--retune-steps`` steps more, without and after a
-discrete pass over its codes (:mod:`leechq.quant.code_step`)."""
-
-
-def code_arm(tuned: Any, reference: Any, roles: dict[str, Any], args: argparse.Namespace,
-             codes: bool) -> Any:
-    """``tuned`` (the full+tune result) tuned ``--retune-steps`` steps more, after a discrete pass
-    over its lattice codes when ``codes``."""
-    from leechq.quant.code_step import CodeStepConfig, code_step
-    from leechq.quant.recipe import tune_result
-    from leechq.quant.tables import split_lattice_tables
-    from leechq.quant.tune import tune_settings
-
-    if codes:
-        device = torch.device(args.device)
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        student = copy.deepcopy(tuned.model).to(device=device, dtype=torch.float32)
-        teacher = copy.deepcopy(reference).to(device=device, dtype=dtype)
-        linear, _ = split_lattice_tables(student, tuned.records)
-        t0 = time.perf_counter()
-        out = code_step(student, teacher, linear, roles["train"], roles["monitor"],
-                        CodeStepConfig(), progress=not args.tiny)
-        del teacher
-        meta = copy.deepcopy(tuned.metadata)
-        meta["codes"] = out.summary()
-        log(f"codes: {time.perf_counter() - t0:.1f} s; monitor KL {out.monitor_kl_before:.4f}; "
-            f"kept {out.kept}; trials {out.trials}")
-        tuned = dataclasses.replace(tuned, model=student.to("cpu"),
-                                    records={**tuned.records, **out.records}, metadata=meta)
-    if args.retune_steps == 0:
-        return tuned
-    return tune_result(tuned, reference, tune_settings(args.retune_steps), roles["train"],
-                       monitor_windows=roles["monitor"], progress=not args.tiny, again=True)
 
 
 def topk_arm(k: int) -> str:
@@ -601,13 +559,6 @@ def main(argv: list[str] | None = None) -> int:
                          "K adds an arm 'full+tune topk=K', the same full result tuned against "
                          "that teacher (with --compare-to full+tune: a paired interval between "
                          "the two teachers)")
-    ap.add_argument("--code-step", action="store_true",
-                    help="two more arms from full+tune: 'full+tune+retune' (--retune-steps "
-                         "more tuning steps) and 'full+tune+codes' (a discrete pass over the "
-                         "lattice codes, then as many steps); needs --arms full,full+tune")
-    ap.add_argument("--retune-steps", type=int, default=50,
-                    help="the --code-step arms' further tuning steps (0: the codes arm "
-                         "without further tuning, and no retune arm) [default: 50]")
     ap.add_argument("--llama-cpp", default=None, metavar="DIR",
                     help="directory of the user's built llama.cpp tools (llama-quantize, "
                          "llama-imatrix) for the llamacpp arms [default: PATH]")
@@ -677,11 +628,6 @@ def main(argv: list[str] | None = None) -> int:
                  f"choices: {', '.join(ARM_CHOICES)}")
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
-    if args.code_step and not {"full", "full+tune"} <= set(wanted):
-        ap.error("--code-step continues the full+tune arm's result: --arms needs full and "
-                 "full+tune")
-    if args.code_step and args.retune_steps < 0:
-        ap.error("--retune-steps must be >= 0")
     if args.tune_topk is not None:
         try:
             args.tune_topk = [int(k) for k in args.tune_topk.split(",") if k.strip()]

@@ -155,8 +155,6 @@ def _setup(
     rotation: RotationTables | None,
     tail_policy: str,
     name: str,
-    scales: torch.Tensor | None = None,
-    centroids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     _check_weight(weight, name)
     d_in = weight.shape[1]
@@ -178,14 +176,9 @@ def _setup(
     if rotation is not None:
         w = apply_rotation(w, rotation)  # each row r -> Q r, i.e. W' = W Qᵀ
     w = w.contiguous()
-    if scales is None:
-        scales = row_scales(w)
-    elif tuple(scales.shape) != (w.shape[0],):
-        raise InvalidInput(f"{name}: {list(scales.shape)} row scales for {w.shape[0]} rows")
-    scales = scales.to(device=w.device, dtype=torch.float64)
-    if centroids is None:
-        centroids = coder.fit(w, scales)
-    return w, u, scales, centroids.to(device=w.device, dtype=torch.float64)
+    scales = row_scales(w)
+    centroids = coder.fit(w, scales).to(device=w.device, dtype=torch.float64)
+    return w, u, scales, centroids
 
 
 def _resolve_propagation(propagation: str, device: torch.device) -> str:
@@ -422,8 +415,6 @@ class GPTQJob:
         rotation: the input rotation (effective seed), or None.
         tail_policy: "keep_exact" or "refuse".
         name: used in error messages.
-        scales, centroids: float64 [d_out] row scales and [K] ascending centroids to code with
-            (a re-encode under given ones), or None to compute them from ``weight``.
     """
 
     weight: torch.Tensor
@@ -431,8 +422,6 @@ class GPTQJob:
     rotation: RotationTables | None = None
     tail_policy: str = "keep_exact"
     name: str = "weight"
-    scales: torch.Tensor | None = None
-    centroids: torch.Tensor | None = None
 
 
 def gptq_quantize_many(
@@ -470,8 +459,7 @@ def gptq_quantize_many(
     prepared = []
     for job in jobs:
         w, u, scales, centroids = _setup(
-            job.weight, job.u, coder, job.rotation, job.tail_policy, job.name, job.scales,
-            job.centroids,
+            job.weight, job.u, coder, job.rotation, job.tail_policy, job.name
         )
         prepared.append(job.rotation)
         matrices.append(_Matrix(w, u, scales, centroids, coder, propagation, window))

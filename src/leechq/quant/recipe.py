@@ -479,12 +479,10 @@ def tune_result(
     monitor_windows: torch.Tensor | None = None,
     checkpoint_dir: Any = None,
     progress: bool = False,
-    again: bool = False,
 ) -> RecipeResult:
     """``result`` (a recipe run without tuning) with the end-to-end tuning step added: the same as
     running its recipe with ``tune`` set, without repeating the encode and sensitivity steps.
-    ``result`` is left unchanged (its model is copied). ``again``: ``result`` may have been tuned
-    already (a second run from its tuned numbers, recorded as another step).
+    ``result`` is left unchanged (its model is copied).
 
     Args:
         result: a :class:`RecipeResult` whose recipe has no tuning step.
@@ -494,12 +492,11 @@ def tune_result(
         monitor_windows: int64 [M, T] held-out monitor windows, or None.
         checkpoint_dir: directory for the resumable tuning checkpoint, or None.
         progress: a tqdm bar.
-        again: allow a tuned ``result``.
 
     Raises:
-        InvalidInput: ``result`` was already tuned (and not ``again``).
+        InvalidInput: ``result`` was already tuned.
     """
-    if result.recipe.tune is not None and not again:
+    if result.recipe.tune is not None:
         raise InvalidInput("tune_result: this result's recipe already has a tuning step")
     recipe = result.recipe.replace(tune=tune)
     device, dtype = _device_dtype(recipe)
