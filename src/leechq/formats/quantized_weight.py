@@ -111,27 +111,39 @@ class QuantizedWeight:
         if self.rotation is not None and self.rotation.n != self.d_in:
             raise InvalidInput(f"rotation width {self.rotation.n} != d_in {self.d_in}")
 
-    def points(self) -> torch.Tensor:
-        """Decoded lattice points: int32 [d_out, n_blocks, 24] (natural order within a block)."""
+    def points(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Decoded lattice points: int32 [d_out, n_blocks, 24] (natural order within a block), on
+        ``device`` (default: the labels'; a codebook whose decoder runs on the host decodes there
+        and the points move)."""
         from leechq.codebooks import get
 
-        return get(self.codebook).decode(self.labels)
+        labels = self.labels if device is None else self.labels.to(device)
+        points = get(self.codebook).decode(labels)
+        return points if device is None else points.to(device)
 
-    def dequantize_rotated(self) -> torch.Tensor:
-        """The matrix in the rotated basis: float64 [d_out, d_in], blocks then tail (exact f64 order)."""
-        points = self.points()
+    def dequantize_rotated(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The matrix in the rotated basis: float64 [d_out, d_in], blocks then tail (exact f64
+        order), computed on ``device`` (default: the record's). Every operation is an IEEE
+        float64 multiply, divide or add of two operands or a correctly rounded square root, so
+        the bits do not depend on the device."""
+        points = self.points(device)
+        dev = points.device
         # Correctly rounded sqrt(‖y‖²): torch's vectorized CPU f64 sqrt is one ulp low for some
         # shells (e.g. 32, 128, 304), which would break bit-exactness with other readers.
         norms = exact_norms(points.reshape(-1, BLOCK)).reshape(self.d_out, self.n_blocks)
-        return rotated_rows(points, self.gains, norms, self.row_scales, self.centroids, self.tail)
+        return rotated_rows(points, self.gains.to(dev), norms, self.row_scales.to(dev),
+                            self.centroids.to(dev), self.tail.to(dev))
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The dense matrix in the natural basis: [d_out, d_in] of ``dtype``.
+    def dequantize(self, dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+        """The dense matrix in the natural basis: [d_out, d_in] of ``dtype`` on ``device``
+        (default: the record's).
 
         Computed as in docs/kernels.md: f64 blocks and tail, f64 un-rotation, one narrowing to
-        f32, then a cast to ``dtype``.
+        f32, then a cast to ``dtype``; the same bits on every device
+        (:meth:`dequantize_rotated`).
         """
-        w = self.dequantize_rotated()
+        w = self.dequantize_rotated(device)
         if self.rotation is not None:
             w = apply_rotation_transpose(w, self.rotation)
         return w.to(torch.float32).to(dtype)

@@ -43,9 +43,10 @@ GROUPS = ("row_scales", "centroids", "int4", "tables", "norms", "biases")
 # composed weights
 
 
-def lattice_factors(record: QuantizedWeight
+def lattice_factors(record: QuantizedWeight, device: torch.device | str | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A lattice record split into what tuning keeps frozen, in the rotated basis.
+    """A lattice record split into what tuning keeps frozen, in the rotated basis, computed on
+    ``device`` (default: the record's).
 
     Returns:
         ``(U float64 [d_out, n_blocks·24], G int32 [d_out, n_blocks], T float64 [d_out, tail] or
@@ -57,14 +58,16 @@ def lattice_factors(record: QuantizedWeight
     One copy of the weight whatever the number of centroids: the gain index picks the centroid
     per block when the weight is composed.
     """
-    rot = record.dequantize_rotated()
-    cut = record.n_blocks * BLOCK
-    c = record.centroids.to(torch.float64)
-    picked = c[record.gains.long()].repeat_interleave(BLOCK, dim=1)
-    safe = torch.where(picked != 0.0, picked, 1.0)
-    unit = torch.where(picked != 0.0, rot[:, :cut] / safe, 0.0)
-    tail = rot[:, cut:] if record.tail_cols > 0 else None
-    return unit, record.gains.to(torch.int32), tail
+    rot = record.dequantize_rotated(device)
+    dev = rot.device
+    d_out, nb = record.d_out, record.n_blocks
+    c = record.centroids.to(device=dev, dtype=torch.float64)
+    gains = record.gains.to(dev)
+    picked = c[gains.long()][..., None]  # [d_out, nb, 1]: one centroid per block
+    blocks = rot[:, : nb * BLOCK].reshape(d_out, nb, BLOCK)
+    unit = torch.where(picked != 0.0, blocks / torch.where(picked != 0.0, picked, 1.0), 0.0)
+    tail = rot[:, nb * BLOCK :] if record.tail_cols > 0 else None
+    return unit.reshape(d_out, nb * BLOCK), gains.to(torch.int32), tail
 
 
 _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
@@ -242,7 +245,7 @@ class ComposedLinear(_Composed):
             self.kind = "lattice"
             self.out_features, self.in_features = source.d_out, source.d_in
             self.n_blocks = source.n_blocks
-            unit, gidx, tail = lattice_factors(source)
+            unit, gidx, tail = lattice_factors(source, device)
             self.register_buffer("unit", unit.to(device=device, dtype=compute_dtype))
             self.register_buffer("gidx", gidx.to(device))
             self.register_buffer("tail", None if tail is None else

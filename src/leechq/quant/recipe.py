@@ -461,8 +461,8 @@ def _tune_step(
     )
     records.update(result.records)
     raw.update(result.raw)
-    if train_model is not student:
-        set_module_weights(student, result.records)
+    if train_model is not student:  # decoded where the training ran (the same bits, faster)
+        set_module_weights(student, result.records, decode_device=device)
         set_raw(student, result.raw)
     summary = result.summary()
     summary["train_windows"] = list(train_windows.shape)
@@ -774,7 +774,7 @@ def run_recipe(
         del teacher
         records.update(result.records)
         if train_model is not student:
-            set_module_weights(student, result.records)
+            set_module_weights(student, result.records, decode_device=device)
         meta["row_scales"] = result.summary()
         meta["row_scales"]["train_windows"] = list(train_windows.shape)
         meta["row_scales"]["device"] = str(device)

@@ -382,13 +382,16 @@ def fold_row_scales(
 
 
 def set_module_weights(
-    model: nn.Module, records: Mapping[str, QuantizedWeight | Int4Weight]
+    model: nn.Module, records: Mapping[str, QuantizedWeight | Int4Weight],
+    decode_device: torch.device | str | None = None,
 ) -> None:
     """Make the named linears of ``model`` evaluate exactly the decode of ``records``.
 
     ``nn.Linear``-like modules get ``weight ← decode`` (cast to their dtype); modules that hold a
     record themselves (``set_record`` + ``finalize``, i.e. :class:`leechq.nn.linear.LeechqLinear`)
-    get the record and are finalized again on their device and dtype.
+    get the record and are finalized again on their device and dtype. A lattice record is decoded
+    on ``decode_device`` (default: the weight's device; the bits are the same on every device,
+    :meth:`QuantizedWeight.dequantize_rotated`), an int4 record on the host.
     """
     for name, rec in records.items():
         module = model.get_submodule(name)
@@ -401,7 +404,10 @@ def set_module_weights(
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor):
             raise InvalidInput(f"module {name} has no weight tensor to set")
-        dense = rec.dequantize(torch.float32)
+        if isinstance(rec, QuantizedWeight):
+            dense = rec.dequantize(torch.float32, device=decode_device or weight.device)
+        else:
+            dense = rec.dequantize(torch.float32)
         if tuple(dense.shape) != tuple(weight.shape):
             raise InvalidInput(
                 f"{name}: record decodes to {list(dense.shape)}, the module holds "
