@@ -1,9 +1,16 @@
-"""Canonical quantized weights: validation and the exact int4 arithmetic."""
+"""Canonical quantized weights: validation, the exact int4 arithmetic, the lattice decode on a
+device."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from leechq_tiny import lattice_record
 
 from leechq.errors import InvalidInput, UnsupportedShape
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
@@ -61,19 +68,10 @@ def test_int4_bad_input() -> None:
         Int4Weight.quantize(torch.tensor([[float("nan"), 1.0]]))
 
 
-def _lattice(codebook: str, d_out: int, d_in: int, seed: int) -> QuantizedWeight:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from leechq_tiny import lattice_record
-
-    return lattice_record(codebook, d_out, d_in, seed=seed)
-
 
 @pytest.mark.parametrize("codebook", ["ball", "tetra"])
 def test_decode_on_a_named_device_is_the_default_decode(codebook: str) -> None:
-    rec = _lattice(codebook, 9, 24 * 9 + 5, seed=3)  # odd rotation width, a tail
+    rec = lattice_record(codebook, 9, 24 * 9 + 5, seed=3)  # odd rotation width, a tail
     assert torch.equal(rec.points("cpu"), rec.points())
     assert torch.equal(rec.dequantize_rotated("cpu"), rec.dequantize_rotated())
     assert torch.equal(rec.dequantize(torch.float32, device="cpu"), rec.dequantize())
@@ -84,15 +82,10 @@ def test_decode_on_a_named_device_is_the_default_decode(codebook: str) -> None:
 @pytest.mark.parametrize("codebook", ["ball", "tetra"])
 def test_decode_on_cuda_gives_the_host_bits(codebook: str) -> None:
     """Every float64 operation of the decode is one IEEE operation (or a correctly rounded square
-    root), so CUDA reproduces the host's bits: the tuning and the recipe decode there."""
-    from leechq.quant.row_scales import set_module_weights
-
+    root), so CUDA reproduces the host's bits: tuning and the recipe decode there."""
     for d_out, d_in, seed in ((16, 24 * 16, 0), (9, 24 * 9 + 5, 1), (40, 1536, 2)):
-        rec = _lattice(codebook, d_out, d_in, seed)
+        rec = lattice_record(codebook, d_out, d_in, seed=seed)
         rot = rec.dequantize_rotated("cuda")
         assert rot.device.type == "cuda"
         assert torch.equal(rot.cpu(), rec.dequantize_rotated())
         assert torch.equal(rec.dequantize(device="cuda").cpu(), rec.dequantize())
-        lin = torch.nn.Linear(d_in, d_out, bias=False)
-        set_module_weights(lin, {"": rec}, decode_device="cuda")
-        assert lin.weight.device.type == "cpu" and torch.equal(lin.weight.data, rec.dequantize())

@@ -24,6 +24,7 @@ from leechq.quant.row_scales import (
     fold_row_scales,
     kl_loss,
     learning_rate,
+    set_module_weights,
     split_decode,
     train_row_scales,
 )
@@ -204,3 +205,25 @@ def test_config_validation_and_round_trip() -> None:
             RowScaleConfig(**bad)
     with pytest.raises(InvalidInput, match="unknown"):
         RowScaleConfig.from_dict({"nope": 1})
+
+
+def test_set_module_weights_decodes_on_a_named_device_into_the_weight_where_it_lives() -> None:
+    rec = lattice_record("tetra", 9, 24 * 9 + 5, seed=3)
+    q = int4_record(9, 64, seed=1)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(rec.d_in, 9, bias=False),
+                                 "b": torch.nn.Linear(64, 9, bias=False)})
+    set_module_weights(model, {"a": rec, "b": q}, decode_device="cpu")
+    assert torch.equal(model["a"].weight.data, rec.dequantize())
+    assert torch.equal(model["b"].weight.data, q.dequantize())
+    with pytest.raises(InvalidInput, match="decodes to"):
+        set_module_weights(model, {"b": rec})
+
+
+@pytest.mark.gpu
+def test_set_module_weights_decoding_on_cuda_gives_a_host_model_the_host_bits() -> None:
+    for codebook in ("ball", "tetra"):
+        rec = lattice_record(codebook, 40, 1536, seed=2)
+        lin = torch.nn.Linear(1536, 40, bias=False)
+        set_module_weights(torch.nn.ModuleDict({"x": lin}), {"x": rec}, decode_device="cuda")
+        assert lin.weight.device.type == "cpu"
+        assert torch.equal(lin.weight.data, rec.dequantize())
