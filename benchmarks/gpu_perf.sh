@@ -2,7 +2,8 @@
 # The GPU suites, run on a CUDA host from the repository root; each under 10 minutes, results under
 # $OUT (default /tmp/out). Usage: benchmarks/gpu_perf.sh SUITE
 #   gputests  the whole GPU test tier in one run (pytest -m gpu, 14 workers, a fallback warning
-#             fails the test): passed / failed and the 20 slowest tests in $OUT/gputests.log
+#             fails the test; carry .whl/ for the serving and checkpoint-conversion tests):
+#             passed / failed and the 20 slowest tests in $OUT/gputests.log
 #   kernels   one decode step's projections, Qwen3-8B shapes: at 1 activation row the served
 #             Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py), at 2..128 rows the
 #             served path, the float16 tensor-core GEMM and torch's int4 tinygemm
@@ -21,6 +22,13 @@ suite=${1:-}
 
 case "$suite" in
 gputests)
+  # the pure-Python packages the GPU image lacks (fastapi, uvicorn, openai, gguf, llvq-tetra: the
+  # wheels under .whl/, carried) go to a private target, or their tests skip
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/gpu-site .whl/*.whl > /dev/null 2>&1
+    export PYTHONPATH=$PYTHONPATH:/tmp/gpu-site
+  fi
   timeout 560 python -m pytest -m gpu -n 14 --dist worksteal -p no:cacheprovider -p no:benchmark -W error::UserWarning -q --durations=20 \
     > "$OUT/gputests.log" 2>&1
   rc=$?

@@ -12,6 +12,10 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
                  ``--tune-topk 128,0`` adds ``full+tune topk=0``: the same full result tuned
                  against another teacher cache (0: the full teacher every step);
+                 ``--train-tokens auto,32768`` adds ``full+tune train=32768``: the same encode
+                 and sensitivity pass, the row scales and tuning trained on the first 32 768
+                 tokens of the training windows (``auto``: as many windows as the steps read,
+                 as ``leechq quantize`` takes by default);
   with ``--codebook`` other than ``tetra`` these are named after it (``ball full``);
 * ``rtn-b``, ``gptq-b``, ``hqq-b`` the scalar baselines of :mod:`leechq.eval.baselines` at
   ``b`` ∈ ``--bits`` (group ``--group``; HQQ only where the ``hqq`` package imports);
@@ -219,8 +223,9 @@ def tiny_setup(args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor], 
 
     w = args.window
     calib = stream(1, 64, w)
-    roles = {"calib": calib[:8], "sens": calib[8:10], "train": calib[10:26],
-             "monitor": calib[26:28]}
+    train = calib[10:26]
+    roles = {"calib": calib[:8], "sens": calib[8:10], "monitor": calib[26:28],
+             "train": [train[:n] for n in args.train_windows]}
     sets = {"in-domain": stream(2, args.windows, w), "unseen": stream(3, args.windows, w)}
     return model, sets, roles
 
@@ -239,9 +244,14 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
     n_calib = -(-args.calib_tokens // w)
     text, args.calibration = calibration_source(args.calib_data)  # what `leechq quantize` uses
     log(f"calibration text: {args.calibration}")
+    # the training role holds the most windows an arm trains on, each arm the first of them
+    # (``leechq quantize``'s layout; the text may end first, as there)
     (calib, sens, train, monitor), _ = consecutive_windows(
-        tok, text, [(n_calib, w), (4, 256), (args.train_tokens // w, w), (2, w)],
-        source=args.calibration)
+        tok, text, [(n_calib, w), (4, 256), (max(args.train_windows), w), (2, w)],
+        source=args.calibration, shrink=2)
+    if train.shape[0] < max(args.train_windows):
+        log(f"the calibration text holds {train.shape[0]} training windows of the "
+            f"{max(args.train_windows)} asked for")
     in_split = "evaluation"
     unseen_split = "test" if args.unseen_domain == "wikitext2" else "evaluation"
     sets = {
@@ -249,7 +259,8 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
         "unseen": token_windows(tok, load_text(args.unseen_domain, unseen_split), args.windows,
                                 w).ids,
     }
-    roles = {"calib": calib, "sens": sens, "train": train, "monitor": monitor,
+    roles = {"calib": calib, "sens": sens, "monitor": monitor,
+             "train": [train[:n] for n in args.train_windows],
              "source": loaded.source, "tokenizer": tok}
     loaded.model.eval()
     return loaded.model, sets, roles
@@ -324,14 +335,14 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         kept_here = kept(target)
         res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
                          embed_name=f"{arch.embed_path}.weight", head_name=head,
-                         train_windows=roles["train"], sensitivity_windows=roles["sens"],
+                         train_windows=roles["train"][0], sensitivity_windows=roles["sens"],
                          monitor_windows=roles["monitor"], student=copy.deepcopy(student),
                          encoded=enc, sensitivity=measured, progress=not args.tiny,
                          **kept_here)
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         if "full" in wanted and "full+tune" in wanted:
-            results["full+tune"] = tune_result(res, reference, tune, roles["train"],
+            results["full+tune"] = tune_result(res, reference, tune, roles["train"][0],
                                                monitor_windows=roles["monitor"],
                                                progress=not args.tiny,
                                                checkpoint_dir=kept_here.get(
@@ -339,9 +350,22 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             for k in topks[1:]:  # the same full result tuned against another teacher cache
                 where = kept_here.get("tune_checkpoint_dir")
                 results[topk_arm(k)] = tune_result(
-                    res, reference, dataclasses.replace(tune, teacher_topk=k), roles["train"],
+                    res, reference, dataclasses.replace(tune, teacher_topk=k), roles["train"][0],
                     monitor_windows=roles["monitor"], progress=not args.tiny,
                     checkpoint_dir=None if where is None else Path(f"{where}-topk{k}"))
+        for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
+            if tune is None:
+                break
+            more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
+                                  sensitivity_windows=roles["sens"].shape[0],
+                                  sensitivity_window_len=roles["sens"].shape[1],
+                                  device=args.device)
+            results[train_arm(windows.numel())] = run_recipe(
+                reference, calib, cfg, more, quantize_fn=encode,
+                embed_name=f"{arch.embed_path}.weight", head_name=head, train_windows=windows,
+                sensitivity_windows=roles["sens"], monitor_windows=roles["monitor"],
+                student=copy.deepcopy(student), encoded=enc, sensitivity=measured,
+                progress=not args.tiny)
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
@@ -368,6 +392,36 @@ def topk_arm(k: int) -> str:
     """The name of a further ``--tune-topk`` arm: ``full+tune topk=K`` (``K`` = 0: the full
     teacher every step)."""
     return f"full+tune topk={k}"
+
+
+def train_arm(tokens: int) -> str:
+    """The name of a further ``--train-tokens`` arm: ``full+tune train=N`` (``N`` training
+    tokens)."""
+    return f"full+tune train={tokens}"
+
+
+def train_windows(spec: str, window: int, train_steps: int, tune_steps: int) -> list[int]:
+    """``--train-tokens`` (``N|auto[,N...]``) as training windows per arm: ``N // window``, or
+    for ``auto`` :func:`leechq.cli.quantize.training_windows` of these steps.
+
+    Raises:
+        ValueError: an item that is neither ``auto`` nor a count of at least one window, or a
+            repeated count.
+    """
+    from leechq.cli.quantize import training_windows
+    from leechq.quant.row_scales import RowScaleConfig
+    from leechq.quant.tune import tune_settings
+
+    auto = training_windows(RowScaleConfig(steps=train_steps) if train_steps else None,
+                            tune_settings(tune_steps) if tune_steps else None)
+    out = []
+    for item in (i.strip() for i in spec.split(",") if i.strip()):
+        if item != "auto" and not (item.isdigit() and int(item) >= window):
+            raise ValueError(f"{item!r} is neither 'auto' nor a token count >= --window")
+        out.append(auto if item == "auto" else int(item) // window)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"give one or more distinct window counts, got {out}")
+    return out
 
 
 def budget_suffix(args: argparse.Namespace, target: float) -> str:
@@ -547,7 +601,11 @@ def main(argv: list[str] | None = None) -> int:
                          "--calib-data` takes it [default: the offline five-domain mix]; "
                          "the held-out sets stay as named, so say which one it makes in-domain")
     ap.add_argument("--calib-tokens", type=int, default=32768)
-    ap.add_argument("--train-tokens", type=int, default=32768)
+    ap.add_argument("--train-tokens", default="auto", metavar="N|auto[,N...]",
+                    help="training tokens of the recipe arms' row scales and tuning (auto: as "
+                         "many windows as their steps read, `leechq quantize`'s default) "
+                         "[default: auto]; each further value adds an arm 'full+tune train=N' "
+                         "(the same encode and sensitivity pass)")
     ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
     ap.add_argument("--tune-steps", type=int, default=DEFAULT_TUNE_STEPS,
                     help="steps of the full+tune arm [default: the full recipe's, "
@@ -647,6 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         models = ["tiny"]
     else:
         models = [m for m in args.models.split(",") if m]
+    try:
+        args.train_windows = train_windows(args.train_tokens, args.window, args.train_steps,
+                                           args.tune_steps)
+    except ValueError as exc:
+        ap.error(f"--train-tokens: {exc}")
+    if len(args.train_windows) > 1 and not {"full", "full+tune"} & set(wanted):
+        ap.error("several --train-tokens values make full+tune arms: --arms needs full+tune")
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     intervals: list[dict[str, Any]] = []

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure both tables' arms, or the embedding's only")
     args = ap.parse_args(argv)
     # what quality.real_setup reads
-    args.calib_data, args.train_tokens = None, 2 * args.window
+    args.calib_data, args.train_windows = None, [2]
     args.in_domain, args.unseen_domain = "pydoc", "fortunes"
 
     from leechq.formats.accounting import raw_served_bits, record_served_bits

@@ -182,6 +182,27 @@ def test_consecutive_windows_are_disjoint_runs_from_token_zero() -> None:
     assert fingerprint == corpus.token_fingerprint(torch.tensor(full[:96]).reshape(1, 96))
 
 
+def test_consecutive_windows_shrink_one_role_to_the_text() -> None:
+    tok = WordTokenizer()
+    text = " ".join(f"w{i % 997}" for i in range(200))  # 200 tokens
+    full = tok.encode(text)
+    sizes = [(2, 16), (50, 32), (1, 16)]  # the middle role wants 1600 tokens
+    parts, fingerprint = corpus.consecutive_windows(tok, text, sizes, source="t", shrink=1)
+    assert [tuple(p.shape) for p in parts] == [(2, 16), (4, 32), (1, 16)]  # 32 + 4·32 + 16 <= 200
+    assert torch.cat([p.flatten() for p in parts]).tolist() == full[:176]
+    assert fingerprint == corpus.token_fingerprint(torch.tensor(full[:176]).reshape(1, 176))
+    # enough text: the same windows and fingerprint as without shrink
+    long_text = " ".join(f"w{i % 997}" for i in range(30000))
+    fixed = corpus.consecutive_windows(tok, long_text, sizes, source="t")
+    shrunk = corpus.consecutive_windows(tok, long_text, sizes, source="t", shrink=1)
+    assert fixed[1] == shrunk[1]
+    assert all(torch.equal(a, b) for a, b in zip(fixed[0], shrunk[0], strict=True))
+    with pytest.raises(InvalidInput, match="one window of role 1"):
+        corpus.consecutive_windows(tok, text, [(2, 16), (50, 32), (11, 16)], shrink=1)
+    with pytest.raises(InvalidInput, match="n_windows > 0"):
+        corpus.consecutive_windows(tok, text, [(0, 16), (5, 32)], shrink=1)
+
+
 def test_token_windows_from_token_zero_and_prefix_exact() -> None:
     tok = WordTokenizer()
     text = " ".join(f"w{i % 997}" for i in range(30000))

@@ -82,6 +82,34 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
         assert says in capsys.readouterr().err
 
 
+def test_train_tokens_add_arms_trained_on_less_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--train-tokens auto,256`` trains a second full+tune arm on the first 4 of the training
+    windows (the tiny run's 64-token windows), from the same encode, with a paired interval to
+    ``full+tune``; bad values are refused before any model loads."""
+    module = _script("quality_train_tokens")
+    try:
+        assert module.main(["--tiny", "--arms", "full+tune", "--train-tokens", "auto,256",
+                            "--boot", "20", "--compare-to", "full+tune"]) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full+tune", "full+tune train=256"}
+    assert arms["full+tune"]["kl"] != arms["full+tune train=256"]["kl"]
+    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
+        ("full+tune train=256", "full+tune")}
+    for bad, says in ((["--train-tokens", "8"], "nor a token count >= --window"),
+                      (["--train-tokens", "x"], "neither 'auto'"),
+                      (["--train-tokens", "auto,auto"], "distinct window counts"),
+                      (["--arms", "rtn", "--train-tokens", "auto,256"], "--arms needs full")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", "full+tune"] if "--arms" not in bad else []),
+                         *bad])
+        assert says in capsys.readouterr().err
+
+
 def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     """A misspelt arm (or an empty list) stops the run before any model loads, naming it and
     the choices."""
@@ -169,7 +197,7 @@ def test_calib_data_is_what_the_report_calibrates_on(tmp_path: Path,
     (tmp_path / "mine.txt").write_text(" ".join(calib_words * 300), encoding="utf-8")
     monkeypatch.setattr(corpus, "load_text", lambda name, split, **kw: " ".join(held_words * 300))
     module = _script("quality_calib")
-    args = argparse.Namespace(window=16, calib_tokens=64, train_tokens=64, windows=2,
+    args = argparse.Namespace(window=16, calib_tokens=64, train_windows=[4], windows=2,
                               in_domain="pydoc", unseen_domain="fortunes",
                               calib_data=str(tmp_path / "mine.txt"))
     _, sets, roles = module.real_setup(str(model_dir), args)
@@ -179,8 +207,10 @@ def test_calib_data_is_what_the_report_calibrates_on(tmp_path: Path,
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     calib_ids = set(tok.convert_tokens_to_ids(calib_words))
     held_ids = set(tok.convert_tokens_to_ids(held_words))
+    assert [tuple(t.shape) for t in roles["train"]] == [(4, 16)]
     for role in ("calib", "sens", "train", "monitor"):
-        assert set(roles[role].flatten().tolist()) <= calib_ids | {tok.bos_token_id}, role
+        ids = roles[role][0] if role == "train" else roles[role]
+        assert set(ids.flatten().tolist()) <= calib_ids | {tok.bos_token_id}, role
     for ids in sets.values():
         assert set(ids.flatten().tolist()) <= held_ids | {tok.bos_token_id}
 

@@ -127,8 +127,10 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--train-tokens",
         type=int,
-        default=32768,
-        help="full recipe: row-scale training tokens (windows of --window) [default: 32768]",
+        default=None,
+        help="full recipe: training tokens of the row-scale and tuning steps (windows of "
+        "--window) [default: as many windows as the steps read, none read twice (100 steps of "
+        "2 windows: 200), or what the calibration text holds after the other roles]",
     )
     p.add_argument(
         "--tune-steps",

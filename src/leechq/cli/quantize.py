@@ -112,6 +112,23 @@ def check_out(out: str, force: bool) -> None:
         check_replaceable(path)
 
 
+def training_windows(row_scales: Any, tune: Any) -> int:
+    """Training windows the full recipe takes unless ``--train-tokens`` names a count: as many as
+    its row-scale and tuning stages read without reading one twice, the larger stage's
+    ``steps × batch`` (a stage on a time budget, ``steps`` 0, counts
+    :data:`leechq.quant.tune.DEFAULT_TUNE_STEPS` steps), at least 1.
+
+    Args:
+        row_scales: the row-scale stage's :class:`~leechq.quant.row_scales.RowScaleConfig`, or
+            None where it does not run.
+        tune: the tuning stage's :class:`~leechq.quant.tune.TuneConfig`, or None.
+    """
+    from leechq.quant.tune import DEFAULT_TUNE_STEPS
+
+    stages = [c for c in (row_scales, tune) if c is not None]
+    return max([1, *((c.steps or DEFAULT_TUNE_STEPS) * c.batch for c in stages)])
+
+
 def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     """The ``full`` recipe: encode, int4 by sensitivity, tables, row scales, end-to-end tuning
     (``--tune-steps``/``--tune-seconds``; skipped with a warning on a GPU without the memory for
@@ -132,7 +149,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise InvalidInput(f"{out} already exists (pass --force to replace it)")
-    if args.train_tokens < args.window or args.train_steps < 0:
+    if (args.train_tokens is not None and args.train_tokens < args.window) or args.train_steps < 0:
         raise InvalidInput("--train-tokens must hold one --window and --train-steps be >= 0")
     steps = args.train_steps
     rows = RowScaleConfig(
@@ -156,7 +173,9 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         device="cuda" if device == "cuda" else "cpu", **head,
     )
     n_calib = -(-args.calib_tokens // args.window)
-    n_train = args.train_tokens // args.window
+    named = args.train_tokens is not None
+    n_train = (args.train_tokens // args.window if named
+               else training_windows(recipe.row_scales, recipe.tune))
     sizes = [
         (n_calib, args.window),
         (recipe.sensitivity_windows, recipe.sensitivity_window_len),
@@ -164,9 +183,15 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         (2, args.window),
     ]
     text, source = calibration_source(getattr(args, "calib_data", None))
+    # unnamed, the training role takes what the text holds up to what the steps read
     (calib, sens, train, monitor), fingerprint = consecutive_windows(
-        loaded.tokenizer, text, sizes, source=source
+        loaded.tokenizer, text, sizes, source=source, shrink=None if named else 2
     )
+    if train.shape[0] < n_train:
+        print(f"[quantize] note: the calibration text holds {train.shape[0]} training windows "
+              f"of the {n_train} that the steps read; the steps see some of them again",
+              file=sys.stderr)
+    n_train = train.shape[0]
     cfg = quant_config(
         args.codebook,
         SimpleNamespace(n_windows=n_calib, window=args.window),

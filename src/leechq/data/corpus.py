@@ -417,7 +417,12 @@ def token_windows(
 
 
 def consecutive_windows(
-    tokenizer: Any, text: str, sizes: list[tuple[int, int]], *, source: str = ""
+    tokenizer: Any,
+    text: str,
+    sizes: list[tuple[int, int]],
+    *,
+    source: str = "",
+    shrink: int | None = None,
 ) -> tuple[list[Any], str]:
     """Disjoint, consecutive runs of windows from token 0 of ``text``, one tensor per role (e.g.
     encoding | sensitivity | training | monitor calibration windows).
@@ -427,18 +432,45 @@ def consecutive_windows(
         text: the corpus text.
         sizes: ``(n_windows, window)`` per role, in stream order.
         source: description of the text.
+        shrink: index into ``sizes`` of a role that takes at most its ``n_windows``: as many as
+            the text holds beyond the other roles' tokens (at least one). None: every role gets
+            exactly its count.
 
     Returns:
         (int64 tensors [n, window] in ``sizes`` order, fingerprint of the whole token stream).
+
+    Raises:
+        InvalidInput: the text is too short for the roles (with ``shrink``: for the other roles
+            and one window of the shrinking role).
     """
+    import torch
+
+    sizes = list(sizes)
     total = sum(n * w for n, w in sizes)
-    stream = token_windows(tokenizer, text, 1, total, source=source)
-    flat = stream.ids.reshape(-1)
+    if shrink is None:
+        stream = token_windows(tokenizer, text, 1, total, source=source)
+        flat, fingerprint = stream.ids.reshape(-1), stream.fingerprint
+    else:
+        n, w = sizes[shrink]
+        if n <= 0 or w <= 1 or min(m * v for m, v in sizes) <= 0:
+            raise InvalidInput(f"every role needs n_windows > 0 and window > 1, got {sizes}")
+        ids = _leading_tokens(tokenizer, text, total)
+        others = total - n * w
+        fit = min(n, max(0, len(ids) - others) // w)
+        if fit < 1:
+            raise InvalidInput(
+                f"text has {len(ids)} tokens, fewer than the {others + w} that the roles "
+                f"{sizes} need with one window of role {shrink}"
+            )
+        sizes[shrink] = (fit, w)
+        total = others + fit * w
+        flat = torch.tensor(ids[:total], dtype=torch.int64)
+        fingerprint = token_fingerprint(flat.reshape(1, total))
     parts, pos = [], 0
     for n, w in sizes:
         parts.append(flat[pos : pos + n * w].reshape(n, w).clone())
         pos += n * w
-    return parts, stream.fingerprint
+    return parts, fingerprint
 
 
 def _leading_tokens(tokenizer: Any, text: str, need: int) -> list[int]:
