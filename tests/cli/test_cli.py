@@ -329,8 +329,9 @@ def test_quantize_full_recipe_on_a_tiny_model(
     checkpoint is left behind."""
     from leechq.formats.artifact import artifact_report, read_artifact
     from leechq.quant.sensitivity import MeasurementCheckpoint
-    from leechq.quant.tune import DEFAULT_TUNE_STEPS
 
+    # the CLI tunes for leechq.quant.tune.DEFAULT_TUNE_STEPS steps; fewer here keep the test short
+    monkeypatch.setattr("leechq.quant.tune.DEFAULT_TUNE_STEPS", 40)
     saved = []
     real_save = MeasurementCheckpoint.save
 
@@ -374,7 +375,7 @@ def test_quantize_full_recipe_on_a_tiny_model(
         "tune",
     ]
     assert recipe["row_scales"]["steps"] == 3
-    assert recipe["tune"]["total_steps"] == DEFAULT_TUNE_STEPS  # tuning is on by default
+    assert recipe["tune"]["total_steps"] == 40  # tuning is on by default
     assert recipe["whole_model_bits_per_param"] <= 6.0 + 1e-9
     report = artifact_report(out)
     assert report is not None

@@ -161,7 +161,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     from leechq.quant.tune import DEFAULT_TUNE_STEPS, tune_settings
 
     try:
-        tune = tune_settings(getattr(args, "tune_steps", DEFAULT_TUNE_STEPS),
+        tune_steps = getattr(args, "tune_steps", None)
+        tune = tune_settings(DEFAULT_TUNE_STEPS if tune_steps is None else tune_steps,
                              getattr(args, "tune_seconds", 0.0))
     except InvalidInput as exc:  # its message has both values
         raise InvalidInput(f"--tune-steps / --tune-seconds: {exc}") from None

@@ -147,12 +147,15 @@ class TuneConfig(ConfigDict):
 
 
 
-DEFAULT_TUNE_STEPS = 100
-"""Steps of the full recipe's tuning step unless the user sets a budget. Measured (smollm2-135m,
-Tetra, 2.70 b/param, CPU, 8 192 tokens of the five-domain default calibration, 16 × 512 held-out
-windows per set, ``46c14d6``): after the row scales, 100 steps took the docs' perplexity ratio
-×1.636 → ×1.400 and the unseen domain's ×2.163 → ×2.024 (paired 95 % intervals −0.26…−0.21 and
-−0.17…−0.11); the monitor kept step 70 (docs/decisions.md)."""
+DEFAULT_TUNE_STEPS = 300
+"""Steps of the full recipe's tuning step unless the user sets a budget (with the training text
+that ``leechq quantize`` takes by default, as many windows as the steps read: 600 of 512 tokens).
+Measured (smollm2-135m, Tetra, 2.70 b/param, H100, 32 768 tokens of the five-domain default
+calibration, 16 × 512 held-out windows per set, the full teacher): 100 steps on 200 windows took
+the docs' perplexity ratio to ×1.226 and the unseen domain's to ×1.734, 300 steps on 600 windows
+to ×1.147 and ×1.641, the monitor keeping step 270 (two runs on the same held-out windows;
+docs/decisions.md). 300 steps on 64 windows gained in-domain only (×1.317 / ×1.919, a top-128
+teacher cache): more steps pay with more text, not on the same windows again."""
 
 
 def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> TuneConfig | None:
