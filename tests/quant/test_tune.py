@@ -343,8 +343,9 @@ def test_the_recipe_settings_for_a_budget() -> None:
     """Steps: a tenth of warm-up and a monitor score every tenth; seconds replace the steps; no
     budget is no tuning; a negative budget is refused."""
     cfg = tune_settings()
+    tenth = DEFAULT_TUNE_STEPS // 10
     assert (cfg.steps, cfg.lr, cfg.warmup_steps, cfg.monitor_every) == (DEFAULT_TUNE_STEPS, 2e-3,
-                                                                        10, 10)
+                                                                        tenth, tenth)
     assert (tune_settings(30).warmup_steps, tune_settings(30).monitor_every) == (3, 3)
     assert (tune_settings(5).warmup_steps, tune_settings(5).monitor_every) == (1, 1)
     timed = tune_settings(30, 90.0)
