@@ -354,8 +354,6 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                     monitor_windows=roles["monitor"], progress=not args.tiny,
                     checkpoint_dir=None if where is None else Path(f"{where}-topk{k}"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
-            if tune is None:
-                break
             more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
                                   sensitivity_windows=roles["sens"].shape[0],
                                   sensitivity_window_len=roles["sens"].shape[1],
@@ -392,6 +390,22 @@ def topk_arm(k: int) -> str:
     """The name of a further ``--tune-topk`` arm: ``full+tune topk=K`` (``K`` = 0: the full
     teacher every step)."""
     return f"full+tune topk={k}"
+
+
+def distinct_list(ap: argparse.ArgumentParser, flag: str, text: str, convert: Any, what: str,
+                  valid: Any) -> list[Any]:
+    """``text``, a comma-separated option value, as a list of ``convert`` (int, float) values;
+    ``ap.error`` names ``flag`` when an item does not convert, the list is empty, a value fails
+    ``valid`` (``what`` says what is wanted, e.g. ``"sizes >= 0"``) or repeats."""
+    try:
+        out = [convert(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        ap.error(f"{flag}: not a comma-separated list of numbers: {text!r}")
+    if not out or not all(valid(v) for v in out):
+        ap.error(f"{flag}: give one or more {what}, got {out}")
+    if len(set(out)) != len(out):
+        ap.error(f"{flag}: a value is repeated: {out}")
+    return out
 
 
 def train_arm(tokens: int) -> str:
@@ -661,14 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"plot": note, "rows": len(rows_from)}))
         return 0
     args.bits = [int(b) for b in args.bits.split(",") if b]
-    try:
-        args.target_bpp = [float(b) for b in args.target_bpp.split(",") if b.strip()]
-    except ValueError:
-        ap.error(f"--target-bpp: not a comma-separated list of numbers: {args.target_bpp!r}")
-    if not args.target_bpp or min(args.target_bpp) <= 0:
-        ap.error("--target-bpp: give one or more budgets > 0 bits per parameter")
-    if len(set(args.target_bpp)) != len(args.target_bpp):
-        ap.error(f"--target-bpp: a budget is repeated: {args.target_bpp}")
+    args.target_bpp = distinct_list(ap, "--target-bpp", args.target_bpp, float,
+                                    "budgets > 0 bits per parameter", lambda b: b > 0)
     args.llama_types = [t for t in args.llama_types.split(",") if t]
     from leechq.cli.eval import check_tasks
     from leechq.errors import InvalidInput
@@ -687,14 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     if "full+tune" in wanted and args.tune_steps < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
     if args.tune_topk is not None:
-        try:
-            args.tune_topk = [int(k) for k in args.tune_topk.split(",") if k.strip()]
-        except ValueError:
-            ap.error(f"--tune-topk: not a comma-separated list of integers: {args.tune_topk!r}")
-        if not args.tune_topk or min(args.tune_topk) < 0:
-            ap.error(f"--tune-topk must be >= 0, got {args.tune_topk}")
-        if len(set(args.tune_topk)) != len(args.tune_topk):
-            ap.error(f"--tune-topk: a size is repeated: {args.tune_topk}")
+        args.tune_topk = distinct_list(ap, "--tune-topk", args.tune_topk, int, "sizes >= 0",
+                                       lambda k: k >= 0)
         if len(args.tune_topk) > 1 and not {"full", "full+tune"} <= set(wanted):
             ap.error("several --tune-topk sizes tune the full arm's result: "
                      "--arms needs full and full+tune")
@@ -710,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
                                            args.tune_steps)
     except ValueError as exc:
         ap.error(f"--train-tokens: {exc}")
-    if len(args.train_windows) > 1 and not {"full", "full+tune"} & set(wanted):
+    if len(args.train_windows) > 1 and "full+tune" not in wanted:
         ap.error("several --train-tokens values make full+tune arms: --arms needs full+tune")
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []

@@ -72,9 +72,9 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
     pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
     assert pairs == {("full", "full+tune"), ("full+tune topk=0", "full+tune")}
     assert result["plot"] == "no plot (pass --plot PATH)"  # docs/quality.png is left alone
-    for bad, says in ((["--tune-topk", "-1"], "--tune-topk must be >= 0"),
-                      (["--tune-topk", "8,x"], "not a comma-separated list of integers"),
-                      (["--tune-topk", "8,8"], "a size is repeated"),
+    for bad, says in ((["--tune-topk", "-1"], "--tune-topk: give one or more sizes >= 0"),
+                      (["--tune-topk", "8,x"], "not a comma-separated list of numbers"),
+                      (["--tune-topk", "8,8"], "a value is repeated"),
                       (["--arms", "full+tune", "--tune-topk", "8,0"], "--arms needs full")):
         with pytest.raises(SystemExit):
             module.main(["--tiny", *(["--arms", "full+tune"] if "--arms" not in bad else []),
