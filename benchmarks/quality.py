@@ -12,6 +12,8 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-steps`` steps of end-to-end tuning (:mod:`leechq.quant.tune`);
                  ``--tune-topk 128,0`` adds ``full+tune topk=0``: the same full result tuned
                  against another teacher cache (0: the full teacher every step);
+                 ``--tune-steps 300,100`` adds ``full+tune steps=100``: the same full result
+                 tuned for 100 steps on the same training text;
                  ``--train-tokens auto,32768`` adds ``full+tune train=32768``: the same encode
                  and sensitivity pass, the row scales and tuning trained on the first 32 768
                  tokens of the training windows (``auto``: as many windows as the steps read,
@@ -314,7 +316,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3)
-    tune = tune_settings(args.tune_steps)  # the settings `leechq quantize --recipe full` uses
+    tune = tune_settings(args.tune_steps[0])  # the settings `leechq quantize --recipe full` uses
     topks = args.tune_topk or [None]  # None: the recipe's teacher
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
@@ -353,6 +355,12 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                     res, reference, dataclasses.replace(tune, teacher_topk=k), roles["train"][0],
                     monitor_windows=roles["monitor"], progress=not args.tiny,
                     checkpoint_dir=None if where is None else Path(f"{where}-topk{k}"))
+            for n in args.tune_steps[1:]:  # the same full result, the same text, other steps
+                where = kept_here.get("tune_checkpoint_dir")
+                results[steps_arm(n)] = tune_result(
+                    res, reference, dataclasses.replace(tune, **_steps_fields(n)),
+                    roles["train"][0], monitor_windows=roles["monitor"], progress=not args.tiny,
+                    checkpoint_dir=None if where is None else Path(f"{where}-steps{n}"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
             more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
                                   sensitivity_windows=roles["sens"].shape[0],
@@ -375,6 +383,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             if "tune" in r.metadata:
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
                 detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
+                detail["tune_steps"] = r.recipe.tune.steps
                 detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
                 detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
             out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
@@ -390,6 +399,20 @@ def topk_arm(k: int) -> str:
     """The name of a further ``--tune-topk`` arm: ``full+tune topk=K`` (``K`` = 0: the full
     teacher every step)."""
     return f"full+tune topk={k}"
+
+
+def steps_arm(steps: int) -> str:
+    """The name of a further ``--tune-steps`` arm: ``full+tune steps=N``."""
+    return f"full+tune steps={steps}"
+
+
+def _steps_fields(steps: int) -> dict[str, Any]:
+    """The tuning settings that follow the step count (the steps, the warm-up, the monitor's
+    interval), as :func:`leechq.quant.tune.tune_settings` sets them for ``steps``."""
+    from leechq.quant.tune import tune_settings
+
+    t = tune_settings(steps)
+    return {k: getattr(t, k) for k in ("steps", "warmup_steps", "monitor_every")}
 
 
 def distinct_list(ap: argparse.ArgumentParser, flag: str, text: str, convert: Any, what: str,
@@ -621,10 +644,12 @@ def main(argv: list[str] | None = None) -> int:
                          "[default: auto]; each further value adds an arm 'full+tune train=N' "
                          "(the same encode and sensitivity pass)")
     ap.add_argument("--train-steps", type=int, default=100, help="row-scale steps")
-    ap.add_argument("--tune-steps", type=int, default=DEFAULT_TUNE_STEPS,
+    ap.add_argument("--tune-steps", default=str(DEFAULT_TUNE_STEPS), metavar="N[,N...]",
                     help="steps of the full+tune arm [default: the full recipe's, "
                          f"{DEFAULT_TUNE_STEPS}]; the full arm is the full recipe with "
-                         "--tune-steps 0")
+                         "--tune-steps 0; each further N adds an arm 'full+tune steps=N', the "
+                         "same full result tuned for N steps on the same training text (with "
+                         "--compare-to full+tune: a paired interval between the step counts)")
     ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
                          "(0: the full teacher every step) [default: the recipe's]; each further "
@@ -692,8 +717,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         ap.error(f"--arms: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                  f"choices: {', '.join(ARM_CHOICES)}")
-    if "full+tune" in wanted and args.tune_steps < 1:
+    args.tune_steps = distinct_list(ap, "--tune-steps", args.tune_steps, int, "counts >= 0",
+                                    lambda n: n >= 0)
+    if "full+tune" in wanted and min(args.tune_steps) < 1:
         ap.error("the full+tune arm needs --tune-steps >= 1")
+    if len(args.tune_steps) > 1 and not {"full", "full+tune"} <= set(wanted):
+        ap.error("several --tune-steps counts tune the full arm's result: "
+                 "--arms needs full and full+tune")
     if args.tune_topk is not None:
         args.tune_topk = distinct_list(ap, "--tune-topk", args.tune_topk, int, "sizes >= 0",
                                        lambda k: k >= 0)
@@ -702,14 +732,15 @@ def main(argv: list[str] | None = None) -> int:
                      "--arms needs full and full+tune")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
-        args.train_steps, args.tune_steps = min(args.train_steps, 6), min(args.tune_steps, 8)
+        args.train_steps = min(args.train_steps, 6)
+        args.tune_steps = list(dict.fromkeys(min(n, 8) for n in args.tune_steps))
         args.boot = min(args.boot, 200)
         models = ["tiny"]
     else:
         models = [m for m in args.models.split(",") if m]
     try:
         args.train_windows = train_windows(args.train_tokens, args.window, args.train_steps,
-                                           args.tune_steps)
+                                           args.tune_steps[0])
     except ValueError as exc:
         ap.error(f"--train-tokens: {exc}")
     if len(args.train_windows) > 1 and "full+tune" not in wanted:

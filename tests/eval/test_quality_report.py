@@ -82,6 +82,36 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
         assert says in capsys.readouterr().err
 
 
+def test_tune_steps_add_arms_tuned_for_other_step_counts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-steps 6,3`` tunes the full arm's result twice on the same training text:
+    ``full+tune`` for 6 steps, ``full+tune steps=3`` for 3, with a paired interval between the
+    two; bad counts are refused before any model loads."""
+    module = _script("quality_tune_steps")
+    try:
+        assert module.main(["--tiny", "--arms", "full,full+tune", "--tune-steps", "6,3",
+                            "--boot", "20", "--compare-to", "full+tune"]) == 0
+    finally:
+        from standin_codebook import unregister
+
+        unregister()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full+tune steps=3"}
+    assert arms["full+tune"]["kl"] != arms["full+tune steps=3"]["kl"] != arms["full"]["kl"]
+    assert (arms["full+tune"]["tune_steps"], arms["full+tune steps=3"]["tune_steps"]) == (6, 3)
+    assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
+        ("full", "full+tune"), ("full+tune steps=3", "full+tune")}
+    for bad, says in ((["--tune-steps", "6,-1"], "--tune-steps: give one or more counts >= 0"),
+                      (["--tune-steps", "6,6"], "a value is repeated"),
+                      (["--tune-steps", "6,0"], "needs --tune-steps >= 1"),
+                      (["--arms", "full+tune", "--tune-steps", "6,3"], "--arms needs full")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
+                                     else []), *bad])
+        assert says in capsys.readouterr().err
+
+
 def test_train_tokens_add_arms_trained_on_less_text(capsys: pytest.CaptureFixture[str]) -> None:
     """``--train-tokens auto,256`` trains a second full+tune arm on the first 4 of the training
     windows (the tiny run's 64-token windows), from the same encode, with a paired interval to
