@@ -22,17 +22,23 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
-    module = _script("quality_report")
+def _tiny_result(module: ModuleType, argv: list[str],
+                 capsys: pytest.CaptureFixture[str]) -> dict:
+    """Run ``module.main(argv)`` (a ``--tiny`` run, which registers the stand-in codebook), check
+    it exits 0, drop the stand-in again and return the JSON last line of its output."""
     try:
-        assert module.main(["--tiny", "--arms", "bare,full,full+tune,rtn", "--bits", "2,4",
-                            "--boot", "50"]) == 0
+        assert module.main(argv) == 0
     finally:
         from standin_codebook import unregister
 
         unregister()
-    out = capsys.readouterr().out.strip().splitlines()
-    result = json.loads(out[-1])
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
+    module = _script("quality_report")
+    result = _tiny_result(module, ["--tiny", "--arms", "bare,full,full+tune,rtn", "--bits", "2,4",
+                                   "--boot", "50"], capsys)
     arms = {(r["arm"], r["set"]) for r in result["rows"]}
     assert arms == {(a, s) for a in ("bare", "full", "full+tune", "rtn-2", "rtn-4")
                     for s in ("in-domain", "unseen")}
@@ -56,14 +62,8 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
     mass), with a paired interval between the two; bad sizes are refused before any model
     loads."""
     module = _script("quality_tune_topk")
-    try:
-        assert module.main(["--tiny", "--arms", "full,full+tune", "--tune-topk", "8,0",
-                            "--boot", "20", "--compare-to", "full+tune"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-topk", "8,0",
+                                   "--boot", "20", "--compare-to", "full+tune"], capsys)
     topk = {r["arm"]: (r.get("tune_teacher_topk"), r.get("tune_teacher_rest_mass"))
             for r in result["rows"]}
     assert topk["full"] == (None, None)
@@ -88,14 +88,8 @@ def test_tune_steps_add_arms_tuned_for_other_step_counts(
     ``full+tune`` for 6 steps, ``full+tune steps=3`` for 3, with a paired interval between the
     two; bad counts are refused before any model loads."""
     module = _script("quality_tune_steps")
-    try:
-        assert module.main(["--tiny", "--arms", "full,full+tune", "--tune-steps", "6,3",
-                            "--boot", "20", "--compare-to", "full+tune"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "6,3",
+                                   "--boot", "20", "--compare-to", "full+tune"], capsys)
     arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
     assert set(arms) == {"full", "full+tune", "full+tune steps=3"}
     assert arms["full+tune"]["kl"] != arms["full+tune steps=3"]["kl"] != arms["full"]["kl"]
@@ -117,14 +111,8 @@ def test_train_tokens_add_arms_trained_on_less_text(capsys: pytest.CaptureFixtur
     windows (the tiny run's 64-token windows), from the same encode, with a paired interval to
     ``full+tune``; bad values are refused before any model loads."""
     module = _script("quality_train_tokens")
-    try:
-        assert module.main(["--tiny", "--arms", "full+tune", "--train-tokens", "auto,256",
-                            "--boot", "20", "--compare-to", "full+tune"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = _tiny_result(module, ["--tiny", "--arms", "full+tune", "--train-tokens", "auto,256",
+                                   "--boot", "20", "--compare-to", "full+tune"], capsys)
     arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
     assert set(arms) == {"full+tune", "full+tune train=256"}
     assert arms["full+tune"]["kl"] != arms["full+tune train=256"]["kl"]
@@ -294,14 +282,8 @@ def test_several_budgets_make_one_pair_of_full_arms_each(capsys: pytest.CaptureF
         with pytest.raises(SystemExit):
             module.main(["--tiny", "--arms", "full", "--target-bpp", bad])
         assert why in capsys.readouterr().err
-    try:
-        assert module.main(["--tiny", "--arms", "full,full+tune", "--target-bpp", "2.5,4",
-                            "--boot", "20", "--tune-steps", "2"]) == 0
-    finally:
-        from standin_codebook import unregister
-
-        unregister()
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--target-bpp", "2.5,4",
+                                   "--boot", "20", "--tune-steps", "2"], capsys)
     rows = {(r["arm"], r["set"]): r for r in result["rows"]}
     names = ("full @2.5", "full+tune @2.5", "full @4", "full+tune @4")
     assert {a for a, _ in rows} == set(names)
