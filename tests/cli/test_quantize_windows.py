@@ -20,6 +20,16 @@ class _Stop(Exception):
     """Raised by the stand-in recipe once it has seen its windows."""
 
 
+def test_quantize_help_states_the_tuning_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """``leechq quantize --help`` gives today's step default and the windows it reads."""
+    with pytest.raises(SystemExit):
+        main(["quantize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    steps = DEFAULT_TUNE_STEPS
+    assert f"[default: {steps}]" in text
+    assert f"({steps} tuning steps of 2 windows: {2 * steps})" in text
+
+
 def test_training_windows_is_the_larger_stage() -> None:
     rows, tune = RowScaleConfig(steps=30, batch=2), TuneConfig(steps=70, batch=3)
     assert training_windows(rows, tune) == 210

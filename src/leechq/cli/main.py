@@ -129,8 +129,8 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="full recipe: training tokens of the row-scale and tuning steps (windows of "
-        "--window) [default: as many windows as the steps read, none read twice (300 tuning "
-        "steps of 2 windows: 600), or what the calibration text holds after the other roles]",
+        "--window) [default: as many windows as the steps read, none read twice (600 tuning "
+        "steps of 2 windows: 1200), or what the calibration text holds after the other roles]",
     )
     p.add_argument(
         "--tune-steps",
@@ -138,7 +138,7 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         default=None,
         help="full recipe: end-to-end tuning of every continuous parameter after the row scales, "
         "this many AdamW steps, the held-out monitor keeping the best state (0 = no tuning) "
-        "[default: 300]. On the broad default calibration it gained on held-out text of its "
+        "[default: 600]. On the broad default calibration it gained on held-out text of its "
         "domains and of none of them; calibrated on one domain it gained there only "
         "(BENCHMARKS.md §5). On a GPU without the memory for it, the step is skipped with a "
         "warning",

@@ -147,15 +147,18 @@ class TuneConfig(ConfigDict):
 
 
 
-DEFAULT_TUNE_STEPS = 300
+DEFAULT_TUNE_STEPS = 600
 """Steps of the full recipe's tuning step unless the user sets a budget (with the training text
-that ``leechq quantize`` takes by default, as many windows as the steps read: 600 of 512 tokens).
-Measured (smollm2-135m, Tetra, 2.70 b/param, H100, 32 768 tokens of the five-domain default
-calibration, 16 × 512 held-out windows per set, the full teacher): 100 steps on 200 windows took
-the docs' perplexity ratio to ×1.226 and the unseen domain's to ×1.734, 300 steps on 600 windows
-to ×1.147 and ×1.641, the monitor keeping step 270 (two runs on the same held-out windows;
-docs/decisions.md). 300 steps on 64 windows gained in-domain only (×1.317 / ×1.919, a top-128
-teacher cache): more steps pay with more text, not on the same windows again."""
+that ``leechq quantize`` takes by default, as many windows as the steps read: 1 200 of 512 tokens).
+Measured (smollm2-135m, 2.70 b/param, H100, 32 768 tokens of the five-domain default calibration,
+16 × 512 held-out windows per set, the full teacher; docs/decisions.md): on the ball codebook,
+100 steps on 600 windows took the docs' perplexity ratio to ×1.215 and the unseen domain's to
+×1.719, 300 steps on the same windows to ×1.149 and ×1.640 (paired 95 % intervals of 100 minus 300
+steps +0.055…+0.077 and +0.062…+0.098), 600 steps on 1 200 windows to ×1.121 and ×1.592 (a
+separate run on the same held-out windows), the monitor keeping the last step each time. Tetra
+tracked the ball within 0.01 at 100 and 300 steps. 300 steps on 64 windows gained in-domain only:
+more steps pay with more text, not on the same windows again. The cost is linear in the steps:
+309 s for 600 on that GPU, about 2 s a step at Qwen3-8B shape."""
 
 
 def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> TuneConfig | None:
