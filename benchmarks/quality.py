@@ -344,23 +344,20 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         if "full" in wanted and "full+tune" in wanted:
-            results["full+tune"] = tune_result(res, reference, tune, roles["train"][0],
-                                               monitor_windows=roles["monitor"],
-                                               progress=not args.tiny,
-                                               checkpoint_dir=kept_here.get(
-                                                   "tune_checkpoint_dir"))
-            for k in topks[1:]:  # the same full result tuned against another teacher cache
-                where = kept_here.get("tune_checkpoint_dir")
-                results[topk_arm(k)] = tune_result(
-                    res, reference, dataclasses.replace(tune, teacher_topk=k), roles["train"][0],
+            # the same full result tuned once per teacher (--tune-topk) and step count
+            # (--tune-steps), each with its own resumable checkpoint
+            where = kept_here.get("tune_checkpoint_dir")
+            variants = [("full+tune", tune, "")]
+            variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}")
+                         for k in topks[1:]]
+            variants += [(steps_arm(n), dataclasses.replace(tune_settings(n),
+                                                             teacher_topk=tune.teacher_topk),
+                          f"-steps{n}") for n in args.tune_steps[1:]]
+            for name, settings, tail in variants:
+                results[name] = tune_result(
+                    res, reference, settings, roles["train"][0],
                     monitor_windows=roles["monitor"], progress=not args.tiny,
-                    checkpoint_dir=None if where is None else Path(f"{where}-topk{k}"))
-            for n in args.tune_steps[1:]:  # the same full result, the same text, other steps
-                where = kept_here.get("tune_checkpoint_dir")
-                results[steps_arm(n)] = tune_result(
-                    res, reference, dataclasses.replace(tune, **_steps_fields(n)),
-                    roles["train"][0], monitor_windows=roles["monitor"], progress=not args.tiny,
-                    checkpoint_dir=None if where is None else Path(f"{where}-steps{n}"))
+                    checkpoint_dir=None if where is None else Path(f"{where}{tail}"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
             more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
                                   sensitivity_windows=roles["sens"].shape[0],
@@ -404,15 +401,6 @@ def topk_arm(k: int) -> str:
 def steps_arm(steps: int) -> str:
     """The name of a further ``--tune-steps`` arm: ``full+tune steps=N``."""
     return f"full+tune steps={steps}"
-
-
-def _steps_fields(steps: int) -> dict[str, Any]:
-    """The tuning settings that follow the step count (the steps, the warm-up, the monitor's
-    interval), as :func:`leechq.quant.tune.tune_settings` sets them for ``steps``."""
-    from leechq.quant.tune import tune_settings
-
-    t = tune_settings(steps)
-    return {k: getattr(t, k) for k in ("steps", "warmup_steps", "monitor_every")}
 
 
 def distinct_list(ap: argparse.ArgumentParser, flag: str, text: str, convert: Any, what: str,
