@@ -62,7 +62,8 @@ from typing import Any
 import torch
 
 from leechq.config import QuantConfig
-from leechq.formats.artifact import artifact_report, read_artifact
+from leechq.formats.accounting import artifact_report
+from leechq.formats.artifact import read_artifact
 from leechq.quant.recipe import Recipe, resolve_recipe, run_recipe
 from leechq.quant.row_scales import RowScaleConfig, set_module_weights
 from leechq.quant.tune import TuneConfig

@@ -58,7 +58,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_inspect_prints_the_three_rates(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from leechq.formats.artifact import artifact_report
+    from leechq.formats.accounting import artifact_report
 
     assert main(["inspect", str(artifact)]) == 0
     out = capsys.readouterr().out
@@ -327,7 +327,8 @@ def test_quantize_full_recipe_on_a_tiny_model(
     end-to-end tuning (on by default), all recorded in the artifact, which loads and matches the
     recorded accounting; the sensitivity pass kept its checkpoint beside OUT while it ran, and no
     checkpoint is left behind."""
-    from leechq.formats.artifact import artifact_report, read_artifact
+    from leechq.formats.accounting import artifact_report
+    from leechq.formats.artifact import read_artifact
     from leechq.quant.sensitivity import MeasurementCheckpoint
 
     # the CLI tunes for leechq.quant.tune.DEFAULT_TUNE_STEPS steps; fewer here keep the test short

@@ -12,7 +12,7 @@ import pytest
 from leechq_tiny import make_tetra_dir
 
 from leechq.cli.main import main
-from leechq.formats.artifact import artifact_report
+from leechq.formats.accounting import artifact_report
 
 pytest.importorskip("transformers")
 

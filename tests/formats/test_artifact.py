@@ -21,9 +21,9 @@ from standin_codebook import NAME, register, registered
 from leechq.codebooks import names
 from leechq.config import QuantConfig
 from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
+from leechq.formats.accounting import artifact_report
 from leechq.formats.artifact import (
     GroupAffine,
-    artifact_report,
     block_bytes,
     pack_codes,
     read_artifact,

@@ -14,7 +14,8 @@ from leechq_tiny import ids, tiny_model, tiny_tokenizer
 
 from leechq.config import QuantConfig
 from leechq.errors import ArtifactError, InvalidInput
-from leechq.formats.artifact import artifact_report, read_artifact
+from leechq.formats.accounting import artifact_report
+from leechq.formats.artifact import read_artifact
 from leechq.formats.quantized_weight import QuantizedWeight
 from leechq.models.load import load
 from leechq.models.quantize import quantize_model

@@ -16,7 +16,8 @@ from standin_codebook import register, registered
 
 from leechq.config import QuantConfig
 from leechq.errors import InvalidInput, UnsupportedArchitecture
-from leechq.formats.artifact import GroupAffine, artifact_report, read_artifact
+from leechq.formats.accounting import artifact_report
+from leechq.formats.artifact import GroupAffine, read_artifact
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.models.quantize import quantize_model, quantize_model_in_place
 

@@ -16,13 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from leechq_tiny import int4_record, lattice_record
 
 from leechq.errors import InvalidInput
-from leechq.formats.accounting import record_served_bits, whole_model_bits
-from leechq.formats.artifact import (
-    GroupAffine,
-    artifact_report,
-    read_artifact,
-    write_artifact,
-)
+from leechq.formats.accounting import artifact_report, record_served_bits, whole_model_bits
+from leechq.formats.artifact import GroupAffine, read_artifact, write_artifact
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.quant.recipe import (
     Recipe,

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     """Convert ``args.source`` into ``args.out``; prints the artifact's rates at the end."""
     from leechq.cli.inspect import format_report
     from leechq.errors import InvalidInput
-    from leechq.formats.artifact import artifact_report
+    from leechq.formats.accounting import artifact_report
     from leechq.models.convert import is_tetra_dir, tetra_dir_to_artifact
 
     if not is_tetra_dir(args.source):

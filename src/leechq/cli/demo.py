@@ -295,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
     from leechq.cli.inspect import format_report
     from leechq.cli.quantize import calibration_windows, quant_config
     from leechq.eval.runner import ModelInfo, SuiteConfig, run_suite
-    from leechq.formats.artifact import artifact_report, read_artifact
+    from leechq.formats.accounting import artifact_report
+    from leechq.formats.artifact import read_artifact
     from leechq.models.hf_load import load_model
     from leechq.models.load import load
     from leechq.models.quantize import quantize_model

@@ -1,7 +1,7 @@
 """``leechq inspect OUT``: what an artifact holds and costs, under each accounting rule apart.
 
 Implements docs/architecture.md §1 (``cli/inspect.py``) over
-:func:`leechq.formats.artifact.artifact_report`. Per-matrix rates are printed by projection kind
+:func:`leechq.formats.accounting.artifact_report`. Per-matrix rates are printed by projection kind
 (every matrix with ``--matrices``), then the three rates of docs/format.md §4, each on
 its own line with its own denominator, never combined:
 
@@ -124,7 +124,7 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
 
 
 def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
-    """:func:`leechq.formats.artifact.artifact_report`'s dict for a published Tetra directory
+    """:func:`leechq.formats.accounting.artifact_report`'s dict for a published Tetra directory
     (same keys and rules), plus ``format`` and ``integrity`` (what was verified, in words).
 
     Raises:
@@ -133,7 +133,8 @@ def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> d
             field).
     """
     from leechq.codebooks import get
-    from leechq.formats.artifact import GroupAffine, accounting_report
+    from leechq.formats.accounting import accounting_report
+    from leechq.formats.artifact import GroupAffine
     from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
     from leechq.formats.tetra_dir import DENSE_DIGEST_FILE, DIGEST_FILE, MODEL_FILE
     from leechq.formats.tetra_read import read_tetra_dir
@@ -174,7 +175,7 @@ def tetra_report(directory: str | os.PathLike[str], *, verify: bool = True) -> d
 def run(args: argparse.Namespace) -> int:
     """Print the report of ``args.artifact``, a leechq artifact or a published Tetra directory
     (text, or JSON with ``--json``)."""
-    from leechq.formats.artifact import artifact_report
+    from leechq.formats.accounting import artifact_report
     from leechq.models.convert import is_tetra_dir
 
     verify = not getattr(args, "no_verify", False)

@@ -274,7 +274,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Quantize ``args.model`` into ``args.out``; prints the artifact's rates at the end."""
     from leechq.cli.inspect import format_report
-    from leechq.formats.artifact import artifact_report
+    from leechq.formats.accounting import artifact_report
     from leechq.models.hf_load import load_model
     from leechq.models.load import resolve_device
     from leechq.models.quantize import quantize_model

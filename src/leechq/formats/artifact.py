@@ -26,8 +26,8 @@ commit point, so a crash never leaves a directory that looks complete. Readers v
 and name the file / tensor at fault. Kernels repack at load; nothing here depends on a served
 layout.
 
-Three accounting rules, never mixed (docs/format.md §4): :func:`artifact_report` gives
-kernel bits per quantized weight, whole-model bits per parameter, and the on-disk rate separately.
+The three accounting rates of a written artifact (docs/format.md §4) are
+:func:`leechq.formats.accounting.artifact_report`'s.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import DTYPE_NAMES as _DTYPE_NAMES
 from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
-from leechq.formats.safetensors_io import existing_directory, swap_into_place
+from leechq.formats.safetensors_io import existing_directory, load_tensors, swap_into_place
 from leechq.formats.safetensors_io import expect_tensor as _expect
 from leechq.formats.safetensors_io import fsync_write as _fsync_write
 from leechq.formats.safetensors_io import parse_header as _parse_header
@@ -342,6 +342,23 @@ def clean_stale_partials(out: str | os.PathLike[str]) -> list[Path]:
     return handled
 
 
+def partial_directory(dest: Path, what: str) -> Path:
+    """A new empty ``.<name>.partial-<pid>`` directory beside ``dest``, for a writer to assemble
+    ``dest`` in before :func:`swap_into_place` commits it; what killed earlier writes of ``dest``
+    left is cleaned first (:func:`clean_stale_partials`). Raises :class:`ArtifactError` naming
+    ``dest`` and ``what`` (the thing written) when the directory cannot be made."""
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_partials(dest)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{dest}: cannot create the {what} here: {exc}") from exc
+    return tmp
+
+
 def build_tensors(
     records: Mapping[str, QuantizedWeight | Int4Weight],
     raw: Mapping[str, torch.Tensor | GroupAffine],
@@ -500,15 +517,7 @@ def write_artifact(
         "tied": tied,
         "provenance": dict(provenance or {}),
     }
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_partials(out)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        raise ArtifactError(f"{out}: cannot create the artifact here: {exc}") from exc
+    tmp = partial_directory(out, "artifact")
     try:
         from safetensors.torch import save_file
 
@@ -646,12 +655,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
             raise ArtifactError(f"{cfg_path}: quantization_config.tied.{alias} must be a string")
 
     header = _parse_header(model_path)
-    try:
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(model_path))
-    except Exception as exc:  # safetensors raises its own types; name the file
-        raise ArtifactError(f"{model_path}: unreadable safetensors: {exc}") from exc
+    tensors = load_tensors(model_path)
     if sealed is not None and verify and content_digest(tensors) != sealed:
         raise ArtifactError(
             f"{model_path}: tensors differ from their {CONTENT_KEY} (corrupt file)"
@@ -808,124 +812,3 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         raw_quant=raw_quant,
         tied=tied,
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# accounting
-
-
-def _record_bits(rec: QuantizedWeight | Int4Weight, label_bits: int) -> dict[str, float]:
-    """Bits of one record under the three accounting rules (docs/format.md §4)."""
-    if isinstance(rec, QuantizedWeight):
-        blocks = rec.d_out * rec.n_blocks
-        code = blocks * (label_bits + rec.gain_bits)
-        tail = rec.d_out * rec.tail_cols
-        return {
-            "weights": rec.d_out * rec.d_in,
-            "code": code,
-            # kernel: payload + tail at 32 + row scale at 32 (centroids excluded)
-            "kernel": code + 32 * tail + 32 * rec.d_out,
-            # served: payload + f16 tail + f32 row scales + f32 centroids
-            "served": code + 16 * tail + 32 * rec.d_out + 32 * rec.centroids.numel(),
-            # stored: byte-aligned codes, f64 scales and centroids, f32 tail
-            "stored": 8 * block_bytes(label_bits, rec.gain_bits) * blocks
-            + 64 * rec.d_out
-            + 64 * rec.centroids.numel()
-            + 32 * tail,
-        }
-    groups = rec.scales.numel()
-    n = rec.d_out * rec.d_in
-    return {
-        "weights": n,
-        "code": 4 * n,
-        "kernel": 4 * n + 32 * groups,
-        "served": 4 * n + 32 * groups,
-        "stored": 4 * n + 32 * groups,
-    }
-
-
-def artifact_report(directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
-    """Per-matrix rates and the three accounting rates of an artifact, reported separately.
-
-    Returns a JSON-ready dict with ``matrices`` (per record: kind, shape, code/kernel/stored bits
-    per weight) and ``rates``:
-
-    * ``kernel_bits_per_weight`` — bits a kernel streams per quantized weight (payload + 32-bit tail
-      + 32-bit row scale), over the records only (the projections, and a lattice-coded embedding;
-      tail columns in the denominator);
-    * ``whole_model_bits_per_param`` — every weight bit the served model keeps (f16 tails, f32 row
-      scales, int4 with f16 scale/offset, group-affine tables, float tensors at 16 bits) over all
-      parameters, embedding included and a tied head counted once;
-    * ``on_disk_bits_per_param`` — ``model.safetensors`` bytes × 8 over all parameters (also given
-      for the whole directory), plus ``projection_stored_bits_per_weight``, the exact stored bits of
-      the records over the quantized weights.
-
-    ``verified`` says whether every file's sha256 was checked against the manifest (``verify``);
-    everything else of :func:`read_artifact` (sizes, schema, tensors, magnitudes) is always checked.
-    """
-    art = read_artifact(directory, verify=verify)
-    from leechq.codebooks import get
-
-    label_bits = get(art.quant_config.codebook).label_bits
-    return {
-        "codebook": art.quant_config.codebook,
-        "verified": bool(verify),
-        "config": art.quant_config.to_dict(),
-        **accounting_report(art.records, [*art.raw.values(), *art.raw_quant.values()],
-                            label_bits, directory),
-    }
-
-
-def accounting_report(records: dict[str, Any], raw: list[Any], label_bits: int,
-                      directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``matrices``, ``counts`` and ``rates`` of :func:`artifact_report` for any reader's
-    records (``QuantizedWeight`` / ``Int4Weight``) and raw values (tensors, counted at 16 bits
-    when floating and at their element size otherwise, or ``GroupAffine`` tables) of the model
-    stored in ``directory`` (its ``model.safetensors`` and files give the on-disk rates)."""
-    matrices: dict[str, Any] = {}
-    tot = {"weights": 0.0, "code": 0.0, "kernel": 0.0, "served": 0.0, "stored": 0.0}
-    for name, rec in records.items():
-        b = _record_bits(rec, label_bits)
-        for k in tot:
-            tot[k] += b[k]
-        w = b["weights"]
-        matrices[name] = {
-            "kind": "lattice" if isinstance(rec, QuantizedWeight) else "int4",
-            "shape": [rec.d_out, rec.d_in],
-            "code_bits_per_weight": b["code"] / w,
-            "kernel_bits_per_weight": b["kernel"] / w,
-            "stored_bits_per_weight": b["stored"] / w,
-        }
-    raw_params = 0
-    raw_served = 0.0
-    for value in raw:
-        if isinstance(value, GroupAffine):
-            n = value.rows * value.cols
-            raw_params += n
-            raw_served += n * value.bits + 32 * value.scales.numel()
-        else:
-            raw_params += value.numel()
-            raw_served += value.numel() * (16 if value.is_floating_point()
-                                           else 8 * value.element_size())
-    params = tot["weights"] + raw_params
-    model_bytes = (Path(directory) / MODEL_FILE).stat().st_size
-    dir_bytes = sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file())
-    return {
-        "matrices": matrices,
-        "counts": {
-            "quantized_weights": int(tot["weights"]),
-            "parameters": int(params),
-            "lattice_records": sum(isinstance(r, QuantizedWeight) for r in records.values()),
-            "int4_records": sum(isinstance(r, Int4Weight) for r in records.values()),
-            "model_safetensors_bytes": model_bytes,
-            "directory_bytes": dir_bytes,
-        },
-        "rates": {
-            "code_bits_per_weight": tot["code"] / max(1.0, tot["weights"]),
-            "kernel_bits_per_weight": tot["kernel"] / max(1.0, tot["weights"]),
-            "projection_stored_bits_per_weight": tot["stored"] / max(1.0, tot["weights"]),
-            "whole_model_bits_per_param": (tot["served"] + raw_served) / max(1.0, params),
-            "on_disk_bits_per_param": 8.0 * model_bytes / max(1.0, params),
-            "on_disk_directory_bits_per_param": 8.0 * dir_bytes / max(1.0, params),
-        },
-    }

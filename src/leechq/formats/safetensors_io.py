@@ -89,6 +89,17 @@ def parse_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors file ``path`` (CPU, stored dtypes); a file safetensors cannot
+    read raises :class:`ArtifactError` naming it."""
+    try:
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own types; name the file
+        raise ArtifactError(f"{path}: unreadable safetensors: {exc}") from exc
+
+
 def expect_tensor(
     tensors: Mapping[str, torch.Tensor],
     key: str,

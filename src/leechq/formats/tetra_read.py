@@ -28,6 +28,7 @@ from leechq.formats.artifact import CONFIG_FILE, MODEL_FILE, GroupAffine, _expec
 from leechq.formats.integrity import check_record_magnitudes, load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
+from leechq.formats.safetensors_io import load_tensors
 from leechq.formats.tetra_dir import (
     _RESERVED_FILES,
     _WORD_BYTES,
@@ -168,12 +169,7 @@ def read_tetra_dir(
                 "cannot be verified (pass verify=False, or --no-verify, to read it unchecked)"
             )
     header = _parse_header(model_path)
-    try:
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(model_path))
-    except Exception as exc:  # safetensors raises its own types; name the file
-        raise ArtifactError(f"{model_path}: unreadable safetensors: {exc}") from exc
+    tensors = load_tensors(model_path)
     used: set[str] = set()
 
     def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:

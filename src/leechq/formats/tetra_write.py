@@ -31,7 +31,7 @@ from leechq.formats.artifact import (
     _fsync_write,
     _rotation_key,
     check_output_path,
-    clean_stale_partials,
+    partial_directory,
     read_artifact,
 )
 from leechq.formats.integrity import load_json
@@ -303,15 +303,7 @@ def write_tetra_dir(
     dense = dense_digest(recs, norm_raw)
     field_recs, field_rots, field_raw = _field_digests(recs, norm_raw)
 
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_partials(dest)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        raise ArtifactError(f"{dest}: cannot create the directory here: {exc}") from exc
+    tmp = partial_directory(dest, "directory")
     try:
         from safetensors.torch import save_file
 

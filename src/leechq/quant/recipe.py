@@ -30,7 +30,7 @@ Every step shows a progress bar with a time estimate (tqdm) when ``progress`` is
 
 The planned accounting (whole-model bits per parameter, rule 2 of docs/format.md §4) comes from
 :mod:`leechq.formats.accounting`; the written artifact's three rates come from
-:func:`leechq.formats.artifact.artifact_report`.
+:func:`leechq.formats.accounting.artifact_report`.
 
 This module is model-agnostic (layer ``quant``): the caller supplies ``quantize_fn`` (e.g.
 :func:`leechq.models.quantize.quantize_model_in_place`) and the embedding / head tensor names.
