@@ -155,10 +155,13 @@ Measured (smollm2-135m, 2.70 b/param, H100, 32 768 tokens of the five-domain def
 100 steps on 600 windows took the docs' perplexity ratio to ×1.215 and the unseen domain's to
 ×1.719, 300 steps on the same windows to ×1.149 and ×1.640 (paired 95 % intervals of 100 minus 300
 steps +0.055…+0.077 and +0.062…+0.098), 600 steps on 1 200 windows to ×1.121 and ×1.592 (a
-separate run on the same held-out windows), the monitor keeping the last step each time. Tetra
-tracked the ball within 0.01 at 100 and 300 steps. 300 steps on 64 windows gained in-domain only:
-more steps pay with more text, not on the same windows again. The cost is linear in the steps:
-309 s for 600 on that GPU, about 2 s a step at Qwen3-8B shape."""
+separate run on the same held-out windows), the monitor keeping the last step each time. On
+Tetra, one full result tuned for 600, 300 and 900 steps: ×1.112 and ×1.601 at 600; 300 minus 600
+steps +0.013…+0.025 and +0.028…+0.054; 900 minus 600 steps −0.012…−0.003 and −0.007…+0.009, so
+steps past 600 gain a little in the calibration's domains and nothing on the unseen one. 300 steps
+on 64 windows gained in-domain only: more steps pay with more text, not on the same windows again.
+The cost is linear in the steps: 600 took 309 s (ball) and 173 s (Tetra) on that GPU, about 2 s a
+step at Qwen3-8B shape."""
 
 
 def tune_settings(steps: int = DEFAULT_TUNE_STEPS, seconds: float = 0.0) -> TuneConfig | None:
