@@ -489,24 +489,39 @@ def _prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ..
     return unit.to(torch.float32), nonzero, shape
 
 
-def _trials(
+def scale_trials(
     unit: torch.Tensor,
-    search: Callable[[torch.Tensor], torch.Tensor],
+    search: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     norms: tuple[float, ...],
     refine: int,
+    *,
+    dim: int = -1,
 ) -> torch.Tensor:
-    """Run the scale schedule with ``search(z) -> labels`` and keep the best ratio per block."""
-    n = unit.shape[0]
+    """Run the scale schedule and keep the best ratio ``⟨u, y⟩/‖y‖`` per block (ties → the earlier
+    trial); each trial's ``refine`` Lloyd steps retarget by ``λ = ⟨u, y⟩/‖y‖²``.
+
+    Args:
+        unit: float32 unit blocks, the 24 coordinates along ``dim`` ([N, 24] with ``dim=-1``, or
+            [24, N] with ``dim=0``); any coordinate order the search takes.
+        search: ``search(z) -> (labels int64 [N], points)``, the points laid out as ``z``.
+        norms: the trial norms (lattice units).
+        refine: Lloyd steps after each trial.
+        dim: the axis of ``unit`` that holds a block's 24 coordinates.
+
+    Returns:
+        int64 labels [N].
+    """
+    n = unit.shape[1 if dim in (0, -2) else 0]
     best_labels = torch.zeros(n, dtype=torch.int64, device=unit.device)
     best_ratio = torch.full((n,), NEG, dtype=torch.float64, device=unit.device)
     u64 = unit.to(torch.float64)
     for norm in norms:
         z = unit * norm
         for step in range(refine + 1):
-            labels = search(z)
-            y = decode(labels).to(torch.float64)
-            ip = (u64 * y).sum(-1)
-            n2 = (y * y).sum(-1)
+            labels, points = search(z)
+            y = points.to(torch.float64)
+            ip = (u64 * y).sum(dim)
+            n2 = (y * y).sum(dim)
             ratio = torch.where(n2 > 0, ip / n2.clamp_min(1).sqrt(), torch.full_like(ip, NEG))
             better = ratio > best_ratio
             best_ratio = torch.where(better, ratio, best_ratio)
@@ -515,8 +530,16 @@ def _trials(
                 # Lloyd step: the scale λ = ⟨x, y⟩/‖y‖² minimizes ‖x − λy‖²; target x/λ.
                 good = (ip > 0) & (n2 > 0)
                 factor = torch.where(good, n2 / ip.clamp_min(1e-30), torch.full_like(ip, norm))
-                z = unit * factor.to(torch.float32)[:, None]
+                z = unit * factor.to(torch.float32).unsqueeze(dim)
     return best_labels
+
+
+def _decoded(search: Callable[[torch.Tensor], torch.Tensor]):  # type: ignore[no-untyped-def]
+    """``search(z) -> labels`` as :func:`scale_trials` takes it: labels and their decoded points."""
+    def labels_points(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = search(z)
+        return labels, decode(labels)
+    return labels_points
 
 
 @contextmanager
@@ -597,7 +620,8 @@ def encode(
     with _intra_op_threads(unit.device, 1):
         for start in range(0, unit.shape[0], chunk):
             part = unit[start : start + chunk]
-            out[start : start + chunk] = _trials(part, lambda z: _search(z, k)[0], norms, refine)
+            out[start : start + chunk] = scale_trials(
+                part, _decoded(lambda z: _search(z, k)[0]), norms, refine)
     out = torch.where(nonzero, out, torch.zeros_like(out))
     return out.reshape(shape)
 
@@ -706,7 +730,8 @@ def encode_reference(
     """Reference twin of :func:`encode` (same schedule, brute-force inner search; slow)."""
     del chunk
     unit, nonzero, shape = _prepare(x)
-    labels = _trials(unit.cpu(), lambda z: nearest_reference(z)[0], norms, refine).to(unit.device)
+    labels = scale_trials(unit.cpu(), _decoded(lambda z: nearest_reference(z)[0]), norms,
+                          refine).to(unit.device)
     labels = torch.where(nonzero, labels, torch.zeros_like(labels))
     return labels.reshape(shape)
 

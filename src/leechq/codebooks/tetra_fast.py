@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from leechq.codebooks.tetra import pack_fields
-from leechq.codebooks.tetra_encoder import nibble_byte_slots
+from leechq.codebooks.tetra_encoder import nibble_byte_slots, scale_trials
 from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED, rows_ranks, tetra_tables
 
 NT = 12
@@ -699,10 +699,8 @@ def nearest_labels(z: torch.Tensor) -> torch.Tensor:
 
 
 def _trials(unit: torch.Tensor, norms: tuple[float, ...], refine: int) -> torch.Tensor:
-    """The scale schedule of ``tetra_encoder._trials`` with the fast search.
-
-    Same rules (best ratio ``⟨u, y⟩/‖y‖`` over the trials, ties → earlier trial, Lloyd step
-    ``λ ← ⟨u, y⟩/‖y‖²``), computed from the search's points in trio order (no decode).
+    """:func:`leechq.codebooks.tetra_encoder.scale_trials` with the fast search, on the blocks
+    transposed to trio order (the search's points need no decode).
 
     Args:
         unit: float32 [M, 24] unit blocks, natural order.
@@ -712,26 +710,7 @@ def _trials(unit: torch.Tensor, norms: tuple[float, ...], refine: int) -> torch.
     """
     k = _constants(str(unit.device))
     ut = unit.t().index_select(0, k["order"]).contiguous()  # [24, M]
-    u64 = ut.to(torch.float64)
-    m = ut.shape[1]
-    best_labels = torch.zeros(m, dtype=torch.int64, device=ut.device)
-    best_ratio = torch.full((m,), NEG, dtype=torch.float64, device=ut.device)
-    for norm in norms:
-        z = ut * norm
-        for step in range(refine + 1):
-            labels, points = search(z)
-            y = points.to(torch.float64)
-            ip = (u64 * y).sum(0)
-            n2 = (y * y).sum(0)
-            ratio = torch.where(n2 > 0, ip / n2.clamp_min(1).sqrt(), torch.full_like(ip, NEG))
-            better = ratio > best_ratio
-            best_ratio = torch.where(better, ratio, best_ratio)
-            best_labels = torch.where(better, labels, best_labels)
-            if step < refine:
-                good = (ip > 0) & (n2 > 0)
-                factor = torch.where(good, n2 / ip.clamp_min(1e-30), torch.full_like(ip, norm))
-                z = ut * factor.to(torch.float32)[None, :]
-    return best_labels
+    return scale_trials(ut, search, norms, refine, dim=0)
 
 
 def _one_thread() -> None:
