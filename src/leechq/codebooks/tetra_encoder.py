@@ -534,7 +534,9 @@ def scale_trials(
     return best_labels
 
 
-def _decoded(search: Callable[[torch.Tensor], torch.Tensor]):  # type: ignore[no-untyped-def]
+def _decoded(
+    search: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """``search(z) -> labels`` as :func:`scale_trials` takes it: labels and their decoded points."""
     def labels_points(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         labels = search(z)
