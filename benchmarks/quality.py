@@ -379,10 +379,12 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                       "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
                       "int4_over_budget": len(sel.get("rejected_over_budget", [])),
                       "tables_upgraded": sel.get("tables_upgraded", []),
-                      "steps": [st["step"] for st in r.metadata["steps"]]}
+                      "steps": [st["step"] for st in r.metadata["steps"]],
+                      # this run's seconds per step (a step resumed from a checkpoint: its load)
+                      "step_seconds": {st["step"]: round(st["seconds"], 1)
+                                       for st in r.metadata["steps"]}}
             if "tune" in r.metadata:
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
-                detail["tune_seconds"] = r.metadata["steps"][-1]["seconds"]
                 detail["tune_steps"] = r.recipe.tune.steps
                 detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
                 detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
@@ -390,7 +392,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             log(f"{name}{suffix}: recipe {detail['seconds']:.1f} s; int4 {detail['int4']}, "
                 f"gain <= 0 {detail['int4_gain_nonpositive']}, over the budget "
                 f"{detail['int4_over_budget']}, tables upgraded "
-                f"{detail['tables_upgraded'] or 'none'}")
+                f"{detail['tables_upgraded'] or 'none'}; steps (s) {detail['step_seconds']}")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
 

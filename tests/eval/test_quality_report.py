@@ -94,6 +94,11 @@ def test_tune_steps_add_arms_tuned_for_other_step_counts(
     assert set(arms) == {"full", "full+tune", "full+tune steps=3"}
     assert arms["full+tune"]["kl"] != arms["full+tune steps=3"]["kl"] != arms["full"]["kl"]
     assert (arms["full+tune"]["tune_steps"], arms["full+tune steps=3"]["tune_steps"]) == (6, 3)
+    for arm in arms.values():  # each step's seconds, under the step names the row lists
+        assert list(arm["step_seconds"]) == arm["steps"]
+        assert all(t >= 0 for t in arm["step_seconds"].values())
+    assert "tune" in arms["full+tune"]["step_seconds"]
+    assert "tune" not in arms["full"]["step_seconds"]
     assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
         ("full", "full+tune"), ("full+tune steps=3", "full+tune")}
     for bad, says in ((["--tune-steps", "6,-1"], "--tune-steps: give one or more counts >= 0"),
