@@ -67,8 +67,7 @@ from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
 from leechq.formats.safetensors_io import DTYPE_NAMES as _DTYPE_NAMES
 from leechq.formats.safetensors_io import ST_DTYPES as _ST_DTYPES
-from leechq.formats.safetensors_io import existing_directory, load_tensors, swap_into_place
-from leechq.formats.safetensors_io import expect_tensor as _expect
+from leechq.formats.safetensors_io import TensorFile, existing_directory, swap_into_place
 from leechq.formats.safetensors_io import fsync_write as _fsync_write
 from leechq.formats.safetensors_io import parse_header as _parse_header
 from leechq.utils.hashing import sha256_file
@@ -654,18 +653,12 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
         if not isinstance(target, str):
             raise ArtifactError(f"{cfg_path}: quantization_config.tied.{alias} must be a string")
 
-    header = _parse_header(model_path)
-    tensors = load_tensors(model_path)
-    if sealed is not None and verify and content_digest(tensors) != sealed:
+    stored = TensorFile(model_path)
+    if sealed is not None and verify and content_digest(stored.tensors) != sealed:
         raise ArtifactError(
             f"{model_path}: tensors differ from their {CONTENT_KEY} (corrupt file)"
         )
-    used: set[str] = set()
-
-    def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:
-        t = _expect(tensors, key, dtype, shape, f"{model_path} ({ctx})")
-        used.add(key)
-        return t
+    take = stored.take
 
     rotations: dict[str, RotationTables] = {}
     for key, desc in qc["rotations"].items():
@@ -799,9 +792,7 @@ def read_artifact(directory: str | os.PathLike[str], verify: bool = True) -> Art
             raise ArtifactError(
                 f"{cfg_path}: tied alias {alias} points at missing tensor {target!r}"
             )
-    extra = sorted(set(k for k in header if k != "__metadata__") - used)
-    if extra:
-        raise ArtifactError(f"{model_path}: tensors not described by config.json: {extra[:5]}")
+    stored.check_all_taken(CONFIG_FILE)
     check_record_magnitudes(records, str(model_path))
     return Artifact(
         path=root,

@@ -123,6 +123,34 @@ def expect_tensor(
     return t
 
 
+class TensorFile:
+    """One safetensors file opened for reading: its parsed ``header`` and every tensor
+    (``tensors``, CPU, stored dtypes). :meth:`take` hands a tensor out by name with its dtype,
+    shape and finiteness checked and remembers it; :meth:`check_all_taken` then refuses a file
+    holding tensors that no descriptor took."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header = parse_header(path)
+        self.tensors = load_tensors(path)
+        self._taken: set[str] = set()
+
+    def take(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:
+        """``tensors[key]`` (``dtype``, ``shape``), else an :class:`ArtifactError` naming the file,
+        ``ctx`` and the tensor."""
+        t = expect_tensor(self.tensors, key, dtype, shape, f"{self.path} ({ctx})")
+        self._taken.add(key)
+        return t
+
+    def check_all_taken(self, described_by: str) -> None:
+        """Raise :class:`ArtifactError` if the file holds tensors never taken (naming up to four
+        and ``described_by``, the file whose descriptors should have named them)."""
+        extra = sorted(k for k in self.header if k != "__metadata__" and k not in self._taken)
+        if extra:
+            raise ArtifactError(f"{self.path}: {len(extra)} tensor(s) not described by "
+                                f"{described_by}, e.g. {extra[:4]}")
+
+
 def swap_into_place(tmp: Path, dest: Path, check_replaceable: Callable[[Path], None]) -> None:
     """Move the finished directory ``tmp`` to ``dest`` (the commit point of a write).
 

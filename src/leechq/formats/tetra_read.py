@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,11 @@ from leechq.codebooks.base import BLOCK
 from leechq.codebooks.tetra import labels_gains_from_words, words_from_disk_bytes
 from leechq.codebooks.tetra_tables import FINGERPRINT, PUBLISHED_DIGESTS, tetra_tables
 from leechq.errors import ArtifactError, FingerprintMismatch, IncompatibleVersion, InvalidInput
-from leechq.formats.artifact import CONFIG_FILE, MODEL_FILE, GroupAffine, _expect, _parse_header
+from leechq.formats.artifact import CONFIG_FILE, MODEL_FILE, GroupAffine
 from leechq.formats.integrity import check_record_magnitudes, load_json
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.rotation import RotationTables, split_width
-from leechq.formats.safetensors_io import load_tensors
+from leechq.formats.safetensors_io import TensorFile
 from leechq.formats.tetra_dir import (
     _RESERVED_FILES,
     _WORD_BYTES,
@@ -168,14 +168,8 @@ def read_tetra_dir(
                 f"and no {DIGEST_FILE} vouches for the tensors: the file is corrupt or its origin "
                 "cannot be verified (pass verify=False, or --no-verify, to read it unchecked)"
             )
-    header = _parse_header(model_path)
-    tensors = load_tensors(model_path)
-    used: set[str] = set()
-
-    def take(key: str, dtype: torch.dtype, shape: tuple[int, ...], ctx: str) -> torch.Tensor:
-        t = _expect(tensors, key, dtype, shape, f"{model_path} ({ctx})")
-        used.add(key)
-        return t
+    stored = TensorFile(model_path)
+    tensors, take = stored.tensors, stored.take
 
     rotations: dict[str, RotationTables] = {}
     for key, desc in qc["rotations"].items():
@@ -211,8 +205,8 @@ def read_tetra_dir(
         d_out, d_in = _pos_int(desc, "d_out", where), _pos_int(desc, "d_in", where)
         kind = desc.get("kind")
         if kind == TETRA_KIND:
-            records[prefix] = _read_tetra_record(desc, d_out, d_in, prefix, where, ctx, take,
-                                                 tensors, rotations, model_path)
+            records[prefix] = _read_tetra_record(desc, d_out, d_in, prefix, where, ctx, stored,
+                                                 rotations)
         elif kind == INT4_KIND:
             group = _pos_int(desc, "group", where, minimum=2)
             gpr = -(-d_in // group)
@@ -237,12 +231,9 @@ def read_tetra_dir(
     raw: dict[str, RawValue] = {}
     for name, desc in qc["raw"].items():
         ctx = f"raw tensor {name}"
-        raw[name] = _read_raw(name, desc, f"{cfg_path}: {ctx}", ctx, take)
+        raw[name] = _read_raw(name, desc, f"{cfg_path}: {ctx}", ctx, stored.take)
 
-    extra = sorted(k for k in header if k != "__metadata__" and k not in used)
-    if extra:
-        raise ArtifactError(f"{model_path}: {len(extra)} tensor(s) not described by "
-                            f"config.json, e.g. {extra[:4]}")
+    stored.check_all_taken(CONFIG_FILE)
     if check_config:
         base = {k: v for k, v in cfg.items() if k != "quantization_config"}
         _check_against_config(
@@ -267,9 +258,9 @@ def read_tetra_dir(
 
 def _read_tetra_record(
     desc: Mapping[str, Any], d_out: int, d_in: int, prefix: str, where: str, ctx: str,
-    take: Any, tensors: Mapping[str, torch.Tensor], rotations: Mapping[str, RotationTables],
-    model_path: Path,
+    stored: TensorFile, rotations: Mapping[str, RotationTables],
 ) -> QuantizedWeight:
+    take, model_path = stored.take, stored.path
     nblocks, tail_cols = d_in // BLOCK, d_in % BLOCK
     if desc.get("index_bits") != INDEX_BITS or desc.get("gain_bits") != GAIN_BITS \
             or desc.get("n_centroids") != 1 << GAIN_BITS:
@@ -279,7 +270,7 @@ def _read_tetra_record(
                             f"n_centroids {desc.get('n_centroids')!r}")
     # The stream first: its length must be whole words before any size is compared.
     key = f"{prefix}.codes"
-    stream = tensors.get(key)
+    stream = stored.tensors.get(key)
     if stream is None:
         raise ArtifactError(f"{model_path} ({ctx}): missing tensor {key!r}")
     if stream.dtype != torch.uint8 or stream.dim() != 1:
@@ -321,7 +312,9 @@ def _read_tetra_record(
         raise ArtifactError(f"{model_path}: {ctx}: {exc}") from exc
 
 
-def _read_raw(name: str, desc: Any, where: str, ctx: str, take: Any) -> RawValue:
+def _read_raw(
+    name: str, desc: Any, where: str, ctx: str, take: Callable[..., torch.Tensor]
+) -> RawValue:
     if not isinstance(desc, dict):
         raise ArtifactError(f"{where}: descriptor is not an object")
     dims = desc.get("dims")
