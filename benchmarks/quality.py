@@ -274,7 +274,7 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
 def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 wanted: list[str]) -> dict[str, tuple[Any, float, dict[str, Any]]]:
     """The bare / full / full+tune arms: name → (model, bits per parameter, details)."""
-    from leechq.config import QuantConfig
+    from leechq.config import BASE_ROTATION_SEED, QuantConfig
     from leechq.formats.accounting import whole_model_bits
     from leechq.models.arch import arch_of
     from leechq.models.quantize import quantize_model_in_place
@@ -283,10 +283,15 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     from leechq.quant.tune import tune_settings
 
     calib = roles["calib"]
+    # --seed: another draw of the quantizer's own randomness (the rotations, the training windows'
+    # order); the calibration text and the held-out windows stay the same
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
-                      calib_window_len=calib.shape[1], device=args.device)
+                      calib_window_len=calib.shape[1], device=args.device,
+                      rotation_seed=BASE_ROTATION_SEED ^ args.seed)
 
     ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    if ckpt is not None and args.seed:
+        ckpt = ckpt / f"seed{args.seed}"  # another encode, sensitivity pass and training
 
     def encode(model: Any, windows: torch.Tensor, config: Any) -> Any:
         where = None if ckpt is None else ckpt / "encode" / config.digest()[:16]
@@ -318,8 +323,10 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     arch = arch_of(reference)
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
-                          lr=2e-3)
+                          lr=2e-3, seed=args.seed)
     tune = tune_settings(args.tune_steps[0])  # the settings `leechq quantize --recipe full` uses
+    if tune is not None:
+        tune = dataclasses.replace(tune, seed=args.seed)
     topks = args.tune_topk or [None]  # None: the recipe's teacher
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
@@ -354,7 +361,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}")
                          for k in topks[1:]]
             variants += [(steps_arm(n), dataclasses.replace(tune_settings(n),
-                                                             teacher_topk=tune.teacher_topk),
+                                                             teacher_topk=tune.teacher_topk,
+                                                             seed=args.seed),
                           f"-steps{n}") for n in args.tune_steps[1:]]
             for name, settings, tail in variants:
                 results[name] = tune_result(
@@ -602,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="MMLU questions per subject / GSM8K problems [default: all]")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="another draw of the quantizer's randomness: the rotation seed is the "
+                         "default one XOR N and the training windows' order is seeded with N "
+                         "(0: the recipe's own; 0 <= N < 65536)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plot", default=None,
                     help="plot path [default: no plot when measuring; docs/quality.png with "
@@ -642,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.tune_steps) > 1 and not {"full", "full+tune"} <= set(wanted):
         ap.error("several --tune-steps counts tune the full arm's result: "
                  "--arms needs full and full+tune")
+    if not 0 <= args.seed < 1 << 16:
+        ap.error(f"--seed: give 0 <= N < 65536, got {args.seed}")
     if args.tune_topk is not None:
         args.tune_topk = distinct_list(ap, "--tune-topk", args.tune_topk, int, "sizes >= 0",
                                        lambda k: k >= 0)
@@ -750,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                       "calibration": getattr(args, "calibration", "synthetic-a"),
                       "sets": {"in-domain": "synthetic-a" if args.tiny else args.in_domain,
                                "unseen": "synthetic-b" if args.tiny else args.unseen_domain},
+                      "seed": args.seed,
                       "seconds": time.perf_counter() - started, "tiny": args.tiny}))
     return 0
 

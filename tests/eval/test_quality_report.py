@@ -394,3 +394,17 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
     with pytest.raises(SystemExit):
         module.main(["--tiny", "--tasks", "arc"])
     assert "unknown task 'arc'" in capsys.readouterr().err
+
+
+def test_seed_draws_another_encode_and_is_recorded(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--seed N`` re-draws the rotations (another bare encode, other measures) and the JSON says
+    which draw it was; a seed outside 0..65535 is refused by name."""
+    module = _script("quality_seed")
+    argv = ["--tiny", "--arms", "bare", "--boot", "20"]
+    first, other = (_tiny_result(module, argv + extra, capsys) for extra in ([], ["--seed", "7"]))
+    assert (first["seed"], other["seed"]) == (0, 7)
+    kl = [{r["set"]: r["kl"] for r in run["rows"]} for run in (first, other)]
+    assert kl[0].keys() == kl[1].keys() == {"in-domain", "unseen"} and kl[0] != kl[1]
+    with pytest.raises(SystemExit):
+        module.main([*argv, "--seed", "65536"])
+    assert "--seed" in capsys.readouterr().err
