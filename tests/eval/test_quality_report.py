@@ -184,7 +184,8 @@ def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPa
     module = _script("quality_arms")
     monkeypatch.setattr(quantize, "quantize_model_in_place",
                         lambda *a, **k: pytest.fail("a lattice encode for baseline arms"))
-    args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True, checkpoint_dir=None)
+    args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True, checkpoint_dir=None,
+                              seed=0)
     calib = torch.zeros(2, 8, dtype=torch.long)
     assert module.leechq_arms(object(), {"calib": calib}, args, ["rtn", "gptq", "hqq"]) == {}
     with pytest.raises(pytest.fail.Exception, match="lattice encode"):
