@@ -24,11 +24,15 @@ mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
 case $step in
 split)
   # here, not on the GPU host: cut the cached zoo GGUF of ALIAS into gpu_carry/ALIAS-1..N (each
-  # under the 64 MiB carry limit; the first also holds the corpora, the last the offline MMLU)
-  # with a manifest in each
+  # under the 64 MiB carry limit with the tracked tree beside it: 50 MB in the first, which also
+  # holds the corpora and travels with .whl/, 58 MB in the others, the last also holding the
+  # offline MMLU) with a manifest in each; the parts of an earlier split of ALIAS go first
   alias=$2; src=$(ls $HOME/.cache/leechq/zoo/$alias/*.gguf); name=$(basename $src)
   sum=$(sha256sum $src | cut -d' ' -f1)
-  tmp=$(mktemp -d); split -b 50000000 -d -a 2 $src $tmp/$name.part
+  rm -rf gpu_carry/$alias-[0-9]*
+  tmp=$(mktemp -d); head -c 50000000 $src > $tmp/$name.part00
+  tail -c +50000001 $src | split -b 58000000 -d -a 2 --numeric-suffixes=1 - $tmp/$name.part
+  find $tmp -mindepth 1 -empty -delete
   n=$(ls $tmp | wc -l); i=0
   for f in $tmp/*; do
     i=$((i + 1)); d=gpu_carry/$alias-$i; mkdir -p $d; mv $f $d/
