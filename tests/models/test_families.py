@@ -171,7 +171,8 @@ def test_full_recipe_on_a_mixture_of_experts_and_an_all_int4_budget(
     src, dense = save_family_model(tmp_path, family)
     out = tmp_path / "q"
     argv = ["quantize", str(src), str(out), "--recipe", "full", "--target-bpp", bpp]
-    argv += ["--calib-tokens", "64", "--window", "32", "--train-steps", "2", "--train-tokens", "64"]
+    argv += ["--calib-tokens", "64", "--window", "32", "--train-steps", "2", "--train-tokens", "64",
+             "--tune-steps", "2"]
     argv += ["--calib-data", str(_calib_file(tmp_path, 3000)), "--device", "cpu"]
     assert main(argv) == 0
     ours, _ = load(out, device="cpu")
