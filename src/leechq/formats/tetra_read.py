@@ -231,7 +231,7 @@ def read_tetra_dir(
     raw: dict[str, RawValue] = {}
     for name, desc in qc["raw"].items():
         ctx = f"raw tensor {name}"
-        raw[name] = _read_raw(name, desc, f"{cfg_path}: {ctx}", ctx, stored.take)
+        raw[name] = _read_raw(name, desc, f"{cfg_path}: {ctx}", ctx, take)
 
     stored.check_all_taken(CONFIG_FILE)
     if check_config:
