@@ -278,7 +278,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     from leechq.formats.accounting import whole_model_bits
     from leechq.models.arch import arch_of
     from leechq.models.quantize import quantize_model_in_place
-    from leechq.quant.recipe import resolve_recipe, run_recipe, tune_result
+    from leechq.quant.recipe import run_recipe, tune_result
+    from leechq.quant.recipe_spec import resolve_recipe
     from leechq.quant.row_scales import RowScaleConfig
     from leechq.quant.tune import tune_settings
 

@@ -64,7 +64,8 @@ import torch
 from leechq.config import QuantConfig
 from leechq.formats.accounting import artifact_report
 from leechq.formats.artifact import read_artifact
-from leechq.quant.recipe import Recipe, resolve_recipe, run_recipe
+from leechq.quant.recipe import run_recipe
+from leechq.quant.recipe_spec import Recipe, resolve_recipe
 from leechq.quant.row_scales import RowScaleConfig, set_module_weights
 from leechq.quant.tune import TuneConfig
 

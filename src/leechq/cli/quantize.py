@@ -143,7 +143,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     from leechq.data import consecutive_windows
     from leechq.errors import InvalidInput
     from leechq.models.quantize import quantize_model_in_place
-    from leechq.quant.recipe import resolve_recipe, run_recipe
+    from leechq.quant.recipe import run_recipe
+    from leechq.quant.recipe_spec import resolve_recipe
     from leechq.quant.row_scales import RowScaleConfig
 
     out = Path(args.out)

@@ -20,7 +20,7 @@ from leechq.formats.artifact import GroupAffine
 from leechq.formats.quantized_weight import QuantizedWeight
 
 if TYPE_CHECKING:
-    from leechq.quant.recipe import Recipe
+    from leechq.quant.recipe_spec import Recipe
 
 
 def table_records(
