@@ -325,9 +325,14 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head = f"{arch.head_path}.weight" if getattr(arch, "head_path", None) else None
     rows = RowScaleConfig(steps=args.train_steps, warmup_steps=max(1, args.train_steps // 10),
                           lr=2e-3, seed=args.seed)
-    tune = tune_settings(args.tune_steps[0])  # the settings `leechq quantize --recipe full` uses
-    if tune is not None:
-        tune = dataclasses.replace(tune, seed=args.seed)
+
+    def tune_for(steps: int) -> Any:
+        """The settings `leechq quantize --recipe full` tunes ``steps`` steps with (None for 0),
+        the windows' order seeded with ``--seed``."""
+        settings = tune_settings(steps)
+        return None if settings is None else dataclasses.replace(settings, seed=args.seed)
+
+    tune = tune_for(args.tune_steps[0])
     topks = args.tune_topk or [None]  # None: the recipe's teacher
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
@@ -361,9 +366,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             variants = [("full+tune", tune, "")]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}")
                          for k in topks[1:]]
-            variants += [(steps_arm(n), dataclasses.replace(tune_settings(n),
-                                                             teacher_topk=tune.teacher_topk,
-                                                             seed=args.seed),
+            variants += [(steps_arm(n), dataclasses.replace(tune_for(n),
+                                                             teacher_topk=tune.teacher_topk),
                           f"-steps{n}") for n in args.tune_steps[1:]]
             for name, settings, tail in variants:
                 results[name] = tune_result(
