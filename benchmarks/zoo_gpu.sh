@@ -11,8 +11,8 @@
 #   ball              leechq quantize --codebook ball on CUDA, then eval (CPU, f32, 8x512 held out)
 #   recipe            benchmarks/recipe_ablation.py at full depth on CUDA (Tetra), artifact kept
 #   quality CB [ALIAS [ARGS]] benchmarks/quality.py at full depth on CUDA: bare, full, full+tune
-#   quality-start CB ALIAS [ARGS]  the same, detached: it runs on across calls
-#   quality-wait [SECS]       follow the detached run for up to SECS; its log and JSON to $OUT
+#   quality-start CB ALIAS [ARGS]  the same, detached as job $JOB: it runs on across calls
+#   quality-wait [SECS]       follow the detached jobs for up to SECS; logs and JSON to $OUT
 #   serve             the kept artifact: leechq run/chat on CUDA; GPU tests of the model paths
 # Results go to $OUT.
 set -u
@@ -105,22 +105,29 @@ quality)
   echo "rc $?"; tail -12 $OUT/quality-$cb.log; tail -12 $OUT/quality-$cb.json | cut -c1-400
   ;;
 quality-start)
-  # as `quality`, detached (setsid, no time limit): it runs on across calls until it ends or the
-  # machine goes back, so a run longer than one call needs no resume; `quality-wait` follows it
+  # as `quality`, detached (setsid, no time limit) as job $JOB (default q): it runs on across calls
+  # until it ends or the machine goes back, so a run longer than one call needs no resume; several
+  # jobs may run side by side; `quality-wait` follows them
   cb=${2:-tetra}; m=${3:-smollm2-135m}; shift 3 2> /dev/null
-  B=$Z/bg; rm -rf $B; mkdir -p $B
+  B=$Z/jobs/${JOB:-q}; rm -rf $B; mkdir -p $B
   setsid nohup bash -c 'python benchmarks/quality.py --models "$0" --arms bare,full,full+tune \
     --codebook "$1" --device cuda --compare-to full --plot '$B'/quality-"$1".png "${@:2}" \
     > '$B'/quality.json 2> '$B'/quality.log; echo $? > '$B'/rc' $m $cb "$@" \
     < /dev/null > /dev/null 2>&1 &
-  sleep 2; echo "started: $(cat $B/quality.log 2> /dev/null | tail -1)"
+  sleep 2; echo "started ${JOB:-q}: $(tail -1 $B/quality.log 2> /dev/null)"
   ;;
 quality-wait)
-  # wait up to SECS (default 540) for the run `quality-start` began; its log and JSON so far to $OUT
-  B=$Z/bg; end=$((SECONDS + ${2:-540}))
-  while [ ! -f $B/rc ] && [ $SECONDS -lt $end ]; do sleep 5; done
-  cp $B/quality* $OUT/ 2> /dev/null; tail -12 $B/quality.log
-  if [ -f $B/rc ]; then echo "rc $(cat $B/rc)"; tail -12 $B/quality.json | cut -c1-400; fi
+  # wait up to SECS (default 540) for every job `quality-start` began; each job's log and JSON so
+  # far to $OUT as JOB-quality.{log,json}
+  end=$((SECONDS + ${2:-540}))
+  while ls $Z/jobs/*/quality.log > /dev/null 2>&1 && [ $SECONDS -lt $end ]; do
+    left=0; for B in $Z/jobs/*; do [ -f $B/rc ] || left=1; done
+    [ $left = 0 ] && break; sleep 5
+  done
+  for B in $Z/jobs/*; do
+    j=$(basename $B); cp $B/quality.log $OUT/$j-quality.log; cp $B/quality.json $OUT/$j-quality.json
+    echo "== $j: $([ -f $B/rc ] && echo "rc $(cat $B/rc)" || echo running)"; tail -6 $B/quality.log
+  done
   ;;
 serve)
   A=$Z/smol-full
