@@ -14,6 +14,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  against another teacher cache (0: the full teacher every step);
                  ``--tune-steps 300,100`` adds ``full+tune steps=100``: the same full result
                  tuned for 100 steps on the same training text;
+                 ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
+                 int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
+                 matrices swapped in without the re-encode after the choice;
                  ``--train-tokens auto,32768`` adds ``full+tune train=32768``: the same encode
                  and sensitivity pass, the row scales and tuning trained on the first 32 768
                  tokens of the training windows (``auto``: as many windows as the steps read,
@@ -374,6 +377,29 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                     res, reference, settings, roles["train"][0],
                     monitor_windows=roles["monitor"], progress=not args.tiny,
                     checkpoint_dir=None if where is None else Path(f"{where}{tail}"))
+        if args.int4_post_hoc:
+            # the same encode and sensitivity pass, the chosen int4 matrices swapped in as their
+            # round-to-nearest records with no re-encode of the lattice ones after them
+            swap = resolve_recipe("full", target, row_scales=rows, **head_bits,
+                                  tune=None if "full" in wanted else tune, requantize=False,
+                                  sensitivity_windows=roles["sens"].shape[0],
+                                  sensitivity_window_len=roles["sens"].shape[1],
+                                  device=args.device)
+            here = {k: Path(f"{v}-post-hoc") for k, v in kept_here.items()
+                    if k != "sensitivity_checkpoint_dir"}
+            res_swap = run_recipe(
+                reference, calib, cfg, swap, quantize_fn=encode,
+                embed_name=f"{arch.embed_path}.weight", head_name=head,
+                train_windows=roles["train"][0], sensitivity_windows=roles["sens"],
+                monitor_windows=roles["monitor"], student=copy.deepcopy(student), encoded=enc,
+                sensitivity=measured, progress=not args.tiny, **here)
+            if "full" in wanted:
+                results[post_hoc_arm("full")] = res_swap
+            if "full+tune" in wanted:
+                results[post_hoc_arm("full+tune")] = res_swap if "full" not in wanted else \
+                    tune_result(res_swap, reference, tune, roles["train"][0],
+                                monitor_windows=roles["monitor"], progress=not args.tiny,
+                                checkpoint_dir=here.get("tune_checkpoint_dir"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
             more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
                                   sensitivity_windows=roles["sens"].shape[0],
@@ -414,6 +440,12 @@ def topk_arm(k: int) -> str:
     """The name of a further ``--tune-topk`` arm: ``full+tune topk=K`` (``K`` = 0: the full
     teacher every step)."""
     return f"full+tune topk={k}"
+
+
+def post_hoc_arm(arm: str) -> str:
+    """The name of an ``--int4-post-hoc`` arm: ``full int4=post-hoc`` or ``full+tune
+    int4=post-hoc``."""
+    return f"{arm} int4=post-hoc"
 
 
 def steps_arm(steps: int) -> str:
@@ -595,6 +627,11 @@ def main(argv: list[str] | None = None) -> int:
                          "K adds an arm 'full+tune topk=K', the same full result tuned against "
                          "that teacher (with --compare-to full+tune: a paired interval between "
                          "the two teachers)")
+    ap.add_argument("--int4-post-hoc", action="store_true",
+                    help="add 'full int4=post-hoc' / 'full+tune int4=post-hoc' beside each of "
+                         "full / full+tune wanted: the same encode and sensitivity pass, the "
+                         "chosen int4 matrices swapped in without the recipe's re-encode of the "
+                         "lattice matrices (Recipe.requantize off)")
     ap.add_argument("--llama-cpp", default=None, metavar="DIR",
                     help="directory of the user's built llama.cpp tools (llama-quantize, "
                          "llama-imatrix) for the llamacpp arms [default: PATH]")
@@ -667,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.tune_topk) > 1 and not {"full", "full+tune"} <= set(wanted):
             ap.error("several --tune-topk sizes tune the full arm's result: "
                      "--arms needs full and full+tune")
+    if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):
+        ap.error("--int4-post-hoc varies the full arms: --arms needs full or full+tune")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps = min(args.train_steps, 6)

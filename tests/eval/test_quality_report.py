@@ -111,6 +111,29 @@ def test_tune_steps_add_arms_tuned_for_other_step_counts(
         assert says in capsys.readouterr().err
 
 
+def test_int4_post_hoc_adds_arms_without_the_re_encode(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--int4-post-hoc`` adds ``full int4=post-hoc`` and ``full+tune int4=post-hoc``: the same
+    int4 choice at the same bits, swapped in without the recipe's re-encode (so other measures),
+    with a paired interval to ``full+tune``; without a full arm it is refused."""
+    module = _script("quality_int4_post_hoc")
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--int4-post-hoc",
+                                   "--boot", "20", "--compare-to", "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full int4=post-hoc", "full+tune int4=post-hoc"}
+    assert arms["full"]["int4"] > 0  # a choice to apply two ways
+    for name in ("full", "full+tune"):
+        swapped = arms[f"{name} int4=post-hoc"]
+        assert (swapped["int4"], swapped["bpp"]) == (arms[name]["int4"], arms[name]["bpp"])
+        assert swapped["kl"] != arms[name]["kl"]
+    assert "tune" in arms["full+tune int4=post-hoc"]["steps"]
+    assert ("full+tune int4=post-hoc", "full+tune") in {
+        (i["arm"], i["vs"]) for i in result["intervals"]}
+    with pytest.raises(SystemExit):
+        module.main(["--tiny", "--arms", "rtn", "--int4-post-hoc"])
+    assert "--int4-post-hoc varies the full arms" in capsys.readouterr().err
+
+
 def test_train_tokens_add_arms_trained_on_less_text(capsys: pytest.CaptureFixture[str]) -> None:
     """``--train-tokens auto,256`` trains a second full+tune arm on the first 4 of the training
     windows (the tiny run's 64-token windows), from the same encode, with a paired interval to
