@@ -98,11 +98,11 @@ def check_out(out: str, force: bool) -> None:
     """Refuse an OUT that cannot be written, or that exists and may not be replaced, before the
     model is loaded: a new OUT must be creatable; an existing one needs ``--force`` and must be a
     complete leechq artifact (never a folder of other files,
-    :func:`leechq.formats.artifact.check_replaceable`)."""
+    :func:`leechq.formats.output_paths.check_replaceable`)."""
     from pathlib import Path
 
     from leechq.errors import InvalidInput
-    from leechq.formats.artifact import check_output_path, check_replaceable
+    from leechq.formats.output_paths import check_output_path, check_replaceable
 
     check_output_path(out)
     path = Path(out)

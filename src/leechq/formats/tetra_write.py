@@ -30,11 +30,10 @@ from leechq.formats.artifact import (
     TensorSink,
     _fsync_write,
     _rotation_key,
-    check_output_path,
-    partial_directory,
     read_artifact,
 )
 from leechq.formats.integrity import load_json
+from leechq.formats.output_paths import check_output_path, partial_directory
 from leechq.formats.quantized_weight import Int4Weight, QuantizedWeight
 from leechq.formats.safetensors_io import existing_directory, swap_into_place
 from leechq.formats.tetra_dir import (

@@ -32,12 +32,8 @@ import torch
 
 from leechq.config import CONTROL_CODEBOOKS, QuantConfig
 from leechq.errors import InvalidInput
-from leechq.formats.artifact import (
-    GroupAffine,
-    check_output_path,
-    check_replaceable,
-    write_artifact,
-)
+from leechq.formats.artifact import GroupAffine, write_artifact
+from leechq.formats.output_paths import check_output_path, check_replaceable
 from leechq.models.arch import ArchSpec, arch_of
 from leechq.models.experts import split_experts
 from leechq.quant.calibration import token_digest
