@@ -61,6 +61,27 @@ def test_int4_exact_arithmetic_and_layout() -> None:
     assert float((err / s).max()) <= 0.5 + 1e-3  # nearest level under the stored scale/bias
 
 
+def test_int4_codes_are_the_nearest_level_lowest_on_a_tie() -> None:
+    """Every code is, of all 16 levels ``f32(scale·k) + bias``, the one nearest the weight (the
+    lowest on a tie): random rows, a constant group (scale 0 → 1), a short last group, and weights
+    on the midpoints between levels."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 200, generator=g) * torch.logspace(-3, 1, 64).unsqueeze(1)
+    w[0, :128] = 0.25  # a constant group
+    q0 = Int4Weight.quantize(w)
+    col = torch.arange(200) // 128
+    s, b = q0.scales.float()[:, col], q0.biases.float()[:, col]
+    w[1:9] = (s[1:9] * (torch.randint(0, 15, (8, 200), generator=g).float() + 0.5)) + b[1:9]
+    for weight in (w, w[:, :192]):
+        q = Int4Weight.quantize(weight)
+        cols = weight.shape[1]
+        s = q.scales.float()[:, torch.arange(cols) // 128]
+        b = q.biases.float()[:, torch.arange(cols) // 128]
+        levels = torch.arange(16, dtype=torch.float32).view(16, 1, 1)
+        err = ((s * levels) + b - weight).abs()  # [16, rows, cols]
+        assert torch.equal(q.codes().long(), err.argmin(dim=0))
+
+
 def test_int4_bad_input() -> None:
     with pytest.raises(UnsupportedShape):
         Int4Weight.quantize(torch.randn(2, 5))
