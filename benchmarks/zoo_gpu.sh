@@ -125,6 +125,7 @@ quality-wait)
     [ $left = 0 ] && break; sleep 5
   done
   for B in $Z/jobs/*; do
+    [ -d $B ] || { echo "no job started"; break; }
     j=$(basename $B); cp $B/quality.log $OUT/$j-quality.log; cp $B/quality.json $OUT/$j-quality.json
     echo "== $j: $([ -f $B/rc ] && echo "rc $(cat $B/rc)" || echo running)"; tail -6 $B/quality.log
   done
