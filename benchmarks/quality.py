@@ -342,30 +342,44 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
+    def full_result(target: float, settings: Any, train: torch.Tensor, sensitivity: Any, *,
+                    requantize: bool = True, **checkpoints: Any) -> Any:
+        """The full recipe at ``target`` b/param from the bare encode, tuned with ``settings``
+        (None: not tuned), trained on ``train``; the int4 choice re-encoded or swapped in post
+        hoc (``requantize``)."""
+        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=settings,
+                                requantize=requantize,
+                                sensitivity_windows=roles["sens"].shape[0],
+                                sensitivity_window_len=roles["sens"].shape[1],
+                                device=args.device)
+        return run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
+                          embed_name=f"{arch.embed_path}.weight", head_name=head,
+                          train_windows=train, sensitivity_windows=roles["sens"],
+                          monitor_windows=roles["monitor"], student=copy.deepcopy(student),
+                          encoded=enc, sensitivity=sensitivity, progress=not args.tiny,
+                          **checkpoints)
+
+    def tuned(res: Any, settings: Any, checkpoint_dir: Path | None) -> Any:
+        """``res`` (a full result) tuned with ``settings`` on the first training windows."""
+        return tune_result(res, reference, settings, roles["train"][0],
+                           monitor_windows=roles["monitor"], progress=not args.tiny,
+                           checkpoint_dir=checkpoint_dir)
+
     t0 = time.perf_counter()
     measured = None  # the sensitivity pass, measured at the first budget and reused at the others
     for target in args.target_bpp:
         suffix = budget_suffix(args, target)
         # full+tune continues the full arm's result when both are wanted (one encode and one
         # sensitivity pass for the two)
-        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits,
-                                tune=None if "full" in wanted else tune,
-                                sensitivity_windows=roles["sens"].shape[0],
-                                sensitivity_window_len=roles["sens"].shape[1],
-                                device=args.device)
+        first = None if "full" in wanted else tune
         kept_here = kept(target)
-        res = run_recipe(reference, calib, cfg, recipe, quantize_fn=encode,
-                         embed_name=f"{arch.embed_path}.weight", head_name=head,
-                         train_windows=roles["train"][0], sensitivity_windows=roles["sens"],
-                         monitor_windows=roles["monitor"], student=copy.deepcopy(student),
-                         encoded=enc, sensitivity=measured, progress=not args.tiny,
-                         **kept_here)
+        res = full_result(target, first, roles["train"][0], measured, **kept_here)
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
+        where = kept_here.get("tune_checkpoint_dir")
         if "full" in wanted and "full+tune" in wanted:
             # the same full result tuned once per teacher (--tune-topk) and step count
             # (--tune-steps), each with its own resumable checkpoint
-            where = kept_here.get("tune_checkpoint_dir")
             variants = [("full+tune", tune, "")]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}")
                          for k in topks[1:]]
@@ -373,44 +387,22 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                                              teacher_topk=tune.teacher_topk),
                           f"-steps{n}") for n in args.tune_steps[1:]]
             for name, settings, tail in variants:
-                results[name] = tune_result(
-                    res, reference, settings, roles["train"][0],
-                    monitor_windows=roles["monitor"], progress=not args.tiny,
-                    checkpoint_dir=None if where is None else Path(f"{where}{tail}"))
+                results[name] = tuned(res, settings,
+                                      None if where is None else Path(f"{where}{tail}"))
         if args.int4_post_hoc:
             # the same encode and sensitivity pass, the chosen int4 matrices swapped in as their
             # round-to-nearest records with no re-encode of the lattice ones after them
-            swap = resolve_recipe("full", target, row_scales=rows, **head_bits,
-                                  tune=None if "full" in wanted else tune, requantize=False,
-                                  sensitivity_windows=roles["sens"].shape[0],
-                                  sensitivity_window_len=roles["sens"].shape[1],
-                                  device=args.device)
             here = {k: Path(f"{v}-post-hoc") for k, v in kept_here.items()
                     if k != "sensitivity_checkpoint_dir"}
-            res_swap = run_recipe(
-                reference, calib, cfg, swap, quantize_fn=encode,
-                embed_name=f"{arch.embed_path}.weight", head_name=head,
-                train_windows=roles["train"][0], sensitivity_windows=roles["sens"],
-                monitor_windows=roles["monitor"], student=copy.deepcopy(student), encoded=enc,
-                sensitivity=measured, progress=not args.tiny, **here)
+            swapped = full_result(target, first, roles["train"][0], measured, requantize=False,
+                                  **here)
             if "full" in wanted:
-                results[post_hoc_arm("full")] = res_swap
+                results[post_hoc_arm("full")] = swapped
             if "full+tune" in wanted:
-                results[post_hoc_arm("full+tune")] = res_swap if "full" not in wanted else \
-                    tune_result(res_swap, reference, tune, roles["train"][0],
-                                monitor_windows=roles["monitor"], progress=not args.tiny,
-                                checkpoint_dir=here.get("tune_checkpoint_dir"))
+                results[post_hoc_arm("full+tune")] = swapped if "full" not in wanted else \
+                    tuned(swapped, tune, here.get("tune_checkpoint_dir"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
-            more = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=tune,
-                                  sensitivity_windows=roles["sens"].shape[0],
-                                  sensitivity_window_len=roles["sens"].shape[1],
-                                  device=args.device)
-            results[train_arm(windows.numel())] = run_recipe(
-                reference, calib, cfg, more, quantize_fn=encode,
-                embed_name=f"{arch.embed_path}.weight", head_name=head, train_windows=windows,
-                sensitivity_windows=roles["sens"], monitor_windows=roles["monitor"],
-                student=copy.deepcopy(student), encoded=enc, sensitivity=measured,
-                progress=not args.tiny)
+            results[train_arm(windows.numel())] = full_result(target, tune, windows, measured)
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
