@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from leechq_tiny import ids, make_artifact
+from leechq_tiny import ids
 from safetensors.torch import load_file, save_file
 
 from leechq.errors import ArtifactError, LeechqError
@@ -49,17 +48,6 @@ def edit_qc(d: Path, edit: Any) -> None:
     edit(cfg["quantization_config"])
     (d / "config.json").write_text(json.dumps(cfg))
     refresh_manifest(d)
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out, _ = make_artifact(tmp_path_factory.mktemp("art"), "llama")
-    return out
-
-
-@pytest.fixture
-def art(pristine: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(pristine, tmp_path / "a"))
 
 
 def _first_scales(tensors: dict[str, torch.Tensor]) -> str:

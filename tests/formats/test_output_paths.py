@@ -12,22 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leechq_tiny import make_artifact
 
 from leechq.errors import ArtifactError
 from leechq.formats.artifact import read_artifact, write_artifact
 from leechq.formats.output_paths import check_replaceable, clean_stale_partials
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out, _ = make_artifact(tmp_path_factory.mktemp("art"), "llama")
-    return out
-
-
-@pytest.fixture
-def art(pristine: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(pristine, tmp_path / "a"))
 
 
 def _rewrite(src: Path, out: Path) -> Path:
