@@ -342,6 +342,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
+
     def full_result(target: float, settings: Any, train: torch.Tensor, sensitivity: Any, *,
                     requantize: bool = True, **checkpoints: Any) -> Any:
         """The full recipe at ``target`` b/param from the bare encode, tuned with ``settings``

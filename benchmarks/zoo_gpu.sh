@@ -23,6 +23,17 @@ export PYTHONPATH=$PWD/src:$Z/site
 G=$LEECHQ_CACHE/zoo/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 L="python -m leechq.cli.main"
 mkdir -p "$Z/site" "$LEECHQ_CACHE/zoo/smollm2-135m" "${OUT:-/tmp/out}"
+
+quality_run() {
+  # DIR CB ALIAS [ARGS]: benchmarks/quality.py at full depth on CUDA (bare, full, full+tune unless
+  # ARGS say otherwise), its JSON, log and plot to DIR/quality-CB.{json,log,png}
+  local dir=$1 cb=$2 m=$3; shift 3
+  python benchmarks/quality.py --models $m --arms bare,full,full+tune --codebook $cb \
+    --device cuda --compare-to full --plot $dir/quality-$cb.png "$@" \
+    > $dir/quality-$cb.json 2> $dir/quality-$cb.log
+}
+export -f quality_run
+
 case $step in
 split)
   # here, not on the GPU host: cut the cached zoo GGUF of ALIAS into gpu_carry/ALIAS-1..N (each
@@ -99,9 +110,7 @@ recipe)
 quality)
   # the staged GGUF has no verification stamp: the zoo hashes it against its pins on first use
   cb=${2:-tetra}; m=${3:-smollm2-135m}; shift 3 2> /dev/null
-  timeout 560 python benchmarks/quality.py --models $m --arms bare,full,full+tune \
-    --codebook $cb --device cuda --compare-to full --plot $OUT/quality-$cb.png "$@" \
-    > $OUT/quality-$cb.json 2> $OUT/quality-$cb.log
+  timeout 560 bash -c 'quality_run "$@"' _ $OUT $cb $m "$@"
   echo "rc $?"; tail -12 $OUT/quality-$cb.log; tail -12 $OUT/quality-$cb.json | cut -c1-400
   ;;
 quality-start)
@@ -110,24 +119,23 @@ quality-start)
   # jobs may run side by side; `quality-wait` follows them
   cb=${2:-tetra}; m=${3:-smollm2-135m}; shift 3 2> /dev/null
   B=$Z/jobs/${JOB:-q}; rm -rf $B; mkdir -p $B
-  setsid nohup bash -c 'python benchmarks/quality.py --models "$0" --arms bare,full,full+tune \
-    --codebook "$1" --device cuda --compare-to full --plot '$B'/quality-"$1".png "${@:2}" \
-    > '$B'/quality.json 2> '$B'/quality.log; echo $? > '$B'/rc' $m $cb "$@" \
+  setsid nohup bash -c 'quality_run "$@"; echo $? > $1/rc' _ $B $cb $m "$@" \
     < /dev/null > /dev/null 2>&1 &
-  sleep 2; echo "started ${JOB:-q}: $(tail -1 $B/quality.log 2> /dev/null)"
+  sleep 2; echo "started ${JOB:-q}: $(tail -1 $B/quality-$cb.log 2> /dev/null)"
   ;;
 quality-wait)
   # wait up to SECS (default 540) for every job `quality-start` began; each job's log and JSON so
-  # far to $OUT as JOB-quality.{log,json}
+  # far to $OUT as JOB-quality-CB.{log,json}
   end=$((SECONDS + ${2:-540}))
-  while ls $Z/jobs/*/quality.log > /dev/null 2>&1 && [ $SECONDS -lt $end ]; do
+  while ls $Z/jobs/*/quality-*.log > /dev/null 2>&1 && [ $SECONDS -lt $end ]; do
     left=0; for B in $Z/jobs/*; do [ -f $B/rc ] || left=1; done
     [ $left = 0 ] && break; sleep 5
   done
   for B in $Z/jobs/*; do
     [ -d $B ] || { echo "no job started"; break; }
-    j=$(basename $B); cp $B/quality.log $OUT/$j-quality.log; cp $B/quality.json $OUT/$j-quality.json
-    echo "== $j: $([ -f $B/rc ] && echo "rc $(cat $B/rc)" || echo running)"; tail -6 $B/quality.log
+    j=$(basename $B)
+    for f in $B/quality-*.log $B/quality-*.json; do cp $f $OUT/$j-$(basename $f); done
+    echo "== $j: $([ -f $B/rc ] && echo "rc $(cat $B/rc)" || echo running)"; tail -6 $B/quality-*.log
   done
   ;;
 serve)
