@@ -14,6 +14,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  against another teacher cache (0: the full teacher every step);
                  ``--tune-steps 300,100`` adds ``full+tune steps=100``: the same full result
                  tuned for 100 steps on the same training text;
+                 ``--tune-batch 4`` adds ``full+tune batch=4``: the same full result tuned for
+                 the same steps with 4 windows a step (the recipe's: 2), on as many training
+                 windows as those steps read (``--train-tokens auto``) or on the first count's;
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
                  matrices swapped in without the re-encode after the choice;
@@ -233,7 +236,8 @@ def tiny_setup(args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor], 
     calib = stream(1, 64, w)
     train = calib[10:26]
     roles = {"calib": calib[:8], "sens": calib[8:10], "monitor": calib[26:28],
-             "train": [train[:n] for n in args.train_windows]}
+             "train": [train[:n] for n in args.train_windows],
+             "train_batch": [train[:n] for n in args.batch_windows]}
     sets = {"in-domain": stream(2, args.windows, w), "unseen": stream(3, args.windows, w)}
     return model, sets, roles
 
@@ -254,12 +258,14 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
     log(f"calibration text: {args.calibration}")
     # the training role holds the most windows an arm trains on, each arm the first of them
     # (``leechq quantize``'s layout; the text may end first, as there)
+    batch_windows = getattr(args, "batch_windows", [])  # --tune-batch's (other callers: none)
+    most = max(args.train_windows + batch_windows)
     (calib, sens, train, monitor), _ = consecutive_windows(
-        tok, text, [(n_calib, w), (4, 256), (max(args.train_windows), w), (2, w)],
+        tok, text, [(n_calib, w), (4, 256), (most, w), (2, w)],
         source=args.calibration, shrink=2)
-    if train.shape[0] < max(args.train_windows):
-        log(f"the calibration text holds {train.shape[0]} training windows of the "
-            f"{max(args.train_windows)} asked for")
+    if train.shape[0] < most:
+        log(f"the calibration text holds {train.shape[0]} training windows of the {most} "
+            "asked for")
     in_split = "evaluation"
     unseen_split = "test" if args.unseen_domain == "wikitext2" else "evaluation"
     sets = {
@@ -269,6 +275,7 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
     }
     roles = {"calib": calib, "sens": sens, "monitor": monitor,
              "train": [train[:n] for n in args.train_windows],
+             "train_batch": [train[:n] for n in batch_windows],
              "source": loaded.source, "tokenizer": tok}
     loaded.model.eval()
     return loaded.model, sets, roles
@@ -360,9 +367,12 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                           encoded=enc, sensitivity=sensitivity, progress=not args.tiny,
                           **checkpoints)
 
-    def tuned(res: Any, settings: Any, checkpoint_dir: Path | None) -> Any:
-        """``res`` (a full result) tuned with ``settings`` on the first training windows."""
-        return tune_result(res, reference, settings, roles["train"][0],
+    def tuned(res: Any, settings: Any, checkpoint_dir: Path | None,
+              windows: torch.Tensor | None = None) -> Any:
+        """``res`` (a full result) tuned with ``settings`` on ``windows`` (default: the first
+        training windows)."""
+        train = roles["train"][0] if windows is None else windows
+        return tune_result(res, reference, settings, train,
                            monitor_windows=roles["monitor"], progress=not args.tiny,
                            checkpoint_dir=checkpoint_dir)
 
@@ -379,17 +389,19 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         results = {"full" if "full" in wanted else "full+tune": res}
         where = kept_here.get("tune_checkpoint_dir")
         if "full" in wanted and "full+tune" in wanted:
-            # the same full result tuned once per teacher (--tune-topk) and step count
-            # (--tune-steps), each with its own resumable checkpoint
-            variants = [("full+tune", tune, "")]
-            variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}")
-                         for k in topks[1:]]
+            # the same full result tuned once per teacher (--tune-topk), step count
+            # (--tune-steps) and batch (--tune-batch), each with its own resumable checkpoint
+            variants = [("full+tune", tune, "", None)]
+            variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}",
+                          None) for k in topks[1:]]
             variants += [(steps_arm(n), dataclasses.replace(tune_for(n),
                                                              teacher_topk=tune.teacher_topk),
-                          f"-steps{n}") for n in args.tune_steps[1:]]
-            for name, settings, tail in variants:
+                          f"-steps{n}", None) for n in args.tune_steps[1:]]
+            variants += [(batch_arm(b), dataclasses.replace(tune, batch=b), f"-batch{b}", w)
+                         for b, w in zip(args.tune_batch, roles["train_batch"], strict=True)]
+            for name, settings, tail, windows in variants:
                 results[name] = tuned(res, settings,
-                                      None if where is None else Path(f"{where}{tail}"))
+                                      None if where is None else Path(f"{where}{tail}"), windows)
         if args.int4_post_hoc:
             # the same encode and sensitivity pass, the chosen int4 matrices swapped in as their
             # round-to-nearest records with no re-encode of the lattice ones after them
@@ -418,6 +430,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             if "tune" in r.metadata:
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
                 detail["tune_steps"] = r.recipe.tune.steps
+                detail["tune_batch"] = r.recipe.tune.batch
                 detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
                 detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
             out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
@@ -439,6 +452,11 @@ def post_hoc_arm(arm: str) -> str:
     """The name of an ``--int4-post-hoc`` arm: ``full int4=post-hoc`` or ``full+tune
     int4=post-hoc``."""
     return f"{arm} int4=post-hoc"
+
+
+def batch_arm(batch: int) -> str:
+    """The name of a ``--tune-batch`` arm: ``full+tune batch=B``."""
+    return f"full+tune batch={batch}"
 
 
 def steps_arm(steps: int) -> str:
@@ -468,9 +486,11 @@ def train_arm(tokens: int) -> str:
     return f"full+tune train={tokens}"
 
 
-def train_windows(spec: str, window: int, train_steps: int, tune_steps: int) -> list[int]:
+def train_windows(spec: str, window: int, train_steps: int, tune_steps: int,
+                  batch: int | None = None) -> list[int]:
     """``--train-tokens`` (``N|auto[,N...]``) as training windows per arm: ``N // window``, or
-    for ``auto`` :func:`leechq.cli.quantize.training_windows` of these steps.
+    for ``auto`` :func:`leechq.cli.quantize.training_windows` of these steps (tuning with
+    ``batch`` windows a step; None: the recipe's).
 
     Raises:
         ValueError: an item that is neither ``auto`` nor a count of at least one window, or a
@@ -480,8 +500,10 @@ def train_windows(spec: str, window: int, train_steps: int, tune_steps: int) -> 
     from leechq.quant.row_scales import RowScaleConfig
     from leechq.quant.tune import tune_settings
 
-    auto = training_windows(RowScaleConfig(steps=train_steps) if train_steps else None,
-                            tune_settings(tune_steps) if tune_steps else None)
+    tune = tune_settings(tune_steps) if tune_steps else None
+    if tune is not None and batch is not None:
+        tune = dataclasses.replace(tune, batch=batch)
+    auto = training_windows(RowScaleConfig(steps=train_steps) if train_steps else None, tune)
     out = []
     for item in (i.strip() for i in spec.split(",") if i.strip()):
         if item != "auto" and not (item.isdigit() and int(item) >= window):
@@ -614,6 +636,12 @@ def main(argv: list[str] | None = None) -> int:
                          "--tune-steps 0; each further N adds an arm 'full+tune steps=N', the "
                          "same full result tuned for N steps on the same training text (with "
                          "--compare-to full+tune: a paired interval between the step counts)")
+    ap.add_argument("--tune-batch", default="", metavar="B[,B...]",
+                    help="each B adds an arm 'full+tune batch=B': the same full result tuned "
+                         "for the same steps with B training windows a step (the recipe's: 2), "
+                         "on as many windows as those steps read (--train-tokens auto) or the "
+                         "first --train-tokens count (with --compare-to full+tune: a paired "
+                         "interval between the batches)")
     ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
                          "(0: the full teacher every step) [default: the recipe's]; each further "
@@ -697,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.tune_topk) > 1 and not {"full", "full+tune"} <= set(wanted):
             ap.error("several --tune-topk sizes tune the full arm's result: "
                      "--arms needs full and full+tune")
+    args.tune_batch = distinct_list(ap, "--tune-batch", args.tune_batch, int, "batches >= 1",
+                                    lambda b: b >= 1) if args.tune_batch else []
+    if args.tune_batch and not {"full", "full+tune"} <= set(wanted):
+        ap.error("--tune-batch tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):
         ap.error("--int4-post-hoc varies the full arms: --arms needs full or full+tune")
     if args.tiny:
@@ -710,6 +742,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.train_windows = train_windows(args.train_tokens, args.window, args.train_steps,
                                            args.tune_steps[0])
+        # a --tune-batch arm reads steps × B windows under auto, else the first count's
+        args.batch_windows = [train_windows(args.train_tokens.split(",")[0], args.window,
+                                            args.train_steps, args.tune_steps[0], b)[0]
+                              for b in args.tune_batch]
     except ValueError as exc:
         ap.error(f"--train-tokens: {exc}")
     if len(args.train_windows) > 1 and "full+tune" not in wanted:

@@ -111,6 +111,34 @@ def test_tune_steps_add_arms_tuned_for_other_step_counts(
         assert says in capsys.readouterr().err
 
 
+def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-batch 4`` tunes the full arm's result a second time with 4 windows a step for the
+    same steps, on as many windows as those steps read, with a paired interval to ``full+tune``;
+    bad batches and a run without the full arm are refused before any model loads."""
+    module = _script("quality_tune_batch")
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
+                                   "--tune-batch", "4", "--boot", "20", "--compare-to",
+                                   "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full+tune batch=4"}
+    assert (arms["full+tune"]["tune_batch"], arms["full+tune batch=4"]["tune_batch"]) == (2, 4)
+    assert arms["full+tune"]["tune_steps"] == arms["full+tune batch=4"]["tune_steps"] == 3
+    assert arms["full+tune batch=4"]["kl"] != arms["full+tune"]["kl"]
+    assert ("full+tune batch=4", "full+tune") in {(i["arm"], i["vs"])
+                                                  for i in result["intervals"]}
+    # auto: the batch arm's windows are as many as its steps read (3 x 4 = 12 > 3 x 2)
+    assert module.train_windows("auto", 64, 0, 3, 4) == [12]
+    assert module.train_windows("auto", 64, 0, 3) == [6]
+    for bad, says in ((["--tune-batch", "0"], "--tune-batch: give one or more batches >= 1"),
+                      (["--tune-batch", "4,4"], "a value is repeated"),
+                      (["--arms", "full+tune", "--tune-batch", "4"], "--arms needs full")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
+                                     else []), *bad])
+        assert says in capsys.readouterr().err
+
+
 def test_int4_post_hoc_adds_arms_without_the_re_encode(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``--int4-post-hoc`` adds ``full int4=post-hoc`` and ``full+tune int4=post-hoc``: the same
