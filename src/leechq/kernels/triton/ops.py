@@ -110,7 +110,8 @@ from leechq.kernels.triton.ops_path import (  # noqa: F401  (re-exported)
 )
 from leechq.kernels.triton.planes14 import planes14_matvec_kernel
 from leechq.kernels.triton.tetra48 import tetra48_matvec_kernel
-from leechq.kernels.triton.tetra48_m1 import PLANES14, T64_PBITS, TETRA, TETRA_64, m1_kernel
+from leechq.kernels.triton.tetra48_decode import T64_PBITS
+from leechq.kernels.triton.tetra48_m1 import PLANES14, TETRA, TETRA_64, m1_kernel
 from leechq.kernels.tuning import (  # noqa: F401  (IMMA_MIN_ROWS re-exported)
     IMMA_MIN_ROWS,
     M1_MAX_ROWS,
