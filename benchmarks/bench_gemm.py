@@ -64,10 +64,10 @@ def gemm_forward(grp: Any, x: torch.Tensor, cfg: Any) -> torch.Tensor:
     """A served group's product through the float16 tensor-core GEMM: the group's rotation into
     the dequantized copy's column order (as its dense path does), then one GEMM per part, each
     writing its columns of the output."""
-    from leechq.kernels.triton import ops, ops_gemm
+    from leechq.kernels.triton import ops, ops_gemm, ops_rotate
 
     part0 = grp.parts[0]
-    x16 = ops.rotate(x, grp.rot, dense_order=ops.dense_input_order(part0, x.device))
+    x16 = ops_rotate.rotate(x, grp.rot, dense_order=ops.dense_input_order(part0, x.device))
     y = torch.empty(x.shape[0], grp.offsets[-1], dtype=torch.float32, device=x.device)
     for part, off in zip(grp.parts, grp.offsets, strict=False):
         ops_gemm.matmul_gemm_ordered(x16, part, cfg, out=y[:, off : off + part.d_out])

@@ -32,17 +32,17 @@ def main() -> None:
     from leechq.formats.rotation import generate_rotation
     from leechq.kernels import reference as ref
     from leechq.kernels.tables import tetra_kernel_tables
-    from leechq.kernels.triton import ops
+    from leechq.kernels.triton import ops_rotate
 
     dev = "cuda"
     order = tetra_kernel_tables(dev).order
     rows = []
     for n in (int(w) for w in args.widths.split(",")):
         tables = generate_rotation(n, 5 + n)
-        rot = ops.DeviceRotation.from_tables(tables, dev)
+        rot = ops_rotate.DeviceRotation.from_tables(tables, dev)
         xs = [torch.randn(1, n, device=dev) for _ in range(2)]
         want = ref.rotate(xs[0].cpu(), tables).to(dev)
-        err = max(float((ops.rotate(xs[0], rot, tensor_cores=tc) - want).abs().max()
+        err = max(float((ops_rotate.rotate(xs[0], rot, tensor_cores=tc) - want).abs().max()
                         / want.abs().max()) for tc in (False, True))
         assert err <= 1e-5, (n, err)
         prep_want = ref.prepare_activation(want, n // 24, order)
@@ -52,13 +52,13 @@ def main() -> None:
                               device=dev)
                    if prepared else torch.empty(1, n, device=dev))
             if prepared:
-                got = ops.rotate(xs[0], rot, prepared_order=order, out=out, one_launch=one)
+                got = ops_rotate.rotate(xs[0], rot, prepared_order=order, out=out, one_launch=one)
                 assert torch.allclose(got, prep_want, rtol=1e-5, atol=1e-6), (n, one)
 
             def run(b: int, out=out, prepared=prepared, rot=rot, xs=xs, tc=tc, one=one) -> None:
                 for _ in range(args.launches):
-                    ops.rotate(xs[b], rot, prepared_order=order if prepared else None, out=out,
-                               tensor_cores=tc, one_launch=one)
+                    ops_rotate.rotate(xs[b], rot, prepared_order=order if prepared else None,
+                                      out=out, tensor_cores=tc, one_launch=one)
 
             gr = Graphed(Pass("rotation", 1, run, 0, args.launches), 2)
             ms = statistics.median(gr.time(7) for _ in range(3))

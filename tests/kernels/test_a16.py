@@ -28,6 +28,12 @@ def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compi
     return ops
 
 
+def _ops_rotate():  # imported lazily, as :func:`_ops`
+    from leechq.kernels.triton import ops_rotate
+
+    return ops_rotate
+
+
 def _mixed(m_rows: int, d_in: int, seed: int) -> torch.Tensor:
     """Rows of very different magnitudes, one with exact ties of the 16-bit rounding."""
     g = torch.Generator().manual_seed(seed)
@@ -113,19 +119,20 @@ def test_imma_on_16_bit_activations(monkeypatch: pytest.MonkeyPatch) -> None:
     of the f64 product with the rounded activation; the ``A`` words the one-group rotation writes
     equal those of the activation-record launch, and so does the output from either."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     from leechq.formats.layouts.planes14 import random_planes14
 
     from leechq.kernels.triton import ops_common
 
     assert ops_common.A16
     n, m_rows = 256, 3
-    rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
+    rot = ops_rotate.DeviceRotation.from_tables(generate_rotation(n, 1), "cpu")
     x = _mixed(m_rows, n, 4)
     for planes14 in (False, True):
         order = ops.planes14_m1_order("cpu") if planes14 else ops.tetra_kernel_tables("cpu").order
         w = (random_planes14(16, n, seed=5, device="cpu") if planes14 else _tetra(16, n))
         rec, ex = ops.imma_records(w.n_blocks, "cpu", m_rows)
-        xp = ops.rotate(x, rot, prepared_order=order, records=(rec, ex))
+        xp = ops_rotate.rotate(x, rot, prepared_order=order, records=(rec, ex))
         launched = ops.imma_activation(xp, m_rows, w.n_blocks)
         assert torch.equal(rec, launched[0])  # (exponents of rows past the rotation's differ)
         matvec = (ops.planes14_matvec_imma_prepared if planes14
@@ -202,6 +209,7 @@ def test_a16_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
     fallback warning), and the records the rotation writes give the same output as the records'
     own launch."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     from leechq.kernels.triton import ops_common
 
     assert ops_common.A16  # the default; this test runs it as served
@@ -216,9 +224,9 @@ def test_a16_full_shapes(monkeypatch: pytest.MonkeyPatch, d_out: int, d_in: int,
     dense = ref.tetra48_dequantize_rotated(w)
     assert ref.row_bound_error(y, ref.round_activation(x, w.n_blocks), dense) <= 1e-5
     if m_rows >= 3 and d_in & (d_in - 1) == 0:
-        rot = ops.DeviceRotation.from_tables(generate_rotation(d_in, 1), "cuda")
+        rot = ops_rotate.DeviceRotation.from_tables(generate_rotation(d_in, 1), "cuda")
         rec, ex = ops.imma_records(w.n_blocks, "cuda", m_rows)
-        xr = ops.rotate(x, rot, prepared_order=order, records=(rec, ex))
+        xr = ops_rotate.rotate(x, rot, prepared_order=order, records=(rec, ex))
         launched = ops.imma_activation(xr, m_rows, w.n_blocks)
         assert torch.equal(rec, launched[0])
         got = ops.tetra48_matvec_imma_prepared(xr, w, m_rows, acts=(rec, ex))

@@ -22,7 +22,7 @@ from offline_compile import run_offline
 
 pytest.importorskip("triton")
 
-from leechq.kernels.triton import ops
+from leechq.kernels.triton import ops, ops_rotate
 
 
 def test_pdl_never_off_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,12 +137,13 @@ def test_pdl_only_for_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the argument checks
     monkeypatch.setattr(ops, "pdl_enabled", lambda device: True)
+    monkeypatch.setattr(ops_rotate, "pdl_enabled", lambda device: True)
     rot, m1 = _Recorder(), _Recorder()
-    monkeypatch.setattr(ops, "rotate_prepared_kernel", rot)
+    monkeypatch.setattr(ops_rotate, "rotate_prepared_kernel", rot)
     monkeypatch.setattr(ops, "m1_kernel", m1)
     order = ops.tetra_kernel_tables("cpu").order
     for rows in (1, 2):
-        ops.rotate(torch.randn(rows, 128), generate_rotation(128, 1), prepared_order=order)
+        ops_rotate.rotate(torch.randn(rows, 128), generate_rotation(128, 1), prepared_order=order)
     assert [c.get("launch_pdl", False) for c in rot.calls] == [True, False]
     assert [c["PDL"] for c in rot.calls] == [True, False]
     w = random_tetra48(48, 128, seed=2)

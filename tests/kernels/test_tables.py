@@ -57,7 +57,7 @@ def test_m1_table_decodes_like_the_codebook() -> None:
 
 def test_m1_offsets_match_the_kernel() -> None:
     from leechq.codebooks.tetra_tables import CLASS_ROWS, N0_MIXED
-    from leechq.kernels.triton import tetra48_m1 as K
+    from leechq.kernels.triton import tetra48_decode as K
 
     assert (K.PA_WORD.value, K.PB_WORD.value, K.TABLE_WORDS.value, K.MID_SHIFT.value) == (
         T.M1_PA_WORD, T.M1_PB_WORD, T.M1_TABLE_WORDS, T.M1_MID_SHIFT)

@@ -90,13 +90,14 @@ try:  # the decode kernel of the bit-exact tests (module level: the interpreter 
     import triton.language as tl
 
     from leechq.kernels.triton._bits import global_load32, global_store32
+    from leechq.kernels.triton.tetra48_decode import sb_copy
     from leechq.kernels.triton.tetra48_gemm import (
         P14_TABLE_PART,
         P14_TABLE_PARTS,
         pair_fragments,
         pair_words,
     )
-    from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
+    from leechq.kernels.triton.tetra48_m1 import stage_table
 except ImportError:  # no Triton: the tests that need it skip
     triton = None
 

@@ -1,5 +1,5 @@
 """The batch-1 kernel's pattern-bits table for ``tetra64`` records (``tables.tetra_m1_bits_table``,
-``tetra48_m1.decode_block64_bits_split``): the table gives every pattern entry's nibble masks
+``tetra48_decode.decode_block64_bits_split``): the table gives every pattern entry's nibble masks
 back; offline, the default decode's instruction, load and register counts. (Bit-exactness of the
 ``tetra64`` decode against the standard layout: ``test_tetra64.py``.)"""
 

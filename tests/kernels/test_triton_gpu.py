@@ -31,6 +31,12 @@ def _ops():
     return ops
 
 
+def _ops_rotate():  # imported lazily, as :func:`_ops`
+    from leechq.kernels.triton import ops_rotate
+
+    return ops_rotate
+
+
 def _worst(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> float:
     assert torch.isfinite(y).all(), "unwritten (NaN) outputs"
     return ref.row_bound_error(y, x, dense)
@@ -217,16 +223,17 @@ def test_planes14_m1_many_rows_full_shapes(d_out: int, d_in: int, m_rows: int) -
 @pytest.mark.parametrize("n", [2560, 4096, 5120, 9728, 12288, 17408])
 def test_rotation_widths(n: int) -> None:
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 0x110FEED ^ n)
     x = torch.randn(4, n, device=DEV)
     want = ref.rotate(x.cpu(), rot).to(DEV)
-    got = ops.rotate(x, rot, out=torch.full((4, n), float("nan"), device=DEV))
+    got = ops_rotate.rotate(x, rot, out=torch.full((4, n), float("nan"), device=DEV))
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
     order = ops.tetra_kernel_tables(DEV).order
     prep = ref.prepare_activation(want, n // 24, order)
     for one_launch, splits in ((True, 1), (True, 4), (False, 1)):
-        xp = ops.rotate(x, rot, prepared_order=order, one_launch=one_launch, splits=splits,
-                        out=torch.full(prep.shape, float("nan"), device=DEV))
+        xp = ops_rotate.rotate(x, rot, prepared_order=order, one_launch=one_launch, splits=splits,
+                               out=torch.full(prep.shape, float("nan"), device=DEV))
         assert torch.allclose(xp, prep, rtol=1e-5, atol=1e-6)
 
 

@@ -29,6 +29,12 @@ def _ops():  # imported lazily: the module imports triton
     return ops
 
 
+def _ops_rotate():  # imported lazily, as :func:`_ops`
+    from leechq.kernels.triton import ops_rotate
+
+    return ops_rotate
+
+
 def _as_on_a_gpu(monkeypatch: pytest.MonkeyPatch, disable: str = "") -> None:
     """The dispatch table decides as on a GPU (no interpreter cost rules: several rows on the
     many-row ``m1``, 3..16 on the int8 kernel), with ``disable`` as ``LEECHQ_DISABLE_KERNELS``."""
@@ -272,15 +278,16 @@ def test_planes14_matvec(m_rows: int, d_in: int) -> None:
 @pytest.mark.parametrize(("n", "prepared"), [(96, False), (72, True), (64, True), (320, False)])
 def test_rotate(n: int, prepared: bool) -> None:
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 3)
     x = torch.randn(2, n)
     want = ref.rotate(x, rot)
     if prepared:
         order = ops.tetra_kernel_tables("cpu").order
-        got = ops.rotate(x, rot, prepared_order=order, one_launch=False)
+        got = ops_rotate.rotate(x, rot, prepared_order=order, one_launch=False)
         want = ref.prepare_activation(want, n // 24, order)
     else:
-        got = ops.rotate(x, rot, out=torch.full((2, n), float("nan")))
+        got = ops_rotate.rotate(x, rot, out=torch.full((2, n), float("nan")))
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -297,16 +304,18 @@ def test_rotate_into_prepared_layout(n: int, m_rows: int) -> None:
     """The one-launch rotation writes every slot of the prepared layout (poisoned first), equal to
     the reference rotation laid out by the reference preparation, zeros included."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 11)
     if rot.odd > 64:
         with pytest.raises(UnsupportedShape):
-            ops.rotate(torch.randn(1, n), rot, prepared_order=ops.tetra_kernel_tables("cpu").order)
+            ops_rotate.rotate(torch.randn(1, n), rot,
+                              prepared_order=ops.tetra_kernel_tables("cpu").order)
         return
     order = ops.tetra_kernel_tables("cpu").order
     x = torch.randn(m_rows, n)
     want = ref.prepare_activation(ref.rotate(x, rot), n // 24, order)
     out = torch.full(want.shape, float("nan"))
-    got = ops.rotate(x, rot, prepared_order=order, out=out)
+    got = ops_rotate.rotate(x, rot, prepared_order=order, out=out)
     assert got is out and not torch.isnan(got).any()
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -326,6 +335,7 @@ def test_rotate_tensor_cores(n: int, prepared: bool, monkeypatch: pytest.MonkeyP
     from triton.runtime import interpreter
 
     ops = _ops()
+    ops_rotate = _ops_rotate()
     create_dot = interpreter.InterpreterBuilder.create_dot
     dots = []
 
@@ -344,11 +354,11 @@ def test_rotate_tensor_cores(n: int, prepared: bool, monkeypatch: pytest.MonkeyP
     want = ref.rotate(x, rot)
     if prepared:
         order = ops.tetra_kernel_tables("cpu").order
-        got = ops.rotate(x, rot, prepared_order=order, tensor_cores=True)
+        got = ops_rotate.rotate(x, rot, prepared_order=order, tensor_cores=True)
         want = ref.prepare_activation(want, n // 24, order)
         scale = torch.cat([scale, torch.ones(got.shape[0] - 3, 1)])
     else:
-        got = ops.rotate(x, rot, out=torch.full((3, n), float("nan")), tensor_cores=True)
+        got = ops_rotate.rotate(x, rot, out=torch.full((3, n), float("nan")), tensor_cores=True)
     assert torch.allclose(got / scale, want / scale, rtol=1e-5, atol=1e-6)
     rows = got.shape[0] if prepared else 3  # the one-launch form also runs the zero pad row
     assert len(dots) == 6 * rows * rot.small.shape[0] and all(dots)

@@ -1,5 +1,5 @@
-"""The rotation kernels with a fused pre-op (``ops.norm_rotate``, ``ops.silu_mul_rotate``) against
-their reference twins, under the Triton interpreter.
+"""The rotation kernels with a fused pre-op (``ops_rotate.norm_rotate``,
+``ops_rotate.silu_mul_rotate``) against their reference twins, under the Triton interpreter.
 
 The kernels sum a row's squares in their own order, so the narrowed norm ``rms_norm(r)`` may round
 differently from the reference in a coordinate whose value sits on a rounding boundary. The test
@@ -34,6 +34,12 @@ def _ops():  # imported lazily: TRITON_INTERPRET must be set before triton compi
     return ops
 
 
+def _ops_rotate():  # imported lazily, as :func:`_ops`
+    from leechq.kernels.triton import ops_rotate
+
+    return ops_rotate
+
+
 def _recover(y: torch.Tensor, rot) -> torch.Tensor:
     return apply_rotation_transpose(y.cpu().to(torch.float64), rot)
 
@@ -63,6 +69,7 @@ def _assert_close_inputs(got: torch.Tensor, want_h: torch.Tensor, rot, dtype: to
 def test_norm_rotate(n: int, m_rows: int, dtype: torch.dtype, delta_dtype: torch.dtype | None,
                      weight_dtype: torch.dtype, prepared: bool) -> None:
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 5)
     gen = torch.Generator().manual_seed(n + m_rows)
     x = (torch.randn(m_rows, n, generator=gen) * 3).to(dtype)
@@ -75,15 +82,16 @@ def test_norm_rotate(n: int, m_rows: int, dtype: torch.dtype, delta_dtype: torch
     if prepared:
         width = ref.prepared_width(n // 24)
         out = torch.full((ref.prepared_rows(m_rows), width), float("nan"))
-        r, got = ops.norm_rotate(x, weight, eps, rot, delta=delta, prepared_order=order, out=out)
+        r, got = ops_rotate.norm_rotate(x, weight, eps, rot, delta=delta, prepared_order=order,
+                                        out=out)
         assert got is out and not torch.isnan(got).any()
         # the prepared layout of the kernel's own natural-order output: every slot, zeros included
-        _, nat = ops.norm_rotate(x, weight, eps, rot, delta=delta)
+        _, nat = ops_rotate.norm_rotate(x, weight, eps, rot, delta=delta)
         assert torch.equal(got, ref.prepare_activation(nat, n // 24, order))
         assert torch.equal(_natural(got, m_rows, n, order), nat)
         got = nat
     else:
-        r, got = ops.norm_rotate(x, weight, eps, rot, delta=delta)
+        r, got = ops_rotate.norm_rotate(x, weight, eps, rot, delta=delta)
     assert r.dtype == dtype and torch.equal(r, want_r)
     if delta is None:
         assert r is x
@@ -98,37 +106,38 @@ def test_norm_rotate(n: int, m_rows: int, dtype: torch.dtype, delta_dtype: torch
 ])
 def test_silu_mul_rotate(n: int, m_rows: int, gu_dtype: torch.dtype, dtype: torch.dtype) -> None:
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 7)
     gate_up = (torch.randn(m_rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 4)
     gate_up = gate_up.to(gu_dtype)
     want_h = ref.silu_mul(gate_up, dtype)
-    got = ops.silu_mul_rotate(gate_up, dtype, rot)
+    got = ops_rotate.silu_mul_rotate(gate_up, dtype, rot)
     _assert_close_inputs(got, want_h, rot, dtype)
     order = ops.tetra_kernel_tables("cpu").order
-    prep = ops.silu_mul_rotate(gate_up, dtype, rot, prepared_order=order)
+    prep = ops_rotate.silu_mul_rotate(gate_up, dtype, rot, prepared_order=order)
     assert torch.equal(prep, ref.prepare_activation(got, n // 24, order))
 
 
 @interp
 def test_pre_op_inputs_are_checked() -> None:
-    ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(48, 1)
     x = torch.randn(2, 48, dtype=torch.float16)
     w = torch.ones(48, dtype=torch.float16)
     with pytest.raises(InvalidInput, match="weight"):
-        ops.norm_rotate(x, torch.ones(47, dtype=torch.float16), 1e-6, rot)
+        ops_rotate.norm_rotate(x, torch.ones(47, dtype=torch.float16), 1e-6, rot)
     with pytest.raises(InvalidInput, match="weight"):
-        ops.norm_rotate(x, torch.ones(48, dtype=torch.bfloat16), 1e-6, rot)
+        ops_rotate.norm_rotate(x, torch.ones(48, dtype=torch.bfloat16), 1e-6, rot)
     with pytest.raises(InvalidInput, match="delta"):
-        ops.norm_rotate(x, w, 1e-6, rot, delta=torch.randn(1, 48))
+        ops_rotate.norm_rotate(x, w, 1e-6, rot, delta=torch.randn(1, 48))
     with pytest.raises(InvalidInput, match="eps"):
-        ops.norm_rotate(x, w, float("nan"), rot)
+        ops_rotate.norm_rotate(x, w, float("nan"), rot)
     with pytest.raises(InvalidInput, match="x must be"):
-        ops.norm_rotate(torch.randn(2, 24, dtype=torch.float16), w, 1e-6, rot)
+        ops_rotate.norm_rotate(torch.randn(2, 24, dtype=torch.float16), w, 1e-6, rot)
     with pytest.raises(InvalidInput, match="gate_up"):
-        ops.silu_mul_rotate(torch.randn(2, 48), torch.float16, rot)
+        ops_rotate.silu_mul_rotate(torch.randn(2, 48), torch.float16, rot)
     with pytest.raises(InvalidInput, match="dtype"):
-        ops.silu_mul_rotate(torch.randn(2, 96), torch.int8, rot)
+        ops_rotate.silu_mul_rotate(torch.randn(2, 96), torch.int8, rot)
 
 
 def _natural(prepared: torch.Tensor, m_rows: int, n: int, order: torch.Tensor) -> torch.Tensor:
@@ -148,6 +157,7 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
     the norm with a float32 residual delta, and the SwiGLU from a float32 gate|up; one or four
     programs per group writing the layout."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     dev = "cuda"
     rot = generate_rotation(n, 0x5EED ^ n)
     gen = torch.Generator(device=dev).manual_seed(n + m_rows)
@@ -158,10 +168,10 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
     shape = (ref.prepared_rows(m_rows), ref.prepared_width(n // 24))
     want_r, _ = ref.norm_rotate(x, weight, 1e-6, rot, delta=delta)
     out = torch.full(shape, float("nan"), device=dev)
-    r, got = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, prepared_order=order, out=out,
-                             splits=splits)
+    r, got = ops_rotate.norm_rotate(x, weight, 1e-6, rot, delta=delta, prepared_order=order,
+                                    out=out, splits=splits)
     assert got is out and torch.isfinite(got).all() and torch.equal(r, want_r)
-    _, nat = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta)
+    _, nat = ops_rotate.norm_rotate(x, weight, 1e-6, rot, delta=delta)
     # two kernels (natural order, prepared layout), each within the norm's rounding of the twin
     # (the two may sum the squares differently, so they need not agree bit for bit)
     h = ref.rms_norm(want_r, weight, 1e-6)
@@ -169,9 +179,10 @@ def test_pre_ops_full_widths_on_gpu(n: int, m_rows: int, splits: int) -> None:
     _assert_close_inputs(_natural(got, m_rows, n, order), h, rot, torch.float16)
     gate_up = torch.randn(m_rows, 2 * n, generator=gen, device=dev) * 3
     out = torch.full(shape, float("nan"), device=dev)
-    ops.silu_mul_rotate(gate_up, torch.float16, rot, prepared_order=order, out=out, splits=splits)
+    ops_rotate.silu_mul_rotate(gate_up, torch.float16, rot, prepared_order=order, out=out,
+                               splits=splits)
     assert torch.isfinite(out).all()
-    nat = ops.silu_mul_rotate(gate_up, torch.float16, rot)
+    nat = ops_rotate.silu_mul_rotate(gate_up, torch.float16, rot)
     h = ref.silu_mul(gate_up, torch.float16)
     _assert_close_inputs(nat, h, rot, torch.float16)
     _assert_close_inputs(_natural(out, m_rows, n, order), h, rot, torch.float16)
@@ -187,6 +198,7 @@ def test_split_prepared_write_equals_one_program(n: int, m_rows: int, splits: in
     rotation and both pre-ops (the residual too). Groups of 8..128 columns (k = 1, 3, 5, 9), a
     16-column tail, 3 rows in 4 prepared rows."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 11)
     order = ops.tetra_kernel_tables("cpu").order
     gen = torch.Generator().manual_seed(n)
@@ -196,21 +208,21 @@ def test_split_prepared_write_equals_one_program(n: int, m_rows: int, splits: in
     def poisoned() -> torch.Tensor:
         return torch.full(shape, float("nan"))
 
-    one = ops.rotate(x, rot, prepared_order=order, splits=1)
-    got = ops.rotate(x, rot, prepared_order=order, out=poisoned(), splits=splits)
+    one = ops_rotate.rotate(x, rot, prepared_order=order, splits=1)
+    got = ops_rotate.rotate(x, rot, prepared_order=order, out=poisoned(), splits=splits)
     assert torch.equal(got, one)
     xh, delta, w = x.half(), torch.randn(m_rows, n, generator=gen), torch.ones(n).half()
-    r1, one = ops.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order, splits=1)
-    r2, got = ops.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order,
-                              out=poisoned(), splits=splits)
+    r1, one = ops_rotate.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order, splits=1)
+    r2, got = ops_rotate.norm_rotate(xh, w, 1e-6, rot, delta=delta, prepared_order=order,
+                                     out=poisoned(), splits=splits)
     assert torch.equal(got, one) and torch.equal(r2, r1)
     gu = torch.randn(m_rows, 2 * n, generator=gen)
-    one = ops.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, splits=1)
-    got = ops.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, out=poisoned(),
-                              splits=splits)
+    one = ops_rotate.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, splits=1)
+    got = ops_rotate.silu_mul_rotate(gu, torch.float16, rot, prepared_order=order, out=poisoned(),
+                                     splits=splits)
     assert torch.equal(got, one)
     with pytest.raises(InvalidInput, match="power of two"):
-        ops.rotate(x, rot, prepared_order=order, splits=3)
+        ops_rotate.rotate(x, rot, prepared_order=order, splits=3)
 
 
 def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev: str,
@@ -218,9 +230,10 @@ def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev
     """One case of the rotation-written activation records (see the tests below): ``forms``
     ``r`` the plain rotation, ``n`` the norm, ``s`` the SwiGLU (the matvec check after it)."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     from leechq.formats.layouts.tetra48 import random_tetra48
 
-    rot = ops.DeviceRotation.from_tables(generate_rotation(n, 1), dev)
+    rot = ops_rotate.DeviceRotation.from_tables(generate_rotation(n, 1), dev)
     order = ops.planes14_m1_order(dev) if planes14 else ops.tetra_kernel_tables(dev).order
     gen = torch.Generator().manual_seed(n + m_rows)
     x = torch.randn(m_rows, n, generator=gen).to(dev)
@@ -236,17 +249,19 @@ def _rotation_records_case(n: int, m_rows: int, splits: int, planes14: bool, dev
 
     if "r" in forms:
         recs = ops.imma_records(nb, dev, m_rows)
-        check(ops.rotate(x, rot, prepared_order=order, splits=splits, records=recs), recs)
+        check(ops_rotate.rotate(x, rot, prepared_order=order, splits=splits, records=recs), recs)
     if "n" in forms:
         recs = ops.imma_records(nb, dev, m_rows)
-        _, xp = ops.norm_rotate(x.half(), torch.ones(n, device=dev).half(), 1e-6, rot, delta=x,
-                                prepared_order=order, splits=splits, records=recs)
+        _, xp = ops_rotate.norm_rotate(x.half(), torch.ones(n, device=dev).half(), 1e-6, rot,
+                                       delta=x, prepared_order=order, splits=splits,
+                                       records=recs)
         check(xp, recs)
     if "s" not in forms:
         return
     recs = ops.imma_records(nb, dev, m_rows)
-    xp = ops.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=gen).to(dev), torch.float16,
-                             rot, prepared_order=order, splits=splits, records=recs)
+    xp = ops_rotate.silu_mul_rotate(torch.randn(m_rows, 2 * n, generator=gen).to(dev),
+                                    torch.float16, rot, prepared_order=order, splits=splits,
+                                    records=recs)
     check(xp, recs)
     if not planes14:
         w = random_tetra48(24, n, seed=n, device=dev)
@@ -282,23 +297,24 @@ def test_rotation_records_on_gpu(m_rows: int, planes14: bool) -> None:
 @interp
 def test_rotation_records_reject_what_they_cannot_serve() -> None:
     ops = _ops()
+    ops_rotate = _ops_rotate()
     order = ops.tetra_kernel_tables("cpu").order
     x = torch.randn(3, 96)
     with pytest.raises(UnsupportedShape, match="one group"):
-        ops.rotate(x, generate_rotation(96, 3), prepared_order=order,
-                   records=ops.imma_records(4, "cpu"))
+        ops_rotate.rotate(x, generate_rotation(96, 3), prepared_order=order,
+                          records=ops.imma_records(4, "cpu"))
     rot = generate_rotation(128, 1)
     with pytest.raises(InvalidInput, match="one-launch prepared"):
-        ops.rotate(torch.randn(3, 128), rot, records=ops.imma_records(5, "cpu"))
+        ops_rotate.rotate(torch.randn(3, 128), rot, records=ops.imma_records(5, "cpu"))
     with pytest.raises(UnsupportedShape, match=r"1\.\.16"):
-        ops.rotate(torch.randn(17, 128), rot, prepared_order=order,
-                   records=ops.imma_records(5, "cpu"))
+        ops_rotate.rotate(torch.randn(17, 128), rot, prepared_order=order,
+                          records=ops.imma_records(5, "cpu"))
     with pytest.raises(InvalidInput, match="records"):  # 9 rows need two chunks of records
-        ops.rotate(torch.randn(9, 128), rot, prepared_order=order,
-                   records=ops.imma_records(5, "cpu", 8))
+        ops_rotate.rotate(torch.randn(9, 128), rot, prepared_order=order,
+                          records=ops.imma_records(5, "cpu", 8))
     with pytest.raises(InvalidInput, match="records"):
         rec, ex = ops.imma_records(5, "cpu")
-        ops.rotate(torch.randn(3, 128), rot, prepared_order=order, records=(rec[:-1], ex))
+        ops_rotate.rotate(torch.randn(3, 128), rot, prepared_order=order, records=(rec[:-1], ex))
 
 
 @interp
@@ -309,34 +325,36 @@ def test_rotation_writes_the_dense_order(n: int) -> None:
     float32 output rounded to float16 and permuted; a prepared order with it, a map of the wrong
     dtype or length, are refused by name."""
     ops = _ops()
+    ops_rotate = _ops_rotate()
     rot = generate_rotation(n, 3)
     g = torch.Generator().manual_seed(n)
     x = torch.randn(3, n, generator=g).half()
     dest = torch.randperm(n, generator=g).to(torch.int32)
-    got = ops.rotate(x, rot, dense_order=dest)
+    got = ops_rotate.rotate(x, rot, dense_order=dest)
     want = torch.empty(3, n, dtype=torch.float16)
-    want[:, dest.long()] = ops.rotate(x, rot).half()
+    want[:, dest.long()] = ops_rotate.rotate(x, rot).half()
     assert got.dtype == torch.float16 and torch.equal(got, want)
     w = (1 + 0.1 * torch.randn(n, generator=g)).half()
     delta = torch.randn(3, n, generator=g)
-    r, y16 = ops.norm_rotate(x, w, 1e-6, rot, delta=delta, dense_order=dest)
-    r32, y32 = ops.norm_rotate(x, w, 1e-6, rot, delta=delta)
+    r, y16 = ops_rotate.norm_rotate(x, w, 1e-6, rot, delta=delta, dense_order=dest)
+    r32, y32 = ops_rotate.norm_rotate(x, w, 1e-6, rot, delta=delta)
     assert torch.equal(r, r32) and torch.equal(y16[:, dest.long()], y32.half())
     gu = torch.randn(2, 2 * n, generator=g)
-    s16 = ops.silu_mul_rotate(gu, torch.float16, rot, dense_order=dest)
-    assert torch.equal(s16[:, dest.long()], ops.silu_mul_rotate(gu, torch.float16, rot).half())
+    s16 = ops_rotate.silu_mul_rotate(gu, torch.float16, rot, dense_order=dest)
+    assert torch.equal(s16[:, dest.long()],
+                       ops_rotate.silu_mul_rotate(gu, torch.float16, rot).half())
     order = ops.tetra_kernel_tables("cpu").order
     with pytest.raises(InvalidInput, match="two output layouts"):
-        ops.rotate(x, rot, dense_order=dest, prepared_order=order)
+        ops_rotate.rotate(x, rot, dense_order=dest, prepared_order=order)
     with pytest.raises(InvalidInput, match="dense_order"):
-        ops.rotate(x, rot, dense_order=dest.long())
+        ops_rotate.rotate(x, rot, dense_order=dest.long())
     with pytest.raises(InvalidInput, match="dense_order"):
-        ops.rotate(x, rot, dense_order=dest[:-1])
+        ops_rotate.rotate(x, rot, dense_order=dest[:-1])
     # a map that is not a permutation never writes outside the row (the row after it is intact)
     bad = dest.clone()
     bad[0], bad[1] = n, -1
     guard = torch.full((4, n), 7.0, dtype=torch.float16)
-    ops.rotate(x[:1], rot, dense_order=bad, out=guard[1:2])
+    ops_rotate.rotate(x[:1], rot, dense_order=bad, out=guard[1:2])
     assert torch.equal(guard[2:], torch.full((2, n), 7.0, dtype=torch.float16))
     assert torch.equal(guard[0], torch.full((n,), 7.0, dtype=torch.float16))
 
@@ -352,6 +370,7 @@ def test_rotation_dense_order_on_gpu(n: int, m_rows: int) -> None:
     from leechq.formats.layouts.tetra48 import random_tetra48
 
     ops = _ops()
+    ops_rotate = _ops_rotate()
     dev = "cuda"
     rot = generate_rotation(n, 0x5EED ^ n)
     order = ops.dense_input_order(random_tetra48(8, n, seed=1, device=dev), dev)
@@ -361,11 +380,11 @@ def test_rotation_dense_order_on_gpu(n: int, m_rows: int) -> None:
     delta = torch.randn(m_rows, n, generator=gen, device=dev)
     weight = (1 + 0.2 * torch.randn(n, generator=gen, device=dev)).half()
     out = torch.full((m_rows, n), float("nan"), dtype=torch.float16, device=dev)
-    assert ops.rotate(x, rot, dense_order=order, out=out) is out
-    assert torch.equal(out[:, perm], ops.rotate(x, rot).half())
-    _, y16 = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta, dense_order=order)
-    _, y32 = ops.norm_rotate(x, weight, 1e-6, rot, delta=delta)
+    assert ops_rotate.rotate(x, rot, dense_order=order, out=out) is out
+    assert torch.equal(out[:, perm], ops_rotate.rotate(x, rot).half())
+    _, y16 = ops_rotate.norm_rotate(x, weight, 1e-6, rot, delta=delta, dense_order=order)
+    _, y32 = ops_rotate.norm_rotate(x, weight, 1e-6, rot, delta=delta)
     assert torch.equal(y16[:, perm], y32.half())
     gate_up = torch.randn(m_rows, 2 * n, generator=gen, device=dev) * 3
-    s16 = ops.silu_mul_rotate(gate_up, torch.float16, rot, dense_order=order)
-    assert torch.equal(s16[:, perm], ops.silu_mul_rotate(gate_up, torch.float16, rot).half())
+    s16 = ops_rotate.silu_mul_rotate(gate_up, torch.float16, rot, dense_order=order)
+    assert torch.equal(s16[:, perm], ops_rotate.silu_mul_rotate(gate_up, torch.float16, rot).half())

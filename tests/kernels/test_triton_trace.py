@@ -39,10 +39,11 @@ from leechq.formats.rotation import generate_rotation
 from leechq.kernels.triton import ops
 from leechq.serve.random_codes import random_int4
 
-from leechq.kernels.triton import ops_attention, ops_common, ops_dense, ops_imma, ops_intq
+from leechq.kernels.triton import (ops_attention, ops_common, ops_dense, ops_imma, ops_intq,
+                                   ops_rotate)
 
 # CPU tensors pass the argument checks; kernels stay JITFunctions
-for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention):
+for _mod in (ops, ops_common, ops_dense, ops_imma, ops_intq, ops_attention, ops_rotate):
     if hasattr(_mod, "interpreting"):
         _mod.interpreting = lambda: True
 # the dispatch table: CPU tensors allowed, the GPU's choice for several rows (the many-row m1 in
@@ -107,14 +108,14 @@ cases = [
         ops.prepare_activation(x, planes.n_blocks, ops.planes14_m1_order("cpu")), planes, 4), 4,
      planes.d_in),
     ("planes14 dense M=17", lambda x: ops.planes14_matmul_dense(x, planes), 17, planes.d_in),
-    ("rotate", lambda x: ops.rotate(x, ops.DeviceRotation.from_tables(rot, "cpu"),
-                                    prepared_order=order), 2, 96),
+    ("rotate", lambda x: ops_rotate.rotate(x, ops_rotate.DeviceRotation.from_tables(rot, "cpu"),
+                                           prepared_order=order), 2, 96),
     ("int4 M=2", lambda x: ops.int4_matvec(x, int4), 2, 256),
-    ("norm_rotate", lambda x: ops.norm_rotate(x.half(), torch.ones(96).half(), 1e-6,
-                                              ops.DeviceRotation.from_tables(rot, "cpu"), delta=x,
-                                              prepared_order=order)[1], 2, 96),
-    ("silu_mul_rotate", lambda x: ops.silu_mul_rotate(
-        x, torch.float16, ops.DeviceRotation.from_tables(rot, "cpu"), prepared_order=order),
+    ("norm_rotate", lambda x: ops_rotate.norm_rotate(
+        x.half(), torch.ones(96).half(), 1e-6, ops_rotate.DeviceRotation.from_tables(rot, "cpu"),
+        delta=x, prepared_order=order)[1], 2, 96),
+    ("silu_mul_rotate", lambda x: ops_rotate.silu_mul_rotate(
+        x, torch.float16, ops_rotate.DeviceRotation.from_tables(rot, "cpu"), prepared_order=order),
      2, 192),
 ]
 for name, fn, m_rows, d_in in cases:

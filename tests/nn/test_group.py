@@ -62,7 +62,7 @@ def test_single_member_and_errors() -> None:
 def test_group_rotates_once_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """q and k on the fused path (one rotation) become one fused run: one rotation launch per
     call of the group, the members' numbers (each member now reads its rows of the run)."""
-    from leechq.kernels.triton import ops
+    from leechq.kernels.triton import ops_rotate
 
     members = _members()[:2]
     for m in members:
@@ -70,8 +70,8 @@ def test_group_rotates_once_under_the_interpreter(monkeypatch: pytest.MonkeyPatc
     x = torch.randn(2, 56)
     before = torch.cat([m(x) for m in members], dim=-1)
     calls = []
-    rotate = ops.rotate
-    monkeypatch.setattr(ops, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+    rotate = ops_rotate.rotate
+    monkeypatch.setattr(ops_rotate, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
     group = LeechqGroup.from_modules(members)
     assert isinstance(group, LeechqGroup) and group.segments == [-1]  # one fused run
     assert group.execution.members == 2 and len(group.parts) == 1
@@ -239,7 +239,7 @@ def test_group_from_records_reference_path_on_cpu() -> None:
 
 
 def test_group_rotation_equals_ops_rotate() -> None:
-    from leechq.kernels.triton import ops
+    from leechq.kernels.triton import ops_rotate
     from leechq.nn.group import _prepared_buffer
 
     group = _fused(_records(True), [None, None])
@@ -247,7 +247,7 @@ def test_group_rotation_equals_ops_rotate() -> None:
     ours = _prepared_buffer(torch.device("cpu"), group.n_blocks, 3)
     group._fill(x, ours, group.order)
     theirs = torch.zeros_like(ours)
-    ops.rotate(x, group.rot, prepared_order=group.order, out=theirs)
+    ops_rotate.rotate(x, group.rot, prepared_order=group.order, out=theirs)
     assert torch.equal(ours, theirs)
 
 

@@ -169,13 +169,14 @@ def test_fused_pre_ops_match_separate_pieces(monkeypatch: pytest.MonkeyPatch) ->
     against the same model with them as separate pieces (``fuses_pre_ops`` patched off): the fused
     launches are taken (3 per layer at batch 1, and again for 70 rows on the dequantized copy,
     where the rotation writes natural order), and the logits agree to the norm's rounding."""
-    from leechq.kernels.triton import ops
+    from leechq.kernels.triton import ops_rotate
 
     model = _fused_or_skip()
     calls = []
     for name in ("norm_rotate", "silu_mul_rotate"):
-        fn = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
+        fn = getattr(ops_rotate, name)
+        monkeypatch.setattr(ops_rotate, name,
+                            lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
 
     def logits(tokens: torch.Tensor) -> torch.Tensor:
         cache = KVCache(model.args, tokens.shape[0], 96, torch.float16, "cuda")

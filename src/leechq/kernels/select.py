@@ -321,7 +321,7 @@ class TritonRotate(_Triton):
     name = "triton-rotate"
     op = "rotate"
     layouts = frozenset({"rotation"})
-    impl = "leechq.kernels.triton.ops:rotate"
+    impl = "leechq.kernels.triton.ops_rotate:rotate"
 
     @classmethod
     def _shape_ok(cls, req: Request) -> tuple[bool, str]:
@@ -601,7 +601,7 @@ def plan_linear(record: Any, device: torch.device | str, dtype: torch.dtype,
         rot_fn = rk.function("rotation")
         tables = record.rotation
         if rk.backend == "triton":
-            from leechq.kernels.triton.ops import DeviceRotation
+            from leechq.kernels.triton.ops_rotate import DeviceRotation
 
             dev_rot = DeviceRotation.from_tables(tables, device)
             rotate = lambda x: rot_fn(x.contiguous(), dev_rot)  # noqa: E731

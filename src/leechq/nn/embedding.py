@@ -150,6 +150,22 @@ class ScaledLookup(nn.Module):
                  dtype: torch.dtype = torch.float32, *, prefer: str = "auto") -> Execution:
         raise NotImplementedError
 
+    def _finalize_device(self, device: torch.device | str | None, dtype: torch.dtype,
+                         prefer: str, what: str) -> torch.device:
+        """The first steps of a subclass's ``finalize``: check ``dtype`` and ``prefer`` (errors
+        naming the class ``what``), resolve ``device`` (default: :meth:`_device`, a CUDA index made
+        explicit), refuse the meta device, and move the module's buffers there when they are
+        elsewhere (``execution`` cleared first, so that :meth:`_apply` does not re-finalize on the
+        way). Returns the resolved device."""
+        _check_finalize_args(dtype, prefer, what)
+        device = _target_device(device, self._device())
+        if device.type == "meta":
+            raise InvalidInput(f"{what}.finalize: cannot finalize on the meta device")
+        if self._device() != device:
+            self.execution = None  # _apply must not re-finalize on the way
+            super().to(device)
+        return device
+
     def _apply(self, fn: Any, recurse: bool = True) -> ScaledLookup:
         names = self.KEPT_DTYPES
         kept = {n: b for n, b in self._buffers.items() if b is not None
@@ -300,13 +316,7 @@ class PackedEmbedding(ScaledLookup):
         """
         from leechq.kernels.select import Request
 
-        _check_finalize_args(dtype, prefer, "PackedEmbedding")
-        device = _target_device(device, self.qweight.device)
-        if device.type == "meta":
-            raise InvalidInput("PackedEmbedding.finalize: cannot finalize on the meta device")
-        if self.qweight.device != device:
-            self.execution = None  # _apply must not re-finalize on the way
-            super().to(device)
+        device = self._finalize_device(device, dtype, prefer, "PackedEmbedding")
         layout = f"int{self.bits}"
         kernel, reason = _select(Request(layout, 1, device, dtype, op="embedding",
                                          d_out=self.num_embeddings, d_in=self.embedding_dim,

@@ -14,7 +14,8 @@ list of *segments* whose outputs are concatenated along the last dimension:
 A group computes exactly what its members compute: the rows of its output are the rows of the
 members, in order.
 
-The fused run works on top of the kernels of :mod:`leechq.kernels.triton.ops`:
+The fused run works on top of the kernels of :mod:`leechq.kernels.triton.ops` (and the
+rotations of :mod:`leechq.kernels.triton.ops_rotate`):
 
 1. the input ``x [M, d_in]`` is rotated and laid out in the *prepared* activation layout the
    lattice matvec reads (one rotation launch that writes that layout; unrotated runs use the
@@ -30,8 +31,9 @@ The fused run works on top of the kernels of :mod:`leechq.kernels.triton.ops`:
 On that matvec path the serving model also hands a group the *pre-op* that makes its input
 (:meth:`LeechqGroup.forward_add_norm`: the residual add and RMSNorm before q|k|v and gate|up;
 :meth:`LeechqGroup.forward_silu_mul`: the SwiGLU before down), and the rotation launch computes it
-on the fly (``ops.norm_rotate`` / ``ops.silu_mul_rotate``): one launch instead of two, the input
-never written out. Only a group that is one rotated fused run does this (:meth:`fuses_pre_ops`).
+on the fly (``ops_rotate.norm_rotate`` / ``ops_rotate.silu_mul_rotate``): one launch instead of
+two, the input never written out. Only a group that is one rotated fused run does this
+(:meth:`fuses_pre_ops`).
 
 The dispatch table (``kernels.select.KERNELS``) picks each call's path by its row count. On a
 GPU a Tetra run takes ``m1`` for one or two rows; from ``tuning.GEMM_MIN_ROWS`` to
@@ -228,7 +230,7 @@ class LeechqGroup(nn.Module):
         run's ``d_in``."""
         from leechq.formats import layouts
         from leechq.kernels.tables import tetra_kernel_tables
-        from leechq.kernels.triton import ops
+        from leechq.kernels.triton import ops, ops_rotate
         from leechq.nn.linear import Execution
 
         parts = list(run.parts)
@@ -249,6 +251,7 @@ class LeechqGroup(nn.Module):
                                    kernel=_matvec_kernel(self.layout),
                                    members=run.members or len(parts))
         self._ops = ops
+        self._rot_ops = ops_rotate
         # Tetra: the trio order; Planes14: per call (the m1 kernel's order or natural)
         self.order = (tetra_kernel_tables(device).order
                       if layouts.get(self.layout).codebook == "tetra" else None)
@@ -256,7 +259,7 @@ class LeechqGroup(nn.Module):
             ops.planes14_dense_enabled(torch.device(device))
         self.rotation = run.rotation
         self.rot = (None if run.rotation is None
-                    else ops.DeviceRotation.from_tables(run.rotation, device))
+                    else ops_rotate.DeviceRotation.from_tables(run.rotation, device))
         if run.bias is not None:
             self.bias = run.bias.detach().to(device, torch.float32)
         # Packed tensors are registered so that memory accounting and .to() see them.
@@ -356,13 +359,13 @@ class LeechqGroup(nn.Module):
 
     def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The fused run: x [..., d_in] → float32 [..., its Σ d_out] (bias added)."""
-        ops = self._ops
+        rot_ops = self._rot_ops
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         _, y = self._many_row_products(int(x2.shape[0]), lambda order: (
-            None, ops.rotate(x2, self.rot, dense_order=order) if self.rot is not None else x2))
+            None, rot_ops.rotate(x2, self.rot, dense_order=order) if self.rot is not None else x2))
         if y is None:
             y = self._prepared_matvecs(x2, self._fill)[1]
         return y.reshape(*lead, self.offsets[-1])
@@ -384,33 +387,33 @@ class LeechqGroup(nn.Module):
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(r, self(rms_norm(r)))`` with ``r = x + delta`` (``delta`` narrowed to x's dtype;
         ``r`` is ``x`` without ``delta``): the residual add, the norm and the rotation in one
-        launch (``ops.norm_rotate``), then the matvecs. x, delta [..., d_in]; weight [d_in].
+        launch (``ops_rotate.norm_rotate``), then the matvecs. x, delta [..., d_in]; weight [d_in].
         Only where :meth:`fuses_pre_ops` holds."""
         self._pre_op_check()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_in).contiguous()
         d2 = None if delta is None else delta.reshape(-1, self.d_in).contiguous()
         r, y = self._many_row_products(int(x2.shape[0]), lambda order: (
-            self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)))
+            self._rot_ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, dense_order=order)))
         if y is None:
             (r, _), y = self._prepared_matvecs(x2, lambda x2, xp, order, recs: (
-                self._ops.norm_rotate(x2, weight, eps, self.rot, delta=d2, prepared_order=order,
-                                      out=xp, records=recs)))
+                self._rot_ops.norm_rotate(x2, weight, eps, self.rot, delta=d2,
+                                          prepared_order=order, out=xp, records=recs)))
         return r.reshape(x.shape), y.reshape(*lead, self.offsets[-1])
 
     def forward_silu_mul(self, gate_up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``self(silu_mul(gate_up, dtype))``: SwiGLU and the rotation in one launch
-        (``ops.silu_mul_rotate``), then the matvecs. gate_up [..., 2·d_in] (gate first).
+        (``ops_rotate.silu_mul_rotate``), then the matvecs. gate_up [..., 2·d_in] (gate first).
         Only where :meth:`fuses_pre_ops` holds."""
         self._pre_op_check()
         lead = gate_up.shape[:-1]
         g2 = gate_up.reshape(-1, 2 * self.d_in).contiguous()
         _, y = self._many_row_products(int(g2.shape[0]), lambda order: (
-            None, self._ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
+            None, self._rot_ops.silu_mul_rotate(g2, dtype, self.rot, dense_order=order)))
         if y is None:
             _, y = self._prepared_matvecs(g2, lambda g2, xp, order, recs: (
-                self._ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
-                                          records=recs)))
+                self._rot_ops.silu_mul_rotate(g2, dtype, self.rot, prepared_order=order, out=xp,
+                                              records=recs)))
         return y.reshape(*lead, self.offsets[-1])
 
     def _prepared_matvecs(self, inp: torch.Tensor, fill: Any) -> tuple[Any, torch.Tensor]:
@@ -530,7 +533,7 @@ class LeechqGroup(nn.Module):
         launch: ``activation.rotate_prepared_kernel`` or the preparation kernel; ``recs``: the
         int8 kernel's activation records the rotation also writes, or None)."""
         if self.rot is not None:
-            self._ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs)
+            self._rot_ops.rotate(x2, self.rot, prepared_order=order, out=xp, records=recs)
         else:
             self._ops.prepare_activation(x2, self.n_blocks, order, out=xp)
 

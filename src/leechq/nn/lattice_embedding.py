@@ -26,7 +26,7 @@ import torch
 from leechq.errors import InvalidInput
 from leechq.formats.quantized_weight import QuantizedWeight, rotated_rows
 from leechq.formats.rotation import RotationTables, rotation_transpose_with
-from leechq.nn.embedding import ScaledLookup, _check_finalize_args, _target_device
+from leechq.nn.embedding import ScaledLookup
 from leechq.nn.linear import Execution
 
 MAX_SHELL = 64
@@ -163,13 +163,7 @@ class LatticeEmbedding(ScaledLookup):
         """Put the buffers on ``device`` and fix the output ``dtype`` (float32, float16 or
         bfloat16). Every preference runs the same torch decode (there is no fused kernel for a
         lattice lookup); ``prefer`` is kept for :meth:`to`. Returns the :class:`Execution`."""
-        _check_finalize_args(dtype, prefer, "LatticeEmbedding")
-        device = _target_device(device, self.codes.device)
-        if device.type == "meta":
-            raise InvalidInput("LatticeEmbedding.finalize: cannot finalize on the meta device")
-        if self.codes.device != device:
-            self.execution = None  # _apply must not re-finalize on the way
-            super().to(device)
+        device = self._finalize_device(device, dtype, prefer, "LatticeEmbedding")
         self._prefer = prefer
         self.execution = Execution("reference", str(device), dtype,
                                    kernel=f"torch-lattice-{self.codebook}-embedding")

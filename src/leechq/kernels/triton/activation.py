@@ -18,7 +18,8 @@ The transform has two forms: butterflies (the default) and, with ``TC``, for gro
 ``256 ≤ m ≤ 4096`` (:data:`TC_MIN`, :data:`TC_MAX`), two tensor-core products. On the H200 the
 butterflies were faster for 4 of the 6 Qwen3 widths (natural order, µs per launch, butterflies vs
 tensor cores: 4096: 3.1 vs 4.8; 12288: 3.9 vs 5.3; 2560: 2.7 vs 3.1; 5120: 3.2 vs 3.6; 9728: 4.8
-vs 4.5; 17408: 5.4 vs 4.6), so the tensor-core form is opt-in (``ops.rotate(tensor_cores=True)``).
+vs 4.5; 17408: 5.4 vs 4.6), so the tensor-core form is opt-in
+(``ops_rotate.rotate(tensor_cores=True)``).
 Tensor-core form: with ``m = R·C`` (R = C = 64 for 4096, 32×64 for 2048, 32×32 for 1024, 16×32 for 512,
 16×16 for 256) the mixed vector is held as the row-major R×C tile ``V`` (``z[C·a + b] = V[a, b]``),
 and since ``H_m = H_R ⊗ H_C`` in Sylvester order, ``H_m z`` is ``H_R · V · H_C`` read back in the

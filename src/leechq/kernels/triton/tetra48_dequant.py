@@ -6,7 +6,7 @@ spend 8 × 24 FMAs per block, far slower than a tensor-core GEMM. This kernel de
 into float16 values ``y_t · c_g / ‖y‖`` (no σ_row) so that cuBLAS can take the product; σ_row, the
 tail columns and the column order are applied around the GEMM (``ops.tetra48_matmul_dense``).
 
-Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_m1.decode_nibbles`,
+Decode: the batch-1 kernel's table and arithmetic (:func:`.tetra48_decode.decode_nibbles`,
 docs/kernels.md): per section the value bytes of the even and odd trio coordinates, the
 squared norm by ``dp4a``, ``1/‖y‖`` from the table. The block scale ``c_g·(1/‖y‖)`` is rounded
 to float16 once; each two value bytes become ``f16(v · scale)`` by three float16x2 instructions
@@ -47,15 +47,14 @@ from leechq.kernels.triton._bits import (
     global_store128,
     half2,
 )
-from leechq.kernels.triton.tetra48_m1 import (
+from leechq.kernels.triton.tetra48_decode import (
     decode_block64,
     decode_nibbles,
     inv_norm,
-    load_pair_words,
     sb_copy,
     section_values,
-    stage_table,
 )
+from leechq.kernels.triton.tetra48_m1 import load_pair_words, stage_table
 
 T64_OFFSET = tl.constexpr(-468786162)
 """float16 −1038 in both halves of an int32 (``0xE40EE40E``): a ``tetra64`` block's
@@ -116,7 +115,7 @@ def store_eight(ptr, a, b, scale, ok, VEC: tl.constexpr, USE_ASM: tl.constexpr):
 def block_values(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
     """One ``tetra48`` block per element (words ``lo``, ``hi``: uint32): its value words
     ``e1, o1, e2, o2, e3, o3`` (signed bytes of the even / odd trio coordinates of sections
-    1..3, :func:`.tetra48_m1.section_values`) and its scale ``centroid[g] · (1/‖y‖)`` (f32,
+    1..3, :func:`.tetra48_decode.section_values`) and its scale ``centroid[g] · (1/‖y‖)`` (f32,
     ``1/‖y‖`` from the table)."""
     h1, h2, h3, mp, kp, g = decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM)
     e1, o1, n2 = section_values(h1, mp, kp, tl.zeros(lo.shape, tl.int32), USE_ASM)
@@ -130,7 +129,7 @@ def block_values(lo, hi, cent0, cent1, tab_ptr, base, sb_rep, USE_ASM: tl.conste
 def block_values64(w0, w1, w2, w3, ODD: tl.constexpr, cent0, cent1, tab_ptr, base, sb_rep,
                    USE_ASM: tl.constexpr):
     """The even (``ODD`` False) or odd block of a ``tetra64`` pair (``w0..w3``,
-    :func:`.tetra48_m1.decode_block64`; a constant block choice, so the field selects fold
+    :func:`.tetra48_decode.decode_block64`; a constant block choice, so the field selects fold
     away) as :func:`f16_words` operands: per section the doubled even and odd nibbles
     (``2h`` in each byte), the offset ``c = −1038 − p`` (every coordinate is ``2h − 14 − p``)
     in both halves of ``c2``, and the scale ``centroid[g] · (1/‖y‖)`` — the norm is the stored

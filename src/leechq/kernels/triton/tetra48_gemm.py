@@ -52,6 +52,7 @@ from leechq.kernels.triton._bits import global_load32, global_load128, global_st
 from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
 from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 from leechq.kernels.triton.planes14_m1 import _record_bytes
+from leechq.kernels.triton.tetra48_decode import sb_copy
 from leechq.kernels.triton.tetra48_dequant import (
     block_values,
     block_values64,
@@ -59,7 +60,7 @@ from leechq.kernels.triton.tetra48_dequant import (
     f16_words,
     section_words,
 )
-from leechq.kernels.triton.tetra48_m1 import sb_copy, stage_table
+from leechq.kernels.triton.tetra48_m1 import stage_table
 
 PAIRS_PER_STEP = tl.constexpr(4)
 """Block pairs a warp decodes per K step (one per lane ``c`` of a fragment row)."""

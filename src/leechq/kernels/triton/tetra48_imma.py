@@ -8,7 +8,7 @@ more than the decode. Here the same value bytes go to ``mma.sync.m16n8k32`` (int
 * **Fragments.** A warp takes groups of 8 weight rows (``RPS`` = 1, 2 or 4 groups, default 2;
   4 = two pairs of groups decoded one after the other on the same fragments, opt-in) ×
   4 consecutive blocks per step; in each group lane ``4g + c`` decodes block ``c`` of row ``g``
-  (:func:`.tetra48_m1.decode_nibbles`, the staged batch-1 table).
+  (:func:`.tetra48_decode.decode_nibbles`, the staged batch-1 table).
   Its section ``s`` value words (even, odd trio halves) are exactly the ``B`` fragment
   (``b0 = B[4c.., g]``, ``b1 = B[16+4c.., g]``) of one MMA whose 32-deep ``k`` is section ``s`` of
   the four blocks. ``A`` is block-diagonal: row ``m`` is (block ``(m mod 8) // 2``, activation
@@ -57,17 +57,14 @@ from leechq.kernels.triton._bits import (
 from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
 from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
 from leechq.kernels.triton.planes14_m1 import _record_bytes
-from leechq.kernels.triton.tetra48_m1 import (
-    _x_limbs,
+from leechq.kernels.triton.tetra48_decode import (
     decode_block64,
     decode_nibbles,
-    limb_words,
-    rounded_quads,
     sb_copy,
     section_values,
-    stage_table,
     value_map64,
 )
+from leechq.kernels.triton.tetra48_m1 import _x_limbs, limb_words, rounded_quads, stage_table
 
 HALF_WORDS = tl.constexpr(288)
 """Words of one half's ``A`` fragments per 4-block step: 3 limbs × 3 sections × 8 lanes × 4."""

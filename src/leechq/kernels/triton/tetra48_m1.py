@@ -18,7 +18,8 @@ our own :
   per-coordinate float conversion or FMA remains. With ``A16`` (``ops_common.A16``, the serving default)
   ``x̃`` is rounded to a multiple of 256 (16 significant bits per block), limb 0 is zero and its
   6 ``dp4a`` are skipped (12 + 6 per block).
-* **Decode** (``leechq.kernels.tables.tetra_m1_table``): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
+* **Decode** (``leechq.kernels.tables.tetra_m1_table``; the helpers of :mod:`.tetra48_decode`
+  for both word layouts): ``h = f[row] ^ PA[s8] ^ PB[b1, b2, b3]``
   per section (three table words and two 16-byte table reads — the Golay pattern is F2-linear in
   its twelve index bits, split six and six; both pattern tables in eight copies so that the eight
   lanes of a 16-byte shared-load phase never share a bank; the middle section's class-1 rows
@@ -33,8 +34,8 @@ our own :
   same loop over Planes14 records (the decode of :mod:`.planes14_m1`); with ``CODE = TETRA_64``
   over the ``tetra64`` layout (``formats.layouts.tetra64``: the table addresses and shells stored,
   every coordinate ``2h − 14 − p`` on the raw nibbles, :func:`_pair_dot64` — the served default on a
-  GPU), whose Golay pattern comes as one word per table (:data:`T64_PBITS` copies) spread into
-  nibble masks (:func:`decode_block64_bits_split`).
+  GPU), whose Golay pattern comes as one word per table (:data:`.tetra48_decode.T64_PBITS`
+  copies) spread into nibble masks (:func:`.tetra48_decode.decode_block64_bits_split`).
 
 The result differs from the f32 reference only by the activation rounding (≤ 2^-23 of each block's
 largest value; with ``A16`` ≤ 2^-14, the twin ``reference.round_activation``), the hardware
@@ -50,7 +51,6 @@ import triton.language as tl
 
 from leechq.kernels.triton import planes14_m1
 from leechq.kernels.triton._bits import (
-    and_or,
     await_previous_grid,
     dp4a,
     global_load64f_all,
@@ -59,15 +59,18 @@ from leechq.kernels.triton._bits import (
     reserve_smem,
     shfl_xor,
     smem_base,
-    smem_load32_at,
-    smem_load128_at,
     smem_store32,
-    table_load32,
-    table_load128,
     xor_and,
 )
 from leechq.kernels.triton.planes14_m1 import TABLE_PART as P14_TABLE_PART
 from leechq.kernels.triton.planes14_m1 import TABLE_PARTS as P14_TABLE_PARTS
+from leechq.kernels.triton.tetra48_decode import (
+    T64_PBITS,
+    _block_decode64,
+    decode_nibbles,
+    sb_copy,
+    section_values,
+)
 
 MAGIC_RINT = tl.constexpr(12582912.0)
 """1.5·2^23: ``fma(x, s, MAGIC_RINT)`` has bits ``0x4B400000 + rint(x·s)`` for |x·s| < 2^22."""
@@ -77,16 +80,6 @@ A16_STEP = 256
 (batch-1) or MMAs (int8 kernel). Error per coordinate ≤ 128·E_b ≤ 2^-14 of the block's largest
 |value| (``reference.round_activation``)."""
 A16_INV = tl.constexpr(1.0 / 256)
-
-# Word offsets in the batch-1 table (leechq.kernels.tables.M1_*; checked equal in the tests).
-PA_WORD = tl.constexpr(4096)
-PB_WORD = tl.constexpr(4096 + 2048)
-TABLE_WORDS = tl.constexpr(8192)
-MID_SHIFT = tl.constexpr(2048 - 1240)
-T64_PBITS = tl.constexpr(8)
-"""Copies of each pattern entry in the pattern-bits table (``tables.tetra_m1_bits_table``) the
-``tetra64`` decode reads (:func:`decode_block64_bits_split`); see docs/decisions.md for the
-copy counts that lost."""
 
 
 @triton.jit
@@ -275,17 +268,6 @@ def _rint(x, s, RAW: tl.constexpr = False):
 
 
 @triton.jit
-def section_values(h, mp, kp, n2, USE_ASM: tl.constexpr):
-    """One section: nibbles of ``h`` → signed value bytes of its even and odd trio coordinates
-    (``ev``, ``od``: 4 bytes each) and ``n2`` plus their squared norm."""
-    ev = ((h & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    od = (((h >> 4) & 0x0F0F0F0F) * mp + kp) ^ 0x80808080
-    n2 = dp4a(ev, ev, n2, True, USE_ASM)
-    n2 = dp4a(od, od, n2, True, USE_ASM)
-    return ev, od, n2
-
-
-@triton.jit
 def _row_dot(ev1, od1, ev2, od2, ev3, od3, x, USE_ASM: tl.constexpr, A16: tl.constexpr = False):
     """``⟨y, x⟩ / E_b`` of one activation row's block per element as int32 (its three limb sums
     recombined; no wrap: ``Σ|y_i| ≤ √(24·‖y‖²) < 111`` and ``|x̃| ≤ 2^22``), from the block's value bytes
@@ -306,115 +288,6 @@ def _row_dot(ev1, od1, ev2, od2, ev3, od3, x, USE_ASM: tl.constexpr, A16: tl.con
     acc0 = dp4a(od2, a11, dp4a(ev2, a10, acc0, False, USE_ASM), False, USE_ASM)
     acc0 = dp4a(od3, a21, dp4a(ev3, a20, acc0, False, USE_ASM), False, USE_ASM)
     return (acc2 << 16) + (acc1 << 8) + acc0
-
-
-@triton.jit
-def sb_copy(e):
-    """The pattern-table copy offset (in words) of flat tile element ``e``: ``4 · (lane mod 8)`` —
-    the eight lanes of one 16-byte shared-load phase read eight different bank groups."""
-    return ((e % 8) * 4).to(tl.uint32)
-
-
-@triton.jit
-def decode_nibbles(lo, hi, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
-    """The resolved nibble words ``h1, h2, h3`` of one block per element (words ``lo``, ``hi``:
-    uint32), its value map ``(mp, kp)`` — value bytes + 128 are ``nibbles·mp + kp`` — and the
-    gain bit. ``sb_rep``: the element's pattern-table copy offset (:func:`sb_copy`; any copy
-    decodes the same)."""
-    p = lo & 1
-    r = (lo >> 1) & 1
-    v20 = (lo >> 20) | (hi << 12)  # word bits 20..47: b2 | i2<<4 | b3<<15 | i3<<16 | g<<27
-    # PA by s8 (word bits 2..7), PB by b1 | b2<<1 | b3<<5 (word bits 8, 20..23, 35); 32 words/entry
-    pa = (lo & 0xFC) << 3  # 32 words per entry (eight copies)
-    pb = PB_WORD + (((lo >> 3) & 32) | ((v20 << 6) & 0x3C0) | ((v20 >> 5) & 0x400))
-    sa0, sa1, sa2, _sa3 = table_load128(tab_ptr, base, PA_WORD + pa + sb_rep, USE_ASM)
-    sb0, sb1, sb2, _sb3 = table_load128(tab_ptr, base, pb + sb_rep, USE_ASM)
-    i1 = ((lo >> 9) & 2047) | (r << 11)
-    i2 = (v20 >> 4) & 2047
-    dl = (i2 >= 1240).to(tl.uint32)  # the middle section's class: rows 0..1239 or 2048..2855
-    i3 = ((v20 >> 16) & 2047) | ((p ^ r ^ dl) << 11)
-    h1 = table_load32(tab_ptr, base, i1, USE_ASM) ^ sa0 ^ sb0
-    h2 = table_load32(tab_ptr, base, i2 + dl * MID_SHIFT, USE_ASM) ^ sa1 ^ sb1
-    h3 = table_load32(tab_ptr, base, i3, USE_ASM) ^ sa2 ^ sb2
-    # value bytes + 128 = 2h + 114 (p = 0) or 143 − 2h (p = 1): one multiply-add per 4 nibbles
-    mp = 2 - 4 * p
-    kp = 0x72727272 + p * 0x1D1D1D1D
-    return h1, h2, h3, mp, kp, (v20 >> 27) & 1
-
-
-@triton.jit
-def _fields64(w0, w1, w2, w3, odd, base, sbr, LG: tl.constexpr, USE_ASM: tl.constexpr):
-    """The table addresses and scalars of the even (``odd`` False) or odd block of a ``tetra64``
-    pair (``w0..w3``, uint32; ``odd`` a bool tensor, constant where the caller knows the block,
-    and then its field selects fold): the shared-memory byte addresses ``a1..a3`` of its three
-    rank rows, the byte offsets ``opa`` / ``opb`` of its two pattern entries within their tables
-    for entries ``2^LG`` bytes apart (``sbr``, the element's copy as a byte offset, merged in;
-    the layout stores ``PA_e`` as a 128-byte offset at bit 7, ``PB_e`` in bits 0..5, ``PA_o``
-    and ``PB_o`` in bits 26..31), ``p`` and the gain bit (bool) and the stored shell ``m`` as
-    float32 (0 where the words are zeros, i.e. masked off)."""
-    m12 = tl.full(w0.shape, 0x3FFC, tl.uint32)
-    mk = tl.full(w0.shape, 63 << LG, tl.uint32)
-    a1 = base + tl.where(odd, (w0 >> 12) & m12, w0 & m12)
-    a2 = base + tl.where(odd, (w1 >> 12) & m12, w1 & m12)
-    a3 = base + tl.where(odd, (w2 >> 12) & m12, w2 & m12)
-    pa_e = and_or(w3 >> (7 - LG), mk, sbr, USE_ASM)  # a shift by 0 for 128-byte entries
-    opa = tl.where(odd, (w3 >> (26 - LG)) | sbr, pa_e)
-    opb = and_or(tl.where(odd, w2 >> (26 - LG), w3 << LG), mk, sbr, USE_ASM)
-    p = tl.where(odd, w1 & 1, (w0 >> 26) & 1) != 0
-    g = tl.where(odd, (w0 >> 1) & 1, w0 & 1) != 0
-    m = tl.where(odd, w1 >> 27, w0 >> 27).to(tl.float32)
-    return a1, a2, a3, opa, opb, p, g, m
-
-
-@triton.jit
-def decode_block64(w0, w1, w2, w3, odd, tab_ptr, base, sbr, USE_ASM: tl.constexpr):
-    """The even (``odd`` False) or odd block of a ``tetra64`` pair (:func:`_fields64`; ``sbr``:
-    the element's pattern-copy byte offset in the 16-byte-entry table): the nibble words
-    ``h1..h3`` (``h = f ^ PA ^ PB``; every coordinate is ``2h − 14 − p``), ``p`` and the gain
-    bit (bool) and the stored shell ``m`` as float32 (0 where the words are zeros)."""
-    a1, a2, a3, opa, opb, p, g, m = _fields64(w0, w1, w2, w3, odd, base, sbr, 7, USE_ASM)
-    sa0, sa1, sa2, _sa3 = smem_load128_at(tab_ptr, base + PA_WORD * 4 + opa, USE_ASM)
-    sb0, sb1, sb2, _sb3 = smem_load128_at(tab_ptr, base + PB_WORD * 4 + opb, USE_ASM)
-    h1 = smem_load32_at(tab_ptr, a1, USE_ASM) ^ (sa0 ^ sb0)
-    h2 = smem_load32_at(tab_ptr, a2, USE_ASM) ^ (sa1 ^ sb1)
-    h3 = smem_load32_at(tab_ptr, a3, USE_ASM) ^ (sa2 ^ sb2)
-    return h1, h2, h3, p, g, m
-
-
-@triton.jit
-def pattern_masks(pa, pb):
-    """The three sections' nibble masks from two pattern-bits words (``tables.pattern_bits``:
-    bit ``4i + k`` is nibble ``i`` of section ``k``): the XOR of the two, spread by a mask and a
-    multiply by 15 per section."""
-    pp = pa ^ pb
-    n1 = tl.full(pa.shape, 0x11111111, tl.uint32)
-    return (pp & n1) * 15, ((pp >> 1) & n1) * 15, ((pp >> 2) & n1) * 15
-
-
-@triton.jit
-def decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr, base, sbr, COPIES: tl.constexpr,
-                              USE_ASM: tl.constexpr):
-    """:func:`decode_block64_bits` before its last XOR: each section's rank-row word ``f`` and
-    pattern mask ``k`` (``h = f ^ k``), as ``f1, k1, f2, k2, f3, k3, p, g, m`` — so that a
-    caller masking ``h`` twice (even and odd nibbles) takes each mask of the XOR in one
-    :func:`._bits.xor_and`."""
-    LG: tl.constexpr = 7 if COPIES == 32 else 6 if COPIES == 16 else 5
-    a1, a2, a3, opa, opb, p, g, m = _fields64(w0, w1, w2, w3, odd, base, sbr, LG, USE_ASM)
-    pa = smem_load32_at(tab_ptr, base + PA_WORD * 4 + opa, USE_ASM)
-    pb = smem_load32_at(tab_ptr, base + (PA_WORD + 64 * COPIES) * 4 + opb, USE_ASM)
-    f1 = smem_load32_at(tab_ptr, a1, USE_ASM)
-    f2 = smem_load32_at(tab_ptr, a2, USE_ASM)
-    f3 = smem_load32_at(tab_ptr, a3, USE_ASM)
-    k1, k2, k3 = pattern_masks(pa, pb)
-    return f1, k1, f2, k2, f3, k3, p, g, m
-
-
-@triton.jit
-def value_map64(p):
-    """The value map of a ``tetra64`` block for :func:`section_values`: value bytes + 128 are
-    ``nibbles·mp + kp`` with ``mp = 2``, ``kp = 114 − p`` per byte."""
-    kp = (0x72727272 - p.to(tl.uint32) * 0x01010101).to(tl.uint32)
-    return tl.full(p.shape, 2, tl.int32), kp
 
 
 @triton.jit
@@ -475,17 +348,6 @@ def _block_dot64(f1, k1, f2, k2, f3, k3, p, scale, x0, x1, x2, x3, MB: tl.conste
 
 
 @triton.jit
-def _block_decode64(w0, w1, w2, w3, odd, cent0, cent1, tab_ptr, base, sbr,
-                    USE_ASM: tl.constexpr):
-    """What :func:`_block_dot64` needs of the even (``odd`` False) or odd block of a ``tetra64``
-    pair, with no activation: :func:`_decode64`'s ``f1, k1, f2, k2, f3, k3, p`` and the block's
-    scale ``centroid[g] · rsqrt(m)`` (float32)."""
-    f1, k1, f2, k2, f3, k3, p, g, m = decode_block64_bits_split(w0, w1, w2, w3, odd, tab_ptr,
-                                                                base, sbr, T64_PBITS, USE_ASM)
-    return f1, k1, f2, k2, f3, k3, p, tl.where(g, cent1, cent0) * tl.math.rsqrt(m)
-
-
-@triton.jit
 def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.constexpr,
                 USE_ASM: tl.constexpr):
     """:func:`_pair_dot` for a block pair in the ``tetra64`` layout (``w0..w3``, uint32;
@@ -507,14 +369,6 @@ def _pair_dot64(w0, w1, w2, w3, cent0, cent1, tab_ptr, base, sbr, xs, MB: tl.con
                                                     base, sbr, USE_ASM)
     o0, o1, o2, o3 = _block_dot64(f1, k1, f2, k2, f3, k3, p, sc, xo0, xo1, xo2, xo3, MB, USE_ASM)
     return e0 + o0, e1 + o1, e2 + o2, e3 + o3
-
-
-@triton.jit
-def inv_norm(n2, tab_ptr, base, sb_rep, USE_ASM: tl.constexpr):
-    """``1/‖y‖`` (float32, the table's value: f32 of the f64 reciprocal) from ``n2 = ‖y‖²`` (int32,
-    a multiple of 16 below 512; 0 → 0); ``sb_rep`` as in :func:`decode_nibbles`."""
-    word = PA_WORD + ((n2 << 1) & 0x3E0) + sb_rep + 3
-    return table_load32(tab_ptr, base, word, USE_ASM).to(tl.float32, bitcast=True)
 
 
 @triton.jit
