@@ -3,7 +3,9 @@
 # $OUT (default /tmp/out). Usage: benchmarks/gpu_perf.sh SUITE
 #   gputests  the whole GPU test tier in one run (pytest -m gpu, 14 workers, a fallback warning
 #             fails the test; carry .whl/ for the serving and checkpoint-conversion tests):
-#             passed / failed and the 20 slowest tests in $OUT/gputests.log
+#             each test's outcome, passed / failed and the 20 slowest tests in $OUT/gputests.log
+#   gputests-rest  on the same warm machine after a gputests run that its time limit stopped:
+#             the GPU tests that run's log has no outcome for, to $OUT/gputests-rest.log
 #   kernels   one decode step's projections, Qwen3-8B shapes: at 1 activation row the served
 #             Tetra groups against cuBLAS fp16 (benchmarks/bench_matvec.py), at 2..128 rows the
 #             served path, the float16 tensor-core GEMM and torch's int4 tinygemm
@@ -21,7 +23,7 @@ mkdir -p "$OUT"
 suite=${1:-}
 
 case "$suite" in
-gputests)
+gputests|gputests-rest)
   # the pure-Python packages the GPU image lacks (fastapi, uvicorn, openai, gguf, llvq-tetra: the
   # wheels under .whl/, carried) go to a private target, or their tests skip
   if ls .whl/*.whl > /dev/null 2>&1; then
@@ -29,10 +31,24 @@ gputests)
       --target /tmp/gpu-site .whl/*.whl > /dev/null 2>&1
     export PYTHONPATH=$PYTHONPATH:/tmp/gpu-site
   fi
-  timeout 560 python -m pytest -m gpu -n 14 --dist worksteal -p no:cacheprovider -p no:benchmark -W error::UserWarning -q --durations=20 \
-    > "$OUT/gputests.log" 2>&1
+  # -v: the log names each test as it ends, so a run stopped by its limit says which did not
+  # (kept in /tmp for gputests-rest; $OUT is new each call)
+  log=/tmp/$suite.log; tests=()
+  if [ "$suite" = gputests-rest ]; then
+    [ -f /tmp/gputests.log ] || { echo "no gputests log on this machine"; exit 2; }
+    python -m pytest -m gpu --collect-only -q -p no:cacheprovider 2> /dev/null \
+      | grep '::' | sort > /tmp/gputests-all.txt
+    grep -oE '(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) tests/[^ ]+' /tmp/gputests.log \
+      | cut -d' ' -f2 | sort -u > /tmp/gputests-done.txt
+    mapfile -t tests < <(comm -23 /tmp/gputests-all.txt /tmp/gputests-done.txt)
+    echo "${#tests[@]} of $(wc -l < /tmp/gputests-all.txt) GPU tests have no outcome in the log"
+    [ ${#tests[@]} -gt 0 ] || exit 0
+  fi
+  timeout 560 python -m pytest -m gpu -n 14 --dist worksteal -p no:cacheprovider -p no:benchmark \
+    -W error::UserWarning -v --durations=20 "${tests[@]}" > $log 2>&1
   rc=$?
-  tail -60 "$OUT/gputests.log"
+  cp $log "$OUT/"
+  grep -E '(FAILED|ERROR) tests/' $log | head -20; tail -30 $log
   exit $rc
   ;;
 kernels)
