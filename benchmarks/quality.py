@@ -258,7 +258,7 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
     log(f"calibration text: {args.calibration}")
     # the training role holds the most windows an arm trains on, each arm the first of them
     # (``leechq quantize``'s layout; the text may end first, as there)
-    batch_windows = getattr(args, "batch_windows", [])  # --tune-batch's (other callers: none)
+    batch_windows = getattr(args, "batch_windows", [])  # set by main(), not by other callers
     most = max(args.train_windows + batch_windows)
     (calib, sens, train, monitor), _ = consecutive_windows(
         tok, text, [(n_calib, w), (4, 256), (most, w), (2, w)],
