@@ -14,6 +14,8 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  against another teacher cache (0: the full teacher every step);
                  ``--tune-steps 300,100`` adds ``full+tune steps=100``: the same full result
                  tuned for 100 steps on the same training text;
+                 ``--table-group 32`` builds the arms' 4/8-bit tables in groups of 32 columns
+                 (arms ``full tables-g32`` …; the budget pays for the scales);
                  ``--tune-batch 4`` adds ``full+tune batch=4``: the same full result tuned for
                  the same steps with 4 windows a step (the recipe's: 2), on as many training
                  windows as those steps read (``--train-tokens auto``) or on the first count's;
@@ -326,9 +328,10 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         if ckpt is None:
             return {}
         lat = "-lattice-embedding" if args.lattice_embedding else ""  # another student
-        return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}",
-                "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}",
-                "sensitivity_checkpoint_dir": ckpt / "sensitivity"}
+        tg = "" if args.table_group is None else f"-tables-g{args.table_group}"  # other tables
+        return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}{tg}",
+                "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}{tg}",
+                "sensitivity_checkpoint_dir": ckpt / f"sensitivity{tg}"}
 
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
     if not {"bare", *RECIPE_ARMS} & set(wanted):
@@ -359,6 +362,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
+    if args.table_group is not None:
+        head_bits["table_group"] = args.table_group
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
 
@@ -435,6 +440,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                       "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
                       "int4_over_budget": len(sel.get("rejected_over_budget", [])),
                       "tables_upgraded": sel.get("tables_upgraded", []),
+                      "table_group": r.recipe.table_group,
                       "steps": [st["step"] for st in r.metadata["steps"]],
                       # this run's seconds per step (a step resumed from a checkpoint: its load)
                       "step_seconds": {st["step"]: round(st["seconds"], 1)
@@ -528,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                          "comma-separated, make one pair of full arms per budget (one encode)")
     ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None,
                     help="the full arms' untied head width (default: the recipe's, 8)")
+    ap.add_argument("--table-group", type=int, default=None, metavar="G",
+                    help="the full arms' 4/8-bit embedding and head tables in groups of G "
+                         "columns (default: the recipe's, 64); the budget pays for the scales")
     ap.add_argument("--lattice-embedding", action="store_true",
                     help="the full arms code an untied token embedding on the lattice "
                          "(`leechq quantize --lattice-embedding`)")
@@ -633,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.tune_steps) > 1 and not {"full", "full+tune"} <= set(wanted):
         ap.error("several --tune-steps counts tune the full arm's result: "
                  "--arms needs full and full+tune")
+    if args.table_group is not None and args.table_group < 2:
+        ap.error(f"--table-group: give a group of at least 2 columns, got {args.table_group}")
     if not 0 <= args.seed < 1 << 16:
         ap.error(f"--seed: give 0 <= N < 65536, got {args.seed}")
     if args.tune_topk is not None:

@@ -84,10 +84,13 @@ def train_windows(spec: str, window: int, train_steps: int, tune_steps: int,
 
 
 def budget_suffix(args: argparse.Namespace, target: float) -> str:
-    """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``, then
-    nothing for a single ``--target-bpp``, else `` @B``."""
+    """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``,
+    `` tables-gG`` with ``--table-group G``, then nothing for a single ``--target-bpp``, else
+    `` @B``."""
     lat = " lattice-emb" if getattr(args, "lattice_embedding", False) else ""
-    return lat + ("" if len(args.target_bpp) == 1 else f" @{target:g}")
+    group = getattr(args, "table_group", None)
+    tg = "" if group is None else f" tables-g{group}"
+    return lat + tg + ("" if len(args.target_bpp) == 1 else f" @{target:g}")
 
 
 def compared_arm(arm: str, compare_to: str, arms: Any) -> str:

@@ -139,6 +139,21 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
         assert says in capsys.readouterr().err
 
 
+def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--table-group 32`` builds the full arms' 4/8-bit tables in groups of 32 columns (the
+    arms named ``full tables-g32`` …, within the same budget); a group under 2 is refused before
+    any model loads."""
+    module = _script("quality_table_group")
+    result = _tiny_result(module, ["--tiny", "--arms", "full", "--table-group", "32",
+                                   "--boot", "20"], capsys)
+    rows = [r for r in result["rows"] if r["arm"] == "full tables-g32"]
+    assert len(rows) == 2 and all(r["table_group"] == 32 and r["bpp"] <= 2.7 + 1e-9
+                                  for r in rows)
+    with pytest.raises(SystemExit):
+        module.main(["--tiny", "--arms", "full", "--table-group", "1"])
+    assert "--table-group: give a group of at least 2 columns" in capsys.readouterr().err
+
+
 def test_int4_post_hoc_adds_arms_without_the_re_encode(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``--int4-post-hoc`` adds ``full int4=post-hoc`` and ``full+tune int4=post-hoc``: the same
