@@ -13,14 +13,18 @@ sets of ``quality.py`` (in-domain: the Python docs' evaluation split; unseen: ``
   lookup having no input statistics) and served as the product serves it, a
   :class:`~leechq.nn.lattice_embedding.LatticeEmbedding` in place of the model's embedding module;
 * ``head 4-bit`` / ``embedding 4-bit``: the recipe's group-affine tables (4 bits, groups of 64);
-* ``both lattice``: the two lattice tables together.
+* ``both lattice``: the two lattice tables together;
+* ``head 4-bit gG`` / ``embedding 4-bit gG`` (``--groups 128,64,32``): the 4-bit tables in groups of
+  ``G`` columns instead of 64 (a tied table: the embedding arm); ``--no-lattice`` measures these
+  alone, without the lattice encode.
 
 Each arm reports its table's served bits per weight, perplexity ratio, KL(reference ‖ arm) per token
-and greedy agreement per set, with 95 % paired bootstrap intervals of each lattice arm minus the
-4-bit arm of the same table. One JSON line last.
+and greedy agreement per set, with 95 % paired bootstrap intervals of each lattice arm and each
+other group minus the 4-bit g64 arm of the same table. One JSON line last.
 
 Usage: ``python benchmarks/table_sensitivity.py --model qwen2.5-coder-0.5b --windows 8``
-(CPU; ``--device cuda`` on a GPU; ``--tables embedding`` measures the embedding's arms only).
+(CPU; ``--device cuda`` on a GPU; ``--tables embedding`` measures the embedding's arms only;
+``--model smollm2-135m --groups 128,64,32,16 --no-lattice`` the group sweep of a tied table).
 """
 
 from __future__ import annotations
@@ -148,7 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--tables", default="both", choices=("both", "embedding"),
                     help="measure both tables' arms, or the embedding's only")
+    ap.add_argument("--groups", default="64", metavar="G[,G...]",
+                    help="the 4-bit arms' group sizes (64: the recipe's; each other G adds an "
+                         "arm 'TABLE 4-bit gG') [default: 64]")
+    ap.add_argument("--no-lattice", action="store_true",
+                    help="the 4-bit arms only: no lattice encode")
     args = ap.parse_args(argv)
+    try:
+        groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    except ValueError:
+        ap.error(f"--groups: not a comma-separated list of group sizes: {args.groups!r}")
+    if not groups or len(set(groups)) != len(groups) or min(groups) < 2 or 64 not in groups:
+        ap.error(f"--groups: give distinct group sizes >= 2, 64 among them, got {args.groups!r}")
     # what quality.real_setup reads
     args.calib_data, args.train_windows = None, [2]
     args.in_domain, args.unseen_domain = "pydoc", "fortunes"
@@ -167,18 +182,27 @@ def main(argv: list[str] | None = None) -> int:
         head = None  # (tied: one table, the embedding arm changes the head too)
     quality.log(f"{args.model}: tables {embed}"
                 + (f", {head}" if head else " (tied head)" if tied else ""))
-    records = lattice_tables(reference, roles["calib"], args, embed, head)
-    lattice = {n: (r, record_served_bits(r) / (r.d_out * r.d_in)) for n, r in records.items()}
+    lattice: dict[str, tuple[Any, float]] = {}
+    if not args.no_lattice:
+        records = lattice_tables(reference, roles["calib"], args, embed, head)
+        lattice = {n: (r, record_served_bits(r) / (r.d_out * r.d_in)) for n, r in records.items()}
     arms: dict[str, dict[str, tuple[Any, float]]] = {}
+    others: list[tuple[str, str]] = []  # (arm, the 4-bit g64 arm it is compared with)
     for name, label in ((head, "head"), (embed, "embedding")):
         if name is None:
             continue
         w = reference.get_submodule(name).weight.detach().float()
-        ga = GroupAffine.quantize(w, 4, 64)
-        bits, n = raw_served_bits(ga)
-        arms[f"{label} 4-bit"] = {name: (ga.dequantize(torch.float32), bits / n)}
-        arms[f"{label} lattice"] = {name: lattice[name]}
-    if head is not None:
+        for group in groups:
+            ga = GroupAffine.quantize(w, 4, group)
+            bits, n = raw_served_bits(ga)
+            arm = f"{label} 4-bit" + ("" if group == 64 else f" g{group}")
+            arms[arm] = {name: (ga.dequantize(torch.float32), bits / n)}
+            if group != 64:
+                others.append((arm, f"{label} 4-bit"))
+        if lattice:
+            arms[f"{label} lattice"] = {name: lattice[name]}
+            others.append((f"{label} lattice", f"{label} 4-bit"))
+    if head is not None and lattice:
         arms["both lattice"] = dict(lattice)
 
     from leechq.eval.ppl import window_nll
@@ -209,11 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         del model
     intervals = []
     for dset in sets:
-        for label in ("head", "embedding"):
-            a, b = f"{label} lattice", f"{label} 4-bit"
-            if a in measured[dset]:
-                intervals.append({"set": dset, "arm": a, "vs": b, "ci95": quality.paired_bootstrap(
-                    measured[dset][a], measured[dset][b], ref[dset][1], args.boot)})
+        for a, b in others:
+            intervals.append({"set": dset, "arm": a, "vs": b, "ci95": quality.paired_bootstrap(
+                measured[dset][a], measured[dset][b], ref[dset][1], args.boot)})
     print(json.dumps({"model": args.model, "codebook": args.codebook,
                       "windows": [args.windows, args.window], "calib_tokens": args.calib_tokens,
                       "rows": rows, "intervals": intervals}))
