@@ -14,8 +14,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  against another teacher cache (0: the full teacher every step);
                  ``--tune-steps 300,100`` adds ``full+tune steps=100``: the same full result
                  tuned for 100 steps on the same training text;
-                 ``--table-group 32`` builds the arms' 4/8-bit tables in groups of 32 columns
-                 (arms ``full tables-g32`` …; the budget pays for the scales);
+                 ``--table-group 64,32`` adds ``full tables-g32`` (and ``full+tune
+                 tables-g32``): the same bare encode, the 4/8-bit tables in groups of 32
+                 columns instead of the recipe's 64 (the budget pays for the scales);
                  ``--tune-batch 4`` adds ``full+tune batch=4``: the same full result tuned for
                  the same steps with 4 windows a step (the recipe's: 2), on as many training
                  windows as those steps read (``--train-tokens auto``) or on the first count's;
@@ -323,12 +324,13 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         return quantize_model_in_place(model, windows, config, progress=not args.tiny,
                                        checkpoint_dir=where)
 
-    def kept(target: float) -> dict[str, Any]:
-        """``run_recipe``'s resumable checkpoints of one budget under ``--checkpoint-dir``."""
+    def kept(target: float, group: int | None) -> dict[str, Any]:
+        """``run_recipe``'s resumable checkpoints of one budget and table group (None: the
+        recipe's) under ``--checkpoint-dir``."""
         if ckpt is None:
             return {}
         lat = "-lattice-embedding" if args.lattice_embedding else ""  # another student
-        tg = "" if args.table_group is None else f"-tables-g{args.table_group}"  # other tables
+        tg = "" if group is None else f"-tables-g{group}"  # other tables
         return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}{tg}",
                 "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}{tg}",
                 "sensitivity_checkpoint_dir": ckpt / f"sensitivity{tg}"}
@@ -362,17 +364,18 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     if tune is not None and topks[0] is not None:
         tune = dataclasses.replace(tune, teacher_topk=topks[0])
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
-    if args.table_group is not None:
-        head_bits["table_group"] = args.table_group
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
 
-    def full_result(target: float, settings: Any, train: torch.Tensor, sensitivity: Any, *,
-                    requantize: bool = True, **checkpoints: Any) -> Any:
-        """The full recipe at ``target`` b/param from the bare encode, tuned with ``settings``
-        (None: not tuned), trained on ``train``; the int4 choice re-encoded or swapped in post
-        hoc (``requantize``)."""
-        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits, tune=settings,
+    def full_result(target: float, group: int | None, settings: Any, train: torch.Tensor,
+                    sensitivity: Any, *, requantize: bool = True, **checkpoints: Any) -> Any:
+        """The full recipe at ``target`` b/param with its tables in groups of ``group`` columns
+        (None: the recipe's) from the bare encode, tuned with ``settings`` (None: not tuned),
+        trained on ``train``; the int4 choice re-encoded or swapped in post hoc
+        (``requantize``)."""
+        tables = {} if group is None else {"table_group": group}
+        recipe = resolve_recipe("full", target, row_scales=rows, **head_bits, **tables,
+                                tune=settings,
                                 requantize=requantize,
                                 sensitivity_windows=roles["sens"].shape[0],
                                 sensitivity_window_len=roles["sens"].shape[1],
@@ -394,14 +397,18 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                            checkpoint_dir=checkpoint_dir)
 
     t0 = time.perf_counter()
-    measured = None  # the sensitivity pass, measured at the first budget and reused at the others
-    for target in args.target_bpp:
-        suffix = budget_suffix(args, target)
+    measured = None  # the sensitivity pass: measured at a table group's first budget, reused at
+    # its others (the tables are in place when it measures)
+    plans = [(group, target) for group in args.table_group for target in args.target_bpp]
+    for i, (group, target) in enumerate(plans):
+        if i and group != plans[i - 1][0]:
+            measured = None
+        suffix = budget_suffix(args, target, group)
         # full+tune continues the full arm's result when both are wanted (one encode and one
         # sensitivity pass for the two)
         first = None if "full" in wanted else tune
-        kept_here = kept(target)
-        res = full_result(target, first, roles["train"][0], measured, **kept_here)
+        kept_here = kept(target, group)
+        res = full_result(target, group, first, roles["train"][0], measured, **kept_here)
         measured = res.sensitivity
         results = {"full" if "full" in wanted else "full+tune": res}
         where = kept_here.get("tune_checkpoint_dir")
@@ -424,15 +431,16 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             # round-to-nearest records with no re-encode of the lattice ones after them
             here = {k: Path(f"{v}-post-hoc") for k, v in kept_here.items()
                     if k != "sensitivity_checkpoint_dir"}
-            swapped = full_result(target, first, roles["train"][0], measured, requantize=False,
-                                  **here)
+            swapped = full_result(target, group, first, roles["train"][0], measured,
+                                  requantize=False, **here)
             if "full" in wanted:
                 results[post_hoc_arm("full")] = swapped
             if "full+tune" in wanted:
                 results[post_hoc_arm("full+tune")] = swapped if "full" not in wanted else \
                     tuned(swapped, tune, here.get("tune_checkpoint_dir"))
         for windows in roles["train"][1:]:  # the same encode and sensitivity, other text
-            results[train_arm(windows.numel())] = full_result(target, tune, windows, measured)
+            results[train_arm(windows.numel())] = full_result(target, group, tune, windows,
+                                                              measured)
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
@@ -534,9 +542,12 @@ def main(argv: list[str] | None = None) -> int:
                          "comma-separated, make one pair of full arms per budget (one encode)")
     ap.add_argument("--head-bits", type=int, choices=(4, 8), default=None,
                     help="the full arms' untied head width (default: the recipe's, 8)")
-    ap.add_argument("--table-group", type=int, default=None, metavar="G",
+    ap.add_argument("--table-group", default=None, metavar="G[,G...]",
                     help="the full arms' 4/8-bit embedding and head tables in groups of G "
-                         "columns (default: the recipe's, 64); the budget pays for the scales")
+                         "columns [default: the recipe's, 64]; the budget pays for the scales; "
+                         "each G other than 64 names its arms 'full tables-gG' …; several make "
+                         "one set of full arms each from one bare encode (with --compare-to "
+                         "full+tune: paired intervals against the recipe's tables)")
     ap.add_argument("--lattice-embedding", action="store_true",
                     help="the full arms code an untied token embedding on the lattice "
                          "(`leechq quantize --lattice-embedding`)")
@@ -642,8 +653,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.tune_steps) > 1 and not {"full", "full+tune"} <= set(wanted):
         ap.error("several --tune-steps counts tune the full arm's result: "
                  "--arms needs full and full+tune")
-    if args.table_group is not None and args.table_group < 2:
-        ap.error(f"--table-group: give a group of at least 2 columns, got {args.table_group}")
+    from leechq.quant.recipe_spec import Recipe
+
+    # the recipe's own group is None: its arms keep their plain names
+    args.table_group = [None] if args.table_group is None else [
+        None if g == Recipe.table_group else g
+        for g in distinct_list(ap, "--table-group", args.table_group, int,
+                               "group sizes >= 2 columns", lambda g: g >= 2)]
     if not 0 <= args.seed < 1 << 16:
         ap.error(f"--seed: give 0 <= N < 65536, got {args.seed}")
     if args.tune_topk is not None:

@@ -83,12 +83,11 @@ def train_windows(spec: str, window: int, train_steps: int, tune_steps: int,
     return out
 
 
-def budget_suffix(args: argparse.Namespace, target: float) -> str:
+def budget_suffix(args: argparse.Namespace, target: float, group: int | None = None) -> str:
     """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``,
-    `` tables-gG`` with ``--table-group G``, then nothing for a single ``--target-bpp``, else
-    `` @B``."""
+    `` tables-gG`` for tables in groups of ``group`` columns (None: the recipe's), then nothing
+    for a single ``--target-bpp``, else `` @B``."""
     lat = " lattice-emb" if getattr(args, "lattice_embedding", False) else ""
-    group = getattr(args, "table_group", None)
     tg = "" if group is None else f" tables-g{group}"
     return lat + tg + ("" if len(args.target_bpp) == 1 else f" @{target:g}")
 

@@ -140,18 +140,27 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
 
 
 def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--table-group 32`` builds the full arms' 4/8-bit tables in groups of 32 columns (the
-    arms named ``full tables-g32`` …, within the same budget); a group under 2 is refused before
-    any model loads."""
+    """``--table-group 64,32`` builds one set of full arms per group from one bare encode: the
+    recipe's (64) with the plain names, 32 named ``full tables-g32`` …, both within the budget,
+    with paired intervals against the recipe's tables; bad groups are refused before any model
+    loads."""
     module = _script("quality_table_group")
-    result = _tiny_result(module, ["--tiny", "--arms", "full", "--table-group", "32",
-                                   "--boot", "20"], capsys)
-    rows = [r for r in result["rows"] if r["arm"] == "full tables-g32"]
-    assert len(rows) == 2 and all(r["table_group"] == 32 and r["bpp"] <= 2.7 + 1e-9
-                                  for r in rows)
-    with pytest.raises(SystemExit):
-        module.main(["--tiny", "--arms", "full", "--table-group", "1"])
-    assert "--table-group: give a group of at least 2 columns" in capsys.readouterr().err
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--table-group",
+                                   "64,32", "--tune-steps", "3", "--boot", "20",
+                                   "--compare-to", "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full tables-g32", "full+tune tables-g32"}
+    assert {a: r["table_group"] for a, r in arms.items()} == {
+        "full": 64, "full+tune": 64, "full tables-g32": 32, "full+tune tables-g32": 32}
+    assert all(r["bpp"] <= 2.7 + 1e-9 for r in arms.values())
+    assert arms["full tables-g32"]["kl"] != arms["full"]["kl"]
+    assert ("full+tune tables-g32", "full+tune") in {(i["arm"], i["vs"])
+                                                     for i in result["intervals"]}
+    for bad, says in ((["--table-group", "1"], "--table-group: give one or more group sizes"),
+                      (["--table-group", "32,32"], "a value is repeated")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", "--arms", "full", *bad])
+        assert says in capsys.readouterr().err
 
 
 def test_int4_post_hoc_adds_arms_without_the_re_encode(
