@@ -158,12 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-lattice", action="store_true",
                     help="the 4-bit arms only: no lattice encode")
     args = ap.parse_args(argv)
-    try:
-        groups = [int(g) for g in args.groups.split(",") if g.strip()]
-    except ValueError:
-        ap.error(f"--groups: not a comma-separated list of group sizes: {args.groups!r}")
-    if not groups or len(set(groups)) != len(groups) or min(groups) < 2 or 64 not in groups:
-        ap.error(f"--groups: give distinct group sizes >= 2, 64 among them, got {args.groups!r}")
+    groups = quality.distinct_list(ap, "--groups", args.groups, int, "group sizes >= 2",
+                                   lambda g: g >= 2)
+    if 64 not in groups:
+        ap.error(f"--groups: 64, the recipe's group, must be among them, got {groups}")
     # what quality.real_setup reads
     args.calib_data, args.train_windows = None, [2]
     args.in_domain, args.unseen_domain = "pydoc", "fortunes"
