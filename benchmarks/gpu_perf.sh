@@ -33,6 +33,9 @@ gputests|gputests-rest)
   fi
   # -v: the log names each test as it ends, so a run stopped by its limit says which did not
   # (kept in /tmp for gputests-rest; $OUT is new each call)
+  # two CPU threads a worker: 14 workers at torch's default (every core each) oversubscribe the
+  # 16 cores, and the tests' CPU references (encodes, f64 decodes) then set the wall time
+  export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
   log=/tmp/$suite.log; tests=()
   if [ "$suite" = gputests-rest ]; then
     [ -f /tmp/gputests.log ] || { echo "no gputests log on this machine"; exit 2; }
