@@ -107,7 +107,7 @@ def test_cuda_rows_equal_the_cpu_rows_and_replay_in_a_graph(codebook: str) -> No
     emb = LatticeEmbedding.from_record(rec)
     emb.finalize("cuda", torch.bfloat16)
     assert emb.codes.is_cuda and emb.row_scales.dtype == torch.float64
-    ids = torch.randint(0, 256, (4, 9), generator=torch.Generator().manual_seed(6))
+    ids = torch.randint(0, rec.d_out, (4, 9), generator=torch.Generator().manual_seed(6))
     assert torch.equal(emb(ids.cuda()).cpu(), cpu(ids))
     static = ids[:, :1].clone().cuda()
     stream = torch.cuda.Stream()
