@@ -13,6 +13,7 @@
 #   quality CB [ALIAS [ARGS]] benchmarks/quality.py at full depth on CUDA: bare, full, full+tune
 #   quality-start CB ALIAS [ARGS]  the same, detached as job $JOB: it runs on across calls
 #   quality-wait [SECS]       follow the detached jobs for up to SECS; logs and JSON to $OUT
+#   quality-stop JOB          stop the detached job JOB (its process group); quality-wait drops it
 #   serve             the kept artifact: leechq run/chat on CUDA; GPU tests of the model paths
 # Results go to $OUT.
 set -u
@@ -121,6 +122,7 @@ quality-start)
   B=$Z/jobs/${JOB:-q}; rm -rf $B; mkdir -p $B
   setsid nohup bash -c 'quality_run "$@"; echo $? > $1/rc' _ $B $cb $m "$@" \
     < /dev/null > /dev/null 2>&1 &
+  echo $! > $B/pid  # setsid execs: the job's process group leader
   sleep 2; echo "started ${JOB:-q}: $(tail -1 $B/quality-$cb.log 2> /dev/null)"
   ;;
 quality-wait)
@@ -128,7 +130,13 @@ quality-wait)
   # far to $OUT as JOB-quality-CB.{log,json}
   end=$((SECONDS + ${2:-540}))
   while ls $Z/jobs/*/quality-*.log > /dev/null 2>&1 && [ $SECONDS -lt $end ]; do
-    left=0; for B in $Z/jobs/*; do [ -f $B/rc ] || left=1; done
+    left=0
+    for B in $Z/jobs/*; do
+      # a job whose process is gone without an rc (stopped, or its shell killed) has ended
+      [ -f $B/rc ] || kill -0 "$(cat $B/pid 2> /dev/null)" 2> /dev/null \
+        || { [ -f $B/rc ] || echo gone > $B/rc; }
+      [ -f $B/rc ] || left=1
+    done
     [ $left = 0 ] && break; sleep 5
   done
   for B in $Z/jobs/*; do
@@ -137,6 +145,12 @@ quality-wait)
     for f in $B/quality-*.log $B/quality-*.json; do cp $f $OUT/$j-$(basename $f); done
     echo "== $j: $([ -f $B/rc ] && echo "rc $(cat $B/rc)" || echo running)"; tail -6 $B/quality-*.log
   done
+  ;;
+quality-stop)
+  # stop job $2 (the whole process group quality-start made), so quality-wait stops waiting on it
+  B=$Z/jobs/${2:?quality-stop JOB}
+  kill -TERM -- -"$(cat $B/pid)" 2> /dev/null; sleep 2; kill -KILL -- -"$(cat $B/pid)" 2> /dev/null
+  [ -f $B/rc ] || echo stopped > $B/rc; echo "stopped ${2}: rc $(cat $B/rc)"
   ;;
 serve)
   A=$Z/smol-full
