@@ -20,6 +20,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-batch 4`` adds ``full+tune batch=4``: the same full result tuned for
                  the same steps with 4 windows a step (the recipe's: 2), on as many training
                  windows as those steps read (``--train-tokens auto``) or on the first count's;
+                 ``--tune-lr 4e-3`` adds ``full+tune lr=0.004``: the same full result tuned for
+                 the same steps on the same windows at that peak learning rate (the recipe's:
+                 2e-3);
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
                  matrices swapped in without the re-encode after the choice;
@@ -92,6 +95,7 @@ from quality_arms import (
     budget_suffix,
     compared_arm,
     distinct_list,
+    lr_arm,
     post_hoc_arm,
     steps_arm,
     topk_arm,
@@ -414,7 +418,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         where = kept_here.get("tune_checkpoint_dir")
         if "full" in wanted and "full+tune" in wanted:
             # the same full result tuned once per teacher (--tune-topk), step count
-            # (--tune-steps) and batch (--tune-batch), each with its own resumable checkpoint
+            # (--tune-steps), batch (--tune-batch) and learning rate (--tune-lr), each with its
+            # own resumable checkpoint
             variants = [("full+tune", tune, "", None)]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}",
                           None) for k in topks[1:]]
@@ -423,6 +428,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                           f"-steps{n}", None) for n in args.tune_steps[1:]]
             variants += [(batch_arm(b), dataclasses.replace(tune, batch=b), f"-batch{b}", w)
                          for b, w in zip(args.tune_batch, roles["train_batch"], strict=True)]
+            variants += [(lr_arm(x), dataclasses.replace(tune, lr=x), f"-lr{x:g}", None)
+                         for x in args.tune_lr]
             for name, settings, tail, windows in variants:
                 results[name] = tuned(res, settings,
                                       None if where is None else Path(f"{where}{tail}"), windows)
@@ -457,6 +464,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 detail["tune_best_step"] = r.metadata["tune"]["best_step"]
                 detail["tune_steps"] = r.recipe.tune.steps
                 detail["tune_batch"] = r.recipe.tune.batch
+                detail["tune_lr"] = r.recipe.tune.lr
                 detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
                 detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
             out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
@@ -578,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
                          "on as many windows as those steps read (--train-tokens auto) or the "
                          "first --train-tokens count (with --compare-to full+tune: a paired "
                          "interval between the batches)")
+    ap.add_argument("--tune-lr", default="", metavar="LR[,LR...]",
+                    help="each LR adds an arm 'full+tune lr=LR': the same full result tuned for "
+                         "the same steps on the same windows at that peak learning rate (the "
+                         "recipe's: 2e-3) (with --compare-to full+tune: a paired interval "
+                         "between the rates)")
     ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
                          "(0: the full teacher every step) [default: the recipe's]; each further "
@@ -672,6 +685,11 @@ def main(argv: list[str] | None = None) -> int:
                                     lambda b: b >= 1) if args.tune_batch else []
     if args.tune_batch and not {"full", "full+tune"} <= set(wanted):
         ap.error("--tune-batch tunes the full arm's result: --arms needs full and full+tune")
+    args.tune_lr = distinct_list(
+        ap, "--tune-lr", args.tune_lr, float, "finite rates > 0",
+        lambda x: math.isfinite(x) and x > 0) if args.tune_lr else []
+    if args.tune_lr and not {"full", "full+tune"} <= set(wanted):
+        ap.error("--tune-lr tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):
         ap.error("--int4-post-hoc varies the full arms: --arms needs full or full+tune")
     if args.tiny:

@@ -1,7 +1,7 @@
 """The quality report's arm names and list options (``benchmarks/quality.py``): the names of the
 arms that vary one setting of the full arm's result (``full+tune steps=N``, ``batch=B``,
-``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a budget or the lattice embedding add,
-which arm an arm is compared with, and the parsing of the comma-separated options.
+``lr=X``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a budget or the lattice
+embedding add, which arm an arm is compared with, and the parsing of the comma-separated options.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ def post_hoc_arm(arm: str) -> str:
 def batch_arm(batch: int) -> str:
     """The name of a ``--tune-batch`` arm: ``full+tune batch=B``."""
     return f"full+tune batch={batch}"
+
+
+def lr_arm(lr: float) -> str:
+    """The name of a ``--tune-lr`` arm: ``full+tune lr=X`` (``X`` in ``%g`` form)."""
+    return f"full+tune lr={lr:g}"
 
 
 def steps_arm(steps: int) -> str:

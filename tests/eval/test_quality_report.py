@@ -139,6 +139,32 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
         assert says in capsys.readouterr().err
 
 
+def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-lr 0.02`` tunes the full arm's result a second time at that peak learning rate for
+    the same steps on the same windows, with a paired interval to ``full+tune``; bad rates and a
+    run without the full arm are refused before any model loads."""
+    module = _script("quality_tune_lr")
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
+                                   "--tune-lr", "0.02", "--boot", "20", "--compare-to",
+                                   "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full+tune lr=0.02"}
+    assert (arms["full+tune"]["tune_lr"], arms["full+tune lr=0.02"]["tune_lr"]) == (2e-3, 0.02)
+    assert arms["full+tune"]["tune_steps"] == arms["full+tune lr=0.02"]["tune_steps"] == 3
+    assert arms["full+tune lr=0.02"]["kl"] != arms["full+tune"]["kl"]
+    assert ("full+tune lr=0.02", "full+tune") in {(i["arm"], i["vs"])
+                                                  for i in result["intervals"]}
+    for bad, says in ((["--tune-lr", "0"], "--tune-lr: give one or more finite rates > 0"),
+                      (["--tune-lr", "inf"], "finite rates > 0"),
+                      (["--tune-lr", "fast"], "--tune-lr: not a comma-separated list"),
+                      (["--tune-lr", "1e-3,0.001"], "a value is repeated"),
+                      (["--arms", "full+tune", "--tune-lr", "1e-3"], "--arms needs full")):
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
+                                     else []), *bad])
+        assert says in capsys.readouterr().err
+
+
 def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
     """``--table-group 64,32`` builds one set of full arms per group from one bare encode: the
     recipe's (64) with the plain names, 32 named ``full tables-g32`` …, both within the budget,
