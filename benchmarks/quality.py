@@ -688,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     args.tune_lr = distinct_list(
         ap, "--tune-lr", args.tune_lr, float, "finite rates > 0",
         lambda x: math.isfinite(x) and x > 0) if args.tune_lr else []
+    if len({lr_arm(x) for x in args.tune_lr}) != len(args.tune_lr):
+        ap.error(f"--tune-lr: two rates share an arm name (6 significant digits): "
+                 f"{args.tune_lr}")
     if args.tune_lr and not {"full", "full+tune"} <= set(wanted):
         ap.error("--tune-lr tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):

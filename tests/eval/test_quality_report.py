@@ -158,6 +158,7 @@ def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixt
                       (["--tune-lr", "inf"], "finite rates > 0"),
                       (["--tune-lr", "fast"], "--tune-lr: not a comma-separated list"),
                       (["--tune-lr", "1e-3,0.001"], "a value is repeated"),
+                      (["--tune-lr", "1e-3,0.0010000001"], "share an arm name"),
                       (["--arms", "full+tune", "--tune-lr", "1e-3"], "--arms needs full")):
         with pytest.raises(SystemExit):
             module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
