@@ -149,8 +149,12 @@ quality-wait)
 quality-stop)
   # stop job $2 (the whole process group quality-start made), so quality-wait stops waiting on it
   B=$Z/jobs/${2:?quality-stop JOB}
-  kill -TERM -- -"$(cat $B/pid)" 2> /dev/null; sleep 2; kill -KILL -- -"$(cat $B/pid)" 2> /dev/null
-  [ -f $B/rc ] || echo stopped > $B/rc; echo "stopped ${2}: rc $(cat $B/rc)"
+  [ -f $B/pid ] || { echo "no job $2 (quality-start names it by \$JOB)"; exit 1; }
+  if [ ! -f $B/rc ]; then  # an ended job's group id may be another process's by now
+    kill -TERM -- -"$(cat $B/pid)" 2> /dev/null; sleep 2; kill -KILL -- -"$(cat $B/pid)" 2> /dev/null
+    [ -f $B/rc ] || echo stopped > $B/rc
+  fi
+  echo "stopped $2: rc $(cat $B/rc)"
   ;;
 serve)
   A=$Z/smol-full
