@@ -35,6 +35,16 @@ def _tiny_result(module: ModuleType, argv: list[str],
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def _refused(module: ModuleType, arms: str, cases: tuple[tuple[list[str], str], ...],
+             capsys: pytest.CaptureFixture[str]) -> None:
+    """Each ``(argv, says)`` of ``cases`` (with ``--arms arms`` unless it names its own) exits
+    before any model loads with an error on stderr containing ``says``."""
+    for bad, says in cases:
+        with pytest.raises(SystemExit):
+            module.main(["--tiny", *(["--arms", arms] if "--arms" not in bad else []), *bad])
+        assert says in capsys.readouterr().err
+
+
 def test_quality_report_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
     module = _script("quality_report")
     result = _tiny_result(module, ["--tiny", "--arms", "bare,full,full+tune,rtn", "--bits", "2,4",
@@ -72,14 +82,12 @@ def test_tune_topk_sets_the_teacher_of_the_tuning_arms(capsys: pytest.CaptureFix
     pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
     assert pairs == {("full", "full+tune"), ("full+tune topk=0", "full+tune")}
     assert result["plot"] == "no plot (pass --plot PATH)"  # docs/quality.png is left alone
-    for bad, says in ((["--tune-topk", "-1"], "--tune-topk: give one or more sizes >= 0"),
-                      (["--tune-topk", "8,x"], "not a comma-separated list of numbers"),
-                      (["--tune-topk", "8,8"], "a value is repeated"),
-                      (["--arms", "full+tune", "--tune-topk", "8,0"], "--arms needs full")):
-        with pytest.raises(SystemExit):
-            module.main(["--tiny", *(["--arms", "full+tune"] if "--arms" not in bad else []),
-                         *bad])
-        assert says in capsys.readouterr().err
+    _refused(module, "full+tune", (
+        (["--tune-topk", "-1"], "--tune-topk: give one or more sizes >= 0"),
+        (["--tune-topk", "8,x"], "not a comma-separated list of numbers"),
+        (["--tune-topk", "8,8"], "a value is repeated"),
+        (["--arms", "full+tune", "--tune-topk", "8,0"], "--arms needs full"),
+    ), capsys)
 
 
 def test_tune_steps_add_arms_tuned_for_other_step_counts(
@@ -101,14 +109,12 @@ def test_tune_steps_add_arms_tuned_for_other_step_counts(
     assert "tune" not in arms["full"]["step_seconds"]
     assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
         ("full", "full+tune"), ("full+tune steps=3", "full+tune")}
-    for bad, says in ((["--tune-steps", "6,-1"], "--tune-steps: give one or more counts >= 0"),
-                      (["--tune-steps", "6,6"], "a value is repeated"),
-                      (["--tune-steps", "6,0"], "needs --tune-steps >= 1"),
-                      (["--arms", "full+tune", "--tune-steps", "6,3"], "--arms needs full")):
-        with pytest.raises(SystemExit):
-            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
-                                     else []), *bad])
-        assert says in capsys.readouterr().err
+    _refused(module, "full,full+tune", (
+        (["--tune-steps", "6,-1"], "--tune-steps: give one or more counts >= 0"),
+        (["--tune-steps", "6,6"], "a value is repeated"),
+        (["--tune-steps", "6,0"], "needs --tune-steps >= 1"),
+        (["--arms", "full+tune", "--tune-steps", "6,3"], "--arms needs full"),
+    ), capsys)
 
 
 def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
@@ -130,13 +136,11 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
     # auto: the batch arm's windows are as many as its steps read (3 x 4 = 12 > 3 x 2)
     assert module.train_windows("auto", 64, 0, 3, 4) == [12]
     assert module.train_windows("auto", 64, 0, 3) == [6]
-    for bad, says in ((["--tune-batch", "0"], "--tune-batch: give one or more batches >= 1"),
-                      (["--tune-batch", "4,4"], "a value is repeated"),
-                      (["--arms", "full+tune", "--tune-batch", "4"], "--arms needs full")):
-        with pytest.raises(SystemExit):
-            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
-                                     else []), *bad])
-        assert says in capsys.readouterr().err
+    _refused(module, "full,full+tune", (
+        (["--tune-batch", "0"], "--tune-batch: give one or more batches >= 1"),
+        (["--tune-batch", "4,4"], "a value is repeated"),
+        (["--arms", "full+tune", "--tune-batch", "4"], "--arms needs full"),
+    ), capsys)
 
 
 def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,16 +158,14 @@ def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixt
     assert arms["full+tune lr=0.02"]["kl"] != arms["full+tune"]["kl"]
     assert ("full+tune lr=0.02", "full+tune") in {(i["arm"], i["vs"])
                                                   for i in result["intervals"]}
-    for bad, says in ((["--tune-lr", "0"], "--tune-lr: give one or more finite rates > 0"),
-                      (["--tune-lr", "inf"], "finite rates > 0"),
-                      (["--tune-lr", "fast"], "--tune-lr: not a comma-separated list"),
-                      (["--tune-lr", "1e-3,0.001"], "a value is repeated"),
-                      (["--tune-lr", "1e-3,0.0010000001"], "share an arm name"),
-                      (["--arms", "full+tune", "--tune-lr", "1e-3"], "--arms needs full")):
-        with pytest.raises(SystemExit):
-            module.main(["--tiny", *(["--arms", "full,full+tune"] if "--arms" not in bad
-                                     else []), *bad])
-        assert says in capsys.readouterr().err
+    _refused(module, "full,full+tune", (
+        (["--tune-lr", "0"], "--tune-lr: give one or more finite rates > 0"),
+        (["--tune-lr", "inf"], "finite rates > 0"),
+        (["--tune-lr", "fast"], "--tune-lr: not a comma-separated list"),
+        (["--tune-lr", "1e-3,0.001"], "a value is repeated"),
+        (["--tune-lr", "1e-3,0.0010000001"], "share an arm name"),
+        (["--arms", "full+tune", "--tune-lr", "1e-3"], "--arms needs full"),
+    ), capsys)
 
 
 def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,14 +227,12 @@ def test_train_tokens_add_arms_trained_on_less_text(capsys: pytest.CaptureFixtur
     assert arms["full+tune"]["kl"] != arms["full+tune train=256"]["kl"]
     assert {(i["arm"], i["vs"]) for i in result["intervals"]} == {
         ("full+tune train=256", "full+tune")}
-    for bad, says in ((["--train-tokens", "8"], "nor a token count >= --window"),
-                      (["--train-tokens", "x"], "neither 'auto'"),
-                      (["--train-tokens", "auto,auto"], "distinct window counts"),
-                      (["--arms", "rtn", "--train-tokens", "auto,256"], "--arms needs full")):
-        with pytest.raises(SystemExit):
-            module.main(["--tiny", *(["--arms", "full+tune"] if "--arms" not in bad else []),
-                         *bad])
-        assert says in capsys.readouterr().err
+    _refused(module, "full+tune", (
+        (["--train-tokens", "8"], "nor a token count >= --window"),
+        (["--train-tokens", "x"], "neither 'auto'"),
+        (["--train-tokens", "auto,auto"], "distinct window counts"),
+        (["--arms", "rtn", "--train-tokens", "auto,256"], "--arms needs full"),
+    ), capsys)
 
 
 def test_unknown_arms_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
