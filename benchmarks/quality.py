@@ -428,7 +428,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                           f"-steps{n}", None) for n in args.tune_steps[1:]]
             variants += [(batch_arm(b), dataclasses.replace(tune, batch=b), f"-batch{b}", w)
                          for b, w in zip(args.tune_batch, roles["train_batch"], strict=True)]
-            variants += [(lr_arm(x), dataclasses.replace(tune, lr=x), f"-lr{x:g}", None)
+            variants += [(lr_arm(x), dataclasses.replace(tune, lr=x), f"-lr{x!r}", None)
                          for x in args.tune_lr]
             for name, settings, tail, windows in variants:
                 results[name] = tuned(res, settings,
@@ -683,16 +683,12 @@ def main(argv: list[str] | None = None) -> int:
                      "--arms needs full and full+tune")
     args.tune_batch = distinct_list(ap, "--tune-batch", args.tune_batch, int, "batches >= 1",
                                     lambda b: b >= 1) if args.tune_batch else []
-    if args.tune_batch and not {"full", "full+tune"} <= set(wanted):
-        ap.error("--tune-batch tunes the full arm's result: --arms needs full and full+tune")
     args.tune_lr = distinct_list(
         ap, "--tune-lr", args.tune_lr, float, "finite rates > 0",
         lambda x: math.isfinite(x) and x > 0) if args.tune_lr else []
-    if len({lr_arm(x) for x in args.tune_lr}) != len(args.tune_lr):
-        ap.error(f"--tune-lr: two rates share an arm name (6 significant digits): "
-                 f"{args.tune_lr}")
-    if args.tune_lr and not {"full", "full+tune"} <= set(wanted):
-        ap.error("--tune-lr tunes the full arm's result: --arms needs full and full+tune")
+    for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr)):
+        if given and not {"full", "full+tune"} <= set(wanted):
+            ap.error(f"{flag} tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):
         ap.error("--int4-post-hoc varies the full arms: --arms needs full or full+tune")
     if args.tiny:

@@ -29,8 +29,9 @@ def batch_arm(batch: int) -> str:
 
 
 def lr_arm(lr: float) -> str:
-    """The name of a ``--tune-lr`` arm: ``full+tune lr=X`` (``X`` in ``%g`` form)."""
-    return f"full+tune lr={lr:g}"
+    """The name of a ``--tune-lr`` arm: ``full+tune lr=X`` (``X`` as Python's ``repr``, the
+    shortest form that reads back as the same float: distinct rates, distinct names)."""
+    return f"full+tune lr={lr!r}"
 
 
 def steps_arm(steps: int) -> str:

@@ -158,12 +158,14 @@ def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixt
     assert arms["full+tune lr=0.02"]["kl"] != arms["full+tune"]["kl"]
     assert ("full+tune lr=0.02", "full+tune") in {(i["arm"], i["vs"])
                                                   for i in result["intervals"]}
+    # distinct rates, however close, name distinct arms (and checkpoints)
+    assert module.lr_arm(1e-3) != module.lr_arm(0.0010000001)
+    assert module.lr_arm(4e-3) == "full+tune lr=0.004"
     _refused(module, "full,full+tune", (
         (["--tune-lr", "0"], "--tune-lr: give one or more finite rates > 0"),
         (["--tune-lr", "inf"], "finite rates > 0"),
         (["--tune-lr", "fast"], "--tune-lr: not a comma-separated list"),
         (["--tune-lr", "1e-3,0.001"], "a value is repeated"),
-        (["--tune-lr", "1e-3,0.0010000001"], "share an arm name"),
         (["--arms", "full+tune", "--tune-lr", "1e-3"], "--arms needs full"),
     ), capsys)
 
