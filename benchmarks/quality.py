@@ -23,6 +23,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-lr 4e-3`` adds ``full+tune lr=0.004``: the same full result tuned for
                  the same steps on the same windows at that peak learning rate (the recipe's:
                  2e-3);
+                 ``--tune-without norms`` adds ``full+tune without=norms``: the same full result
+                 tuned for the same steps on the same windows with the RMSNorm weights frozen
+                 (any group of :data:`leechq.quant.composed.GROUPS`);
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
                  matrices swapped in without the re-encode after the choice;
@@ -101,6 +104,7 @@ from quality_arms import (
     topk_arm,
     train_arm,
     train_windows,
+    without_arm,
 )
 from quality_plot import plot, rows_of
 
@@ -418,8 +422,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         where = kept_here.get("tune_checkpoint_dir")
         if "full" in wanted and "full+tune" in wanted:
             # the same full result tuned once per teacher (--tune-topk), step count
-            # (--tune-steps), batch (--tune-batch) and learning rate (--tune-lr), each with its
-            # own resumable checkpoint
+            # (--tune-steps), batch (--tune-batch), learning rate (--tune-lr) and frozen group
+            # (--tune-without), each with its own resumable checkpoint
             variants = [("full+tune", tune, "", None)]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}",
                           None) for k in topks[1:]]
@@ -430,6 +434,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                          for b, w in zip(args.tune_batch, roles["train_batch"], strict=True)]
             variants += [(lr_arm(x), dataclasses.replace(tune, lr=x), f"-lr{x!r}", None)
                          for x in args.tune_lr]
+            variants += [(without_arm(g), dataclasses.replace(
+                tune, groups=tuple(x for x in tune.groups if x != g)), f"-without-{g}", None)
+                for g in args.tune_without]
             for name, settings, tail, windows in variants:
                 results[name] = tuned(res, settings,
                                       None if where is None else Path(f"{where}{tail}"), windows)
@@ -536,6 +543,7 @@ def llamacpp_arms(roles: dict[str, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
+    from leechq.quant.composed import GROUPS
     from leechq.quant.tune import DEFAULT_TUNE_STEPS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -591,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the same steps on the same windows at that peak learning rate (the "
                          "recipe's: 2e-3) (with --compare-to full+tune: a paired interval "
                          "between the rates)")
+    ap.add_argument("--tune-without", default="", metavar="GROUP[,GROUP...]",
+                    help="each GROUP adds an arm 'full+tune without=GROUP': the same full result "
+                         "tuned for the same steps on the same windows with that parameter "
+                         f"group frozen (one of {', '.join(GROUPS)}) (with --compare-to "
+                         "full+tune: a paired interval against tuning every group)")
     ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
                          "(0: the full teacher every step) [default: the recipe's]; each further "
@@ -686,7 +699,11 @@ def main(argv: list[str] | None = None) -> int:
     args.tune_lr = distinct_list(
         ap, "--tune-lr", args.tune_lr, float, "finite rates > 0",
         lambda x: math.isfinite(x) and x > 0) if args.tune_lr else []
-    for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr)):
+    args.tune_without = distinct_list(
+        ap, "--tune-without", args.tune_without, str, f"groups of {', '.join(GROUPS)}",
+        lambda g: g in GROUPS) if args.tune_without else []
+    for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr),
+                        ("--tune-without", args.tune_without)):
         if given and not {"full", "full+tune"} <= set(wanted):
             ap.error(f"{flag} tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):

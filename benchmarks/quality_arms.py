@@ -1,7 +1,8 @@
 """The quality report's arm names and list options (``benchmarks/quality.py``): the names of the
 arms that vary one setting of the full arm's result (``full+tune steps=N``, ``batch=B``,
-``lr=X``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a budget or the lattice
-embedding add, which arm an arm is compared with, and the parsing of the comma-separated options.
+``lr=X``, ``without=G``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a budget or
+the lattice embedding add, which arm an arm is compared with, and the parsing of the
+comma-separated options.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def lr_arm(lr: float) -> str:
     return f"full+tune lr={lr!r}"
 
 
+def without_arm(group: str) -> str:
+    """The name of a ``--tune-without`` arm: ``full+tune without=G`` (every parameter group but
+    ``G`` trained)."""
+    return f"full+tune without={group}"
+
+
 def steps_arm(steps: int) -> str:
     """The name of a further ``--tune-steps`` arm: ``full+tune steps=N``."""
     return f"full+tune steps={steps}"
@@ -41,7 +48,7 @@ def steps_arm(steps: int) -> str:
 
 def distinct_list(ap: argparse.ArgumentParser, flag: str, text: str, convert: Any, what: str,
                   valid: Any) -> list[Any]:
-    """``text``, a comma-separated option value, as a list of ``convert`` (int, float) values;
+    """``text``, a comma-separated option value, as a list of ``convert`` (int, float, str) values;
     ``ap.error`` names ``flag`` when an item does not convert, the list is empty, a value fails
     ``valid`` (``what`` says what is wanted, e.g. ``"sizes >= 0"``) or repeats."""
     try:

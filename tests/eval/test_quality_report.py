@@ -170,6 +170,28 @@ def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixt
     ), capsys)
 
 
+def test_tune_without_adds_arms_with_a_group_frozen(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-without norms`` tunes the full arm's result a second time with the RMSNorm weights
+    frozen, for the same steps on the same windows, with a paired interval to ``full+tune``;
+    unknown or repeated groups and a run without the full arm are refused before any model
+    loads."""
+    module = _script("quality_tune_without")
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
+                                   "--tune-without", "norms", "--boot", "20", "--compare-to",
+                                   "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full+tune without=norms"}
+    assert arms["full+tune"]["tune_steps"] == arms["full+tune without=norms"]["tune_steps"] == 3
+    assert arms["full+tune without=norms"]["kl"] != arms["full+tune"]["kl"]
+    assert ("full+tune without=norms", "full+tune") in {(i["arm"], i["vs"])
+                                                        for i in result["intervals"]}
+    _refused(module, "full,full+tune", (
+        (["--tune-without", "layers"], "--tune-without: give one or more groups of row_scales"),
+        (["--tune-without", "norms,norms"], "a value is repeated"),
+        (["--arms", "full+tune", "--tune-without", "norms"], "--arms needs full"),
+    ), capsys)
+
+
 def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
     """``--table-group 64,32`` builds one set of full arms per group from one bare encode: the
     recipe's (64) with the plain names, 32 named ``full tables-g32`` …, both within the budget,
