@@ -23,6 +23,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-lr 4e-3`` adds ``full+tune lr=0.004``: the same full result tuned for
                  the same steps on the same windows at that peak learning rate (the recipe's:
                  2e-3);
+                 ``--tune-temperature 2`` adds ``full+tune tau=2.0``: the same full result
+                 tuned for the same steps on the same windows with the KL at temperature 2 (the
+                 recipe's: 1);
                  ``--tune-without norms`` adds ``full+tune without=norms``: the same full result
                  tuned for the same steps on the same windows with the RMSNorm weights frozen
                  (any group of :data:`leechq.quant.composed.GROUPS`);
@@ -101,6 +104,7 @@ from quality_arms import (
     lr_arm,
     post_hoc_arm,
     steps_arm,
+    tau_arm,
     topk_arm,
     train_arm,
     train_windows,
@@ -422,8 +426,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         where = kept_here.get("tune_checkpoint_dir")
         if "full" in wanted and "full+tune" in wanted:
             # the same full result tuned once per teacher (--tune-topk), step count
-            # (--tune-steps), batch (--tune-batch), learning rate (--tune-lr) and frozen group
-            # (--tune-without), each with its own resumable checkpoint
+            # (--tune-steps), batch (--tune-batch), learning rate (--tune-lr), KL temperature
+            # (--tune-temperature) and frozen group (--tune-without), each with its own
+            # resumable checkpoint
             variants = [("full+tune", tune, "", None)]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}",
                           None) for k in topks[1:]]
@@ -434,6 +439,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                          for b, w in zip(args.tune_batch, roles["train_batch"], strict=True)]
             variants += [(lr_arm(x), dataclasses.replace(tune, lr=x), f"-lr{x!r}", None)
                          for x in args.tune_lr]
+            variants += [(tau_arm(t), dataclasses.replace(tune, temperature=t), f"-tau{t!r}",
+                          None) for t in args.tune_temperature]
             variants += [(without_arm(g), dataclasses.replace(
                 tune, groups=tuple(x for x in tune.groups if x != g)), f"-without-{g}", None)
                 for g in args.tune_without]
@@ -472,6 +479,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 detail["tune_steps"] = r.recipe.tune.steps
                 detail["tune_batch"] = r.recipe.tune.batch
                 detail["tune_lr"] = r.recipe.tune.lr
+                detail["tune_temperature"] = r.recipe.tune.temperature
                 detail["tune_teacher_topk"] = getattr(r.recipe.tune, "teacher_topk", None)
                 detail["tune_teacher_rest_mass"] = r.metadata["tune"].get("teacher_rest_mass")
             out[name + suffix] = (r.model, r.metadata["whole_model_bits_per_param"], detail)
@@ -599,6 +607,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the same steps on the same windows at that peak learning rate (the "
                          "recipe's: 2e-3) (with --compare-to full+tune: a paired interval "
                          "between the rates)")
+    ap.add_argument("--tune-temperature", default="", metavar="T[,T...]",
+                    help="each T adds an arm 'full+tune tau=T': the same full result tuned for "
+                         "the same steps on the same windows with the KL to the teacher at "
+                         "temperature T (the recipe's: 1) (with --compare-to full+tune: a paired "
+                         "interval between the temperatures)")
     ap.add_argument("--tune-without", default="", metavar="GROUP[,GROUP...]",
                     help="each GROUP adds an arm 'full+tune without=GROUP': the same full result "
                          "tuned for the same steps on the same windows with that parameter "
@@ -699,10 +712,14 @@ def main(argv: list[str] | None = None) -> int:
     args.tune_lr = distinct_list(
         ap, "--tune-lr", args.tune_lr, float, "finite rates > 0",
         lambda x: math.isfinite(x) and x > 0) if args.tune_lr else []
+    args.tune_temperature = distinct_list(
+        ap, "--tune-temperature", args.tune_temperature, float, "finite temperatures > 0",
+        lambda t: math.isfinite(t) and t > 0) if args.tune_temperature else []
     args.tune_without = distinct_list(
         ap, "--tune-without", args.tune_without, str, f"groups of {', '.join(GROUPS)}",
         lambda g: g in GROUPS) if args.tune_without else []
     for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr),
+                        ("--tune-temperature", args.tune_temperature),
                         ("--tune-without", args.tune_without)):
         if given and not {"full", "full+tune"} <= set(wanted):
             ap.error(f"{flag} tunes the full arm's result: --arms needs full and full+tune")

@@ -1,7 +1,7 @@
 """The quality report's arm names and list options (``benchmarks/quality.py``): the names of the
 arms that vary one setting of the full arm's result (``full+tune steps=N``, ``batch=B``,
-``lr=X``, ``without=G``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a budget or
-the lattice embedding add, which arm an arm is compared with, and the parsing of the
+``lr=X``, ``tau=T``, ``without=G``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a
+budget or the lattice embedding add, which arm an arm is compared with, and the parsing of the
 comma-separated options.
 """
 
@@ -33,6 +33,12 @@ def lr_arm(lr: float) -> str:
     """The name of a ``--tune-lr`` arm: ``full+tune lr=X`` (``X`` as Python's ``repr``, the
     shortest form that reads back as the same float: distinct rates, distinct names)."""
     return f"full+tune lr={lr!r}"
+
+
+def tau_arm(tau: float) -> str:
+    """The name of a ``--tune-temperature`` arm: ``full+tune tau=T`` (``T`` as ``repr``, as
+    :func:`lr_arm`)."""
+    return f"full+tune tau={tau!r}"
 
 
 def without_arm(group: str) -> str:

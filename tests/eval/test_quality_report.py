@@ -170,6 +170,31 @@ def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixt
     ), capsys)
 
 
+def test_tune_temperature_adds_arms_tuned_at_another_kl_temperature(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-temperature 2`` tunes the full arm's result a second time with the KL at that
+    temperature, for the same steps on the same windows, with a paired interval to ``full+tune``;
+    bad temperatures and a run without the full arm are refused before any model loads."""
+    module = _script("quality_tune_temperature")
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
+                                   "--tune-temperature", "2", "--boot", "20", "--compare-to",
+                                   "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", "full+tune tau=2.0"}
+    assert (arms["full+tune"]["tune_temperature"],
+            arms["full+tune tau=2.0"]["tune_temperature"]) == (1.0, 2.0)
+    assert arms["full+tune"]["tune_steps"] == arms["full+tune tau=2.0"]["tune_steps"] == 3
+    assert arms["full+tune tau=2.0"]["kl"] != arms["full+tune"]["kl"]
+    assert ("full+tune tau=2.0", "full+tune") in {(i["arm"], i["vs"])
+                                                  for i in result["intervals"]}
+    _refused(module, "full,full+tune", (
+        (["--tune-temperature", "0"], "give one or more finite temperatures > 0"),
+        (["--tune-temperature", "nan"], "finite temperatures > 0"),
+        (["--tune-temperature", "2,2.0"], "a value is repeated"),
+        (["--arms", "full+tune", "--tune-temperature", "2"], "--arms needs full"),
+    ), capsys)
+
+
 def test_tune_without_adds_arms_with_a_group_frozen(capsys: pytest.CaptureFixture[str]) -> None:
     """``--tune-without norms`` tunes the full arm's result a second time with the RMSNorm weights
     frozen, for the same steps on the same windows, with a paired interval to ``full+tune``;
