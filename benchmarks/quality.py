@@ -27,7 +27,7 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  tuned for the same steps on the same windows with the KL at temperature 2 (the
                  recipe's: 1);
                  ``--tune-without norms`` adds ``full+tune without=norms``: the same full result
-                 tuned for the same steps on the same windows with the RMSNorm weights frozen
+                 tuned for the same steps on the same windows with the norm weights frozen
                  (any group of :data:`leechq.quant.composed.GROUPS`);
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         ap, "--tune-temperature", args.tune_temperature, float, "finite temperatures > 0",
         lambda t: math.isfinite(t) and t > 0) if args.tune_temperature else []
     args.tune_without = distinct_list(
-        ap, "--tune-without", args.tune_without, str, f"groups of {', '.join(GROUPS)}",
+        ap, "--tune-without", args.tune_without, str.strip, f"groups of {', '.join(GROUPS)}",
         lambda g: g in GROUPS) if args.tune_without else []
     for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr),
                         ("--tune-temperature", args.tune_temperature),

@@ -143,21 +143,29 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
     ), capsys)
 
 
+def _variant_arms(module: ModuleType, flag: str, value: str, arm: str,
+                  capsys: pytest.CaptureFixture[str]) -> dict[str, dict]:
+    """The tiny report with ``flag value`` beside full and full+tune (3 steps): the arm ``arm``
+    is the same full result tuned again for the same steps, its KL differs from full+tune's and
+    it carries a paired interval to full+tune; the unseen set's rows by arm."""
+    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
+                                   flag, value, "--boot", "20", "--compare-to", "full+tune"],
+                          capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(arms) == {"full", "full+tune", arm}
+    assert arms["full+tune"]["tune_steps"] == arms[arm]["tune_steps"] == 3
+    assert arms[arm]["kl"] != arms["full+tune"]["kl"]
+    assert (arm, "full+tune") in {(i["arm"], i["vs"]) for i in result["intervals"]}
+    return arms
+
+
 def test_tune_lr_adds_arms_tuned_at_another_peak_rate(capsys: pytest.CaptureFixture[str]) -> None:
     """``--tune-lr 0.02`` tunes the full arm's result a second time at that peak learning rate for
     the same steps on the same windows, with a paired interval to ``full+tune``; bad rates and a
     run without the full arm are refused before any model loads."""
     module = _script("quality_tune_lr")
-    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
-                                   "--tune-lr", "0.02", "--boot", "20", "--compare-to",
-                                   "full+tune"], capsys)
-    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
-    assert set(arms) == {"full", "full+tune", "full+tune lr=0.02"}
+    arms = _variant_arms(module, "--tune-lr", "0.02", "full+tune lr=0.02", capsys)
     assert (arms["full+tune"]["tune_lr"], arms["full+tune lr=0.02"]["tune_lr"]) == (2e-3, 0.02)
-    assert arms["full+tune"]["tune_steps"] == arms["full+tune lr=0.02"]["tune_steps"] == 3
-    assert arms["full+tune lr=0.02"]["kl"] != arms["full+tune"]["kl"]
-    assert ("full+tune lr=0.02", "full+tune") in {(i["arm"], i["vs"])
-                                                  for i in result["intervals"]}
     # distinct rates, however close, name distinct arms (and checkpoints)
     assert module.lr_arm(1e-3) != module.lr_arm(0.0010000001)
     assert module.lr_arm(4e-3) == "full+tune lr=0.004"
@@ -176,17 +184,9 @@ def test_tune_temperature_adds_arms_tuned_at_another_kl_temperature(
     temperature, for the same steps on the same windows, with a paired interval to ``full+tune``;
     bad temperatures and a run without the full arm are refused before any model loads."""
     module = _script("quality_tune_temperature")
-    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
-                                   "--tune-temperature", "2", "--boot", "20", "--compare-to",
-                                   "full+tune"], capsys)
-    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
-    assert set(arms) == {"full", "full+tune", "full+tune tau=2.0"}
+    arms = _variant_arms(module, "--tune-temperature", "2", "full+tune tau=2.0", capsys)
     assert (arms["full+tune"]["tune_temperature"],
             arms["full+tune tau=2.0"]["tune_temperature"]) == (1.0, 2.0)
-    assert arms["full+tune"]["tune_steps"] == arms["full+tune tau=2.0"]["tune_steps"] == 3
-    assert arms["full+tune tau=2.0"]["kl"] != arms["full+tune"]["kl"]
-    assert ("full+tune tau=2.0", "full+tune") in {(i["arm"], i["vs"])
-                                                  for i in result["intervals"]}
     _refused(module, "full,full+tune", (
         (["--tune-temperature", "0"], "give one or more finite temperatures > 0"),
         (["--tune-temperature", "nan"], "finite temperatures > 0"),
@@ -196,23 +196,15 @@ def test_tune_temperature_adds_arms_tuned_at_another_kl_temperature(
 
 
 def test_tune_without_adds_arms_with_a_group_frozen(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--tune-without norms`` tunes the full arm's result a second time with the RMSNorm weights
+    """``--tune-without norms`` tunes the full arm's result a second time with the norm weights
     frozen, for the same steps on the same windows, with a paired interval to ``full+tune``;
     unknown or repeated groups and a run without the full arm are refused before any model
     loads."""
     module = _script("quality_tune_without")
-    result = _tiny_result(module, ["--tiny", "--arms", "full,full+tune", "--tune-steps", "3",
-                                   "--tune-without", "norms", "--boot", "20", "--compare-to",
-                                   "full+tune"], capsys)
-    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
-    assert set(arms) == {"full", "full+tune", "full+tune without=norms"}
-    assert arms["full+tune"]["tune_steps"] == arms["full+tune without=norms"]["tune_steps"] == 3
-    assert arms["full+tune without=norms"]["kl"] != arms["full+tune"]["kl"]
-    assert ("full+tune without=norms", "full+tune") in {(i["arm"], i["vs"])
-                                                        for i in result["intervals"]}
+    _variant_arms(module, "--tune-without", "norms", "full+tune without=norms", capsys)
     _refused(module, "full,full+tune", (
         (["--tune-without", "layers"], "--tune-without: give one or more groups of row_scales"),
-        (["--tune-without", "norms,norms"], "a value is repeated"),
+        (["--tune-without", "norms, norms"], "a value is repeated"),
         (["--arms", "full+tune", "--tune-without", "norms"], "--arms needs full"),
     ), capsys)
 
