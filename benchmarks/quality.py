@@ -29,6 +29,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--tune-without norms`` adds ``full+tune without=norms``: the same full result
                  tuned for the same steps on the same windows with the norm weights frozen
                  (any group of :data:`leechq.quant.composed.GROUPS`);
+                 ``--tune-text generated`` adds ``full+tune text=generated``: the same full
+                 result tuned for the same steps on as many windows of text the reference
+                 samples itself (``mix``: every other training window replaced by one);
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
                  matrices swapped in without the re-encode after the choice;
@@ -105,12 +108,14 @@ from quality_arms import (
     post_hoc_arm,
     steps_arm,
     tau_arm,
+    text_arm,
     topk_arm,
     train_arm,
     train_windows,
     without_arm,
 )
 from quality_plot import plot, rows_of
+from quality_text import TEXT_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_ARMS = ("full", "full+tune")
@@ -427,8 +432,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         if "full" in wanted and "full+tune" in wanted:
             # the same full result tuned once per teacher (--tune-topk), step count
             # (--tune-steps), batch (--tune-batch), learning rate (--tune-lr), KL temperature
-            # (--tune-temperature) and frozen group (--tune-without), each with its own
-            # resumable checkpoint
+            # (--tune-temperature), frozen group (--tune-without) and training text
+            # (--tune-text), each with its own resumable checkpoint
             variants = [("full+tune", tune, "", None)]
             variants += [(topk_arm(k), dataclasses.replace(tune, teacher_topk=k), f"-topk{k}",
                           None) for k in topks[1:]]
@@ -444,6 +449,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             variants += [(without_arm(g), dataclasses.replace(
                 tune, groups=tuple(x for x in tune.groups if x != g)), f"-without-{g}", None)
                 for g in args.tune_without]
+            variants += [(text_arm(k), tune, f"-text-{k}", text_windows(reference, roles, args, k))
+                         for k in args.tune_text]
             for name, settings, tail, windows in variants:
                 results[name] = tuned(res, settings,
                                       None if where is None else Path(f"{where}{tail}"), windows)
@@ -489,6 +496,29 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                 f"{detail['tables_upgraded'] or 'none'}; steps (s) {detail['step_seconds']}")
     log(f"full / full+tune: {time.perf_counter() - t0:.1f} s")
     return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+def text_windows(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
+                 kind: str) -> torch.Tensor:
+    """The training windows of a ``--tune-text`` arm: ``generated``, as many windows as the first
+    training role's, of its length, sampled from ``reference`` (once per model, seeded with
+    ``--seed``); ``mix``, the training windows with every other one replaced by a generated one."""
+    from quality_text import mixed_windows, special_ids, teacher_windows
+
+    base = roles["train"][0]
+    if "generated" not in roles:
+        tok = roles.get("tokenizer")
+        vocab = int(reference.config.vocab_size)
+        banned = [] if tok is None else special_ids(tok)
+        if tok is not None:
+            vocab = min(vocab, len(tok))
+        t0 = time.perf_counter()
+        roles["generated"] = teacher_windows(
+            reference, base.shape[0], base.shape[1], banned, vocab, seed=args.seed,
+            batch=256 if str(args.device).startswith("cuda") else 64, device=args.device)
+        log(f"teacher-sampled text: {base.shape[0]} x {base.shape[1]} tokens in "
+            f"{time.perf_counter() - t0:.1f} s")
+    return roles["generated"] if kind == "generated" else mixed_windows(base, roles["generated"])
 
 
 def baseline_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
@@ -617,6 +647,13 @@ def main(argv: list[str] | None = None) -> int:
                          "tuned for the same steps on the same windows with that parameter "
                          f"group frozen (one of {', '.join(GROUPS)}) (with --compare-to "
                          "full+tune: a paired interval against tuning every group)")
+    ap.add_argument("--tune-text", default="", metavar="KIND[,KIND...]",
+                    help="each KIND adds an arm 'full+tune text=KIND': the same full result "
+                         "tuned for the same steps on as many windows of other text: "
+                         "'generated' (sampled from the reference itself, a random first token "
+                         "each) or 'mix' (every other calibration window replaced by a generated "
+                         "one) (with --compare-to full+tune: a paired interval against the "
+                         "calibration text)")
     ap.add_argument("--tune-topk", default=None, metavar="K[,K...]",
                     help="the full+tune arm's cached teacher log-probabilities per position "
                          "(0: the full teacher every step) [default: the recipe's]; each further "
@@ -718,9 +755,12 @@ def main(argv: list[str] | None = None) -> int:
     args.tune_without = distinct_list(
         ap, "--tune-without", args.tune_without, str.strip, f"groups of {', '.join(GROUPS)}",
         lambda g: g in GROUPS) if args.tune_without else []
+    args.tune_text = distinct_list(
+        ap, "--tune-text", args.tune_text, str.strip, f"kinds of {', '.join(TEXT_KINDS)}",
+        lambda k: k in TEXT_KINDS) if args.tune_text else []
     for flag, given in (("--tune-batch", args.tune_batch), ("--tune-lr", args.tune_lr),
                         ("--tune-temperature", args.tune_temperature),
-                        ("--tune-without", args.tune_without)):
+                        ("--tune-without", args.tune_without), ("--tune-text", args.tune_text)):
         if given and not {"full", "full+tune"} <= set(wanted):
             ap.error(f"{flag} tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):

@@ -1,8 +1,8 @@
 """The quality report's arm names and list options (``benchmarks/quality.py``): the names of the
 arms that vary one setting of the full arm's result (``full+tune steps=N``, ``batch=B``,
-``lr=X``, ``tau=T``, ``without=G``, ``topk=K``, ``train=N``, ``int4=post-hoc``), the suffixes a
-budget or the lattice embedding add, which arm an arm is compared with, and the parsing of the
-comma-separated options.
+``lr=X``, ``tau=T``, ``without=G``, ``text=KIND``, ``topk=K``, ``train=N``, ``int4=post-hoc``),
+the suffixes a budget or the lattice embedding add, which arm an arm is compared with, and the
+parsing of the comma-separated options.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ def without_arm(group: str) -> str:
     """The name of a ``--tune-without`` arm: ``full+tune without=G`` (every parameter group but
     ``G`` trained)."""
     return f"full+tune without={group}"
+
+
+def text_arm(kind: str) -> str:
+    """The name of a ``--tune-text`` arm: ``full+tune text=KIND`` (``generated`` or ``mix``)."""
+    return f"full+tune text={kind}"
 
 
 def steps_arm(steps: int) -> str:

@@ -209,6 +209,55 @@ def test_tune_without_adds_arms_with_a_group_frozen(capsys: pytest.CaptureFixtur
     ), capsys)
 
 
+def test_tune_text_adds_arms_tuned_on_text_the_reference_samples(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tune-text generated`` tunes the full arm's result a second time, for the same steps, on
+    windows the reference samples itself, with a paired interval to ``full+tune``; unknown or
+    repeated kinds and a run without the full arm are refused before any model loads."""
+    module = _script("quality_tune_text")
+    _variant_arms(module, "--tune-text", "generated", "full+tune text=generated", capsys)
+    _refused(module, "full,full+tune", (
+        (["--tune-text", "web"], "--tune-text: give one or more kinds of generated, mix"),
+        (["--tune-text", "mix,mix"], "a value is repeated"),
+        (["--arms", "full+tune", "--tune-text", "mix"], "--arms needs full"),
+    ), capsys)
+
+
+def test_teacher_windows_sample_the_model_and_never_a_banned_token() -> None:
+    """``teacher_windows`` gives int64 [n, length] windows, the same for the same seed and other
+    windows for another; no banned id nor id >= vocab is ever drawn, first tokens included; a
+    model that always prefers one allowed token writes only that token after the first; ``mix``
+    replaces the odd windows."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    module = _script("quality_text_windows")
+    from quality_text import mixed_windows, teacher_windows
+
+    assert module.TEXT_KINDS == ("generated", "mix")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    model = LlamaForCausalLM(cfg).eval()
+    banned = [0, 1, 2, 7]
+    a = teacher_windows(model, 5, 12, banned, 60, seed=3, batch=2)
+    assert a.dtype == torch.int64 and tuple(a.shape) == (5, 12)
+    assert torch.equal(a, teacher_windows(model, 5, 12, banned, 60, seed=3, batch=2))
+    assert not torch.equal(a, teacher_windows(model, 5, 12, banned, 60, seed=4, batch=2))
+    assert not torch.isin(a, torch.tensor(banned)).any() and int(a.max()) < 60
+    head = torch.nn.Linear(32, 64)  # every logit 0 but token 9's, 60: only 9 is ever sampled
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[9] = 60.0
+    model.lm_head = head
+    one = teacher_windows(model, 3, 6, banned, 60, seed=0, batch=3)
+    assert (one[:, 1:] == 9).all() and not torch.isin(one[:, 0], torch.tensor(banned)).any()
+    calib = torch.arange(5 * 12).reshape(5, 12)
+    mixed = mixed_windows(calib, a)
+    assert torch.equal(mixed[0::2], calib[0::2]) and torch.equal(mixed[1::2], a[:2])
+
+
 def test_table_group_sets_the_full_arms_table_groups(capsys: pytest.CaptureFixture[str]) -> None:
     """``--table-group 64,32`` builds one set of full arms per group from one bare encode: the
     recipe's (64) with the plain names, 32 named ``full tables-g32`` …, both within the budget,
