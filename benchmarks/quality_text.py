@@ -17,7 +17,6 @@ import torch
 TEXT_KINDS = ("generated", "mix")
 
 
-@torch.no_grad()
 def special_ids(tokenizer: Any) -> list[int]:
     """The ids a transformers ``tokenizer`` reserves: its special tokens and every added token
     (chat and fill-in-the-middle markers among them)."""
@@ -26,6 +25,7 @@ def special_ids(tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids)
 
 
+@torch.no_grad()
 def teacher_windows(model: Any, n: int, length: int, banned: list[int], vocab: int, *,
                     seed: int = 0, batch: int = 64, device: str | torch.device = "cpu") \
         -> torch.Tensor:
