@@ -507,11 +507,9 @@ def text_windows(reference: Any, roles: dict[str, Any], args: argparse.Namespace
 
     base = roles["train"][0]
     if "generated" not in roles:
-        tok = roles.get("tokenizer")
+        tok = roles.get("tokenizer")  # none for --tiny: every id of the model's vocabulary
         vocab = int(reference.config.vocab_size)
-        banned = [] if tok is None else special_ids(tok)
-        if tok is not None:
-            vocab = min(vocab, len(tok))
+        vocab, banned = (vocab, []) if tok is None else (min(vocab, len(tok)), special_ids(tok))
         t0 = time.perf_counter()
         roles["generated"] = teacher_windows(
             reference, base.shape[0], base.shape[1], banned, vocab, seed=args.seed,

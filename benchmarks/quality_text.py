@@ -36,7 +36,8 @@ def teacher_windows(model: Any, n: int, length: int, banned: list[int], vocab: i
         n, length: windows and tokens per window (``length`` >= 1).
         banned: token ids never sampled (the tokenizer's special tokens).
         vocab: first tokens are drawn from ids ``[0, vocab)`` not in ``banned``; ids ``>= vocab``
-            (embedding rows the tokenizer never emits) are never sampled either.
+            (head rows the tokenizer never emits) are never sampled either (``vocab`` <= the
+            head's rows).
         seed: the sampling's seed (the same seed, model and sizes give the same windows).
         batch: windows sampled together.
 
@@ -49,9 +50,11 @@ def teacher_windows(model: Any, n: int, length: int, banned: list[int], vocab: i
     home = next(model.parameters()).device
     model.to(device)
     g = torch.Generator().manual_seed(seed)
-    ordinary = torch.ones(vocab, dtype=torch.bool)
-    ordinary[[b for b in banned if 0 <= b < vocab]] = False
-    firsts = ordinary.nonzero().squeeze(1)
+    # never drawn, first tokens included: ``banned`` and the head's ids >= vocab
+    never = torch.ones(model.get_output_embeddings().weight.shape[0], dtype=torch.bool)
+    never[:vocab] = False
+    never[[b for b in banned if 0 <= b < vocab]] = True
+    firsts = (~never[:vocab]).nonzero().squeeze(1)
     out = torch.empty(n, length, dtype=torch.int64)
     try:
         for s in range(0, n, batch):
@@ -61,9 +64,7 @@ def teacher_windows(model: Any, n: int, length: int, banned: list[int], vocab: i
             for t in range(1, length):
                 o = model(input_ids=cur, past_key_values=past, use_cache=True)
                 past = o.past_key_values
-                logits = o.logits[:, -1].float().cpu()
-                logits[:, vocab:] = float("-inf")
-                logits[:, [x for x in banned if 0 <= x < logits.shape[1]]] = float("-inf")
+                logits = o.logits[:, -1].float().cpu().masked_fill_(never, float("-inf"))
                 nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)
                 out[s:s + b, t] = nxt[:, 0]
                 cur = nxt.to(device)
@@ -75,7 +76,6 @@ def teacher_windows(model: Any, n: int, length: int, banned: list[int], vocab: i
 def mixed_windows(calibration: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
     """The ``mix`` arm's training windows: ``calibration`` (int64 [N, T]) with every other window
     (the odd ones) replaced by one of ``generated`` (int64 [>= N // 2, T]): half the text each."""
-    n = calibration.shape[0]
     out = calibration.clone()
     out[1::2] = generated[: out[1::2].shape[0]]
-    return out[:n]
+    return out
