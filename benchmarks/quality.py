@@ -35,6 +35,9 @@ Arms (each a model that maps ids to logits, with its whole-model bits per parame
                  ``--int4-post-hoc`` adds ``full int4=post-hoc`` (and ``full+tune
                  int4=post-hoc``): the same encode and sensitivity pass, the chosen int4
                  matrices swapped in without the re-encode after the choice;
+                 ``--damping 0.01,0.1`` adds ``bare damp=0.1``, ``full damp=0.1`` … (each
+                 arm asked for): another bare encode whose GPTQ Hessians are damped by 0.1 of
+                 their mean diagonal instead of the encoder's 0.01, and the recipe from it;
                  ``--train-tokens auto,32768`` adds ``full+tune train=32768``: the same encode
                  and sensitivity pass, the row scales and tuning trained on the first 32 768
                  tokens of the training windows (``auto``: as many windows as the steps read,
@@ -103,6 +106,7 @@ from quality_arms import (
     batch_arm,
     budget_suffix,
     compared_arm,
+    damping_suffix,
     distinct_list,
     lr_arm,
     post_hoc_arm,
@@ -314,8 +318,11 @@ def real_setup(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, torc
 
 
 def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
-                wanted: list[str]) -> dict[str, tuple[Any, float, dict[str, Any]]]:
-    """The bare / full / full+tune arms: name → (model, bits per parameter, details)."""
+                wanted: list[str], damping: float | None = None
+                ) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+    """The bare / full / full+tune arms: name → (model, bits per parameter, details), encoded
+    with Hessian damping ``damping`` (None: the encoder's; another value names the arms with
+    :func:`damping_suffix` and keeps their checkpoints apart)."""
     from leechq.config import BASE_ROTATION_SEED, QuantConfig
     from leechq.formats.accounting import whole_model_bits
     from leechq.models.arch import arch_of
@@ -328,13 +335,17 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     calib = roles["calib"]
     # --seed: another draw of the quantizer's own randomness (the rotations, the training windows'
     # order); the calibration text and the held-out windows stay the same
+    damping = QuantConfig.damping if damping is None else damping
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
                       calib_window_len=calib.shape[1], device=args.device,
-                      rotation_seed=BASE_ROTATION_SEED ^ args.seed)
+                      rotation_seed=BASE_ROTATION_SEED ^ args.seed, damping=damping)
+    damped = damping_suffix(damping)  # "" for the encoder's damping
 
     ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     if ckpt is not None and args.seed:
         ckpt = ckpt / f"seed{args.seed}"  # another encode, sensitivity pass and training
+    if ckpt is not None and damped:
+        ckpt = ckpt / f"damping{damping!r}"  # the same, from another encode
 
     def encode(model: Any, windows: torch.Tensor, config: Any) -> Any:
         where = None if ckpt is None else ckpt / "encode" / config.digest()[:16]
@@ -359,9 +370,10 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     student = copy.deepcopy(reference)
     enc = encode(student, calib, cfg)
     bare_bits = whole_model_bits(enc.records, enc.raw).bits_per_param
-    log(f"bare encode: {time.perf_counter() - t0:.1f} s")
+    log(f"bare encode{damped}: {time.perf_counter() - t0:.1f} s")
     if "bare" in wanted:
-        out["bare"] = (student, bare_bits, {"seconds": time.perf_counter() - t0})
+        out["bare" + damped] = (student, bare_bits, {"seconds": time.perf_counter() - t0,
+                                                     "damping": damping})
     prefix = arm_prefix(args)
     if not set(RECIPE_ARMS) & set(wanted):
         return {f"{prefix}{k}": v for k, v in out.items()}
@@ -420,7 +432,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     for i, (group, target) in enumerate(plans):
         if i and group != plans[i - 1][0]:
             measured = None
-        suffix = budget_suffix(args, target, group)
+        suffix = budget_suffix(args, target, group) + damped
         # full+tune continues the full arm's result when both are wanted (one encode and one
         # sensitivity pass for the two)
         first = None if "full" in wanted else tune
@@ -471,7 +483,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
                                                               measured)
         for name, r in results.items():
             sel = r.metadata.get("selection", {})
-            detail = {"seconds": r.metadata["seconds"], "target_bpp": target,
+            detail = {"seconds": r.metadata["seconds"], "target_bpp": target, "damping": damping,
                       "int4": len(sel.get("int4", [])),
                       "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
                       "int4_over_budget": len(sel.get("rejected_over_budget", [])),
@@ -683,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="MMLU questions per subject / GSM8K problems [default: all]")
     ap.add_argument("--compare-to", default="full")
     ap.add_argument("--boot", type=int, default=1000)
+    ap.add_argument("--damping", default=None, metavar="L[,L...]",
+                    help="the encode's relative Hessian damping (default: the encoder's, 0.01); "
+                         "several values encode once each, the others' arms named 'full "
+                         "damp=L' …")
     ap.add_argument("--seed", type=int, default=0,
                     help="another draw of the quantizer's randomness: the rotation seed is the "
                          "default one XOR N and the training windows' order is seeded with N "
@@ -734,6 +750,12 @@ def main(argv: list[str] | None = None) -> int:
         None if g == Recipe.table_group else g
         for g in distinct_list(ap, "--table-group", args.table_group, int,
                                "group sizes >= 2 columns", lambda g: g >= 2)]
+    from leechq.config import QuantConfig
+
+    args.damping = [None] if args.damping is None else [
+        None if x == QuantConfig.damping else x
+        for x in distinct_list(ap, "--damping", args.damping, float, "dampings in (0, 1)",
+                               lambda x: 0 < x < 1)]
     if not 0 <= args.seed < 1 << 16:
         ap.error(f"--seed: give 0 <= N < 65536, got {args.seed}")
     if args.tune_topk is not None:
@@ -799,7 +821,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.tasks:
                 reference_tasks[mname] = task_scores(reference, tokenizer, args, "reference")
                 log(f"{mname}: reference {task_line(reference_tasks[mname])}")
-            arms = leechq_arms(reference, roles, args, wanted)
+            arms = {}
+            for damping in args.damping:  # one encode each
+                arms.update(leechq_arms(reference, roles, args, wanted, damping))
             arms.update(baseline_arms(reference, roles, args, wanted))
             compare_to = (args.compare_to if args.compare_to in arms
                           else f"{arm_prefix(args)}{args.compare_to}")

@@ -1,8 +1,8 @@
 """The quality report's arm names and list options (``benchmarks/quality.py``): the names of the
 arms that vary one setting of the full arm's result (``full+tune steps=N``, ``batch=B``,
 ``lr=X``, ``tau=T``, ``without=G``, ``text=KIND``, ``topk=K``, ``train=N``, ``int4=post-hoc``),
-the suffixes a budget or the lattice embedding add, which arm an arm is compared with, and the
-parsing of the comma-separated options.
+the suffixes a budget, the lattice embedding or another Hessian damping add, which arm an arm is
+compared with, and the parsing of the comma-separated options.
 """
 
 from __future__ import annotations
@@ -105,6 +105,15 @@ def train_windows(spec: str, window: int, train_steps: int, tune_steps: int,
     if not out or len(set(out)) != len(out):
         raise ValueError(f"give one or more distinct window counts, got {out}")
     return out
+
+
+def damping_suffix(damping: float) -> str:
+    """What the name of an arm encoded with another Hessian damping ends with: nothing for the
+    encoder's own (:class:`leechq.config.QuantConfig`'s), else `` damp=L`` (``L`` as ``repr``, as
+    :func:`lr_arm`)."""
+    from leechq.config import QuantConfig
+
+    return "" if damping == QuantConfig.damping else f" damp={damping!r}"
 
 
 def budget_suffix(args: argparse.Namespace, target: float, group: int | None = None) -> str:

@@ -589,6 +589,33 @@ def test_tasks_are_scored_on_every_arm_and_the_reference(
     assert "unknown task 'arc'" in capsys.readouterr().err
 
 
+def test_damping_adds_arms_from_another_encode(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--damping 0.01,0.3`` encodes twice: the encoder's damping keeps the plain arm names, the
+    other's arms end in `` damp=0.3``, measure otherwise and carry a paired interval to the plain
+    arm of their kind (``--compare-to full+tune``); the damping each arm was encoded with is in
+    its row; bad values are refused before any model loads."""
+    module = _script("quality_damping")
+    result = _tiny_result(module, ["--tiny", "--arms", "bare,full,full+tune", "--tune-steps", "3",
+                                   "--damping", "0.01,0.3", "--boot", "20",
+                                   "--compare-to", "full+tune"], capsys)
+    arms = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    plain = ("bare", "full", "full+tune")
+    assert set(arms) == {*plain, *(f"{a} damp=0.3" for a in plain)}
+    assert {arms[a]["damping"] for a in plain} == {0.01}
+    assert {arms[f"{a} damp=0.3"]["damping"] for a in plain} == {0.3}
+    assert all(arms[a]["kl"] != arms[f"{a} damp=0.3"]["kl"] for a in plain)
+    pairs = {(i["arm"], i["vs"]) for i in result["intervals"]}
+    assert ("full+tune damp=0.3", "full+tune") in pairs
+    assert ("full damp=0.3", "full+tune damp=0.3") in pairs
+    assert module.damping_suffix(0.01) == "" and module.damping_suffix(0.1) == " damp=0.1"
+    _refused(module, "full", (
+        (["--damping", "0"], "--damping: give one or more dampings in (0, 1)"),
+        (["--damping", "1"], "dampings in (0, 1)"),
+        (["--damping", "some"], "--damping: not a comma-separated list"),
+        (["--damping", "0.1,0.10"], "a value is repeated"),
+    ), capsys)
+
+
 def test_seed_draws_another_encode_and_is_recorded(capsys: pytest.CaptureFixture[str]) -> None:
     """``--seed N`` re-draws the rotations (another bare encode, other measures) and the JSON says
     which draw it was; a seed outside 0..65535 is refused by name."""
