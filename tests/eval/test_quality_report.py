@@ -134,8 +134,10 @@ def test_tune_batch_adds_arms_tuned_with_more_windows_a_step(
     assert ("full+tune batch=4", "full+tune") in {(i["arm"], i["vs"])
                                                   for i in result["intervals"]}
     # auto: the batch arm's windows are as many as its steps read (3 x 4 = 12 > 3 x 2)
-    assert module.train_windows("auto", 64, 0, 3, 4) == [12]
-    assert module.train_windows("auto", 64, 0, 3) == [6]
+    from quality_arms import train_windows
+
+    assert train_windows("auto", 64, 0, 3, 4) == [12]
+    assert train_windows("auto", 64, 0, 3) == [6]
     _refused(module, "full,full+tune", (
         (["--tune-batch", "0"], "--tune-batch: give one or more batches >= 1"),
         (["--tune-batch", "4,4"], "a value is repeated"),
@@ -231,10 +233,10 @@ def test_teacher_windows_sample_the_model_and_never_a_banned_token() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    module = _script("quality_text_windows")
-    from quality_text import mixed_windows, teacher_windows
+    _script("quality_text_windows")  # benchmarks/ on sys.path
+    from quality_text import TEXT_KINDS, mixed_windows, teacher_windows
 
-    assert module.TEXT_KINDS == ("generated", "mix")
+    assert TEXT_KINDS == ("generated", "mix")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
