@@ -182,10 +182,8 @@ def checked(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list
                                "group sizes >= 2 columns", lambda g: g >= 2)]
     from leechq.config import QuantConfig
 
-    args.damping = [None] if args.damping is None else [
-        None if x == QuantConfig.damping else x
-        for x in distinct_list(ap, "--damping", args.damping, float, "dampings in (0, 1)",
-                               lambda x: 0 < x < 1)]
+    args.damping = [QuantConfig.damping] if args.damping is None else distinct_list(
+        ap, "--damping", args.damping, float, "dampings in (0, 1)", lambda x: 0 < x < 1)
     if not 0 <= args.seed < 1 << 16:
         ap.error(f"--seed: give 0 <= N < 65536, got {args.seed}")
     if args.tune_topk is not None:
