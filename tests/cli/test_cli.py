@@ -319,6 +319,25 @@ def test_lattice_embedding_flag_in_both_recipes(
     assert not (tmp_path / "no").exists()
 
 
+def test_damping_is_checked_then_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``--damping``: a value outside (0, 1) is refused by name before the model is read, and
+    nothing is written; a valid one is the encoder's, recorded in the artifact's config."""
+    from leechq.formats.artifact import read_artifact
+
+    for bad in ("0", "1", "-0.1", "nan"):
+        assert main(["quantize", "no-such-model", str(tmp_path / "no"), "--damping", bad]) == 2
+        assert "--damping must be in (0, 1)" in capsys.readouterr().err
+        assert not (tmp_path / "no").exists()
+    src = _tiny_llama_dir(tmp_path)
+    argv = ["quantize", str(src), str(tmp_path / "q"), "--calib-tokens", "256", "--window",
+            "128", "--device", "cpu"]
+    assert main([*argv, "--damping", "0.2"]) == 0
+    assert read_artifact(tmp_path / "q").quant_config.damping == 0.2
+    assert "damping 0.2" in capsys.readouterr().err
+
+
 def test_quantize_full_recipe_on_a_tiny_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -360,12 +379,15 @@ def test_quantize_full_recipe_on_a_tiny_model(
         "3",
         "--train-tokens",
         "512",
+        "--damping",
+        "0.05",
         "--device",
         "cpu",
     ]
     assert main(argv) == 0
     assert "on-disk rate" in capsys.readouterr().out
     art = read_artifact(out)
+    assert art.quant_config.damping == 0.05
     recipe = art.quantization_config["provenance"]["recipe"]
     assert recipe["recipe"]["name"] == "full"
     assert [s["step"] for s in recipe["steps"]] == [

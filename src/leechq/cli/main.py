@@ -174,6 +174,13 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="rotation base seed (default: the recipe's)"
     )
     p.add_argument(
+        "--damping",
+        type=float,
+        default=None,
+        help="GPTQ Hessian damping λ, in (0, 1): the encoder inverts H + λ·mean(diag H)·I; a "
+        "larger λ trusts the calibration text's second moments less [default: 0.01]",
+    )
+    p.add_argument(
         "--propagation",
         choices=("auto", "exact", "lazy"),
         default="auto",

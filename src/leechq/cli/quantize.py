@@ -78,11 +78,15 @@ def quant_config(
     seed: int | None,
     calibration: str,
     propagation: str = "auto",
+    damping: float | None = None,
 ) -> Any:
-    """The resolved :class:`~leechq.config.QuantConfig` of the bare recipe."""
+    """The resolved :class:`~leechq.config.QuantConfig` of the bare recipe (``damping`` None:
+    the config's default)."""
     from leechq.config import QuantConfig
 
-    extra = {} if seed is None else {"rotation_seed": seed}
+    extra: dict[str, Any] = {} if seed is None else {"rotation_seed": seed}
+    if damping is not None:
+        extra["damping"] = damping
     return QuantConfig(
         codebook=codebook,
         calib_windows=windows.n_windows,
@@ -203,6 +207,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         f"{recipe.sensitivity_windows}x{recipe.sensitivity_window_len}, training "
         f"{n_train}x{args.window}, monitor 2x{args.window}), stream fingerprint {fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
+        damping=getattr(args, "damping", None),
     )
     print(f"[quantize] {cfg.describe()}", file=sys.stderr)
     print(f"[quantize] {recipe.describe()}", file=sys.stderr)
@@ -275,17 +280,19 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Quantize ``args.model`` into ``args.out``; prints the artifact's rates at the end."""
     from leechq.cli.inspect import format_report
+    from leechq.errors import InvalidInput
     from leechq.formats.accounting import artifact_report
     from leechq.models.hf_load import load_model
     from leechq.models.load import resolve_device
     from leechq.models.quantize import quantize_model
 
     if getattr(args, "recipe", "bare") != "full":
-        from leechq.errors import InvalidInput
-
         for flag in ("target_bpp", "head_bits"):
             if getattr(args, flag, None) is not None:
                 raise InvalidInput(f"--{flag.replace('_', '-')} applies to --recipe full only")
+    damping = getattr(args, "damping", None)
+    if damping is not None and not 0.0 < damping < 1.0:
+        raise InvalidInput(f"--damping must be in (0, 1), got {damping:g}")
     check_out(args.out, args.force)
     device = resolve_device(args.device).type
     t0 = time.perf_counter()
@@ -307,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         f"{windows.source} {windows.n_windows}x{windows.window} tokens, "
         f"fingerprint {windows.fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
+        damping=getattr(args, "damping", None),
     )
     if getattr(args, "lattice_embedding", False):
         cfg = cfg.replace(embedding_encoding="lattice")
