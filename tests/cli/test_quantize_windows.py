@@ -12,6 +12,7 @@ from leechq_tiny import WORDS, tiny_model, tiny_tokenizer
 
 from leechq.cli.main import main
 from leechq.cli.quantize import training_windows
+from leechq.config import QuantConfig
 from leechq.quant.row_scales import RowScaleConfig
 from leechq.quant.tune import DEFAULT_TUNE_STEPS, TuneConfig
 
@@ -21,13 +22,15 @@ class _Stop(Exception):
 
 
 def test_quantize_help_states_the_tuning_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    """``leechq quantize --help`` gives today's step default and the windows it reads."""
+    """``leechq quantize --help`` gives today's step default and the windows it reads, and the
+    encoder's damping default."""
     with pytest.raises(SystemExit):
         main(["quantize", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     steps = DEFAULT_TUNE_STEPS
     assert f"[default: {steps}]" in text
     assert f"({steps} tuning steps of 2 windows: {2 * steps})" in text
+    assert f"second moments less [default: {QuantConfig.damping:g}]" in text
 
 
 def test_training_windows_is_the_larger_stage() -> None:

@@ -58,6 +58,7 @@ def _dtype(p: argparse.ArgumentParser) -> None:
 
 
 def _args_quantize(p: argparse.ArgumentParser) -> None:
+    from leechq.config import QuantConfig
     from leechq.models.zoo import aliases
 
     p.add_argument(
@@ -178,7 +179,8 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="GPTQ Hessian damping λ, in (0, 1): the encoder inverts H + λ·mean(diag H)·I; a "
-        "larger λ trusts the calibration text's second moments less [default: 0.01]",
+        "larger λ trusts the calibration text's second moments less "
+        f"[default: {QuantConfig.damping:g}]",
     )
     p.add_argument(
         "--propagation",
