@@ -290,9 +290,13 @@ def run(args: argparse.Namespace) -> int:
         for flag in ("target_bpp", "head_bits"):
             if getattr(args, flag, None) is not None:
                 raise InvalidInput(f"--{flag.replace('_', '-')} applies to --recipe full only")
-    damping = getattr(args, "damping", None)
-    if damping is not None and not 0.0 < damping < 1.0:
-        raise InvalidInput(f"--damping must be in (0, 1), got {damping:g}")
+    if getattr(args, "damping", None) is not None:
+        from leechq.config import QuantConfig
+
+        try:  # the config's own check, before the model is read
+            QuantConfig(damping=args.damping)
+        except InvalidInput as exc:
+            raise InvalidInput(f"--damping: {exc}") from None
     check_out(args.out, args.force)
     device = resolve_device(args.device).type
     t0 = time.perf_counter()
