@@ -79,6 +79,10 @@ class QuantConfig:
             token embedding coded on the lattice like a projection with an identity Hessian
             (``leechq.quant.embedding``; the head is kept as stored, a tied table is refused).
         embedding_group: group size of the group-affine embedding encoding.
+        lattice_head: code an untied output head on the lattice like a projection, with the
+            Hessian of its inputs (the final norm's output), as one more block after the last
+            decoder layer (:mod:`leechq.models.head`); False keeps it as ``embedding_encoding``
+            says. A tied head is refused.
         calibration: free-form provenance of the calibration text (dataset, revision, split).
     """
 
@@ -102,6 +106,7 @@ class QuantConfig:
     int4_gptq: bool = False
     embedding_encoding: str = "keep"
     embedding_group: int = 64
+    lattice_head: bool = False
     calibration: str = ""
     schema_version: int = field(default=SCHEMA_VERSION)
 
@@ -163,6 +168,7 @@ class QuantConfig:
                 _is_int(self.embedding_group) and self.embedding_group >= 2,
                 "embedding_group must be >= 2",
             ),
+            (isinstance(self.lattice_head, bool), "lattice_head must be a bool"),
             (isinstance(self.calibration, str), "calibration must be a string"),
         ]
         for ok, message in checks:
@@ -174,8 +180,12 @@ class QuantConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field (the rotation seed also as hex, for humans)."""
+        """JSON-ready dict of every field (the rotation seed also as hex, for humans);
+        ``lattice_head`` only when set, so that a configuration without it keeps the digest it
+        had before the field existed (checkpoints resume, artifacts keep their identity)."""
         out = dataclasses.asdict(self)
+        if not self.lattice_head:
+            del out["lattice_head"]
         out["int4_modules"] = list(self.int4_modules)
         out["rotation_seed_hex"] = f"{self.rotation_seed:#x}"
         return out
@@ -240,6 +250,7 @@ class QuantConfig:
             f"calibration {self.calib_windows}×{self.calib_window_len} tokens, "
             f"compute {self.dtype}, Hessian {self.hessian_dtype}{int4}, "
             f"embedding {self.embedding_encoding}"
+            + (", head on the lattice" if self.lattice_head else "")
         )
 
 

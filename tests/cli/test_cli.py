@@ -319,6 +319,46 @@ def test_lattice_embedding_flag_in_both_recipes(
     assert not (tmp_path / "no").exists()
 
 
+def test_lattice_head_flag_in_both_recipes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
+) -> None:
+    """``--lattice-head``: the bare and the full recipe store the untied head of a tiny Qwen3 as
+    a record (the full recipe stores no head table, and its int4 step may take the head) that
+    ``leechq.load`` serves as a LeechqLinear; ``--head-bits`` beside it and a tied model (tiny
+    Llama) are refused by name, and nothing is written."""
+    from leechq.formats.artifact import read_artifact
+    from leechq.models.load import load
+    from leechq.nn.linear import LeechqLinear
+
+    src = tmp_path / "tiny"
+    tiny_model("qwen3").save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    common = ["--lattice-head", "--calib-tokens", "256", "--window", "128", "--device", "cpu"]
+    full = ["--recipe", "full", "--target-bpp", "3", "--train-steps", "1", "--train-tokens",
+            "256", "--tune-steps", "0"]
+    assert main(["quantize", str(src), str(tmp_path / "bare"), *common]) == 0
+    assert main(["quantize", str(src), str(tmp_path / "full"), *full, *common]) == 0
+    for name in ("bare", "full"):
+        art = read_artifact(tmp_path / name)
+        assert "lm_head" in art.records and "lm_head.weight" not in art.raw, name
+        assert "lm_head.weight" not in art.raw_quant and art.quant_config.lattice_head
+        model, _ = load(tmp_path / name, device="cpu", tokenizer=False)
+        assert isinstance(model.lm_head, LeechqLinear)
+    recipe = read_artifact(tmp_path / "full").quantization_config["provenance"]["recipe"]
+    assert recipe["recipe"]["head_bits"] is None
+    assert "lm_head" in recipe["sensitivity"]["matrices"]
+    capsys.readouterr()
+    assert main(["quantize", str(src), str(tmp_path / "no"), *full, *common,
+                 "--head-bits", "4"]) == 2
+    assert "--lattice-head codes the head on the lattice" in capsys.readouterr().err
+    tied = tmp_path / "tied"
+    tiny_model("llama").save_pretrained(tied)
+    tiny_tokenizer().save_pretrained(tied)
+    assert main(["quantize", str(tied), str(tmp_path / "no"), *common]) == 2
+    assert "head must be untied" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+
+
 def test_damping_is_checked_then_recorded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture_corpus: Path
 ) -> None:

@@ -648,8 +648,9 @@ def test_overwrite_replaces_only_a_tetra_directory(tmp_path: Path) -> None:
 # leechq artifact → Tetra directory
 
 
-def _artifact(tmp: Path, arch: str, codebook: str = "tetra", embed_bits: int = 4) -> Path:
-    from leechq_tiny import quantize_randomly, tiny_model
+def _artifact(tmp: Path, arch: str, codebook: str = "tetra", embed_bits: int = 4,
+              lattice_head: bool = False) -> Path:
+    from leechq_tiny import lattice_record, quantize_randomly, tiny_model
 
     from leechq.config import QuantConfig
     from leechq.formats.artifact import write_artifact
@@ -657,15 +658,19 @@ def _artifact(tmp: Path, arch: str, codebook: str = "tetra", embed_bits: int = 4
 
     model = tiny_model(arch)
     records = quantize_randomly(model, codebook=codebook)
+    if lattice_head:  # an untied head coded on the lattice (QuantConfig.lattice_head)
+        w = model.lm_head.weight.detach()
+        records["lm_head"] = lattice_record(codebook, *w.shape, seed=5, weight=w)
     raw, tied = raw_tensors(model, {})
     raw = {k: v for k, v in raw.items() if k.removesuffix(".weight") not in records}
     raw = {k: v.to(torch.bfloat16) for k, v in raw.items()}  # bf16 norms convert exactly
     for name in ("model.embed_tokens.weight", "lm_head.weight"):  # as embedding_encoding="int4"
         if name in raw:
             raw[name] = GroupAffine.quantize(raw[name].float(), embed_bits, 64)
-    out = tmp / f"art-{arch}-{codebook}-{embed_bits}"
+    out = tmp / f"art-{arch}-{codebook}-{embed_bits}{'-head' if lattice_head else ''}"
     write_artifact(out, base_config=model.config.to_dict(),
-                   quant_config=QuantConfig(codebook=codebook, int4_modules=("self_attn.v_proj",)),
+                   quant_config=QuantConfig(codebook=codebook, int4_modules=("self_attn.v_proj",),
+                                            lattice_head=lattice_head),
                    records=records, raw=raw, tied=tied)
     (out / "tokenizer.json").write_text('{"t": 1}')  # copied verbatim (not in the manifest)
     return out
@@ -705,6 +710,23 @@ def test_artifact_converts_and_llvq_tetra_reads_it(tmp_path: Path, arch: str) ->
         assert not info["missing_keys"] and not info["unexpected_keys"], info
         bias = f"{Q}.bias"
         assert torch.equal(model.state_dict()[bias], art.raw[bias].to(torch.float16).float())
+
+
+def test_a_lattice_coded_head_converts_as_a_linear(tmp_path: Path) -> None:
+    """The Tetra format's readers replace every recorded linear, the head included: its record
+    goes over bit for bit and ``llvq-tetra`` decodes it as ours does."""
+    from leechq.formats.artifact import read_artifact
+
+    src = _artifact(tmp_path, "qwen3", lattice_head=True)
+    art = read_artifact(src, verify=False)
+    assert "lm_head" in art.records and "lm_head.weight" not in art.raw_quant
+    out = artifact_to_tetra_dir(src, tmp_path / "tetra")
+    d = read_tetra_dir(out, verify_dense=True)
+    _assert_same_record(art.records["lm_head"], d.records["lm_head"])
+    assert "lm_head.weight" not in d.raw
+    with PackedModel(out) as m:
+        assert _bits_equal(m.dequantize("lm_head.weight"),
+                           dequantize_record(art.records["lm_head"]).numpy())
 
 
 def test_artifact_conversion_refusals(tmp_path: Path) -> None:

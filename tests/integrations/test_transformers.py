@@ -175,6 +175,39 @@ def test_lattice_coded_embedding(tmp_path: Path) -> None:
         torch.testing.assert_close(again(x).logits, ours(x).logits, rtol=0, atol=0)
 
 
+def test_lattice_coded_head(tmp_path: Path) -> None:
+    """A lattice-coded head (a record under the head's module name, ``lattice_head``) loads as a
+    LeechqLinear with leechq.load's logits and is written back as the same tensors."""
+    from leechq_tiny import lattice_record, quantize_randomly, tiny_model, tiny_tokenizer
+    from safetensors.torch import load_file
+
+    from leechq.config import QuantConfig
+    from leechq.formats.artifact import write_artifact
+    from leechq.models.save import raw_tensors
+
+    dense = tiny_model("qwen3")  # untied head
+    records = quantize_randomly(dense)
+    w = dense.lm_head.weight.detach()
+    records["lm_head"] = lattice_record("tetra", *w.shape, seed=7, weight=w)
+    raw, tied = raw_tensors(dense, {})
+    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
+    cfg = QuantConfig(codebook="tetra", lattice_head=True, device="cpu")
+    out = write_artifact(tmp_path / "head", base_config=dense.config.to_dict(), quant_config=cfg,
+                         records=records, raw=raw, tied=tied, tokenizer=tiny_tokenizer())
+    ours, _ = load(out, device="cpu", tokenizer=False)
+    hf = _from_pretrained(out, dtype=torch.float32)
+    assert isinstance(hf.lm_head, LeechqLinear) and hf.get_output_embeddings() is hf.lm_head
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
+    hf.save_pretrained(tmp_path / "saved")
+    a = load_file(str(out / "model.safetensors"))
+    b = load_file(str(tmp_path / "saved/model.safetensors"))
+    assert set(a) == set(b) and not any(k.startswith("lm_head.weight") for k in a)
+    for k in a:
+        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+
+
 def test_artifact_for_another_model(tmp_path: Path) -> None:
     from leechq.errors import ArtifactError, UnsupportedArchitecture
 

@@ -114,6 +114,14 @@ def test_a_lattice_coded_embedding_is_refused_by_name() -> None:
         check_servable({"quant_method": "leechq", "config": {"embedding_encoding": "lattice"}})
 
 
+def test_a_lattice_coded_head_is_refused_by_name() -> None:
+    from leechq.integrations.vllm import check_servable
+
+    check_servable({"quant_method": "leechq", "config": {"lattice_head": False}})
+    with pytest.raises(InvalidInput, match=r"output head is lattice-coded.*leechq serve"):
+        check_servable({"quant_method": "leechq", "config": {"lattice_head": True}})
+
+
 @pytest.fixture(scope="module")
 def vllm_tp1() -> object:
     """vLLM's own layers on this process: tensor-parallel size 1 over gloo, on the CPU.

@@ -107,6 +107,15 @@ def _args_quantize(p: argparse.ArgumentParser) -> None:
         "through leechq.load, from_pretrained and leechq serve, not the vLLM plugin",
     )
     p.add_argument(
+        "--lattice-head",
+        action="store_true",
+        help="code an untied output head on the lattice like a projection, with the Hessian of "
+        "its inputs (about 2 bits a weight instead of a 4- or 8-bit table; the full recipe then "
+        "treats it as one more matrix, which the --target-bpp budget may make int4); a tied head "
+        "is refused. Loads through leechq.load, from_pretrained and leechq serve, not the vLLM "
+        "plugin",
+    )
+    p.add_argument(
         "--train-steps",
         type=int,
         default=100,

@@ -79,9 +79,10 @@ def quant_config(
     calibration: str,
     propagation: str = "auto",
     damping: float | None = None,
+    lattice_head: bool = False,
 ) -> Any:
     """The resolved :class:`~leechq.config.QuantConfig` of the bare recipe (``damping`` None:
-    the config's default)."""
+    the config's default; ``lattice_head``: the head coded on the lattice)."""
     from leechq.config import QuantConfig
 
     extra: dict[str, Any] = {} if seed is None else {"rotation_seed": seed}
@@ -94,6 +95,7 @@ def quant_config(
         device=device if device in ("cpu", "cuda") else "auto",
         calibration=calibration,
         propagation=propagation,
+        lattice_head=lattice_head,
         **extra,
     )
 
@@ -174,6 +176,8 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
     head = {} if getattr(args, "head_bits", None) is None else {"head_bits": args.head_bits}
     if getattr(args, "lattice_embedding", False):
         head.update(lattice_embedding=True, embedding_bits=None)
+    if getattr(args, "lattice_head", False):
+        head["head_bits"] = None
     recipe = resolve_recipe(
         "full", args.target_bpp, row_scales=rows, tune=tune,
         device="cuda" if device == "cuda" else "cpu", **head,
@@ -208,6 +212,7 @@ def run_full_recipe(args: argparse.Namespace, loaded: Any, device: str) -> Any:
         f"{n_train}x{args.window}, monitor 2x{args.window}), stream fingerprint {fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
         damping=getattr(args, "damping", None),
+        lattice_head=getattr(args, "lattice_head", False),
     )
     print(f"[quantize] {cfg.describe()}", file=sys.stderr)
     print(f"[quantize] {recipe.describe()}", file=sys.stderr)
@@ -290,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
         for flag in ("target_bpp", "head_bits"):
             if getattr(args, flag, None) is not None:
                 raise InvalidInput(f"--{flag.replace('_', '-')} applies to --recipe full only")
+    if getattr(args, "lattice_head", False) and getattr(args, "head_bits", None) is not None:
+        raise InvalidInput("--lattice-head codes the head on the lattice; --head-bits sets the "
+                           "width of a head table: give one of them")
     if getattr(args, "damping", None) is not None:
         from leechq.config import QuantConfig
 
@@ -319,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         f"fingerprint {windows.fingerprint}",
         propagation=getattr(args, "propagation", "auto"),
         damping=getattr(args, "damping", None),
+        lattice_head=getattr(args, "lattice_head", False),
     )
     if getattr(args, "lattice_embedding", False):
         cfg = cfg.replace(embedding_encoding="lattice")

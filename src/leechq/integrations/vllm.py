@@ -244,15 +244,20 @@ def register() -> None:
 
 def check_servable(config: Mapping[str, Any]) -> None:
     """Refuse a ``quantization_config`` this plugin cannot serve, naming why: an artifact whose
-    token embedding is lattice-coded (``embedding_encoding = "lattice"``: vLLM builds its own
-    embedding layer, which has no leechq method; ``leechq.load``, ``from_pretrained`` and
-    ``leechq serve`` serve it)."""
+    token embedding is lattice-coded (``embedding_encoding = "lattice"``) or whose head is
+    (``lattice_head``): vLLM builds its own embedding and head layers, which have no leechq
+    method; ``leechq.load``, ``from_pretrained`` and ``leechq serve`` serve them."""
     inner = config.get("config")
     if isinstance(inner, Mapping) and inner.get("embedding_encoding") == "lattice":
         raise InvalidInput(
             "this artifact's token embedding is lattice-coded, which the vLLM plugin does not "
             "serve (vLLM builds its own embedding layer); serve it with `leechq serve`, or "
             "quantize with a 4/8-bit or kept embedding for vLLM")
+    if isinstance(inner, Mapping) and inner.get("lattice_head"):
+        raise InvalidInput(
+            "this artifact's output head is lattice-coded, which the vLLM plugin does not serve "
+            "(vLLM builds its own head layer); serve it with `leechq serve`, or quantize without "
+            "--lattice-head for vLLM")
 
 
 def _vllm_classes() -> type:

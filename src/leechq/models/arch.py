@@ -200,6 +200,10 @@ class ArchSpec:
         """The output head module (``lm_head``)."""
         return _get_path(model, self.head_path, self.name)
 
+    def final_norm(self, model: Any) -> Any:
+        """The norm after the last block, whose output the head reads."""
+        return _get_path(model, self.final_norm_path, self.name)
+
     def tied_embeddings(self, model: Any) -> bool:
         """Whether the head shares its weight tensor with the input embedding.
 

@@ -36,6 +36,7 @@ from leechq.formats.artifact import GroupAffine, write_artifact
 from leechq.formats.output_paths import check_output_path, check_replaceable
 from leechq.models.arch import ArchSpec, arch_of
 from leechq.models.experts import split_experts
+from leechq.models.head import check_lattice_head, head_block
 from leechq.quant.calibration import token_digest
 from leechq.quant.layerwise import LinearSpec, Record, RunResult, quantize_blocks, resolve_device
 
@@ -342,7 +343,7 @@ def quantize_model_in_place(
     on_block: Any = None,
 ) -> ModelQuantization:
     """Quantize every decoder-block projection of ``model`` in place (weights become the decoded
-    ones).
+    ones), and the output head too with ``config.lattice_head`` (:mod:`leechq.models.head`).
 
     Args:
         model: a transformers causal LM of a family :mod:`leechq.models.arch` knows.
@@ -360,6 +361,8 @@ def quantize_model_in_place(
 
         check_lattice_table(model, f"{arch.embed_path}.weight", f"{arch.head_path}.weight",
                             config)
+    if config.lattice_head:
+        check_lattice_head(model, arch)
     if calib_windows.dim() != 2 or calib_windows.dtype != torch.int64:
         raise InvalidInput(
             f"calib_windows must be int64 [n, seq], got {calib_windows.dtype} "
@@ -392,6 +395,9 @@ def quantize_model_in_place(
             for p in arch.block_projections(layer)
         ]
         blocks.append(_HFBlock(i, layer, specs, kwargs_by_layer[i]))
+    if config.lattice_head:  # one more block: the head reads the final norm of the last output
+        blocks.append(head_block(model, arch, len(layers),
+                                 int4=_matches(arch.head_path, config.int4_modules)))
     provenance = {
         "model_id": model_id,
         "model_type": model.config.model_type,

@@ -17,7 +17,9 @@ hard-coded string):
    and offset) or, with ``lattice_embedding``, an untied embedding coded on the lattice
    (:mod:`leechq.quant.embedding`; coded right after the encode, so that every later step sees
    it, and recorded beside the projections), and a separate width for an untied head; a tied head
-   is one table, stored once;
+   is one table, stored once. An encoder config with ``lattice_head`` codes an untied head in
+   step 1 instead (:mod:`leechq.models.head`): it is then one more matrix to steps 2, 4 and 5,
+   and has no table;
 4. **row scales** (docs/quantizer.md §7) — λ per lattice row trained by KL to the teacher, folded
    into the f64 row scales (:mod:`leechq.quant.row_scales`);
 5. **tune** — every continuous stored number (row scales, gain centroids, int4 and table
@@ -401,6 +403,9 @@ def run_recipe(
         raise InvalidInput("run_recipe: int4 selection needs sensitivity_windows")
     if recipe.lattice_embedding:
         check_lattice_table(reference, embed_name, head_name, base_config)
+    if base_config.lattice_head and recipe.head_bits is not None:
+        raise InvalidInput("run_recipe: the encoder codes the head on the lattice (lattice_head):"
+                           " the recipe's head_bits must then be None")
     if (recipe.row_scales is not None or recipe.tune is not None) and train_windows is None:
         raise InvalidInput("run_recipe: row-scale training and tuning need train_windows")
     started = time.perf_counter()

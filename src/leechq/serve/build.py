@@ -135,7 +135,8 @@ def from_hf_model(
     Args:
         hf_model: a causal LM of a family in ``leechq.serve.model.SUPPORTED_ARCHS`` (Llama,
             Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 text), dense or with leechq modules in place of
-            its linears, embedding or head.
+            its linears, embedding or head (a lattice-coded head runs as a projection does,
+            :func:`fuse_group`).
         dtype: activation dtype (default: the embedding's dtype, the dtype a packed embedding
             was finalized for, or float16 for another quantized embedding). A packed 4/8-bit
             embedding or head (:mod:`leechq.nn.embedding`) or a lattice-coded embedding
@@ -148,6 +149,7 @@ def from_hf_model(
     """
     from leechq.nn.embedding import PackedEmbedding, PackedHead
     from leechq.nn.lattice_embedding import LatticeEmbedding
+    from leechq.nn.linear import LeechqLinear
 
     args = ModelArgs.from_hf_config(hf_model.config)
     embed = _get(hf_model, "model.embed_tokens")
@@ -175,6 +177,8 @@ def from_hf_model(
         new_head = dense_linear([head.weight], [head.bias], dtype, device)
     elif isinstance(head, PackedHead):  # tied: reads the (already moved) embedding's table
         new_head = _packed_on(head, dtype, device)
+    elif isinstance(head, LeechqLinear):  # a lattice-coded head: served as the projections are
+        new_head = fuse_group([head], dtype, device)
     else:
         new_head = head.to(device)
     blocks = []
