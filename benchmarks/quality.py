@@ -76,8 +76,9 @@ matplotlib is not installed). ``--plot-from a.json,b.json=LABEL`` plots the rows
 together to ``--plot`` (default ``docs/quality.png``) and measures nothing (``=LABEL``: that
 file's arms are named ``arm [LABEL]``, e.g. the same arms under another calibration text).
 
-``--tiny``: a random 2-layer Llama (hidden 192, vocab 512) and two synthetic token streams as the
-two "domains", quantized with the test suite's stand-in direction codebook
+``--tiny``: a random 2-layer Llama (hidden 192, vocab 512; its head tied unless a table is
+lattice-coded) and two synthetic token streams as the two "domains", quantized with the test
+suite's stand-in direction codebook
 (``tests/quant/standin_codebook.py``) so that the whole report runs in about a minute on a CPU: it
 checks the pipeline, not the quality of the lattice.
 
@@ -250,7 +251,9 @@ def tiny_setup(args: argparse.Namespace) -> tuple[Any, dict[str, torch.Tensor], 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=512, hidden_size=192, intermediate_size=384,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True)
+                      max_position_embeddings=256,
+                      # a lattice-coded table needs its own head: untied then
+                      tie_word_embeddings=not (args.lattice_head or args.lattice_embedding))
     model = LlamaForCausalLM(cfg).eval()
 
     def stream(seed: int, n: int, t: int) -> torch.Tensor:  # a different bigram walk per domain
@@ -334,7 +337,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     damping = QuantConfig.damping if damping is None else damping
     cfg = QuantConfig(codebook=args.codebook, calib_windows=calib.shape[0],
                       calib_window_len=calib.shape[1], device=args.device,
-                      rotation_seed=BASE_ROTATION_SEED ^ args.seed, damping=damping)
+                      rotation_seed=BASE_ROTATION_SEED ^ args.seed, damping=damping,
+                      lattice_head=args.lattice_head)
     damped = damping_suffix(damping)  # "" for the encoder's damping
 
     ckpt = Path(args.checkpoint_dir) if args.checkpoint_dir else None
@@ -353,7 +357,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
         recipe's) under ``--checkpoint-dir``."""
         if ckpt is None:
             return {}
-        lat = "-lattice-embedding" if args.lattice_embedding else ""  # another student
+        lat = ("-lattice-embedding" if args.lattice_embedding else "") + (  # another student
+            "-lattice-head" if args.lattice_head else "")
         tg = "" if group is None else f"-tables-g{group}"  # other tables
         return {"checkpoint_dir": ckpt / f"rows-{target:g}{lat}{tg}",
                 "tune_checkpoint_dir": ckpt / f"tune-{target:g}{lat}{tg}",
@@ -368,8 +373,9 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     bare_bits = whole_model_bits(enc.records, enc.raw).bits_per_param
     log(f"bare encode{damped}: {time.perf_counter() - t0:.1f} s")
     if "bare" in wanted:
-        out["bare" + damped] = (student, bare_bits, {"seconds": time.perf_counter() - t0,
-                                                     "damping": damping})
+        coded = " lattice-head" if args.lattice_head else ""
+        out["bare" + coded + damped] = (student, bare_bits, {
+            "seconds": time.perf_counter() - t0, "damping": damping})
     prefix = arm_prefix(args)
     if not set(RECIPE_ARMS) & set(wanted):
         return {f"{prefix}{k}": v for k, v in out.items()}
@@ -391,6 +397,8 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
     head_bits = {} if args.head_bits is None else {"head_bits": args.head_bits}
     if args.lattice_embedding:
         head_bits.update(lattice_embedding=True, embedding_bits=None)
+    if args.lattice_head:
+        head_bits["head_bits"] = None
 
     def full_result(target: float, group: int | None, settings: Any, train: torch.Tensor,
                     sensitivity: Any, *, requantize: bool = True, **checkpoints: Any) -> Any:

@@ -42,6 +42,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--lattice-embedding", action="store_true",
                     help="the full arms code an untied token embedding on the lattice "
                          "(`leechq quantize --lattice-embedding`)")
+    ap.add_argument("--lattice-head", action="store_true",
+                    help="every arm of ours codes an untied head on the lattice (`leechq "
+                         "quantize --lattice-head`): the bare encode too, and the full arms "
+                         "have no head table")
     ap.add_argument("--in-domain", default="pydoc")
     ap.add_argument("--unseen-domain", default="fortunes", choices=("fortunes", "wikitext2", "c4"))
     ap.add_argument("--windows", type=int, default=16, help="held-out windows per set")
@@ -213,6 +217,9 @@ def checked(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list
             ap.error(f"{flag} tunes the full arm's result: --arms needs full and full+tune")
     if args.int4_post_hoc and not set(RECIPE_ARMS) & set(wanted):
         ap.error("--int4-post-hoc varies the full arms: --arms needs full or full+tune")
+    if args.lattice_head and args.head_bits is not None:
+        ap.error("--lattice-head codes the head on the lattice; --head-bits sets a head table's "
+                 "width: give one of them")
     if args.tiny:
         args.windows, args.window = min(args.windows, 8), 64
         args.train_steps = min(args.train_steps, 6)

@@ -118,9 +118,10 @@ def damping_suffix(damping: float) -> str:
 
 def budget_suffix(args: argparse.Namespace, target: float, group: int | None = None) -> str:
     """What a recipe arm's name ends with: `` lattice-emb`` with ``--lattice-embedding``,
-    `` tables-gG`` for tables in groups of ``group`` columns (None: the recipe's), then nothing
-    for a single ``--target-bpp``, else `` @B``."""
-    lat = " lattice-emb" if getattr(args, "lattice_embedding", False) else ""
+    `` lattice-head`` with ``--lattice-head``, `` tables-gG`` for tables in groups of ``group``
+    columns (None: the recipe's), then nothing for a single ``--target-bpp``, else `` @B``."""
+    lat = (" lattice-emb" if getattr(args, "lattice_embedding", False) else "") + (
+        " lattice-head" if getattr(args, "lattice_head", False) else "")
     tg = "" if group is None else f" tables-g{group}"
     return lat + tg + ("" if len(args.target_bpp) == 1 else f" @{target:g}")
 
