@@ -35,7 +35,6 @@ import copy
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,47 +45,20 @@ import quality  # the report's setup, measures and intervals
 
 
 class _Enough(Exception):
-    """Raised by the head's input hook: nothing after it is needed."""
+    """Raised by the final norm's input hook: nothing after it is needed."""
 
 
-class _TableBlock:
-    """A table as one block of the layerwise driver: the head reads the calibration states (its
-    Hessian), the embedding reads nothing (identity Hessian); the states pass through unchanged."""
-
-    def __init__(self, index: int, name: str, module: torch.nn.Module, reads_states: bool) -> None:
-        from leechq.quant.layerwise import LinearSpec
-
-        self.index = index
-        self.linears = [LinearSpec(name=name, module=module, act=0)]
-        self.module = module
-        self.reads_states = reads_states
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.reads_states:
-            self.module(hidden)
-        return hidden
-
-    @contextlib.contextmanager
-    def activate(self, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-        weight = self.module.weight
-        orig = weight.device, weight.dtype
-        self.module.to(device=device, dtype=dtype)
-        try:
-            yield
-        finally:
-            self.module.to(device=orig[0], dtype=orig[1])
-
-
-def head_states(model: Any, head: torch.nn.Module, calib: torch.Tensor, batch: int,
+def norm_inputs(model: Any, norm: torch.nn.Module, calib: torch.Tensor, batch: int,
                 device: str) -> list[torch.Tensor]:
-    """The head's inputs on the calibration windows, one [batch, T, d] tensor per forward."""
+    """The final norm's inputs (the last decoder layer's outputs) on the calibration windows, one
+    [batch, T, d] tensor per forward: what the head's block of the layer-wise pass reads."""
     states: list[torch.Tensor] = []
 
     def grab(_module: Any, args: tuple[Any, ...]) -> None:
         states.append(args[0].detach().float().cpu())
         raise _Enough
 
-    handle = head.register_forward_pre_hook(grab)
+    handle = norm.register_forward_pre_hook(grab)
     try:
         with torch.no_grad(), quality.on_device(model, device):
             for i in range(0, calib.shape[0], batch):
@@ -102,6 +74,8 @@ def lattice_tables(reference: Any, calib: torch.Tensor, args: argparse.Namespace
     """module name → lattice record of the tables: the head by GPTQ with the Hessian of its inputs
     (the layer-wise driver), the embedding as the product codes it."""
     from leechq.config import QuantConfig
+    from leechq.models.arch import arch_of
+    from leechq.models.head import head_block
     from leechq.quant.embedding import encode_embedding
     from leechq.quant.layerwise import quantize_blocks
 
@@ -111,10 +85,10 @@ def lattice_tables(reference: Any, calib: torch.Tensor, args: argparse.Namespace
     t0 = time.perf_counter()
     if head is not None:
         model = copy.deepcopy(reference)
-        module = model.get_submodule(head)
-        states = head_states(model, module, calib, 4, args.device)
-        run = quantize_blocks([_TableBlock(0, head, module, reads_states=True)], states, cfg,
-                              progress=True)
+        arch = arch_of(model)
+        states = norm_inputs(model, arch.final_norm(model), calib, 4, args.device)
+        # the product's head block (leechq quantize --lattice-head), here the only block
+        run = quantize_blocks([head_block(model, arch, 0)], states, cfg, progress=True)
         out.update(run.records)
     out[embed] = encode_embedding(reference.get_submodule(embed).weight, cfg, name=embed,
                                   progress=True)
