@@ -316,6 +316,24 @@ def test_cuda_fused_matches_reference(kind: str, d_in: int, d_out: int, m_rows: 
 
 
 @pytest.mark.gpu
+def test_cuda_fused_vocabulary_sized_head() -> None:
+    """A lattice-coded head's shape (``--lattice-head``: Qwen2.5's 151 936 vocabulary rows × 896)
+    runs the fused kernel, no fallback, at a decode-sized and a prefill-sized call, and agrees
+    with the f64 product."""
+    rec = lattice_record("tetra", 151936, 896, seed=21)
+    mod = LeechqLinear.from_record(rec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ex = mod.finalize("cuda", torch.float32)
+        assert ex.path == "fused", ex.reason
+        x = torch.randn(6, 896, device="cuda")
+        y = torch.cat([mod(x[:1]), mod(x[1:])])  # one row, then five
+        torch.cuda.synchronize()
+    assert y.shape == (6, 151936)
+    assert_fused_close(y, rec, x, None, "tetra", torch.float32, what="vocabulary-sized head")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind,kernel", [("tetra", "m1_kernel"), ("ball", "m1_kernel"),
                                          ("int4", "intq_matvec_kernel")])
 def test_cuda_one_row_runs_the_decode_kernel(kind: str, kernel: str) -> None:
