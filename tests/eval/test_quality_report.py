@@ -379,7 +379,7 @@ def test_baseline_arms_only_skip_the_lattice_encode(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(quantize, "quantize_model_in_place",
                         lambda *a, **k: pytest.fail("a lattice encode for baseline arms"))
     args = argparse.Namespace(codebook="tetra", device="cpu", tiny=True, checkpoint_dir=None,
-                              seed=0)
+                              seed=0, lattice_head=False)
     calib = torch.zeros(2, 8, dtype=torch.long)
     assert module.leechq_arms(object(), {"calib": calib}, args, ["rtn", "gptq", "hqq"]) == {}
     with pytest.raises(pytest.fail.Exception, match="lattice encode"):
@@ -630,3 +630,23 @@ def test_seed_draws_another_encode_and_is_recorded(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         module.main([*argv, "--seed", "65536"])
     assert "--seed" in capsys.readouterr().err
+
+
+def test_lattice_head_codes_the_head_in_every_arm_of_ours(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--lattice-head``: the bare encode and the full arms code the tiny model's untied head on
+    the lattice (named `` lattice-head``; the full arm's int4 step may take the head, and it stores
+    no head table); ``--head-bits`` beside it is refused before any model loads."""
+    module = _script("quality_lattice_head")
+    result = _tiny_result(module, ["--tiny", "--arms", "bare,full", "--lattice-head",
+                                   "--boot", "20"], capsys)
+    rows = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
+    assert set(rows) == {"bare lattice-head", "full lattice-head"}
+    assert all(r["kl"] > 0 for r in rows.values())
+    import argparse
+
+    args = argparse.Namespace(lattice_embedding=True, lattice_head=True, target_bpp=[2.7])
+    assert module.budget_suffix(args, 2.7) == " lattice-emb lattice-head"
+    _refused(module, "full", (
+        (["--lattice-head", "--head-bits", "4"], "--lattice-head codes the head on the lattice"),
+    ), capsys)
