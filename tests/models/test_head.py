@@ -65,6 +65,21 @@ def test_the_head_is_a_record_and_loads_as_a_leechq_linear(
     assert report["matrices"]["lm_head"]["kind"] == "lattice"
 
 
+def test_save_writes_the_artifact_back(artifact: tuple[Path, torch.nn.Module],
+                                       tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from leechq.models.save import save
+
+    out, _ = artifact
+    model, tok = load(out, device="cpu")
+    again = save(model, tmp_path / "again", tokenizer=tok)
+    fa, fb = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert set(fa) == set(fb)
+    for k in fa:
+        assert fa[k].dtype == fb[k].dtype and torch.equal(fa[k], fb[k]), k
+
+
 def test_the_head_block_reads_the_final_norm_of_the_last_states() -> None:
     """The block's input hook sees ``norm(hidden)``, the head itself never runs and the states
     come back as they went in."""
