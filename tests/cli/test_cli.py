@@ -348,6 +348,8 @@ def test_lattice_head_flag_in_both_recipes(
     assert recipe["recipe"]["head_bits"] is None
     assert "lm_head" in recipe["sensitivity"]["matrices"]
     capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "bare")]) == 0
+    assert "head on the lattice" in capsys.readouterr().out
     assert main(["quantize", str(src), str(tmp_path / "no"), *full, *common,
                  "--head-bits", "4"]) == 2
     assert "--lattice-head codes the head on the lattice" in capsys.readouterr().err

@@ -51,6 +51,7 @@ def format_report(report: dict[str, Any], directory: str, all_matrices: bool = F
         f"rotation {'on' if cfg['rotate'] else 'off'}, "
         f"int4 modules {cfg['int4_modules'] or 'none'}, "
         f"embedding {cfg['embedding_encoding']}"
+        + (", head on the lattice" if cfg.get("lattice_head") else "")
     )
     lines.append(
         f"records    {counts['lattice_records']} lattice + {counts['int4_records']} int4; "
