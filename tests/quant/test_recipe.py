@@ -214,13 +214,14 @@ def test_a_target_below_the_floor_says_why() -> None:
                                          "above the 1 target")
     assert "over_target" not in results[64.0] and "floor" not in results[64.0]
     assert "--lattice-embedding" not in low["over_target"]  # tied: no such advice
+    assert "--lattice-head" not in low["over_target"]
     reference, student, enc = quantized("qwen3")  # untied: the lattice embedding is suggested
     recipe = resolve_recipe("full", 1.0, requantize=False, row_scales=None,
                             sensitivity_windows=2, tune=None)
     kw["encoded"] = enc
     meta = run_recipe(reference, windows(4, seed=100), config(), recipe, student=student,
                       **kw).metadata
-    assert "--lattice-embedding" in meta["over_target"]
+    assert "--lattice-embedding" in meta["over_target"] and "--lattice-head" in meta["over_target"]
 
 
 def test_another_budget_reuses_the_sensitivity_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,6 +271,8 @@ def test_recipe_refuses_inconsistent_inputs() -> None:
         run_recipe(reference, windows(4), config(), resolve_recipe("full"), **kw)
     with pytest.raises(InvalidInput, match="train_windows"):
         run_recipe(reference, windows(4), config(), Recipe(row_scales=RowScaleConfig()), **kw)
+    with pytest.raises(InvalidInput, match="lattice_head.*head_bits must then be None"):
+        run_recipe(reference, windows(4), config(lattice_head=True), Recipe(head_bits=8), **kw)
 
 
 def test_tuning_is_skipped_with_the_reason_when_the_gpu_lacks_the_memory(

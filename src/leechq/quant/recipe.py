@@ -620,7 +620,9 @@ def run_recipe(
                              if 8 in floor["table_bits"] else "")
             + ("; an untied embedding can be coded on the lattice (--lattice-embedding, about "
                "2.2 instead of 4.5 bits a weight)"
-               if embed_name in tables and head_name not in tied else ""))
+               if embed_name in tables and head_name not in tied else "")
+            + ("; an untied head too (--lattice-head)"
+               if head_name in tables and head_name not in tied else ""))
         log.warning("leechq: %s", meta["over_target"])
     meta["projected"] = bool(dense_projections)
     meta["seconds"] = time.perf_counter() - started
