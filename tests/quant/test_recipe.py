@@ -271,7 +271,7 @@ def test_recipe_refuses_inconsistent_inputs() -> None:
         run_recipe(reference, windows(4), config(), resolve_recipe("full"), **kw)
     with pytest.raises(InvalidInput, match="train_windows"):
         run_recipe(reference, windows(4), config(), Recipe(row_scales=RowScaleConfig()), **kw)
-    with pytest.raises(InvalidInput, match="lattice_head.*head_bits must then be None"):
+    with pytest.raises(InvalidInput, match=r"lattice_head.*head_bits must then be None"):
         run_recipe(reference, windows(4), config(lattice_head=True), Recipe(head_bits=8), **kw)
 
 
