@@ -65,6 +65,29 @@ def test_the_head_is_a_record_and_loads_as_a_leechq_linear(
     assert report["matrices"]["lm_head"]["kind"] == "lattice"
 
 
+@pytest.mark.parametrize("embedding", ["keep", "int4", "lattice"])
+def test_a_config_that_says_tied_keeps_the_coded_head(tmp_path: Path, embedding: str) -> None:
+    """A model whose tensors are untied while its config says ``tie_word_embeddings`` (a GGUF that
+    ships its own ``output.weight``): the recorded head is its own in ``leechq.load`` and in
+    ``from_pretrained``, beside a dense, a 4-bit or a lattice-coded embedding."""
+    from transformers import AutoModelForCausalLM
+
+    import leechq.integrations.transformers  # noqa: F401  (registers the method)
+
+    model = tiny_model("qwen3")
+    model.config.tie_word_embeddings = True
+    out = quantize_model(model, tiny_tokenizer(), _windows(), _cfg(embedding_encoding=embedding),
+                         tmp_path / embedding, progress=False)
+    ours, _ = load(out, device="cpu", tokenizer=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    x = ids()
+    with torch.no_grad():
+        want = model(x).logits
+        for loaded in (ours, hf):
+            assert isinstance(loaded.lm_head, LeechqLinear)
+            torch.testing.assert_close(loaded(x).logits, want, rtol=0, atol=2e-5)
+
+
 def test_save_writes_the_artifact_back(artifact: tuple[Path, torch.nn.Module],
                                        tmp_path: Path) -> None:
     from safetensors.torch import load_file

@@ -273,6 +273,9 @@ class LeechqHfQuantizer(HfQuantizer):
             split_experts(model, copy_weights=False)
         records = self._lattice_placeholder(model, dict(qc.records))
         self.modules = replace_with_placeholders(model, records, skip=skip)
+        # a recorded module keeps no dense weight to tie: a lattice-coded head is its own,
+        # whatever the config's tie_word_embeddings says
+        _untie(model, {f"{name}.weight" for name in qc.records})
         device = next(iter(model.parameters())).device
         with torch.device(device):
             model.leechq = RotationStore(qc.rotations)
@@ -390,13 +393,10 @@ class LeechqHfQuantizer(HfQuantizer):
             return
         fallback = fallback or next(
             (p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-        art = SimpleNamespace(raw=raw, raw_quant=raw_quant, tied=dict(qc.tied))
+        art = SimpleNamespace(raw=raw, raw_quant=raw_quant, tied=dict(qc.tied),
+                              records=dict(qc.records))
         packed, handled = install_packed_tables(model, art, model.config)
-        # transformers must not tie (or look for) the dense parameters these modules replaced.
-        tied_keys = getattr(model, "all_tied_weights_keys", None)
-        if isinstance(tied_keys, dict):
-            for key in [k for k, v in tied_keys.items() if k in handled or v in handled]:
-                tied_keys.pop(key)
+        _untie(model, handled)  # the dense parameters these modules replaced
         names = {id(m): n for n, m in model.named_modules()}
         for module in packed:  # the embedding before a head that reads its table
             name = names.get(id(module), "")
@@ -477,6 +477,15 @@ class LeechqHfQuantizer(HfQuantizer):
         from leechq.formats.integrity import content_metadata
 
         return state, content_metadata(state)  # no manifest here: the tensors seal themselves
+
+
+def _untie(model: Any, names: set[str]) -> None:
+    """Drop from transformers' tied-weight map every pair that names one of ``names`` (tensors a
+    leechq module replaced): transformers must not tie, or look for, those dense parameters."""
+    tied_keys = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(tied_keys, dict):
+        for key in [k for k, v in tied_keys.items() if k in names or v in names]:
+            tied_keys.pop(key)
 
 
 def _placement(model: Any, name: str, fallback: torch.device) -> torch.device:

@@ -180,8 +180,9 @@ def install_packed_tables(
     :func:`split_embedding_record`), or a :class:`PackedEmbedding` when ``<embedding>.weight`` is
     a group-affine tensor of the artifact — either carrying the factor a scaled word embedding
     applied, e.g. Gemma's √dim, as its ``embed_scale``; the head becomes a :class:`PackedHead`
-    reading that same table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``),
-    or one over its own table when ``<head>.weight`` is group-affine. Dense tables are left to the
+    reading that same table when it is tied to it (``art.tied`` or ``config.tie_word_embeddings``;
+    a head the artifact records, coded on the lattice, is its own), or one over its own table when
+    ``<head>.weight`` is group-affine. Dense tables are left to the
     dense path.
 
     Returns:
@@ -230,6 +231,7 @@ def install_packed_tables(
     tied = art.tied.get(head_key) == emb_key or (
         head_key not in art.raw
         and head_key not in art.raw_quant
+        and head_name not in getattr(art, "records", {})  # a lattice-coded head is its own
         and bool(getattr(config, "tie_word_embeddings", False))
     )
     if lattice is not None and tied:
