@@ -351,6 +351,36 @@ def ids(n: int = 12, batch: int = 2, seed: int = 0, vocab: int = 96) -> torch.Te
     return torch.randint(4, vocab, (batch, n), generator=g)
 
 
+def calib_windows(vocab: int = 96) -> torch.Tensor:
+    """Four calibration windows of 16 token ids (int64 [4, 16]) for the tiny models."""
+    return torch.randint(3, vocab, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+def tiny_quant_config(**fields: Any) -> Any:
+    """A :class:`~leechq.config.QuantConfig` that quantizes a tiny model for real on the CPU over
+    :func:`calib_windows` (Tetra, two windows a batch), with ``fields`` set."""
+    from leechq.config import QuantConfig
+
+    return QuantConfig(**{"codebook": "tetra", "calib_windows": 4, "calib_window_len": 16,
+                          "calib_batch": 2, "device": "cpu", **fields})
+
+
+def assert_saves_back(out: Path, tmp: Path) -> None:
+    """``leechq.models.save`` of the model ``leechq.load`` makes of the artifact ``out`` writes its
+    tensors back: the same names, dtypes and values (into ``tmp / "again"``)."""
+    from safetensors.torch import load_file
+
+    from leechq.models.load import load
+    from leechq.models.save import save
+
+    model, tok = load(out, device="cpu")
+    again = save(model, tmp / "again", tokenizer=tok)
+    fa, fb = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert set(fa) == set(fb)
+    for k in fa:
+        assert fa[k].dtype == fb[k].dtype and torch.equal(fa[k], fb[k]), k
+
+
 def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a-b| / max |b| (float64)."""
     a64, b64 = a.to(torch.float64), b.to(torch.float64)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -137,39 +138,54 @@ def test_group_affine_embedding(tmp_path: Path) -> None:
         assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
 
 
+def _qwen3_with_a_coded_table(tmp_path: Path, cfg: Any, table: str,
+                              code: Any) -> tuple[Path, torch.nn.Module]:
+    """A tiny untied Qwen3 artifact (random projection records) whose module ``table`` is recorded
+    as ``code(dense module)`` makes it, under config ``cfg``: its path and leechq.load's model."""
+    from leechq_tiny import quantize_randomly, tiny_model, tiny_tokenizer
+
+    from leechq.formats.artifact import write_artifact
+    from leechq.models.save import raw_tensors
+
+    dense = tiny_model("qwen3")
+    records = quantize_randomly(dense)
+    records[table] = code(dense.get_submodule(table))
+    raw, tied = raw_tensors(dense, {})
+    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
+    out = write_artifact(tmp_path / table, base_config=dense.config.to_dict(), quant_config=cfg,
+                         records=records, raw=raw, tied=tied, tokenizer=tiny_tokenizer())
+    return out, load(out, device="cpu", tokenizer=False)[0]
+
+
+def _written_back(hf: torch.nn.Module, out: Path, saved: Path) -> set[str]:
+    """``hf.save_pretrained(saved)`` writes ``out``'s tensors byte for byte; their names."""
+    from safetensors.torch import load_file
+
+    hf.save_pretrained(saved)
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(saved / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+    return set(a)
+
+
 def test_lattice_coded_embedding(tmp_path: Path) -> None:
     """A lattice-coded embedding (a record under the embedding's module name) loads as a
     LatticeEmbedding with leechq.load's logits and is written back as the same tensors."""
-    from leechq_tiny import quantize_randomly, tiny_model, tiny_tokenizer
-    from safetensors.torch import load_file
-
     from leechq.config import QuantConfig
-    from leechq.formats.artifact import write_artifact
-    from leechq.models.save import raw_tensors
     from leechq.nn.lattice_embedding import LatticeEmbedding
     from leechq.quant.embedding import encode_embedding
 
-    dense = tiny_model("qwen3")  # untied head
     cfg = QuantConfig(codebook="tetra", embedding_encoding="lattice", device="cpu")
-    records = quantize_randomly(dense)
-    records["model.embed_tokens"] = encode_embedding(dense.model.embed_tokens.weight, cfg)
-    raw, tied = raw_tensors(dense, {})
-    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
-    out = write_artifact(tmp_path / "lat", base_config=dense.config.to_dict(), quant_config=cfg,
-                         records=records, raw=raw, tied=tied, tokenizer=tiny_tokenizer())
-    ours, _ = load(out, device="cpu", tokenizer=False)
+    out, ours = _qwen3_with_a_coded_table(tmp_path, cfg, "model.embed_tokens",
+                                          lambda m: encode_embedding(m.weight, cfg))
     hf = _from_pretrained(out, dtype=torch.float32)
     assert isinstance(hf.model.embed_tokens, LatticeEmbedding)
     assert hf.get_input_embeddings() is hf.model.embed_tokens
     x = ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
-    hf.save_pretrained(tmp_path / "saved")
-    a = load_file(str(out / "model.safetensors"))
-    b = load_file(str(tmp_path / "saved/model.safetensors"))
-    assert set(a) == set(b)
-    for k in a:
-        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+    _written_back(hf, out, tmp_path / "saved")
     again, _ = load(tmp_path / "saved", device="cpu", tokenizer=False)
     with torch.no_grad():
         torch.testing.assert_close(again(x).logits, ours(x).logits, rtol=0, atol=0)
@@ -178,34 +194,20 @@ def test_lattice_coded_embedding(tmp_path: Path) -> None:
 def test_lattice_coded_head(tmp_path: Path) -> None:
     """A lattice-coded head (a record under the head's module name, ``lattice_head``) loads as a
     LeechqLinear with leechq.load's logits and is written back as the same tensors."""
-    from leechq_tiny import lattice_record, quantize_randomly, tiny_model, tiny_tokenizer
-    from safetensors.torch import load_file
+    from leechq_tiny import lattice_record
 
     from leechq.config import QuantConfig
-    from leechq.formats.artifact import write_artifact
-    from leechq.models.save import raw_tensors
 
-    dense = tiny_model("qwen3")  # untied head
-    records = quantize_randomly(dense)
-    w = dense.lm_head.weight.detach()
-    records["lm_head"] = lattice_record("tetra", *w.shape, seed=7, weight=w)
-    raw, tied = raw_tensors(dense, {})
-    raw = {k: v for k, v in raw.items() if not (k.endswith(".weight") and k[:-7] in records)}
     cfg = QuantConfig(codebook="tetra", lattice_head=True, device="cpu")
-    out = write_artifact(tmp_path / "head", base_config=dense.config.to_dict(), quant_config=cfg,
-                         records=records, raw=raw, tied=tied, tokenizer=tiny_tokenizer())
-    ours, _ = load(out, device="cpu", tokenizer=False)
+    out, ours = _qwen3_with_a_coded_table(
+        tmp_path, cfg, "lm_head",
+        lambda m: lattice_record("tetra", *m.weight.shape, seed=7, weight=m.weight.detach()))
     hf = _from_pretrained(out, dtype=torch.float32)
     assert isinstance(hf.lm_head, LeechqLinear) and hf.get_output_embeddings() is hf.lm_head
     x = ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x).logits, rtol=0, atol=0)
-    hf.save_pretrained(tmp_path / "saved")
-    a = load_file(str(out / "model.safetensors"))
-    b = load_file(str(tmp_path / "saved/model.safetensors"))
-    assert set(a) == set(b) and not any(k.startswith("lm_head.weight") for k in a)
-    for k in a:
-        assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), k
+    assert "lm_head.weight" not in _written_back(hf, out, tmp_path / "saved")
 
 
 def test_artifact_for_another_model(tmp_path: Path) -> None:

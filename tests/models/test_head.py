@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from leechq_tiny import ids, tiny_model, tiny_tokenizer
+from leechq_tiny import (
+    assert_saves_back,
+    calib_windows,
+    ids,
+    tiny_model,
+    tiny_quant_config,
+    tiny_tokenizer,
+)
 
 from leechq.config import QuantConfig
 from leechq.errors import InvalidInput
@@ -27,21 +34,14 @@ from leechq.models.quantize import quantize_model
 from leechq.nn.linear import LeechqLinear
 
 
-def _windows(vocab: int = 96) -> torch.Tensor:
-    return torch.randint(3, vocab, (4, 16), generator=torch.Generator().manual_seed(0))
-
-
 def _cfg(**kw: object) -> QuantConfig:
-    base: dict[str, object] = dict(codebook="tetra", calib_windows=4, calib_window_len=16,
-                                   calib_batch=2, device="cpu", lattice_head=True)
-    base.update(kw)
-    return QuantConfig(**base)  # type: ignore[arg-type]
+    return tiny_quant_config(**{"lattice_head": True, **kw})
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     model = tiny_model("qwen3")  # untied head
-    out = quantize_model(model, tiny_tokenizer(), _windows(), _cfg(),
+    out = quantize_model(model, tiny_tokenizer(), calib_windows(), _cfg(),
                          tmp_path_factory.mktemp("head") / "qwen3-head", progress=False)
     return out, model
 
@@ -76,8 +76,8 @@ def test_a_config_that_says_tied_keeps_the_coded_head(tmp_path: Path, embedding:
 
     model = tiny_model("qwen3")
     model.config.tie_word_embeddings = True
-    out = quantize_model(model, tiny_tokenizer(), _windows(), _cfg(embedding_encoding=embedding),
-                         tmp_path / embedding, progress=False)
+    out = quantize_model(model, tiny_tokenizer(), calib_windows(),
+                         _cfg(embedding_encoding=embedding), tmp_path / embedding, progress=False)
     ours, _ = load(out, device="cpu", tokenizer=False)
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     x = ids()
@@ -90,17 +90,7 @@ def test_a_config_that_says_tied_keeps_the_coded_head(tmp_path: Path, embedding:
 
 def test_save_writes_the_artifact_back(artifact: tuple[Path, torch.nn.Module],
                                        tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
-    from leechq.models.save import save
-
-    out, _ = artifact
-    model, tok = load(out, device="cpu")
-    again = save(model, tmp_path / "again", tokenizer=tok)
-    fa, fb = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
-    assert set(fa) == set(fb)
-    for k in fa:
-        assert fa[k].dtype == fb[k].dtype and torch.equal(fa[k], fb[k]), k
+    assert_saves_back(artifact[0], tmp_path)
 
 
 def test_the_head_block_reads_the_final_norm_of_the_last_states() -> None:
@@ -130,7 +120,7 @@ def test_the_head_block_reads_the_final_norm_of_the_last_states() -> None:
 def test_refusals_come_before_any_work(tmp_path: Path) -> None:
     tied = tiny_model("llama")  # one table for the embedding and the head
     with pytest.raises(InvalidInput, match=r"head must be untied.*lm_head"):
-        quantize_model(tied, None, _windows(), _cfg(), tmp_path / "no", progress=False)
+        quantize_model(tied, None, calib_windows(), _cfg(), tmp_path / "no", progress=False)
     assert not (tmp_path / "no").exists()
     odd = tiny_model("qwen3")
     odd.lm_head = torch.nn.Identity()
@@ -144,8 +134,8 @@ def test_int4_patterns_reach_the_head(tmp_path: Path) -> None:
     from leechq.formats.quantized_weight import Int4Weight
 
     model = tiny_model("qwen3")
-    out = quantize_model(model, None, _windows(), _cfg(int4_modules=("lm_head",), int4_group=8),
-                         tmp_path / "int4", progress=False)
+    cfg = _cfg(int4_modules=("lm_head",), int4_group=8)
+    out = quantize_model(model, None, calib_windows(), cfg, tmp_path / "int4", progress=False)
     assert isinstance(read_artifact(out).records["lm_head"], Int4Weight)
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from leechq_tiny import ids, tiny_model, tiny_tokenizer
+from leechq_tiny import (
+    assert_saves_back,
+    calib_windows,
+    ids,
+    tiny_model,
+    tiny_quant_config,
+    tiny_tokenizer,
+)
 
 from leechq.config import QuantConfig
 from leechq.errors import ArtifactError, InvalidInput
@@ -24,21 +31,14 @@ from leechq.nn.lattice_embedding import LatticeEmbedding
 EMBED = "model.embed_tokens"
 
 
-def _windows(vocab: int = 96) -> torch.Tensor:
-    return torch.randint(3, vocab, (4, 16), generator=torch.Generator().manual_seed(0))
-
-
 def _cfg(**kw: object) -> QuantConfig:
-    base: dict[str, object] = dict(codebook="tetra", calib_windows=4, calib_window_len=16,
-                                   calib_batch=2, device="cpu", embedding_encoding="lattice")
-    base.update(kw)
-    return QuantConfig(**base)  # type: ignore[arg-type]
+    return tiny_quant_config(**{"embedding_encoding": "lattice", **kw})
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     model = tiny_model("qwen3")  # untied head
-    out = quantize_model(model, tiny_tokenizer(), _windows(), _cfg(),
+    out = quantize_model(model, tiny_tokenizer(), calib_windows(), _cfg(),
                          tmp_path_factory.mktemp("lat") / "qwen3-lattice", progress=False)
     return out, model
 
@@ -71,17 +71,9 @@ def test_the_embedding_is_a_record_and_loads_as_a_lattice_module(
 
 def test_save_round_trip_and_dtypes(artifact: tuple[Path, torch.nn.Module],
                                     tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
-    from leechq.models.save import save
-
     out, _ = artifact
-    model, tok = load(out, device="cpu")
-    again = save(model, tmp_path / "again", tokenizer=tok)
-    fa, fb = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
-    assert set(fa) == set(fb)
-    for k in fa:
-        assert fa[k].dtype == fb[k].dtype and torch.equal(fa[k], fb[k]), k
+    assert_saves_back(out, tmp_path)
+    model, _ = load(out, device="cpu", tokenizer=False)
     m16, _ = load(out, device="cpu", dtype="bfloat16", tokenizer=False)
     x = ids()
     assert m16.model.embed_tokens(x).dtype == torch.bfloat16
@@ -90,11 +82,11 @@ def test_save_round_trip_and_dtypes(artifact: tuple[Path, torch.nn.Module],
 
 def test_tied_tables_are_refused(tmp_path: Path, artifact: tuple[Path, torch.nn.Module]) -> None:
     with pytest.raises(InvalidInput, match="one gain bit"):
-        quantize_model(tiny_model("qwen3"), None, _windows(), _cfg(gain_bits=2),
+        quantize_model(tiny_model("qwen3"), None, calib_windows(), _cfg(gain_bits=2),
                        tmp_path / "wide", progress=False)
     tied = tiny_model("llama")  # one table for the embedding and the head
     with pytest.raises(InvalidInput, match="tied to it"):
-        quantize_model(tied, None, _windows(), _cfg(), tmp_path / "no", progress=False)
+        quantize_model(tied, None, calib_windows(), _cfg(), tmp_path / "no", progress=False)
     assert not (tmp_path / "no").exists()
     # an artifact whose head would be tied to the lattice table (no head of its own stored)
     out, _ = artifact
