@@ -489,6 +489,7 @@ def leechq_arms(reference: Any, roles: dict[str, Any], args: argparse.Namespace,
             sel = r.metadata.get("selection", {})
             detail = {"seconds": r.metadata["seconds"], "target_bpp": target, "damping": damping,
                       "int4": len(sel.get("int4", [])),
+                      "int4_matrices": list(sel.get("int4", [])),  # which, by module name
                       "int4_gain_nonpositive": len(sel.get("skipped_nonpositive", [])),
                       "int4_over_budget": len(sel.get("rejected_over_budget", [])),
                       "tables_upgraded": sel.get("tables_upgraded", []),

@@ -643,6 +643,8 @@ def test_lattice_head_codes_the_head_in_every_arm_of_ours(
     rows = {r["arm"]: r for r in result["rows"] if r["set"] == "unseen"}
     assert set(rows) == {"bare lattice-head", "full lattice-head"}
     assert all(r["kl"] > 0 for r in rows.values())
+    full = rows["full lattice-head"]  # the int4 choice by name, the head a candidate among them
+    assert len(full["int4_matrices"]) == full["int4"]
     import argparse
 
     args = argparse.Namespace(lattice_embedding=True, lattice_head=True, target_bpp=[2.7])
