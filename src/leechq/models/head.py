@@ -89,15 +89,15 @@ class HeadBlock:
     @contextmanager
     def activate(self, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         """The norm and the head on ``device`` in ``dtype``, put back on exit."""
-        modules = [m for m in (self.norm, self.head) if _placement(m) is not None]
-        placed = [_placement(m) for m in modules]
-        for m in modules:
+        placed = [(m, where) for m in (self.norm, self.head)
+                  if (where := _placement(m)) is not None]
+        for m, _ in placed:
             m.to(device=device, dtype=dtype)
         try:
             yield
         finally:
-            for m, where in zip(modules, placed, strict=True):
-                m.to(device=where[0], dtype=where[1])  # type: ignore[index]
+            for m, (dev, dt) in placed:
+                m.to(device=dev, dtype=dt)
 
 
 def head_block(model: Any, arch: ArchSpec, index: int, int4: bool = False) -> HeadBlock:

@@ -231,7 +231,7 @@ def install_packed_tables(
     tied = art.tied.get(head_key) == emb_key or (
         head_key not in art.raw
         and head_key not in art.raw_quant
-        and head_name not in getattr(art, "records", {})  # a lattice-coded head is its own
+        and head_name not in art.records  # a lattice-coded head is its own
         and bool(getattr(config, "tie_word_embeddings", False))
     )
     if lattice is not None and tied:
