@@ -185,10 +185,11 @@ def test_chat_reads_turns_until_exit(artifact: Path) -> None:
     assert "leechq chat" in res.stdout and "(conversation reset)" in res.stdout
 
 
-def _tiny_llama_dir(tmp_path: Path) -> Path:
-    """A tiny random Llama saved as a transformers directory (calibrated on ``fixture_corpus``)."""
-    src = tmp_path / "tiny"
-    tiny_model("llama").save_pretrained(src)
+def _tiny_model_dir(tmp_path: Path, arch: str = "llama", name: str = "tiny") -> Path:
+    """A tiny random model of ``arch`` (default a Llama, whose head is tied) saved as a transformers
+    directory ``tmp_path / name`` (calibrated on ``fixture_corpus``)."""
+    src = tmp_path / name
+    tiny_model(arch).save_pretrained(src)
     tiny_tokenizer().save_pretrained(src)
     return src
 
@@ -199,7 +200,7 @@ def test_quantize_then_demo_on_a_tiny_model(
 ) -> None:
     """The real pipeline (quantizer, artifact, load, generate, eval) on a tiny random model: the
     quantize command, then the demo reusing nothing (its own cache)."""
-    src = _tiny_llama_dir(tmp_path)
+    src = _tiny_model_dir(tmp_path)
     out = tmp_path / "q"
     assert (
         main(
@@ -292,9 +293,7 @@ def test_lattice_embedding_flag_in_both_recipes(
     from leechq.models.load import load
     from leechq.nn.lattice_embedding import LatticeEmbedding
 
-    src = tmp_path / "tiny"
-    tiny_model("qwen3").save_pretrained(src)
-    tiny_tokenizer().save_pretrained(src)
+    src = _tiny_model_dir(tmp_path, "qwen3")
     common = ["--lattice-embedding", "--calib-tokens", "256", "--window", "128", "--device",
               "cpu"]
     assert main(["quantize", str(src), str(tmp_path / "bare"), *common]) == 0
@@ -310,9 +309,7 @@ def test_lattice_embedding_flag_in_both_recipes(
     recipe = read_artifact(tmp_path / "full").quantization_config["provenance"]["recipe"]
     step = next(s for s in recipe["steps"] if s["step"] == "tables")
     assert list(step["lattice"]) == ["model.embed_tokens.weight"]
-    tied = tmp_path / "tied"
-    tiny_model("llama").save_pretrained(tied)
-    tiny_tokenizer().save_pretrained(tied)
+    tied = _tiny_model_dir(tmp_path, name="tied")
     capsys.readouterr()
     assert main(["quantize", str(tied), str(tmp_path / "no"), *common]) == 2
     assert "tied to it" in capsys.readouterr().err
@@ -330,9 +327,7 @@ def test_lattice_head_flag_in_both_recipes(
     from leechq.models.load import load
     from leechq.nn.linear import LeechqLinear
 
-    src = tmp_path / "tiny"
-    tiny_model("qwen3").save_pretrained(src)
-    tiny_tokenizer().save_pretrained(src)
+    src = _tiny_model_dir(tmp_path, "qwen3")
     common = ["--lattice-head", "--calib-tokens", "256", "--window", "128", "--device", "cpu"]
     full = ["--recipe", "full", "--target-bpp", "3", "--train-steps", "1", "--train-tokens",
             "256", "--tune-steps", "0"]
@@ -353,9 +348,7 @@ def test_lattice_head_flag_in_both_recipes(
     assert main(["quantize", str(src), str(tmp_path / "no"), *full, *common,
                  "--head-bits", "4"]) == 2
     assert "--lattice-head codes the head on the lattice" in capsys.readouterr().err
-    tied = tmp_path / "tied"
-    tiny_model("llama").save_pretrained(tied)
-    tiny_tokenizer().save_pretrained(tied)
+    tied = _tiny_model_dir(tmp_path, name="tied")
     assert main(["quantize", str(tied), str(tmp_path / "no"), *common]) == 2
     assert "head must be untied" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
@@ -373,7 +366,7 @@ def test_damping_is_checked_then_recorded(
         err = capsys.readouterr().err
         assert "--damping: " in err and "damping must be in (0, 1)" in err
         assert not (tmp_path / "no").exists()
-    src = _tiny_llama_dir(tmp_path)
+    src = _tiny_model_dir(tmp_path)
     argv = ["quantize", str(src), str(tmp_path / "q"), "--calib-tokens", "256", "--window",
             "128", "--device", "cpu"]
     assert main([*argv, "--damping", "0.2"]) == 0
@@ -404,7 +397,7 @@ def test_quantize_full_recipe_on_a_tiny_model(
 
     monkeypatch.setattr(MeasurementCheckpoint, "save", save)
 
-    src = _tiny_llama_dir(tmp_path)
+    src = _tiny_model_dir(tmp_path)
     out = tmp_path / "q"
     argv = [
         "quantize",
