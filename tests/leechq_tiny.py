@@ -365,6 +365,17 @@ def tiny_quant_config(**fields: Any) -> Any:
                           "calib_batch": 2, "device": "cpu", **fields})
 
 
+def quantize_tiny(out: Path, config: Any) -> tuple[Path, Any]:
+    """Quantize a fresh untied tiny Qwen3 for real over :func:`calib_windows` with ``config`` (a
+    :class:`~leechq.config.QuantConfig`) into the artifact ``out``; return ``(out, model)``, the
+    model holding its decoded weights in place."""
+    from leechq.models.quantize import quantize_model
+
+    model = tiny_model("qwen3")
+    out = quantize_model(model, tiny_tokenizer(), calib_windows(), config, out, progress=False)
+    return out, model
+
+
 def assert_saves_back(out: Path, tmp: Path) -> None:
     """``leechq.models.save`` of the model ``leechq.load`` makes of the artifact ``out`` writes its
     tensors back: the same names, dtypes and values (into ``tmp / "again"``)."""

@@ -17,6 +17,7 @@ from leechq_tiny import (
     assert_saves_back,
     calib_windows,
     ids,
+    quantize_tiny,
     tiny_model,
     tiny_quant_config,
     tiny_tokenizer,
@@ -40,10 +41,7 @@ def _cfg(**kw: object) -> QuantConfig:
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    model = tiny_model("qwen3")  # untied head
-    out = quantize_model(model, tiny_tokenizer(), calib_windows(), _cfg(),
-                         tmp_path_factory.mktemp("head") / "qwen3-head", progress=False)
-    return out, model
+    return quantize_tiny(tmp_path_factory.mktemp("head") / "qwen3-head", _cfg())
 
 
 def test_the_head_is_a_record_and_loads_as_a_leechq_linear(

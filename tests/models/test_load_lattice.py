@@ -14,9 +14,9 @@ from leechq_tiny import (
     assert_saves_back,
     calib_windows,
     ids,
+    quantize_tiny,
     tiny_model,
     tiny_quant_config,
-    tiny_tokenizer,
 )
 
 from leechq.config import QuantConfig
@@ -37,10 +37,7 @@ def _cfg(**kw: object) -> QuantConfig:
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    model = tiny_model("qwen3")  # untied head
-    out = quantize_model(model, tiny_tokenizer(), calib_windows(), _cfg(),
-                         tmp_path_factory.mktemp("lat") / "qwen3-lattice", progress=False)
-    return out, model
+    return quantize_tiny(tmp_path_factory.mktemp("lat") / "qwen3-lattice", _cfg())
 
 
 def test_the_embedding_is_a_record_and_loads_as_a_lattice_module(
